@@ -1,0 +1,53 @@
+"""The `pipeswap` command: one subcommand per module under pipeswap.commands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from pipeswap.errors import PipeswapError
+
+# Each module defines register(subparsers), which adds its parser with func=run(args) -> int.
+_COMMANDS = (
+    "env",
+    "profile",
+    "topology",
+    "simulate",
+    "plan",
+    "schedule",
+    "train",
+    "demo",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pipeswap",
+        description="Train networks larger than one GPU: contention-aware swapping and "
+        "pipelined model parallelism with weight prediction.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMANDS:
+        importlib.import_module(f"pipeswap.commands.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except PipeswapError as exc:
+        print(f"pipeswap {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the `pipeswap` CLI, one module each."""

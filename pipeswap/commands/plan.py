@@ -1,0 +1,15 @@
+"""`pipeswap plan` (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("plan", help="(not yet available)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    print("pipeswap plan is not available yet")
+    return 2

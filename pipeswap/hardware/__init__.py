@@ -1,0 +1,1 @@
+"""Hardware descriptions: GPU specs and PCIe topologies."""
