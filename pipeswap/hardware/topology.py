@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -31,8 +32,8 @@ class Node:
         if self.kind == "gpu":
             obj["copy_engines"] = self.copy_engines
             obj["memory_bytes"] = self.memory_bytes
-            if self.spec is not None:
-                obj["spec"] = self.spec
+        if self.spec is not None:
+            obj["spec"] = self.spec
         return obj
 
 
@@ -113,7 +114,11 @@ class Topology:
 
     def path(self, src: str, dst: str) -> list[Hop]:
         """The hops from ``src`` to ``dst`` along the tree (empty when they are equal)."""
-        return list(self._paths(src).get(dst, ()))
+        paths = self._paths(src)
+        if dst not in paths:
+            self.node(dst)
+            raise PipeswapError(f"topology {self.name!r}: no path from {src!r} to {dst!r}; link them")
+        return list(paths[dst])
 
     def _paths(self, src: str) -> dict[str, tuple[Hop, ...]]:
         cache = self.__dict__.setdefault("_path_cache", {})
@@ -207,7 +212,9 @@ def _validate(topology: Topology) -> None:
                 f"topology {name!r}: gpu {node.id!r} has copy_engines={node.copy_engines}; use 1 or 2"
             )
         if node.memory_bytes < 0:
-            raise PipeswapError(f"topology {name!r}: gpu {node.id!r} has negative memory_bytes")
+            raise PipeswapError(
+                f"topology {name!r}: {node.kind} {node.id!r} has negative memory_bytes"
+            )
     if not any(n.kind == "cpu" for n in topology.nodes):
         raise PipeswapError(f"topology {name!r} has no cpu node: add one for host memory")
     # Union-find finds both dangling ends and the link that closes a cycle.
@@ -226,7 +233,7 @@ def _validate(topology: Topology) -> None:
                 raise PipeswapError(f"topology {name!r}: {where} is dangling: no node {end!r}")
         if link.a == link.b:
             raise PipeswapError(f"topology {name!r}: {where} joins a node to itself")
-        if not link.gb_per_s > 0:
+        if not (math.isfinite(link.gb_per_s) and link.gb_per_s > 0):
             raise PipeswapError(
                 f"topology {name!r}: {where} has bandwidth {link.gb_per_s} GB/s; it must be positive"
             )

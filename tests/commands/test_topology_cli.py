@@ -1,0 +1,98 @@
+"""`pipeswap topology list|show|detect`, run in-process through pipeswap.cli.main."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeswap.cli import main
+from pipeswap.commands import topology as topology_command
+from pipeswap.hardware.presets import preset, preset_description, preset_names
+from pipeswap.hardware.render import render_tree
+from pipeswap.hardware.topology import Topology
+
+
+def test_list_prints_every_preset_with_its_description(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["topology", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == preset_names()
+    for name, line in zip(preset_names(), lines):
+        assert line.endswith(preset_description(name))
+
+
+def test_show_prints_the_tree(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["topology", "show", "switch-4"]) == 0
+    assert capsys.readouterr().out == render_tree(preset("switch-4"))
+    assert main(["topology", "show", "dual-root-8", "--pcie", "gen5"]) == 0
+    out = capsys.readouterr().out
+    assert out == render_tree(preset("dual-root-8", pcie="gen5"))
+    assert "50.0 GB/s" in out and "cpu0 ══ 20.0 GB/s inter-socket ══ cpu1" in out
+
+
+@pytest.mark.parametrize("name", ["switch-4", "single-root-8", "dual-root-8", "direct-4"])
+def test_show_json_round_trips_unchanged(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["topology", "show", name, "--pcie", "gen4", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj == preset(name, pcie="gen4").to_json()
+    assert Topology.from_json(obj).to_json() == obj
+
+
+def test_show_a_json_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "server.json"
+    topology = preset("direct-4", pcie="gen5", duplex_efficiency=0.5, copy_engines=1)
+    topology.save(path)
+    assert main(["topology", "show", str(path), "--json"]) == 0
+    assert Topology.from_json(json.loads(capsys.readouterr().out)) == topology
+    assert main(["topology", "show", str(path)]) == 0
+    assert capsys.readouterr().out == render_tree(topology)
+
+
+def test_show_errors_exit_2_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["topology", "show", "quad-root-16"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipeswap topology: error: unknown topology 'quad-root-16'")
+    assert all(name in err for name in preset_names())
+    path = tmp_path / "server.json"
+    preset("switch-4").save(path)
+    assert main(["topology", "show", str(path), "--pcie", "gen4"]) == 2
+    assert "only apply to preset topologies" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["topology", "show", "switch-4", "--pcie", "gen9"])
+    assert info.value.code == 2
+
+
+def test_detect_without_gpus_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(topology_command, "detect_topology", lambda: None)
+    assert main(["topology", "detect"]) == 0
+    assert capsys.readouterr().out == (
+        "no NVIDIA GPU was found (neither NVML nor nvidia-smi reports one)\n"
+    )
+
+
+def test_detect_prints_what_it_found(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    found = preset("switch-4", pcie="gen4")
+    monkeypatch.setattr(topology_command, "detect_topology", lambda: found)
+    assert main(["topology", "detect", "--json"]) == 0
+    assert Topology.from_json(json.loads(capsys.readouterr().out)) == found
+    assert main(["topology", "detect"]) == 0
+    assert capsys.readouterr().out == render_tree(found)
+
+
+def test_detect_on_this_machine_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    # With or without GPUs, detection never fails the command.
+    assert main(["topology", "detect"]) == 0
+    assert capsys.readouterr().out
+
+
+def test_no_action_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["topology"]) == 2
+    out = capsys.readouterr().out
+    assert "list" in out and "show" in out and "detect" in out

@@ -1,0 +1,228 @@
+"""The Topology contract: validation messages, JSON round trip, tree paths and host memory."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pipeswap.errors import PipeswapError
+from pipeswap.hardware.topology import TOPOLOGY_FORMAT, Link, Node, Topology
+
+GIB = 2**30
+
+# The example of design.md, exactly as written there.
+DESIGN_EXAMPLE = {
+    "format": "pipeswap.topology/1",
+    "name": "two-behind-a-switch",
+    "nodes": [
+        {"id": "cpu0", "kind": "cpu"},
+        {"id": "sw0", "kind": "switch"},
+        {"id": "gpu0", "kind": "gpu", "copy_engines": 2, "memory_bytes": 34359738368},
+        {"id": "gpu1", "kind": "gpu", "copy_engines": 2, "memory_bytes": 34359738368},
+    ],
+    "links": [
+        {"a": "gpu0", "b": "sw0", "gb_per_s": 12.0},
+        {"a": "gpu1", "b": "sw0", "gb_per_s": 12.0},
+        {"a": "sw0", "b": "cpu0", "gb_per_s": 12.0},
+    ],
+}
+
+
+def _dual_socket() -> Topology:
+    """cpu0 - sw0 - {gpu0, gpu1};  cpu0 = cpu1 (inter-socket);  cpu1 - gpu2."""
+    nodes = (
+        Node("cpu0", "cpu"),
+        Node("cpu1", "cpu"),
+        Node("sw0", "switch"),
+        Node("gpu0", "gpu", 2, 32 * GIB, "v100-32gb"),
+        Node("gpu1", "gpu", 1, 11 * GIB),
+        Node("gpu2", "gpu", 2, 0),
+    )
+    links = (
+        Link("gpu0", "sw0", 12.0),
+        Link("gpu1", "sw0", 12.0, duplex_efficiency=0.5),
+        Link("sw0", "cpu0", 12.0),
+        Link("cpu0", "cpu1", 20.0, kind="inter-socket"),
+        Link("cpu1", "gpu2", 25.0),
+    )
+    return Topology("dual", nodes, links)
+
+
+def _two_gpus(**link_options: float) -> tuple[tuple[Node, ...], tuple[Link, ...]]:
+    nodes = (Node("cpu0", "cpu"), Node("sw0", "switch"), Node("gpu0", "gpu"), Node("gpu1", "gpu"))
+    links = (
+        Link("gpu0", "sw0", 12.0),
+        Link("gpu1", "sw0", **{"gb_per_s": 12.0, **link_options}),
+        Link("sw0", "cpu0", 12.0),
+    )
+    return nodes, links
+
+
+# ---- validation: every error names what is wrong ---------------------------------------
+def test_cycle_names_the_closing_link() -> None:
+    nodes, links = _two_gpus()
+    with pytest.raises(PipeswapError, match=r"link gpu1-gpu0 closes a cycle"):
+        Topology("loop", nodes, (*links, Link("gpu1", "gpu0", 50.0)))
+
+
+def test_duplicate_link_is_a_cycle() -> None:
+    nodes, links = _two_gpus()
+    with pytest.raises(PipeswapError, match=r"link sw0-cpu0 closes a cycle"):
+        Topology("twice", nodes, (*links, Link("sw0", "cpu0", 12.0)))
+
+
+def test_dangling_link_names_link_and_missing_node() -> None:
+    nodes, links = _two_gpus()
+    with pytest.raises(PipeswapError, match=r"link gpu7-sw0 is dangling: no node 'gpu7'"):
+        Topology("dangling", nodes, (*links, Link("gpu7", "sw0", 12.0)))
+
+
+def test_self_link_is_refused() -> None:
+    nodes, links = _two_gpus()
+    with pytest.raises(PipeswapError, match=r"link sw0-sw0 joins a node to itself"):
+        Topology("self", nodes, (*links, Link("sw0", "sw0", 12.0)))
+
+
+def test_gpu_without_path_to_cpu_is_named() -> None:
+    nodes = (Node("cpu0", "cpu"), Node("sw0", "switch"), Node("gpu0", "gpu"), Node("gpu1", "gpu"))
+    links = (Link("gpu0", "cpu0", 12.0), Link("gpu1", "sw0", 12.0))
+    with pytest.raises(PipeswapError, match=r"gpu 'gpu1' has no path to a cpu"):
+        Topology("island", nodes, links)
+
+
+def test_no_cpu_at_all_is_refused() -> None:
+    with pytest.raises(PipeswapError, match="has no cpu node"):
+        Topology("headless", (Node("gpu0", "gpu"),), ())
+
+
+@pytest.mark.parametrize("bandwidth", [0.0, -12.0, math.nan])
+def test_non_positive_bandwidth_names_the_link(bandwidth: float) -> None:
+    nodes, links = _two_gpus(gb_per_s=bandwidth)
+    with pytest.raises(PipeswapError, match=r"link gpu1-sw0 has bandwidth .* must be positive"):
+        Topology("slow", nodes, links)
+
+
+@pytest.mark.parametrize("efficiency", [0.0, -0.5, 1.01, math.nan])
+def test_bad_duplex_efficiency_names_the_link(efficiency: float) -> None:
+    nodes, links = _two_gpus(duplex_efficiency=efficiency)
+    with pytest.raises(PipeswapError, match=r"link gpu1-sw0 has duplex_efficiency .* \(0, 1\]"):
+        Topology("duplex", nodes, links)
+
+
+def test_duplicate_id_is_named() -> None:
+    nodes, links = _two_gpus()
+    with pytest.raises(PipeswapError, match=r"node id 'gpu1' appears twice"):
+        Topology("dup", (*nodes, Node("gpu1", "gpu")), links)
+
+
+@pytest.mark.parametrize("engines", [0, 3, -1])
+def test_bad_copy_engines_names_the_gpu(engines: int) -> None:
+    nodes, links = _two_gpus()
+    nodes = (*nodes[:3], Node("gpu1", "gpu", copy_engines=engines))
+    with pytest.raises(PipeswapError, match=rf"gpu 'gpu1' has copy_engines={engines}; use 1 or 2"):
+        Topology("engines", nodes, links)
+
+
+def test_unknown_kind_lists_the_kinds() -> None:
+    nodes, links = _two_gpus()
+    nodes = (*nodes[:1], Node("sw0", "nic"), *nodes[2:])
+    with pytest.raises(
+        PipeswapError, match=r"node 'sw0' has kind 'nic'; use one of gpu, switch, cpu"
+    ):
+        Topology("kinds", nodes, links)
+
+
+def test_negative_memory_is_named() -> None:
+    nodes, links = _two_gpus()
+    nodes = (*nodes[:3], Node("gpu1", "gpu", memory_bytes=-1))
+    with pytest.raises(PipeswapError, match=r"'gpu1' has negative memory_bytes"):
+        Topology("memory", nodes, links)
+
+
+def test_infinite_bandwidth_is_refused() -> None:
+    nodes, links = _two_gpus(gb_per_s=math.inf)
+    with pytest.raises(PipeswapError, match="gpu1-sw0"):
+        Topology("infinite", nodes, links)
+
+
+# ---- JSON ----------------------------------------------------------------------------
+def test_design_example_is_accepted_and_round_trips_exactly() -> None:
+    topology = Topology.from_json(DESIGN_EXAMPLE)
+    assert topology.gpus == ["gpu0", "gpu1"]
+    assert topology.cpus == ["cpu0"]
+    assert topology.node("gpu0").memory_bytes == 32 * GIB
+    assert topology.to_json() == DESIGN_EXAMPLE
+
+
+def test_round_trip_keeps_every_field() -> None:
+    topology = _dual_socket()
+    obj = json.loads(json.dumps(topology.to_json()))
+    assert obj["format"] == TOPOLOGY_FORMAT
+    again = Topology.from_json(obj)
+    assert again == topology
+    assert again.node("gpu0").spec == "v100-32gb"
+    assert again.links[1].duplex_efficiency == 0.5
+    assert again.links[3].kind == "inter-socket"
+    # Defaults are left out of the JSON.
+    assert "duplex_efficiency" not in obj["links"][0] and "kind" not in obj["links"][0]
+    assert obj["nodes"][0] == {"id": "cpu0", "kind": "cpu"}
+
+
+def test_save_and_load(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "dual.json"
+    _dual_socket().save(path)
+    assert Topology.load(path) == _dual_socket()
+
+
+def test_wrong_format_and_malformed_json_are_refused() -> None:
+    with pytest.raises(PipeswapError, match="expected format 'pipeswap.topology/1'"):
+        Topology.from_json({**DESIGN_EXAMPLE, "format": "pipeswap.topology/0"})
+    broken = json.loads(json.dumps(DESIGN_EXAMPLE))
+    del broken["links"][0]["gb_per_s"]
+    with pytest.raises(PipeswapError, match="malformed topology"):
+        Topology.from_json(broken, where="broken.json")
+    dangling = json.loads(json.dumps(DESIGN_EXAMPLE))
+    dangling["links"][0]["b"] = "sw9"
+    with pytest.raises(PipeswapError, match="no node 'sw9'"):
+        Topology.from_json(dangling)
+
+
+# ---- paths and host memory --------------------------------------------------------------
+def test_path_follows_the_tree_with_directions() -> None:
+    topology = _dual_socket()
+    assert topology.path("gpu0", "gpu0") == []
+    # gpu0 -> sw0 (link 0, a->b), sw0 -> cpu0 (link 2, a->b), cpu0 -> cpu1 (3, a->b),
+    # cpu1 -> gpu2 (4, a->b).
+    assert topology.path("gpu0", "gpu2") == [(0, 0), (2, 0), (3, 0), (4, 0)]
+    # The way back uses the same links in the other direction.
+    assert topology.path("gpu2", "gpu0") == [(4, 1), (3, 1), (2, 1), (0, 1)]
+    # Peers under one switch never reach the CPU.
+    assert topology.path("gpu0", "gpu1") == [(0, 0), (1, 1)]
+
+
+def test_path_and_node_refuse_unknown_sources() -> None:
+    with pytest.raises(PipeswapError, match="no node 'gpu9'; nodes: cpu0, cpu1, sw0"):
+        _dual_socket().path("gpu9", "gpu0")
+
+
+def test_path_refuses_unknown_destinations() -> None:
+    with pytest.raises(PipeswapError, match="gpu9"):
+        _dual_socket().path("gpu0", "gpu9")
+
+
+def test_host_of_is_the_nearest_cpu() -> None:
+    topology = _dual_socket()
+    assert topology.host_of("gpu0") == "cpu0"
+    assert topology.host_of("gpu1") == "cpu0"
+    assert topology.host_of("gpu2") == "cpu1"
+
+
+def test_with_gpu_memory_changes_only_gpus() -> None:
+    topology = _dual_socket().with_gpu_memory(8 * GIB)
+    assert [topology.node(g).memory_bytes for g in topology.gpus] == [8 * GIB] * 3
+    assert topology.node("gpu1").copy_engines == 1
+    assert topology.node("gpu0").spec == "v100-32gb"
+    assert topology.links == _dual_socket().links
