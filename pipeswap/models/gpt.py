@@ -1,0 +1,87 @@
+"""GPT-2 as a LayeredModel: embed, block0..blockN-1, head (pre-LN, causal, no dropout)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pipeswap.errors import PipeswapError
+from pipeswap.models.base import LayeredModel
+from pipeswap.models.transformer import PreNormBlock, init_transformer_
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a GPT-2 model; ``context`` is the longest sequence it accepts."""
+
+    vocab_size: int
+    context: int
+    hidden: int
+    layers: int
+    heads: int
+
+
+class GPTEmbed(nn.Module):
+    """Token plus learned position embeddings: ids ``[B, T]`` -> ``[B, T, D]``."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.context = config.context
+        self.tokens = nn.Embedding(config.vocab_size, config.hidden)
+        self.positions = nn.Embedding(config.context, config.hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        seq_len = ids.shape[1]
+        if seq_len > self.context:
+            raise PipeswapError(
+                f"sequence length {seq_len} exceeds this model's context of {self.context} "
+                f"tokens; pass seq_len <= {self.context}"
+            )
+        positions = torch.arange(seq_len, device=ids.device)
+        return self.tokens(ids) + self.positions(positions)
+
+
+class GPTHead(nn.Module):
+    """Final LayerNorm and the language-model projection: ``[B, T, D]`` -> ``[B, T, V]``."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(config.hidden, eps=1e-5)
+        self.lm = nn.Linear(config.hidden, config.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm(self.ln(x))
+
+
+def build_gpt(
+    name: str, config: GPTConfig, *, tie_embeddings: bool = True, init: bool = True
+) -> LayeredModel:
+    """A GPT-2 model; with ``tie_embeddings`` the head shares the token embedding matrix."""
+    embed = GPTEmbed(config)
+    blocks = [
+        PreNormBlock(
+            config.hidden, config.heads, 4 * config.hidden, causal=True, gelu="tanh", eps=1e-5
+        )
+        for _ in range(config.layers)
+    ]
+    head = GPTHead(config)
+    if init:
+        for module in (embed, *blocks, head):
+            init_transformer_(module)
+        # GPT-2 scales the residual projections by 1/sqrt(2 * layers) so the residual
+        # stream's variance does not grow with depth.
+        residual_std = 0.02 / math.sqrt(2 * config.layers)
+        for block in blocks:
+            nn.init.normal_(block.attn.proj.weight, std=residual_std)
+            nn.init.normal_(block.mlp.proj.weight, std=residual_std)
+    if tie_embeddings:
+        head.lm.weight = embed.tokens.weight
+    elif init:
+        # Untied copies start equal, so a pipeline's model computes what the tied one does.
+        with torch.no_grad():
+            head.lm.weight.copy_(embed.tokens.weight)
+    named = [("embed", embed), *((f"block{i}", b) for i, b in enumerate(blocks)), ("head", head)]
+    return LayeredModel(name, named, "lm", vocab_size=config.vocab_size)

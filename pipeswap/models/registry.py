@@ -1,0 +1,212 @@
+"""The model zoo: names -> ModelSpec and a builder; ``build_model`` makes one on any device."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+
+from pipeswap.errors import PipeswapError
+from pipeswap.jsonio import check_format
+from pipeswap.models.base import LayeredModel
+from pipeswap.models.bert import BertConfig, build_bert
+from pipeswap.models.gpt import GPTConfig, build_gpt
+from pipeswap.models.resnet import ResNetConfig, build_resnet
+from pipeswap.models.vgg import VGGConfig, build_vgg
+from pipeswap.models.vit import ViTConfig, build_vit
+
+MODEL_SPEC_FORMAT = "pipeswap.modelspec/1"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a zoo name builds and how it is usually trained.
+
+    ``default_seq_len`` / ``max_seq_len`` are set for language models (``task == "lm"``),
+    ``default_image_size`` for image classifiers. ``published_params`` is the parameter
+    count the model's paper or model card gives (None for our own test sizes).
+    """
+
+    name: str
+    family: str
+    task: str
+    default_batch: int
+    default_seq_len: int | None
+    default_image_size: int | None
+    vocab_size: int
+    num_classes: int
+    published_params: int | None
+    description: str
+    max_seq_len: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": MODEL_SPEC_FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ModelSpec:
+        check_format(obj, MODEL_SPEC_FORMAT, where="model spec")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in known})
+
+
+# A builder takes (tie_embeddings, image_size, init) and returns the model.
+_Builder = Callable[[bool, int | None, bool], LayeredModel]
+_ZOO: dict[str, tuple[ModelSpec, _Builder]] = {}
+
+
+def _gpt(
+    name: str, config: GPTConfig, batch: int, seq: int, published: int | None, about: str
+) -> None:
+    spec = ModelSpec(
+        name, "gpt", "lm", batch, seq, None, config.vocab_size, 0, published, about, config.context
+    )
+    _ZOO[name] = (
+        spec,
+        lambda tie, _size, init: build_gpt(name, config, tie_embeddings=tie, init=init),
+    )
+
+
+def _bert(
+    name: str, config: BertConfig, batch: int, seq: int, published: int | None, about: str
+) -> None:
+    spec = ModelSpec(
+        name, "bert", "lm", batch, seq, None, config.vocab_size, 0, published, about,
+        config.max_positions,
+    )  # fmt: skip
+    _ZOO[name] = (
+        spec,
+        lambda tie, _size, init: build_bert(name, config, tie_embeddings=tie, init=init),
+    )
+
+
+def _image(
+    name: str, family: str, config: ResNetConfig | VGGConfig | ViTConfig, batch: int, size: int,
+    published: int | None, about: str,
+) -> None:  # fmt: skip
+    spec = ModelSpec(
+        name, family, "classify", batch, None, size, 0, config.num_classes, published, about
+    )
+
+    def build(_tie: bool, image_size: int | None, init: bool) -> LayeredModel:
+        if isinstance(config, ResNetConfig):
+            return build_resnet(name, config, init=init)
+        if isinstance(config, VGGConfig):
+            return build_vgg(name, config, init=init)
+        vit = (
+            config
+            if image_size is None
+            else ViTConfig(**{**asdict(config), "image_size": image_size})
+        )
+        return build_vit(name, vit, init=init)
+
+    _ZOO[name] = (spec, build)
+
+
+# fmt: off
+_BYTES = 256
+_WORDPIECE = 30522
+_BPE = 50257
+_gpt("gpt2-micro", GPTConfig(_BYTES, 64, 32, 2, 2), 4, 32, None, "test size: 2 blocks, hidden 32, bytes")
+_gpt("gpt2-tiny", GPTConfig(_BYTES, 256, 64, 4, 4), 8, 128, None, "4 blocks, hidden 64, byte vocabulary")
+_gpt("gpt2-small", GPTConfig(_BPE, 1024, 768, 12, 12), 8, 1024, 124_000_000, "GPT-2 124M (Radford et al. 2019, corrected counts)")
+_gpt("gpt2-medium", GPTConfig(_BPE, 1024, 1024, 24, 16), 8, 1024, 355_000_000, "GPT-2 355M")
+_gpt("gpt2-large", GPTConfig(_BPE, 1024, 1280, 36, 20), 4, 1024, 774_000_000, "GPT-2 774M")
+_gpt("gpt2-xl", GPTConfig(_BPE, 1024, 1600, 48, 25), 4, 1024, 1_558_000_000, "GPT-2 1.5B")
+_bert("bert-micro", BertConfig(_BYTES, 64, 32, 2, 2, 128), 4, 32, None, "test size: 2 layers, hidden 32, bytes")
+_bert("bert-tiny", BertConfig(_BYTES, 512, 128, 2, 2, 512), 32, 128, None, "BERT-Tiny shape (L=2, H=128) with a byte vocabulary")
+_bert("bert-base", BertConfig(_WORDPIECE, 512, 768, 12, 12, 3072), 32, 512, 110_000_000, "BERT-base 110M (Devlin et al. 2019)")
+_bert("bert-large", BertConfig(_WORDPIECE, 512, 1024, 24, 16, 4096), 32, 512, 336_000_000, "BERT-large 336M as counted by Megatron-LM (Devlin et al. round to 340M)")
+_image("resnet-micro", "resnet", ResNetConfig(False, (2, 2), (8, 16), 10, stem_width=8, small_stem=True), 8, 32, None, "test size: 4 basic blocks, widths 8-16")
+_image("resnet18", "resnet", ResNetConfig(False, (2, 2, 2, 2), (64, 128, 256, 512), 1000), 128, 224, 11_700_000, "ResNet-18 (He et al. 2016)")
+_image("resnet50", "resnet", ResNetConfig(True, (3, 4, 6, 3), (64, 128, 256, 512), 1000), 64, 224, 25_600_000, "ResNet-50, bottleneck v1.5")
+_image("resnet101", "resnet", ResNetConfig(True, (3, 4, 23, 3), (64, 128, 256, 512), 1000), 64, 224, 44_500_000, "ResNet-101, bottleneck v1.5")
+_image("resnet152", "resnet", ResNetConfig(True, (3, 8, 36, 3), (64, 128, 256, 512), 1000), 64, 224, 60_200_000, "ResNet-152, bottleneck v1.5")
+_image("vgg-micro", "vgg", VGGConfig(((8,), (16,), (32,)), 32, 10, pooled=1), 8, 32, None, "test size: 3 convolutions, 3 linear layers")
+_image("vgg16", "vgg", VGGConfig(((64,) * 2, (128,) * 2, (256,) * 3, (512,) * 3, (512,) * 3), 4096, 1000), 64, 224, 138_000_000, "VGG-16 (Simonyan & Zisserman 2015), no dropout")
+_image("vit-micro", "vit", ViTConfig(32, 8, 32, 2, 2, 64, 10), 8, 32, None, "test size: 2 blocks, hidden 32, patch 8")
+_image("vit-tiny", "vit", ViTConfig(224, 16, 192, 12, 3, 768, 1000), 64, 224, 5_700_000, "ViT-Ti/16 (DeiT, Touvron et al. 2021)")
+_image("vit-b16", "vit", ViTConfig(224, 16, 768, 12, 12, 3072, 1000), 64, 224, 86_600_000, "ViT-B/16 (Dosovitskiy et al. 2021)")
+_image("vit-l16", "vit", ViTConfig(224, 16, 1024, 24, 16, 4096, 1000), 64, 224, 304_000_000, "ViT-L/16")
+# fmt: on
+
+
+def model_names() -> list[str]:
+    """Every name ``build_model`` accepts, in zoo order (family by family, small to large)."""
+    return list(_ZOO)
+
+
+def _entry(name: str) -> tuple[ModelSpec, _Builder]:
+    if name in _ZOO:
+        return _ZOO[name]
+    close = difflib.get_close_matches(name.lower(), list(_ZOO), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise PipeswapError(f"unknown model {name!r}{hint} Known models: {', '.join(_ZOO)}")
+
+
+def model_spec(name: str) -> ModelSpec:
+    """The ModelSpec of a zoo name (PipeswapError listing the names if unknown)."""
+    return _entry(name)[0]
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of distinct parameter elements (a tied matrix counts once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+@contextmanager
+def _seeded(device: torch.device, seed: int | None) -> Iterator[None]:
+    """Seed the init on ``device`` without disturbing anyone else's random state."""
+    if device.type == "meta" or seed is None:
+        yield
+        return
+    cuda_devices = []
+    if device.type == "cuda":
+        cuda_devices = [torch.cuda.current_device() if device.index is None else device.index]
+    with torch.random.fork_rng(devices=cuda_devices):
+        torch.random.default_generator.manual_seed(seed)
+        for index in cuda_devices:
+            torch.cuda.default_generators[index].manual_seed(seed)
+        yield
+
+
+def build_model(
+    name: str,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    tie_embeddings: bool | None = None,
+    image_size: int | None = None,
+    seed: int | None = 0,
+) -> LayeredModel:
+    """Build zoo model ``name`` directly on ``device`` with parameters of ``dtype``.
+
+    On ``"meta"`` no memory is allocated and no initialisation runs (fast for any size).
+    Elsewhere the weights are a deterministic function of ``seed`` (None: the global RNG),
+    drawn in float32 and rounded to ``dtype``.
+    ``tie_embeddings`` (language models; default True) shares the output projection with
+    the token embedding; pipelines pass False so each stage owns its weights.
+    ``image_size`` (image models) sizes ViT's position embeddings; ResNet and VGG pool
+    adaptively, ignore it, and take any image of at least 32x32.
+    """
+    spec, builder = _entry(name)
+    device = torch.device(device)
+    if not dtype.is_floating_point:
+        raise PipeswapError(f"dtype must be a floating-point type such as float32, not {dtype}")
+    if tie_embeddings is not None and spec.task != "lm":
+        raise PipeswapError(f"{name} has no token embeddings to tie; leave tie_embeddings unset")
+    if image_size is not None and (spec.task != "classify" or image_size < 1):
+        raise PipeswapError(
+            f"image_size={image_size} does not apply to {name}: pass a positive image_size "
+            f"to image models only"
+        )
+    tie = True if tie_embeddings is None else tie_embeddings
+    init = device.type != "meta"
+    with _seeded(device, seed), device:
+        model = builder(tie, image_size, init)
+    # Initialising in float32 and converting makes the weights the same (up to rounding)
+    # whatever the dtype; .to() keeps tied parameters tied.
+    return model.to(dtype=dtype)
