@@ -1,0 +1,18 @@
+"""Discrete-event simulation of task graphs on multi-GPU PCIe servers."""
+
+from pipeswap.sim.engine import DeadlockError, OutOfMemoryError, simulate
+from pipeswap.sim.graph import GraphBuilder, Task, TaskGraph
+from pipeswap.sim.result import GpuStats, LinkStats, SimResult, TaskTiming
+
+__all__ = [
+    "DeadlockError",
+    "GpuStats",
+    "GraphBuilder",
+    "LinkStats",
+    "OutOfMemoryError",
+    "SimResult",
+    "Task",
+    "TaskGraph",
+    "TaskTiming",
+    "simulate",
+]

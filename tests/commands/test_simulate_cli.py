@@ -1,0 +1,86 @@
+"""Tests of `pipeswap simulate` (pipeswap.commands.simulate)."""
+
+import json
+
+import pytest
+
+from pipeswap.cli import main
+
+GRAPH = {
+    "format": "pipeswap.graph/1",
+    "tasks": [
+        {"id": "f0", "kind": "compute", "gpu": "gpu0", "duration_s": 1.0,
+         "alloc_bytes": 8000000000},
+        {"id": "out0", "kind": "d2h", "gpu": "gpu0", "bytes": 6000000000, "deps": ["f0"],
+         "free_bytes": 6000000000},
+        {"id": "in0", "kind": "h2d", "gpu": "gpu0", "bytes": 6000000000, "deps": ["out0"],
+         "alloc_bytes": 6000000000},
+        {"id": "act", "kind": "p2p", "src": "gpu0", "dst": "gpu1", "bytes": 1000000000},
+        {"id": "grads", "kind": "allreduce", "gpus": ["gpu0", "gpu1"], "bytes": 4000000000,
+         "deps": ["in0", "act"]},
+    ],
+}
+
+
+@pytest.fixture
+def graph_file(tmp_path):
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(GRAPH))
+    return str(path)
+
+
+def test_json_output_has_the_documented_shape(graph_file, capsys) -> None:
+    assert main(["simulate", "--graph", graph_file, "--topology", "switch-4", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["makespan_s"] == pytest.approx(2.0 + 4 / 12, rel=1e-9)
+    assert obj["tasks"]["in0"] == {"start_s": 1.5, "end_s": 2.0}
+    assert obj["gpus"]["gpu0"]["peak_bytes"] == 8000000000
+    assert {"a", "b", "bytes_ab", "bytes_ba", "busy_s_ab", "busy_s_ba"} <= set(obj["links"][0])
+
+
+def test_human_table_lists_gpus_and_busy_links(graph_file, capsys) -> None:
+    assert main(["simulate", "--graph", graph_file, "--topology", "switch-4"]) == 0
+    out = capsys.readouterr().out
+    assert "topology switch-4, 5 tasks, makespan 2.33333 s" in out
+    assert "gpu0" in out and "7.45 GiB" in out  # 8e9 bytes
+    assert "sw0 -> cpu0" in out and "sw1 -> cpu0" not in out
+
+
+def test_gpu_memory_override_and_out_of_memory(graph_file, capsys) -> None:
+    assert main(["simulate", "--graph", graph_file, "--topology", "switch-4",
+                 "--gpu-memory", "7GB"]) == 2
+    err = capsys.readouterr().err
+    assert "gpu0 is out of memory" in err and "'f0'" in err and "7000000000" in err
+    assert main(["simulate", "--graph", graph_file, "--topology", "switch-4",
+                 "--gpu-memory", "8GB", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    # in0 waits for out0's 6 GB free, as before; 8 GB is exactly enough.
+    assert obj["gpus"]["gpu0"]["peak_bytes"] == 8000000000
+
+
+def test_trace_and_timeline_files(graph_file, tmp_path, capsys) -> None:
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    assert main(["simulate", "--graph", graph_file, "--topology", "dual-root-8", "--json",
+                 "--trace", str(trace), "--timeline", str(png)]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)  # stdout stays pure JSON
+    assert "wrote trace" in captured.err
+    assert any(e["ph"] == "C" for e in json.loads(trace.read_text())["traceEvents"])
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--topology", "quad-9"], "unknown topology 'quad-9'"),
+        (["--topology", "switch-4", "--gpu-memory", "lots"], "not a byte size"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(graph_file, capsys, extra, message) -> None:
+    assert main(["simulate", "--graph", graph_file, *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_graph_file(tmp_path, capsys) -> None:
+    assert main(["simulate", "--graph", str(tmp_path / "none.json"), "--topology", "switch-4"]) == 2
+    assert "no such file" in capsys.readouterr().err
