@@ -1,15 +1,83 @@
-"""`pipeswap profile` (placeholder until its issue lands)."""
+"""`pipeswap profile`: measure or estimate one model's per-layer costs and write a Profile."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+
+from pipeswap.errors import PipeswapError
+
+_EXAMPLES = """examples:
+  pipeswap profile --model gpt2-tiny --batch 8 --device cpu --out gpt2-tiny.json
+  pipeswap profile --model gpt2-xl --batch 4 --estimate --gpu v100-32gb --out xl.json
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("profile", help="(not yet available)")
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure (cpu/cuda) or estimate (meta + GPU spec) per-layer costs of a model",
+        description="Profile one training step of a zoo model layer by layer: forward and "
+        "backward time, parameter, saved-tensor and output bytes. Writes a "
+        "pipeswap.profile/1 JSON file and prints a table.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", required=True, help="zoo model name (e.g. gpt2-tiny)")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (default: zoo's)")
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (LMs)")
+    shape.add_argument("--image-size", type=int, default=None, help="image side (image models)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                       help="measure on this device (default cpu)")  # fmt: skip
+    where.add_argument("--estimate", action="store_true",
+                       help="estimate on the meta device for --gpu instead of running")  # fmt: skip
+    parser.add_argument("--gpu", default=None, help="GPU spec for --estimate (default v100-32gb)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd",
+                        help="sgd means SGD with momentum (state: 1x params; adam(w): 2x)")  # fmt: skip
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps (measure only)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps; median reported")
+    parser.add_argument("--out", required=True, help="where to write the profile JSON")
+    parser.add_argument("--json", action="store_true", help="print the profile JSON, no table")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("pipeswap profile is not available yet")
-    return 2
+    from pipeswap.hardware.gpus import gpu_spec
+    from pipeswap.models import model_spec
+    from pipeswap.profiling import estimate, fit_warning, format_profile, measure
+
+    spec = model_spec(args.model)  # unknown names: PipeswapError listing the zoo
+    if args.seq_len is not None and spec.task != "lm":
+        raise PipeswapError(f"{args.model} is an image model: pass --image-size, not --seq-len")
+    if args.image_size is not None and spec.task != "classify":
+        raise PipeswapError(f"{args.model} is a language model: pass --seq-len, not --image-size")
+    if args.gpu is not None and not args.estimate:
+        raise PipeswapError("--gpu applies to --estimate; add --estimate or drop --gpu")
+    batch = spec.default_batch if args.batch is None else args.batch
+    gpu = None
+    if args.estimate:
+        gpu = gpu_spec(args.gpu or "v100-32gb")
+        profile = estimate(
+            args.model, batch, seq_len=args.seq_len, image_size=args.image_size,
+            gpu=gpu, dtype=args.dtype, optimizer=args.optimizer,
+        )  # fmt: skip
+    else:
+        profile = measure(
+            args.model, batch, seq_len=args.seq_len, image_size=args.image_size,
+            device=args.device or "cpu", dtype=args.dtype, optimizer=args.optimizer,
+            warmup=args.warmup, repeats=args.repeats,
+        )  # fmt: skip
+    profile.save(args.out)
+    if args.json:
+        print(json.dumps(profile.to_json(), indent=1))
+    else:
+        print(format_profile(profile, gpu))
+        print(f"wrote {args.out}")
+    warning = fit_warning(profile, gpu) if gpu is not None else None
+    if warning is not None:
+        print(f"pipeswap profile: {warning}", file=sys.stderr)
+    return 0

@@ -1,0 +1,231 @@
+"""measure(): per-layer costs of one training step, timed on a real CPU or CUDA device."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from pipeswap.errors import PipeswapError
+from pipeswap.models.base import LayeredModel
+from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.profiling.saved import SavedTensorCapture
+from pipeswap.profiling.step import (
+    dtype_name,
+    optimizer_state_bytes,
+    param_bytes_by_layer,
+    parse_dtype,
+    run_step,
+)
+from pipeswap.profiling.table import format_bytes
+
+_TIMING_NOTE = (
+    "forward_s/backward_s: median over repeats of each block's own pass; the step runs block "
+    "by block (each block's input a detached leaf sharing the previous output's storage, each "
+    "block's backward a separate autograd.backward), wall clock around each pass with "
+    "torch.cuda.synchronize() on CUDA; the loss belongs to the last layer"
+)
+_SAVED_NOTE = (
+    "saved: distinct non-parameter storages autograd saves, bytes = storage nbytes, owned by "
+    "the last layer whose forward saved them (pipeswap.profiling.saved)"
+)
+_OPTIMIZER_NOTE = "sgd is SGD with momentum (1 buffer per parameter); adam and adamw keep 2"
+_ALLOCATION_MARKERS = ("out of memory", "can't allocate", "cannot allocate", "not enough memory")
+
+
+def _check_device(device: torch.device) -> None:
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise PipeswapError(
+            "CUDA is not available on this machine (PyTorch sees no GPU); measure on "
+            "--device cpu, or estimate a GPU run with --estimate --gpu SPEC"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise PipeswapError(f"cannot measure on device {device}; use cpu or cuda")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Timer:
+    """Wall-clock time of each (layer, phase) pass, plus CUDA transient memory."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds: dict[tuple[str, str], float] = {}
+        self.transient: dict[str, int] = {}
+
+    @contextmanager
+    def __call__(self, name: str, phase: str) -> Iterator[None]:
+        cuda = self.device.type == "cuda"
+        _sync(self.device)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        start = time.perf_counter()
+        yield
+        _sync(self.device)
+        self.seconds[(name, phase)] = time.perf_counter() - start
+        if cuda:
+            # Memory the pass needed while it ran but had released by its end.
+            extra = torch.cuda.max_memory_allocated(self.device)
+            extra -= torch.cuda.memory_allocated(self.device)
+            self.transient[name] = max(self.transient.get(name, 0), extra)
+
+
+def _example(
+    model: LayeredModel, batch: int, seq_len: int | None, image_size: int | None,
+    device: torch.device, dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    try:
+        inputs, targets = model.example_batch(
+            batch, seq_len=seq_len, image_size=image_size, device=device, dtype=dtype
+        )
+    except ValueError as exc:
+        raise PipeswapError(str(exc)) from None
+    # Fresh compact storages, as a host-to-device copy of the batch would give.
+    return inputs.clone(memory_format=torch.contiguous_format), targets.clone()
+
+
+def shape_defaults(
+    model_name: str, seq_len: int | None, image_size: int | None
+) -> tuple[int | None, int | None]:
+    """(seq_len, image_size) for a zoo model: the given one, else the zoo's default."""
+    from pipeswap.models import model_spec
+
+    spec = model_spec(model_name)
+    if spec.task == "lm":
+        return seq_len or spec.default_seq_len, None
+    return None, image_size or spec.default_image_size
+
+
+def is_allocation_error(exc: BaseException) -> bool:
+    """True for an out-of-memory failure from any PyTorch allocator."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(
+        marker in str(exc).lower() for marker in _ALLOCATION_MARKERS
+    )
+
+
+def measure(
+    model: LayeredModel | str,
+    batch: int,
+    *,
+    seq_len: int | None = None,
+    image_size: int | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    optimizer: str = "sgd",
+    warmup: int = 1,
+    repeats: int = 3,
+) -> Profile:
+    """Run real training steps of ``model`` (a LayeredModel or a zoo name) and profile them.
+
+    A LayeredModel is moved to ``device`` and ``dtype`` in place. For a zoo name,
+    ``seq_len`` / ``image_size`` default to the zoo's values. An allocation failure becomes
+    a PipeswapError naming the memory a meta estimate says the step needs.
+    """
+    torch_dtype = parse_dtype(dtype)
+    torch_device = torch.device(device)
+    _check_device(torch_device)
+    optimizer_state_bytes(optimizer, 0)  # refuse an unknown optimizer before any work
+    if batch < 1 or repeats < 1 or warmup < 0:
+        raise PipeswapError(
+            f"need batch >= 1, repeats >= 1 and warmup >= 0 (got {batch}, {repeats}, {warmup})"
+        )
+    if isinstance(model, str):
+        from pipeswap.models import build_model
+
+        seq_len, image_size = shape_defaults(model, seq_len, image_size)
+        model = build_model(model, device=torch_device, dtype=torch_dtype, image_size=image_size)
+    else:
+        model.to(device=torch_device, dtype=torch_dtype)
+    try:
+        return _measure(
+            model, batch, seq_len, image_size, torch_device, torch_dtype, optimizer, warmup, repeats
+        )
+    except RuntimeError as exc:
+        if not is_allocation_error(exc):
+            raise
+        from pipeswap.profiling.estimate import estimate_layered, meta_copy
+
+        needed = estimate_layered(
+            meta_copy(model), batch, seq_len=seq_len, image_size=image_size,
+            dtype=dtype_name(torch_dtype), optimizer=optimizer,
+        ).peak_training_bytes()  # fmt: skip
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PipeswapError(
+            f"{model.name} at batch {batch} does not fit on {torch_device}: one training step "
+            f"needs about {format_bytes(needed)} (meta estimate) and allocation failed "
+            f"({first_line}); try a smaller --batch or --estimate --gpu SPEC"
+        ) from None
+
+
+def _measure(
+    model: LayeredModel, batch: int, seq_len: int | None, image_size: int | None,
+    device: torch.device, dtype: torch.dtype, optimizer: str, warmup: int, repeats: int,
+) -> Profile:  # fmt: skip
+    model.train()
+    inputs, targets = _example(model, batch, seq_len, image_size, device, dtype)
+
+    def zero_grads() -> None:
+        for param in model.parameters():
+            param.grad = None
+
+    # One untimed step names the saved tensors and tracks their liveness.
+    with SavedTensorCapture(model) as capture:
+        shapes = run_step(model, inputs, targets)
+    records = capture.records()
+    zero_grads()
+    for _ in range(warmup):
+        run_step(model, inputs, targets)
+        zero_grads()
+    timings: list[_Timer] = []
+    for _ in range(repeats):
+        timer = _Timer(device)
+        run_step(model, inputs, targets, timer)
+        zero_grads()
+        timings.append(timer)
+
+    params = param_bytes_by_layer(model)
+    layers = []
+    for name in model.layer_names:
+        layers.append(
+            LayerProfile(
+                name=name,
+                forward_s=statistics.median(t.seconds[(name, "forward")] for t in timings),
+                backward_s=statistics.median(t.seconds[(name, "backward")] for t in timings),
+                param_bytes=params[name],
+                output_bytes=shapes.output_bytes[name],
+                saved=tuple(SavedTensor(r.index, r.bytes) for r in records[name]),
+                workspace_bytes=max((t.transient.get(name, 0) for t in timings), default=0),
+            )
+        )
+    total_params = sum(params.values())
+    return Profile(
+        model=model.name,
+        batch=batch,
+        dtype=dtype_name(dtype),
+        source="measured",
+        device=device.type,
+        optimizer=optimizer,
+        optimizer_state_bytes=optimizer_state_bytes(optimizer, total_params),
+        layers=tuple(layers),
+        seq_len=seq_len if model.task == "lm" else None,
+        image_size=image_size if model.task == "classify" else None,
+        notes={
+            "timing": _TIMING_NOTE,
+            "saved": _SAVED_NOTE,
+            "optimizer": _OPTIMIZER_NOTE,
+            "workspace": "CUDA: peak allocated during a pass minus allocated after it; "
+            "0 on CPU (no allocator statistics)",
+            "peak_live_saved_bytes": capture.peak_live_bytes,
+            "warmup": warmup,
+            "repeats": repeats,
+            "loss": shapes.loss,
+        },
+    )

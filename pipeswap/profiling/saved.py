@@ -1,0 +1,273 @@
+"""Which tensors autograd saves for each layer's backward, named (layer, index).
+
+The naming is a contract the swap runtime relies on:
+
+- a *saved tensor* is a distinct storage that autograd keeps for backward, seen through
+  ``torch.autograd.graph.saved_tensors_hooks``; parameters and buffers are excluded (they
+  stay resident anyway). Storage identity is ``untyped_storage()._cdata`` (the address of
+  the StorageImpl), which is exact on ``meta`` too, where every ``data_ptr()`` is 0;
+- views of one storage count once, and its ``bytes`` are the storage's ``nbytes()`` (what
+  is actually held, not the view's extent);
+- a storage belongs to the layer whose backward needs it first: the *last* layer, in
+  forward order, whose forward saved it. The input of a Linear produced by the previous
+  block belongs to the Linear's layer; a block output saved both by its own final ReLU
+  and by the next block's first conv belongs to the next block (backward reaches it there
+  first), and the earlier layer lists it in ``also_saved_by`` of the owner's record;
+- ``index`` is the order of first appearance among the tensors a layer owns;
+- tensors saved by the loss (after the last block) belong to the last layer, whose
+  backward starts right after the loss's.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend
+from torch.overrides import TorchFunctionMode
+
+from pipeswap.models.base import LayeredModel
+
+
+@dataclass(frozen=True)
+class SavedRecord:
+    """One distinct storage autograd saves for ``layer``'s backward."""
+
+    layer: str
+    index: int
+    bytes: int
+    shape: tuple[int, ...]  # shape of the first view autograd saved
+    dtype: str
+    # Earlier layers whose forward also saved this storage (it is held once, here).
+    also_saved_by: tuple[str, ...] = ()
+
+
+@dataclass
+class _StorageSeen:
+    # Held only while the capture runs: pins the storage so its address (our key) stays unique.
+    storage: torch.UntypedStorage | None
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    savers: list[str]  # layers whose forward saved it, in order of first save
+
+
+class _Packed:
+    """What the pack hook hands autograd: the tensor, plus a finalizer for liveness."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """Identity of the storage behind ``tensor``; exact on every device, meta included."""
+    return tensor.untyped_storage()._cdata
+
+
+class SavedTensorCapture:
+    """Context manager recording the tensors autograd saves while a LayeredModel runs.
+
+    Inside it, calling the model (or its blocks one by one) records each pack by the block
+    currently running (forward pre-hooks on the top-level blocks). After leaving it,
+    :meth:`records` gives the named saved tensors. The hooks stay attached to the saved
+    tensors, so :attr:`live_bytes` / :attr:`peak_live_bytes` keep tracking how many bytes
+    of distinct saved storages are alive through the backward that follows.
+    """
+
+    def __init__(self, model: LayeredModel) -> None:
+        self.model = model
+        self.layer: str | None = None
+        self._resident = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
+        self._seen: dict[int, _StorageSeen] = {}
+        self._order: dict[str, list[int]] = {name: [] for name in model.layer_names}
+        self._packs: dict[str, list[int | None]] = {name: [] for name in model.layer_names}
+        self._live_refs: dict[int, int] = {}
+        self._live_nbytes: dict[int, int] = {}
+        self.live_bytes = 0
+        self.peak_live_bytes = 0
+        self._handles: list[Any] = []
+        self._hooks: Any = None
+        self._final: dict[str, list[SavedRecord]] | None = None
+
+    # ---- hooks --------------------------------------------------------------------
+    def _enter_layer(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            self.layer = name
+
+        return hook
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        key = storage_key(tensor)
+        if self.layer is None or key in self._resident:
+            if self.layer is not None:
+                self._packs[self.layer].append(None)
+            return tensor
+        seen = self._seen.get(key)
+        if seen is None:
+            storage = tensor.untyped_storage()
+            seen = _StorageSeen(
+                storage,
+                storage.nbytes(),
+                tuple(tensor.shape),
+                str(tensor.dtype).removeprefix("torch."),
+                [],
+            )
+            self._seen[key] = seen
+        if self.layer not in seen.savers:
+            seen.savers.append(self.layer)
+            self._order[self.layer].append(key)
+        self._packs[self.layer].append(key)
+        self._count_live(key, seen.nbytes)
+        packed = _Packed(tensor)
+        weakref.finalize(packed, self._release_live, key)
+        return packed
+
+    @staticmethod
+    def _unpack(packed: Any) -> torch.Tensor:
+        return packed.tensor if isinstance(packed, _Packed) else packed
+
+    def _count_live(self, key: int, nbytes: int) -> None:
+        refs = self._live_refs.get(key, 0)
+        self._live_refs[key] = refs + 1
+        if refs == 0:
+            self._live_nbytes[key] = nbytes
+            self.live_bytes += nbytes
+            self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+
+    def _release_live(self, key: int) -> None:
+        refs = self._live_refs[key] - 1
+        self._live_refs[key] = refs
+        if refs == 0:
+            self.live_bytes -= self._live_nbytes.pop(key)
+            del self._live_refs[key]
+
+    def __enter__(self) -> SavedTensorCapture:
+        for name, block in self.model.named_children():
+            self._handles.append(block.register_forward_pre_hook(self._enter_layer(name)))
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._final = self._build_records()
+        for seen in self._seen.values():
+            seen.storage = None
+
+    # ---- results ------------------------------------------------------------------
+    def _owner(self, key: int) -> str:
+        return self._seen[key].savers[-1]
+
+    def _build_records(self) -> dict[str, list[SavedRecord]]:
+        records: dict[str, list[SavedRecord]] = {}
+        for layer, keys in self._order.items():
+            owned = [key for key in keys if self._owner(key) == layer]
+            records[layer] = [
+                SavedRecord(
+                    layer=layer,
+                    index=index,
+                    bytes=self._seen[key].nbytes,
+                    shape=self._seen[key].shape,
+                    dtype=self._seen[key].dtype,
+                    also_saved_by=tuple(self._seen[key].savers[:-1]),
+                )
+                for index, key in enumerate(owned)
+            ]
+        return records
+
+    def records(self) -> dict[str, list[SavedRecord]]:
+        """Saved tensors per layer name (every layer present, in forward order)."""
+        if self._final is None:
+            raise RuntimeError("SavedTensorCapture.records() is available after the with-block")
+        return self._final
+
+    def pack_calls(self) -> dict[str, list[tuple[str, int] | None]]:
+        """For each layer, its pack calls in order: the (owner layer, index) each one saved,
+        or None for a parameter or buffer. The swap runtime uses it to find its tensors."""
+        records = self.records()
+        index_of = {}
+        for layer, recs in records.items():
+            owned = [key for key in self._order[layer] if self._owner(key) == layer]
+            for key, rec in zip(owned, recs):
+                index_of[key] = (layer, rec.index)
+        return {
+            layer: [None if key is None else index_of[key] for key in keys]
+            for layer, keys in self._packs.items()
+        }
+
+
+def capture_saved(
+    model: LayeredModel, inputs: torch.Tensor, targets: torch.Tensor | None = None
+) -> dict[str, list[SavedRecord]]:
+    """Run one forward (and the loss, if ``targets``) and name the tensors saved per layer.
+
+    Works on any device; on ``meta`` attention is run the way the CPU would run it (see
+    :func:`meta_attention_like_cpu`) so meta and CPU agree tensor by tensor.
+    """
+    with meta_attention_like_cpu(), SavedTensorCapture(model) as capture:
+        output = model(inputs)
+        if targets is not None:
+            model.loss(output, targets)
+    return capture.records()
+
+
+# ---- meta fidelity: scaled_dot_product_attention ------------------------------------------
+
+
+def _sdpa_arguments(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> tuple[Any, ...]:
+    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+
+
+def _cpu_twin(tensor: torch.Tensor) -> torch.Tensor:
+    # Uninitialised CPU memory is never touched: only shapes, strides and dtype matter.
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype)
+
+
+class _CpuAttentionOnMeta(TorchFunctionMode):
+    """On meta, PyTorch picks the math attention backend (which saves the T x T matrix);
+    the CPU picks its flash kernel when it can. Route meta calls to the kernel the CPU
+    would choose, so saved tensors and FLOPs match a real CPU run and, within a few bytes,
+    a CUDA flash or memory-efficient kernel (q, k, v, output and an O(T) logsumexp)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch._C._nn.scaled_dot_product_attention:
+            q, k, v, mask, dropout_p, is_causal, scale, gqa = _sdpa_arguments(*args, **kwargs)
+            if q.device.type == "meta" and not gqa and dropout_p == 0.0:
+                twins = [_cpu_twin(t) for t in (q, k, v)]
+                twin_mask = None if mask is None else _cpu_twin(mask)
+                choice = torch._fused_sdp_choice(
+                    *twins, twin_mask, dropout_p, is_causal, scale=scale
+                )
+                if choice == SDPBackend.FLASH_ATTENTION.value:
+                    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                        q, k, v, dropout_p, is_causal, attn_mask=mask, scale=scale
+                    )
+                    return out
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def meta_attention_like_cpu() -> Iterator[None]:
+    """Make ``F.scaled_dot_product_attention`` on meta tensors use the CPU's kernel choice."""
+    with _CpuAttentionOnMeta():
+        yield

@@ -1,0 +1,163 @@
+"""Tests of measured profiles (pipeswap.profiling.measure) and the block-by-block step."""
+
+import pytest
+import torch
+from torch import nn
+
+from pipeswap.errors import PipeswapError
+from pipeswap.models import build_model, model_spec
+from pipeswap.models.base import LayeredModel
+from pipeswap.profiling import estimate_layered, measure, meta_copy
+from pipeswap.profiling.step import optimizer_state_bytes, param_bytes_by_layer, run_step
+from pipeswap.profiling.table import format_bytes
+
+
+def _mlp() -> LayeredModel:
+    torch.manual_seed(0)
+    blocks = [
+        ("fc1", nn.Sequential(nn.Flatten(), nn.Linear(6, 16), nn.ReLU())),
+        ("norm", nn.LayerNorm(16)),
+        ("fc2", nn.Linear(16, 5)),
+    ]
+    return LayeredModel("mlp", blocks, "classify", num_classes=5, in_channels=6)
+
+
+class _Flat(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1)
+
+
+def _image_mlp() -> LayeredModel:
+    """A classify LayeredModel whose example batch is [B, 2, 4, 4] images."""
+    torch.manual_seed(0)
+    blocks = [
+        ("conv", nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), _Flat())),
+        ("fc", nn.Linear(48, 4)),
+    ]
+    return LayeredModel("conv-mlp", blocks, "classify", num_classes=4, in_channels=2)
+
+
+@pytest.mark.parametrize(
+    "name, shape", [("gpt2-micro", {"seq_len": 16}), ("resnet-micro", {"image_size": 32})]
+)
+def test_block_by_block_step_gives_the_same_gradients_as_one_backward(name, shape) -> None:
+    model = build_model(name)
+    inputs, targets = model.example_batch(2, **shape)
+    model.loss(model(inputs), targets).backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    run_step(model, inputs, targets)
+    for param_name, param in model.named_parameters():
+        assert torch.equal(param.grad, expected[param_name]), param_name  # bitwise
+
+
+def test_measure_hand_model() -> None:
+    model = _image_mlp()
+    profile = measure(model, 3, image_size=4, optimizer="adam", warmup=0, repeats=2)
+    assert profile.layer_names == ["conv", "fc"]
+    assert (profile.source, profile.device, profile.dtype, profile.batch) == (
+        "measured", "cpu", "float32", 3,
+    )  # fmt: skip
+    assert profile.image_size == 4 and profile.seq_len is None
+    conv, fc = profile.layers
+    assert conv.param_bytes == (2 * 3 * 9 + 3) * 4 and fc.param_bytes == (48 * 4 + 4) * 4
+    assert conv.output_bytes == 3 * 48 * 4 and fc.output_bytes == 3 * 4 * 4
+    assert profile.optimizer_state_bytes == 2 * profile.param_bytes
+    assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in profile.layers)
+    # conv keeps its input images; the ReLU output (also fc's input) belongs to fc.
+    assert [t.bytes for t in conv.saved] == [3 * 2 * 16 * 4]
+    assert fc.saved[0].bytes == 3 * 48 * 4
+    assert profile.notes["peak_live_saved_bytes"] == profile.saved_bytes
+
+
+def test_tied_parameters_count_once_in_their_first_layer() -> None:
+    tied = build_model("gpt2-micro", tie_embeddings=True)
+    untied = build_model("gpt2-micro", tie_embeddings=False)
+    tied_bytes, untied_bytes = param_bytes_by_layer(tied), param_bytes_by_layer(untied)
+    matrix = 256 * 32 * 4
+    assert tied_bytes["embed"] == untied_bytes["embed"]
+    assert untied_bytes["head"] - tied_bytes["head"] == matrix
+    assert sum(tied_bytes.values()) == sum(p.numel() * 4 for p in tied.parameters())
+
+
+def test_optimizer_state_factors() -> None:
+    assert optimizer_state_bytes("sgd", 100) == 100  # momentum SGD: one buffer
+    assert optimizer_state_bytes("adam", 100) == 200
+    assert optimizer_state_bytes("adamw", 100) == 200
+    with pytest.raises(PipeswapError, match="sgd, adam, adamw"):
+        optimizer_state_bytes("lamb", 100)
+
+
+def test_measure_zoo_name_uses_its_defaults() -> None:
+    profile = measure("gpt2-micro", 2, warmup=0, repeats=1)
+    spec = model_spec("gpt2-micro")
+    assert profile.seq_len == spec.default_seq_len
+    assert profile.layer_names == ["embed", "block0", "block1", "head"]
+    assert profile.notes["loss"] == pytest.approx(torch.log(torch.tensor(256.0)).item(), rel=0.05)
+
+
+def test_measure_bfloat16_halves_parameter_bytes() -> None:
+    full = measure(_mlp(), 2, image_size=1, warmup=0, repeats=1)
+    half = measure(_mlp(), 2, image_size=1, dtype="bfloat16", warmup=0, repeats=1)
+    assert half.dtype == "bfloat16"
+    assert 2 * half.param_bytes == full.param_bytes
+
+
+def test_unknown_optimizer_and_bad_counts_are_refused() -> None:
+    with pytest.raises(PipeswapError, match="unknown optimizer 'rmsprop'"):
+        measure(_mlp(), 2, image_size=1, optimizer="rmsprop")
+    with pytest.raises(PipeswapError, match="repeats >= 1"):
+        measure(_mlp(), 2, image_size=1, repeats=0)
+    with pytest.raises(PipeswapError, match="unknown dtype 'float8'"):
+        measure(_mlp(), 2, image_size=1, dtype="float8")
+
+
+def test_language_model_without_seq_len_is_refused() -> None:
+    model = build_model("gpt2-micro")
+    with pytest.raises(PipeswapError, match="seq_len"):
+        measure(model, 2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_suggests_an_estimate() -> None:
+    with pytest.raises(PipeswapError, match="CUDA is not available.*--estimate --gpu"):
+        measure("gpt2-micro", 2, device="cuda")
+
+
+class _Greedy(nn.Module):
+    """Fails like the CPU allocator does when a batch is too large."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "meta":
+            raise RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate "
+                "memory: you tried to allocate 68719476736 bytes."
+            )
+        return self.fc(x)
+
+
+def test_allocation_failure_reports_the_memory_a_meta_estimate_needs() -> None:
+    torch.manual_seed(0)
+    blocks = [("fc1", nn.Sequential(nn.Flatten(), nn.Linear(6, 16))), ("greedy", _Greedy())]
+    model = LayeredModel("greedy", blocks, "classify", num_classes=5, in_channels=6)
+    with pytest.raises(PipeswapError) as info:
+        measure(model, 4, image_size=1)
+    message = str(info.value)
+    needed = estimate_layered(meta_copy(model), 4, image_size=1).peak_training_bytes()
+    assert "greedy at batch 4 does not fit on cpu" in message
+    assert f"needs about {format_bytes(needed)} (meta estimate)" in message
+    assert "can't allocate memory" in message
+
+
+def test_other_runtime_errors_pass_through() -> None:
+    class Broken(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("shape mismatch")
+
+    model = LayeredModel("broken", [("b", Broken())], "classify", num_classes=2, in_channels=1)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        measure(model, 2, image_size=1)
