@@ -20,7 +20,7 @@ from pipeswap.profiling.step import (
     parse_dtype,
     run_step,
 )
-from pipeswap.profiling.table import format_bytes
+from pipeswap.units import format_bytes
 
 _TIMING_NOTE = (
     "forward_s/backward_s: median over repeats of each block's own pass; the step runs block "

@@ -10,13 +10,6 @@ _GiB = 2**30
 _HEADER = ("layer", "fwd ms", "bwd ms", "params MiB", "saved MiB", "output MiB")
 
 
-def format_bytes(count: int) -> str:
-    """``count`` in GiB from 1 GiB up, else in MiB (binary units, as GPUs report memory)."""
-    if count >= _GiB:
-        return f"{count / _GiB:.2f} GiB"
-    return f"{count / _MiB:.2f} MiB"
-
-
 def _row(name: str, fwd_s: float, bwd_s: float, params: int, saved: int, output: int) -> list[str]:
     return [
         name,

@@ -140,7 +140,7 @@ def test_allocation_failure_names_the_memory_needed(
     err = _fails(["profile", "--model", "gpt2-micro", "--batch", "2",
                   "--out", str(tmp_path / "p.json")], capsys)  # fmt: skip
     assert "gpt2-micro at batch 2 does not fit on cpu" in err
-    assert "(meta estimate)" in err and "MiB" in err
+    assert "(meta estimate)" in err and "iB" in err
     assert "try a smaller --batch or --estimate --gpu SPEC" in err
     assert not (tmp_path / "p.json").exists()
 

@@ -9,7 +9,7 @@ from pipeswap.models import build_model, model_spec
 from pipeswap.models.base import LayeredModel
 from pipeswap.profiling import estimate_layered, measure, meta_copy
 from pipeswap.profiling.step import optimizer_state_bytes, param_bytes_by_layer, run_step
-from pipeswap.profiling.table import format_bytes
+from pipeswap.units import format_bytes
 
 
 def _mlp() -> LayeredModel:

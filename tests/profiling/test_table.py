@@ -2,7 +2,7 @@
 
 from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
-from pipeswap.profiling.table import fit_warning, format_bytes, format_profile
+from pipeswap.profiling.table import fit_warning, format_profile
 
 MiB, GiB = 2**20, 2**30
 
@@ -52,6 +52,3 @@ def test_gpu_verdict_and_warning() -> None:
     assert f"needs {needed:.2f} GiB but a v100-32gb has 32.00 GiB" in warning
 
 
-def test_format_bytes_switches_units_at_one_gib() -> None:
-    assert format_bytes(512 * MiB) == "512.00 MiB"
-    assert format_bytes(3 * GiB // 2) == "1.50 GiB"
