@@ -78,6 +78,7 @@ def test_image_batches() -> None:
         ImageDataset(32, num_classes=len(SHAPE_KINDS) + 1)
 
 
+@pytest.mark.slow  # a timing bound: meaningful only on an otherwise idle machine
 def test_image_batch_is_fast() -> None:
     data = ImageDataset(32)
     data.batch(32, step=0)
