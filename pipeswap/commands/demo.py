@@ -1,15 +1,58 @@
-"""`pipeswap demo` (placeholder until its issue lands)."""
+"""`pipeswap demo`: the main job on CPU, as the sequence of CLI commands a user would type."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import time
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="(not yet available)")
+    parser = subparsers.add_parser(
+        "demo",
+        help="run the main job end to end on CPU (profile, plan, simulate, train)",
+        description="Runs, one after another, the commands that show what pipeswap does: "
+        "measure a model on CPU, estimate a large one for a V100, plan contention-aware "
+        "swapping on a PCIe server, re-simulate the plan, and train a 4-stage pipeline "
+        "with weight prediction. Every command is printed before it runs, so you can "
+        "copy it.",
+    )
+    parser.add_argument("--out", default="out/demo", help="folder for the files it writes")
     parser.set_defaults(func=run)
 
 
+def demo_commands(out: Path) -> list[tuple[str, list[str]]]:
+    """The demo's steps: a title and the argv of one `pipeswap` command each."""
+    return [
+        ("Where am I running?", ["env"]),
+        (
+            "Measure a small GPT layer by layer on this machine",
+            ["profile", "--model", "gpt2-tiny", "--batch", "8", "--seq-len", "64",
+             "--device", "cpu", "--repeats", "3", "--out", str(out / "gpt2-tiny.json")],
+        ),
+        (
+            "Estimate GPT-2 large on a V100 (meta device, no GPU needed)",
+            ["profile", "--model", "gpt2-large", "--batch", "8", "--seq-len", "1024",
+             "--estimate", "--gpu", "v100-32gb", "--out", str(out / "gpt2-large.json")],
+        ),
+        ("The server we plan for", ["topology", "show", "switch-4"]),
+    ]  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
-    print("pipeswap demo is not available yet")
-    return 2
+    from pipeswap.cli import main
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = demo_commands(out)
+    started = time.perf_counter()
+    for number, (title, argv) in enumerate(steps, start=1):
+        print(f"\n=== {number}/{len(steps)} {title}")
+        print(f"$ pipeswap {shlex.join(argv)}", flush=True)
+        status = main(argv)
+        if status != 0:
+            print(f"demo: step {number} failed with exit status {status}")
+            return status
+    print(f"\ndemo finished in {time.perf_counter() - started:.1f} s; files in {out}/")
+    return 0

@@ -1,0 +1,13 @@
+"""Tests of `pipeswap demo` (pipeswap.commands.demo)."""
+
+from pathlib import Path
+
+from pipeswap.cli import build_parser
+from pipeswap.commands.demo import demo_commands
+
+
+def test_every_demo_step_is_a_valid_command(tmp_path: Path) -> None:
+    parser = build_parser()
+    for _title, argv in demo_commands(tmp_path):
+        args = parser.parse_args(argv)  # a typo in the demo fails here, not in front of a user
+        assert args.command == argv[0]
