@@ -1,15 +1,57 @@
-"""`pipeswap train` (placeholder until its issue lands)."""
+"""`pipeswap train`: pipelined training (--pipeline K); data-parallel swapping arrives later."""
 
 from __future__ import annotations
 
 import argparse
 
+from pipeswap.errors import PipeswapError
+
+_EXAMPLES = """examples:
+  pipeswap train --model gpt2-tiny --pipeline 4 --schedule async-1f1b --weights spectrain \\
+      --steps 20 --nproc 4 --report r.json
+  pipeswap train --model gpt2-tiny --pipeline 4 --schedule 1f1b --micro-batches 4 --emulate
+  torchrun --nproc-per-node 4 -m pipeswap train --model gpt2-tiny --pipeline 4 --steps 20
+"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("train", help="(not yet available)")
+    from pipeswap.pipeline.train import add_pipeline_arguments
+
+    parser = subparsers.add_parser(
+        "train",
+        help="train a model: pipelined over K processes (--pipeline K)",
+        description="Train a zoo model. With --pipeline K the model is cut into K stages, "
+        "one process per stage (or all in one with --emulate), and a JSON report is written.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_training_arguments(parser)
+    add_pipeline_arguments(parser)
     parser.set_defaults(func=run)
 
 
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options every kind of training shares."""
+    parser.add_argument("--model", required=True, help="zoo model name (e.g. gpt2-tiny)")
+    parser.add_argument("--batch", type=int, default=None, help="mini-batch size (default: zoo's)")
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (LMs)")
+    shape.add_argument("--image-size", type=int, default=None, help="image side (image models)")
+    parser.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (default 0.05 for sgd, 1e-3 for adam/adamw)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="weight initialization seed")
+    parser.add_argument("--report", metavar="PATH", help="write the JSON report here")
+
+
 def run(args: argparse.Namespace) -> int:
-    print("pipeswap train is not available yet")
-    return 2
+    if args.pipeline is None:
+        raise PipeswapError(
+            "without --pipeline, `pipeswap train` means data-parallel training with tensor "
+            "swapping, which arrives with --swap-policy (issue 5); for pipelined training "
+            "pass --pipeline K"
+        )
+    from pipeswap.pipeline.train import run_pipeline
+
+    return run_pipeline(args)

@@ -1,0 +1,194 @@
+"""What a pipeline run trains and how: the config every rank and the emulator share."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from pipeswap.errors import PipeswapError
+from pipeswap.models.base import LayeredModel
+from pipeswap.pipeline.schedule import SCHEDULE_NAMES
+
+WEIGHT_MODES = ("stale", "stash", "spectrain", "predict-adam")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """One pipeline training run; identical on every rank so every rank builds the same model.
+
+    ``model`` is a zoo name (``gpt2-tiny``) or ``"package.module:function"`` returning a
+    LayeredModel (the function is called with the global RNG seeded by ``seed``).
+    ``balance[k]`` is the number of layers of stage k. ``batch`` is the mini-batch size;
+    synchronous schedules split it into ``micro_batches`` equal units.
+    """
+
+    model: str
+    balance: tuple[int, ...]
+    schedule: str = "1f1b"
+    weights: str = "stale"
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    batch: int = 8
+    micro_batches: int = 1
+    steps: int = 10
+    seq_len: int | None = None
+    image_size: int | None = None
+    seed: int = 0
+    data_seed: int = 0
+    eval_batches: int = 2
+    timeout_s: float = 60.0
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.balance)
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch // self.micro_batches
+
+    def check(self) -> None:
+        """Refuse combinations that cannot run, naming what to use instead."""
+        if self.schedule not in SCHEDULE_NAMES:
+            raise PipeswapError(
+                f"unknown schedule {self.schedule!r}; valid: {', '.join(SCHEDULE_NAMES)}"
+            )
+        if self.weights not in WEIGHT_MODES:
+            raise PipeswapError(
+                f"unknown weight mode {self.weights!r}; valid: {', '.join(WEIGHT_MODES)}"
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise PipeswapError(
+                f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}"
+            )
+        if self.batch < 1 or self.micro_batches < 1 or self.batch % self.micro_batches:
+            raise PipeswapError(
+                f"--batch {self.batch} must split into --micro-batches {self.micro_batches} "
+                f"equal parts: pick a batch that is a multiple of the micro-batch count"
+            )
+        if self.steps < 1:
+            raise PipeswapError(f"--steps must be at least 1, not {self.steps}")
+        if self.weights == "spectrain" and (self.optimizer != "sgd" or self.momentum <= 0):
+            raise PipeswapError(
+                f"--weights spectrain predicts with the SGD momentum buffer, but "
+                f"--optimizer {self.optimizer} --momentum {self.momentum} has none: use "
+                f"--optimizer sgd --momentum 0.9, or --weights predict-adam with --optimizer "
+                f"adam or adamw"
+            )
+        if self.weights == "predict-adam" and self.optimizer not in ("adam", "adamw"):
+            raise PipeswapError(
+                "--weights predict-adam predicts with Adam's step direction: use --optimizer "
+                "adam or adamw, or --weights spectrain for SGD with momentum"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        obj = asdict(self)
+        obj["balance"] = list(self.balance)
+        return obj
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> PipelineConfig:
+        return cls(**{**obj, "balance": tuple(obj["balance"])})
+
+
+def model_factory(name: str) -> Callable[[torch.device], LayeredModel]:
+    """A function building the full model ``name`` (zoo name or ``module:function``) on a device.
+
+    It draws initial weights from the global RNG, so callers seed it first.
+    """
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            function = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise PipeswapError(f"cannot import model factory {name!r}: {exc}") from None
+
+        def build_custom(device: torch.device) -> LayeredModel:
+            with device:
+                return function()
+
+        return build_custom
+    from pipeswap.models import build_model, model_spec
+
+    spec = model_spec(name)
+    # Pipelines untie the LM head from the embedding so each stage owns its weights.
+    tie = False if spec.task == "lm" else None
+    return lambda device: build_model(name, device=device, tie_embeddings=tie, seed=None)
+
+
+def build_full_model(config: PipelineConfig, device: torch.device | str = "cpu") -> LayeredModel:
+    """The whole model with weights seeded by ``config.seed`` (same on every rank).
+
+    It is built on the CPU and then moved, so CPU and CUDA runs start from the same weights.
+    """
+    factory = model_factory(config.model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = factory(torch.device("cpu"))
+    return model.to(device)
+
+
+def build_meta_model(config: PipelineConfig) -> LayeredModel:
+    """The model on the meta device (shapes only), for checks and shape inference."""
+    return model_factory(config.model)(torch.device("meta"))
+
+
+class BatchSource:
+    """The training (or held-out) batches of a run; micro-batch ``m`` of step ``s`` on demand."""
+
+    def __init__(self, config: PipelineConfig, model: LayeredModel, split: str = "train") -> None:
+        self.config = config
+        self.model = model
+        self.split = split
+        self._dataset = _dataset(config, model, split)
+        self._cached: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cached is None or self._cached[0] != step:
+            if self._dataset is None:
+                seed = (
+                    self.config.data_seed * 1_000_003
+                    + step
+                    + (0 if self.split == "train" else 1 << 30)
+                )
+                pair = self.model.example_batch(
+                    self.config.batch,
+                    seq_len=self.config.seq_len,
+                    image_size=self.config.image_size,
+                    seed=seed,
+                )
+            else:
+                pair = self._dataset.batch(self.config.batch, step)
+            self._cached = (step, pair)
+        return self._cached[1]
+
+    def micro(self, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self.batch(step)
+        size = self.config.micro_batch_size
+        return inputs[index * size : (index + 1) * size], targets[index * size : (index + 1) * size]
+
+
+def _dataset(config: PipelineConfig, model: LayeredModel, split: str) -> Any:
+    """The zoo's offline dataset for the model, or None (random example batches) if it has none."""
+    try:
+        from pipeswap.data import dataset_for
+    except ImportError:
+        return None
+    try:
+        return dataset_for(
+            model,
+            seq_len=config.seq_len,
+            image_size=config.image_size,
+            split=split,
+            seed=config.data_seed,
+        )
+    except PipeswapError:
+        if ":" in config.model:
+            return None
+        raise

@@ -1,0 +1,128 @@
+"""Every stage in one process, running exactly the runtime's schedule and weight versions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from pipeswap.pipeline.config import PipelineConfig, build_full_model
+from pipeswap.pipeline.executor import StageExecutor
+from pipeswap.pipeline.result import PipelineResult, combine
+from pipeswap.pipeline.schedule import Schedule, build_schedule
+from pipeswap.pipeline.stage import Packed, inspect_layers
+from pipeswap.pipeline.validate import simulate, validate
+
+
+@contextmanager
+def single_threaded() -> Iterator[None]:
+    """One intra-op thread, so CPU reductions split the same way in every process."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+class MailboxTransport:
+    """Transfers as copies through a dict shared by all stages (what a wire would deliver)."""
+
+    def __init__(self, rank: int, mailbox: dict[tuple[str, int, int], Packed]) -> None:
+        self.rank = rank
+        self.mailbox = mailbox
+
+    def post(self, kind: str, unit: int) -> None:
+        pass
+
+    def take(self, kind: str, unit: int) -> Packed:
+        return self.mailbox.pop((kind, self.rank, unit))
+
+    def send(self, kind: str, unit: int, tensors: Packed) -> None:
+        dst = self.rank + 1 if kind == "F" else self.rank - 1
+        copies = tuple(t.detach().clone(memory_format=torch.contiguous_format) for t in tensors)
+        self.mailbox[(kind, dst, unit)] = copies
+
+    def progress(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def pipeline_schedule(config: PipelineConfig) -> Schedule:
+    schedule = build_schedule(
+        config.schedule, config.num_stages, config.steps, config.micro_batches
+    )
+    validate(schedule)
+    return schedule
+
+
+class Emulator:
+    """Run a pipeline config in this process; ``record`` keeps the weights each pass saw.
+
+    The result is bit-identical to the distributed runtime's on CPU: same model
+    construction, same schedule, same weight versions, same transfers (as copies), one
+    intra-op thread.
+    """
+
+    def __init__(
+        self, config: PipelineConfig, *, record: bool = True, keep_gradients: bool = False
+    ) -> None:
+        config.check()
+        self.config = config
+        self.record = record
+        self.keep_gradients = keep_gradients
+        self.executors: list[StageExecutor] = []
+
+    def run(self, progress: bool = False) -> PipelineResult:
+        config = self.config
+        with single_threaded():
+            infos = inspect_layers(config)
+            schedule = pipeline_schedule(config)
+            model = build_full_model(config)
+            mailbox: dict[tuple[str, int, int], Packed] = {}
+            self.executors = [
+                StageExecutor(
+                    config,
+                    rank,
+                    schedule,
+                    model,
+                    infos,
+                    MailboxTransport(rank, mailbox),
+                    record=self.record,
+                    keep_gradients=self.keep_gradients,
+                )
+                for rank in range(config.num_stages)
+            ]
+            bar = _progress_bar(config.steps, progress)
+            start = time.perf_counter()
+            for ex in self.executors:
+                ex.start_clock()
+            for timed in simulate(schedule):
+                self.executors[timed.rank].run(timed.action)
+                if timed.rank == 0 and timed.action.kind == "UPDATE" and bar is not None:
+                    last = self.executors[-1].runner.losses
+                    step_loss = last.get((timed.action.unit + 1) * config.micro_batches - 1)
+                    bar.set_postfix(loss=f"{step_loss:.4f}" if step_loss is not None else "-")
+                    bar.update(1)
+            for ex in self.executors:
+                ex.finish_training()
+            wall = time.perf_counter() - start
+            if bar is not None:
+                bar.close()
+            for unit in self.executors[0].eval_units():
+                for ex in self.executors:
+                    ex.evaluate(unit)
+            stages = [ex.finish() for ex in self.executors]
+        return combine(config, stages, mode="emulate", task=model.task, wall_s=wall)
+
+
+def _progress_bar(total: int, enabled: bool):  # type: ignore[no-untyped-def]
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="train", unit="step", leave=False)

@@ -1,0 +1,226 @@
+"""Run one rank's actions: the same code drives the emulator and the distributed runtime."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from pipeswap.pipeline.config import BatchSource, PipelineConfig
+from pipeswap.pipeline.predict import steady_distances, version_distances
+from pipeswap.pipeline.schedule import Action, Schedule
+from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
+from pipeswap.pipeline.validate import TimedAction
+from pipeswap.pipeline.weights import StageWeights
+
+# Test hook: PIPESWAP_FAULT="rank:step" makes that rank die (os._exit) at that step.
+FAULT_ENV = "PIPESWAP_FAULT"
+
+
+class Transport(Protocol):
+    """Moves packed activations ("F") and gradients ("B") of a unit between stages."""
+
+    def post(self, kind: str, unit: int) -> None: ...
+    def take(self, kind: str, unit: int) -> Packed: ...
+    def send(self, kind: str, unit: int, tensors: Packed) -> None: ...
+    def progress(self) -> None: ...
+    def finish(self) -> None: ...
+
+
+@dataclass
+class StageResult:
+    """What one rank reports after training (plain data: it crosses process boundaries)."""
+
+    rank: int
+    losses: dict[int, float] = field(default_factory=dict)
+    eval_loss_sum: float = 0.0
+    eval_correct: int = 0
+    eval_units: int = 0
+    eval_samples: int = 0
+    busy_s: float = 0.0
+    wall_s: float = 0.0
+    sha256: str = ""
+    prediction_error: dict[str, float | None] | None = None
+    distances: tuple[int, int] = (0, 0)
+    timeline: list[TimedAction] = field(default_factory=list)
+
+
+def stage_bounds(balance: tuple[int, ...]) -> list[tuple[int, int]]:
+    out, start = [], 0
+    for count in balance:
+        out.append((start, start + count))
+        start += count
+    return out
+
+
+def stage_sha256(module: torch.nn.Module) -> str:
+    """SHA-256 of a stage's parameters: names, dtypes, shapes and raw bytes, in order."""
+    digest = hashlib.sha256()
+    for name, param in module.named_parameters():
+        tensor = param.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+class StageExecutor:
+    """One stage: its layers (``runner``), its weight versions, its data, and a transport."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        rank: int,
+        schedule: Schedule,
+        model: torch.nn.Module,
+        infos: list[LayerInfo],
+        transport: Transport,
+        *,
+        record: bool = False,
+        keep_gradients: bool = False,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.schedule = schedule
+        self.transport = transport
+        self.device = torch.device(device)
+        start, stop = stage_bounds(config.balance)[rank]
+        n = config.num_stages
+        input_spec: BoundarySpec | None = infos[start - 1].output if rank > 0 else None
+        output_spec: BoundarySpec | None = infos[stop - 1].output if rank < n - 1 else None
+        self.module = model.stage(start, stop)  # type: ignore[operator]
+        self.runner = StageRunner(
+            rank,
+            n,
+            self.module,
+            model.loss,  # type: ignore[arg-type]
+            micro_batches=config.micro_batches,
+            input_spec=input_spec,
+            output_spec=output_spec,
+        )
+        units = range(schedule.num_units)
+        self.weights = StageWeights(
+            self.module,
+            config.weights,
+            version_distances(schedule, rank),
+            {u: schedule.step_of(u) for u in units},
+            optimizer_name=config.optimizer,
+            lr=config.lr,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            record=record,
+            keep_gradients=keep_gradients,
+        )
+        needs_data = rank == 0 or rank == n - 1
+        self.train_data = BatchSource(config, model, "train") if needs_data else None  # type: ignore[arg-type]
+        self.eval_data = BatchSource(config, model, "val") if needs_data else None  # type: ignore[arg-type]
+        self.result = StageResult(rank, distances=steady_distances(schedule, rank))
+        self._fault = _fault_step(rank)
+        self._outbox: dict[tuple[str, int], Packed] = {}
+        self._t0 = time.perf_counter()
+        self._index = 0
+
+    # ---- training -----------------------------------------------------------------
+    def start_clock(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def run(self, action: Action) -> None:
+        """Execute one action of this rank (in schedule order)."""
+        kind, unit = action.kind, action.unit
+        if kind in ("RECV_F", "RECV_B"):
+            self.transport.post(kind[-1], unit)
+        elif kind in ("SEND_F", "SEND_B"):
+            self.transport.send(kind[-1], unit, self._outbox.pop((kind[-1], unit)))
+        else:
+            start = time.perf_counter()
+            if kind == "F":
+                self._forward(unit)
+            elif kind == "B":
+                self._backward(unit)
+            else:
+                self.weights.update(unit)
+            end = time.perf_counter()
+            self.result.busy_s += end - start
+            self.result.timeline.append(
+                TimedAction(self.rank, self._index, action, start - self._t0, end - self._t0)
+            )
+        self._index += 1
+        self.transport.progress()
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device) if tensor.device != self.device else tensor
+
+    def _forward(self, unit: int) -> None:
+        step, micro = divmod(unit, self.config.micro_batches)
+        if self._fault is not None and step == self._fault and micro == 0:
+            os._exit(17)
+        inputs: Any = None
+        target = None
+        if self.train_data is not None:
+            x, y = self.train_data.micro(step, micro)
+            inputs, target = self._to_device(x), self._to_device(y)
+        if self.rank > 0:
+            inputs = self.transport.take("F", unit)
+        self.weights.before("F", unit)
+        out = self.runner.forward(unit, inputs, target if self.runner.is_last else None)
+        self.weights.after("F", unit)
+        if out is not None:
+            self._outbox[("F", unit)] = out
+
+    def _backward(self, unit: int) -> None:
+        grads = None if self.runner.is_last else self.transport.take("B", unit)
+        self.weights.before("B", unit)
+        out = self.runner.backward(unit, grads)
+        self.weights.after("B", unit)
+        if out is not None:
+            self._outbox[("B", unit)] = out
+
+    def finish_training(self) -> None:
+        self.transport.finish()
+        self.result.wall_s = time.perf_counter() - self._t0
+        self.result.losses = dict(self.runner.losses)
+        self.result.prediction_error = (
+            self.weights.prediction_error() if self.weights.record else None
+        )
+
+    # ---- evaluation ---------------------------------------------------------------
+    def eval_units(self) -> list[int]:
+        base = self.schedule.num_units
+        return list(range(base, base + self.config.eval_batches * self.config.micro_batches))
+
+    def evaluate(self, unit: int) -> None:
+        """Forward one held-out unit (no gradients) and pass it on or score it."""
+        step, micro = divmod(unit - self.schedule.num_units, self.config.micro_batches)
+        inputs: Any = None
+        target = None
+        if self.eval_data is not None:
+            x, y = self.eval_data.micro(step, micro)
+            inputs, target = self._to_device(x), self._to_device(y)
+        if self.rank > 0:
+            inputs = self.transport.take("F", unit)
+        out = self.runner.evaluate(inputs, target)
+        if self.runner.is_last:
+            loss, correct = out  # type: ignore[misc]
+            self.result.eval_loss_sum += float(loss)
+            self.result.eval_correct += int(correct)
+            self.result.eval_units += 1
+            self.result.eval_samples += int(target.shape[0])  # type: ignore[union-attr]
+        else:
+            self.transport.send("F", unit, out)  # type: ignore[arg-type]
+
+    def finish(self) -> StageResult:
+        self.transport.finish()
+        self.result.sha256 = stage_sha256(self.module)
+        return self.result
+
+
+def _fault_step(rank: int) -> int | None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return None
+    fault_rank, _, step = spec.partition(":")
+    return int(step or 0) if int(fault_rank) == rank else None

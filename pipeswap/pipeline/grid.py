@@ -1,0 +1,97 @@
+"""Text grid of a schedule: one row per stage, one column per time slot."""
+
+from __future__ import annotations
+
+from pipeswap.errors import PipeswapError
+from pipeswap.pipeline.schedule import Action, Schedule
+from pipeswap.pipeline.validate import TimedAction, simulate
+
+IDLE = "."
+
+
+def render_grid(
+    schedule: Schedule,
+    *,
+    forward_cost: int = 1,
+    backward_cost: int = 1,
+    mark: tuple[int, float] | None = None,
+) -> str:
+    """The schedule on an idealized machine (F, B of integer cost; UPDATE and transfers free).
+
+    A cell ``F3`` is the forward of unit 3, ``B3/U1`` a backward followed by the update of
+    mini-batch 1, ``~`` the continuation of a multi-slot pass, ``.`` an idle slot (bubble).
+    ``mark=(rank, time)`` brackets one cell, e.g. to point at a failing step. Below the grid,
+    one line per stage names its warm-up, steady state and cool-down (and, for synchronous
+    schedules, the flush before each update) and its bubble fraction.
+    """
+    if forward_cost < 1 or backward_cost < 1:
+        raise PipeswapError("grid costs must be whole time slots of at least 1")
+    timeline = simulate(schedule, forward_cost=forward_cost, backward_cost=backward_cost)
+    makespan = int(max((t.end for t in timeline), default=0))
+    cells = [[IDLE] * makespan for _ in range(schedule.num_stages)]
+    last_slot: dict[int, int] = {}
+    for timed in timeline:
+        _place(cells[timed.rank], timed, last_slot)
+    if mark is not None and 0 <= int(mark[1]) < makespan:
+        row, col = mark[0], int(mark[1])
+        cells[row][col] = f"[{cells[row][col]}]"
+    width = max(3, *(len(c) + 1 for row in cells for c in row)) if makespan else 3
+    label = f"stage {schedule.num_stages - 1}"
+    header = " " * len(label) + " " + "".join(f"{t:<{width}}" for t in range(makespan))
+    unit_word = "micro-batches" if schedule.synchronous else "mini-batches"
+    title = (
+        f"{schedule.name}: {schedule.num_stages} stages, {schedule.num_steps} steps, "
+        f"{schedule.num_units} {unit_word} (F={forward_cost}, B={backward_cost} slots)"
+    )
+    lines = [title, header.rstrip()]
+    for rank, row in enumerate(cells):
+        name = f"stage {rank}".ljust(len(label))
+        lines.append((name + " " + "".join(f"{c:<{width}}" for c in row)).rstrip())
+    lines.append("")
+    lines += [phase_summary(schedule, rank, cells[rank]) for rank in range(schedule.num_stages)]
+    return "\n".join(lines)
+
+
+def _place(row: list[str], timed: TimedAction, last_slot: dict[int, int]) -> None:
+    act = timed.action
+    if act.kind == "UPDATE":
+        slot = last_slot.get(timed.rank)
+        if slot is not None:
+            row[slot] += f"/U{act.unit}"
+        return
+    if act.kind not in ("F", "B"):
+        return
+    start, end = int(timed.start), int(timed.end)
+    row[start] = f"{act.kind}{act.unit}"
+    for t in range(start + 1, end):
+        row[t] = "~"
+    last_slot[timed.rank] = start
+
+
+def phase_summary(schedule: Schedule, rank: int, row: list[str]) -> str:
+    """``stage 1: warm-up 2F, steady 2x(F,B), cool-down 2B, flush+UPDATE; bubble 33%``."""
+    passes = [a for a in schedule.compute_actions(rank) if a.kind in ("F", "B")]
+    if schedule.name == "gpipe":
+        m = schedule.micro_batches
+        body = f"per step {m}F then {m}B, then flush + UPDATE"
+    elif schedule.synchronous:
+        first_step = [a for a in passes if schedule.step_of(a.unit) == 0]
+        body = "per step " + _phases(first_step) + ", then flush + UPDATE"
+    else:
+        body = _phases(passes) + ", UPDATE after every B"
+    idle = sum(1 for c in row if c == IDLE)
+    bubble = idle / len(row) if row else 0.0
+    return f"stage {rank}: {body}; bubble {bubble:.0%}"
+
+
+def _phases(passes: list[Action]) -> str:
+    kinds = [a.kind for a in passes]
+    if "B" not in kinds:
+        return f"warm-up {len(kinds)}F"
+    # The F right before the first B opens the first steady (F,B) pair, and the B right
+    # after the last F closes the last one.
+    warm = max(kinds.index("B") - 1, 0)
+    last_f = max((i for i, k in enumerate(kinds) if k == "F"), default=-1)
+    cool = max(len(kinds) - last_f - 2, 0)
+    steady = (len(kinds) - warm - cool) // 2
+    return f"warm-up {warm}F, steady {steady}x(F,B), cool-down {cool}B"

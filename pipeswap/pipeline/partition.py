@@ -1,0 +1,237 @@
+"""Cut a model into contiguous stages that minimize the slowest stage (exact DP)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pipeswap.errors import PipeswapError
+from pipeswap.jsonio import check_format
+from pipeswap.profile import Profile
+
+PARTITION_FORMAT = "pipeswap.partition/1"
+
+
+@dataclass(frozen=True)
+class Partition:
+    """``balance[k]`` layers on stage k, with each stage's compute time and memory."""
+
+    balance: tuple[int, ...]
+    stage_seconds: tuple[float, ...]
+    stage_memory_bytes: tuple[int, ...]
+
+    @property
+    def bounds(self) -> list[tuple[int, int]]:
+        """``(start, stop)`` layer indices of every stage."""
+        out, start = [], 0
+        for count in self.balance:
+            out.append((start, start + count))
+            start += count
+        return out
+
+    @property
+    def bottleneck_s(self) -> float:
+        return max(self.stage_seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": PARTITION_FORMAT,
+            "balance": list(self.balance),
+            "stage_seconds": list(self.stage_seconds),
+            "stage_memory_bytes": list(self.stage_memory_bytes),
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Partition:
+        check_format(obj, PARTITION_FORMAT, "partition")
+        return cls(
+            tuple(int(b) for b in obj["balance"]),
+            tuple(float(s) for s in obj["stage_seconds"]),
+            tuple(int(m) for m in obj["stage_memory_bytes"]),
+        )
+
+
+def in_flight_units(schedule: str, num_stages: int, stage: int, micro_batches: int = 1) -> int:
+    """How many units (micro- or mini-batches) keep activations on ``stage`` at once."""
+    if schedule == "gpipe":
+        return micro_batches
+    if schedule == "1f1b":
+        return min(num_stages - stage, micro_batches)
+    return num_stages - stage
+
+
+def extra_weight_copies(weights: str, in_flight: int) -> int:
+    """Weight copies beyond the live one: a stash per in-flight mini-batch, or one backup."""
+    if weights == "stash":
+        return in_flight
+    if weights in ("spectrain", "predict-adam"):
+        return 1
+    return 0
+
+
+def stage_memory_bytes(
+    profile: Profile,
+    start: int,
+    stop: int,
+    stage: int,
+    num_stages: int,
+    *,
+    schedule: str = "1f1b",
+    micro_batches: int = 1,
+    weights: str = "stale",
+) -> int:
+    """Weights, gradients, optimizer state, weight versions and in-flight activations.
+
+    The profile is taken at the mini-batch size, so one unit holds 1/micro_batches of a
+    layer's saved tensors; optimizer state is shared out in proportion to parameters.
+    """
+    layers = profile.layers[start:stop]
+    params = sum(layer.param_bytes for layer in layers)
+    saved = sum(layer.saved_bytes for layer in layers)
+    total_params = profile.param_bytes or 1
+    optimizer = profile.optimizer_state_bytes * params // total_params
+    in_flight = in_flight_units(schedule, num_stages, stage, micro_batches)
+    versions = extra_weight_copies(weights, in_flight)
+    activations = math.ceil(in_flight * saved / micro_batches)
+    return (2 + versions) * params + optimizer + activations
+
+
+def partition(
+    profile: Profile,
+    num_stages: int,
+    *,
+    memory_cap_bytes: int | None = None,
+    schedule: str = "1f1b",
+    micro_batches: int = 1,
+    weights: str = "stale",
+) -> Partition:
+    """The contiguous cut into ``num_stages`` stages with the smallest slowest-stage time.
+
+    Exact dynamic programming over (stage, last layer): O(L^2 N). With a memory cap, only
+    stages whose :func:`stage_memory_bytes` fit are allowed; if none fits, the error
+    names the smallest cap that any partition could meet.
+    """
+    layers = profile.layers
+    check_stage_count(len(layers), num_stages, profile.layer_names, profile.model)
+    seconds = [layer.forward_s + layer.backward_s for layer in layers]
+    prefix = [0.0]
+    for s in seconds:
+        prefix.append(prefix[-1] + s)
+
+    def memory(start: int, stop: int, stage: int) -> int:
+        return stage_memory_bytes(
+            profile,
+            start,
+            stop,
+            stage,
+            num_stages,
+            schedule=schedule,
+            micro_batches=micro_batches,
+            weights=weights,
+        )
+
+    def time_cost(start: int, stop: int, stage: int) -> float | None:
+        if memory_cap_bytes is not None and memory(start, stop, stage) > memory_cap_bytes:
+            return None
+        return prefix[stop] - prefix[start]
+
+    balance = _min_max_cut(len(layers), num_stages, time_cost)
+    if balance is None:
+        smallest = _min_max_cut(len(layers), num_stages, lambda a, b, k: float(memory(a, b, k)))
+        assert smallest is not None
+        need = max(memory(a, b, k) for k, (a, b) in enumerate(_bounds(smallest)))
+        raise PipeswapError(
+            f"no cut of {profile.model} into {num_stages} stages fits {memory_cap_bytes} bytes "
+            f"per stage under {schedule}/{weights}; the smallest possible is {need} bytes "
+            f"(balance {','.join(map(str, smallest))}): raise the cap or add stages"
+        )
+    return describe(
+        profile, balance, schedule=schedule, micro_batches=micro_batches, weights=weights
+    )
+
+
+def describe(
+    profile: Profile,
+    balance: tuple[int, ...],
+    *,
+    schedule: str = "1f1b",
+    micro_batches: int = 1,
+    weights: str = "stale",
+) -> Partition:
+    """The :class:`Partition` of a given balance (e.g. a manual ``--balance``)."""
+    bounds = _bounds(balance)
+    n = len(balance)
+    return Partition(
+        balance=tuple(balance),
+        stage_seconds=tuple(
+            sum(la.forward_s + la.backward_s for la in profile.layers[a:b]) for a, b in bounds
+        ),
+        stage_memory_bytes=tuple(
+            stage_memory_bytes(
+                profile, a, b, k, n, schedule=schedule, micro_batches=micro_batches, weights=weights
+            )
+            for k, (a, b) in enumerate(bounds)
+        ),
+    )
+
+
+def parse_balance(text: str, num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Read ``--balance 3,3,2,2`` and check it covers every layer with ``num_stages`` stages."""
+    try:
+        balance = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise PipeswapError(f"--balance {text!r}: write layer counts like 3,3,2,2") from None
+    if len(balance) != num_stages:
+        raise PipeswapError(
+            f"--balance {text} has {len(balance)} stages but --pipeline is {num_stages}"
+        )
+    if any(b < 1 for b in balance) or sum(balance) != num_layers:
+        raise PipeswapError(
+            f"--balance {text}: every stage needs at least one layer and the counts must add "
+            f"up to the model's {num_layers} layers (they add up to {sum(balance)})"
+        )
+    return balance
+
+
+def check_stage_count(num_layers: int, num_stages: int, names: list[str], model: str) -> None:
+    if num_stages < 1:
+        raise PipeswapError(f"a pipeline needs at least 1 stage, not {num_stages}")
+    if num_layers < num_stages:
+        raise PipeswapError(
+            f"{model} has {num_layers} layers ({', '.join(names)}), fewer than the "
+            f"{num_stages} stages asked for: use --pipeline {num_layers} or fewer"
+        )
+
+
+def _bounds(balance: tuple[int, ...]) -> list[tuple[int, int]]:
+    return Partition(tuple(balance), (), ()).bounds
+
+
+def _min_max_cut(num_layers: int, num_stages: int, cost: Any) -> tuple[int, ...] | None:
+    """Balance minimizing max over stages of ``cost(start, stop, stage)`` (None = infeasible)."""
+    inf = math.inf
+    # best[k][j]: smallest bottleneck placing layers [0, j) on stages 0..k-1.
+    best = [[inf] * (num_layers + 1) for _ in range(num_stages + 1)]
+    cut = [[-1] * (num_layers + 1) for _ in range(num_stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, num_stages + 1):
+        # Leave at least one layer for each later stage.
+        for j in range(k, num_layers - (num_stages - k) + 1):
+            for i in range(k - 1, j):
+                if best[k - 1][i] == inf:
+                    continue
+                c = cost(i, j, k - 1)
+                if c is None:
+                    continue
+                value = max(best[k - 1][i], c)
+                if value < best[k][j]:
+                    best[k][j], cut[k][j] = value, i
+    if best[num_stages][num_layers] == inf:
+        return None
+    balance, j = [], num_layers
+    for k in range(num_stages, 0, -1):
+        i = cut[k][j]
+        balance.append(j - i)
+        j = i
+    return tuple(reversed(balance))

@@ -1,0 +1,91 @@
+"""Weight prediction: version distances walked from a schedule, and the step direction.
+
+SpecTrain predicts the weights a pass should see as ``W_hat = W - s * lr * d``, where ``d``
+is the optimizer's smoothed step direction and ``s`` the number of updates the stage
+will apply before the mini-batch's own gradient lands. We derive ``s`` by walking the
+schedule: for a pass (F or B of unit u on stage k), ``s`` counts the UPDATE actions of
+stage k strictly between the pass and UPDATE(step of u). With ``s`` updates predicted,
+the weights are those a synchronous pipeline would use for that mini-batch: the version
+just before its own update.
+
+Compared with the official SpecTrain table for an N-stage async 1F1B pipeline (stage k
+from 0: forward ``floor(k/2) + N - k - 1``, backward ``floor(k/2)``), the walk gives, in
+steady state, forward ``N - k - 1`` and backward ``0``: every value is exactly
+``floor(k/2)`` smaller. The table targets a different version: the weights when the
+mini-batch's update has been applied by *every* stage. Its gradient reaches stage 0
+last, k stages after stage k; with forward and backward of equal length a stage runs one
+(F, B) pair per two slots, so it applies floor(k/2) more updates while the gradient
+travels from stage k to stage 0. Our target is per stage (the version this stage's own
+update is applied to), which needs no timing assumption. In the warm-up (the first
+N - k mini-batches of stage k) the walk also gives smaller forward distances, because
+fewer updates precede the mini-batch's own: mini-batch u < N - k has forward s = u.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from pipeswap.pipeline.schedule import Schedule
+
+# (kind, unit) -> s for every forward and backward of one stage.
+Distances = dict[tuple[str, int], int]
+
+
+def version_distances(schedule: Schedule, stage: int) -> Distances:
+    """``s`` for every F and B of ``stage``: UPDATEs strictly between the pass and its own."""
+    actions = schedule.compute_actions(stage)
+    update_at = {a.unit: i for i, a in enumerate(actions) if a.kind == "UPDATE"}
+    updates_before = []
+    count = 0
+    for action in actions:
+        updates_before.append(count)
+        count += action.kind == "UPDATE"
+    distances: Distances = {}
+    for i, action in enumerate(actions):
+        if action.kind in ("F", "B"):
+            own = update_at[schedule.step_of(action.unit)]
+            # Updates at positions i+1 .. own-1.
+            distances[(action.kind, action.unit)] = updates_before[own] - updates_before[i + 1]
+    return distances
+
+
+def steady_distances(schedule: Schedule, stage: int) -> tuple[int, int]:
+    """The (forward, backward) distance most units of ``stage`` get (the steady state)."""
+    distances = version_distances(schedule, stage)
+    result = []
+    for kind in ("F", "B"):
+        values = Counter(s for (k, _), s in distances.items() if k == kind)
+        result.append(max(values.items(), key=lambda kv: (kv[1], kv[0]))[0])
+    return result[0], result[1]
+
+
+def official_distances(num_stages: int, stage: int) -> tuple[int, int]:
+    """The official SpecTrain table: (forward, backward) = (k//2 + N-k-1, k//2)."""
+    return stage // 2 + num_stages - stage - 1, stage // 2
+
+
+@torch.no_grad()
+def step_direction(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor | None:
+    """The direction ``d`` the optimizer moves ``param`` along (its update is ``-lr * d``).
+
+    SGD: the momentum buffer. Adam/AdamW: ``m_hat / (sqrt(v_hat) + eps)``, plus
+    ``weight_decay * param`` for AdamW's decoupled decay. None before the first step.
+    """
+    state = optimizer.state.get(param)
+    if not state:
+        return None
+    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+    if isinstance(optimizer, torch.optim.SGD):
+        return state.get("momentum_buffer")
+    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        beta1, beta2 = group["betas"]
+        step = float(state["step"])
+        m_hat = state["exp_avg"] / (1 - beta1**step)
+        v_hat = state["exp_avg_sq"] / (1 - beta2**step)
+        direction = m_hat / (v_hat.sqrt() + group["eps"])
+        if isinstance(optimizer, torch.optim.AdamW) and group["weight_decay"]:
+            direction = direction + group["weight_decay"] * param
+        return direction
+    raise TypeError(f"no step direction for {type(optimizer).__name__}")

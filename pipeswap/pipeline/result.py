@@ -1,0 +1,102 @@
+"""The outcome of a pipeline run, assembled from every stage's report: the JSON report."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.executor import StageResult
+from pipeswap.pipeline.validate import TimedAction
+
+REPORT_FORMAT = "pipeswap.train-report/1"
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    """Losses per step, held-out score, throughput, stage busy fractions and final hashes.
+
+    ``params_sha256`` hashes the stages' SHA-256 digests in stage order, so every rank
+    hashes only its own parameters. ``prediction_error`` (emulator only) gives, per
+    stage, ||W_used - W_future|| / ||W_now - W_future|| for forward and backward passes
+    (None where the live weights were never stale, i.e. s = 0 for every pass).
+    """
+
+    config: PipelineConfig
+    mode: str
+    losses: tuple[float, ...]
+    eval: dict[str, float | int]
+    samples_per_s: float
+    wall_s: float
+    stage_busy_s: tuple[float, ...]
+    stage_sha256: tuple[str, ...]
+    params_sha256: str
+    distances: tuple[tuple[int, int], ...]
+    prediction_error: tuple[dict[str, float | None], ...] | None
+    timeline: tuple[TimedAction, ...] = ()
+
+    @property
+    def stage_busy(self) -> tuple[float, ...]:
+        """Fraction of the training wall time each stage spent computing."""
+        return tuple(b / self.wall_s if self.wall_s > 0 else 0.0 for b in self.stage_busy_s)
+
+    def to_report(self) -> dict[str, Any]:
+        report: dict[str, Any] = {
+            "format": REPORT_FORMAT,
+            "mode": self.mode,
+            "config": self.config.to_json(),
+            "losses": list(self.losses),
+            "eval": self.eval,
+            "samples_per_s": self.samples_per_s,
+            "wall_s": self.wall_s,
+            "stage_busy": list(self.stage_busy),
+            "stage_busy_s": list(self.stage_busy_s),
+            "params_sha256": self.params_sha256,
+            "stage_sha256": list(self.stage_sha256),
+            "version_distances": [
+                {"stage": k, "forward": f, "backward": b} for k, (f, b) in enumerate(self.distances)
+            ],
+        }
+        if self.prediction_error is not None:
+            report["prediction_error"] = [
+                {"stage": k, **err} for k, err in enumerate(self.prediction_error)
+            ]
+        return report
+
+
+def combine_sha256(stage_digests: Sequence[str]) -> str:
+    return hashlib.sha256("".join(stage_digests).encode()).hexdigest()
+
+
+def combine(
+    config: PipelineConfig, stages: Sequence[StageResult], *, mode: str, task: str, wall_s: float
+) -> PipelineResult:
+    """One result from the per-stage results (in stage order)."""
+    last = stages[-1]
+    m = config.micro_batches
+    losses = tuple(
+        sum(last.losses[step * m + i] for i in range(m)) / m for step in range(config.steps)
+    )
+    evaluation: dict[str, float | int] = {"batches": config.eval_batches}
+    if last.eval_units:
+        evaluation["loss"] = last.eval_loss_sum / last.eval_units
+        if task == "classify":
+            evaluation["accuracy"] = last.eval_correct / last.eval_samples
+    digests = tuple(s.sha256 for s in stages)
+    errors = tuple(s.prediction_error for s in stages)
+    return PipelineResult(
+        config=config,
+        mode=mode,
+        losses=losses,
+        eval=evaluation,
+        samples_per_s=config.steps * config.batch / wall_s if wall_s > 0 else 0.0,
+        wall_s=wall_s,
+        stage_busy_s=tuple(s.busy_s for s in stages),
+        stage_sha256=digests,
+        params_sha256=combine_sha256(digests),
+        distances=tuple(s.distances for s in stages),
+        prediction_error=None if any(e is None for e in errors) else errors,  # type: ignore[arg-type]
+        timeline=tuple(t for s in stages for t in s.timeline),
+    )

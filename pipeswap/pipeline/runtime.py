@@ -1,0 +1,173 @@
+"""One process per stage over torch.distributed: non-blocking transfers, same compute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeswap.pipeline.config import PipelineConfig, build_full_model
+from pipeswap.pipeline.emulator import pipeline_schedule, single_threaded
+from pipeswap.pipeline.executor import StageExecutor, StageResult
+from pipeswap.pipeline.result import PipelineResult, combine
+from pipeswap.pipeline.schedule import Action
+from pipeswap.pipeline.stage import BoundarySpec, Packed, inspect_layers
+
+# Each transfer of a unit is tagged (unit, direction, tensor index): at most this many
+# tensors cross one cut.
+MAX_TENSORS_PER_CUT = 16
+
+
+def _tag(kind: str, unit: int, index: int) -> int:
+    return (unit * 2 + (kind == "B")) * MAX_TENSORS_PER_CUT + index
+
+
+class DistTransport:
+    """isend/irecv between neighbouring ranks; receives are posted ahead of the compute.
+
+    Sends are never waited for until the end (only polled), so a rank is never blocked
+    by a transfer its peer has not yet asked for: the schedule validator's model of a
+    non-blocking SEND. Transfers are tagged, and posted in schedule order (what NCCL,
+    which ignores tags, relies on).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        input_spec: BoundarySpec | None,
+        output_spec: BoundarySpec | None,
+        device: torch.device,
+    ) -> None:
+        self.rank = rank
+        self.input_spec = input_spec
+        self.output_spec = output_spec
+        self.device = device
+        self._posted: dict[tuple[str, int], tuple[Packed, list[Any]]] = {}
+        self._sending: list[tuple[Any, torch.Tensor]] = []
+
+    def post(self, kind: str, unit: int) -> None:
+        if (kind, unit) in self._posted:
+            return
+        spec = self.input_spec if kind == "F" else self.output_spec
+        if spec is not None and len(spec.tensors) > MAX_TENSORS_PER_CUT:
+            raise ValueError(f"more than {MAX_TENSORS_PER_CUT} tensors cross a cut")
+        assert spec is not None, f"rank {self.rank} receives no {kind} transfers"
+        src = self.rank - 1 if kind == "F" else self.rank + 1
+        buffers = spec.empty(self.device, grads=kind == "B")
+        works = [dist.irecv(buf, src=src, tag=_tag(kind, unit, i)) for i, buf in enumerate(buffers)]
+        self._posted[(kind, unit)] = (buffers, works)
+
+    def take(self, kind: str, unit: int) -> Packed:
+        self.post(kind, unit)
+        buffers, works = self._posted.pop((kind, unit))
+        for work in works:
+            work.wait()
+        return buffers
+
+    def send(self, kind: str, unit: int, tensors: Packed) -> None:
+        dst = self.rank + 1 if kind == "F" else self.rank - 1
+        for i, tensor in enumerate(tensors):
+            payload = tensor.detach().contiguous()
+            self._sending.append((dist.isend(payload, dst=dst, tag=_tag(kind, unit, i)), payload))
+
+    def progress(self) -> None:
+        self._sending = [(w, t) for w, t in self._sending if not w.is_completed()]
+
+    def finish(self) -> None:
+        for work, _ in self._sending:
+            work.wait()
+        self._sending = []
+
+
+def run_rank(
+    config: PipelineConfig, *, device: torch.device | str = "cpu", progress: bool = False
+) -> PipelineResult | None:
+    """Run this rank's stage of ``config`` in the initialized default process group.
+
+    Rank k runs stage k. Returns the combined result on rank 0 (gathered from every
+    rank), None elsewhere.
+    """
+    config.check()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != config.num_stages:
+        raise ValueError(f"{world} ranks for a {config.num_stages}-stage pipeline")
+    device = torch.device(device)
+    threads = single_threaded() if device.type == "cpu" else _nothing()
+    with threads:
+        infos = inspect_layers(config)
+        schedule = pipeline_schedule(config)
+        model = build_full_model(config, device)
+        start, stop = _bounds(config, rank)
+        transport = DistTransport(
+            rank,
+            infos[start - 1].output if rank > 0 else None,
+            infos[stop - 1].output if rank < world - 1 else None,
+            device,
+        )
+        executor = StageExecutor(config, rank, schedule, model, infos, transport, device=device)
+        dist.barrier()
+        actions = schedule.actions[rank]
+        bar = _bar(config.steps, progress and rank == 0)
+        executor.start_clock()
+        _run_actions(executor, transport, actions, bar)
+        executor.finish_training()
+        if bar is not None:
+            bar.close()
+        for unit in executor.eval_units():
+            executor.evaluate(unit)
+        result = executor.finish()
+    gathered: list[StageResult] | None = [None] * world if rank == 0 else None  # type: ignore[list-item]
+    dist.gather_object(result, gathered, dst=0)
+    if rank != 0:
+        return None
+    assert gathered is not None
+    wall = max(r.wall_s for r in gathered)
+    return combine(config, gathered, mode="runtime", task=model.task, wall_s=wall)
+
+
+def _run_actions(
+    executor: StageExecutor, transport: DistTransport, actions: tuple[Action, ...], bar: Any
+) -> None:
+    compute = [i for i, a in enumerate(actions) if a.is_compute] + [len(actions)]
+    posted_upto = 0
+    next_compute = 0
+    for i, action in enumerate(actions):
+        if action.is_compute:
+            # Post the receives of this pass and of the next one, so they arrive while we compute.
+            while compute[next_compute] <= i:
+                next_compute += 1
+            horizon = compute[min(next_compute + 1, len(compute) - 1)]
+            for j in range(posted_upto, horizon):
+                if actions[j].kind.startswith("RECV"):
+                    transport.post(actions[j].kind[-1], actions[j].unit)
+            posted_upto = max(posted_upto, horizon)
+        executor.run(action)
+        if bar is not None and action.kind == "UPDATE":
+            bar.update(1)
+
+
+def _bounds(config: PipelineConfig, rank: int) -> tuple[int, int]:
+    start = sum(config.balance[:rank])
+    return start, start + config.balance[rank]
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    import threading
+
+    from tqdm import tqdm
+
+    # tqdm's default lock is a multiprocessing semaphore, which a rank ending in os._exit
+    # would leak (and the resource tracker would warn about); ranks need only a thread lock.
+    tqdm.set_lock(threading.RLock())
+    return tqdm(total=total, desc="train (rank 0)", unit="step", leave=False)

@@ -1,0 +1,211 @@
+"""Pipeline schedules as data: per-rank ordered actions with a compact string form."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pipeswap.errors import PipeswapError
+from pipeswap.jsonio import check_format
+
+SCHEDULE_FORMAT = "pipeswap.schedule/1"
+SCHEDULE_NAMES = ("gpipe", "1f1b", "async-1f1b")
+SYNCHRONOUS_SCHEDULES = ("gpipe", "1f1b")
+
+# F/B: forward/backward of one unit (micro-batch) on a stage. SEND_F/RECV_F carry the
+# activations of a unit from stage k to k+1, SEND_B/RECV_B its gradient from k+1 to k.
+# UPDATE applies the accumulated gradient of one mini-batch (its index is the step).
+ACTION_KINDS = ("F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "UPDATE")
+COMPUTE_KINDS = ("F", "B", "UPDATE")
+_ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|UPDATE|F|B)(\d+)$")
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    """One thing a rank does: ``Action(2, "F", 5)`` is written ``2F5``.
+
+    ``unit`` is the global micro-batch index (step * micro_batches + m) for F, B and the
+    transfers, and the mini-batch (step) index for UPDATE.
+    """
+
+    stage: int
+    kind: str
+    unit: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in ACTION_KINDS:
+            raise PipeswapError(
+                f"unknown action kind {self.kind!r}; valid: {', '.join(ACTION_KINDS)}"
+            )
+        if self.stage < 0 or self.unit < 0:
+            raise PipeswapError(f"action {self.stage}{self.kind}{self.unit}: negative index")
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.unit}"
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in COMPUTE_KINDS
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        match = _ACTION_RE.match(text.strip())
+        if match is None:
+            raise PipeswapError(
+                f"cannot read action {text!r}: write <stage><kind><index>, e.g. 2F5, 1B3, "
+                f"0SEND_F4, 1RECV_B2, 3UPDATE0"
+            )
+        return cls(int(match.group(1)), match.group(2), int(match.group(3)))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The ordered actions of every rank (rank k runs stage k) for ``num_steps`` mini-batches.
+
+    Synchronous schedules (gpipe, 1f1b) split each mini-batch into ``micro_batches`` units
+    and flush before one UPDATE per mini-batch; async-1f1b pipelines whole mini-batches
+    (``micro_batches == 1``) and updates after every backward.
+    """
+
+    name: str
+    num_stages: int
+    num_steps: int
+    micro_batches: int
+    actions: tuple[tuple[Action, ...], ...]
+
+    @property
+    def synchronous(self) -> bool:
+        return self.name in SYNCHRONOUS_SCHEDULES
+
+    @property
+    def num_units(self) -> int:
+        return self.num_steps * self.micro_batches
+
+    def step_of(self, unit: int) -> int:
+        """The mini-batch (step) a unit belongs to."""
+        return unit // self.micro_batches
+
+    def compute_actions(self, rank: int) -> list[Action]:
+        return [a for a in self.actions[rank] if a.is_compute]
+
+    def to_string(self) -> str:
+        """One line per rank: ``0: 0F0 0SEND_F0 0F1 ...``."""
+        return "\n".join(
+            f"{rank}: " + " ".join(str(a) for a in acts) for rank, acts in enumerate(self.actions)
+        )
+
+    @classmethod
+    def from_string(cls, text: str, *, name: str, num_steps: int, micro_batches: int) -> Schedule:
+        rows: list[tuple[Action, ...]] = []
+        for line in text.strip().splitlines():
+            _, _, body = line.partition(":")
+            rows.append(tuple(Action.parse(tok) for tok in body.split()))
+        return cls(name, len(rows), num_steps, micro_batches, tuple(rows))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": SCHEDULE_FORMAT,
+            "name": self.name,
+            "num_stages": self.num_stages,
+            "num_steps": self.num_steps,
+            "micro_batches": self.micro_batches,
+            "actions": [[str(a) for a in acts] for acts in self.actions],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], where: str = "schedule") -> Schedule:
+        check_format(obj, SCHEDULE_FORMAT, where)
+        try:
+            actions = tuple(tuple(Action.parse(t) for t in acts) for acts in obj["actions"])
+            return cls(
+                name=str(obj["name"]),
+                num_stages=int(obj["num_stages"]),
+                num_steps=int(obj["num_steps"]),
+                micro_batches=int(obj["micro_batches"]),
+                actions=actions,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PipeswapError(f"{where}: malformed schedule ({exc!r})") from None
+
+
+def build_schedule(name: str, num_stages: int, num_steps: int, micro_batches: int = 1) -> Schedule:
+    """The named schedule for ``num_stages`` ranks and ``num_steps`` mini-batches."""
+    if name not in SCHEDULE_NAMES:
+        raise PipeswapError(f"unknown schedule {name!r}; valid: {', '.join(SCHEDULE_NAMES)}")
+    if num_stages < 1 or num_steps < 1 or micro_batches < 1:
+        raise PipeswapError(
+            f"{name}: stages ({num_stages}), steps ({num_steps}) and micro-batches "
+            f"({micro_batches}) must all be at least 1"
+        )
+    if name == "async-1f1b" and micro_batches != 1:
+        raise PipeswapError(
+            "async-1f1b pipelines whole mini-batches and updates after every backward, so it "
+            f"takes no micro-batches (got {micro_batches}); drop --micro-batches or use "
+            "--schedule 1f1b"
+        )
+    builder = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order, "async-1f1b": _async_order}[name]
+    rows = tuple(
+        _with_transfers(builder(stage, num_stages, num_steps, micro_batches), num_stages)
+        for stage in range(num_stages)
+    )
+    return Schedule(name, num_stages, num_steps, micro_batches, rows)
+
+
+def _gpipe_order(stage: int, n: int, steps: int, m: int) -> list[Action]:
+    order: list[Action] = []
+    for step in range(steps):
+        units = range(step * m, (step + 1) * m)
+        order += [Action(stage, "F", u) for u in units]
+        order += [Action(stage, "B", u) for u in units]
+        order.append(Action(stage, "UPDATE", step))
+    return order
+
+
+def _one_f_one_b_order(stage: int, n: int, steps: int, m: int) -> list[Action]:
+    order: list[Action] = []
+    warmup = min(n - stage - 1, m)
+    for step in range(steps):
+        base = step * m
+        forwards = [Action(stage, "F", base + i) for i in range(m)]
+        backwards = [Action(stage, "B", base + i) for i in range(m)]
+        order += forwards[:warmup]
+        for i in range(m - warmup):
+            order += [forwards[warmup + i], backwards[i]]
+        order += backwards[m - warmup :]
+        order.append(Action(stage, "UPDATE", step))
+    return order
+
+
+def _async_order(stage: int, n: int, steps: int, m: int) -> list[Action]:
+    # PipeDream's 1F1B without flush: stage k admits n - k mini-batches, then each
+    # backward (and its update) frees room for the next forward.
+    in_flight = min(n - stage, steps)
+    order = [Action(stage, "F", u) for u in range(in_flight)]
+    for unit in range(steps):
+        order += [Action(stage, "B", unit), Action(stage, "UPDATE", unit)]
+        if unit + in_flight < steps:
+            order.append(Action(stage, "F", unit + in_flight))
+    return order
+
+
+def _with_transfers(order: list[Action], n: int) -> tuple[Action, ...]:
+    """Wrap each compute action in the receives it needs and the sends it produces."""
+    out: list[Action] = []
+    for act in order:
+        k = act.stage
+        if act.kind == "F":
+            if k > 0:
+                out.append(Action(k, "RECV_F", act.unit))
+            out.append(act)
+            if k < n - 1:
+                out.append(Action(k, "SEND_F", act.unit))
+        elif act.kind == "B":
+            if k < n - 1:
+                out.append(Action(k, "RECV_B", act.unit))
+            out.append(act)
+            if k > 0:
+                out.append(Action(k, "SEND_B", act.unit))
+        else:
+            out.append(act)
+    return tuple(out)

@@ -1,0 +1,239 @@
+"""One stage's compute: its layers, what crosses its cuts, forward and backward of units."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from pipeswap.errors import PipeswapError
+from pipeswap.pipeline.config import PipelineConfig, build_meta_model
+from pipeswap.profile import LayerProfile, Profile
+
+# What travels between stages: a tensor, or a tuple of tensors, packed as a tuple.
+Packed = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class BoundarySpec:
+    """What one layer hands to the next: a tensor (``is_tuple`` False) or a tuple of tensors.
+
+    Floating-point tensors carry gradients back; integer ones (token ids, masks) do not.
+    """
+
+    is_tuple: bool
+    tensors: tuple[TensorSpec, ...]
+
+    @property
+    def grad_indices(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.tensors) if t.dtype.is_floating_point)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def empty(self, device: torch.device | str = "cpu", *, grads: bool = False) -> Packed:
+        """Receive buffers for the activations (or, with ``grads``, their gradients)."""
+        chosen = self.grad_indices if grads else range(len(self.tensors))
+        return tuple(
+            torch.empty(self.tensors[i].shape, dtype=self.tensors[i].dtype, device=device)
+            for i in chosen
+        )
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """Static facts about one layer at the micro-batch size, found on the meta device."""
+
+    name: str
+    output: BoundarySpec
+    forward_flops: int
+    param_bytes: int
+
+
+def pack(value: Any, where: str) -> Packed:
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return value
+    raise PipeswapError(
+        f"{where} returns {type(value).__name__}, but pipeline stages pass a tensor or a tuple "
+        f"of tensors between layers: make it return one of those"
+    )
+
+
+def unpack(tensors: Packed, spec: BoundarySpec) -> Any:
+    return tensors if spec.is_tuple else tensors[0]
+
+
+def inspect_layers(config: PipelineConfig) -> list[LayerInfo]:
+    """Run the model on the meta device one layer at a time: output specs and FLOPs.
+
+    Raises PipeswapError naming the first layer whose output is not a tensor or a tuple
+    of tensors, and when the model has fewer layers than the pipeline has stages.
+    """
+    from pipeswap.pipeline.partition import check_stage_count
+
+    model = build_meta_model(config)
+    check_stage_count(len(model), config.num_stages, model.layer_names, config.model)
+    value, _ = model.example_batch(
+        config.micro_batch_size, seq_len=config.seq_len, image_size=config.image_size, device="meta"
+    )
+    infos = []
+    for name, layer in model.named_children():
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            value = layer(value)
+        tensors = pack(value, f"layer {name!r} of {config.model}")
+        spec = BoundarySpec(
+            isinstance(value, tuple), tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
+        )
+        param_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
+        infos.append(LayerInfo(name, spec, int(counter.get_total_flops()), param_bytes))
+    return infos
+
+
+def flop_profile(config: PipelineConfig, infos: list[LayerInfo]) -> Profile:
+    """A deterministic Profile from FLOP counts (at a nominal 1 TFLOP/s, backward = 2x forward).
+
+    Used to pick the default balance: unlike timings it is the same on every rank and run.
+    """
+    scale = config.micro_batches * 1e-12
+    layers = tuple(
+        LayerProfile(
+            info.name,
+            info.forward_flops * scale,
+            2 * info.forward_flops * scale,
+            info.param_bytes,
+            info.output.nbytes * config.micro_batches,
+            forward_flops=info.forward_flops * config.micro_batches,
+            backward_flops=2 * info.forward_flops * config.micro_batches,
+        )
+        for info in infos
+    )
+    return Profile(
+        config.model,
+        config.batch,
+        "float32",
+        "estimate",
+        "flops",
+        config.optimizer,
+        0,
+        layers,
+        seq_len=config.seq_len,
+        image_size=config.image_size,
+        has_saved_data=False,
+        notes={"costs": "FLOPs counted on the meta device at a nominal 1 TFLOP/s"},
+    )
+
+
+class StageRunner:
+    """Forward and backward of units on one stage, keeping each unit's graph until its backward.
+
+    Stage 0 takes the model's input; later stages take the packed activations they
+    received and return the packed gradients of those activations. The last stage
+    computes the loss, scaled by 1/micro_batches so the summed gradients are those of the
+    mini-batch mean.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        num_stages: int,
+        module: nn.Module,
+        loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+        *,
+        micro_batches: int,
+        input_spec: BoundarySpec | None,
+        output_spec: BoundarySpec | None,
+        task: str = "lm",
+    ) -> None:
+        self.index = index
+        self.num_stages = num_stages
+        self.module = module
+        self.loss_fn = loss_fn
+        self.micro_batches = micro_batches
+        self.input_spec = input_spec
+        self.output_spec = output_spec
+        self.task = task
+        self.losses: dict[int, float] = {}
+        self._pending: dict[int, tuple[Packed, Packed]] = {}
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.num_stages - 1
+
+    def _input_value(self, inputs: Any) -> tuple[Any, Packed]:
+        if self.is_first:
+            return inputs, ()
+        assert self.input_spec is not None
+        leaves = tuple(t.requires_grad_(True) if t.dtype.is_floating_point else t for t in inputs)
+        return unpack(leaves, self.input_spec), leaves
+
+    def forward(self, unit: int, inputs: Any, target: torch.Tensor | None = None) -> Packed | None:
+        """Run the stage on a unit; returns the packed activations to send (None on the last)."""
+        value, leaves = self._input_value(inputs)
+        output = self.module(value)
+        if self.is_last:
+            assert target is not None
+            loss = self.loss_fn(output, target)
+            self.losses[unit] = loss.item()
+            self._pending[unit] = (leaves, (loss / self.micro_batches,))
+            return None
+        packed = pack(output, f"stage {self.index}")
+        self._pending[unit] = (leaves, packed)
+        return tuple(t.detach() for t in packed)
+
+    def backward(self, unit: int, grads: Packed | None) -> Packed | None:
+        """Backward of a unit; returns the packed input gradients to send (None on stage 0)."""
+        leaves, outputs = self._pending.pop(unit)
+        if self.is_last:
+            torch.autograd.backward(outputs[0])
+        else:
+            assert grads is not None and self.output_spec is not None
+            chosen = [outputs[i] for i in self.output_spec.grad_indices]
+            pairs = [(o, g) for o, g in zip(chosen, grads) if o.requires_grad]
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        if self.is_first:
+            return None
+        assert self.input_spec is not None
+        return tuple(
+            leaves[i].grad if leaves[i].grad is not None else torch.zeros_like(leaves[i])
+            for i in self.input_spec.grad_indices
+        )
+
+    @torch.no_grad()
+    def evaluate(
+        self, inputs: Any, target: torch.Tensor | None = None
+    ) -> Packed | tuple[float, int]:
+        """Forward without gradients; the last stage returns (loss, correct predictions)."""
+        value = inputs if self.is_first else unpack(inputs, self.input_spec)  # type: ignore[arg-type]
+        output = self.module(value)
+        if not self.is_last:
+            return pack(output, f"stage {self.index}")
+        assert target is not None
+        loss = self.loss_fn(output, target).item()
+        correct = int((output.argmax(-1) == target).sum().item())
+        return loss, correct

@@ -1,0 +1,182 @@
+"""Which weight version each pass of a stage sees: stale, stashed or predicted.
+
+The module's parameters are what autograd saves in a forward graph. The optimizer
+updates aliases of the same storage (``nn.Parameter(p.data)``) and versions are swapped
+in through ``p.data``, so neither bumps the version counter autograd checks: a backward
+runs on whatever weights are in place when it runs, which is what the modes choose.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from pipeswap.pipeline.predict import Distances, step_direction
+
+
+def make_optimizer(
+    name: str, params: list[nn.Parameter], *, lr: float, momentum: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """SGD (with momentum), Adam or AdamW with the single-tensor (foreach=False) kernels."""
+    if name == "sgd":
+        return torch.optim.SGD(
+            params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False
+        )
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, foreach=False)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
+
+
+@dataclass
+class PredictionError:
+    """Sums over passes of ||W_used - W_future|| and ||W_now - W_future|| (one pass kind)."""
+
+    used: float = 0.0
+    stale: float = 0.0
+    passes: int = 0
+
+    @property
+    def ratio(self) -> float | None:
+        """||W_hat - W_future|| / ||W_now - W_future||; None when nothing was stale."""
+        return self.used / self.stale if self.stale > 0 else None
+
+
+@dataclass
+class _Record:
+    now: torch.Tensor
+    used: torch.Tensor
+
+
+@dataclass
+class StageWeights:
+    """The weights of one stage, its optimizer, and the version rule of its weight mode.
+
+    ``distances`` maps (kind, unit) to the version distance ``s`` from
+    :func:`pipeswap.pipeline.predict.version_distances`; ``step_of`` maps a unit to its
+    mini-batch. With ``record``, every pass keeps the weights it saw so that, at the
+    mini-batch's own update, the prediction error against the realized weights is known.
+    """
+
+    module: nn.Module
+    mode: str
+    distances: Distances
+    step_of: dict[int, int]
+    optimizer_name: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    record: bool = False
+    keep_gradients: bool = False
+    updates: int = 0
+    errors: dict[str, PredictionError] = field(default_factory=dict)
+    last_gradients: list[torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        self.params = [p for p in self.module.parameters()]
+        self.masters = [nn.Parameter(p.data) for p in self.params]
+        # A stage may own no parameters at all (e.g. a lone Flatten): nothing to update.
+        self.optimizer = (
+            make_optimizer(
+                self.optimizer_name,
+                self.masters,
+                lr=self.lr,
+                momentum=self.momentum,
+                weight_decay=self.weight_decay,
+            )
+            if self.masters
+            else None
+        )
+        self.errors = {"F": PredictionError(), "B": PredictionError()}
+        self._stash: dict[int, list[torch.Tensor]] = {}
+        self._backup: list[torch.Tensor] | None = None
+        self._records: dict[tuple[str, int], _Record] = {}
+
+    # ---- passes -------------------------------------------------------------------
+    @torch.no_grad()
+    def before(self, kind: str, unit: int) -> None:
+        """Put the version the mode chooses for this pass in place (remember the live one)."""
+        now = self._flat() if self.record else None
+        s = self.distances.get((kind, unit), 0)
+        if self.mode == "stash":
+            self._before_stash(kind, unit, s)
+        elif self.mode in ("spectrain", "predict-adam") and s > 0:
+            self._predict(s)
+        if now is not None:
+            used = self._flat() if self._backup is not None else now
+            self._records[(kind, unit)] = _Record(now, used)
+
+    @torch.no_grad()
+    def after(self, kind: str, unit: int) -> None:
+        """Restore the live weights after the pass."""
+        if self._backup is not None:
+            for p, saved in zip(self.params, self._backup):
+                p.data.copy_(saved)
+            self._backup = None
+
+    def _before_stash(self, kind: str, unit: int, s: int) -> None:
+        # Updates between F and B of the unit: only then does the backward need a stash.
+        gap = self.distances.get(("F", unit), 0) - self.distances.get(("B", unit), 0)
+        if kind == "F" and gap > 0:
+            self._stash[unit] = [p.detach().clone() for p in self.params]
+        elif kind == "B" and unit in self._stash:
+            self._backup = [p.detach().clone() for p in self.params]
+            for p, stashed in zip(self.params, self._stash.pop(unit)):
+                p.data.copy_(stashed)
+
+    def _predict(self, s: int) -> None:
+        if self.optimizer is None:
+            return
+        directions = [step_direction(self.optimizer, m) for m in self.masters]
+        if all(d is None for d in directions):
+            return
+        lr = self.optimizer.param_groups[0]["lr"]
+        self._backup = [p.detach().clone() for p in self.params]
+        for p, d in zip(self.params, directions):
+            if d is not None:
+                p.data.add_(d, alpha=-s * lr)
+
+    # ---- updates ------------------------------------------------------------------
+    @torch.no_grad()
+    def update(self, step: int) -> None:
+        """Apply the accumulated gradient of mini-batch ``step``, then clear it."""
+        if self.record:
+            self._score(step)
+        for p, m in zip(self.params, self.masters):
+            m.grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        if self.optimizer is not None:
+            self.optimizer.step()
+        if self.keep_gradients:
+            self.last_gradients = [m.grad for m in self.masters]
+        for p, m in zip(self.params, self.masters):
+            p.grad = None
+            m.grad = None
+        self.updates += 1
+
+    def _score(self, step: int) -> None:
+        future = self._flat()
+        done = [key for key in self._records if self.step_of[key[1]] == step]
+        for key in sorted(done):
+            record = self._records.pop(key)
+            error = self.errors[key[0]]
+            error.used += float((record.used.double() - future.double()).norm())
+            error.stale += float((record.now.double() - future.double()).norm())
+            error.passes += 1
+
+    def _flat(self) -> torch.Tensor:
+        if not self.params:
+            return torch.zeros(0)
+        return torch.cat([p.detach().reshape(-1).float().cpu() for p in self.params])
+
+    def prediction_error(self) -> dict[str, float | None]:
+        """Per pass kind: ||W_hat - W_future|| / ||W_now - W_future|| summed over passes."""
+        return {
+            "forward": _finite(self.errors["F"].ratio),
+            "backward": _finite(self.errors["B"].ratio),
+        }
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else value

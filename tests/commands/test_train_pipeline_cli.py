@@ -1,0 +1,102 @@
+"""`pipeswap train --pipeline K`: report keys, runtime == emulator, errors that name the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeswap.cli import main
+
+BASE = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--steps", "3"]
+
+
+def test_without_pipeline_points_to_swap_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--model", "gpt2-micro"]) == 2
+    assert "--swap-policy" in capsys.readouterr().err
+
+
+def test_emulate_report_has_every_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "r.json"
+    argv = [
+        *BASE,
+        "--pipeline",
+        "2",
+        "--schedule",
+        "async-1f1b",
+        "--weights",
+        "spectrain",
+        "--emulate",
+        "--report",
+        str(report),
+    ]
+    assert main(argv) == 0
+    obj = json.loads(report.read_text())
+    for key in (
+        "losses",
+        "eval",
+        "samples_per_s",
+        "stage_busy",
+        "params_sha256",
+        "prediction_error",
+    ):
+        assert key in obj
+    assert len(obj["losses"]) == 3 and len(obj["stage_busy"]) == 2
+    assert obj["eval"]["loss"] > 0
+    assert obj["prediction_error"][0]["forward"] is not None
+    assert obj["prediction_error"][1] == {"stage": 1, "forward": None, "backward": None}
+    assert obj["params_sha256"] in capsys.readouterr().out
+
+
+@pytest.mark.dist
+def test_nproc_and_emulate_give_the_same_sha256(tmp_path: Path) -> None:
+    common = [
+        *BASE,
+        "--pipeline",
+        "2",
+        "--schedule",
+        "async-1f1b",
+        "--weights",
+        "stash",
+        "--balance",
+        "1,3",
+    ]
+    assert main([*common, "--nproc", "2", "--report", str(tmp_path / "rt.json")]) == 0
+    assert main([*common, "--emulate", "--report", str(tmp_path / "em.json")]) == 0
+    runtime = json.loads((tmp_path / "rt.json").read_text())
+    emulated = json.loads((tmp_path / "em.json").read_text())
+    assert runtime["params_sha256"] == emulated["params_sha256"]
+    assert runtime["losses"] == emulated["losses"]
+    assert runtime["config"]["balance"] == [1, 3]
+    assert "prediction_error" not in runtime
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--pipeline", "2", "--nproc", "3"], "--nproc 3 does not match --pipeline 2"),
+        (["--pipeline", "5", "--schedule", "async-1f1b"], "fewer than the 5 stages"),
+        (["--pipeline", "2", "--balance", "1,2"], "add up to the model's 4 layers"),
+        (
+            [
+                "--pipeline",
+                "2",
+                "--schedule",
+                "async-1f1b",
+                "--weights",
+                "spectrain",
+                "--optimizer",
+                "adam",
+            ],
+            "--weights predict-adam",
+        ),
+        (["--pipeline", "2", "--micro-batches", "3"], "equal parts"),
+        (["--pipeline", "2", "--memory-cap", "1GiB"], "needs --profile"),
+    ],
+)
+def test_errors_exit_2_and_name_the_fix(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*BASE, *extra, "--emulate"]) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,127 @@
+"""The emulator: sync schedules equal plain gradient accumulation; async modes behave."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from pipeswap.errors import PipeswapError
+from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
+from pipeswap.pipeline.emulator import Emulator, single_threaded
+from pipeswap.pipeline.weights import make_optimizer
+
+GPT = PipelineConfig("gpt2-micro", (1, 1, 1, 1), batch=8, seq_len=16, steps=3, lr=0.05)
+MLP = PipelineConfig("pipeline_toys:toy_mlp", (1, 1, 2, 1), batch=8, image_size=8, steps=3, lr=0.05)
+
+
+def _plain_training(config: PipelineConfig) -> list[torch.Tensor]:
+    """Single-process training with gradient accumulation over the same micro-batches."""
+    with single_threaded():
+        model = build_full_model(config)
+        optimizer = make_optimizer(
+            config.optimizer,
+            list(model.parameters()),
+            lr=config.lr,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+        )
+        data = BatchSource(config, model)
+        for step in range(config.steps):
+            for micro in range(config.micro_batches):
+                x, y = data.micro(step, micro)
+                (model.loss(model(x), y) / config.micro_batches).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _emulated(config: PipelineConfig) -> tuple[Emulator, list[torch.Tensor]]:
+    emulator = Emulator(config)
+    emulator.run()
+    return emulator, [p.detach() for ex in emulator.executors for p in ex.module.parameters()]
+
+
+@pytest.mark.parametrize("base", [GPT, MLP], ids=["gpt2-micro", "toy-mlp"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("balance", [(2, 2), (1, 1, 1, 1)], ids=["2-stages", "4-stages"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_sync_schedules_equal_plain_gradient_accumulation(
+    base: PipelineConfig, schedule: str, balance: tuple[int, ...], optimizer: str
+) -> None:
+    if sum(balance) != sum(base.balance):
+        balance = (*balance[:-1], balance[-1] + sum(base.balance) - sum(balance))
+    config = dataclasses.replace(
+        base,
+        schedule=schedule,
+        balance=balance,
+        micro_batches=4,
+        optimizer=optimizer,
+        lr=0.05 if optimizer == "sgd" else 0.003,
+    )
+    reference = _plain_training(config)
+    _, pipelined = _emulated(config)
+    assert len(reference) == len(pipelined)
+    for ref, got in zip(reference, pipelined):
+        assert (got - ref).abs().max() <= 1e-6 * ref.abs().max()
+    # Training moved the weights, so the comparison is not vacuous.
+    initial = list(build_full_model(config).parameters())
+    assert any(not torch.equal(p, q) for p, q in zip(initial, reference))
+
+
+def test_gpipe_and_1f1b_are_bit_identical() -> None:
+    a = Emulator(dataclasses.replace(GPT, schedule="gpipe", micro_batches=4)).run()
+    b = Emulator(dataclasses.replace(GPT, schedule="1f1b", micro_batches=4)).run()
+    assert a.params_sha256 == b.params_sha256 and a.losses == b.losses
+
+
+ASYNC = dataclasses.replace(GPT, schedule="async-1f1b", steps=8)
+
+
+def _async(weights: str, optimizer: str = "sgd") -> dict:
+    lr = 0.05 if optimizer == "sgd" else 0.003
+    config = dataclasses.replace(ASYNC, weights=weights, optimizer=optimizer, lr=lr)
+    return Emulator(config).run().to_report()
+
+
+def test_async_modes_differ_and_stale_error_is_one() -> None:
+    reports = {mode: _async(mode) for mode in ("stale", "stash", "spectrain")}
+    hashes = {r["params_sha256"] for r in reports.values()}
+    assert len(hashes) == 3
+    # The first mini-batch meets fresh weights everywhere: same first loss in every mode.
+    assert len({r["losses"][0] for r in reports.values()}) == 1
+    for mode, report in reports.items():
+        errors = report["prediction_error"]
+        # The last stage is never stale; backward passes run right before their update.
+        assert errors[-1] == {"stage": 3, "forward": None, "backward": None}
+        assert all(e["backward"] is None for e in errors)
+        for e in errors[:-1]:
+            if mode in ("stale", "stash"):
+                assert e["forward"] == 1.0
+            else:
+                assert 0.0 < e["forward"] < 1.0
+
+
+def test_predict_adam_beats_stale_weights() -> None:
+    report = _async("predict-adam", "adam")
+    for e in report["prediction_error"][:-1]:
+        assert 0.0 < e["forward"] < 1.0
+    assert report["version_distances"][0] == {"stage": 0, "forward": 3, "backward": 0}
+
+
+def test_weight_mode_needs_the_right_optimizer() -> None:
+    with pytest.raises(PipeswapError, match="--optimizer sgd --momentum 0.9"):
+        Emulator(dataclasses.replace(ASYNC, weights="spectrain", momentum=0.0))
+    with pytest.raises(PipeswapError, match="--weights predict-adam"):
+        Emulator(dataclasses.replace(ASYNC, weights="spectrain", optimizer="adam"))
+    with pytest.raises(PipeswapError, match="use --optimizer adam or adamw"):
+        Emulator(dataclasses.replace(ASYNC, weights="predict-adam"))
+
+
+def test_emulator_reports_eval_and_busy() -> None:
+    report = Emulator(dataclasses.replace(MLP, eval_batches=3)).run().to_report()
+    assert report["eval"]["batches"] == 3
+    assert 0.0 <= report["eval"]["accuracy"] <= 1.0 and report["eval"]["loss"] > 0
+    assert len(report["stage_busy"]) == 4 and 0 < sum(report["stage_busy"]) <= 1.0
+    assert report["samples_per_s"] > 0

@@ -1,0 +1,66 @@
+"""Schedule + profile + topology -> task graph; simulated makespans match closed forms."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeswap.hardware.topology import Link, Node, Topology
+from pipeswap.pipeline.schedule import build_schedule
+from pipeswap.pipeline.taskgraph import pipeline_graph, pipeline_task_graph
+from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.sim.engine import simulate
+
+
+def _topology(gpus: int = 4) -> Topology:
+    nodes = [Node("cpu0", "cpu"), Node("sw0", "switch")]
+    nodes += [Node(f"gpu{i}", "gpu", memory_bytes=0) for i in range(gpus)]
+    links = [Link(f"gpu{i}", "sw0", 10.0) for i in range(gpus)] + [Link("sw0", "cpu0", 10.0)]
+    return Topology("switch4", tuple(nodes), tuple(links))
+
+
+def _profile(layers: int, micro: int, output_bytes: int = 0) -> Profile:
+    # Per mini-batch: each layer 1 s forward, 1 s backward per unit of 1/micro of the batch.
+    return Profile(
+        "toy", 8, "float32", "estimate", "cpu", "sgd", 0,
+        tuple(
+            LayerProfile(f"l{i}", float(micro), float(micro), 1000, output_bytes,
+                         (SavedTensor(0, 400 * micro),))
+            for i in range(layers)
+        ),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_sync_makespan_matches_closed_form(name: str) -> None:
+    stages, micro, steps = 4, 4, 2
+    schedule = build_schedule(name, stages, steps, micro)
+    graph = pipeline_graph(schedule, _profile(4, micro), _topology(), (1, 1, 1, 1))
+    result = simulate(graph, _topology())
+    assert result.makespan_s == pytest.approx(steps * 2 * (micro + stages - 1))
+
+
+def test_async_makespan_and_memory() -> None:
+    stages, steps = 4, 8
+    schedule = build_schedule("async-1f1b", stages, steps)
+    topology = _topology()
+    graph = pipeline_graph(schedule, _profile(4, 1), topology, (1, 1, 1, 1), weights="stash")
+    result = simulate(graph, topology)
+    assert result.makespan_s == pytest.approx(2 * steps + 2 * (stages - 1))
+    for k in range(stages):
+        in_flight = stages - k
+        # Weights + gradients + one stash per in-flight mini-batch, plus their activations.
+        assert result.gpus[f"gpu{k}"].peak_bytes == (2 + in_flight) * 1000 + in_flight * 400
+
+
+def test_transfers_cost_time_and_appear_as_p2p() -> None:
+    schedule = build_schedule("1f1b", 2, 1, 2)
+    obj = pipeline_task_graph(schedule, _profile(2, 2, output_bytes=10**9), _topology(2), (1, 1))
+    p2p = [t for t in obj["tasks"] if t["kind"] == "p2p"]
+    assert obj["format"] == "pipeswap.graph/1"
+    assert len(p2p) == 4 and all(t["bytes"] == 5 * 10**8 for t in p2p)
+    assert {(t["src"], t["dst"]) for t in p2p} == {("gpu0", "gpu1"), ("gpu1", "gpu0")}
+    free = simulate(pipeline_graph(schedule, _profile(2, 2), _topology(2), (1, 1)), _topology(2))
+    costly = simulate(
+        pipeline_graph(schedule, _profile(2, 2, 10**9), _topology(2), (1, 1)), _topology(2)
+    )
+    assert costly.makespan_s > free.makespan_s
