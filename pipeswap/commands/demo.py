@@ -37,6 +37,22 @@ def demo_commands(out: Path) -> list[tuple[str, list[str]]]:
              "--estimate", "--gpu", "v100-32gb", "--out", str(out / "gpt2-large.json")],
         ),
         ("The server we plan for", ["topology", "show", "switch-4"]),
+        (
+            "A pipeline that never flushes: 4 stages, one-forward-one-backward",
+            ["schedule", "show", "--schedule", "async-1f1b", "--stages", "4", "--steps", "6"],
+        ),
+        (
+            "Train it: 4 processes over gloo, SpecTrain weight prediction",
+            ["train", "--model", "gpt2-tiny", "--batch", "8", "--seq-len", "64",
+             "--pipeline", "4", "--schedule", "async-1f1b", "--weights", "spectrain",
+             "--steps", "20", "--nproc", "4", "--report", str(out / "pipeline.json")],
+        ),
+        (
+            "The same run emulated in one process: the same SHA-256, plus prediction error",
+            ["train", "--model", "gpt2-tiny", "--batch", "8", "--seq-len", "64",
+             "--pipeline", "4", "--schedule", "async-1f1b", "--weights", "spectrain",
+             "--steps", "20", "--emulate", "--report", str(out / "pipeline-emulated.json")],
+        ),
     ]  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.schedule import Schedule, build_schedule
 from pipeswap.pipeline.stage import Packed, inspect_layers
 from pipeswap.pipeline.validate import simulate, validate
+from pipeswap.progress import progress_bar
 
 
 @contextmanager
@@ -97,7 +98,7 @@ class Emulator:
                 )
                 for rank in range(config.num_stages)
             ]
-            bar = _progress_bar(config.steps, progress)
+            bar = progress_bar(config.steps, "train", enabled=progress)
             start = time.perf_counter()
             for ex in self.executors:
                 ex.start_clock()
@@ -118,11 +119,3 @@ class Emulator:
                     ex.evaluate(unit)
             stages = [ex.finish() for ex in self.executors]
         return combine(config, stages, mode="emulate", task=model.task, wall_s=wall)
-
-
-def _progress_bar(total: int, enabled: bool):  # type: ignore[no-untyped-def]
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="train", unit="step", leave=False)

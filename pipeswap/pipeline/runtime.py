@@ -13,6 +13,7 @@ from pipeswap.pipeline.executor import StageExecutor, StageResult
 from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.schedule import Action
 from pipeswap.pipeline.stage import BoundarySpec, Packed, inspect_layers
+from pipeswap.progress import progress_bar
 
 # Each transfer of a unit is tagged (unit, direction, tensor index): at most this many
 # tensors cross one cut.
@@ -108,7 +109,7 @@ def run_rank(
         executor = StageExecutor(config, rank, schedule, model, infos, transport, device=device)
         dist.barrier()
         actions = schedule.actions[rank]
-        bar = _bar(config.steps, progress and rank == 0)
+        bar = progress_bar(config.steps, "train (rank 0)", enabled=progress and rank == 0)
         executor.start_clock()
         _run_actions(executor, transport, actions, bar)
         executor.finish_training()
@@ -158,16 +159,3 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def _bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    import threading
-
-    from tqdm import tqdm
-
-    # tqdm's default lock is a multiprocessing semaphore, which a rank ending in os._exit
-    # would leak (and the resource tracker would warn about); ranks need only a thread lock.
-    tqdm.set_lock(threading.RLock())
-    return tqdm(total=total, desc="train (rank 0)", unit="step", leave=False)
