@@ -1,15 +1,180 @@
-"""`pipeswap plan` (placeholder until its issue lands)."""
+"""`pipeswap plan`: choose which activations each GPU swaps to host memory, and when."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from typing import Any
+
+from pipeswap.errors import PipeswapError
+from pipeswap.hardware.presets import resolve_topology
+from pipeswap.profile import Profile
+from pipeswap.swap.planner import (
+    DEFAULT_TIME_LIMIT_S,
+    POLICIES,
+    PlanResult,
+    make_case,
+    plan_case,
+)
+from pipeswap.swap.workload import DEFAULT_BUCKET_BYTES
+from pipeswap.units import format_bytes, parse_bytes
+
+COMPARED = ("none", "oblivious", "disjoint", "bidirectional", "mip")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("plan", help="(not yet available)")
+    parser = subparsers.add_parser(
+        "plan",
+        help="plan activation swapping for data-parallel training on a PCIe server",
+        description="Decide, for every GPU of a data-parallel job, which saved activations go "
+        "to host memory and when, aware of GPUs that share a PCIe channel; score the plan "
+        "with the simulator.",
+    )
+    parser.add_argument("--profile", required=True, metavar="FILE",
+                        help="a pipeswap.profile/1 JSON file (`pipeswap profile ... --out`)")
+    parser.add_argument("--topology", required=True, metavar="NAME|FILE",
+                        help="a preset (switch-4, single-root-8, dual-root-8, ...) or a JSON file")
+    parser.add_argument("--gpus", type=int, default=None, metavar="N",
+                        help="data-parallel degree: the first N GPUs (default: all)")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--gpu-memory", metavar="SIZE",
+                        help="memory budget per GPU, e.g. 16GiB (default: the topology's)")
+    budget.add_argument("--footprint-ratio", type=float, metavar="R",
+                        help="budget = the no-swap peak divided by R (e.g. 1.5)")
+    parser.add_argument("--sync-every", type=int, default=1, metavar="K",
+                        help="micro-batches per gradient all-reduce (default 1)")
+    parser.add_argument("--bucket-size", default=str(DEFAULT_BUCKET_BYTES), metavar="SIZE",
+                        help="gradient all-reduce bucket size (default 25MiB)")
+    parser.add_argument("--policy", choices=POLICIES, default=None,
+                        help="the planning policy (auto keeps the best simulated plan)")
+    parser.add_argument("--compare", action="store_true",
+                        help="run every policy and print one table")
+    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
+                        help="MIP solver time limit in seconds (default 60)")
+    parser.add_argument("--out", metavar="FILE", help="write the pipeswap.swapplan/1 plan")
+    parser.add_argument("--graph-out", metavar="FILE",
+                        help="write the exact task graph that was scored (pipeswap.graph/1)")
+    parser.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")
+    parser.add_argument("--timeline", metavar="FILE", help="write a PNG Gantt chart")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("pipeswap plan is not available yet")
-    return 2
+    if (args.policy is None) == (not args.compare):
+        raise PipeswapError(
+            f"give --policy NAME ({', '.join(POLICIES)}) or --compare (every policy)"
+        )
+    profile = Profile.load(args.profile)
+    topology = resolve_topology(args.topology)
+    case = make_case(
+        profile,
+        topology,
+        gpus=args.gpus,
+        gpu_memory_bytes=None if args.gpu_memory is None else parse_bytes(args.gpu_memory),
+        footprint_ratio=args.footprint_ratio,
+        sync_every=args.sync_every,
+        bucket_bytes=parse_bytes(args.bucket_size),
+    )
+    notes = sys.stderr if args.json else sys.stdout
+    if args.compare:
+        results = compare(case, profile, time_limit_s=args.time_limit)
+        chosen = best_fitting(results)
+        if args.json:
+            print(json.dumps({"policies": [r.to_json() for r in results],
+                              "best": chosen.policy}, indent=1))
+        else:
+            print(compare_table(results))
+    else:
+        chosen = plan_case(case, profile, args.policy, time_limit_s=args.time_limit)
+        if args.json:
+            print(json.dumps(chosen.to_json(), indent=1))
+        else:
+            print(plan_table(chosen))
+    _write_outputs(args, chosen, notes)
+    return 0
+
+
+def compare(case: Any, profile: Profile, *, time_limit_s: float) -> list[PlanResult]:
+    """Every policy on one case; ``auto`` is the best of the others (it would rerun them)."""
+    results = [plan_case(case, profile, p, time_limit_s=time_limit_s) for p in COMPARED]
+    return results
+
+
+def best_fitting(results: list[PlanResult]) -> PlanResult:
+    fitting = [r for r in results if r.fits]
+    return min(fitting, key=lambda r: r.iteration_s)
+
+
+def _write_outputs(args: argparse.Namespace, chosen: PlanResult, notes: Any) -> None:
+    which = f" ({chosen.policy})" if args.compare else ""
+    if args.out:
+        chosen.plan.save(args.out)
+        print(f"wrote plan{which} {args.out}", file=notes)
+    if args.graph_out:
+        chosen.graph.save(args.graph_out)
+        print(f"wrote graph{which} {args.graph_out}; reproduce with: "
+              f"{chosen.reproduce_command(args.graph_out, args.topology)}", file=notes)
+    if args.trace:
+        from pipeswap.sim.trace import write_trace
+
+        write_trace(args.trace, chosen.graph, chosen.result, chosen.topology)
+        print(f"wrote trace {args.trace}", file=notes)
+    if args.timeline:
+        from pipeswap.sim.timeline import plot_timeline
+
+        plot_timeline(args.timeline, chosen.graph, chosen.result, chosen.topology)
+        print(f"wrote timeline {args.timeline}", file=notes)
+
+
+def _gap(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def plan_table(result: PlanResult) -> str:
+    """The human report of one plan: the headline numbers, then one row per GPU."""
+    lines = [
+        f"policy         {result.policy}" + ("" if result.fits else "  (DOES NOT FIT)"),
+        f"iteration_s    {result.iteration_s:.4f}",
+        f"compute_s      {result.compute_s:.4f}",
+        f"lower_bound_s  {result.lower_bound_s:.4f}  (binding: {result.bound.binding}; "
+        f"plan is {_gap(result.gap_to_bound)} above)",
+        f"solve_s        {result.solve_s:.3f}",
+        f"mip_gap        {_gap(result.mip_gap)}",
+    ]
+    for key, value in result.notes.items():
+        if key not in ("mip_gap",):
+            lines.append(f"{key:<14} {value}")
+    lines.append("")
+    header = f"{'gpu':<8} {'peak':>11} {'budget':>11} {'swapped':>11} {'stall_s':>9} {'offset_s':>9}"
+    lines.append(header)
+    for g in result.gpus:
+        lines.append(
+            f"{g.gpu:<8} {format_bytes(g.peak_bytes):>11} {format_bytes(g.budget_bytes):>11} "
+            f"{format_bytes(g.swapped_bytes):>11} {g.stall_s:>9.4f} {g.offset_s:>9.4f}"
+        )
+    return "\n".join(lines)
+
+
+def compare_table(results: list[PlanResult]) -> str:
+    """One row per policy, with the speedup over the contention-oblivious baseline."""
+    baseline = next((r for r in results if r.policy == "oblivious"), None)
+    best = best_fitting(results)
+    header = (f"{'policy':<14} {'iteration_s':>11} {'vs oblivious':>12} {'vs bound':>9} "
+              f"{'solve_s':>8} {'mip_gap':>8} {'max peak':>11} {'swapped':>11} {'stall_s':>8}")
+    lines = [header]
+    for r in results:
+        speedup = "-" if baseline is None or not r.fits else (
+            f"{baseline.iteration_s / r.iteration_s:.3f}x")
+        name = r.policy + ("" if r.fits else " (no fit)")
+        lines.append(
+            f"{name:<14} {r.iteration_s:>11.4f} {speedup:>12} {_gap(r.gap_to_bound):>9} "
+            f"{r.solve_s:>8.3f} {_gap(r.mip_gap):>8} "
+            f"{format_bytes(max(g.peak_bytes for g in r.gpus)):>11} "
+            f"{format_bytes(max(g.swapped_bytes for g in r.gpus)):>11} "
+            f"{max(g.stall_s for g in r.gpus):>8.4f}"
+        )
+    lines.append(f"auto keeps {best.policy} ({best.iteration_s:.4f} s); lower bound "
+                 f"{best.lower_bound_s:.4f} s; budget {format_bytes(best.budget_bytes)} per GPU")
+    return "\n".join(lines)

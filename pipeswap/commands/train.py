@@ -1,4 +1,4 @@
-"""`pipeswap train`: pipelined training (--pipeline K); data-parallel swapping arrives later."""
+"""`pipeswap train`: data-parallel training with tensor swapping, or pipelined (--pipeline K)."""
 
 from __future__ import annotations
 
@@ -11,22 +11,29 @@ _EXAMPLES = """examples:
       --steps 20 --nproc 4 --report r.json
   pipeswap train --model gpt2-tiny --pipeline 4 --schedule 1f1b --micro-batches 4 --emulate
   torchrun --nproc-per-node 4 -m pipeswap train --model gpt2-tiny --pipeline 4 --steps 20
+  pipeswap train --model gpt2-tiny --batch 8 --seq-len 64 --steps 5 --nproc 2 \\
+      --swap-policy disjoint --footprint-ratio 1.5 --report r.json
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from pipeswap.pipeline.train import add_pipeline_arguments
+    from pipeswap.swap.train_cli import add_swap_train_arguments
 
     parser = subparsers.add_parser(
         "train",
-        help="train a model: pipelined over K processes (--pipeline K)",
-        description="Train a zoo model. With --pipeline K the model is cut into K stages, "
-        "one process per stage (or all in one with --emulate), and a JSON report is written.",
+        help="train a model: data-parallel with swapping, or pipelined (--pipeline K)",
+        description="Train a zoo model on the offline datasets and write a JSON report. "
+        "Without --pipeline: data-parallel over --nproc ranks, saved activations swapped to "
+        "host memory by a plan (--swap-policy) that keeps each GPU within its budget. With "
+        "--pipeline K: the model is cut into K stages, one process per stage (or all in one "
+        "with --emulate).",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_training_arguments(parser)
     add_pipeline_arguments(parser)
+    add_swap_train_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -47,10 +54,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.pipeline is None:
+        from pipeswap.swap.train_cli import run_data_parallel
+
+        return run_data_parallel(args)
+    if args.swap_policy is not None:
         raise PipeswapError(
-            "without --pipeline, `pipeswap train` means data-parallel training with tensor "
-            "swapping, which arrives with --swap-policy (issue 5); for pipelined training "
-            "pass --pipeline K"
+            "--swap-policy applies to data-parallel training; drop --pipeline to swap, or "
+            "drop --swap-policy to train a pipeline"
         )
     from pipeswap.pipeline.train import run_pipeline
 

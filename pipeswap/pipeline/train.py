@@ -50,8 +50,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--nproc", type=int, help="start this many local ranks (must equal K)")
     group.add_argument("--emulate", action="store_true",
                        help="run every stage in this process (bit-identical on CPU)")  # fmt: skip
-    group.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                       help="cpu uses gloo, cuda uses NCCL (one GPU per rank)")  # fmt: skip
+    group.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                       help="cpu uses gloo, cuda uses NCCL (one GPU per rank); a pipeline "
+                       "defaults to cpu")  # fmt: skip
     group.add_argument("--timeout", type=float, default=60.0,
                        help="seconds a rank waits for a peer before failing (default 60)")  # fmt: skip
     group.add_argument("--trace", metavar="PATH", help="write a Chrome trace of the run")
@@ -141,6 +142,7 @@ def _partition(args: argparse.Namespace, draft: PipelineConfig, infos: list) -> 
 def run_pipeline(args: argparse.Namespace) -> int:
     """Pipelined training from parsed CLI arguments; returns the exit status."""
     config = config_from_args(args)
+    args.device = args.device or "cpu"
     env = torchrun_env()
     if args.emulate:
         from pipeswap.pipeline.emulator import Emulator

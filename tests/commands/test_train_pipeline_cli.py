@@ -12,9 +12,9 @@ from pipeswap.cli import main
 BASE = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--steps", "3"]
 
 
-def test_without_pipeline_points_to_swap_policy(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "--model", "gpt2-micro"]) == 2
-    assert "--swap-policy" in capsys.readouterr().err
+def test_swap_policy_with_pipeline_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*BASE, "--pipeline", "2", "--emulate", "--swap-policy", "disjoint"]) == 2
+    assert "drop --pipeline to swap" in capsys.readouterr().err
 
 
 def test_emulate_report_has_every_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

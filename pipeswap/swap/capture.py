@@ -1,0 +1,228 @@
+"""Naming a module's saved tensors for the swap runtime, and checking a plan against them.
+
+Any ``nn.Module`` works: its layers are named submodules in forward order (a zoo model's
+blocks by default). The naming is the profiler's (pipeswap.profiling.saved), so a plan
+made from a profile names the same tensors the executor sees.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from pipeswap.errors import PipeswapError
+from pipeswap.profile import Profile
+from pipeswap.profiling.saved import SavedRecord, SavedTensorCapture
+from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
+from pipeswap.swap.workload import Swap, Workload
+
+SavedKey = tuple[str, int]  # (owner layer, saved index), the profiler's name of a tensor
+
+
+class _LayerView:
+    """What SavedTensorCapture needs of a model, for any nn.Module and listed submodules."""
+
+    def __init__(self, model: nn.Module, layers: dict[str, nn.Module]) -> None:
+        self._model = model
+        self._layers = layers
+        self.layer_names = list(layers)
+
+    def named_children(self) -> Iterator[tuple[str, nn.Module]]:
+        return iter(self._layers.items())
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self._model.parameters()
+
+    def buffers(self) -> Iterator[torch.Tensor]:
+        return self._model.buffers()
+
+
+def close_names(name: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=4, cutoff=0.5)
+    if close:
+        return "did you mean " + ", ".join(repr(c) for c in close) + "?"
+    return "the layers are " + ", ".join(candidates[:12]) + (" ..." if len(candidates) > 12 else "")
+
+
+def resolve_layers(model: nn.Module, layers: Sequence[str] | None) -> dict[str, nn.Module]:
+    """The named submodules that are the plan's layers; a zoo model's blocks by default."""
+    if layers is None:
+        names = getattr(model, "layer_names", None)
+        if names is None:
+            raise PipeswapError(
+                f"{type(model).__name__} is not a zoo model: pass its layers as a list of "
+                "submodule names in forward order, e.g. layers=['encoder.0', 'encoder.1', 'head']"
+            )
+        layers = list(names)
+    if not layers:
+        raise PipeswapError("the list of layers is empty; name the submodules in forward order")
+    modules = dict(model.named_modules())
+    resolved: dict[str, nn.Module] = {}
+    for name in layers:
+        if name not in modules or not name:
+            known = [n for n in modules if n]
+            raise PipeswapError(
+                f"the model has no submodule {name!r}; {close_names(name, known)}"
+            )
+        if name in resolved:
+            raise PipeswapError(f"layer {name!r} is listed twice; list each layer once")
+        resolved[name] = modules[name]
+    return resolved
+
+
+def capture_records(
+    model: nn.Module,
+    forward_loss: Callable[[], torch.Tensor],
+    layers: Sequence[str] | None = None,
+) -> tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]]:
+    """Run ``forward_loss`` once (no backward) and name the tensors it saves per layer.
+
+    Returns the profiler's records and, per layer, the name each pack call saved (None for
+    a parameter or buffer). Buffers (BatchNorm statistics) and the random state are put
+    back afterwards, so the pass leaves no trace on training.
+    """
+    resolved = resolve_layers(model, layers)
+    view = _LayerView(model, resolved)
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    devices = [
+        p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"
+    ][:1]
+    with torch.random.fork_rng(devices=devices):
+        with SavedTensorCapture(view) as capture:  # type: ignore[arg-type]
+            loss = forward_loss()
+        del loss
+    with torch.no_grad():
+        for buffer, saved in buffers:
+            buffer.copy_(saved)
+    return capture.records(), capture.pack_calls()
+
+
+def check_budget(
+    gpu_plan: GpuPlan,
+    decisions: dict[SavedKey, SwapDecision],
+    records: dict[str, list[SavedRecord]],
+    names: list[str],
+    *,
+    resident_bytes: int,
+    transient: Sequence[int],
+    device: torch.device,
+) -> None:
+    """Refuse a plan whose budget cannot hold this run's saved tensors and state.
+
+    Uses the planner's own memory model (Workload.memory_points) with the sizes this run
+    actually saves, and says by how many bytes the budget falls short.
+    """
+    n = len(names)
+    workload = Workload(
+        model="",
+        names=tuple(names),
+        forward_s=(0.0,) * n,
+        backward_s=(0.0,) * n,
+        saved=tuple(tuple((r.index, r.bytes) for r in records[name]) for name in names),
+        transient=tuple(transient),
+        param_bytes=(0,) * n,
+        resident_bytes=resident_bytes,
+        optimizer_step_s=0.0,
+    )
+    position = {name: i for i, name in enumerate(names)}
+    swaps = [
+        Swap(
+            position[d.layer], d.index, d.bytes, position[d.out_after],
+            n if d.prefetch_after is None else position[d.prefetch_after],
+        )  # fmt: skip
+        for d in decisions.values()
+    ]
+    forward, backward = workload.memory_points(swaps)
+    needed = max(max(forward), max(backward))
+    budget = gpu_plan.budget_bytes
+    if needed > budget:
+        raise PipeswapError(
+            f"rank {gpu_plan.rank}: the plan cannot keep its budget of {budget} bytes on this "
+            f"device: with its swaps a step needs {needed} bytes, {needed - budget} bytes "
+            f"({(needed - budget) / 2**20:.2f} MiB) more; give a larger --gpu-memory (or a "
+            "smaller --footprint-ratio) or a policy that swaps"
+        )
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        if budget > total:
+            raise PipeswapError(
+                f"the plan's budget of {budget} bytes is {budget - total} bytes more than "
+                f"this GPU's {total}; plan with --gpu-memory {total} or less"
+            )
+
+
+def check_plan_identity(
+    plan: SwapPlan, model: nn.Module, layer_names: list[str], profile: Profile | None
+) -> None:
+    """Refuse a plan made for another model, other layers, or (with a profile) another dtype."""
+    name = getattr(model, "name", None)
+    if isinstance(name, str) and plan.model != name:
+        raise PipeswapError(
+            f"the plan was made for model {plan.model!r}, not {name!r}; make a plan from a "
+            f"profile of {name}"
+        )
+    for layer in plan.layers:
+        if layer not in layer_names:
+            raise PipeswapError(
+                f"the plan names layer {layer!r}, which the model does not have; "
+                f"{close_names(layer, layer_names)}"
+            )
+    if list(plan.layers) != layer_names:
+        raise PipeswapError(
+            f"the plan's layers {list(plan.layers)} are not the model's layers "
+            f"{layer_names} in forward order; make the plan from this model's profile"
+        )
+    if profile is None:
+        return
+    if profile.model != plan.model:
+        raise PipeswapError(
+            f"the plan was made for {plan.model!r} but the profile is of {profile.model!r}"
+        )
+    dtypes = {str(p.dtype).removeprefix("torch.") for p in model.parameters()}
+    if dtypes and profile.dtype not in dtypes:
+        raise PipeswapError(
+            f"the plan was made for a {profile.dtype} profile but the model's parameters "
+            f"are {', '.join(sorted(dtypes))}; profile and plan again in this dtype"
+        )
+
+
+def checked_decisions(gpu_plan: GpuPlan, names: list[str]) -> dict[SavedKey, SwapDecision]:
+    """The rank's decisions by tensor name; refuses unknown layers and early swap-outs.
+
+    A prefetch point at or before the owner is accepted: the tensor is then needed before
+    its prefetch and is fetched late (and counted), which is how late fetches are tested.
+    """
+    position = {name: i for i, name in enumerate(names)}
+    decisions: dict[SavedKey, SwapDecision] = {}
+    for d in gpu_plan.swaps:
+        for point in (d.layer, d.out_after, d.prefetch_after):
+            if point is not None and point not in position:
+                raise PipeswapError(
+                    f"{gpu_plan.gpu}: the plan names layer {point!r}, which the model does not "
+                    f"have; {close_names(point, names)}"
+                )
+        if position[d.out_after] < position[d.layer]:
+            raise PipeswapError(
+                f"{gpu_plan.gpu}: tensor ({d.layer!r}, {d.index}) is swapped out after "
+                f"{d.out_after!r}, before its layer has run; name {d.layer!r} or a later layer"
+            )
+        if (d.layer, d.index) in decisions:
+            raise PipeswapError(
+                f"{gpu_plan.gpu}: tensor ({d.layer!r}, {d.index}) is swapped twice; list it once"
+            )
+        decisions[(d.layer, d.index)] = d
+    return decisions
+
+
+def rank_plan(plan: SwapPlan, rank: int) -> GpuPlan:
+    for gpu_plan in plan.gpus:
+        if gpu_plan.rank == rank:
+            return gpu_plan
+    ranks = sorted(g.rank for g in plan.gpus)
+    raise PipeswapError(
+        f"the plan has no part for rank {rank}: it plans ranks {ranks} "
+        f"({len(plan.gpus)} GPUs); make the plan for as many GPUs as there are ranks"
+    )

@@ -1,0 +1,61 @@
+"""Which GPUs share a PCIe channel to host memory, and the bandwidth each can count on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeswap.hardware.topology import Topology
+
+
+def host_links(topology: Topology, gpu: str) -> list[int]:
+    """Indices of the links a swap of ``gpu`` crosses on its way to its host memory."""
+    return [link for link, _ in topology.path(gpu, topology.host_of(gpu))]
+
+
+def channel_groups(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
+    """``gpus`` split into groups whose swaps share at least one link (transitively).
+
+    Groups keep the order of ``gpus``; GPUs with a private path form groups of one.
+    """
+    parent = {g: g for g in gpus}
+
+    def root(g: str) -> str:
+        while parent[g] != g:
+            parent[g] = parent[parent[g]]
+            g = parent[g]
+        return g
+
+    owner: dict[int, str] = {}
+    for gpu in gpus:
+        for link in host_links(topology, gpu):
+            if link in owner:
+                parent[root(gpu)] = root(owner[link])
+            else:
+                owner[link] = gpu
+    groups: dict[str, list[str]] = {}
+    for gpu in gpus:
+        groups.setdefault(root(gpu), []).append(gpu)
+    return list(groups.values())
+
+
+def path_bytes_per_s(topology: Topology, gpu: str) -> float:
+    """The bandwidth of ``gpu``'s path to host when it has the path to itself."""
+    return min(topology.links[link].bytes_per_s for link in host_links(topology, gpu))
+
+
+def shared_links(topology: Topology, group: Sequence[str]) -> dict[int, list[str]]:
+    """Links crossed by the swaps of two or more GPUs of ``group``, with those GPUs."""
+    users: dict[int, list[str]] = {}
+    for gpu in group:
+        for link in host_links(topology, gpu):
+            users.setdefault(link, []).append(gpu)
+    return {link: members for link, members in users.items() if len(members) > 1}
+
+
+def fair_share_bytes_per_s(topology: Topology, group: Sequence[str], gpu: str) -> float:
+    """What ``gpu`` gets when every GPU of ``group`` swaps at once (max-min fair share)."""
+    share = path_bytes_per_s(topology, gpu)
+    for link, members in shared_links(topology, group).items():
+        if gpu in members:
+            share = min(share, topology.links[link].bytes_per_s / len(members))
+    return share

@@ -1,0 +1,349 @@
+"""Data-parallel training with a SwapPlan: DDP over gloo or NCCL, gradient accumulation, offsets.
+
+One process per rank runs :func:`train_rank`; with several ranks the process group must
+already be initialised (``pipeswap.pipeline.launch`` or ``torchrun`` does it). Every rank
+trains the same model from the same initial weights on its own slice of the offline
+dataset: micro-batch ``(step * sync_every + micro) * world_size + rank``. Gradients are
+accumulated over ``sync_every`` micro-batches under ``DistributedDataParallel.no_sync``
+and all-reduced with the last one. A rank the plan gives an offset sleeps that long at the
+start of every iteration (after its queued GPU work drained): the collectives are the
+same on every rank whatever the plan, so a delay can slow the others but never deadlock
+them.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipeswap.errors import PipeswapError
+from pipeswap.profile import Profile
+from pipeswap.progress import progress_bar
+from pipeswap.swap.executor import SwapExecutor
+from pipeswap.swap.plan import SwapPlan
+
+REPORT_FORMAT = "pipeswap.swaptrain/1"
+
+
+class Job(Protocol):
+    """What to train; must pickle (it travels to spawned ranks)."""
+
+    @property
+    def layers(self) -> Sequence[str] | None: ...
+
+    def build(self, device: torch.device) -> nn.Module: ...
+
+    def loss(self, model: nn.Module, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass(frozen=True)
+class ZooJob:
+    """A zoo model trained on its offline dataset (pipeswap.data)."""
+
+    model: str
+    batch_size: int
+    seq_len: int | None = None
+    image_size: int | None = None
+    seed: int = 0
+    dtype: str = "float32"
+
+    @property
+    def layers(self) -> Sequence[str] | None:
+        return None  # the zoo model's blocks
+
+    def build(self, device: torch.device) -> nn.Module:
+        from pipeswap.models import build_model
+        from pipeswap.profiling.step import parse_dtype
+
+        return build_model(
+            self.model, device=device, dtype=parse_dtype(self.dtype),
+            image_size=self.image_size, seed=self.seed,
+        )  # fmt: skip
+
+    def loss(self, model: nn.Module, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return model.loss(output, targets)  # type: ignore[operator]
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        dataset = _dataset(self.model, self.seq_len, self.image_size, self.seed)
+        inputs, targets = dataset.batch(self.batch_size, index)
+        if inputs.is_floating_point():
+            from pipeswap.profiling.step import parse_dtype
+
+            inputs = inputs.to(parse_dtype(self.dtype))
+        return inputs, targets
+
+
+@functools.lru_cache(maxsize=8)
+def _dataset(model: str, seq_len: int | None, image_size: int | None, seed: int) -> Any:
+    from pipeswap.data import dataset_for
+
+    return dataset_for(model, seq_len=seq_len, image_size=image_size, seed=seed)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """How to train: steps, gradient accumulation, optimizer, device."""
+
+    steps: int
+    sync_every: int = 1
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    device: str = "cpu"  # "cpu" or "cuda" (rank r uses GPU r mod count)
+    threads: int | None = None  # CPU threads per rank (default: cores / ranks)
+    progress: bool = False  # a tqdm bar on rank 0
+
+    def check(self) -> None:
+        if self.steps < 1:
+            raise PipeswapError(f"--steps is {self.steps}; train at least 1 step")
+        if self.sync_every < 1:
+            raise PipeswapError(f"--sync-every is {self.sync_every}; use 1 or more")
+        if self.optimizer not in ("sgd", "adam", "adamw"):
+            raise PipeswapError(f"unknown optimizer {self.optimizer!r}; use sgd, adam or adamw")
+        if self.device not in ("cpu", "cuda"):
+            raise PipeswapError(f"unknown device {self.device!r}; use cpu or cuda")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise PipeswapError("--device cuda, but PyTorch sees no GPU here; use --device cpu")
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank measured."""
+
+    rank: int
+    losses: tuple[float, ...]  # per step: the mean of its micro-batch losses
+    step_s: tuple[float, ...]
+    params_sha256: str
+    peak_resident_bytes: int  # CPU: saved bytes on the device; CUDA: max_memory_allocated
+    peak_saved_bytes: int
+    budget_bytes: int
+    saved_budget_bytes: int
+    swapped_bytes: int  # per iteration
+    late_fetches: int  # over the whole run
+    offset_s: float
+
+
+def params_sha256(model: nn.Module) -> str:
+    """SHA-256 of every parameter's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        data = param.detach().to("cpu").contiguous().view(-1)
+        digest.update(f"{name}:{data.dtype}:{tuple(param.shape)};".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def rank_device(kind: str, local_rank: int) -> torch.device:
+    if kind == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def backend_for(kind: str, world_size: int) -> str:
+    """NCCL when every rank has a GPU of its own, else gloo (which also moves CUDA tensors)."""
+    if kind == "cuda" and world_size <= torch.cuda.device_count():
+        return "nccl"
+    return "gloo"
+
+
+def _optimizer(settings: TrainSettings, model: nn.Module) -> torch.optim.Optimizer:
+    params = model.parameters()
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum)
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(params, lr=settings.lr)
+    return torch.optim.AdamW(params, lr=settings.lr)
+
+
+def _to(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
+    # A compact copy, as the profiler measured (a dataset batch may be a strided view).
+    if device.type == "cpu":
+        return tensor.clone(memory_format=torch.contiguous_format)
+    return tensor.to(device, non_blocking=False).contiguous()
+
+
+def agree(ok: str | None, world_size: int) -> None:
+    """Fail on every rank if any rank failed, so no rank waits for one that is gone."""
+    messages: list[Any] = [ok]
+    if world_size > 1:
+        messages = [None] * world_size
+        dist.all_gather_object(messages, ok)
+    for rank, message in enumerate(messages):
+        if message is not None:
+            raise PipeswapError(message if world_size == 1 else f"rank {rank}: {message}")
+
+
+def train_rank(
+    job: Job,
+    plan: SwapPlan,
+    settings: TrainSettings,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    local_rank: int | None = None,
+    profile: Profile | None = None,
+) -> RankResult:
+    """Train ``job`` on this rank with its part of ``plan``; returns what it measured."""
+    settings.check()
+    threads = settings.threads or max(1, (os.cpu_count() or 1) // world_size)
+    if settings.device == "cpu":
+        torch.set_num_threads(threads)
+    device = rank_device(settings.device, rank if local_rank is None else local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        raise PipeswapError("several ranks need a process group: launch with --nproc or torchrun")
+    micro = settings.sync_every
+
+    def batch(step: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = job.batch((step * micro + m) * world_size + rank)
+        return _to(device, inputs), _to(device, targets)
+
+    model = job.build(device)
+    model.train()
+    failure: str | None = None
+    executor: SwapExecutor | None = None
+    try:
+        executor = SwapExecutor(model, plan, rank=rank, layers=job.layers, profile=profile,
+                                device=device)  # fmt: skip
+        first_inputs, first_targets = batch(0, 0)
+        executor.prepare(lambda: job.loss(model, model(first_inputs), first_targets))
+    except PipeswapError as exc:
+        failure = str(exc)
+    agree(failure, world_size)
+    assert executor is not None
+    network: nn.Module = model
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        network = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=plan.bucket_bytes / 2**20)
+    optimizer = _optimizer(settings, model)
+    offset = executor.gpu_plan.offset_s
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    losses: list[float] = []
+    step_s: list[float] = []
+    late = 0
+    swapped = 0
+    bar = progress_bar(settings.steps, f"train {plan.policy}", enabled=settings.progress and rank == 0)
+    for step in range(settings.steps):
+        started = time.perf_counter()
+        if offset > 0:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            time.sleep(offset)
+        micro_losses = []
+        swapped = 0
+        for m in range(micro):
+            inputs, targets = batch(step, m)
+            last = m == micro - 1
+            sync = nullcontext() if world_size == 1 or last else network.no_sync()  # type: ignore[operator]
+            with sync:
+                with executor.forward():
+                    loss = job.loss(model, network(inputs), targets)
+                (loss / micro).backward()
+                stats = executor.finish_step()
+            late += stats.late_fetches
+            swapped += stats.swapped_bytes
+            micro_losses.append(loss.item())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        step_s.append(time.perf_counter() - started)
+        losses.append(sum(micro_losses) / micro)
+        if bar is not None:
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    executor.close()
+    peak = (
+        torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+        else executor.peak_saved_bytes
+    )  # fmt: skip
+    return RankResult(
+        rank=rank,
+        losses=tuple(losses),
+        step_s=tuple(step_s),
+        params_sha256=params_sha256(model),
+        peak_resident_bytes=int(peak),
+        peak_saved_bytes=executor.peak_saved_bytes,
+        budget_bytes=executor.budget_bytes,
+        saved_budget_bytes=executor.saved_budget_bytes,
+        swapped_bytes=swapped,
+        late_fetches=late,
+        offset_s=offset,
+    )
+
+
+def measured_step_s(results: Sequence[RankResult]) -> float:
+    """Median over steps (the first one left out when there are more) of the slowest rank."""
+    steps = len(results[0].step_s)
+    slowest = [max(r.step_s[s] for r in results) for s in range(steps)]
+    return statistics.median(slowest[1:] if steps > 1 else slowest)
+
+
+def build_report(
+    results: Sequence[RankResult],
+    plan: SwapPlan,
+    settings: TrainSettings,
+    *,
+    predicted_step_s: float | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON report of a run (pipeswap.swaptrain/1): per-rank lists are in rank order."""
+    ordered = sorted(results, key=lambda r: r.rank)
+    report: dict[str, Any] = {
+        "format": REPORT_FORMAT,
+        "policy": plan.policy,
+        "model": plan.model,
+        "nproc": len(ordered),
+        "steps": settings.steps,
+        "sync_every": settings.sync_every,
+        "device": settings.device,
+        "optimizer": settings.optimizer,
+        "lr": settings.lr,
+        "losses": [list(r.losses) for r in ordered],
+        "step_s": [list(r.step_s) for r in ordered],
+        "params_sha256": ordered[0].params_sha256,
+        "params_sha256_per_rank": [r.params_sha256 for r in ordered],
+        "peak_resident_bytes": [r.peak_resident_bytes for r in ordered],
+        "peak_saved_bytes": [r.peak_saved_bytes for r in ordered],
+        "budget_bytes": ordered[0].budget_bytes,
+        "saved_budget_bytes": [r.saved_budget_bytes for r in ordered],
+        "swapped_bytes": [r.swapped_bytes for r in ordered],
+        "late_fetches": [r.late_fetches for r in ordered],
+        "offset_s": [r.offset_s for r in ordered],
+        "predicted_step_s": (
+            plan.predicted_iteration_s if predicted_step_s is None else predicted_step_s
+        ),
+        "measured_step_s": measured_step_s(ordered),
+        "notes": {
+            "losses": "losses[rank][step]: mean of the step's micro-batch losses",
+            "peak_resident_bytes": "per rank; CPU: most bytes of saved tensors held on the "
+            "device (executor accounting); CUDA: torch.cuda.max_memory_allocated",
+            "saved_budget_bytes": "budget_bytes minus parameters, gradients and optimizer "
+            "state (the profile's resident bytes): what saved tensors may use",
+            "swapped_bytes": "per rank, bytes sent to host memory in one iteration",
+            "measured_step_s": "median over steps after the first of the slowest rank's step",
+            "predicted_step_s": "the simulator's iteration time for the plan",
+        },
+    }
+    report.update(extra or {})
+    return report

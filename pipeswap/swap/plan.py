@@ -1,0 +1,203 @@
+"""The SwapPlan contract (pipeswap.swapplan/1): which saved tensors each GPU swaps, and when."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeswap.errors import PipeswapError
+from pipeswap.jsonio import check_format, dump_json, load_json
+from pipeswap.profile import Profile
+
+SWAPPLAN_FORMAT = "pipeswap.swapplan/1"
+
+
+@dataclass(frozen=True)
+class SwapDecision:
+    """One saved tensor sent to host memory and brought back.
+
+    ``layer``/``index`` name the tensor as the profiler does (layer name, saved index).
+    The swap-out is issued right after the forward of layer ``out_after`` (the owner or a
+    later layer). The prefetch is issued right after the backward of layer
+    ``prefetch_after`` (a later layer than the owner), or at the forward/backward turn
+    (right after the last forward) when ``prefetch_after`` is None.
+    """
+
+    layer: str
+    index: int
+    bytes: int
+    out_after: str
+    prefetch_after: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "index": self.index,
+            "bytes": self.bytes,
+            "out_after": self.out_after,
+            "prefetch_after": self.prefetch_after,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> SwapDecision:
+        prefetch = obj.get("prefetch_after")
+        return cls(
+            layer=str(obj["layer"]),
+            index=int(obj["index"]),
+            bytes=int(obj["bytes"]),
+            out_after=str(obj.get("out_after", obj["layer"])),
+            prefetch_after=None if prefetch is None else str(prefetch),
+        )
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """The plan of one data-parallel rank: its swaps, start offset and memory budget."""
+
+    gpu: str
+    rank: int
+    budget_bytes: int
+    offset_s: float
+    swaps: tuple[SwapDecision, ...] = ()
+
+    @property
+    def swapped_bytes(self) -> int:
+        return sum(s.bytes for s in self.swaps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "rank": self.rank,
+            "budget_bytes": self.budget_bytes,
+            "offset_s": self.offset_s,
+            "swapped_bytes": self.swapped_bytes,
+            "swaps": [s.to_json() for s in self.swaps],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> GpuPlan:
+        return cls(
+            gpu=str(obj["gpu"]),
+            rank=int(obj["rank"]),
+            budget_bytes=int(obj["budget_bytes"]),
+            offset_s=float(obj.get("offset_s", 0.0)),
+            swaps=tuple(SwapDecision.from_json(s) for s in obj.get("swaps", [])),
+        )
+
+
+@dataclass(frozen=True)
+class SwapPlan:
+    """Per-GPU swap decisions for one training iteration of a data-parallel job.
+
+    ``predicted_iteration_s`` is the simulated iteration time of the plan and
+    ``lower_bound_s`` the bound of design.md; ``notes`` holds policy-specific numbers
+    (e.g. the MIP's own estimate and gap).
+    """
+
+    policy: str
+    model: str
+    layers: tuple[str, ...]
+    gpus: tuple[GpuPlan, ...]
+    sync_every: int = 1
+    bucket_bytes: int = 25 * 2**20
+    predicted_iteration_s: float = 0.0
+    lower_bound_s: float = 0.0
+    notes: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def gpu_plan(self, gpu: str) -> GpuPlan:
+        for plan in self.gpus:
+            if plan.gpu == gpu:
+                return plan
+        known = ", ".join(p.gpu for p in self.gpus)
+        raise PipeswapError(f"the plan has no GPU {gpu!r}; it plans for {known}")
+
+    def validate(self, profile: Profile) -> None:
+        """Refuse a plan that does not fit ``profile``: unknown tensors, points out of order."""
+        validate_plan(self, profile)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": SWAPPLAN_FORMAT,
+            "policy": self.policy,
+            "model": self.model,
+            "layers": list(self.layers),
+            "sync_every": self.sync_every,
+            "bucket_bytes": self.bucket_bytes,
+            "predicted_iteration_s": self.predicted_iteration_s,
+            "lower_bound_s": self.lower_bound_s,
+            "notes": self.notes,
+            "gpus": [g.to_json() for g in self.gpus],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], where: str = "swap plan") -> SwapPlan:
+        check_format(obj, SWAPPLAN_FORMAT, where)
+        try:
+            return cls(
+                policy=str(obj["policy"]),
+                model=str(obj["model"]),
+                layers=tuple(str(n) for n in obj["layers"]),
+                gpus=tuple(GpuPlan.from_json(g) for g in obj["gpus"]),
+                sync_every=int(obj.get("sync_every", 1)),
+                bucket_bytes=int(obj.get("bucket_bytes", 25 * 2**20)),
+                predicted_iteration_s=float(obj.get("predicted_iteration_s", 0.0)),
+                lower_bound_s=float(obj.get("lower_bound_s", 0.0)),
+                notes=dict(obj.get("notes", {})),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PipeswapError(f"{where}: malformed swap plan ({exc!r})") from None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        dump_json(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> SwapPlan:
+        return cls.from_json(load_json(path), where=str(path))
+
+
+def validate_plan(plan: SwapPlan, profile: Profile) -> None:
+    names = profile.layer_names
+    if list(plan.layers) != names:
+        raise PipeswapError(
+            f"the plan was made for layers {list(plan.layers)[:4]}... of {plan.model}, "
+            f"not for this profile of {profile.model}; make the plan from this profile"
+        )
+    position = {name: i for i, name in enumerate(names)}
+    sizes = {(layer.name, t.index): t.bytes for layer in profile.layers for t in layer.saved}
+    if plan.sync_every < 1:
+        raise PipeswapError(f"sync_every is {plan.sync_every}; use 1 or more")
+    for gpu in plan.gpus:
+        seen: set[tuple[str, int]] = set()
+        for swap in gpu.swaps:
+            key = (swap.layer, swap.index)
+            where = f"{gpu.gpu}: tensor ({swap.layer!r}, {swap.index})"
+            if key not in sizes:
+                saved = [t.index for t in profile.layer(swap.layer).saved] if (
+                    swap.layer in position
+                ) else None
+                hint = (
+                    f"layer {swap.layer!r} saves indices {saved}"
+                    if saved is not None
+                    else f"layers are {', '.join(names)}"
+                )
+                raise PipeswapError(f"{where} is not in the profile; {hint}")
+            if key in seen:
+                raise PipeswapError(f"{where} is swapped twice; list each tensor once")
+            seen.add(key)
+            if swap.bytes != sizes[key]:
+                raise PipeswapError(
+                    f"{where} has {swap.bytes} bytes in the plan but {sizes[key]} in the "
+                    "profile; make the plan from this profile"
+                )
+            owner = position[swap.layer]
+            if position.get(swap.out_after, -1) < owner:
+                raise PipeswapError(
+                    f"{where}: swap-out after {swap.out_after!r}, which is not the owner "
+                    "or a later layer"
+                )
+            if swap.prefetch_after is not None and position.get(swap.prefetch_after, -1) <= owner:
+                raise PipeswapError(
+                    f"{where}: prefetch after the backward of {swap.prefetch_after!r}, which "
+                    "is not a later layer than the owner; name a later layer or null (the turn)"
+                )

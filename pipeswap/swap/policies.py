@@ -1,0 +1,239 @@
+"""The heuristic swap policies: none, oblivious, disjoint and bidirectional."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pipeswap.errors import PipeswapError
+from pipeswap.hardware.topology import Topology
+from pipeswap.swap.channels import channel_groups, path_bytes_per_s
+from pipeswap.swap.scoring import Assignment, Scored, score
+from pipeswap.swap.workload import Swap, Workload
+
+# A tensor in index form: (layer, saved index, bytes).
+Tensor = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One planning problem: the workload on ``gpus`` of ``topology`` within a budget.
+
+    ``topology`` carries ``budget_bytes`` as every GPU's memory, so simulating the
+    exported graph on it reproduces the planner's numbers.
+    """
+
+    workload: Workload
+    topology: Topology
+    gpus: tuple[str, ...]
+    budget_bytes: int
+    sync_every: int
+    bucket_bytes: int
+
+    def score(self, assignment: Assignment) -> Scored:
+        return score(
+            self.workload,
+            self.topology,
+            self.gpus,
+            assignment,
+            sync_every=self.sync_every,
+            bucket_bytes=self.bucket_bytes,
+        )
+
+
+# ---- building blocks ---------------------------------------------------------------------
+def timeline(workload: Workload) -> tuple[list[float], list[float]]:
+    """Per layer: when its forward ends and when its backward starts (no stalls)."""
+    forward_end: list[float] = []
+    now = 0.0
+    for seconds in workload.forward_s:
+        now += seconds
+        forward_end.append(now)
+    backward_start = [0.0] * workload.num_layers
+    for layer in reversed(range(workload.num_layers)):
+        backward_start[layer] = now
+        now += workload.backward_s[layer]
+    return forward_end, backward_start
+
+
+def all_tensors(workload: Workload) -> list[Tensor]:
+    return [
+        (layer, index, nbytes)
+        for layer, tensors in enumerate(workload.saved)
+        for index, nbytes in tensors
+        if nbytes > 0
+    ]
+
+
+class Coverage:
+    """How far one GPU's chosen swaps are from meeting ``Workload.needs``."""
+
+    def __init__(self, needs: Sequence[int]) -> None:
+        self.needs = list(needs)
+        self.removed_before = [0] * len(needs)  # swapped bytes of layers < i
+        self._refresh()
+
+    def _refresh(self) -> None:
+        # The last layer whose need is unmet: a tensor helps iff its layer is before it.
+        self.last_short = -1
+        for i, (need, removed) in enumerate(zip(self.needs, self.removed_before)):
+            if need > removed:
+                self.last_short = i
+
+    @property
+    def met(self) -> bool:
+        return self.last_short < 0
+
+    @property
+    def shortfall(self) -> int:
+        return max((n - r for n, r in zip(self.needs, self.removed_before)), default=0)
+
+    def helps(self, layer: int) -> bool:
+        return layer < self.last_short
+
+    def add(self, layer: int, nbytes: int) -> None:
+        for i in range(layer + 1, len(self.needs)):
+            self.removed_before[i] += nbytes
+        self._refresh()
+
+
+def with_prefetch(workload: Workload, chosen: Sequence[Tensor], budget_bytes: int) -> tuple[Swap, ...]:
+    """Swaps issued right after their forward, prefetched as early as memory allows.
+
+    Tensors needed first claim memory first; each prefetch moves earlier one backward
+    step at a time while every backward point it would overlap stays within budget.
+    """
+    n = workload.num_layers
+    latest = [Swap(layer, index, nbytes, layer, layer + 1) for layer, index, nbytes in chosen]
+    _, backward = workload.memory_points(latest)
+    if max(backward, default=0) > budget_bytes:
+        raise PipeswapError("internal: chosen swaps do not fit the budget")  # pragma: no cover
+    swaps: list[Swap] = []
+    for s in sorted(latest, key=lambda s: (-s.layer, -s.bytes, s.index)):
+        point = s.layer + 1
+        while point < n and backward[point] + s.bytes <= budget_bytes:
+            backward[point] += s.bytes
+            point += 1
+        swaps.append(Swap(s.layer, s.index, s.bytes, s.layer, point))
+    return tuple(sorted(swaps, key=lambda s: (s.layer, s.index)))
+
+
+def _fill(coverage: Coverage, order: Sequence[Tensor], chosen: list[Tensor]) -> None:
+    for tensor in order:
+        if coverage.met:
+            return
+        if coverage.helps(tensor[0]) and tensor not in chosen:
+            chosen.append(tensor)
+            coverage.add(tensor[0], tensor[2])
+
+
+# ---- the policies --------------------------------------------------------------------------
+def plan_none(case: Case) -> Assignment:
+    """No swapping at all."""
+    return Assignment({gpu: () for gpu in case.gpus})
+
+
+def plan_oblivious(case: Case) -> Assignment:
+    """Each GPU plans as if it owned its whole path to host; every GPU gets that plan.
+
+    Largest saved tensors first, among those whose forward-to-backward distance hides
+    the swap-out and the prefetch at full bandwidth; then the others, largest first,
+    until the peak fits.
+    """
+    workload = case.workload
+    bandwidth = path_bytes_per_s(case.topology, case.gpus[0])
+    forward_end, backward_start = timeline(workload)
+    by_size = sorted(all_tensors(workload), key=lambda t: (-t[2], t[0], t[1]))
+
+    def hidden(t: Tensor) -> bool:
+        return backward_start[t[0]] - forward_end[t[0]] >= 2 * t[2] / bandwidth
+
+    order = [t for t in by_size if hidden(t)] + [t for t in by_size if not hidden(t)]
+    coverage = Coverage(workload.needs(case.budget_bytes))
+    chosen: list[Tensor] = []
+    _fill(coverage, order, chosen)
+    swaps = with_prefetch(workload, chosen, case.budget_bytes)
+    return Assignment({gpu: swaps for gpu in case.gpus})
+
+
+def disjoint_choice(workload: Workload, members: int, budget_bytes: int) -> list[list[Tensor]]:
+    """Tensor sets for ``members`` GPUs sharing a channel, disjoint where possible.
+
+    The tensors produced before memory first gets tight are dealt out one at a time, in
+    forward order (longest forward-to-backward distance first), to the member furthest
+    from fitting: members swap different tensors at different moments, so their
+    transfers take turns on the channel instead of colliding. What a member still lacks
+    is then taken in forward order, shared with the others where it must be.
+    """
+    needs = workload.needs(budget_bytes)
+    first_tight = next((i for i, need in enumerate(needs) if need > 0), len(needs))
+    order = sorted(all_tensors(workload), key=lambda t: (t[0], -t[2], t[1]))
+    coverages = [Coverage(needs) for _ in range(members)]
+    chosen: list[list[Tensor]] = [[] for _ in range(members)]
+    for tensor in order:
+        if tensor[0] >= first_tight:
+            break
+        open_members = [m for m in range(members) if coverages[m].helps(tensor[0])]
+        if not open_members:
+            break
+        member = max(open_members, key=lambda m: (coverages[m].shortfall, -m))
+        chosen[member].append(tensor)
+        coverages[member].add(tensor[0], tensor[2])
+    for member in range(members):
+        _fill(coverages[member], order, chosen[member])
+    return chosen
+
+
+def plan_disjoint(case: Case) -> Assignment:
+    """GPUs that share a channel swap disjoint tensors, taking turns on the channel."""
+    swaps: dict[str, tuple[Swap, ...]] = {}
+    for group in channel_groups(case.topology, case.gpus):
+        choice = disjoint_choice(case.workload, len(group), case.budget_bytes)
+        for gpu, tensors in zip(group, choice):
+            swaps[gpu] = with_prefetch(case.workload, tensors, case.budget_bytes)
+    return Assignment(swaps)
+
+
+def bidirectional_offsets(workload: Workload) -> list[float]:
+    """Offsets tried between the two phases: a half and a whole forward pass, half a step."""
+    forward = sum(workload.forward_s)
+    return [forward / 2, forward, workload.microbatch_s / 2]
+
+
+def plan_bidirectional(case: Case) -> Assignment:
+    """Alternate GPUs of each channel start later by an offset, so one GPU's swap-outs
+    run while its neighbour's prefetches run, on the two directions of the link.
+
+    Within each phase the GPUs swap disjoint tensors. The offset is paid again at every
+    gradient sync; the one with the best simulated iteration (which includes that cost)
+    is kept.
+    """
+    swaps: dict[str, tuple[Swap, ...]] = {}
+    late: list[str] = []
+    for group in channel_groups(case.topology, case.gpus):
+        phases = [group[0::2], group[1::2]]
+        late.extend(phases[1])
+        for phase in phases:
+            if not phase:
+                continue
+            choice = disjoint_choice(case.workload, len(phase), case.budget_bytes)
+            for gpu, tensors in zip(phase, choice):
+                swaps[gpu] = with_prefetch(case.workload, tensors, case.budget_bytes)
+    if not late or not any(swaps.values()):
+        return Assignment(swaps)  # nothing shares a channel, or nothing moves: no offset
+    best: tuple[float, Assignment] | None = None
+    for offset in bidirectional_offsets(case.workload):
+        assignment = Assignment(swaps, {gpu: offset for gpu in late})
+        seconds = case.score(assignment).iteration_s
+        if best is None or seconds < best[0]:
+            best = (seconds, assignment)
+    assert best is not None
+    return best[1]
+
+
+HEURISTICS: dict[str, Callable[[Case], Assignment]] = {
+    "none": plan_none,
+    "oblivious": plan_oblivious,
+    "disjoint": plan_disjoint,
+    "bidirectional": plan_bidirectional,
+}

@@ -1,0 +1,55 @@
+"""Score an assignment of swaps by simulating the exact task graph it produces."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pipeswap.hardware.topology import Topology
+from pipeswap.sim.engine import simulate
+from pipeswap.sim.graph import TaskGraph
+from pipeswap.sim.result import SimResult
+from pipeswap.swap.workload import Swap, Workload, build_iteration_graph
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What a policy decides: per GPU its swaps and its start offset (seconds)."""
+
+    swaps: Mapping[str, tuple[Swap, ...]]
+    offsets_s: Mapping[str, float] = field(default_factory=dict)
+
+    def swapped_bytes(self, gpu: str) -> int:
+        return sum(s.bytes for s in self.swaps.get(gpu, ()))
+
+
+@dataclass(frozen=True)
+class Scored:
+    assignment: Assignment
+    graph: TaskGraph
+    result: SimResult
+
+    @property
+    def iteration_s(self) -> float:
+        return self.result.makespan_s
+
+
+def score(
+    workload: Workload,
+    topology: Topology,
+    gpus: Sequence[str],
+    assignment: Assignment,
+    *,
+    sync_every: int,
+    bucket_bytes: int,
+) -> Scored:
+    """Simulate ``assignment``; ``topology`` already carries every GPU's memory budget."""
+    graph = build_iteration_graph(
+        workload,
+        gpus,
+        assignment.swaps,
+        offsets_s=assignment.offsets_s,
+        sync_every=sync_every,
+        bucket_bytes=bucket_bytes,
+    )
+    return Scored(assignment, graph, simulate(graph, topology))

@@ -1,0 +1,85 @@
+"""`pipeswap plan`: table, JSON, --compare, exported graph reproduced by `pipeswap simulate`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeswap.cli import main
+from pipeswap.profile import LayerProfile, Profile, SavedTensor
+
+GB = 10**9
+
+
+def toy_profile(sizes_gb: list[tuple[float, ...]], forward_s: float = 1.0,
+                backward_s: float = 2.0) -> Profile:
+    layers = tuple(
+        LayerProfile(f"l{i}", forward_s, backward_s, GB // 100, 0,
+                     tuple(SavedTensor(k, int(x * GB)) for k, x in enumerate(sizes)))
+        for i, sizes in enumerate(sizes_gb)
+    )
+    return Profile("toy", 1, "float32", "estimate", "toy-gpu", "sgd", 0, layers)
+
+
+@pytest.fixture
+def profile_path(tmp_path) -> str:
+    path = tmp_path / "p.json"
+    toy_profile([(6,)] * 6, 0.25, 0.5).save(path)
+    return str(path)
+
+
+def test_plan_json_and_graph_reproduced_by_simulate(profile_path, tmp_path, capsys) -> None:
+    graph, plan = tmp_path / "g.json", tmp_path / "plan.json"
+    code = main(["plan", "--profile", profile_path, "--topology", "switch-4", "--gpus", "2",
+                 "--footprint-ratio", "2", "--sync-every", "4", "--policy", "bidirectional",
+                 "--graph-out", str(graph), "--out", str(plan), "--json"])
+    assert code == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["policy"] == "bidirectional"
+    for key in ("iteration_s", "compute_s", "lower_bound_s", "solve_s", "mip_gap"):
+        assert key in result
+    for gpu in result["gpus"]:
+        assert set(gpu) >= {"peak_bytes", "budget_bytes", "swapped_bytes", "stall_s"}
+    reproduce = captured.err.split("reproduce with: ")[1].strip()
+    assert reproduce.startswith("pipeswap simulate ")
+    assert main(reproduce.split()[1:] + ["--json"]) == 0
+    simulated = json.loads(capsys.readouterr().out)
+    assert simulated["makespan_s"] == result["iteration_s"]
+    budget = result["budget_bytes"]
+    assert all(g["peak_bytes"] <= budget for g in simulated["gpus"].values())
+    assert json.loads(plan.read_text())["format"] == "pipeswap.swapplan/1"
+
+
+def test_compare_prints_one_row_per_policy(profile_path, capsys) -> None:
+    code = main(["plan", "--profile", profile_path, "--topology", "switch-4", "--gpus", "2",
+                 "--footprint-ratio", "2", "--compare", "--time-limit", "5"])
+    assert code == 0
+    out = capsys.readouterr().out
+    for policy in ("none (no fit)", "oblivious", "disjoint", "bidirectional", "mip"):
+        assert policy in out
+    assert "auto keeps" in out
+
+
+def test_budget_too_small_exits_2_with_the_smallest_budget(profile_path, capsys) -> None:
+    code = main(["plan", "--profile", profile_path, "--topology", "switch-4",
+                 "--gpu-memory", "1GB", "--policy", "disjoint"])
+    assert code == 2
+    assert "smallest budget that works is" in capsys.readouterr().err
+
+
+def test_profile_without_saved_data_exits_2_with_the_command(tmp_path, capsys) -> None:
+    obj = toy_profile([(1,)] * 2).to_json()
+    obj["has_saved_data"] = False
+    path = tmp_path / "bare.json"
+    Profile.from_json(obj).save(path)
+    code = main(["plan", "--profile", str(path), "--topology", "switch-4",
+                 "--footprint-ratio", "1.5", "--policy", "oblivious"])
+    assert code == 2
+    assert "pipeswap profile --model toy --batch 1 --estimate" in capsys.readouterr().err
+
+
+def test_policy_or_compare_is_required(profile_path, capsys) -> None:
+    assert main(["plan", "--profile", profile_path, "--topology", "switch-4"]) == 2
+    assert "--policy NAME" in capsys.readouterr().err

@@ -1,0 +1,41 @@
+"""Small hand-checkable profiles for the swap planner tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from pipeswap.profile import LayerProfile, Profile, SavedTensor
+
+GB = 10**9
+
+ProfileFactory = Callable[..., Profile]
+
+
+def toy_profile(
+    sizes_gb: Sequence[Sequence[float]],
+    forward_s: float = 1.0,
+    backward_s: float = 2.0,
+    param_bytes: int = GB // 100,
+    workspace_bytes: int = 0,
+) -> Profile:
+    """One layer per entry of ``sizes_gb``, each saving tensors of those sizes (GB)."""
+    layers = tuple(
+        LayerProfile(
+            name=f"l{i}",
+            forward_s=forward_s,
+            backward_s=backward_s,
+            param_bytes=param_bytes,
+            output_bytes=0,
+            saved=tuple(SavedTensor(k, int(size * GB)) for k, size in enumerate(sizes)),
+            workspace_bytes=workspace_bytes,
+        )
+        for i, sizes in enumerate(sizes_gb)
+    )
+    return Profile("toy", 1, "float32", "estimate", "toy-gpu", "sgd", 0, layers)
+
+
+@pytest.fixture
+def make_profile() -> ProfileFactory:
+    return toy_profile

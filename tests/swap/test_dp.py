@@ -1,0 +1,225 @@
+"""Data-parallel training with swapping: every policy trains bit for bit like no swapping."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pipeswap.hardware.presets import preset
+from pipeswap.pipeline.launch import spawn
+from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.profiling import measure
+from pipeswap.swap.dp import RankResult, TrainSettings, ZooJob, build_report, train_rank
+from pipeswap.swap.executor import capture_records
+from pipeswap.swap.plan import GpuPlan, SwapPlan
+from pipeswap.swap.planner import POLICIES, make_plan
+from pipeswap.swap.workload import workload_from_profile
+
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+
+SETTINGS = TrainSettings(steps=2, threads=1)
+
+
+class UserNet(nn.Module):
+    """Not a zoo model: nested layers, a skip connection, ops between the layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.GELU())
+        self.mixer = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return self.head(torch.relu(self.mixer(h)) + h)
+
+
+@dataclass(frozen=True)
+class UserJob:
+    """A Job for UserNet, with its layers named by the user."""
+
+    batch_size: int = 8
+
+    @property
+    def layers(self) -> Sequence[str]:
+        return ["encoder.0", "encoder.2", "mixer", "head"]
+
+    def build(self, device: torch.device) -> nn.Module:
+        torch.manual_seed(0)
+        return UserNet().to(device)
+
+    def loss(self, model: nn.Module, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output, targets)
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(1000 + index)
+        return torch.randn(self.batch_size, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen)
+
+
+def _user_profile(job: UserJob) -> Profile:
+    """A profile of UserNet: real saved tensors, made-up times (it is not in the zoo)."""
+    model = job.build(torch.device("cpu"))
+    x, y = job.batch(0)
+    records, _ = capture_records(model, lambda: job.loss(model, model(x), y), job.layers)
+    layers = tuple(
+        LayerProfile(
+            name=name,
+            forward_s=1e-3,
+            backward_s=2e-3,
+            param_bytes=sum(p.numel() * 4 for p in model.get_submodule(name).parameters()),
+            output_bytes=0,
+            saved=tuple(SavedTensor(r.index, r.bytes) for r in records[name]),
+        )
+        for name in job.layers
+    )
+    params = sum(p.numel() * 4 for p in model.parameters())
+    return Profile("user", job.batch_size, "float32", "measured", "cpu", "sgd", params, layers)
+
+
+JOBS: dict[str, Any] = {
+    "gpt2-tiny": ZooJob("gpt2-tiny", 4, seq_len=32),
+    "resnet18": ZooJob("resnet18", 2, image_size=32),
+    "user": UserJob(),
+}
+
+
+@functools.cache
+def _profile(name: str) -> Profile:
+    job = JOBS[name]
+    if name == "user":
+        return _user_profile(job)
+    return measure(job.model, job.batch_size, seq_len=job.seq_len, image_size=job.image_size,
+                   warmup=0, repeats=1)  # fmt: skip
+
+
+def _plans(name: str, gpus: int, sync_every: int = 1) -> dict[str, SwapPlan]:
+    """A plan per policy; the budget halfway between what can never move and the peak
+    (ResNet-18 on 32-pixel images is mostly weights, so a footprint ratio would not do)."""
+    workload = workload_from_profile(_profile(name))
+    peak, smallest = workload.no_swap_peak_bytes(), workload.min_budget_bytes()
+    plans = {}
+    for policy in POLICIES:
+        budget = peak if policy == "none" else (peak + smallest) // 2
+        plans[policy] = make_plan(
+            _profile(name), preset("switch-4"), policy=policy, gpus=gpus,
+            gpu_memory_bytes=budget, sync_every=sync_every, time_limit_s=10,
+        ).plan  # fmt: skip
+    return plans
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Any:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _check_against_none(results: dict[str, Sequence[RankResult]], where: str) -> None:
+    expected = results["none"]
+    for policy, ranks in results.items():
+        for got, want in zip(ranks, expected):
+            assert got.losses == want.losses, (where, policy, got.rank)
+            assert got.params_sha256 == want.params_sha256, (where, policy, got.rank)
+            assert got.peak_saved_bytes <= got.saved_budget_bytes, (where, policy, got.rank)
+            assert got.late_fetches == 0, (where, policy)
+        assert len({r.params_sha256 for r in ranks}) == 1  # the ranks agree
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_single_process_every_policy_matches_no_swapping(name: str) -> None:
+    results = {}
+    for policy, plan in _plans(name, 1).items():
+        result = train_rank(JOBS[name], plan, SETTINGS, profile=_profile(name))
+        results[policy] = [result]
+        assert result.swapped_bytes == plan.gpus[0].swapped_bytes
+        if policy != "none":
+            assert result.swapped_bytes > 0 and result.peak_saved_bytes < results["none"][0].peak_saved_bytes
+    _check_against_none(results, name)
+
+
+def test_single_process_report_has_every_field() -> None:
+    plan = _plans("gpt2-tiny", 1)["disjoint"]
+    result = train_rank(JOBS["gpt2-tiny"], plan, replace(SETTINGS, steps=3), profile=_profile("gpt2-tiny"))
+    report = build_report([result], plan, replace(SETTINGS, steps=3))
+    for key in ("losses", "step_s", "params_sha256", "peak_resident_bytes", "budget_bytes",
+                "swapped_bytes", "late_fetches", "predicted_step_s", "measured_step_s"):  # fmt: skip
+        assert key in report
+    assert len(report["losses"]) == 1 and len(report["losses"][0]) == 3
+    assert report["predicted_step_s"] == plan.predicted_iteration_s > 0
+    assert report["measured_step_s"] > 0 and len(report["params_sha256"]) == 64
+
+
+def test_accumulation_changes_the_data_not_the_transparency() -> None:
+    settings = replace(SETTINGS, sync_every=2)
+    plans = _plans("gpt2-tiny", 1, sync_every=2)
+    none = train_rank(JOBS["gpt2-tiny"], plans["none"], settings, profile=_profile("gpt2-tiny"))
+    swapped = train_rank(JOBS["gpt2-tiny"], plans["disjoint"], settings, profile=_profile("gpt2-tiny"))
+    assert (none.losses, none.params_sha256) == (swapped.losses, swapped.params_sha256)
+    single = train_rank(JOBS["gpt2-tiny"], _plans("gpt2-tiny", 1)["none"], SETTINGS,
+                        profile=_profile("gpt2-tiny"))  # fmt: skip
+    assert single.params_sha256 != none.params_sha256  # two micro-batches per step: other data
+    assert swapped.swapped_bytes == 2 * plans["disjoint"].gpus[0].swapped_bytes
+
+
+# ---- several ranks (gloo) ---------------------------------------------------------------
+def _rank_cases(rank: int, nproc: int, cases: list[tuple[str, Any, SwapPlan, TrainSettings, Profile]]
+                ) -> list[tuple[str, RankResult]]:  # fmt: skip
+    torch.set_num_threads(1)
+    return [
+        (label, train_rank(job, plan, settings, rank=rank, world_size=nproc, profile=profile))
+        for label, job, plan, settings, profile in cases
+    ]
+
+
+def _failing_rank(rank: int, nproc: int, job: Any, plan: SwapPlan, profile: Profile) -> None:
+    train_rank(job, plan, SETTINGS, rank=rank, world_size=nproc, profile=profile)
+
+
+@pytest.mark.dist
+def test_two_ranks_every_policy_every_model_match_no_swapping() -> None:
+    cases = []
+    for name, job in JOBS.items():
+        for policy, plan in _plans(name, 2).items():
+            cases.append((f"{name}/{policy}", job, plan, SETTINGS, _profile(name)))
+    accumulate = replace(SETTINGS, sync_every=2)
+    for policy, plan in _plans("gpt2-tiny", 2, sync_every=2).items():
+        if policy in ("none", "bidirectional"):
+            cases.append((f"k2/{policy}", JOBS["gpt2-tiny"], plan, accumulate, _profile("gpt2-tiny")))
+    launched = spawn(_rank_cases, 2, cases, timeout_s=60)
+    assert launched.ok, launched.exit_codes
+    by_case: dict[str, list[RankResult]] = {}
+    for rank_results in launched.results:
+        for label, result in rank_results:
+            by_case.setdefault(label, []).append(result)
+    for name in (*JOBS, "k2"):
+        results = {
+            label.split("/")[1]: sorted(ranks, key=lambda r: r.rank)
+            for label, ranks in by_case.items()
+            if label.startswith(name + "/")
+        }
+        _check_against_none(results, name)
+    # The bidirectional plan delays a rank, and the delay was applied.
+    plan_of = {label: plan for label, _, plan, _, _ in cases}
+    offsets = [r.offset_s for r in by_case["gpt2-tiny/bidirectional"]]
+    assert offsets == [g.offset_s for g in plan_of["gpt2-tiny/bidirectional"].gpus]
+    # Gradient accumulation still all-reduces: both ranks end with the same weights.
+    assert len({r.params_sha256 for r in by_case["k2/none"]}) == 1
+    assert by_case["k2/none"][0].params_sha256 != by_case["gpt2-tiny/none"][0].params_sha256
+
+
+@pytest.mark.dist
+def test_a_plan_one_rank_cannot_keep_fails_every_rank_without_a_hang() -> None:
+    plan = _plans("gpt2-tiny", 2)["disjoint"]
+    squeezed = GpuPlan(plan.gpus[1].gpu, 1, 1000, 0.0, plan.gpus[1].swaps)  # rank 1 only
+    bad = replace(plan, gpus=(plan.gpus[0], squeezed))
+    launched = spawn(_failing_rank, 2, JOBS["gpt2-tiny"], bad, _profile("gpt2-tiny"),
+                     timeout_s=30, grace_s=20)  # fmt: skip
+    assert launched.exit_codes == (2, 2)  # both raised PipeswapError
+    assert not launched.killed and launched.elapsed_s < 30

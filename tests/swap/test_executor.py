@@ -1,0 +1,365 @@
+"""SwapExecutor on CPU: bitwise-transparent training, the budget kept, errors that name the fix."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pipeswap.errors import PipeswapError
+from pipeswap.hardware.presets import preset
+from pipeswap.models import build_model
+from pipeswap.profiling import measure
+from pipeswap.swap.executor import StepStats, SwapExecutor, capture_records
+from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
+from pipeswap.swap.planner import POLICIES, make_plan
+
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+
+STEPS = 3
+HUGE = 10**12
+
+
+class UserNet(nn.Module):
+    """A model that is not in the zoo: nested layers, a skip connection, ops between layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.GELU())
+        self.mixer = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return self.head(torch.relu(self.mixer(h)) + h)
+
+
+USER_LAYERS = ["encoder.0", "encoder.2", "mixer", "head"]
+
+
+def _setup(name: str) -> tuple[nn.Module, list[str] | None, Callable[[int], Any]]:
+    """A model, its layers (None for zoo models) and a batch maker (deterministic)."""
+    torch.manual_seed(0)
+    if name == "user":
+        model: nn.Module = UserNet()
+        gen = torch.Generator().manual_seed(1)
+        data = [(torch.randn(8, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen))
+                for _ in range(STEPS)]  # fmt: skip
+        return model, USER_LAYERS, lambda step: data[step]
+    if name == "resnet18":
+        zoo = build_model("resnet18", image_size=32)
+        batches = [zoo.example_batch(2, image_size=32, seed=s) for s in range(STEPS)]
+    else:
+        zoo = build_model(name)
+        batches = [zoo.example_batch(4, seq_len=32, seed=s) for s in range(STEPS)]
+    # Compact storages, as a copy to the device gives (and as the profiler measures).
+    batches = [(x.clone(memory_format=torch.contiguous_format), y.clone()) for x, y in batches]
+    return zoo, None, lambda step: batches[step]
+
+
+def _loss_fn(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    loss = getattr(model, "loss", None)
+    return loss if loss is not None else nn.functional.cross_entropy
+
+
+def _sha256(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(param.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _records(model: nn.Module, layers: list[str] | None, first: Any) -> dict[str, Any]:
+    loss_of = _loss_fn(model)
+    records, _ = capture_records(model, lambda: loss_of(model(first[0]), first[1]), layers)
+    return records
+
+
+def _hand_plan(
+    model: nn.Module, layers: list[str], records: dict[str, Any], kind: str, budget: int = HUGE
+) -> SwapPlan:
+    """Hand-made plans: every tensor swapped, prefetched just in time, at the turn, late..."""
+    decisions = []
+    if kind != "none":
+        for i, layer in enumerate(layers):
+            for record in records[layer]:
+                later = layers[i + 1] if i + 1 < len(layers) else None
+                out_after = {"out-late": layers[-1]}.get(kind, layer)
+                prefetch = {"turn": None, "late": layer}.get(kind, later)
+                if kind == "half" and record.index % 2:
+                    continue
+                decisions.append(SwapDecision(layer, record.index, record.bytes, out_after, prefetch))
+    name = getattr(model, "name", "user")
+    return SwapPlan(kind, name, tuple(layers), (GpuPlan("gpu0", 0, budget, 0.0, tuple(decisions)),))
+
+
+def _train(
+    model: nn.Module,
+    batches: Callable[[int], Any],
+    executor: SwapExecutor | None,
+) -> tuple[list[float], str, list[StepStats]]:
+    loss_of = _loss_fn(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses, stats = [], []
+    for step in range(STEPS):
+        inputs, targets = batches(step)
+
+        def forward_loss(inputs: torch.Tensor = inputs, targets: torch.Tensor = targets) -> Any:
+            return loss_of(model(inputs), targets)
+
+        if executor is None:
+            loss = forward_loss()
+            loss.backward()
+        else:
+            loss, step_stats = executor.train_step(forward_loss)
+            stats.append(step_stats)
+            assert executor.live_bytes == 0  # every saved byte let go after the backward
+        losses.append(loss.item())
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses, _sha256(model), stats
+
+
+def _reference(name: str) -> tuple[list[float], str]:
+    model, _, batches = _setup(name)
+    losses, sha, _ = _train(model, batches, None)
+    return losses, sha
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Any:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+KINDS = ["none", "jit", "turn", "out-late", "half", "late"]
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "resnet18", "user"])
+def test_hand_made_plans_train_bit_for_bit_like_plain_pytorch(name: str) -> None:
+    expected = _reference(name)
+    total_saved = None
+    for kind in KINDS:
+        model, layers, batches = _setup(name)
+        records = _records(model, layers, batches(0))
+        names = layers or list(model.layer_names)  # type: ignore[attr-defined]
+        all_bytes = sum(r.bytes for layer in names for r in records[layer])
+        plan = _hand_plan(model, names, records, kind)
+        executor = SwapExecutor(model, plan, layers=layers)
+        losses, sha, stats = _train(model, batches, executor)
+        assert (losses, sha) == expected, kind
+        swapped = sum(d.bytes for d in plan.gpus[0].swaps)
+        assert all(s.swapped_bytes == swapped == s.prefetched_bytes for s in stats), kind
+        peak = max(s.peak_saved_bytes for s in stats)
+        if kind == "none":
+            # Nothing swapped: every saved tensor is alive at the turn, and only then.
+            assert peak == all_bytes
+            total_saved = all_bytes
+        elif kind in ("jit", "half"):
+            assert peak < total_saved, kind  # swapping made room
+        late = sum(s.late_fetches for s in stats)
+        if kind == "late":
+            # Prefetched only after their own layer's backward: each one is fetched late
+            # (but the first layer's: its input needs no gradient, so its hook fires early).
+            not_first = [d for d in plan.gpus[0].swaps if d.layer != names[0]]
+            assert late == STEPS * len(not_first)
+        else:
+            assert late == 0, kind
+        executor.close()
+
+
+def _profile_and_plans(footprint_ratio: float) -> tuple[Any, dict[str, SwapPlan]]:
+    profile = measure("gpt2-tiny", 4, seq_len=32, warmup=0, repeats=1)
+    topology = preset("switch-4")
+    plans = {}
+    for policy in POLICIES:
+        ratio = 1.0 if policy == "none" else footprint_ratio
+        result = make_plan(
+            profile, topology, policy=policy, gpus=2, footprint_ratio=ratio, time_limit_s=20
+        )
+        plans[policy] = result.plan
+    return profile, plans
+
+
+def test_planned_policies_keep_the_budget_and_the_bits() -> None:
+    expected = _reference("gpt2-tiny")
+    profile, plans = _profile_and_plans(1.5)
+    for policy, plan in plans.items():
+        for rank in (0, 1):
+            model, _, batches = _setup("gpt2-tiny")
+            executor = SwapExecutor(model, plan, rank=rank, profile=profile)
+            losses, sha, stats = _train(model, batches, executor)
+            assert (losses, sha) == expected, (policy, rank)
+            peak = max(s.peak_saved_bytes for s in stats)
+            assert peak <= executor.saved_budget_bytes, (policy, rank, peak)
+            assert stats[-1].swapped_bytes == plan.gpus[rank].swapped_bytes
+            if policy != "none":
+                assert plan.gpus[rank].swapped_bytes > 0
+            executor.close()
+
+
+def test_host_pool_is_allocated_once_and_reused() -> None:
+    model, _, batches = _setup("gpt2-tiny")
+    first = batches(0)
+    records, _ = capture_records(model, lambda: model.loss(model(first[0]), first[1]))
+    plan = _hand_plan(model, model.layer_names, records, "jit")
+    executor = SwapExecutor(model, plan)
+    pointer = executor.pool.buffer.data_ptr()
+    _train(model, batches, executor)
+    assert executor.pool.allocations == 1
+    assert executor.pool.buffer.data_ptr() == pointer
+    assert executor.pool.slot_bytes == sum(d.bytes for d in plan.gpus[0].swaps)
+    assert not executor.pool.pinned  # plain host memory on the CPU
+
+
+def test_parameters_are_never_among_the_swapped_storages() -> None:
+    model, _, batches = _setup("gpt2-tiny")
+    first = batches(0)
+    records, pack_calls = capture_records(model, lambda: model.loss(model(first[0]), first[1]))
+    # Every layer with weights saves them for its backward; the capture marks those None.
+    assert any(None in calls for calls in pack_calls.values())
+    named = {key for calls in pack_calls.values() for key in calls if key is not None}
+    assert named == {(layer, r.index) for layer, recs in records.items() for r in recs}
+    pointers = [p.data_ptr() for p in model.parameters()]
+    plan = _hand_plan(model, model.layer_names, records, "jit")
+    _train(model, batches, SwapExecutor(model, plan))
+    assert [p.data_ptr() for p in model.parameters()] == pointers
+
+
+# ---- errors -----------------------------------------------------------------------------
+def _gpt_plan_and_model() -> tuple[nn.Module, SwapPlan, Any]:
+    model, _, batches = _setup("gpt2-tiny")
+    first = batches(0)
+    records, _ = capture_records(model, lambda: model.loss(model(first[0]), first[1]))
+    return model, _hand_plan(model, model.layer_names, records, "jit"), first
+
+
+def test_a_plan_naming_a_missing_layer_lists_the_close_names() -> None:
+    model, plan, _ = _gpt_plan_and_model()
+    swaps = plan.gpus[0].swaps
+    wrong = SwapDecision("blok1", 0, swaps[0].bytes, "blok1", "block2")
+    bad = SwapPlan("hand", plan.model, plan.layers, (GpuPlan("gpu0", 0, HUGE, 0.0, (wrong,)),))
+    with pytest.raises(PipeswapError, match="'blok1'.*did you mean 'block1'"):
+        SwapExecutor(model, bad)
+    renamed = SwapPlan("hand", plan.model, ("embed", "blocks0", *plan.layers[2:]), plan.gpus)
+    with pytest.raises(PipeswapError, match="did you mean 'block0'"):
+        SwapExecutor(model, renamed)
+    with pytest.raises(PipeswapError, match="no submodule 'encoder.9'.*'encoder.0'"):
+        SwapExecutor(UserNet(), plan, layers=["encoder.9", "head"])
+
+
+def test_a_plan_made_for_another_profile_is_refused() -> None:
+    model, plan, first = _gpt_plan_and_model()
+    other = SwapPlan("hand", "gpt2-micro", plan.layers, plan.gpus)
+    with pytest.raises(PipeswapError, match="made for model 'gpt2-micro'"):
+        SwapExecutor(model, other)
+    # Same model, another batch: the tensors' sizes give it away.
+    executor = SwapExecutor(model, plan)
+    half = first[0][:2], first[1][:2]
+    with pytest.raises(PipeswapError, match="made for another profile"):
+        executor.prepare(lambda: model.loss(model(half[0]), half[1]))
+    executor.close()
+    # Another dtype: the profile says float32, the model is bfloat16.
+    profile = measure("gpt2-tiny", 4, seq_len=32, warmup=0, repeats=1)
+    with pytest.raises(PipeswapError, match="float32 profile.*bfloat16"):
+        SwapExecutor(build_model("gpt2-tiny", dtype=torch.bfloat16), plan, profile=profile)
+
+
+def test_a_budget_the_plan_cannot_meet_says_by_how_much() -> None:
+    model, _, batches = _setup("gpt2-tiny")
+    first = batches(0)
+    records, _ = capture_records(model, lambda: model.loss(model(first[0]), first[1]))
+    total = sum(r.bytes for recs in records.values() for r in recs)
+    plan = _hand_plan(model, model.layer_names, records, "none", budget=total - 1000)
+    executor = SwapExecutor(model, plan)
+    with pytest.raises(PipeswapError, match="needs .* bytes, 1000 bytes .* more"):
+        executor.prepare(lambda: model.loss(model(first[0]), first[1]))
+    # The same budget with everything swapped just in time fits.
+    fitting = _hand_plan(model, model.layer_names, records, "jit", budget=total - 1000)
+    SwapExecutor(model, fitting).prepare(lambda: model.loss(model(first[0]), first[1]))
+
+
+def test_a_rank_the_plan_does_not_cover_is_refused() -> None:
+    model, plan, _ = _gpt_plan_and_model()
+    with pytest.raises(PipeswapError, match="no part for rank 3"):
+        SwapExecutor(model, plan, rank=3)
+
+
+def test_steps_need_prepare_first_and_a_non_zoo_model_needs_layers() -> None:
+    model, plan, first = _gpt_plan_and_model()
+    executor = SwapExecutor(model, plan)
+    with pytest.raises(PipeswapError, match="prepare"):
+        with executor.forward():
+            pass
+    with pytest.raises(PipeswapError, match="list of submodule names"):
+        SwapExecutor(UserNet(), plan)
+
+
+def test_prepare_leaves_batchnorm_statistics_untouched() -> None:
+    model, _, batches = _setup("resnet18")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    first = batches(0)
+    capture_records(model, lambda: model.loss(model(first[0]), first[1]))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+# ---- CUDA -------------------------------------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_swapping_is_transparent_and_saves_memory() -> None:
+    device = torch.device("cuda")
+
+    def run(kind: str | None) -> tuple[list[float], str, int]:
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(1024, 1024), nn.Tanh()) for _ in range(8)])
+        model.to(device)
+        layers = [str(i) for i in range(8)]
+        gen = torch.Generator().manual_seed(3)
+        data = [(torch.randn(2048, 1024, generator=gen).to(device),
+                 torch.randint(0, 1024, (2048,), generator=gen).to(device)) for _ in range(3)]  # fmt: skip
+        executor = None
+        if kind is not None:
+            x0, y0 = data[0]
+            records, _ = capture_records(
+                model, lambda: nn.functional.cross_entropy(model(x0), y0), layers
+            )
+            plan = _hand_plan(model, layers, records, kind)
+            executor = SwapExecutor(model, plan, layers=layers)
+            executor.prepare(lambda: nn.functional.cross_entropy(model(x0), y0))
+            assert executor.pool.pinned and not executor.account
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        losses = []
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        for x, y in data:
+            def forward_loss(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+                return nn.functional.cross_entropy(model(x), y)
+
+            if executor is None:
+                loss = forward_loss()
+                loss.backward()
+            else:
+                loss, _ = executor.train_step(forward_loss)
+            losses.append(loss.item())
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+        torch.cuda.synchronize()
+        digest = hashlib.sha256()
+        for _, param in sorted(model.named_parameters()):
+            digest.update(param.detach().cpu().numpy().tobytes())
+        return losses, digest.hexdigest(), torch.cuda.max_memory_allocated()
+
+    plain_losses, plain_sha, plain_peak = run(None)
+    jit_losses, jit_sha, jit_peak = run("jit")
+    late_losses, late_sha, _ = run("late")
+    assert (jit_losses, jit_sha) == (plain_losses, plain_sha)
+    assert (late_losses, late_sha) == (plain_losses, plain_sha)
+    assert jit_peak < plain_peak

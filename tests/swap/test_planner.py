@@ -1,0 +1,60 @@
+"""make_plan: budgets, error messages, and that the exported graph reproduces the numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeswap.errors import PipeswapError
+from pipeswap.hardware.presets import preset
+from pipeswap.sim.engine import simulate
+from pipeswap.sim.graph import TaskGraph
+from pipeswap.swap.planner import make_plan
+from pipeswap.swap.workload import workload_from_profile
+
+GB = 10**9
+
+
+def test_budget_below_the_unswappable_minimum_names_the_smallest_that_works(make_profile) -> None:
+    profile = make_profile([(4,), (2,), (3,)], workspace_bytes=GB)
+    smallest = workload_from_profile(profile).min_budget_bytes()
+    with pytest.raises(PipeswapError, match=f"smallest budget that works is {smallest} bytes"):
+        make_plan(profile, preset("switch-4"), policy="disjoint", gpu_memory_bytes=smallest - 1)
+    result = make_plan(profile, preset("switch-4"), policy="disjoint", gpu_memory_bytes=smallest)
+    assert all(g.peak_bytes <= smallest for g in result.gpus)
+
+
+def test_footprint_ratio_divides_the_no_swap_peak(make_profile) -> None:
+    profile = make_profile([(4,), (2,), (3,)])
+    peak = workload_from_profile(profile).no_swap_peak_bytes()
+    result = make_plan(profile, preset("switch-4"), policy="oblivious", footprint_ratio=1.5, gpus=1)
+    assert result.budget_bytes == int(peak / 1.5)
+    assert [g.gpu for g in result.gpus] == ["gpu0"]
+
+
+def test_none_reports_the_failure_when_the_peak_does_not_fit(make_profile) -> None:
+    result = make_plan(make_profile([(4,), (2,), (3,)]), preset("switch-4"), policy="none",
+                       footprint_ratio=1.5)
+    assert not result.fits
+    assert "does not fit" in result.notes["failure"]
+    assert result.gpus[0].peak_bytes > result.budget_bytes
+
+
+@pytest.mark.parametrize("policy", ["oblivious", "disjoint", "bidirectional", "mip", "auto"])
+def test_exported_graph_reproduces_iteration_and_budget(make_profile, policy) -> None:
+    profile = make_profile([(3, 1), (2,), (4, 2), (1,), (2, 2)], 0.1, 0.2)
+    result = make_plan(profile, preset("switch-4"), policy=policy, footprint_ratio=1.7,
+                       sync_every=2, time_limit_s=5)
+    graph = TaskGraph.from_json(result.graph.to_json())
+    again = simulate(graph, preset("switch-4"), gpu_memory_bytes=result.budget_bytes)
+    assert again.makespan_s == result.iteration_s
+    assert all(s.peak_bytes <= result.budget_bytes for s in again.gpus.values())
+    result.plan.validate(profile)
+    assert result.plan.predicted_iteration_s == result.iteration_s
+
+
+def test_unknown_policy_and_gpu_count_are_refused(make_profile) -> None:
+    profile = make_profile([(1,)] * 2)
+    with pytest.raises(PipeswapError, match="use one of none, oblivious"):
+        make_plan(profile, preset("switch-4"), policy="greedy", footprint_ratio=1.0)
+    with pytest.raises(PipeswapError, match="use 1 to 4"):
+        make_plan(profile, preset("switch-4"), policy="none", gpus=9, footprint_ratio=1.0)
