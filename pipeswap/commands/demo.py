@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+# A step's command line, or a function that makes it once the steps before it have run.
+Argv = list[str] | Callable[[], list[str]]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def demo_commands(out: Path) -> list[tuple[str, list[str]]]:
+def _budget_of(plan_path: Path) -> str:
+    """The per-GPU budget a plan was made for, as `--gpu-memory` takes it."""
+    plan = json.loads(plan_path.read_text())
+    return str(plan["gpus"][0]["budget_bytes"])
+
+
+def demo_commands(out: Path) -> list[tuple[str, Argv]]:
     """The demo's steps: a title and the argv of one `pipeswap` command each."""
     return [
         ("Where am I running?", ["env"]),
@@ -37,6 +48,24 @@ def demo_commands(out: Path) -> list[tuple[str, list[str]]]:
              "--estimate", "--gpu", "v100-32gb", "--out", str(out / "gpt2-large.json")],
         ),
         ("The server we plan for", ["topology", "show", "switch-4"]),
+        (
+            "Plan swapping for 4 data-parallel GPUs at 1.5x their memory, every policy",
+            ["plan", "--profile", str(out / "gpt2-large.json"), "--topology", "switch-4",
+             "--footprint-ratio", "1.5", "--sync-every", "4", "--compare", "--time-limit", "10",
+             "--out", str(out / "plan.json"), "--graph-out", str(out / "plan-graph.json"),
+             "--timeline", str(out / "plan.png")],
+        ),
+        (
+            "Audit the chosen plan: re-simulate the exact graph it was scored on",
+            lambda: ["simulate", "--graph", str(out / "plan-graph.json"), "--topology",
+                     "switch-4", "--gpu-memory", _budget_of(out / "plan.json")],
+        ),
+        (
+            "Apply a plan to real training: 2 data-parallel ranks over gloo, swapping",
+            ["train", "--model", "gpt2-tiny", "--batch", "8", "--seq-len", "64", "--steps", "5",
+             "--nproc", "2", "--swap-policy", "disjoint", "--footprint-ratio", "1.5",
+             "--report", str(out / "swap-train.json")],
+        ),
         (
             "A pipeline that never flushes: 4 stages, one-forward-one-backward",
             ["schedule", "show", "--schedule", "async-1f1b", "--stages", "4", "--steps", "6"],
@@ -63,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     steps = demo_commands(out)
     started = time.perf_counter()
-    for number, (title, argv) in enumerate(steps, start=1):
+    for number, (title, step) in enumerate(steps, start=1):
+        argv = step() if callable(step) else step
         print(f"\n=== {number}/{len(steps)} {title}")
         print(f"$ pipeswap {shlex.join(argv)}", flush=True)
         status = main(argv)
