@@ -118,7 +118,7 @@ def _single_gpu(profile: Profile, ratio: float,
 def _case_line(row: Row) -> str:
     times = " ".join(f"{p}={r.iteration_s:.3f}" for p, r in row.results.items())
     return (f"{row.model} {row.topology} x{row.ratio} K={row.sync_every} "
-            f"bound={row.best.lower_bound_s:.3f} {times}")
+            f"bound={row.best.lower_bound_s:.3f} turn={row.best.turn_bound_s:.3f} {times}")
 
 
 def _pct(value: float) -> str:
@@ -133,7 +133,8 @@ def report(rows: list[Row], single: list[Single], refused: list[str], grid: Grid
         f"Command: `{command}`  ",
         f"Machine: {platform.node() or 'unknown'}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}  ",
-        f"Date: {datetime.date.today().isoformat()}; wall time {elapsed_s:.0f} s  ",
+        f"Date: {datetime.date.today().isoformat()}; wall time {elapsed_s:.0f} s "
+        f"({elapsed_s / 60:.1f} min, from the first profile estimate to the last plan)  ",
         "Profiles: `pipeswap.profiling.estimate(model, gpu=\"v100-32gb\")` (FLOP-count "
         "estimates, not measurements); budgets: the no-swap peak divided by the footprint "
         f"ratio; PCIe gen3 presets (12 GB/s per direction); MIP time limit {grid.time_limit_s:g} s "
@@ -143,27 +144,33 @@ def report(rows: list[Row], single: list[Single], refused: list[str], grid: Grid
         "## Every case",
         "",
         "Iteration time in seconds; in brackets the speedup over `oblivious` (ratio of "
-        "iteration times, same run) and the gap of the plan to the lower bound.",
+        "iteration times, same run) and the gap of the plan to the best bound known (the "
+        "larger of the design.md link bound and the turn bound, see below).",
         "",
-        "| model | topology | ratio | K | bound s | " + " | ".join(POLICIES) + " | best |",
-        "|---|---|---|---|---|" + "---|" * len(POLICIES) + "---|",
+        "| model | topology | ratio | K | link bound s | turn bound s | "
+        + " | ".join(POLICIES) + " | best |",
+        "|---|---|---|---|---|---|" + "---|" * len(POLICIES) + "---|",
     ]
     for row in rows:
         cells = []
         for policy in POLICIES:
             r = row.results[policy]
-            cells.append(f"{r.iteration_s:.3f} ({row.speedup(policy):.3f}x, {_pct(r.gap_to_bound)})")
+            cells.append(
+                f"{r.iteration_s:.3f} ({row.speedup(policy):.3f}x, {_pct(r.gap_to_best_bound)})"
+            )
         lines.append(
             f"| {row.model} | {row.topology} | {row.ratio} | {row.sync_every} | "
-            f"{row.best.lower_bound_s:.3f} | " + " | ".join(cells) + f" | {row.best.policy} |"
+            f"{row.best.lower_bound_s:.3f} | {row.best.turn_bound_s:.3f} | "
+            + " | ".join(cells) + f" | {row.best.policy} |"
         )
     lines += ["", "## Means per footprint ratio", "",
               "Mean speedup of each policy over `oblivious` (iteration-time ratio - 1), and the "
-              "mean gap of the best plan to the lower bound; published: the HPCA 2023 averages "
-              "over a contention-oblivious baseline (real servers, their models).", "",
+              "mean gap of the best plan to the design.md link bound and to the best bound known; "
+              "published: the HPCA 2023 averages over a contention-oblivious baseline (real "
+              "servers, their models).", "",
               "| ratio | cases | " + " | ".join(p for p in POLICIES if p != "oblivious")
-              + " | best | best gap to bound | published |",
-              "|---|---|" + "---|" * (len(POLICIES) - 1) + "---|---|---|"]
+              + " | best | best gap to link bound | best gap to best bound | published |",
+              "|---|---|" + "---|" * (len(POLICIES) - 1) + "---|---|---|---|"]
     for ratio in grid.ratios:
         subset = [r for r in rows if r.ratio == ratio]
         if not subset:
@@ -172,15 +179,17 @@ def report(rows: list[Row], single: list[Single], refused: list[str], grid: Grid
                  if p != "oblivious"]
         best = statistics.mean(r.speedup(r.best.policy) for r in subset) - 1
         gap = statistics.mean(r.best.gap_to_bound for r in subset)
+        gap_best = statistics.mean(r.best.gap_to_best_bound for r in subset)
         published = f"{PUBLISHED[ratio]:.1f}%" if ratio in PUBLISHED else "-"
         lines.append(f"| {ratio} | {len(subset)} | " + " | ".join(_pct(m) for m in means)
-                     + f" | {_pct(best)} | {_pct(gap)} | {published} |")
+                     + f" | {_pct(best)} | {_pct(gap)} | {_pct(gap_best)} | {published} |")
     for sync_every in grid.sync_every:
         subset = [r for r in rows if r.sync_every == sync_every]
         best = statistics.mean(r.speedup(r.best.policy) for r in subset) - 1
         lines.append(f"\nWith --sync-every {sync_every}: best policy {_pct(best)} over oblivious "
                      f"on average ({len(subset)} cases).")
     lines += _checks(rows)
+    lines += ["", BOUNDS_NOTE.rstrip()]
     if refused:
         lines += ["", "## Cases the planner refuses", ""]
         lines += [f"- {reason}" for reason in refused]
@@ -197,6 +206,49 @@ def report(rows: list[Row], single: list[Single], refused: list[str], grid: Grid
     return "\n".join(lines) + "\n"
 
 
+BOUNDS_NOTE = """\
+## The two bounds, and why the gap to design.md's bound cannot reach 5%
+
+**Link bound** (design.md, `lower_bound_s`): max(compute of the busiest GPU, for every
+directed link the bytes that must cross it / its bandwidth), where each GPU moves at least
+D = peak - budget bytes each way per micro-batch. It lets the bytes move at any moment of
+the iteration.
+
+**Turn bound** (`turn_bound_s`, derivation in `pipeswap/swap/bounds.py`): the bytes that
+are off the GPU at a layer must have *finished* their swap-out before that layer's forward
+starts (and could only leave after the forward that made them), and must *start* coming
+back after that layer's backward starts and finish before their own backward. On a GPU
+whose own path carries B bytes/s per direction, a micro-batch therefore takes at least
+max(F, D/B) + max(Bk, D/B) (F, Bk: forward and backward compute), and the exact
+longest-path recursion over every layer's need, which is tighter; micro-batches are
+serial, so K of them plus the last gradient bucket's all-reduce and the optimizer step
+bound the iteration. For a link shared by G GPUs, the K*G*need bytes must cross it after
+the first forward ends and before the last micro-batch reaches that layer, whatever the
+offsets: F_0 + K*G*need/C + (the compute left after that layer) bounds it too, and the
+mirror for prefetches. Both bounds hold for every plan the iteration graph can express
+(any tensors, points, offsets, sync-every, one or two copy engines): the tests check it
+on random small workloads with random plans and random offsets (`tests/swap/test_bounds.py`),
+and the checks below count the benchmark's plans that beat either (none may).
+
+Why the target "mean gap to the lower bound at most 5%" is not reachable against the link
+bound with honest physics: on PCIe gen3 (12 GB/s per direction, the measured figure of
+reference/hardware.md), resnet152 at ratio 1.5 must move D = 7.8 GB each way per
+micro-batch; one GPU alone needs D/B = 0.65 s to move it but its forward lasts 0.46 s, so
+even a GPU with the link to itself cannot run a micro-batch in the 1.30 s compute time the
+link bound allows (at least 0.65 + 0.84 = 1.49 s). With two GPUs behind one switch and
+K = 1, the 2 x 7.8 GB cannot start leaving before the first forward layer ends and must be
+gone before the last forward layers, so the iteration takes at least 2.16 s against the
+link bound's 1.31 s. No plan can close those gaps; the turn bound states them.
+
+What remains above the best bound is mostly the offset of bidirectional overlapping: the
+late GPU of each channel starts later by about one GPU's swap-out time (or one forward
+pass) and pays it once per gradient sync, which neither bound charges (a shared-link
+bound that stays valid under offsets cannot); with K = 1 the two bounds leave little
+room, with K = 4 the offset is amortized but the per-GPU turn bound does not see the
+channel being shared in the steady state.
+"""
+
+
 def _checks(rows: list[Row]) -> list[str]:
     slower = [r for r in rows
               if any(r.results["mip"].iteration_s > r.results[h].iteration_s + 1e-9
@@ -205,6 +257,13 @@ def _checks(rows: list[Row]) -> list[str]:
     over_budget = [r for r in rows for res in r.results.values()
                    for g in res.gpus if g.peak_bytes > g.budget_bytes]
     gap = statistics.mean(r.best.gap_to_bound for r in rows)
+    gap_best = statistics.mean(r.best.gap_to_best_bound for r in rows)
+    by_k = {
+        k: statistics.mean(r.best.gap_to_best_bound for r in rows if r.sync_every == k)
+        for k in sorted({r.sync_every for r in rows})
+    }
+    beaten = [r for r in rows for res in r.results.values()
+              if res.iteration_s < res.bound_s * (1 - 1e-9)]
     mip_kept = sum(1 for r in rows if str(r.results["mip"].notes.get("kept", "")).startswith("mip"))
     return [
         "",
@@ -212,8 +271,12 @@ def _checks(rows: list[Row]) -> list[str]:
         "",
         f"- mip slower than some heuristic: {len(slower)} of {len(rows)} cases.",
         f"- mip's own plan kept (simulated faster than its warm start): {mip_kept} of {len(rows)}.",
-        f"- mean gap of the best policy to the lower bound: {100 * gap:.2f}% "
+        f"- mean gap of the best policy to the design.md lower bound: {100 * gap:.2f}% "
         f"(target: at most 5%).",
+        f"- mean gap of the best policy to the best bound known (max of link and turn "
+        f"bounds): {100 * gap_best:.2f}% ("
+        + ", ".join(f"K={k}: {100 * v:.2f}%" for k, v in by_k.items()) + ").",
+        f"- plans faster than a bound (would mean a bound is wrong): {len(beaten)}.",
         f"- slowest heuristic plan (including its simulation): {plan_s:.2f} s (target: under 2 s).",
         f"- GPUs over budget in simulation: {len(over_budget)}.",
     ]

@@ -140,6 +140,8 @@ def plan_table(result: PlanResult) -> str:
         f"compute_s      {result.compute_s:.4f}",
         f"lower_bound_s  {result.lower_bound_s:.4f}  (binding: {result.bound.binding}; "
         f"plan is {_gap(result.gap_to_bound)} above)",
+        f"turn_bound_s   {result.turn_bound_s:.4f}  (binding: {result.turn.binding}; "
+        f"plan is {_gap(result.iteration_s / result.turn_bound_s - 1)} above)",
         f"solve_s        {result.solve_s:.3f}",
         f"mip_gap        {_gap(result.mip_gap)}",
     ]
@@ -176,5 +178,6 @@ def compare_table(results: list[PlanResult]) -> str:
             f"{max(g.stall_s for g in r.gpus):>8.4f}"
         )
     lines.append(f"auto keeps {best.policy} ({best.iteration_s:.4f} s); lower bound "
-                 f"{best.lower_bound_s:.4f} s; budget {format_bytes(best.budget_bytes)} per GPU")
+                 f"{best.lower_bound_s:.4f} s, turn bound {best.turn_bound_s:.4f} s; budget "
+                 f"{format_bytes(best.budget_bytes)} per GPU")
     return "\n".join(lines)

@@ -1,4 +1,60 @@
-"""The lower bound of a swap plan's iteration time (design.md): compute or link bytes."""
+"""Lower bounds of a swap plan's iteration time: design.md's link bound and the turn bound.
+
+Two bounds, both valid for every plan the iteration graph can express (any tensors, any
+swap-out and prefetch points, any start offsets, any ``--sync-every``), and the planner
+reports the larger as the best bound known.
+
+**Link bound** (design.md, ``lower_bound``): the iteration takes at least the compute of
+the busiest GPU, and at least, for every directed link, the bytes that must cross it
+divided by its bandwidth, where every GPU moves at least ``peak - budget`` bytes each way
+per micro-batch (and the ring all-reduce 2(n-1)/n of the gradients over its first hop).
+
+**Turn bound** (``turn_bound``). The link bound lets a GPU move its bytes at any moment
+of the iteration; it cannot. Take one micro-batch on GPU g, whose own path to host memory
+carries at most ``B`` bytes/s per direction (the slowest link of the path; sharing, a
+single copy engine or duplex loss only lower it). Let ``need[i]`` be the bytes of layers
+before ``i`` that must be off the GPU while layer ``i`` runs (``Workload.needs``; its
+largest value is ``D = peak - budget``) and ``cum(<k)`` the saved bytes of layers before
+``k``. Forward ``i`` starts at ``T_i`` and ends at ``E_i = T_i + F_i``; backward ``j``
+starts at ``S_j``.
+
+* Forward: at ``T_i`` at least ``need[i]`` bytes have *finished* their swap-out (memory
+  is freed when a copy ends). At most ``cum(<k)`` of them belong to layers before ``k``;
+  the rest belong to layers ``k..i-1``, which exist only from ``E_k`` on, and went out
+  one after another at rate at most ``B``. Hence, for every ``k < i``,
+  ``T_i >= E_k + (need[i] - cum(<k)) / B``, and ``T_i >= E_{i-1}``.
+* Backward, the mirror image: at ``S_j`` at least ``need[j]`` bytes of layers before
+  ``j`` have not *started* their prefetch (memory is taken when it starts); those of
+  layers ``k..j-1`` must be back before ``S_k``. Hence ``S_k >= S_j + (need[j] -
+  cum(<k)) / B`` for every ``k < j``, and ``S_k >= S_{k+1} + Bk_{k+1}``; ``S_{L-1}``
+  is the turn ``E_{L-1}``.
+
+This longest-path recursion gives the shortest possible micro-batch ``M_g`` of GPU g;
+with ``k = 0`` and ``i`` the peak layer it contains the simple form
+``M_g >= max(F, D/B) + max(Bk, D/B)`` (F, Bk: forward and backward compute of a
+micro-batch): the bytes leave during the forward and come back during the backward.
+Micro-batches run one after another on the compute stream, so an iteration takes at least
+``offset + K * M_g`` to its last backward, then the last gradient bucket's ring
+all-reduce (it needs every GPU's last backward; each of its 2(n-1) steps sends
+``bucket / n`` bytes over every GPU's first hop; counted when layer 0 closes that
+bucket) and the optimizer step:
+``turn bound = max_g K * M_g + tail + step``. Offsets are at least 0, the all-reduce of
+earlier buckets and contention with other GPUs only add time, so the bound holds for
+every plan.
+
+**Shared channels, valid under any offsets.** A link ``l`` of capacity ``C`` that the
+swaps of GPUs ``G_l`` cross carries, per micro-batch and GPU, the ``need[i]`` bytes that
+must have left before forward ``i``. Every one of them leaves after the first forward of
+the iteration ends (time >= ``F_0``, offsets only delay) and before forward ``i`` of the
+last micro-batch starts, which is at least ``F_{>=i} + Bk + tail`` before the end. So the
+iteration takes at least ``F_0 + K |G_l| need[i] / C + F_{>=i} + Bk + tail``. Mirrored for
+prefetches: the ``need[j]`` bytes off the GPU at backward ``j`` come back after backward
+``j`` of the first micro-batch starts (>= ``F + Bk_{>j}``) and before the last backward
+starts: ``F + Bk_{>j} + K |G_l| need[j] / C + Bk_0 + tail``. The turn bound is the
+largest of these and the per-GPU term. With ``K = 1`` the edges (compute during which the
+shared link cannot help) are what the link bound misses; with larger ``K`` they are
+amortized and both bounds meet.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeswap.hardware.topology import Topology
-from pipeswap.swap.workload import Workload
+from pipeswap.swap.workload import Workload, gradient_buckets
 
 
 @dataclass(frozen=True)
@@ -24,6 +80,21 @@ class LowerBound:
     binding: str
 
 
+@dataclass(frozen=True)
+class TurnBound:
+    """The turn bound (module docstring): ``bound_s = max_g K * microbatch_s[g] + tail``.
+
+    ``microbatch_s`` is each GPU's shortest possible micro-batch; ``tail_s`` the last
+    bucket's all-reduce plus the optimizer step; ``binding`` the GPU that sets the bound.
+    """
+
+    bound_s: float
+    microbatch_s: dict[str, float]
+    tail_s: float
+    channel_s: dict[str, float]
+    binding: str
+
+
 def lower_bound(
     workload: Workload,
     topology: Topology,
@@ -32,7 +103,7 @@ def lower_bound(
     *,
     sync_every: int = 1,
 ) -> LowerBound:
-    """No plan can run one iteration faster than this.
+    """No plan can run one iteration faster than this (design.md's formula).
 
     Each micro-batch, a GPU must move at least ``peak - budget`` bytes to host and the same
     back; with more than one GPU, the ring all-reduce moves at least 2(n-1)/n of the
@@ -74,3 +145,114 @@ def lower_bound(
         link_s=link_s,
         binding=binding,
     )
+
+
+def shortest_microbatch_s(workload: Workload, budget_bytes: int, bytes_per_s: float) -> float:
+    """The shortest micro-batch any plan can achieve on a path of ``bytes_per_s`` per
+    direction: the forward and backward recursions of the module docstring."""
+    needs = workload.needs(budget_bytes)
+    before: list[int] = []  # cum(<k)
+    total = 0
+    for saved in workload.saved_bytes:
+        before.append(total)
+        total += saved
+    n = workload.num_layers
+    forward_end: list[float] = []
+    start = 0.0
+    for i in range(n):
+        for k in range(i):
+            if needs[i] > before[k]:
+                start = max(start, forward_end[k] + (needs[i] - before[k]) / bytes_per_s)
+        forward_end.append(start + workload.forward_s[i])
+        start = forward_end[-1]
+    backward_start = [0.0] * n
+    backward_start[n - 1] = forward_end[-1]
+    for k in reversed(range(n - 1)):
+        at = backward_start[k + 1] + workload.backward_s[k + 1]
+        for j in range(k + 1, n):
+            if needs[j] > before[k]:
+                at = max(at, backward_start[j] + (needs[j] - before[k]) / bytes_per_s)
+        backward_start[k] = at
+    return backward_start[0] + workload.backward_s[0]
+
+
+def turn_bound(
+    workload: Workload,
+    topology: Topology,
+    gpus: Sequence[str],
+    budget_bytes: int,
+    *,
+    sync_every: int = 1,
+    bucket_bytes: int | None = None,
+) -> TurnBound:
+    """No plan can run one iteration faster than this (the turn bound, module docstring).
+
+    ``bucket_bytes`` (the all-reduce bucket size) adds the last bucket's all-reduce to the
+    tail; None leaves it out (still a bound, a looser one).
+    """
+    micro: dict[str, float] = {}
+    for gpu in gpus:
+        hops = topology.path(gpu, topology.host_of(gpu))
+        bandwidth = min(topology.links[link].bytes_per_s for link, _ in hops)
+        micro[gpu] = shortest_microbatch_s(workload, budget_bytes, bandwidth)
+    tail = workload.optimizer_step_s
+    n = len(gpus)
+    if n > 1 and bucket_bytes is not None:
+        buckets = gradient_buckets(workload, bucket_bytes)
+        # Only a bucket closed by layer 0's backward must start after the last backward.
+        if buckets and buckets[-1][1] == 0:
+            last_bytes = buckets[-1][0]
+            first_hop = min(
+                topology.links[topology.path(g, topology.host_of(g))[0][0]].bytes_per_s
+                for g in gpus
+            )
+            tail += 2 * (n - 1) * (last_bytes / n) / first_hop
+    slowest = max(micro, key=lambda g: micro[g])
+    terms = {slowest: sync_every * micro[slowest] + tail}
+    channel = _channel_terms(workload, topology, gpus, budget_bytes, sync_every, tail)
+    terms.update(channel)
+    binding = max(terms, key=lambda name: terms[name])
+    return TurnBound(
+        bound_s=terms[binding],
+        microbatch_s=micro,
+        tail_s=tail,
+        channel_s=channel,
+        binding=binding,
+    )
+
+
+def _channel_terms(
+    workload: Workload,
+    topology: Topology,
+    gpus: Sequence[str],
+    budget_bytes: int,
+    sync_every: int,
+    tail: float,
+) -> dict[str, float]:
+    """Per directed link: the shared-channel term of the module docstring."""
+    needs = workload.needs(budget_bytes)
+    if not any(needs):
+        return {}
+    n = workload.num_layers
+    forward, backward = workload.forward_s, workload.backward_s
+    total_forward, total_backward = sum(forward), sum(backward)
+    # The best layer to cut at, per unit of bytes per second: max over i of
+    # head_i + K * users * need[i] / C + rest_i, evaluated per link below.
+    up_edges = [(forward[0], sum(forward[i:]) + total_backward + tail) for i in range(n)]
+    down_edges = [
+        (total_forward + sum(backward[j + 1:]), backward[0] + tail) for j in range(n)
+    ]
+    users: dict[int, int] = {}
+    for gpu in gpus:
+        for link, _ in topology.path(gpu, topology.host_of(gpu)):
+            users[link] = users.get(link, 0) + 1
+    terms: dict[str, float] = {}
+    for link, count in users.items():
+        edge = topology.links[link]
+        rate = edge.bytes_per_s / (sync_every * count)
+        for name, edges in ((f"{edge.a}<->{edge.b} swap-outs", up_edges),
+                            (f"{edge.a}<->{edge.b} prefetches", down_edges)):
+            terms[name] = max(
+                head + need / rate + rest for need, (head, rest) in zip(needs, edges) if need
+            )
+    return terms

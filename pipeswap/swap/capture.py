@@ -157,7 +157,12 @@ def check_budget(
 def check_plan_identity(
     plan: SwapPlan, model: nn.Module, layer_names: list[str], profile: Profile | None
 ) -> None:
-    """Refuse a plan made for another model, other layers, or (with a profile) another dtype."""
+    """Refuse a plan made for another model, other layers, another dtype, or (with a
+    profile) another batch, sequence length or image size.
+
+    The plan records the profile it was made for (model, batch, dtype, seq_len,
+    image_size); plans written before it did are checked on what they have.
+    """
     name = getattr(model, "name", None)
     if isinstance(name, str) and plan.model != name:
         raise PipeswapError(
@@ -175,13 +180,24 @@ def check_plan_identity(
             f"the plan's layers {list(plan.layers)} are not the model's layers "
             f"{layer_names} in forward order; make the plan from this model's profile"
         )
+    dtypes = {str(p.dtype).removeprefix("torch.") for p in model.parameters()}
+    if plan.dtype is not None and dtypes and plan.dtype not in dtypes:
+        raise PipeswapError(
+            f"the plan was made for a {plan.dtype} profile but the model's parameters "
+            f"are {', '.join(sorted(dtypes))}; profile and plan again in this dtype"
+        )
     if profile is None:
         return
     if profile.model != plan.model:
         raise PipeswapError(
             f"the plan was made for {plan.model!r} but the profile is of {profile.model!r}"
         )
-    dtypes = {str(p.dtype).removeprefix("torch.") for p in model.parameters()}
+    mismatch = plan.profile_mismatch(profile)
+    if mismatch is not None:
+        raise PipeswapError(
+            f"the plan was made for another profile ({mismatch}); plan again from this "
+            "profile"
+        )
     if dtypes and profile.dtype not in dtypes:
         raise PipeswapError(
             f"the plan was made for a {profile.dtype} profile but the model's parameters "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from pipeswap.hardware.topology import Topology
 
@@ -59,3 +60,26 @@ def fair_share_bytes_per_s(topology: Topology, group: Sequence[str], gpu: str) -
         if gpu in members:
             share = min(share, topology.links[link].bytes_per_s / len(members))
     return share
+
+
+def group_shape(topology: Topology, group: Sequence[str]) -> tuple[Any, ...]:
+    """What a plan for ``group`` depends on: its members' paths, copy engines and shared
+    links (by bandwidth and member positions). Groups of equal shape are interchangeable."""
+    position = {gpu: k for k, gpu in enumerate(group)}
+    shared = sorted(
+        (topology.links[link].bytes_per_s, tuple(sorted(position[g] for g in members)))
+        for link, members in shared_links(topology, group).items()
+    )
+    own = tuple(path_bytes_per_s(topology, g) for g in group)
+    engines = tuple(topology.node(g).copy_engines for g in group)
+    return (own, engines, tuple(shared))
+
+
+def representative_group(topology: Topology, gpus: Sequence[str]) -> list[str] | None:
+    """One channel group standing for all, when there are several and all have one shape
+    (presets repeat a switch of two GPUs); None otherwise."""
+    groups = channel_groups(topology, gpus)
+    if len(groups) < 2:
+        return None
+    shapes = {group_shape(topology, group) for group in groups}
+    return groups[0] if len(shapes) == 1 else None

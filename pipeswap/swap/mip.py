@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeswap.swap.channels import path_bytes_per_s, shared_links
+from pipeswap.swap.channels import group_shape, path_bytes_per_s, shared_links
 from pipeswap.swap.policies import (
     HEURISTICS,
     Case,
@@ -45,14 +45,7 @@ class MipOutcome:
 
 def _group_key(case: Case, group: Sequence[str]) -> tuple[Any, ...]:
     # Channel groups with the same shape get the same solution (presets repeat shapes).
-    position = {gpu: k for k, gpu in enumerate(group)}
-    shared = sorted(
-        (case.topology.links[link].bytes_per_s, tuple(sorted(position[g] for g in members)))
-        for link, members in shared_links(case.topology, group).items()
-    )
-    own = tuple(path_bytes_per_s(case.topology, g) for g in group)
-    engines = tuple(case.topology.node(g).copy_engines for g in group)
-    return (own, engines, tuple(shared))
+    return group_shape(case.topology, group)
 
 
 def solve_group(

@@ -90,9 +90,12 @@ class GpuPlan:
 class SwapPlan:
     """Per-GPU swap decisions for one training iteration of a data-parallel job.
 
-    ``predicted_iteration_s`` is the simulated iteration time of the plan and
-    ``lower_bound_s`` the bound of design.md; ``notes`` holds policy-specific numbers
-    (e.g. the MIP's own estimate and gap).
+    ``predicted_iteration_s`` is the simulated iteration time of the plan,
+    ``lower_bound_s`` the bound of design.md and ``turn_bound_s`` the turn bound
+    (pipeswap.swap.bounds); ``notes`` holds policy-specific numbers (e.g. the MIP's own
+    estimate and gap). ``batch``, ``dtype``, ``seq_len`` and ``image_size`` record the
+    profile the plan was made for, so a runtime can refuse it for another profile even
+    when it swaps nothing; plans written before these fields existed load with None.
     """
 
     policy: str
@@ -104,6 +107,27 @@ class SwapPlan:
     predicted_iteration_s: float = 0.0
     lower_bound_s: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    batch: int | None = None
+    dtype: str | None = None
+    seq_len: int | None = None
+    image_size: int | None = None
+    turn_bound_s: float = 0.0
+
+    def profile_mismatch(self, profile: Profile) -> str | None:
+        """What differs between the profile this plan was made for and ``profile``, as
+        ``"batch 8 (plan) vs 4 (profile)"``; None when nothing recorded differs."""
+        differences = [
+            f"{name} {mine} (plan) vs {theirs} (profile)"
+            for name, mine, theirs in (
+                ("model", self.model, profile.model),
+                ("batch", self.batch, profile.batch),
+                ("dtype", self.dtype, profile.dtype),
+                ("seq_len", self.seq_len, profile.seq_len),
+                ("image_size", self.image_size, profile.image_size),
+            )
+            if mine is not None and mine != theirs
+        ]
+        return ", ".join(differences) or None
 
     def gpu_plan(self, gpu: str) -> GpuPlan:
         for plan in self.gpus:
@@ -126,6 +150,11 @@ class SwapPlan:
             "bucket_bytes": self.bucket_bytes,
             "predicted_iteration_s": self.predicted_iteration_s,
             "lower_bound_s": self.lower_bound_s,
+            "turn_bound_s": self.turn_bound_s,
+            "batch": self.batch,
+            "dtype": self.dtype,
+            "seq_len": self.seq_len,
+            "image_size": self.image_size,
             "notes": self.notes,
             "gpus": [g.to_json() for g in self.gpus],
         }
@@ -144,6 +173,11 @@ class SwapPlan:
                 predicted_iteration_s=float(obj.get("predicted_iteration_s", 0.0)),
                 lower_bound_s=float(obj.get("lower_bound_s", 0.0)),
                 notes=dict(obj.get("notes", {})),
+                batch=_optional_int(obj.get("batch")),
+                dtype=None if obj.get("dtype") is None else str(obj["dtype"]),
+                seq_len=_optional_int(obj.get("seq_len")),
+                image_size=_optional_int(obj.get("image_size")),
+                turn_bound_s=float(obj.get("turn_bound_s", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PipeswapError(f"{where}: malformed swap plan ({exc!r})") from None
@@ -156,8 +190,18 @@ class SwapPlan:
         return cls.from_json(load_json(path), where=str(path))
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def validate_plan(plan: SwapPlan, profile: Profile) -> None:
     names = profile.layer_names
+    mismatch = plan.profile_mismatch(profile)
+    if mismatch is not None:
+        raise PipeswapError(
+            f"the plan was made for another profile ({mismatch}); make the plan from this "
+            "profile"
+        )
     if list(plan.layers) != names:
         raise PipeswapError(
             f"the plan was made for layers {list(plan.layers)[:4]}... of {plan.model}, "

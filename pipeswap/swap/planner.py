@@ -13,7 +13,7 @@ from pipeswap.hardware.topology import Topology
 from pipeswap.profile import Profile
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
-from pipeswap.swap.bounds import LowerBound, lower_bound
+from pipeswap.swap.bounds import LowerBound, TurnBound, lower_bound, turn_bound
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.policies import HEURISTICS, Case
 from pipeswap.swap.scoring import Assignment, Scored
@@ -65,6 +65,7 @@ class PlanResult:
     iteration_s: float
     compute_s: float
     bound: LowerBound
+    turn: TurnBound
     solve_s: float
     mip_gap: float | None
     fits: bool
@@ -73,12 +74,29 @@ class PlanResult:
 
     @property
     def lower_bound_s(self) -> float:
+        """design.md's bound: compute, or the bytes the busiest directed link must carry."""
         return self.bound.bound_s
 
     @property
+    def turn_bound_s(self) -> float:
+        """The turn bound (pipeswap.swap.bounds): each GPU's bytes leave during its forward
+        and come back during its backward, at most at its own path's bandwidth."""
+        return self.turn.bound_s
+
+    @property
+    def bound_s(self) -> float:
+        """The best lower bound known: the larger of the two."""
+        return max(self.bound.bound_s, self.turn.bound_s)
+
+    @property
     def gap_to_bound(self) -> float:
-        """How far above the lower bound the plan runs: iteration / bound - 1."""
+        """How far above design.md's lower bound the plan runs: iteration / bound - 1."""
         return self.iteration_s / self.bound.bound_s - 1.0
+
+    @property
+    def gap_to_best_bound(self) -> float:
+        """How far above the best known bound (``bound_s``) the plan runs."""
+        return self.iteration_s / self.bound_s - 1.0
 
     def reproduce_command(self, graph_path: str = "graph.json", topology: str | None = None) -> str:
         """The command that re-simulates the exported graph to the same iteration time."""
@@ -95,8 +113,12 @@ class PlanResult:
             "iteration_s": self.iteration_s,
             "compute_s": self.compute_s,
             "lower_bound_s": self.lower_bound_s,
+            "turn_bound_s": self.turn_bound_s,
+            "bound_s": self.bound_s,
             "gap_to_bound": self.gap_to_bound,
+            "gap_to_best_bound": self.gap_to_best_bound,
             "bound_binding": self.bound.binding,
+            "turn_bound_binding": self.turn.binding,
             "solve_s": self.solve_s,
             "mip_gap": self.mip_gap,
             "budget_bytes": self.budget_bytes,
@@ -285,6 +307,8 @@ def summarize(
     """Package a scored assignment as a PlanResult with its SwapPlan."""
     budget = case.budget_bytes if budget_bytes is None else budget_bytes
     bound = lower_bound(case.workload, case.topology, case.gpus, budget, sync_every=case.sync_every)
+    turn = turn_bound(case.workload, case.topology, case.gpus, budget,
+                      sync_every=case.sync_every, bucket_bytes=case.bucket_bytes)
     assignment = scored.assignment
     names = case.workload.names
     gpu_plans = []
@@ -319,6 +343,11 @@ def summarize(
         predicted_iteration_s=iteration_s,
         lower_bound_s=bound.bound_s,
         notes=dict(notes or {}),
+        batch=profile.batch,
+        dtype=profile.dtype,
+        seq_len=profile.seq_len,
+        image_size=profile.image_size,
+        turn_bound_s=turn.bound_s,
     )
     return PlanResult(
         policy=policy,
@@ -330,6 +359,7 @@ def summarize(
         iteration_s=iteration_s,
         compute_s=case.workload.compute_s(case.sync_every),
         bound=bound,
+        turn=turn,
         solve_s=solve_s,
         mip_gap=mip_gap,
         fits=fits,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
-from pipeswap.swap.channels import channel_groups, path_bytes_per_s
+from pipeswap.swap.channels import channel_groups, path_bytes_per_s, representative_group
 from pipeswap.swap.scoring import Assignment, Scored, score
 from pipeswap.swap.workload import Swap, Workload
 
@@ -20,7 +21,8 @@ class Case:
     """One planning problem: the workload on ``gpus`` of ``topology`` within a budget.
 
     ``topology`` carries ``budget_bytes`` as every GPU's memory, so simulating the
-    exported graph on it reproduces the planner's numbers.
+    exported graph on it reproduces the planner's numbers. Scores are remembered per
+    assignment, so a policy's final plan is not simulated twice.
     """
 
     workload: Workload
@@ -29,16 +31,35 @@ class Case:
     budget_bytes: int
     sync_every: int
     bucket_bytes: int
+    _scored: dict[Any, Scored] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     def score(self, assignment: Assignment) -> Scored:
-        return score(
-            self.workload,
-            self.topology,
-            self.gpus,
-            assignment,
-            sync_every=self.sync_every,
-            bucket_bytes=self.bucket_bytes,
-        )
+        key = _assignment_key(assignment, self.gpus)
+        if key not in self._scored:
+            self._scored[key] = score(
+                self.workload,
+                self.topology,
+                self.gpus,
+                assignment,
+                sync_every=self.sync_every,
+                bucket_bytes=self.bucket_bytes,
+            )
+        return self._scored[key]
+
+    def reduced(self) -> Case:
+        """The same problem on one channel group when every group has one shape: ranking
+        candidates there costs a fraction of the full graph. Else the case itself."""
+        group = representative_group(self.topology, self.gpus)
+        return self if group is None else replace(self, gpus=tuple(group))
+
+
+def _assignment_key(assignment: Assignment, gpus: Sequence[str]) -> tuple[Any, ...]:
+    return tuple(
+        (gpu, tuple(assignment.swaps.get(gpu, ())), float(assignment.offsets_s.get(gpu, 0.0)))
+        for gpu in gpus
+    )
 
 
 # ---- building blocks ---------------------------------------------------------------------
@@ -194,10 +215,15 @@ def plan_disjoint(case: Case) -> Assignment:
     return Assignment(swaps)
 
 
-def bidirectional_offsets(workload: Workload) -> list[float]:
-    """Offsets tried between the two phases: a half and a whole forward pass, half a step."""
+def bidirectional_offsets(workload: Workload, swap_out_s: float = 0.0) -> list[float]:
+    """Offsets tried first for the late GPUs: half to twice a forward pass, half a
+    micro-batch, and ``swap_out_s`` (the time one GPU's swap-outs take alone) and a
+    little more: the phases swap over when the offset covers the early GPU's swap-outs."""
     forward = sum(workload.forward_s)
-    return [forward / 2, forward, workload.microbatch_s / 2]
+    candidates = {round(f * forward, 9) for f in (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)}
+    candidates.add(round(workload.microbatch_s / 2, 9))
+    candidates |= {round(f * swap_out_s, 9) for f in (1.0, 1.1)}
+    return sorted(c for c in candidates if c > 0)
 
 
 def plan_bidirectional(case: Case) -> Assignment:
@@ -205,8 +231,9 @@ def plan_bidirectional(case: Case) -> Assignment:
     run while its neighbour's prefetches run, on the two directions of the link.
 
     Within each phase the GPUs swap disjoint tensors. The offset is paid again at every
-    gradient sync; the one with the best simulated iteration (which includes that cost)
-    is kept.
+    gradient sync. Candidate offsets are ranked by simulating one channel group when all
+    groups have one shape (the all-reduce then spans that group only), else the whole
+    case; the planner simulates the chosen plan on the full graph.
     """
     swaps: dict[str, tuple[Swap, ...]] = {}
     late: list[str] = []
@@ -221,14 +248,30 @@ def plan_bidirectional(case: Case) -> Assignment:
                 swaps[gpu] = with_prefetch(case.workload, tensors, case.budget_bytes)
     if not late or not any(swaps.values()):
         return Assignment(swaps)  # nothing shares a channel, or nothing moves: no offset
-    best: tuple[float, Assignment] | None = None
-    for offset in bidirectional_offsets(case.workload):
-        assignment = Assignment(swaps, {gpu: offset for gpu in late})
-        seconds = case.score(assignment).iteration_s
-        if best is None or seconds < best[0]:
-            best = (seconds, assignment)
-    assert best is not None
-    return best[1]
+    ranking = case.reduced()
+
+    def trial_s(offset: float) -> float:
+        trial = Assignment(swaps, {gpu: offset for gpu in late if gpu in ranking.gpus})
+        return ranking.score(trial).iteration_s
+
+    deficit = max(0, case.workload.no_swap_peak_bytes() - case.budget_bytes)
+    swap_out_s = deficit / path_bytes_per_s(case.topology, late[0])
+    tried = {o: trial_s(o) for o in bidirectional_offsets(case.workload, swap_out_s)}
+    # Then narrow in around the best: halve the step twice on each side.
+    step = sum(case.workload.forward_s) / 8
+    for _ in range(2):
+        best = min(tried, key=lambda o: (tried[o], o))
+        for offset in (best - step, best + step):
+            if offset > 0 and round(offset, 9) not in tried:
+                tried[round(offset, 9)] = trial_s(round(offset, 9))
+        step /= 2
+    finalists = sorted(tried, key=lambda o: (tried[o], o))[:2]
+    if ranking is case:
+        return Assignment(swaps, {gpu: finalists[0] for gpu in late})
+    # The one-group ranking misses the full all-reduce: the two best go to the full graph
+    # (the planner reuses the winner's simulation).
+    full = [Assignment(swaps, {gpu: offset for gpu in late}) for offset in finalists]
+    return min(full, key=lambda a: case.score(a).iteration_s)
 
 
 HEURISTICS: dict[str, Callable[[Case], Assignment]] = {

@@ -1,12 +1,18 @@
-"""The lower bound: compute time or the bytes a directed link must carry, closed form."""
+"""The lower bounds: design.md's link bound and the turn bound, closed form and by property."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
-from pipeswap.swap.bounds import lower_bound
-from pipeswap.swap.workload import workload_from_profile
+from pipeswap.swap.bounds import lower_bound, shortest_microbatch_s, turn_bound
+from pipeswap.swap.planner import make_case
+from pipeswap.swap.policies import HEURISTICS
+from pipeswap.swap.scoring import Assignment
+from pipeswap.swap.workload import Swap, Workload, workload_from_profile
 
 GB = 10**9
 
@@ -30,3 +36,95 @@ def test_shared_uplink_bound(make_profile) -> None:
     assert bound.link_s["gpu0->sw0"] == pytest.approx(1.0)
     assert bound.bound_s == pytest.approx(2.0)
     assert bound.binding in ("sw0->cpu0", "cpu0->sw0")
+
+
+# ---- the turn bound ------------------------------------------------------------------------
+def _four_layers(make_profile):
+    # Saved 6 GB per layer, forward 1/16 s, backward 1/8 s, no weights: peak 24 GB.
+    w = workload_from_profile(make_profile([(6,)] * 4, 0.0625, 0.125, param_bytes=0))
+    return w, w.no_swap_peak_bytes() - 12 * GB  # 12 GB must leave (D / B = 1 s)
+
+
+def test_turn_bound_one_gpu_closed_form(make_profile) -> None:
+    w, budget = _four_layers(make_profile)
+    assert w.needs(budget) == [0, 0, 6 * GB, 12 * GB]
+    # Forward 2 waits for 6 GB of layer 0 (out from 1/16 s, 1/2 s); forward 3 for 12 GB
+    # (from 1/16 s, 1 s): the turn is at 1.125 s. Backward 0 must wait for layers 0-2 to be
+    # back, which may only start coming back at the turn: 1 s more, then its own 1/8 s.
+    assert shortest_microbatch_s(w, budget, 12e9) == pytest.approx(2.25)
+    # The simple form max(F, D/B) + max(Bk, D/B) = 1 + 1 is weaker, never stronger.
+    bound = turn_bound(w, preset("switch-4"), ["gpu0"], budget, sync_every=3)
+    assert bound.bound_s == pytest.approx(3 * 2.25)
+    assert bound.binding == "gpu0"
+    assert bound.tail_s == 0.0  # no optimizer step known for toy-gpu, no all-reduce
+
+
+def test_turn_bound_shared_uplink_closed_form(make_profile) -> None:
+    w, budget = _four_layers(make_profile)
+    bound = turn_bound(w, preset("switch-4"), ["gpu0", "gpu1"], budget, sync_every=1)
+    # 2 x 12 GB leave through sw0's uplink after forward 0 (1/16 s) and before forward 3
+    # of the last GPU, which still has 1/16 + 1/2 s to run: 1/16 + 2 + 9/16.
+    assert bound.channel_s["sw0<->cpu0 swap-outs"] == pytest.approx(2.625)
+    # Back: after the turn (1/4 s) and before backward 0 (1/8 s): 1/4 + 2 + 1/8.
+    assert bound.channel_s["sw0<->cpu0 prefetches"] == pytest.approx(2.375)
+    assert bound.bound_s == pytest.approx(2.625)
+    design = lower_bound(w, preset("switch-4"), ["gpu0", "gpu1"], budget, sync_every=1)
+    assert design.bound_s == pytest.approx(2.0)
+
+
+def test_turn_bound_is_compute_when_nothing_must_move(make_profile) -> None:
+    w = workload_from_profile(make_profile([(6,)] * 4, param_bytes=0))
+    bound = turn_bound(w, preset("switch-4"), ["gpu0", "gpu1"], 10**12, sync_every=2)
+    assert bound.bound_s == pytest.approx(w.compute_s(2))
+    assert bound.channel_s == {}
+
+
+def _random_plan(rng: random.Random, w: Workload, budget: int) -> list[Swap]:
+    """A random plan that fits: random tensors, swap-out and prefetch points."""
+    n = w.num_layers
+    tensors = [(layer, index, nbytes) for layer, saved in enumerate(w.saved)
+               for index, nbytes in saved]
+    rng.shuffle(tensors)
+    chosen: list[Swap] = []
+    for layer, index, nbytes in tensors:
+        if w.fits(chosen, budget):
+            break
+        out = rng.randint(layer, max(layer, n - 2))
+        chosen.append(Swap(layer, index, nbytes, out, rng.randint(layer + 1, n)))
+    if not w.fits(chosen, budget):
+        # Everything swapped, out at once and back just in time, always fits.
+        chosen = [Swap(s.layer, s.index, s.bytes, s.layer, s.layer + 1) for s in chosen]
+    assert w.fits(chosen, budget)
+    return chosen
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_no_plan_beats_either_bound(make_profile, seed) -> None:
+    rng = random.Random(seed)
+    sizes = [tuple(rng.choice((0.5, 1, 2, 3)) for _ in range(rng.randint(1, 2)))
+             for _ in range(rng.randint(3, 6))]
+    profile = make_profile(sizes, rng.uniform(0.02, 0.3), rng.uniform(0.04, 0.6),
+                           param_bytes=rng.choice((0, GB // 10)), workspace_bytes=GB // 4)
+    gpus = rng.randint(1, 4)
+    sync_every = rng.randint(1, 3)
+    ratio = rng.uniform(1.1, 2.0)
+    try:
+        case = make_case(profile, preset("switch-4"), gpus=gpus, footprint_ratio=ratio,
+                         sync_every=sync_every, bucket_bytes=GB // 8)
+    except PipeswapError:
+        case = make_case(profile, preset("switch-4"), gpus=gpus, footprint_ratio=1.05,
+                         sync_every=sync_every, bucket_bytes=GB // 8)
+    design = lower_bound(case.workload, case.topology, case.gpus, case.budget_bytes,
+                         sync_every=sync_every)
+    turn = turn_bound(case.workload, case.topology, case.gpus, case.budget_bytes,
+                      sync_every=sync_every, bucket_bytes=case.bucket_bytes)
+    times = {name: case.score(plan(case)).iteration_s for name, plan in HEURISTICS.items()
+             if name != "none"}
+    for trial in range(3):  # random plans with random offsets, not only the heuristics'
+        swaps = {g: tuple(_random_plan(rng, case.workload, case.budget_bytes))
+                 for g in case.gpus}
+        offsets = {g: rng.choice((0.0, rng.uniform(0, 1))) for g in case.gpus}
+        times[f"random{trial}"] = case.score(Assignment(swaps, offsets)).iteration_s
+    for name, seconds in times.items():
+        assert seconds >= design.bound_s * (1 - 1e-9), (name, seconds, design)
+        assert seconds >= turn.bound_s * (1 - 1e-9), (name, seconds, turn)

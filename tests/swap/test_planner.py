@@ -58,3 +58,22 @@ def test_unknown_policy_and_gpu_count_are_refused(make_profile) -> None:
         make_plan(profile, preset("switch-4"), policy="greedy", footprint_ratio=1.0)
     with pytest.raises(PipeswapError, match="use 1 to 4"):
         make_plan(profile, preset("switch-4"), policy="none", gpus=9, footprint_ratio=1.0)
+
+
+def test_plan_reports_both_bounds_and_records_its_profile(make_profile) -> None:
+    profile = make_profile([(6,)] * 6, 0.25, 0.5)
+    result = make_plan(profile, preset("single-root-8"), policy="bidirectional",
+                       footprint_ratio=2.0)
+    assert result.bound_s == max(result.lower_bound_s, result.turn_bound_s)
+    assert result.turn_bound_s > result.lower_bound_s  # K=1: the turn bound is tighter here
+    assert result.iteration_s >= result.bound_s
+    payload = result.to_json()
+    assert payload["turn_bound_s"] == result.turn_bound_s
+    assert payload["gap_to_best_bound"] == pytest.approx(result.iteration_s / result.bound_s - 1)
+    plan = result.plan
+    assert (plan.model, plan.batch, plan.dtype) == ("toy", 1, "float32")
+    assert plan.turn_bound_s == result.turn_bound_s
+    # The offset was ranked on one switch's pair; the reported time is the full graph's.
+    again = simulate(result.graph, preset("single-root-8"), gpu_memory_bytes=result.budget_bytes)
+    assert again.makespan_s == result.iteration_s
+    assert {g.offset_s for g in result.gpus} - {0.0}

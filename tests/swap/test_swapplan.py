@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
+import torch
+from torch import nn
 
 from pipeswap.errors import PipeswapError
+from pipeswap.swap.capture import check_plan_identity
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 
 
@@ -51,3 +57,33 @@ def test_tensor_swapped_twice_is_refused(make_profile) -> None:
 def test_wrong_format_is_refused() -> None:
     with pytest.raises(PipeswapError, match="pipeswap.swapplan/1"):
         SwapPlan.from_json({"format": "pipeswap.graph/1"})
+
+
+def test_plan_records_its_profile_and_old_files_still_load(make_profile) -> None:
+    profile = make_profile([(1, 2), (1,), (1,)])
+    plan = dataclasses.replace(_plan(()), batch=profile.batch, dtype="float32", seq_len=None)
+    again = SwapPlan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert (again.batch, again.dtype, again.seq_len, again.image_size) == (1, "float32", None, None)
+    old = plan.to_json()
+    for key in ("batch", "dtype", "seq_len", "image_size", "turn_bound_s"):
+        del old[key]
+    legacy = SwapPlan.from_json(old)
+    assert legacy.batch is None and legacy.dtype is None
+    legacy.validate(dataclasses.replace(profile, batch=64))  # nothing recorded, nothing refused
+
+
+def test_a_plan_for_another_profile_is_refused_even_when_it_swaps_nothing(make_profile) -> None:
+    profile = make_profile([(1, 2), (1,), (1,)])
+    plan = dataclasses.replace(_plan(()), batch=1, dtype="float32", seq_len=64)
+    with pytest.raises(PipeswapError, match=r"another profile \(seq_len 64 \(plan\) vs None"):
+        plan.validate(profile)
+    model = nn.Sequential()
+    for name in plan.layers:
+        model.add_module(name, nn.Linear(2, 2))
+    bigger = dataclasses.replace(profile, batch=8, seq_len=64)
+    with pytest.raises(PipeswapError, match=r"batch 1 \(plan\) vs 8 \(profile\)"):
+        check_plan_identity(plan, model, list(plan.layers), bigger)
+    check_plan_identity(plan, model, list(plan.layers), dataclasses.replace(profile, seq_len=64))
+    half = model.to(torch.float16)
+    with pytest.raises(PipeswapError, match="float32 profile but the model's parameters are float16"):
+        check_plan_identity(plan, half, list(plan.layers), None)
