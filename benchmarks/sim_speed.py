@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
 import random
 import sys
 import time
@@ -122,26 +120,6 @@ def table(rows: list[dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> str:
-    try:
-        import torch
-
-        torch_version = torch.__version__
-    except ImportError:  # the simulator itself does not need torch
-        torch_version = "not installed"
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            cpu = next(line.split(":", 1)[1].strip() for line in handle
-                       if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (
-        f"{platform.platform()}, {os.cpu_count()} CPUs ({cpu}), "
-        f"Python {platform.python_version()}, torch {torch_version}"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, nargs="+", default=[10_000, 30_000, 100_000])
@@ -149,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS}")
     args = parser.parse_args(argv)
+    # benchmarks/ is on sys.path when this file runs as a script; importing it as a module
+    # (the slow simulator test does) needs only training_graph, not the shared helpers.
+    from _common import machine
     rows = []
     for num_tasks in args.tasks:
         rows.append(measure(num_tasks, args.seed, args.repeats))

@@ -1,0 +1,138 @@
+"""The pipeline benchmarks' quick modes run and write well-formed tables (not to docs/results)."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+
+
+def _run(script: str, out: Path, *extra: str, timeout: int = 120) -> str:
+    before = {p: p.stat().st_mtime_ns for p in RESULTS.glob("*")} if RESULTS.exists() else {}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--out", str(out), *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    after = {p: p.stat().st_mtime_ns for p in RESULTS.glob("*")} if RESULTS.exists() else {}
+    assert after == before, "a --quick run must not touch docs/results"
+    text = out.read_text()
+    assert f"benchmarks/{script} --quick --out {out}" in text  # the command that made it
+    assert "Machine: " in text and "Date: " in text
+    return text
+
+
+def _rows(text: str, first_header_cell: str) -> list[list[str]]:
+    """Rows (cells) of the first markdown table whose header starts with the given cell."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header_cell} |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def _number(cell: str) -> float:
+    match = re.match(r"^([-+]?[\d,]*\.?\d+)", cell)
+    assert match, f"not a number: {cell!r}"
+    return float(match.group(1).replace(",", ""))
+
+
+def test_simulated_throughput_table(tmp_path: Path) -> None:
+    text = _run("pipeline_throughput_sim.py", tmp_path / "sim.md")
+    rows = _rows(text, "model")
+    assert [r[:3] for r in rows] == [["vgg16", "v100-32gb", "switch-4"]]
+    # 1 GPU, DP, DP no overlap, gpipe, 1f1b, async-1f1b: finite positive samples/s.
+    rates = [_number(c) for c in rows[0][5:11]]
+    assert all(math.isfinite(r) and r > 0 for r in rates)
+    single, dp, _, gpipe, one_f_one_b, asynchronous = rates
+    # Four GPUs never beat four times one GPU; no bubble beats a flush every step.
+    assert max(dp, gpipe, one_f_one_b, asynchronous) <= 4 * single * 1.0001
+    assert asynchronous > one_f_one_b
+    assert len(_rows(text, "server")) == 2
+    assert "8.91x" in text and "15.77x" in text
+
+
+@pytest.mark.dist
+def test_cpu_throughput_table(tmp_path: Path) -> None:
+    text = _run("pipeline_throughput_cpu.py", tmp_path / "cpu.md", timeout=300)
+    rows = _rows(text, "variant")
+    names = [r[0] for r in rows]
+    assert names[:2] == ["ours async-1f1b + spectrain", "ours async-1f1b (stale)"]
+    assert {"ours 1f1b", "torch Schedule1F1B", "torch ScheduleGPipe"} <= set(names)
+    assert "single process, 1 thread" in names
+    for row in rows:
+        assert _number(row[1]) > 0 and math.isfinite(_number(row[3]))
+    reference = next(r for r in rows if r[0] == "single process, 1 thread")
+    assert _number(reference[3]) == 1.0
+
+
+def test_convergence_table_and_plots(tmp_path: Path) -> None:
+    text = _run("pipeline_convergence.py", tmp_path / "conv.md", "--jobs", "1")
+    overview = _rows(text, "setting")
+    assert [r[0] for r in overview] == ["image, K = 4", "lm, K = 4"]
+    for task in ("image", "lm"):
+        assert (tmp_path / f"pipeline_convergence_{task}_k4.png").stat().st_size > 1000
+    table = _rows(text, "optimizer")  # the first setting's table: 8 modes
+    assert [(r[0], r[1]) for r in table] == [
+        ("sgd", "sync 1f1b"), ("sgd", "stale"), ("sgd", "stash"), ("sgd", "spectrain"),
+        ("adam", "sync 1f1b"), ("adam", "stale"), ("adam", "stash"), ("adam", "predict-adam"),
+    ]  # fmt: skip
+    for row in table:
+        assert math.isfinite(_number(row[3])) and _number(row[3]) > 0
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_stash_is_a_one_step_delayed_gradient(optimizer: str) -> None:
+    """The convergence table's async penalty is real: a 2-stage stash pipeline equals a loop,
+    written without the pipeline code, whose first half takes its gradient at the weights
+    from before the last update."""
+    import copy
+
+    import torch
+
+    from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
+    from pipeswap.pipeline.emulator import Emulator, single_threaded
+
+    config = PipelineConfig(
+        "gpt2-micro", (2, 2), schedule="async-1f1b", weights="stash", optimizer=optimizer,
+        lr=0.05 if optimizer == "sgd" else 1e-3, batch=4, steps=6, seq_len=16, eval_batches=0,
+    )  # fmt: skip
+    emulated = Emulator(config, record=False).run().losses
+    with single_threaded():
+        model = build_full_model(config)
+        data = BatchSource(config, model)
+        front, back = model.stage(0, 2), model.stage(2, 4)
+        stale_front = copy.deepcopy(front)  # the weights before the last update
+
+        def make(params: object) -> torch.optim.Optimizer:
+            if optimizer == "sgd":
+                return torch.optim.SGD(params, lr=config.lr, momentum=0.9, foreach=False)  # type: ignore[arg-type]
+            return torch.optim.Adam(params, lr=config.lr, foreach=False)  # type: ignore[arg-type]
+
+        optimizers = [make(front.parameters()), make(back.parameters())]
+        losses = []
+        for step in range(config.steps):
+            x, y = data.batch(step)
+            hidden = stale_front(x)
+            received = hidden.detach().requires_grad_(True)
+            loss = model.loss(back(received), y)
+            loss.backward()
+            hidden.backward(received.grad)
+            for live, stale in zip(front.parameters(), stale_front.parameters()):
+                live.grad, stale.grad = stale.grad, None
+            stale_front.load_state_dict(front.state_dict())
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.item())
+    assert list(emulated) == losses
