@@ -16,7 +16,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
+
+from pipeswap.errors import PipeswapError
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class RankEnv:
     local_rank: int
     master_addr: str
     master_port: int
+    local_world_size: int | None = None  # ranks on this machine (None: all of them)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ def torchrun_env() -> RankEnv | None:
         local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=int(env.get("MASTER_PORT", "29500")),
+        local_world_size=int(env["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in env else None,
     )
 
 
@@ -66,9 +71,16 @@ def free_port() -> int:
 
 
 def init_process_group(env: RankEnv, *, backend: str = "gloo", timeout_s: float = 60.0) -> None:
-    """Join the job; every collective and transfer then fails after ``timeout_s`` of silence."""
+    """Join the job; every collective and transfer then fails after ``timeout_s`` of silence.
+
+    With NCCL each rank first makes its own GPU (``local_rank``) the current device: NCCL
+    needs one GPU per rank, and its collectives (object ones included) run on the current
+    device, which would otherwise be GPU 0 on every rank.
+    """
     if dist.is_initialized():
         return
+    if backend == "nccl":
+        bind_nccl_device(env)
     dist.init_process_group(
         backend,
         init_method=f"tcp://{env.master_addr}:{env.master_port}",
@@ -76,6 +88,25 @@ def init_process_group(env: RankEnv, *, backend: str = "gloo", timeout_s: float 
         world_size=env.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+
+
+def bind_nccl_device(env: RankEnv) -> None:
+    """Make GPU ``local_rank`` current, or say why NCCL cannot give this rank a GPU."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local_ranks = env.local_world_size or env.world_size
+    if count == 0:
+        raise PipeswapError(
+            "the NCCL backend needs CUDA GPUs, and PyTorch sees none here; train on the CPU "
+            "(--device cpu), which uses gloo"
+        )
+    if local_ranks > count or env.local_rank >= count:
+        raise PipeswapError(
+            f"NCCL needs a GPU of its own for every rank, but this machine runs {local_ranks} "
+            f"ranks on {count} GPU(s) (NCCL refuses two ranks on one GPU); start at most "
+            f"{count} ranks per machine, or use the gloo backend, which data-parallel "
+            "`pipeswap train` picks by itself when ranks share a GPU"
+        )
+    torch.cuda.set_device(env.local_rank)
 
 
 def spawn(
@@ -148,6 +179,7 @@ def _rank_main(
         RANK=str(rank),
         WORLD_SIZE=str(nproc),
         LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(nproc),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
@@ -160,8 +192,6 @@ def _rank_main(
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank non-zero
-        from pipeswap.errors import PipeswapError
-
         if isinstance(exc, PipeswapError):
             print(f"rank {rank}: error: {exc}", file=sys.stderr)
         else:

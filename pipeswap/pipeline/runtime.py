@@ -30,7 +30,8 @@ class DistTransport:
     Sends are never waited for until the end (only polled), so a rank is never blocked
     by a transfer its peer has not yet asked for: the schedule validator's model of a
     non-blocking SEND. Transfers are tagged, and posted in schedule order (what NCCL,
-    which ignores tags, relies on).
+    which ignores tags, relies on). ``groups`` (forward, backward), when given, carries
+    each direction's transfers in a process group of its own; see :func:`run_rank`.
     """
 
     def __init__(
@@ -39,11 +40,13 @@ class DistTransport:
         input_spec: BoundarySpec | None,
         output_spec: BoundarySpec | None,
         device: torch.device,
+        groups: tuple[Any, Any] | None = None,
     ) -> None:
         self.rank = rank
         self.input_spec = input_spec
         self.output_spec = output_spec
         self.device = device
+        self._groups = {"F": groups[0], "B": groups[1]} if groups is not None else {}
         self._posted: dict[tuple[str, int], tuple[Packed, list[Any]]] = {}
         self._sending: list[tuple[Any, torch.Tensor]] = []
 
@@ -56,7 +59,11 @@ class DistTransport:
         assert spec is not None, f"rank {self.rank} receives no {kind} transfers"
         src = self.rank - 1 if kind == "F" else self.rank + 1
         buffers = spec.empty(self.device, grads=kind == "B")
-        works = [dist.irecv(buf, src=src, tag=_tag(kind, unit, i)) for i, buf in enumerate(buffers)]
+        group = self._groups.get(kind)
+        works = [
+            dist.irecv(buf, src=src, tag=_tag(kind, unit, i), group=group)
+            for i, buf in enumerate(buffers)
+        ]
         self._posted[(kind, unit)] = (buffers, works)
 
     def take(self, kind: str, unit: int) -> Packed:
@@ -68,9 +75,11 @@ class DistTransport:
 
     def send(self, kind: str, unit: int, tensors: Packed) -> None:
         dst = self.rank + 1 if kind == "F" else self.rank - 1
+        group = self._groups.get(kind)
         for i, tensor in enumerate(tensors):
             payload = tensor.detach().contiguous()
-            self._sending.append((dist.isend(payload, dst=dst, tag=_tag(kind, unit, i)), payload))
+            work = dist.isend(payload, dst=dst, tag=_tag(kind, unit, i), group=group)
+            self._sending.append((work, payload))
 
     def progress(self) -> None:
         self._sending = [(w, t) for w, t in self._sending if not w.is_completed()]
@@ -82,18 +91,34 @@ class DistTransport:
 
 
 def run_rank(
-    config: PipelineConfig, *, device: torch.device | str = "cpu", progress: bool = False
+    config: PipelineConfig,
+    *,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+    split_directions: bool | None = None,
 ) -> PipelineResult | None:
     """Run this rank's stage of ``config`` in the initialized default process group.
 
     Rank k runs stage k. Returns the combined result on rank 0 (gathered from every
-    rank), None elsewhere.
+    rank), None elsewhere. ``split_directions`` (default: with NCCL) sends forward and
+    backward transfers through two process groups of their own: NCCL runs one pair's
+    sends and receives on one stream in the order they were issued, and a send may wait
+    there for its receive, so a receive posted ahead (or a SEND the schedule issues
+    before a RECV the peer issues first) could deadlock the pair. One group per
+    direction gives each stream one kind of transfer, in unit order on both ends.
     """
     config.check()
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != config.num_stages:
         raise ValueError(f"{world} ranks for a {config.num_stages}-stage pipeline")
     device = torch.device(device)
+    if device.type == "cuda":
+        # NCCL sends, receives and object gathers run on the current device: make it ours.
+        torch.cuda.set_device(device)
+    if split_directions is None:
+        split_directions = dist.get_backend() == "nccl"
+    # Every rank creates the groups, in the same order (new_group is collective).
+    groups = (dist.new_group(), dist.new_group()) if split_directions else None
     threads = single_threaded() if device.type == "cpu" else _nothing()
     with threads:
         infos = inspect_layers(config)
@@ -105,6 +130,7 @@ def run_rank(
             infos[start - 1].output if rank > 0 else None,
             infos[stop - 1].output if rank < world - 1 else None,
             device,
+            groups,
         )
         executor = StageExecutor(config, rank, schedule, model, infos, transport, device=device)
         dist.barrier()
@@ -120,6 +146,8 @@ def run_rank(
         result = executor.finish()
     gathered: list[StageResult] | None = [None] * world if rank == 0 else None  # type: ignore[list-item]
     dist.gather_object(result, gathered, dst=0)
+    for group in groups or ():
+        dist.destroy_process_group(group)
     if rank != 0:
         return None
     assert gathered is not None

@@ -51,6 +51,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def transient_bytes(before: int, peak: int, after: int) -> int:
+    """Memory a pass needed beyond what it held at its start and at its end.
+
+    The larger end counts because a forward keeps its output and saved tensors, and a
+    backward held its layer's saved tensors when it started (it frees them as it goes):
+    the profile counts those as saved bytes, so they must not count as workspace too.
+    """
+    return max(0, peak - max(before, after))
+
+
 class _Timer:
     """Wall-clock time of each (layer, phase) pass, plus CUDA transient memory."""
 
@@ -62,17 +72,23 @@ class _Timer:
     @contextmanager
     def __call__(self, name: str, phase: str) -> Iterator[None]:
         cuda = self.device.type == "cuda"
+        # Kernels run asynchronously: drain the queue on both sides of the pass so the
+        # wall clock covers exactly its kernels.
         _sync(self.device)
+        before = 0
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
         start = time.perf_counter()
         yield
         _sync(self.device)
         self.seconds[(name, phase)] = time.perf_counter() - start
         if cuda:
-            # Memory the pass needed while it ran but had released by its end.
-            extra = torch.cuda.max_memory_allocated(self.device)
-            extra -= torch.cuda.memory_allocated(self.device)
+            extra = transient_bytes(
+                before,
+                torch.cuda.max_memory_allocated(self.device),
+                torch.cuda.memory_allocated(self.device),
+            )
             self.transient[name] = max(self.transient.get(name, 0), extra)
 
 
@@ -221,8 +237,8 @@ def _measure(
             "timing": _TIMING_NOTE,
             "saved": _SAVED_NOTE,
             "optimizer": _OPTIMIZER_NOTE,
-            "workspace": "CUDA: peak allocated during a pass minus allocated after it; "
-            "0 on CPU (no allocator statistics)",
+            "workspace": "CUDA: peak allocated during a pass minus the larger of allocated "
+            "before and after it (forward and backward); 0 on CPU (no allocator statistics)",
             "peak_live_saved_bytes": capture.peak_live_bytes,
             "warmup": warmup,
             "repeats": repeats,

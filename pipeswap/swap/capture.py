@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -231,6 +232,54 @@ def checked_decisions(gpu_plan: GpuPlan, names: list[str]) -> dict[SavedKey, Swa
             )
         decisions[(d.layer, d.index)] = d
     return decisions
+
+
+def check_records(
+    decisions: dict[SavedKey, SwapDecision], records: dict[str, list[SavedRecord]]
+) -> None:
+    """Refuse a plan whose tensors this run does not save, or saves at another size."""
+    for (layer, index), decision in decisions.items():
+        saved = records[layer]
+        if index >= len(saved):
+            raise PipeswapError(
+                f"the plan swaps tensor ({layer!r}, {index}) but layer {layer!r} saves "
+                f"{len(saved)} tensors (indices 0..{len(saved) - 1}) in this run; the plan "
+                "was made for another profile (model, batch or dtype): plan again"
+            )
+        if saved[index].bytes != decision.bytes:
+            raise PipeswapError(
+                f"the plan was made for another profile: tensor ({layer!r}, {index}) has "
+                f"{decision.bytes} bytes in the plan but {saved[index].bytes} in this run "
+                "(a different batch, sequence length, image size or dtype?); profile and "
+                "plan again with this run's settings"
+            )
+
+
+class IssuePoints(NamedTuple):
+    """Where the executor issues each copy, each list in backward order (needed first)."""
+
+    outs_after: dict[str, list[SavedKey]]  # swap-outs issued as the next layer starts
+    outs_at_turn: list[SavedKey]  # swap-outs after the last layer's forward
+    prefetch_after: dict[str, list[SavedKey]]  # prefetches once a layer's backward is done
+    prefetch_at_turn: list[SavedKey]  # prefetches at the forward/backward turn
+
+
+def issue_points(decisions: dict[SavedKey, SwapDecision], names: list[str]) -> IssuePoints:
+    """Group the decisions by the point that issues their swap-out and their prefetch."""
+    points = IssuePoints({}, [], {}, [])
+    position = {name: i for i, name in enumerate(names)}
+    # Needed first, issued first: the copy engine is FIFO.
+    for key in sorted(decisions, key=lambda k: (-position[k[0]], k[1])):
+        decision = decisions[key]
+        if decision.out_after == names[-1]:
+            points.outs_at_turn.append(key)
+        else:
+            points.outs_after.setdefault(decision.out_after, []).append(key)
+        if decision.prefetch_after is None:
+            points.prefetch_at_turn.append(key)
+        else:
+            points.prefetch_after.setdefault(decision.prefetch_after, []).append(key)
+    return points
 
 
 def rank_plan(plan: SwapPlan, rank: int) -> GpuPlan:

@@ -152,9 +152,13 @@ def rank_device(kind: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def backend_for(kind: str, world_size: int) -> str:
-    """NCCL when every rank has a GPU of its own, else gloo (which also moves CUDA tensors)."""
-    if kind == "cuda" and world_size <= torch.cuda.device_count():
+def backend_for(kind: str, local_ranks: int) -> str:
+    """NCCL when each of this machine's ``local_ranks`` ranks has a GPU of its own, else gloo.
+
+    NCCL refuses two ranks on one GPU; gloo all-reduces CUDA tensors too (through host
+    memory), so ranks sharing a GPU still train, only with slower collectives.
+    """
+    if kind == "cuda" and local_ranks <= torch.cuda.device_count():
         return "nccl"
     return "gloo"
 

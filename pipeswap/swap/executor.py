@@ -18,13 +18,14 @@ Prefetches run on their own stream from module full backward hooks; the backward
 their events, and a tensor unpacked before its prefetch was issued is fetched there and
 then and counted as a late fetch. On the CPU the streams are no-ops and the executor
 counts the bytes of saved tensors held on the "device", so tests can check the budget.
+This module decides when to move what (hooks, steps); :mod:`pipeswap.swap.transfer` moves
+the bytes and keeps the stream and event rules.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,36 +37,34 @@ from torch import nn
 from pipeswap.errors import PipeswapError
 from pipeswap.profile import Profile
 from pipeswap.profiling.saved import SavedRecord
-from pipeswap.streams import (
-    AnyEvent,
-    current_stream,
-    new_stream,
-    record_event,
-    use_stream,
-    wait_event,
-    wait_stream,
-)
 from pipeswap.swap.capture import (
     SavedKey,
     capture_records,
     check_budget,
     check_plan_identity,
+    check_records,
     checked_decisions,
+    issue_points,
     rank_plan,
     resolve_layers,
 )
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.pool import HostPool
+from pipeswap.swap.transfer import (
+    ON_DEVICE,
+    DeviceLedger,
+    HeldTensor,
+    SavedEntry,
+    SwappedHandle,
+    SwapTransfer,
+    bytes_of_storage,
+)
 
 # On a layer whose input needs no gradient (the first), a full backward hook fires once its
 # output gradient is ready, which is harmless here (earlier than planned); PyTorch warns.
 warnings.filterwarnings(
     "ignore", message="Full backward hook is firing when gradients are computed with respect to"
 )
-
-
-# Where a saved storage is: its life through one step.
-_ON_DEVICE, _COPYING_OUT, _ON_HOST, _FETCHING, _BACK, _GONE = range(6)
 
 
 @dataclass(frozen=True)
@@ -86,68 +85,6 @@ class StepStats:
             "late_fetches": self.late_fetches,
             "seconds": self.seconds,
         }
-
-
-class _Entry:
-    """One saved storage during one step."""
-
-    __slots__ = ("key", "nbytes", "swapped", "state", "device", "event", "refs")
-
-    def __init__(
-        self, key: SavedKey, nbytes: int, swapped: bool, device: torch.Tensor | None
-    ) -> None:
-        self.key = key
-        self.nbytes = nbytes
-        self.swapped = swapped
-        self.state = _ON_DEVICE
-        self.device: torch.Tensor | None = device  # [nbytes] uint8 over the whole storage
-        self.event: AnyEvent | None = None
-        self.refs = 0
-
-
-class _Held:
-    """What autograd keeps for a tensor that stays on the device: the tensor itself, plus
-    a finalizer that tells the executor when autograd lets go of it."""
-
-    __slots__ = ("executor", "entry", "tensor")
-
-    def __init__(self, executor: SwapExecutor, entry: _Entry, tensor: torch.Tensor) -> None:
-        self.executor = executor
-        self.entry = entry
-        self.tensor = tensor
-        entry.refs += 1
-
-    def __del__(self) -> None:
-        entry = self.entry
-        entry.refs -= 1
-        if entry.refs == 0:
-            self.executor._forget(entry)
-
-
-class _Handle:
-    """What autograd keeps for a view of a swapped storage: how to rebuild it from bytes."""
-
-    __slots__ = ("executor", "entry", "dtype", "offset", "size", "stride")
-
-    def __init__(self, executor: SwapExecutor, entry: _Entry, tensor: torch.Tensor) -> None:
-        self.executor = executor
-        self.entry = entry
-        entry.refs += 1
-        self.dtype = tensor.dtype
-        self.offset = tensor.storage_offset()
-        self.size = tensor.size()
-        self.stride = tensor.stride()
-
-    def __del__(self) -> None:
-        entry = self.entry
-        entry.refs -= 1
-        if entry.refs == 0:
-            self.executor._forget(entry)
-
-
-def _bytes_of_storage(tensor: torch.Tensor) -> torch.Tensor:
-    """A ``[nbytes]`` uint8 tensor over the whole storage behind ``tensor``."""
-    return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
 
 
 class SwapExecutor:
@@ -184,6 +121,10 @@ class SwapExecutor:
             first = next(model.parameters(), None)
             device = first.device if first is not None else torch.device("cpu")
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # Streams, events and fetched bytes must all be on the model's GPU, not on
+            # whichever one happens to be current when a hook runs.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         # Counting every saved tensor costs a finalizer per tensor; CUDA has its allocator's
         # statistics instead, so by default only the CPU counts.
         self.account = self.device.type == "cpu" if account is None else account
@@ -193,26 +134,10 @@ class SwapExecutor:
             ((key, d.bytes) for key, d in self.decisions.items()),
             pin=self.device.type == "cuda",
         )
-        self._out_stream = new_stream(self.device)
-        self._in_stream = new_stream(self.device)
-        last = self.layer_names[-1]
-        self._outs_after: dict[str, list[SavedKey]] = {}
-        self._outs_at_turn: list[SavedKey] = []
-        self._prefetch_after: dict[str, list[SavedKey]] = {}
-        self._prefetch_at_turn: list[SavedKey] = []
-        position = {name: i for i, name in enumerate(self.layer_names)}
-        # Needed first, issued first: the copy engine is FIFO.
-        backward_order = sorted(self.decisions, key=lambda k: (-position[k[0]], k[1]))
-        for key in backward_order:
-            decision = self.decisions[key]
-            if decision.out_after == last:
-                self._outs_at_turn.append(key)
-            else:
-                self._outs_after.setdefault(decision.out_after, []).append(key)
-            if decision.prefetch_after is None:
-                self._prefetch_at_turn.append(key)
-            else:
-                self._prefetch_after.setdefault(decision.prefetch_after, []).append(key)
+        self._ledger = DeviceLedger()
+        self._transfer = SwapTransfer(self.pool, self.device, self._ledger)
+        points = issue_points(self.decisions, self.layer_names)
+        self._outs_after, self._outs_at_turn, self._prefetch_after, self._prefetch_at_turn = points
         self._previous_layer = dict(zip(self.layer_names[1:], self.layer_names))
         self._ended: set[str] = set()
         self._pack_calls: dict[str, list[SavedKey | None]] | None = None
@@ -221,10 +146,7 @@ class SwapExecutor:
         self._active = False
         self._layer: str | None = None
         self._calls: dict[str, int] = {}
-        self._entries: dict[SavedKey, _Entry] = {}
-        self._pending_out: deque[_Entry] = deque()
-        self.live_bytes = 0
-        self.peak_saved_bytes = 0  # over every step so far
+        self._entries: dict[SavedKey, SavedEntry] = {}
         self._reset_step_counters()
         self.late_fetches = 0
         self.swapped_bytes = 0
@@ -233,6 +155,16 @@ class SwapExecutor:
         self._install_hooks()
 
     # ---- set-up ---------------------------------------------------------------------
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of saved tensors held on the device now (only swapped ones without account)."""
+        return self._ledger.live_bytes
+
+    @property
+    def peak_saved_bytes(self) -> int:
+        """The most :attr:`live_bytes` over every step so far."""
+        return self._ledger.peak_bytes
+
     @property
     def budget_bytes(self) -> int:
         return self.gpu_plan.budget_bytes
@@ -269,7 +201,7 @@ class SwapExecutor:
         shapes); call it on the bare model, not a DistributedDataParallel wrapper.
         """
         records, pack_calls = capture_records(self.model, forward_loss, self.layer_names)
-        self._check_against_records(records)
+        check_records(self.decisions, records)
         self.records = records
         self._sizes = {(layer, r.index): r.bytes for layer, recs in records.items() for r in recs}
         if not self.account:  # tensors that stay need no bookkeeping: pass them straight on
@@ -279,23 +211,6 @@ class SwapExecutor:
             }
         self._pack_calls = pack_calls
         self._check_budget(records)
-
-    def _check_against_records(self, records: dict[str, list[SavedRecord]]) -> None:
-        for (layer, index), decision in self.decisions.items():
-            saved = records[layer]
-            if index >= len(saved):
-                raise PipeswapError(
-                    f"the plan swaps tensor ({layer!r}, {index}) but layer {layer!r} saves "
-                    f"{len(saved)} tensors (indices 0..{len(saved) - 1}) in this run; the plan "
-                    "was made for another profile (model, batch or dtype): plan again"
-                )
-            if saved[index].bytes != decision.bytes:
-                raise PipeswapError(
-                    f"the plan was made for another profile: tensor ({layer!r}, {index}) has "
-                    f"{decision.bytes} bytes in the plan but {saved[index].bytes} in this run "
-                    "(a different batch, sequence length, image size or dtype?); profile and "
-                    "plan again with this run's settings"
-                )
 
     def _check_budget(self, records: dict[str, list[SavedRecord]]) -> None:
         """Refuse a plan whose budget cannot hold this run's saved tensors and state."""
@@ -320,7 +235,7 @@ class SwapExecutor:
             if previous is not None and previous not in self._ended:
                 self._end_forward(previous)
             self._layer = name
-            self._poll()
+            self._transfer.poll()
 
         return hook
 
@@ -355,128 +270,58 @@ class SwapExecutor:
         if entry is None:
             entry = self._new_entry(key, tensor)
         if entry.swapped:
-            return _Handle(self, entry, tensor)
-        return _Held(self, entry, tensor)
+            return SwappedHandle(self._transfer, entry, tensor)
+        return HeldTensor(self._transfer, entry, tensor)
 
-    def _new_entry(self, key: SavedKey, tensor: torch.Tensor) -> _Entry:
+    def _new_entry(self, key: SavedKey, tensor: torch.Tensor) -> SavedEntry:
         if key in self.decisions:
-            storage = _bytes_of_storage(tensor)
+            storage = bytes_of_storage(tensor)
             if storage.numel() != self.decisions[key].bytes:
                 raise PipeswapError(
                     f"tensor {key} has {storage.numel()} bytes in this step but "
                     f"{self.decisions[key].bytes} in the plan; steps must keep their shapes"
                 )
-            entry = _Entry(key, storage.numel(), True, storage)
+            entry = SavedEntry(key, storage.numel(), True, storage)
         else:
-            entry = _Entry(key, self._sizes[key], False, None)
+            entry = SavedEntry(key, self._sizes[key], False, None)
         self._entries[key] = entry
-        self._grow(entry.nbytes)
+        self._ledger.grow(entry.nbytes)
         return entry
 
     def _unpack(self, handle: Any) -> torch.Tensor:
-        if type(handle) is _Held:
+        if type(handle) is HeldTensor:
             return handle.tensor
-        if type(handle) is not _Handle:
+        if type(handle) is not SwappedHandle:
             return handle
         entry = handle.entry
-        if entry.state == _ON_HOST:
+        if self._transfer.ready(entry):
             self.late_fetches += 1
             self._step_late += 1
-            self._fetch(entry, late=True)
-        elif entry.state == _FETCHING:
-            assert entry.event is not None
-            wait_event(current_stream(self.device), entry.event)
-            entry.state = _BACK
-        elif entry.state == _COPYING_OUT:
-            entry.state = _BACK  # still on the device: keep it, forget the release
+            self._step_prefetched += entry.nbytes
         assert entry.device is not None
-        rebuilt = torch.empty(0, dtype=handle.dtype, device=self.device)
+        rebuilt = torch.empty(0, dtype=handle.dtype, device=entry.device.device)
         return rebuilt.set_(entry.device.untyped_storage(), handle.offset, handle.size, handle.stride)
 
     # ---- moving bytes -----------------------------------------------------------------
-    def _grow(self, nbytes: int) -> None:
-        self.live_bytes += nbytes
-        if self.live_bytes > self._step_peak:
-            self._step_peak = self.live_bytes
-            self.peak_saved_bytes = max(self.peak_saved_bytes, self.live_bytes)
-
     def _swap_out(self, key: SavedKey) -> None:
         entry = self._entries.get(key)
-        if entry is None or entry.state != _ON_DEVICE:
+        if entry is None or entry.state != ON_DEVICE:
             raise PipeswapError(
                 f"the plan swaps tensor {key} out but this step did not save it; prepare() "
                 "must see the same forward as the steps"
             )
-        assert entry.device is not None
-        compute = current_stream(self.device)
-        wait_stream(self._out_stream, compute)  # the tensor's producer must have finished
-        with use_stream(self._out_stream):
-            self.pool.slot(key).copy_(entry.device, non_blocking=True)
-        entry.event = record_event(self._out_stream)
-        entry.state = _COPYING_OUT
-        self._pending_out.append(entry)
+        self._transfer.swap_out(entry)
         self.swapped_bytes += entry.nbytes
         self._step_swapped += entry.nbytes
 
-    def _poll(self) -> None:
-        """Release the device memory of every swap-out whose copy has completed."""
-        pending = self._pending_out
-        while pending:
-            entry = pending[0]
-            if entry.state == _COPYING_OUT:
-                assert entry.event is not None
-                if not entry.event.query():
-                    return
-                entry.device = None
-                entry.event = None
-                entry.state = _ON_HOST
-                self.live_bytes -= entry.nbytes
-            pending.popleft()
-
     def _prefetch(self, key: SavedKey) -> None:
         entry = self._entries.get(key)
-        if entry is None:
-            return
-        if entry.state == _COPYING_OUT:
-            self._poll()
-        if entry.state == _COPYING_OUT:
-            entry.state = _BACK  # the copy has not finished: the device bytes never left
-        elif entry.state == _ON_HOST:
-            self._fetch(entry, late=False)
-
-    def _fetch(self, entry: _Entry, *, late: bool) -> None:
-        compute = current_stream(self.device)
-        # Allocated on the compute stream, which will use and free it.
-        device = torch.empty(entry.nbytes, dtype=torch.uint8, device=self.device)
-        self._grow(entry.nbytes)
-        self._step_prefetched += entry.nbytes
-        slot = self.pool.slot(entry.key)
-        if late:
-            device.copy_(slot)
-            entry.state = _BACK
-        else:
-            wait_stream(self._in_stream, compute)
-            with use_stream(self._in_stream):
-                device.copy_(slot, non_blocking=True)
-            entry.event = record_event(self._in_stream)
-            entry.state = _FETCHING
-        entry.device = device
-
-    def _forget(self, entry: _Entry) -> None:
-        """Autograd let go of the storage's last view: its device bytes can go."""
-        if entry.state == _GONE:
-            return
-        if entry.event is not None and not entry.event.query():
-            entry.event.synchronize()  # a copy still reads or writes these bytes
-        if entry.state != _ON_HOST:
-            self.live_bytes -= entry.nbytes
-        entry.device = None
-        entry.event = None
-        entry.state = _GONE
+        if entry is not None and self._transfer.prefetch(entry):
+            self._step_prefetched += entry.nbytes
 
     # ---- steps ----------------------------------------------------------------------
     def _reset_step_counters(self) -> None:
-        self._step_peak = self.live_bytes
+        self._ledger.start_step()
         self._step_swapped = 0
         self._step_prefetched = 0
         self._step_late = 0
@@ -509,16 +354,16 @@ class SwapExecutor:
                 self._end_forward(name)
         for key in self._outs_at_turn:
             self._swap_out(key)
-        self._poll()
+        self._transfer.poll()
         for key in self._prefetch_at_turn:
             self._prefetch(key)
 
     def finish_step(self) -> StepStats:
         """Call after the backward: settles the copies and returns the step's numbers."""
-        self._poll()
+        self._transfer.poll()
         self.steps += 1
         return StepStats(
-            peak_saved_bytes=self._step_peak,
+            peak_saved_bytes=self._ledger.step_peak_bytes,
             swapped_bytes=self._step_swapped,
             prefetched_bytes=self._step_prefetched,
             late_fetches=self._step_late,

@@ -235,6 +235,9 @@ def run_rank(rank: int, world_size: int, request: _Request, local_rank: int | No
     from pipeswap.swap.dp import rank_device
 
     device = rank_device(request.settings.device, rank if local_rank is None else local_rank)
+    if device.type == "cuda":
+        # Before the first collective: NCCL runs object collectives on the current device.
+        torch.cuda.set_device(device)
     payload: dict[str, Any] | None = None
     if rank == 0:
         try:
@@ -295,7 +298,8 @@ def run_data_parallel(args: argparse.Namespace) -> int:
     request = _request(args)
     env = torchrun_env()
     if env is not None and args.nproc is None:
-        backend = backend_for(request.settings.device, env.world_size)
+        # NCCL needs a GPU per rank on each machine: count this machine's ranks.
+        backend = backend_for(request.settings.device, env.local_world_size or env.world_size)
         init_process_group(env, backend=backend, timeout_s=request.timeout_s)
         try:
             return run_rank(env.rank, env.world_size, request, env.local_rank)

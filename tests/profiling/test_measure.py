@@ -8,6 +8,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, model_spec
 from pipeswap.models.base import LayeredModel
 from pipeswap.profiling import estimate_layered, measure, meta_copy
+from pipeswap.profiling.measure import _Timer, transient_bytes
 from pipeswap.profiling.step import optimizer_state_bytes, param_bytes_by_layer, run_step
 from pipeswap.units import format_bytes
 
@@ -161,3 +162,91 @@ def test_other_runtime_errors_pass_through() -> None:
     model = LayeredModel("broken", [("b", Broken())], "classify", num_classes=2, in_channels=1)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         measure(model, 2, image_size=1)
+
+
+# ---- CUDA timing and workspace, with the allocator's statistics faked on the CPU ---------
+class _FakeAllocator:
+    """torch.cuda's memory statistics and synchronize, with a log of the calls."""
+
+    def __init__(self, allocated: int) -> None:
+        self.allocated = self.peak = allocated
+        self.log: list[str] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: self.log.append("sync"))
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self._reset)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", self._allocated)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", self._peak)
+
+    def _reset(self, device: object = None) -> None:
+        self.log.append("reset")
+        self.peak = self.allocated
+
+    def _allocated(self, device: object = None) -> int:
+        self.log.append("allocated")
+        return self.allocated
+
+    def _peak(self, device: object = None) -> int:
+        self.log.append("peak")
+        return self.peak
+
+    def alloc(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, nbytes: int) -> None:
+        self.allocated -= nbytes
+
+
+def test_transient_bytes_is_the_peak_above_both_ends() -> None:
+    assert transient_bytes(100, 180, 130) == 50  # a forward keeps 30, needed 50 more
+    assert transient_bytes(130, 160, 120) == 30  # a backward freed its saved 30 bytes
+    assert transient_bytes(100, 100, 100) == 0
+    assert transient_bytes(100, 90, 80) == 0
+
+
+def test_cuda_timer_syncs_around_each_pass_and_keeps_saved_bytes_out_of_workspace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _FakeAllocator(1000)
+    fake.install(monkeypatch)
+    timer = _Timer(torch.device("cuda", 0))
+    with timer("block", "forward"):
+        assert fake.log == ["sync", "reset", "allocated"]  # queue drained before the clock
+        fake.alloc(300)  # output and saved tensors, kept
+        fake.alloc(64)  # workspace ...
+        fake.free(64)  # ... released by the end
+    assert fake.log[3:] == ["sync", "peak", "allocated"]  # drained before the clock stops
+    assert timer.transient["block"] == 64
+    fake.log.clear()
+    timer = _Timer(torch.device("cuda", 0))
+    with timer("block", "backward"):
+        fake.alloc(20)  # input and weight gradients
+        fake.alloc(16)  # workspace
+        fake.free(16)
+        fake.free(300)  # the saved tensors and output let go as the backward runs
+    # The 300 saved bytes are the profile's saved bytes, not workspace: the backward needed
+    # 36 bytes above its start (gradients and workspace; the allocator cannot tell them
+    # apart), where "peak minus after" would have said 316.
+    assert timer.transient["block"] == 36
+    assert fake.allocated == 1020 and fake.log == ["sync", "reset", "allocated", "sync", "peak",
+                                                   "allocated"]  # fmt: skip
+    assert timer.seconds[("block", "backward")] >= 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_measure_on_cuda_times_every_pass_and_counts_workspace() -> None:
+    profile = measure("gpt2-micro", 4, seq_len=32, device="cuda", warmup=1, repeats=2)
+    assert profile.device == "cuda" and profile.source == "measured"
+    assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in profile.layers)
+    assert all(layer.workspace_bytes >= 0 for layer in profile.layers)
+    # The same step's real peak bounds what the profile counts as one layer's workspace.
+    model = build_model("gpt2-micro", device="cuda")
+    inputs, targets = model.example_batch(4, seq_len=32, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    run_step(model, inputs, targets)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    assert max(layer.workspace_bytes for layer in profile.layers) < peak

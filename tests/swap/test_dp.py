@@ -15,7 +15,15 @@ from pipeswap.hardware.presets import preset
 from pipeswap.pipeline.launch import spawn
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling import measure
-from pipeswap.swap.dp import RankResult, TrainSettings, ZooJob, build_report, train_rank
+from pipeswap.swap.dp import (
+    RankResult,
+    TrainSettings,
+    ZooJob,
+    backend_for,
+    build_report,
+    rank_device,
+    train_rank,
+)
 from pipeswap.swap.executor import capture_records
 from pipeswap.swap.plan import GpuPlan, SwapPlan
 from pipeswap.swap.planner import POLICIES, make_plan
@@ -223,3 +231,36 @@ def test_a_plan_one_rank_cannot_keep_fails_every_rank_without_a_hang() -> None:
                      timeout_s=30, grace_s=20)  # fmt: skip
     assert launched.exit_codes == (2, 2)  # both raised PipeswapError
     assert not launched.killed and launched.elapsed_s < 30
+
+
+def test_nccl_only_when_each_local_rank_has_a_gpu_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert backend_for("cuda", 1) == "nccl"
+    assert backend_for("cuda", 2) == "gloo"  # two ranks on one GPU: NCCL would refuse them
+    assert backend_for("cpu", 1) == "gloo"
+    assert rank_device("cuda", 1) == torch.device("cuda", 0)  # they share GPU 0
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert backend_for("cuda", 4) == "nccl"
+    assert rank_device("cuda", 3) == torch.device("cuda", 3)
+    assert rank_device("cpu", 3) == torch.device("cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_single_rank_matches_no_swapping_and_reports_allocator_peak() -> None:
+    # Activations well above the weights, so the step's peak is where swapping acts.
+    job = ZooJob("gpt2-tiny", 16, seq_len=256)
+    profile = measure("gpt2-tiny", job.batch_size, seq_len=job.seq_len, device="cuda",
+                      warmup=0, repeats=1)  # fmt: skip
+    settings = TrainSettings(steps=3, device="cuda")
+    results = {}
+    for policy in ("none", "oblivious"):
+        ratio = 1.0 if policy == "none" else 2.0
+        plan = make_plan(profile, preset("switch-4"), policy=policy, gpus=1,
+                         footprint_ratio=ratio, time_limit_s=20).plan  # fmt: skip
+        results[policy] = train_rank(job, plan, settings, profile=profile)
+    plain, swapped = results["none"], results["oblivious"]
+    assert (swapped.losses, swapped.params_sha256) == (plain.losses, plain.params_sha256)
+    assert swapped.swapped_bytes > 0 and plain.swapped_bytes == 0
+    # On CUDA the peak is the allocator's, which swapping lowers.
+    assert swapped.peak_resident_bytes < plain.peak_resident_bytes

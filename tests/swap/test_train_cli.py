@@ -8,8 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from pipeswap.errors import PipeswapError
+from pipeswap.swap import train_cli
+from pipeswap.swap.dp import TrainSettings, ZooJob
 from pipeswap.swap.train_cli import add_swap_train_arguments, default_topology, run_data_parallel
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
@@ -107,3 +110,27 @@ def test_the_issue_command_on_two_ranks(tmp_path: Path) -> None:
         peak <= budget
         for peak, budget in zip(swapped["peak_resident_bytes"], swapped["saved_budget_bytes"])
     )
+
+
+def test_a_cuda_rank_binds_its_gpu_before_the_first_collective(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NCCL runs the plan's broadcast on the current device: it must be the rank's own."""
+    log: list[tuple[str, Any]] = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: log.append(("bind", device)))
+
+    def plan(request: Any, world_size: int, device: torch.device) -> dict[str, Any]:
+        log.append(("plan", device))
+        raise PipeswapError("stop after planning")
+
+    monkeypatch.setattr(train_cli, "_plan", plan)
+    request = train_cli._Request(
+        job=ZooJob("gpt2-tiny", 2, seq_len=8), settings=TrainSettings(steps=1, device="cuda"),
+        policy="none", gpu_memory_bytes=None, footprint_ratio=None, topology=None,
+        time_limit_s=1.0, profile_path=None, report_path=None, timeout_s=1.0,
+    )  # fmt: skip
+    with pytest.raises(PipeswapError, match="stop after planning"):
+        train_cli.run_rank(0, 1, request, local_rank=1)
+    gpu = torch.device("cuda", 1)
+    assert log == [("bind", gpu), ("plan", gpu)]

@@ -1,0 +1,232 @@
+"""SwapTransfer: moves swapped storages to a host pool and back on side streams, event-guarded.
+
+The stream rules, on CUDA (on the CPU every stream and event is a no-op and they hold
+trivially):
+
+- A swap-out runs on the copy-out stream after that stream waits for the compute stream
+  (the tensor's producer must have finished). The transfer keeps the device bytes alive
+  until the copy's event has completed, and only then lets them go: no ``record_stream``
+  is needed because the last reference is dropped after the copy is known to be done.
+- A prefetch allocates its device bytes on the compute stream (which uses and frees
+  them), makes the copy-in stream wait for the compute stream (the block may have been
+  freed there a moment ago), copies on the copy-in stream and records an event; the
+  compute stream waits on that event before the tensor is first used. A tensor needed
+  before its prefetch was issued is copied synchronously on the compute stream (late).
+- A host slot is written again only after the copy that last read it: the next step's
+  swap-out into a slot waits on the event of the prefetch that read the slot.
+- Bytes whose copy may still be in flight are never released without synchronizing on
+  that copy's event first.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+
+import torch
+
+from pipeswap.streams import (
+    AnyEvent,
+    AnyStream,
+    current_stream,
+    new_stream,
+    record_event,
+    use_stream,
+    wait_event,
+    wait_stream,
+)
+from pipeswap.swap.pool import HostPool
+
+# Where a saved storage is: its life through one step.
+ON_DEVICE, COPYING_OUT, ON_HOST, FETCHING, BACK, GONE = range(6)
+
+
+class SavedEntry:
+    """One saved storage during one step."""
+
+    __slots__ = ("key", "nbytes", "swapped", "state", "device", "event", "refs")
+
+    def __init__(
+        self, key: Hashable, nbytes: int, swapped: bool, device: torch.Tensor | None
+    ) -> None:
+        self.key = key
+        self.nbytes = nbytes
+        self.swapped = swapped
+        self.state = ON_DEVICE
+        self.device: torch.Tensor | None = device  # [nbytes] uint8 over the whole storage
+        self.event: AnyEvent | None = None  # the copy that last read or wrote ``device``
+        self.refs = 0
+
+
+class DeviceLedger:
+    """Bytes of saved tensors held on the device: now, the current step's most, the run's."""
+
+    def __init__(self) -> None:
+        self.live_bytes = 0
+        self.step_peak_bytes = 0
+        self.peak_bytes = 0
+
+    def grow(self, nbytes: int) -> None:
+        self.live_bytes += nbytes
+        if self.live_bytes > self.step_peak_bytes:
+            self.step_peak_bytes = self.live_bytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def shrink(self, nbytes: int) -> None:
+        self.live_bytes -= nbytes
+
+    def start_step(self) -> None:
+        self.step_peak_bytes = self.live_bytes
+
+
+class HeldTensor:
+    """What autograd keeps for a tensor that stays on the device: the tensor itself, plus
+    a finalizer that tells the transfer when autograd lets go of it."""
+
+    __slots__ = ("transfer", "entry", "tensor")
+
+    def __init__(self, transfer: SwapTransfer, entry: SavedEntry, tensor: torch.Tensor) -> None:
+        self.transfer = transfer
+        self.entry = entry
+        self.tensor = tensor
+        entry.refs += 1
+
+    def __del__(self) -> None:
+        entry = self.entry
+        entry.refs -= 1
+        if entry.refs == 0:
+            self.transfer.forget(entry)
+
+
+class SwappedHandle:
+    """What autograd keeps for a view of a swapped storage: how to rebuild it from bytes."""
+
+    __slots__ = ("transfer", "entry", "dtype", "offset", "size", "stride")
+
+    def __init__(self, transfer: SwapTransfer, entry: SavedEntry, tensor: torch.Tensor) -> None:
+        self.transfer = transfer
+        self.entry = entry
+        entry.refs += 1
+        self.dtype = tensor.dtype
+        self.offset = tensor.storage_offset()
+        self.size = tensor.size()
+        self.stride = tensor.stride()
+
+    def __del__(self) -> None:
+        entry = self.entry
+        entry.refs -= 1
+        if entry.refs == 0:
+            self.transfer.forget(entry)
+
+
+def bytes_of_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """A ``[nbytes]`` uint8 tensor over the whole storage behind ``tensor``."""
+    return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
+
+
+def _copy(destination: torch.Tensor, source: torch.Tensor, *, non_blocking: bool) -> None:
+    # Every byte the transfer moves goes through here: one place for tests to observe.
+    destination.copy_(source, non_blocking=non_blocking)
+
+
+class SwapTransfer:
+    """Copies entries between ``device`` and their slots of ``pool``, counting in ``ledger``."""
+
+    def __init__(self, pool: HostPool, device: torch.device, ledger: DeviceLedger) -> None:
+        self.pool = pool
+        self.device = device
+        self.ledger = ledger
+        self.out_stream: AnyStream = new_stream(device)
+        self.in_stream: AnyStream = new_stream(device)
+        self._pending_out: deque[SavedEntry] = deque()
+        # Per slot, the event of the prefetch that last read it, until a swap-out into that
+        # slot has been ordered after it.
+        self._slot_readers: dict[Hashable, AnyEvent] = {}
+
+    def swap_out(self, entry: SavedEntry) -> None:
+        """Start copying ``entry`` (on the device) into its host slot."""
+        assert entry.state == ON_DEVICE and entry.device is not None
+        out = self.out_stream
+        wait_stream(out, current_stream(self.device))  # the producer must have finished
+        reader = self._slot_readers.pop(entry.key, None)
+        if reader is not None:
+            wait_event(out, reader)  # the last prefetch from this slot must have read it
+        with use_stream(out):
+            _copy(self.pool.slot(entry.key), entry.device, non_blocking=True)
+        entry.event = record_event(out)
+        entry.state = COPYING_OUT
+        self._pending_out.append(entry)
+
+    def poll(self) -> None:
+        """Release the device bytes of every swap-out whose copy has completed."""
+        pending = self._pending_out
+        while pending:
+            entry = pending[0]
+            if entry.state == COPYING_OUT:
+                assert entry.event is not None
+                if not entry.event.query():
+                    return  # one stream: later copies finish later
+                entry.device = None
+                entry.event = None
+                entry.state = ON_HOST
+                self.ledger.shrink(entry.nbytes)
+            pending.popleft()
+
+    def prefetch(self, entry: SavedEntry) -> bool:
+        """Start bringing ``entry`` back ahead of its use; True when a copy was issued."""
+        if entry.state == COPYING_OUT:
+            self.poll()
+        if entry.state == COPYING_OUT:
+            entry.state = BACK  # the copy has not finished: the device bytes never left
+            return False
+        if entry.state == ON_HOST:
+            self._fetch(entry, late=False)
+            return True
+        return False
+
+    def ready(self, entry: SavedEntry) -> bool:
+        """Make ``entry``'s device bytes safe for the compute stream to read from now on.
+
+        True when the bytes were still on the host and had to be fetched there and then.
+        """
+        if entry.state == ON_HOST:
+            self._fetch(entry, late=True)
+            return True
+        if entry.state == FETCHING:
+            assert entry.event is not None
+            wait_event(current_stream(self.device), entry.event)
+            entry.state = BACK
+        elif entry.state == COPYING_OUT:
+            entry.state = BACK  # still on the device: keep it, forget the release
+        return False
+
+    def _fetch(self, entry: SavedEntry, *, late: bool) -> None:
+        compute = current_stream(self.device)
+        # Allocated on the compute stream, which will read and free it.
+        device = torch.empty(entry.nbytes, dtype=torch.uint8, device=self.device)
+        self.ledger.grow(entry.nbytes)
+        slot = self.pool.slot(entry.key)
+        if late:
+            # Synchronous: PyTorch waits for a blocking host-to-device copy to finish.
+            _copy(device, slot, non_blocking=False)
+            entry.state = BACK
+        else:
+            wait_stream(self.in_stream, compute)  # the block may have been freed there just now
+            with use_stream(self.in_stream):
+                _copy(device, slot, non_blocking=True)
+            entry.event = record_event(self.in_stream)
+            self._slot_readers[entry.key] = entry.event
+            entry.state = FETCHING
+        entry.device = device
+
+    def forget(self, entry: SavedEntry) -> None:
+        """Autograd let go of the storage's last view: its device bytes can go."""
+        if entry.state == GONE:
+            return
+        if entry.event is not None and not entry.event.query():
+            entry.event.synchronize()  # a copy still reads or writes these bytes
+        if entry.state != ON_HOST:
+            self.ledger.shrink(entry.nbytes)
+        entry.device = None
+        entry.event = None
+        entry.state = GONE
