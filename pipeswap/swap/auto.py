@@ -1,18 +1,312 @@
-"""The auto policy: run every other policy and keep the plan that simulates fastest."""
+"""The auto policy: the best of the other policies, refined by local search under the simulator."""
 
 from __future__ import annotations
 
+import math
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
+from pipeswap.errors import PipeswapError
+from pipeswap.swap.channels import channel_groups
 from pipeswap.swap.mip import plan_mip
-from pipeswap.swap.policies import Case
-from pipeswap.swap.scoring import Scored
+from pipeswap.swap.policies import HEURISTICS, Case, Tensor, late_members, with_best_offset
+from pipeswap.swap.scoring import Assignment, Scored, score
+from pipeswap.swap.workload import Swap
+
+# A plan in search form: per member its swaps, and per member its start offset.
+Swaps = dict[str, tuple[Swap, ...]]
+Offsets = dict[str, float]
+
+_OFFSET_FACTORS = (0.8, 0.9, 0.95, 0.98, 1.02, 1.05, 1.1, 1.25)
+_PATIENCE = 120  # moves in a row that do not help before the search restarts
+_STALE_RESTARTS = 8  # restarts in a row that do not beat the best before the search stops
+_SMALLEST_TENSOR_BYTES = 2**20  # smaller tensors cannot change a plan measurably
 
 
 def plan_auto(case: Case, *, time_limit_s: float = 60.0) -> tuple[Scored, dict[str, Any]]:
-    """The MIP already scores oblivious, disjoint and bidirectional to pick its warm start,
-    and keeps the warm start when its own plan simulates slower: its answer is the best."""
+    """The MIP's answer (itself the best of the MIP and every heuristic, as simulated),
+    improved by local search for what is left of ``time_limit_s``.
+
+    The search starts from two plans: that answer, and every GPU swapping what is best
+    for one GPU alone with late GPUs offset (``_solo_start``). Each gets a quarter of
+    the time left; the better then gets the rest. A plan is kept only when the whole
+    case simulates faster, so the result is never slower than any other policy.
+    """
+    started = time.perf_counter()
+    # Stop early enough for the final simulations of the whole case and the report.
+    deadline = started + 0.85 * time_limit_s
     outcome = plan_mip(case, time_limit_s=time_limit_s)
     notes = dict(outcome.notes)
     notes["mip_gap"] = outcome.mip_gap
-    return outcome.scored, notes
+    best = outcome.scored
+    starts = {"mip": best.assignment}
+    if len(case.gpus) > 1 and deadline > time.perf_counter():
+        solo = _solo_start(case, _share(deadline, 0.1))
+        if solo is not None:
+            starts["solo"] = solo
+            notes["solo_simulated_s"] = case.score(solo).iteration_s
+    found: dict[str, Assignment] = {}
+    for name, assignment in starts.items():
+        refined, stats = local_search(case, assignment, deadline=_share(deadline, 0.25))
+        notes.update({f"{key} ({name})": value for key, value in stats.items()})
+        found[name] = refined or assignment
+    leader = min(found, key=lambda name: case.score(found[name]).iteration_s)
+    refined, stats = local_search(case, found[leader], deadline=deadline, seed=1)
+    notes.update({f"{key} ({leader}, again)": value for key, value in stats.items()})
+    if refined is not None:
+        found[leader] = refined
+    for name, assignment in found.items():
+        scored = case.score(assignment)
+        if scored.iteration_s < best.iteration_s:
+            best = scored
+            notes["kept"] = "one-GPU plan with offsets" if assignment is starts.get(name) \
+                else f"local search from {name}"
+    return best, notes
+
+
+def _share(deadline: float, fraction: float) -> float:
+    """The moment when ``fraction`` of the time left until ``deadline`` has passed."""
+    now = time.perf_counter()
+    return now + fraction * max(0.0, deadline - now)
+
+
+def _solo_start(case: Case, deadline: float) -> Assignment | None:
+    """Every GPU swaps the plan that is best for one GPU alone (one micro-batch, its own
+    path; local search from ``oblivious``), and late GPUs start later, as bidirectional
+    overlapping does; None when nothing must move."""
+    solo = replace(case, gpus=case.gpus[:1], sync_every=1)
+    start = HEURISTICS["oblivious"](solo)
+    if not any(start.swaps.values()):
+        return None
+    refined, _ = local_search(solo, start, deadline=deadline)
+    plan = (refined or start).swaps[case.gpus[0]]
+    swaps = {gpu: plan for gpu in case.gpus}
+    late = late_members(case)
+    return with_best_offset(case, swaps, late) if late else Assignment(swaps)
+
+
+def local_search(
+    case: Case, start: Assignment, *, deadline: float, seed: int = 0
+) -> tuple[Assignment | None, dict[str, Any]]:
+    """Iterated local search from ``start`` until ``deadline``.
+
+    Random moves (see ``_Moves``) are simulated one at a time; one that shortens the
+    simulated iteration, with every GPU still within budget, is kept. After ``_PATIENCE``
+    moves in a row that do not help, the best plan so far is kicked with a few random
+    moves and the descent starts again; after ``_STALE_RESTARTS`` restarts in a row that
+    do not beat the best, the search stops before the deadline. Candidates are ranked on
+    one channel group when all groups have one shape (as ``bidirectional`` ranks its
+    offsets); the result is the whole case's assignment, or None when nothing improved.
+    """
+    ranking = case.reduced()
+    members = list(ranking.gpus)
+    swaps: Swaps = {g: _ordered(start.swaps.get(g, ())) for g in members}
+    offsets: Offsets = {g: float(start.offsets_s.get(g, 0.0)) for g in members}
+    moves = _Moves(case, members, random.Random(seed))
+    seen: dict[Any, float] = {}
+
+    def simulate_s(candidate: tuple[Swaps, Offsets]) -> float:
+        candidate_swaps, candidate_offsets = candidate
+        key = (tuple(candidate_swaps[g] for g in members),
+               tuple(round(candidate_offsets.get(g, 0.0), 9) for g in members))
+        if key not in seen:
+            try:
+                seen[key] = score(
+                    case.workload, ranking.topology, members,
+                    Assignment(candidate_swaps, {g: o for g, o in candidate_offsets.items() if o}),
+                    sync_every=ranking.sync_every, bucket_bytes=ranking.bucket_bytes,
+                ).result.makespan_s
+            except PipeswapError:  # an allocation that can never fit: not a plan
+                seen[key] = math.inf
+        return seen[key]
+
+    initial_s = simulate_s((swaps, offsets))
+    best = current = (swaps, offsets, initial_s)
+    tried = restarts = stale = 0
+    while time.perf_counter() < deadline and stale < _STALE_RESTARTS:
+        failures = 0
+        while failures < _PATIENCE and time.perf_counter() < deadline:
+            candidate = moves.sample(current[0], current[1])
+            if candidate is None:
+                failures += 1
+                continue
+            tried += 1
+            seconds = simulate_s(candidate)
+            if seconds < current[2] - 1e-12:
+                current = (*candidate, seconds)
+                failures = 0
+            else:
+                failures += 1
+        if current[2] < best[2] - 1e-12:
+            best, stale = current, 0
+        else:
+            stale += 1
+        # Kick the best plan with a few random moves that fit, whatever they cost.
+        restarts += 1
+        kicked: tuple[Swaps, Offsets] = (best[0], best[1])
+        for _ in range(3):
+            kicked = moves.sample(*kicked) or kicked
+        current = (*kicked, simulate_s(kicked))
+    stats = {
+        "search_moves_tried": tried,
+        "search_restarts": restarts,
+        "search_ranked_s": best[2],
+        "search_start_ranked_s": initial_s,
+    }
+    if best[2] >= initial_s:
+        return None, stats
+    return _expand(case, members, best[0], best[1]), stats
+
+
+def _ordered(swaps: Iterable[Swap]) -> tuple[Swap, ...]:
+    return tuple(sorted(swaps, key=lambda s: (s.layer, s.index)))
+
+
+def _expand(case: Case, members: Sequence[str], swaps: Swaps, offsets: Offsets) -> Assignment:
+    """The whole case's assignment from the ranking group's: position p of every channel
+    group gets what member p got (the groups have one shape)."""
+    if list(members) == list(case.gpus):
+        return Assignment(dict(swaps), {g: o for g, o in offsets.items() if o})
+    full_swaps: Swaps = {}
+    full_offsets: Offsets = {}
+    for group in channel_groups(case.topology, case.gpus):
+        for position, gpu in enumerate(group):
+            full_swaps[gpu] = swaps[members[position]]
+            if offsets.get(members[position]):
+                full_offsets[gpu] = offsets[members[position]]
+    return Assignment(full_swaps, full_offsets)
+
+
+class _Moves:
+    """Random moves from a plan, each keeping every GPU within its budget.
+
+    A swap-out point up to two layers later or earlier; a prefetch point up to two
+    backwards earlier or later; a tensor dropped, added (prefetched just in time or at
+    the turn), or replaced by a nearby unswapped tensor, which may also take the old
+    tensor's turn on the copy engine while the old one goes later; one tensor each
+    exchanged between two GPUs of the channel; a start offset scaled, nudged or set.
+    """
+
+    def __init__(self, case: Case, members: Sequence[str], rng: random.Random) -> None:
+        self.workload = case.workload
+        self.budget = case.budget_bytes
+        self.members = list(members)
+        self.rng = rng
+        self.n = case.workload.num_layers
+        self.forward_s = sum(case.workload.forward_s)
+        self.tensors = [
+            (layer, index, nbytes) for layer, saved in enumerate(case.workload.saved)
+            for index, nbytes in saved if nbytes >= _SMALLEST_TENSOR_BYTES
+        ]
+        self.kinds = (self._shift_out, self._shift_prefetch, self._drop, self._add,
+                      self._replace, self._replace, self._exchange, self._offset)
+
+    def sample(self, swaps: Swaps, offsets: Offsets) -> tuple[Swaps, Offsets] | None:
+        """One random move, or None when the drawn move is impossible or does not fit."""
+        gpu = self.rng.choice(self.members)
+        kind = self.rng.choice(self.kinds)
+        if kind == self._offset:
+            changed_offsets = self._offset(gpu, offsets)
+            return None if changed_offsets is None else (swaps, changed_offsets)
+        changed = kind(gpu, swaps)
+        if not changed:
+            return None
+        changed = {g: _ordered(plan) for g, plan in changed.items()}
+        if any(plan == swaps[g] or not self.workload.fits(plan, self.budget)
+               for g, plan in changed.items()):
+            return None
+        return {**swaps, **changed}, offsets
+
+    def _pick(self, swaps: Swaps, gpu: str) -> tuple[Swap, list[Swap]] | None:
+        plan = list(swaps[gpu])
+        if not plan:
+            return None
+        k = self.rng.randrange(len(plan))
+        return plan[k], plan[:k] + plan[k + 1:]
+
+    def _shift_out(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+        picked = self._pick(swaps, gpu)
+        if picked is None:
+            return None
+        s, rest = picked
+        out = s.out + self.rng.choice((-2, -1, 1, 2))
+        if not s.layer <= out < self.n:
+            return None
+        return {gpu: [*rest, Swap(s.layer, s.index, s.bytes, out, s.prefetch)]}
+
+    def _shift_prefetch(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+        picked = self._pick(swaps, gpu)
+        if picked is None:
+            return None
+        s, rest = picked
+        point = s.prefetch + self.rng.choice((-2, -1, 1, 2))
+        if not s.layer < point <= self.n:
+            return None
+        return {gpu: [*rest, Swap(s.layer, s.index, s.bytes, s.out, point)]}
+
+    def _drop(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+        picked = self._pick(swaps, gpu)
+        return None if picked is None else {gpu: picked[1]}
+
+    def _unswapped(self, swaps: Swaps, gpu: str, near: int | None = None) -> list[Tensor]:
+        taken = {(s.layer, s.index) for s in swaps[gpu]}
+        return [t for t in self.tensors if (t[0], t[1]) not in taken
+                and (near is None or abs(t[0] - near) <= 2)]
+
+    def _add(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+        free = self._unswapped(swaps, gpu)
+        if not free:
+            return None
+        layer, index, nbytes = self.rng.choice(free)
+        point = self.rng.choice((layer + 1, self.n))
+        return {gpu: [*swaps[gpu], Swap(layer, index, nbytes, layer, point)]}
+
+    def _replace(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+        picked = self._pick(swaps, gpu)
+        if picked is None:
+            return None
+        s, rest = picked
+        free = self._unswapped(swaps, gpu, near=s.layer)
+        if not free:
+            return None
+        layer, index, nbytes = self.rng.choice(free)
+        point = max(layer + 1, s.prefetch)
+        if layer <= s.out and s.out + 1 < self.n and self.rng.random() < 0.5:
+            # The new tensor takes the old one's turn on the copy engine; the old one
+            # goes one or two layers later.
+            later = min(self.n - 1, s.out + self.rng.choice((1, 2)))
+            return {gpu: [*rest, Swap(layer, index, nbytes, s.out, point),
+                          Swap(s.layer, s.index, s.bytes, later, s.prefetch)]}
+        return {gpu: [*rest, Swap(layer, index, nbytes, layer, point)]}
+
+    def _exchange(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+        others = [g for g in self.members if g != gpu]
+        if not others:
+            return None
+        other = self.rng.choice(others)
+        mine = {(s.layer, s.index) for s in swaps[gpu]}
+        theirs = {(s.layer, s.index) for s in swaps[other]}
+        give = [s for s in swaps[gpu] if (s.layer, s.index) not in theirs]
+        if not give:
+            return None
+        s = self.rng.choice(give)
+        take = [t for t in swaps[other]
+                if (t.layer, t.index) not in mine and abs(t.layer - s.layer) <= 2]
+        if not take:
+            return None
+        t = self.rng.choice(take)
+        return {gpu: [*(x for x in swaps[gpu] if x is not s), t],
+                other: [*(x for x in swaps[other] if x is not t), s]}
+
+    def _offset(self, gpu: str, offsets: Offsets) -> Offsets | None:
+        if offsets.get(gpu):
+            if self.rng.random() < 0.5:
+                value = offsets[gpu] * self.rng.choice(_OFFSET_FACTORS)
+            else:
+                value = offsets[gpu] + self.rng.choice((-0.02, -0.005, 0.005, 0.02)) * self.forward_s
+        else:
+            value = self.rng.choice((0.05, 0.1, 0.25, 0.5, 1.0)) * self.forward_s
+        return {**offsets, gpu: max(0.0, value)}

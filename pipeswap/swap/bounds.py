@@ -23,11 +23,12 @@ starts at ``S_j``.
   the rest belong to layers ``k..i-1``, which exist only from ``E_k`` on, and went out
   one after another at rate at most ``B``. Hence, for every ``k < i``,
   ``T_i >= E_k + (need[i] - cum(<k)) / B``, and ``T_i >= E_{i-1}``.
-* Backward, the mirror image: at ``S_j`` at least ``need[j]`` bytes of layers before
-  ``j`` have not *started* their prefetch (memory is taken when it starts); those of
-  layers ``k..j-1`` must be back before ``S_k``. Hence ``S_k >= S_j + (need[j] -
-  cum(<k)) / B`` for every ``k < j``, and ``S_k >= S_{k+1} + Bk_{k+1}``; ``S_{L-1}``
-  is the turn ``E_{L-1}``.
+* Backward, the mirror image: backward ``j`` holds its memory (its saved tensors and
+  working set) from ``S_j`` until it ends, so until ``S_j + Bk_j`` at least ``need[j]``
+  bytes of layers before ``j`` have not *started* their prefetch (memory is taken when
+  it starts); those of layers ``k..j-1`` must be back before ``S_k``. Hence
+  ``S_k >= S_j + Bk_j + (need[j] - cum(<k)) / B`` for every ``k < j``, and
+  ``S_k >= S_{k+1} + Bk_{k+1}``; ``S_{L-1}`` is the turn ``E_{L-1}``.
 
 This longest-path recursion gives the shortest possible micro-batch ``M_g`` of GPU g;
 with ``k = 0`` and ``i`` the peak layer it contains the simple form
@@ -51,9 +52,31 @@ iteration takes at least ``F_0 + K |G_l| need[i] / C + F_{>=i} + Bk + tail``. Mi
 prefetches: the ``need[j]`` bytes off the GPU at backward ``j`` come back after backward
 ``j`` of the first micro-batch starts (>= ``F + Bk_{>j}``) and before the last backward
 starts: ``F + Bk_{>j} + K |G_l| need[j] / C + Bk_0 + tail``. The turn bound is the
-largest of these and the per-GPU term. With ``K = 1`` the edges (compute during which the
-shared link cannot help) are what the link bound misses; with larger ``K`` they are
-amortized and both bounds meet.
+largest of these, the per-GPU term and the two terms below. With ``K = 1`` the edges
+(compute during which the shared link cannot help) are what the link bound misses.
+
+**Sharing at the edges of a sync, valid under any offsets.** Let the members of ``G_l``
+share link ``l`` (capacity ``C``), ``B`` be the fastest member's own path and ``M`` the
+shortest member's micro-batch (the recursions above give lower bounds on every member's
+event times with that ``B``: ``E_k``, ``S_j`` below are those bounds).
+
+* First micro-batch, swap-outs: at forward ``i`` of its first micro-batch every member
+  has finished the swap-outs of ``need[i]`` bytes, of which at least ``need[i] - cum(<k)``
+  belong to layers ``k..i-1`` and so left after ``E_k``. Take the member ``L`` that
+  reaches forward ``i`` last: by then the link carried ``|G_l| (need[i] - cum(<k))`` bytes
+  after ``E_k``, so ``T_L(i) >= E_k + |G_l| (need[i] - cum(<k)) / C`` for every ``k < i``.
+  From there ``L`` still runs the forward recursion from ``i`` on, its backward, ``K - 1``
+  more micro-batches (each at least ``M``) and the tail.
+* Last micro-batch, prefetches: let ``E`` be the member that ends backward ``j`` of its
+  last micro-batch first, no sooner than ``(K - 1) M`` plus the recursion's end of
+  backward ``j``. Every member then still has at least ``need[j] - cum(<k)`` bytes of
+  layers ``k..j-1`` to bring back through the link before its backward ``k``; the member
+  whose last byte arrives last then runs backward ``k..0`` and the tail:
+  ``(K - 1) M + S_j + Bk_j + |G_l| (need[j] - cum(<k)) / C + Bk_{<=k} + tail``.
+
+Both hold whatever the offsets: an offset only delays the late member further. They
+state what bidirectional overlapping pays at every sync: members cannot all start
+swapping at once, so one of them is late by about one member's swap-outs.
 """
 
 from __future__ import annotations
@@ -147,33 +170,63 @@ def lower_bound(
     )
 
 
-def shortest_microbatch_s(workload: Workload, budget_bytes: int, bytes_per_s: float) -> float:
-    """The shortest micro-batch any plan can achieve on a path of ``bytes_per_s`` per
-    direction: the forward and backward recursions of the module docstring."""
-    needs = workload.needs(budget_bytes)
-    before: list[int] = []  # cum(<k)
+def _cumulative_before(workload: Workload) -> list[int]:
+    """``cum(<k)`` for every layer k: saved bytes of the layers before k."""
+    before: list[int] = []
     total = 0
     for saved in workload.saved_bytes:
         before.append(total)
         total += saved
-    n = workload.num_layers
+    return before
+
+
+def _forward_ends(
+    workload: Workload,
+    needs: Sequence[int],
+    before: Sequence[int],
+    bytes_per_s: float,
+    floor: tuple[int, float] | None = None,
+) -> list[float]:
+    """Earliest end of every forward of a micro-batch starting at 0 (the forward recursion
+    of the module docstring); ``floor = (i, t)`` adds ``T_i >= t``."""
     forward_end: list[float] = []
     start = 0.0
-    for i in range(n):
+    for i in range(workload.num_layers):
         for k in range(i):
             if needs[i] > before[k]:
                 start = max(start, forward_end[k] + (needs[i] - before[k]) / bytes_per_s)
+        if floor is not None and floor[0] == i:
+            start = max(start, floor[1])
         forward_end.append(start + workload.forward_s[i])
         start = forward_end[-1]
+    return forward_end
+
+
+def _backward_starts(
+    workload: Workload, needs: Sequence[int], before: Sequence[int], bytes_per_s: float
+) -> list[float]:
+    """Earliest start of every backward, counted from the turn (the backward recursion)."""
+    n = workload.num_layers
     backward_start = [0.0] * n
-    backward_start[n - 1] = forward_end[-1]
     for k in reversed(range(n - 1)):
         at = backward_start[k + 1] + workload.backward_s[k + 1]
         for j in range(k + 1, n):
             if needs[j] > before[k]:
-                at = max(at, backward_start[j] + (needs[j] - before[k]) / bytes_per_s)
+                # need[j] stays off the GPU until backward j ends (it holds its memory).
+                ends = backward_start[j] + workload.backward_s[j]
+                at = max(at, ends + (needs[j] - before[k]) / bytes_per_s)
         backward_start[k] = at
-    return backward_start[0] + workload.backward_s[0]
+    return backward_start
+
+
+def shortest_microbatch_s(workload: Workload, budget_bytes: int, bytes_per_s: float) -> float:
+    """The shortest micro-batch any plan can achieve on a path of ``bytes_per_s`` per
+    direction: the forward and backward recursions of the module docstring."""
+    needs = workload.needs(budget_bytes)
+    before = _cumulative_before(workload)
+    forward_end = _forward_ends(workload, needs, before, bytes_per_s)
+    backward_start = _backward_starts(workload, needs, before, bytes_per_s)
+    return forward_end[-1] + backward_start[0] + workload.backward_s[0]
 
 
 def turn_bound(
@@ -210,6 +263,7 @@ def turn_bound(
     slowest = max(micro, key=lambda g: micro[g])
     terms = {slowest: sync_every * micro[slowest] + tail}
     channel = _channel_terms(workload, topology, gpus, budget_bytes, sync_every, tail)
+    channel.update(_sharing_terms(workload, topology, gpus, budget_bytes, sync_every, tail, micro))
     terms.update(channel)
     binding = max(terms, key=lambda name: terms[name])
     return TurnBound(
@@ -255,4 +309,77 @@ def _channel_terms(
             terms[name] = max(
                 head + need / rate + rest for need, (head, rest) in zip(needs, edges) if need
             )
+    return terms
+
+
+def _sharing_terms(
+    workload: Workload,
+    topology: Topology,
+    gpus: Sequence[str],
+    budget_bytes: int,
+    sync_every: int,
+    tail: float,
+    micro: dict[str, float],
+) -> dict[str, float]:
+    """Per shared link: the first- and last-micro-batch terms (module docstring, "Sharing
+    at the edges of a sync")."""
+    needs = workload.needs(budget_bytes)
+    if not any(needs):
+        return {}
+    users: dict[int, list[str]] = {}
+    for gpu in gpus:
+        for link, _ in topology.path(gpu, topology.host_of(gpu)):
+            users.setdefault(link, []).append(gpu)
+    before = _cumulative_before(workload)
+    n = workload.num_layers
+    backward_through = []  # Bk_{<=k}: what is left of a backward once layer k's may start
+    total = 0.0
+    for seconds in workload.backward_s:
+        total += seconds
+        backward_through.append(total)
+    cache: dict[tuple[float, int, float, float], tuple[float, float]] = {}
+    terms: dict[str, float] = {}
+    for link, members in users.items():
+        if len(members) < 2:
+            continue
+        capacity = topology.links[link].bytes_per_s
+        # The fastest member's path and shortest micro-batch: valid for every member.
+        own = max(
+            min(topology.links[hop].bytes_per_s for hop, _ in
+                topology.path(g, topology.host_of(g)))
+            for g in members
+        )
+        shortest = min(micro[g] for g in members)
+        key = (capacity, len(members), own, shortest)
+        if key not in cache:
+            share = len(members) / capacity
+            forward_end = _forward_ends(workload, needs, before, own)
+            backward_start = _backward_starts(workload, needs, before, own)
+            backward_s = backward_start[0] + workload.backward_s[0]
+            rest = (sync_every - 1) * shortest + tail
+            first = 0.0
+            last = 0.0
+            for i in range(n):
+                if not needs[i]:
+                    continue
+                # The later member reaches forward i of its first micro-batch only once every
+                # member's need[i] bytes (those of layers k..i-1 made after E_k) crossed.
+                floor = max(forward_end[k] + share * (needs[i] - before[k])
+                            for k in range(i) if needs[i] > before[k])
+                delayed = _forward_ends(workload, needs, before, own, floor=(i, floor))
+                first = max(first, delayed[-1] + backward_s + rest)
+                # The earliest member starts backward i of its last micro-batch no sooner
+                # than (K-1) shortest micro-batches and this one's prefix; then every
+                # member's bytes of layers k..i-1 come back before their backward k.
+                prefix = ((sync_every - 1) * shortest + forward_end[-1] + backward_start[i]
+                          + workload.backward_s[i])
+                for k in range(i):
+                    if needs[i] > before[k]:
+                        last = max(last, prefix + share * (needs[i] - before[k])
+                                   + backward_through[k] + tail)
+            cache[key] = (first, last)
+        first, last = cache[key]
+        edge = topology.links[link]
+        terms[f"{edge.a}<->{edge.b} first swap-outs"] = first
+        terms[f"{edge.a}<->{edge.b} last prefetches"] = last
     return terms

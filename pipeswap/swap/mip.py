@@ -183,8 +183,16 @@ def plan_mip(case: Case, *, time_limit_s: float = 60.0) -> MipOutcome:
     """Solve the MIP per channel group, warm-started from the best heuristic plan.
 
     The MIP's plan is re-scored by the simulator; when it simulates slower than the warm
-    start, the warm start is returned. Both estimates are in the notes.
+    start, the warm start is returned. Both estimates are in the notes. The outcome is
+    remembered on ``case`` (``auto`` starts from it).
     """
+    key = ("mip", time_limit_s)
+    if key not in case.memo:
+        case.memo[key] = _plan_mip(case, time_limit_s)
+    return case.memo[key]
+
+
+def _plan_mip(case: Case, time_limit_s: float) -> MipOutcome:
     from pipeswap.swap.channels import channel_groups
 
     started = time.perf_counter()

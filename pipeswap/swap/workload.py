@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from pipeswap.errors import PipeswapError
 from pipeswap.profile import Profile
@@ -45,8 +46,9 @@ class Workload:
     def num_layers(self) -> int:
         return len(self.names)
 
-    @property
+    @cached_property
     def saved_bytes(self) -> tuple[int, ...]:
+        # Cached: graph building asks for it per task (frozen dataclasses allow this).
         return tuple(sum(b for _, b in layer) for layer in self.saved)
 
     @property
@@ -181,8 +183,8 @@ def build_iteration_graph(
     """The task graph of one iteration (``sync_every`` micro-batches) on every GPU.
 
     Task ids are ``{gpu}/m{micro}/f{layer}`` (forward), ``.../b{layer}`` (backward),
-    ``.../out{layer}.{point}`` and ``.../in{layer}.{point}`` (swaps of one layer issued
-    together), ``{gpu}/offset``, ``{gpu}/resident``, ``{gpu}/step`` and ``allreduce{k}``.
+    ``.../out{layer}.{index}`` and ``.../in{layer}.{index}`` (one copy per saved tensor,
+    as the executor copies them), ``{gpu}/offset``, ``{gpu}/resident``, ``{gpu}/step`` and ``allreduce{k}``.
     """
     if sync_every < 1:
         raise PipeswapError(f"--sync-every is {sync_every}; use 1 or more")
@@ -227,14 +229,13 @@ def _microbatch(
 ) -> tuple[str, list[str]]:
     n = workload.num_layers
     prefix = f"{gpu}/m{micro}"
-    # Group the tensors of one layer issued at the same point into one copy.
-    outs: dict[int, dict[int, int]] = {}
-    ins: dict[int, dict[int, int]] = {}
-    for s in plan:
-        outs.setdefault(s.out, {}).setdefault(s.layer, 0)
-        outs[s.out][s.layer] += s.bytes
-        ins.setdefault(s.prefetch, {}).setdefault(s.layer, 0)
-        ins[s.prefetch][s.layer] += s.bytes
+    # One copy per tensor, as the executor issues them: at each point, later layers first,
+    # then by saved index (the copy engines are FIFO, so this order is part of the plan).
+    outs: dict[int, list[Swap]] = {}
+    ins: dict[int, list[Swap]] = {}
+    for s in sorted(plan, key=lambda s: (-s.layer, s.index)):
+        outs.setdefault(s.out, []).append(s)
+        ins.setdefault(s.prefetch, []).append(s)
     out_ids: dict[tuple[int, int], str] = {}
     for i in range(n):
         transient = workload.transient[i]
@@ -246,27 +247,24 @@ def _microbatch(
             free_bytes=transient,
             id=f"{prefix}/f{i}",
         )
-        for layer, nbytes in sorted(outs.get(i, {}).items()):
-            out_ids[(layer, i)] = builder.d2h(
-                gpu, nbytes, deps=[previous], free_bytes=nbytes, id=f"{prefix}/out{layer}.{i}"
+        for s in outs.get(i, ()):
+            out_ids[(s.layer, s.index)] = builder.d2h(
+                gpu, s.bytes, deps=[previous], free_bytes=s.bytes,
+                id=f"{prefix}/out{s.layer}.{s.index}",
             )
-    outs_of_layer: dict[int, list[str]] = {}
-    for (layer, _), task_id in out_ids.items():
-        outs_of_layer.setdefault(layer, []).append(task_id)
     in_ids: dict[int, list[str]] = {}
     backward_ids = [""] * n
     for j in reversed(range(n)):
-        # Prefetches issued after backward j+1 (or after the last forward when j+1 == n),
-        # needed first issued first: the copy engine is FIFO.
-        for layer, nbytes in sorted(ins.get(j + 1, {}).items(), reverse=True):
+        # Prefetches issued after backward j+1 (or after the last forward when j+1 == n).
+        for s in ins.get(j + 1, ()):
             task_id = builder.h2d(
                 gpu,
-                nbytes,
-                deps=[previous, *outs_of_layer[layer]],
-                alloc_bytes=nbytes,
-                id=f"{prefix}/in{layer}.{j + 1}",
+                s.bytes,
+                deps=[previous, out_ids[(s.layer, s.index)]],
+                alloc_bytes=s.bytes,
+                id=f"{prefix}/in{s.layer}.{s.index}",
             )
-            in_ids.setdefault(layer, []).append(task_id)
+            in_ids.setdefault(s.layer, []).append(task_id)
         transient = workload.transient[j]
         previous = builder.compute(
             gpu,

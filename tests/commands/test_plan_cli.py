@@ -54,12 +54,12 @@ def test_plan_json_and_graph_reproduced_by_simulate(profile_path, tmp_path, caps
 
 def test_compare_prints_one_row_per_policy(profile_path, capsys) -> None:
     code = main(["plan", "--profile", profile_path, "--topology", "switch-4", "--gpus", "2",
-                 "--footprint-ratio", "2", "--compare", "--time-limit", "5"])
+                 "--footprint-ratio", "2", "--compare", "--time-limit", "2"])
     assert code == 0
     out = capsys.readouterr().out
-    for policy in ("none (no fit)", "oblivious", "disjoint", "bidirectional", "mip"):
+    for policy in ("none (no fit)", "oblivious", "disjoint", "bidirectional", "mip", "auto"):
         assert policy in out
-    assert "auto keeps" in out
+    assert "best: " in out
 
 
 def test_budget_too_small_exits_2_with_the_smallest_budget(profile_path, capsys) -> None:

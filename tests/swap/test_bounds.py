@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
+from pipeswap.swap.auto import local_search
 from pipeswap.swap.bounds import lower_bound, shortest_microbatch_s, turn_bound
 from pipeswap.swap.planner import make_case
 from pipeswap.swap.policies import HEURISTICS
@@ -49,12 +51,12 @@ def test_turn_bound_one_gpu_closed_form(make_profile) -> None:
     w, budget = _four_layers(make_profile)
     assert w.needs(budget) == [0, 0, 6 * GB, 12 * GB]
     # Forward 2 waits for 6 GB of layer 0 (out from 1/16 s, 1/2 s); forward 3 for 12 GB
-    # (from 1/16 s, 1 s): the turn is at 1.125 s. Backward 0 must wait for layers 0-2 to be
-    # back, which may only start coming back at the turn: 1 s more, then its own 1/8 s.
-    assert shortest_microbatch_s(w, budget, 12e9) == pytest.approx(2.25)
+    # (from 1/16 s, 1 s): the turn is at 1.125 s. Backward 3 holds its memory for 1/8 s;
+    # only then may the 12 GB of layers 0-1 start coming back: 1 s more, then backward 0.
+    assert shortest_microbatch_s(w, budget, 12e9) == pytest.approx(2.375)
     # The simple form max(F, D/B) + max(Bk, D/B) = 1 + 1 is weaker, never stronger.
     bound = turn_bound(w, preset("switch-4"), ["gpu0"], budget, sync_every=3)
-    assert bound.bound_s == pytest.approx(3 * 2.25)
+    assert bound.bound_s == pytest.approx(3 * 2.375)
     assert bound.binding == "gpu0"
     assert bound.tail_s == 0.0  # no optimizer step known for toy-gpu, no all-reduce
 
@@ -67,9 +69,30 @@ def test_turn_bound_shared_uplink_closed_form(make_profile) -> None:
     assert bound.channel_s["sw0<->cpu0 swap-outs"] == pytest.approx(2.625)
     # Back: after the turn (1/4 s) and before backward 0 (1/8 s): 1/4 + 2 + 1/8.
     assert bound.channel_s["sw0<->cpu0 prefetches"] == pytest.approx(2.375)
-    assert bound.bound_s == pytest.approx(2.625)
     design = lower_bound(w, preset("switch-4"), ["gpu0", "gpu1"], budget, sync_every=1)
     assert design.bound_s == pytest.approx(2.0)
+
+
+def test_sharing_terms_closed_form(make_profile) -> None:
+    w, budget = _four_layers(make_profile)
+    bound = turn_bound(w, preset("switch-4"), ["gpu0", "gpu1"], budget, sync_every=1)
+    # First micro-batch: 2 x 12 GB of layers 0-2 leave after forward 0 (1/16 s) before the
+    # later GPU's forward 3 starts (2 1/16 s); it then runs forward 3 (1/16 s) and the
+    # shortest backward of the one-GPU recursion (1/8 s, 1 s of prefetch, 1/8 s).
+    assert bound.channel_s["sw0<->cpu0 first swap-outs"] == pytest.approx(3.375)
+    # Last micro-batch: the earlier GPU ends backward 3 at 1 1/4 s at best; then 2 x 12 GB
+    # come back (2 s) before the last backward 0 (1/8 s).
+    assert bound.channel_s["sw0<->cpu0 last prefetches"] == pytest.approx(3.375)
+    assert bound.bound_s == pytest.approx(3.375)
+    # With three micro-batches the late GPU still runs two more of at least 2.375 s each,
+    # more than the per-GPU term (3 x 2.375) and the amortized channel term.
+    three = turn_bound(w, preset("switch-4"), ["gpu0", "gpu1"], budget, sync_every=3)
+    assert three.channel_s["sw0<->cpu0 first swap-outs"] == pytest.approx(3.375 + 2 * 2.375)
+    assert three.channel_s["sw0<->cpu0 swap-outs"] == pytest.approx(1 / 16 + 6 + 9 / 16)
+    assert three.bound_s == pytest.approx(8.125)
+    # A GPU alone on its link gets no sharing terms.
+    alone = turn_bound(w, preset("switch-4"), ["gpu0", "gpu2"], budget, sync_every=1)
+    assert not any("first" in name or "last" in name for name in alone.channel_s)
 
 
 def test_turn_bound_is_compute_when_nothing_must_move(make_profile) -> None:
@@ -98,7 +121,7 @@ def _random_plan(rng: random.Random, w: Workload, budget: int) -> list[Swap]:
     return chosen
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(30))
 def test_no_plan_beats_either_bound(make_profile, seed) -> None:
     rng = random.Random(seed)
     sizes = [tuple(rng.choice((0.5, 1, 2, 3)) for _ in range(rng.randint(1, 2)))
@@ -128,3 +151,46 @@ def test_no_plan_beats_either_bound(make_profile, seed) -> None:
     for name, seconds in times.items():
         assert seconds >= design.bound_s * (1 - 1e-9), (name, seconds, design)
         assert seconds >= turn.bound_s * (1 - 1e-9), (name, seconds, turn)
+
+
+@pytest.mark.parametrize("sync_every, expected", [(1, 3.375), (3, 8.125)])
+def test_bidirectional_reaches_the_sharing_bound(make_profile, sync_every, expected) -> None:
+    # The closed form above is attained: the late GPU starts once the early one's 12 GB
+    # are out, and pays that once per sync; nothing faster exists, and bidirectional finds it.
+    w, budget = _four_layers(make_profile)
+    profile = make_profile([(6,)] * 4, 0.0625, 0.125, param_bytes=0)
+    case = make_case(profile, preset("switch-4"), gpus=2, gpu_memory_bytes=budget,
+                     sync_every=sync_every)
+    bound = turn_bound(w, case.topology, case.gpus, budget, sync_every=sync_every)
+    assert bound.bound_s == pytest.approx(expected)
+    plan = HEURISTICS["bidirectional"](case)
+    assert case.score(plan).iteration_s == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_local_search_never_beats_either_bound(make_profile, seed) -> None:
+    # Adversarial plans: the auto policy's local search drives random small cases as low
+    # as it can (offsets, points, tensors); the bounds must still hold.
+    rng = random.Random(100 + seed)
+    sizes = [tuple(rng.choice((0.5, 1, 2, 3)) for _ in range(rng.randint(1, 2)))
+             for _ in range(rng.randint(3, 6))]
+    profile = make_profile(sizes, rng.uniform(0.02, 0.3), rng.uniform(0.04, 0.6),
+                           param_bytes=rng.choice((0, GB // 10)), workspace_bytes=GB // 4)
+    topology = preset(rng.choice(("switch-4", "dual-root-8")),
+                      copy_engines=rng.choice((1, 2)))
+    sync_every = rng.randint(1, 3)
+    try:
+        case = make_case(profile, topology, gpus=rng.choice((2, 4)),
+                         footprint_ratio=rng.uniform(1.2, 2.0), sync_every=sync_every)
+    except PipeswapError:
+        case = make_case(profile, topology, gpus=2, footprint_ratio=1.1, sync_every=sync_every)
+    bound = max(
+        lower_bound(case.workload, case.topology, case.gpus, case.budget_bytes,
+                    sync_every=sync_every).bound_s,
+        turn_bound(case.workload, case.topology, case.gpus, case.budget_bytes,
+                   sync_every=sync_every, bucket_bytes=case.bucket_bytes).bound_s,
+    )
+    start = HEURISTICS["bidirectional"](case)
+    refined, _ = local_search(case, start, deadline=time.perf_counter() + 0.4, seed=seed)
+    for plan in (start, refined or start):
+        assert case.score(plan).iteration_s >= bound * (1 - 1e-9)

@@ -69,3 +69,13 @@ def test_every_plan_stays_within_its_budget(make_profile, policy, topology) -> N
     for gpu in result.gpus:
         assert gpu.peak_bytes <= gpu.budget_bytes
     assert result.iteration_s >= result.lower_bound_s - 1e-9
+
+
+def test_late_members_are_every_second_gpu_of_each_channel(make_profile) -> None:
+    from pipeswap.swap.planner import make_case
+    from pipeswap.swap.policies import late_members
+
+    case = make_case(make_profile([(6,)] * 4), preset("single-root-8"), footprint_ratio=1.5)
+    assert late_members(case) == ["gpu1", "gpu3", "gpu5", "gpu7"]
+    alone = make_case(make_profile([(6,)] * 4), preset("direct-4"), footprint_ratio=1.5)
+    assert late_members(alone) == []

@@ -73,3 +73,23 @@ def test_profile_without_saved_data_is_refused_with_the_command(make_profile) ->
     profile = dataclasses.replace(make_profile([(1,)] * 2), has_saved_data=False)
     with pytest.raises(PipeswapError, match="pipeswap profile --model toy --batch 1 --estimate"):
         workload_from_profile(profile)
+
+
+def test_each_tensor_is_its_own_copy_in_the_executors_order(make_profile) -> None:
+    # Layer 0 saves 4 GB and 2 GB; both go out after forward 0 (ends at 1 s) and copy one
+    # after the other at 12 GB/s, index 0 first as the executor issues them. Forward 1
+    # needs 2 GB gone: the 4 GB copy frees its memory at 1 1/3 s, without waiting for the
+    # 2 GB one (one grouped 6 GB copy would hold everything until 1.5 s).
+    w = workload_from_profile(make_profile([(4, 2), (2,), (3,)]))
+    budget = w.resident_bytes + 6 * GB
+    assert w.needs(budget) == [0, 2 * GB, 5 * GB]
+    swaps = [Swap(0, 0, 4 * GB, 0, 1), Swap(0, 1, 2 * GB, 0, 1)]
+    assert w.fits(swaps, budget)
+    graph = build_iteration_graph(w, ["gpu0"], {"gpu0": swaps})
+    result = simulate(graph, preset("switch-4").with_gpu_memory(budget))
+    assert result.tasks["gpu0/m0/out0.0"].end_s == pytest.approx(1 + 4 / 12)
+    assert result.tasks["gpu0/m0/out0.1"].end_s == pytest.approx(1 + 6 / 12)
+    assert result.tasks["gpu0/m0/f1"].start_s == pytest.approx(1 + 4 / 12)
+    # The prefetches, issued after backward 1, come back in the same order.
+    assert result.tasks["gpu0/m0/in0.0"].start_s < result.tasks["gpu0/m0/in0.1"].start_s
+    assert result.gpus["gpu0"].peak_bytes <= budget
