@@ -11,6 +11,7 @@ import torch
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
+from pipeswap.pipeline.predict import DISTANCE_RULES
 from pipeswap.pipeline.schedule import SCHEDULE_NAMES
 
 WEIGHT_MODES = ("stale", "stash", "spectrain", "predict-adam")
@@ -25,6 +26,11 @@ class PipelineConfig:
     LayeredModel (the function is called with the global RNG seeded by ``seed``).
     ``balance[k]`` is the number of layers of stage k. ``batch`` is the mini-batch size;
     synchronous schedules split it into ``micro_batches`` equal units.
+    ``distances`` picks the version distances of ``spectrain`` / ``predict-adam``: walked
+    from the schedule, or the official SpecTrain table (see pipeswap.pipeline.predict).
+    ``lr_warmup`` ramps every stage's learning rate linearly over the first that many
+    mini-batches (update of mini-batch t uses ``lr * min(1, (t + 1) / lr_warmup)``), the
+    same in every schedule and weight mode; 0 is a constant rate.
     """
 
     model: str
@@ -44,6 +50,8 @@ class PipelineConfig:
     data_seed: int = 0
     eval_batches: int = 2
     timeout_s: float = 60.0
+    distances: str = "schedule"
+    lr_warmup: int = 0
 
     @property
     def num_stages(self) -> int:
@@ -71,6 +79,14 @@ class PipelineConfig:
             raise PipeswapError(
                 f"--batch {self.batch} must split into --micro-batches {self.micro_batches} "
                 f"equal parts: pick a batch that is a multiple of the micro-batch count"
+            )
+        if self.distances not in DISTANCE_RULES:
+            raise PipeswapError(
+                f"unknown distance rule {self.distances!r}; valid: {', '.join(DISTANCE_RULES)}"
+            )
+        if self.lr_warmup < 0:
+            raise PipeswapError(
+                f"--lr-warmup must be 0 (no warm-up) or a number of steps, not {self.lr_warmup}"
             )
         if self.steps < 1:
             raise PipeswapError(f"--steps must be at least 1, not {self.steps}")

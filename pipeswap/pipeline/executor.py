@@ -106,7 +106,7 @@ class StageExecutor:
         self.weights = StageWeights(
             self.module,
             config.weights,
-            version_distances(schedule, rank),
+            version_distances(schedule, rank, config.distances),
             {u: schedule.step_of(u) for u in units},
             optimizer_name=config.optimizer,
             lr=config.lr,
@@ -114,11 +114,14 @@ class StageExecutor:
             weight_decay=config.weight_decay,
             record=record,
             keep_gradients=keep_gradients,
+            warmup_steps=config.lr_warmup,
         )
         needs_data = rank == 0 or rank == n - 1
         self.train_data = BatchSource(config, model, "train") if needs_data else None  # type: ignore[arg-type]
         self.eval_data = BatchSource(config, model, "val") if needs_data else None  # type: ignore[arg-type]
-        self.result = StageResult(rank, distances=steady_distances(schedule, rank))
+        self.result = StageResult(
+            rank, distances=steady_distances(schedule, rank, config.distances)
+        )
         self._fault = _fault_step(rank)
         self._outbox: dict[tuple[str, int], Packed] = {}
         self._t0 = time.perf_counter()

@@ -19,6 +19,11 @@ travels from stage k to stage 0. Our target is per stage (the version this stage
 update is applied to), which needs no timing assumption. In the warm-up (the first
 N - k mini-batches of stage k) the walk also gives smaller forward distances, because
 fewer updates precede the mini-batch's own: mini-batch u < N - k has forward s = u.
+
+``rule="official"`` (``PipelineConfig.distances``) uses the table instead: on ``async-1f1b``
+every walked distance of stage k plus ``floor(k/2)`` (so exactly the table in steady state,
+and the backward of stage k >= 2 is predicted too); synchronous schedules have no staleness
+under either rule.
 """
 
 from __future__ import annotations
@@ -32,9 +37,24 @@ from pipeswap.pipeline.schedule import Schedule
 # (kind, unit) -> s for every forward and backward of one stage.
 Distances = dict[tuple[str, int], int]
 
+# How s is chosen: walked from the schedule (default) or the official SpecTrain table.
+DISTANCE_RULES = ("schedule", "official")
 
-def version_distances(schedule: Schedule, stage: int) -> Distances:
-    """``s`` for every F and B of ``stage``: UPDATEs strictly between the pass and its own."""
+
+def version_distances(schedule: Schedule, stage: int, rule: str = "schedule") -> Distances:
+    """``s`` for every F and B of ``stage``: UPDATEs strictly between the pass and its own.
+
+    With ``rule="official"`` on an asynchronous schedule, ``floor(stage/2)`` more (the table).
+    """
+    if rule not in DISTANCE_RULES:
+        raise ValueError(f"unknown distance rule {rule!r}; valid: {', '.join(DISTANCE_RULES)}")
+    walked = _walked_distances(schedule, stage)
+    if rule == "official" and schedule.name == "async-1f1b":
+        return {key: s + stage // 2 for key, s in walked.items()}
+    return walked
+
+
+def _walked_distances(schedule: Schedule, stage: int) -> Distances:
     actions = schedule.compute_actions(stage)
     update_at = {a.unit: i for i, a in enumerate(actions) if a.kind == "UPDATE"}
     updates_before = []
@@ -51,9 +71,9 @@ def version_distances(schedule: Schedule, stage: int) -> Distances:
     return distances
 
 
-def steady_distances(schedule: Schedule, stage: int) -> tuple[int, int]:
+def steady_distances(schedule: Schedule, stage: int, rule: str = "schedule") -> tuple[int, int]:
     """The (forward, backward) distance most units of ``stage`` get (the steady state)."""
-    distances = version_distances(schedule, stage)
+    distances = version_distances(schedule, stage, rule)
     result = []
     for kind in ("F", "B"):
         values = Counter(s for (k, _), s in distances.items() if k == kind)

@@ -23,6 +23,7 @@ from pipeswap.pipeline.chrome import dump_chrome_trace
 from pipeswap.pipeline.config import WEIGHT_MODES, PipelineConfig
 from pipeswap.pipeline.launch import init_process_group, spawn, torchrun_env
 from pipeswap.pipeline.partition import parse_balance, partition
+from pipeswap.pipeline.predict import DISTANCE_RULES
 from pipeswap.pipeline.result import PipelineResult
 from pipeswap.pipeline.schedule import SCHEDULE_NAMES
 from pipeswap.pipeline.stage import flop_profile, inspect_layers
@@ -38,6 +39,12 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--schedule", choices=SCHEDULE_NAMES, default="1f1b")
     group.add_argument("--weights", choices=WEIGHT_MODES, default="stale",
                        help="weight versions for async-1f1b (default stale)")  # fmt: skip
+    group.add_argument("--distances", choices=DISTANCE_RULES, default="schedule",
+                       help="version distances for spectrain/predict-adam: walked from the "
+                       "schedule (default) or the official SpecTrain table")  # fmt: skip
+    group.add_argument("--lr-warmup", type=int, default=0, metavar="STEPS",
+                       help="ramp the learning rate linearly over the first STEPS mini-batches, "
+                       "in every schedule and mode (default 0: constant)")  # fmt: skip
     group.add_argument("--micro-batches", type=int, default=None,
                        help="units per mini-batch for gpipe/1f1b (default K; async: 1)")  # fmt: skip
     group.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
@@ -102,6 +109,8 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
         seed=args.seed,
         eval_batches=args.eval_batches,
         timeout_s=args.timeout,
+        distances=args.distances,
+        lr_warmup=args.lr_warmup,
     )
     draft.check()
     infos = inspect_layers(draft)
@@ -204,6 +213,8 @@ def _finish(result: PipelineResult, args: argparse.Namespace) -> None:
         f"pipeswap train: {config.model}, {config.num_stages} stages (balance "
         f"{','.join(map(str, config.balance))}), {config.schedule}/{config.weights}, "
         f"{config.optimizer} lr {config.lr}, {config.steps} steps of {config.batch} ({result.mode})"
+        + (f", lr warm-up {config.lr_warmup} steps" if config.lr_warmup else "")
+        + (f", {config.distances} distances" if config.distances != "schedule" else "")
     )
     print(
         f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}; held-out {evaluation}; "

@@ -58,6 +58,9 @@ class StageWeights:
     :func:`pipeswap.pipeline.predict.version_distances`; ``step_of`` maps a unit to its
     mini-batch. With ``record``, every pass keeps the weights it saw so that, at the
     mini-batch's own update, the prediction error against the realized weights is known.
+    ``warmup_steps`` > 0 ramps the learning rate linearly: the update of mini-batch t uses
+    ``lr * min(1, (t + 1) / warmup_steps)``, and a prediction over ``s`` updates sums the
+    rates those updates will use.
     """
 
     module: nn.Module
@@ -70,6 +73,7 @@ class StageWeights:
     weight_decay: float = 0.0
     record: bool = False
     keep_gradients: bool = False
+    warmup_steps: int = 0
     updates: int = 0
     errors: dict[str, PredictionError] = field(default_factory=dict)
     last_gradients: list[torch.Tensor] | None = None
@@ -132,11 +136,21 @@ class StageWeights:
         directions = [step_direction(self.optimizer, m) for m in self.masters]
         if all(d is None for d in directions):
             return
-        lr = self.optimizer.param_groups[0]["lr"]
+        if self.warmup_steps:
+            # The next s updates are those of mini-batches updates .. updates + s - 1.
+            distance = sum(self.lr_at(self.updates + j) for j in range(s))
+        else:
+            distance = s * self.optimizer.param_groups[0]["lr"]
         self._backup = [p.detach().clone() for p in self.params]
         for p, d in zip(self.params, directions):
             if d is not None:
-                p.data.add_(d, alpha=-s * lr)
+                p.data.add_(d, alpha=-distance)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of the update of mini-batch ``step`` (after linear warm-up)."""
+        if self.warmup_steps <= 0:
+            return self.lr
+        return self.lr * min(1.0, (step + 1) / self.warmup_steps)
 
     # ---- updates ------------------------------------------------------------------
     @torch.no_grad()
@@ -147,6 +161,9 @@ class StageWeights:
         for p, m in zip(self.params, self.masters):
             m.grad = p.grad if p.grad is not None else torch.zeros_like(p)
         if self.optimizer is not None:
+            if self.warmup_steps:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = self.lr_at(step)
             self.optimizer.step()
         if self.keep_gradients:
             self.last_gradients = [m.grad for m in self.masters]

@@ -79,9 +79,13 @@ def test_cpu_throughput_table(tmp_path: Path) -> None:
 def test_convergence_table_and_plots(tmp_path: Path) -> None:
     text = _run("pipeline_convergence.py", tmp_path / "conv.md", "--jobs", "1")
     overview = _rows(text, "setting")
-    assert [r[0] for r in overview] == ["image, K = 4", "lm, K = 4"]
-    for task in ("image", "lm"):
-        assert (tmp_path / f"pipeline_convergence_{task}_k4.png").stat().st_size > 1000
+    assert [r[0] for r in overview] == [
+        "image, K = 4", "lm, K = 4",
+        "image, K = 4, official SpecTrain distances", "lm, K = 4, official SpecTrain distances",
+        "lm, K = 4, lr warm-up over 1 step",
+    ]  # fmt: skip
+    for key in ("image_k4", "lm_k4", "lm_k4_official", "lm_k4_warmup1"):
+        assert (tmp_path / f"pipeline_convergence_{key}.png").stat().st_size > 1000
     table = _rows(text, "optimizer")  # the first setting's table: 8 modes
     assert [(r[0], r[1]) for r in table] == [
         ("sgd", "sync 1f1b"), ("sgd", "stale"), ("sgd", "stash"), ("sgd", "spectrain"),
@@ -89,6 +93,16 @@ def test_convergence_table_and_plots(tmp_path: Path) -> None:
     ]  # fmt: skip
     for row in table:
         assert math.isfinite(_number(row[3])) and _number(row[3]) > 0
+    # The official-distance setting retrains only the predicting rows; the others are the
+    # schedule twin's runs, so its sync and stale cells equal the twin's.
+    sections = text.split("### ")
+    twin = next(p for p in sections if p.startswith("lm, K = 4\n"))
+    official = next(p for p in sections if p.startswith("lm, K = 4, official"))
+    for label in ("sync 1f1b", "stale"):
+        pick = [line for line in twin.splitlines() if f"| {label} |" in line]
+        assert pick and pick == [line for line in official.splitlines() if f"| {label} |" in line]
+    delays = _rows(text, "gradient delay")  # the first delay table (lm: 7 patterns)
+    assert delays[0][0] == "none (the sync 1f1b runs)" and len(delays) == 7
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])

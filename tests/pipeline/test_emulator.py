@@ -125,3 +125,58 @@ def test_emulator_reports_eval_and_busy() -> None:
     assert 0.0 <= report["eval"]["accuracy"] <= 1.0 and report["eval"]["loss"] > 0
     assert len(report["stage_busy"]) == 4 and 0 < sum(report["stage_busy"]) <= 1.0
     assert report["samples_per_s"] > 0
+
+
+def test_official_distances_are_reported_and_change_only_prediction() -> None:
+    def run(weights: str, distances: str) -> dict:
+        config = dataclasses.replace(ASYNC, weights=weights, distances=distances)
+        return Emulator(config).run().to_report()
+
+    official = run("spectrain", "official")
+    assert [(d["forward"], d["backward"]) for d in official["version_distances"]] == [
+        (3, 0), (2, 0), (2, 1), (1, 1)
+    ]  # fmt: skip
+    assert official["params_sha256"] != run("spectrain", "schedule")["params_sha256"]
+    # Stale ignores distances; stash depends only on F - B, the same under both rules.
+    for weights in ("stale", "stash"):
+        assert (
+            run(weights, "official")["params_sha256"] == run(weights, "schedule")["params_sha256"]
+        )
+
+
+def _plain_training_with_warmup(config: PipelineConfig) -> list[torch.Tensor]:
+    with single_threaded():
+        model = build_full_model(config)
+        optimizer = make_optimizer(
+            config.optimizer, list(model.parameters()), lr=config.lr, momentum=config.momentum,
+            weight_decay=config.weight_decay,
+        )  # fmt: skip
+        data = BatchSource(config, model)
+        for step in range(config.steps):
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr * min(1.0, (step + 1) / config.lr_warmup)
+            x, y = data.micro(step, 0)
+            model.loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_lr_warmup_ramps_every_stage_like_a_plain_loop(optimizer: str) -> None:
+    config = dataclasses.replace(
+        GPT, steps=4, lr_warmup=3, optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 0.003
+    )
+    reference = _plain_training_with_warmup(config)
+    _, pipelined = _emulated(config)
+    for ref, got in zip(reference, pipelined):
+        assert (got - ref).abs().max() <= 1e-6 * ref.abs().max()
+    _, constant = _emulated(dataclasses.replace(config, lr_warmup=0))
+    assert any(not torch.equal(p, q) for p, q in zip(constant, pipelined))
+
+
+def test_lr_warmup_must_not_be_negative() -> None:
+    with pytest.raises(PipeswapError, match="--lr-warmup"):
+        Emulator(dataclasses.replace(GPT, lr_warmup=-1))
+    with pytest.raises(PipeswapError, match="schedule, official"):
+        Emulator(dataclasses.replace(GPT, distances="table"))

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from pipeswap.pipeline.predict import (
+    DISTANCE_RULES,
     official_distances,
     steady_distances,
     step_direction,
@@ -42,10 +43,31 @@ def test_warm_up_distances_count_only_updates_that_happen() -> None:
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
-def test_synchronous_schedules_have_no_staleness(name: str) -> None:
+@pytest.mark.parametrize("rule", DISTANCE_RULES)
+def test_synchronous_schedules_have_no_staleness(name: str, rule: str) -> None:
     schedule = build_schedule(name, 4, 3, 4)
     for k in range(4):
-        assert set(version_distances(schedule, k).values()) == {0}
+        assert set(version_distances(schedule, k, rule).values()) == {0}
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 5, 6, 8])
+def test_official_rule_gives_exactly_the_table_in_steady_state(stages: int) -> None:
+    schedule = build_schedule("async-1f1b", stages, 4 * stages)
+    for k in range(stages):
+        assert steady_distances(schedule, k, "official") == official_distances(stages, k)
+        walked = version_distances(schedule, k)
+        official = version_distances(schedule, k, "official")
+        # Every pass, warm-up included, gets floor(k/2) more than the walk.
+        assert official.keys() == walked.keys()
+        assert all(official[key] == s + k // 2 for key, s in walked.items())
+
+
+def test_schedule_rule_is_the_default_walk() -> None:
+    schedule = build_schedule("async-1f1b", 4, 10)
+    for k in range(4):
+        assert version_distances(schedule, k, "schedule") == version_distances(schedule, k)
+    with pytest.raises(ValueError, match="schedule, official"):
+        version_distances(schedule, 0, "table")
 
 
 def test_step_direction_matches_the_optimizer_step() -> None:
