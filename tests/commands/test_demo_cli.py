@@ -1,4 +1,7 @@
-"""Tests of `pipeswap demo` (pipeswap.commands.demo)."""
+"""Tests of `pipeswap demo` (pipeswap.commands.demo).
+
+Covers: pipeswap/commands/demo.py.
+"""
 
 from pathlib import Path
 

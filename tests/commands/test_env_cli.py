@@ -1,4 +1,7 @@
-"""`pipeswap env`, run in-process through pipeswap.cli.main."""
+"""`pipeswap env`, run in-process through pipeswap.cli.main.
+
+Covers: pipeswap/commands/env.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""`pipeswap topology list|show|detect`, run in-process through pipeswap.cli.main."""
+"""`pipeswap topology list|show|detect`, run in-process through pipeswap.cli.main.
+
+Covers: pipeswap/commands/topology.py.
+"""
 
 from __future__ import annotations
 

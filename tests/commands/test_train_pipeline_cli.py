@@ -1,4 +1,7 @@
-"""`pipeswap train --pipeline K`: report keys, runtime == emulator, errors that name the fix."""
+"""`pipeswap train --pipeline K`: report keys, runtime == emulator, errors that name the fix.
+
+Covers: pipeswap/commands/train.py, pipeswap/pipeline/train.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Tests of the GPU spec table (pipeswap.hardware.gpus)."""
+"""Tests of the GPU spec table (pipeswap.hardware.gpus).
+
+Covers: pipeswap/hardware/gpus.py.
+"""
 
 import pytest
 

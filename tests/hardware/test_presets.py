@@ -1,4 +1,7 @@
-"""Preset server shapes: their trees, bandwidths, options and name/path resolution."""
+"""Preset server shapes: their trees, bandwidths, options and name/path resolution.
+
+Covers: pipeswap/hardware/presets.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The text tree of a topology: structure, bandwidths and GPU details, exactly."""
+"""The text tree of a topology: structure, bandwidths and GPU details, exactly.
+
+Covers: pipeswap/hardware/render.py.
+"""
 
 from __future__ import annotations
 

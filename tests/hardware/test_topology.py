@@ -1,4 +1,7 @@
-"""The Topology contract: validation messages, JSON round trip, tree paths and host memory."""
+"""The Topology contract: validation messages, JSON round trip, tree paths and host memory.
+
+Covers: pipeswap/hardware/topology.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Tests of the GPT-2 family (pipeswap.models.gpt)."""
+"""Tests of the GPT-2 family (pipeswap.models.gpt).
+
+Covers: pipeswap/models/transformer.py.
+"""
 
 import pytest
 import torch

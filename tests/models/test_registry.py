@@ -1,4 +1,7 @@
-"""Tests of the model zoo registry: names, specs, meta builds, parameter counts, cuts."""
+"""Tests of the model zoo registry: names, specs, meta builds, parameter counts, cuts.
+
+Covers: pipeswap/models/registry.py.
+"""
 
 import math
 

@@ -1,4 +1,7 @@
-"""Tests of the ResNet family (pipeswap.models.resnet)."""
+"""Tests of the ResNet family (pipeswap.models.resnet).
+
+Covers: pipeswap/models/resnet.py.
+"""
 
 import pytest
 import torch

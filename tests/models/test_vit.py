@@ -1,4 +1,7 @@
-"""Tests of the Vision Transformer family (pipeswap.models.vit)."""
+"""Tests of the Vision Transformer family (pipeswap.models.vit).
+
+Covers: pipeswap/models/vit.py.
+"""
 
 import pytest
 import torch

@@ -1,4 +1,7 @@
-"""Chrome traces: one complete event per compute action, times in microseconds."""
+"""Chrome traces: one complete event per compute action, times in microseconds.
+
+Covers: pipeswap/pipeline/chrome.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Data-parallel task graphs: simulated iteration times and memory match closed forms."""
+"""Data-parallel task graphs: simulated iteration times and memory match closed forms.
+
+Covers: pipeswap/pipeline/dp_graph.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The emulator: sync schedules equal plain gradient accumulation; async modes behave."""
+"""The emulator: sync schedules equal plain gradient accumulation; async modes behave.
+
+Covers: pipeswap/pipeline/result.py, pipeswap/pipeline/weights.py, pipeswap/pipeline/config.py.
+"""
 
 from __future__ import annotations
 

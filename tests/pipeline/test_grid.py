@@ -1,4 +1,7 @@
-"""The grid shows warm-up, steady state, flush and bubbles where the closed forms say."""
+"""The grid shows warm-up, steady state, flush and bubbles where the closed forms say.
+
+Covers: pipeswap/pipeline/grid.py.
+"""
 
 from __future__ import annotations
 

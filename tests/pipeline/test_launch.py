@@ -1,4 +1,7 @@
-"""Local launch: a rank that dies makes the others exit non-zero within the timeout."""
+"""Local launch: a rank that dies makes the others exit non-zero within the timeout.
+
+Covers: pipeswap/pipeline/launch.py.
+"""
 
 from __future__ import annotations
 

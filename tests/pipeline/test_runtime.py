@@ -1,4 +1,7 @@
-"""Runtime over gloo == emulator, bit for bit, for 2 and 4 stages in every schedule and mode."""
+"""Runtime over gloo == emulator, bit for bit, for 2 and 4 stages in every schedule and mode.
+
+Covers: pipeswap/pipeline/runtime.py, pipeswap/pipeline/executor.py.
+"""
 
 from __future__ import annotations
 

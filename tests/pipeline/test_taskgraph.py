@@ -1,4 +1,7 @@
-"""Schedule + profile + topology -> task graph; simulated makespans match closed forms."""
+"""Schedule + profile + topology -> task graph; simulated makespans match closed forms.
+
+Covers: pipeswap/pipeline/taskgraph.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The validator accepts every built schedule and pinpoints broken ones."""
+"""The validator accepts every built schedule and pinpoints broken ones.
+
+Covers: pipeswap/pipeline/validate.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Tests of the ring allreduce decomposition (pipeswap.sim.collectives)."""
+"""Tests of the ring allreduce decomposition (pipeswap.sim.collectives).
+
+Covers: pipeswap/sim/collectives.py.
+"""
 
 import pytest
 

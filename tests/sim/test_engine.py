@@ -1,4 +1,7 @@
-"""Tests of the event-driven simulator (pipeswap.sim.engine): closed forms and invariants."""
+"""Tests of the event-driven simulator (pipeswap.sim.engine): closed forms and invariants.
+
+Covers: pipeswap/sim/engine.py.
+"""
 
 import random
 

@@ -1,4 +1,7 @@
-"""Tests of max-min fair link sharing (pipeswap.sim.flows)."""
+"""Tests of max-min fair link sharing (pipeswap.sim.flows).
+
+Covers: pipeswap/sim/flows.py.
+"""
 
 import random
 

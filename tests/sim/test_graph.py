@@ -1,4 +1,7 @@
-"""Tests of the task graph contract and builder (pipeswap.sim.graph)."""
+"""Tests of the task graph contract and builder (pipeswap.sim.graph).
+
+Covers: pipeswap/sim/graph.py.
+"""
 
 import pytest
 

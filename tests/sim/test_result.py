@@ -1,4 +1,7 @@
-"""Tests of the simulation result contract (pipeswap.sim.result)."""
+"""Tests of the simulation result contract (pipeswap.sim.result).
+
+Covers: pipeswap/sim/result.py.
+"""
 
 import json
 

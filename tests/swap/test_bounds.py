@@ -1,4 +1,7 @@
-"""The lower bounds: design.md's link bound and the turn bound, closed form and by property."""
+"""The lower bounds: design.md's link bound and the turn bound, closed form and by property.
+
+Covers: pipeswap/swap/bounds.py.
+"""
 
 from __future__ import annotations
 

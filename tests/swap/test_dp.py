@@ -1,4 +1,7 @@
-"""Data-parallel training with swapping: every policy trains bit for bit like no swapping."""
+"""Data-parallel training with swapping: every policy trains bit for bit like no swapping.
+
+Covers: pipeswap/swap/dp.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""SwapExecutor on CPU: bitwise-transparent training, the budget kept, errors that name the fix."""
+"""SwapExecutor on CPU: bitwise-transparent training, the budget kept, errors that name the fix.
+
+Covers: pipeswap/swap/executor.py, pipeswap/swap/capture.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""make_plan: budgets, error messages, and that the exported graph reproduces the numbers."""
+"""make_plan: budgets, error messages, and that the exported graph reproduces the numbers.
+
+Covers: pipeswap/swap/planner.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Each heuristic on hand-made workloads where the winner is known in advance."""
+"""Each heuristic on hand-made workloads where the winner is known in advance.
+
+Covers: pipeswap/swap/policies.py, pipeswap/swap/channels.py, pipeswap/swap/scoring.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""HostPool: one allocation, aligned disjoint slots, reusable views."""
+"""HostPool: one allocation, aligned disjoint slots, reusable views.
+
+Covers: pipeswap/swap/pool.py.
+"""
 
 from __future__ import annotations
 

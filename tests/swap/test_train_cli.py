@@ -1,4 +1,7 @@
-"""`pipeswap train` for data-parallel swapping: the report, transparency, errors, options."""
+"""`pipeswap train` for data-parallel swapping: the report, transparency, errors, options.
+
+Covers: pipeswap/swap/train_cli.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The iteration task graph: memory accounting, compute time and swaps, against closed forms."""
+"""The iteration task graph: memory accounting, compute time and swaps, against closed forms.
+
+Covers: pipeswap/swap/workload.py.
+"""
 
 from __future__ import annotations
 
