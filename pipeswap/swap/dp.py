@@ -187,7 +187,8 @@ def agree(ok: str | None, world_size: int) -> None:
         dist.all_gather_object(messages, ok)
     for rank, message in enumerate(messages):
         if message is not None:
-            raise PipeswapError(message if world_size == 1 else f"rank {rank}: {message}")
+            named = world_size == 1 or message.startswith(f"rank {rank}:")
+            raise PipeswapError(message if named else f"rank {rank}: {message}")
 
 
 def train_rank(
