@@ -239,17 +239,8 @@ def test_unknown_gpu_and_over_free_are_refused() -> None:
         simulate(b.build(), _switch())
 
 
-def test_design_contract_example_runs_on_a_preset() -> None:
-    graph = TaskGraph.from_json({"format": "pipeswap.graph/1", "tasks": [
-        {"id": "f0", "kind": "compute", "gpu": "gpu0", "duration_s": 1.0,
-         "alloc_bytes": 8000000000},
-        {"id": "out0", "kind": "d2h", "gpu": "gpu0", "bytes": 6000000000, "deps": ["f0"],
-         "free_bytes": 6000000000},
-        {"id": "in0", "kind": "h2d", "gpu": "gpu0", "bytes": 6000000000, "deps": ["out0"],
-         "alloc_bytes": 6000000000},
-        {"id": "act", "kind": "p2p", "src": "gpu0", "dst": "gpu1", "bytes": 1000000000},
-        {"id": "grads", "kind": "allreduce", "gpus": ["gpu0", "gpu1"], "bytes": 4000000000,
-         "deps": ["in0", "act"]}]})
+def test_design_contract_example_runs_on_a_preset(contract_graph) -> None:
+    graph = TaskGraph.from_json(contract_graph)
     result = simulate(graph, preset("switch-4"))
     # out0 and in0 each 6 GB at 12 GB/s; the allreduce is 2 steps of 2 GB at 12 GB/s.
     assert _times(result, "in0") == pytest.approx((1.5, 2.0), rel=REL)

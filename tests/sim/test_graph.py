@@ -8,28 +8,13 @@ import pytest
 from pipeswap.errors import PipeswapError
 from pipeswap.sim.graph import GraphBuilder, Task, TaskGraph
 
-CONTRACT_EXAMPLE = {
-    "format": "pipeswap.graph/1",
-    "tasks": [
-        {"id": "f0", "kind": "compute", "gpu": "gpu0", "duration_s": 1.0,
-         "alloc_bytes": 8000000000},
-        {"id": "out0", "kind": "d2h", "gpu": "gpu0", "bytes": 6000000000, "deps": ["f0"],
-         "free_bytes": 6000000000},
-        {"id": "in0", "kind": "h2d", "gpu": "gpu0", "bytes": 6000000000, "deps": ["out0"],
-         "alloc_bytes": 6000000000},
-        {"id": "act", "kind": "p2p", "src": "gpu0", "dst": "gpu1", "bytes": 1000000000},
-        {"id": "grads", "kind": "allreduce", "gpus": ["gpu0", "gpu1"], "bytes": 4000000000,
-         "deps": ["in0", "act"]},
-    ],
-}
-
 
 def _graph(*tasks: dict) -> dict:
     return {"format": "pipeswap.graph/1", "tasks": list(tasks)}
 
 
-def test_contract_example_is_accepted_as_written() -> None:
-    graph = TaskGraph.from_json(CONTRACT_EXAMPLE)
+def test_contract_example_is_accepted_as_written(contract_graph) -> None:
+    graph = TaskGraph.from_json(contract_graph)
     assert [t.id for t in graph.tasks] == ["f0", "out0", "in0", "act", "grads"]
     assert graph.task("out0") == Task("out0", "d2h", gpu="gpu0", bytes=6 * 10**9, deps=("f0",),
                                       free_bytes=6 * 10**9)
@@ -37,13 +22,13 @@ def test_contract_example_is_accepted_as_written() -> None:
     assert graph.gpus == ["gpu0", "gpu1"]
 
 
-def test_json_round_trip(tmp_path) -> None:
-    graph = TaskGraph.from_json(CONTRACT_EXAMPLE)
+def test_json_round_trip(tmp_path, contract_graph) -> None:
+    graph = TaskGraph.from_json(contract_graph)
     assert TaskGraph.from_json(graph.to_json()) == graph
     path = tmp_path / "g.json"
     graph.save(path)
     assert TaskGraph.load(path) == graph
-    assert graph.to_json()["tasks"][0] == CONTRACT_EXAMPLE["tasks"][0]
+    assert graph.to_json()["tasks"][0] == contract_graph["tasks"][0]
 
 
 @pytest.mark.parametrize(
@@ -88,14 +73,14 @@ def test_wrong_format_is_refused() -> None:
         TaskGraph.from_json({"format": "pipeswap.profile/1", "tasks": []})
 
 
-def test_builder_returns_ids_and_builds_the_same_graph_as_json() -> None:
+def test_builder_returns_ids_and_builds_the_same_graph_as_json(contract_graph) -> None:
     b = GraphBuilder()
     f0 = b.compute("gpu0", 1.0, alloc_bytes=8000000000, id="f0")
     out0 = b.d2h("gpu0", 6000000000, deps=[f0], free_bytes=6000000000, id="out0")
     in0 = b.h2d("gpu0", 6000000000, deps=[out0], alloc_bytes=6000000000, id="in0")
     act = b.p2p("gpu0", "gpu1", 1000000000, id="act")
     b.allreduce(["gpu0", "gpu1"], 4000000000, deps=[in0, act], id="grads")
-    assert b.build() == TaskGraph.from_json(CONTRACT_EXAMPLE)
+    assert b.build() == TaskGraph.from_json(contract_graph)
     auto = GraphBuilder()
     ids = [auto.compute("gpu0", 0.1), auto.barrier(["gpu0", "gpu1"]), auto.compute("gpu0", 0.1)]
     assert len(set(ids)) == 3 and ids[1].startswith("barrier")
