@@ -18,8 +18,7 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/pipeswap demo
 
-test: setup
-	$(PY) -m ruff check pipeswap tests benchmarks
+test: lint
 	$(PY) -m pytest -q
 
 test-slow: setup
@@ -30,6 +29,7 @@ test-cuda: setup
 
 lint: setup
 	$(PY) -m ruff check pipeswap tests benchmarks
+	$(PY) -m mypy pipeswap
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

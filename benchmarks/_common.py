@@ -1,15 +1,23 @@
-"""What every benchmark script shares: the machine line, the command line, medians, the header."""
+"""What every benchmark script shares: the header, statistics, a job pool and a records cache."""
 
 from __future__ import annotations
 
 import datetime
 import math
+import multiprocessing
 import os
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
+
+from pipeswap.jsonio import dump_json, load_json
+
+Job = TypeVar("Job")
+Record = dict[str, Any]  # one finished job's results, JSON-ready
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "docs" / "results"
 
@@ -19,7 +27,7 @@ def machine() -> str:
     try:
         import torch
 
-        torch_version = torch.__version__
+        torch_version = str(torch.__version__)
     except ImportError:  # the simulator itself does not need torch
         torch_version = "not installed"
     cpu = platform.processor() or platform.machine()
@@ -64,3 +72,82 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     if not values:
         return math.nan, math.nan
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _no_description(record: Record) -> str:
+    return ""
+
+
+def run_jobs(
+    work: Sequence[Job],
+    run: Callable[[Job], Record],
+    jobs: int,
+    *,
+    on_record: Callable[[Record], None] | None = None,
+    describe: Callable[[Record], str] = _no_description,
+) -> list[Record]:
+    """``run(job)`` for every job of ``work``, in order, on ``jobs`` worker processes (1: here).
+
+    Records arrive in ``work``'s order, so a stopped run has finished a prefix of it: put
+    the jobs that matter most first. ``on_record`` sees each record as it arrives (to
+    save it), and a progress line ``[i/n] describe(record) (wall s)`` is printed. Workers
+    are spawned, not forked (forking a process whose torch thread pools are running is
+    unsafe), so ``run`` must be a module-level function: workers import it by name.
+    """
+    out: list[Record] = []
+
+    def done(i: int, record: Record) -> None:
+        out.append(record)
+        wall = f" ({record['wall_s']:.1f} s)" if "wall_s" in record else ""
+        print(f"[{i}/{len(work)}] {describe(record)}{wall}", flush=True)
+        if on_record is not None:
+            on_record(record)
+
+    if jobs <= 1 or len(work) <= 1:  # no worker to start for one job
+        for i, job in enumerate(work, 1):
+            done(i, run(job))
+        return out
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        for i, record in enumerate(pool.imap(run, work), 1):
+            done(i, record)
+    return out
+
+
+@dataclass
+class RecordCache:
+    """A benchmark's finished jobs in one JSON file: resume a stopped run, re-render without work.
+
+    ``format`` names the file's layout (``pipeswap.bench-<name>/<version>``); ``key`` maps
+    a record to the job that made it, so ``done()`` is the set of jobs not to run again.
+    ``argv`` is the command line that decides the results and ``elapsed_s`` the time spent
+    on them, over every run that added records. With ``path`` set, every ``add`` rewrites
+    the file (atomically), so a run stopped at any point keeps what finished.
+    """
+
+    format: str
+    key: Callable[[Record], Hashable]
+    path: Path | None = None
+    records: list[Record] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @classmethod
+    def load(cls, path: Path, format: str, key: Callable[[Record], Hashable]) -> RecordCache:
+        """The records saved at ``path`` (which must have ``format``); ``path`` is not kept."""
+        saved = load_json(path, format)
+        return cls(format, key, None, list(saved["records"]), list(saved["argv"]),
+                   float(saved["elapsed_s"]))  # fmt: skip
+
+    def done(self) -> set[Hashable]:
+        return {self.key(r) for r in self.records}
+
+    def add(self, record: Record, elapsed_s: float) -> None:
+        """Keep a finished job's record (the total time is now ``elapsed_s``) and save."""
+        self.records.append(record)
+        self.elapsed_s = elapsed_s
+        self.save()
+
+    def save(self) -> None:
+        if self.path is not None:
+            dump_json(self.path, {"format": self.format, "elapsed_s": self.elapsed_s,
+                                  "argv": self.argv, "records": self.records})  # fmt: skip

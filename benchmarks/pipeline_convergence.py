@@ -5,6 +5,8 @@ Run from the repository root:
     .venv/bin/python benchmarks/pipeline_convergence.py              # table + PNGs, ~20 min
     .venv/bin/python benchmarks/pipeline_convergence.py --original-only  # the first table, ~10 min
     .venv/bin/python benchmarks/pipeline_convergence.py --quick --out /tmp/conv/conv.md
+    .venv/bin/python benchmarks/pipeline_convergence.py --save-records runs.json   # keep runs
+    .venv/bin/python benchmarks/pipeline_convergence.py --load-records runs.json   # re-render
 
 Every run is the emulator (pipeswap.pipeline.Emulator, bit-identical to the multi-process
 runtime): all stages in one process, one thread. Two tasks, each at K = 4 and 8 stages:
@@ -21,32 +23,37 @@ prediction (``spectrain`` for SGD with momentum, ``predict-adam`` for Adam). Eve
 trains the same samples (``steps x batch``), and seeds 0, 1, 2 change both the initial
 weights and the data order.
 
-The language model does not meet the expectation, so the script also runs what explains
-why: the official SpecTrain version distances, lower learning rates and a learning-rate
-warm-up (every mode, sync included), and a delay sweep: plain single-process training in
-which each layer takes its gradient some updates late, with no pipeline code.
+Besides the table, the script runs the investigation settings (the official SpecTrain
+version distances; a learning-rate warm-up in every mode, sync included) and a delay sweep:
+plain single-process training (``pipeswap.pipeline.delayed.train_with_delays``) in which
+each layer takes its gradient some updates late, with no pipeline code. Every number on the
+page it writes comes from this run's records; what they mean is written by hand in
+docs/results/pipeline_convergence_notes.md, which the page links to.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Hashable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS_DIR, header, mean_std
+from _common import RESULTS_DIR, RecordCache, header, mean_std, run_jobs
 
-from pipeswap.jsonio import dump_json, load_json, write_atomic
+from pipeswap.jsonio import write_atomic
 
 RESULTS = RESULTS_DIR / "pipeline_convergence.md"
-RECORDS_FORMAT = "pipeswap.bench-convergence/1"
+NOTES = "pipeline_convergence_notes.md"  # hand-written, next to RESULTS
+# /2: one list of records (pipeline runs and delay-sweep runs), modes as JSON objects.
+RECORDS_FORMAT = "pipeswap.bench-convergence/2"
 MODULE = "pipeline_convergence"
+# A mode whose mean held-out loss is this close to the unigram entropy is on that plateau.
+PLATEAU_MARGIN = 0.05
 
 
 # ---- models (module:function factories for PipelineConfig.model) -----------------------
@@ -208,14 +215,14 @@ def _run(job: tuple[Setting, Mode, int]) -> dict[str, Any]:
     started = time.perf_counter()
     result = Emulator(_config(setting, mode, seed), record=True).run()
     return {
-        "setting": setting.key, "mode": mode, "seed": seed, "losses": list(result.losses),
+        "setting": setting.key, "mode": asdict(mode), "seed": seed, "losses": list(result.losses),
         "eval": dict(result.eval), "prediction_error": result.prediction_error,
         "wall_s": time.perf_counter() - started,
     }  # fmt: skip
 
 
 def pipeline_work(
-    settings: Sequence[Setting], seeds: Sequence[int], done: set[Any] = frozenset()
+    settings: Sequence[Setting], seeds: Sequence[int], done: Container[Hashable] = frozenset()
 ) -> list[tuple[Setting, Mode, int]]:
     """Every (setting, mode, seed) to train, minus those in ``done`` (``(key, mode, seed)``)."""
     return [(s, m, seed) for s in settings for m in s.modes() for seed in seeds
@@ -226,30 +233,18 @@ def _job(job: tuple[Any, ...]) -> dict[str, Any]:
     return _run(job) if isinstance(job[1], Mode) else _delayed_run(job)  # type: ignore[arg-type]
 
 
-def run_jobs(
-    work: Sequence[tuple[Any, ...]], jobs: int, on_record: Any = None
-) -> list[dict[str, Any]]:
-    """Run pipeline and delay-sweep jobs in order of priority; ``on_record`` sees each result."""
-    out: list[dict[str, Any]] = []
+def _job_key(record: dict[str, Any]) -> Hashable:
+    """The job a record comes from, as ``pipeline_work`` and ``delay_work`` name it."""
+    if "mode" in record:
+        return (record["setting"], Mode(**record["mode"]), record["seed"])
+    return (record["setting"], record["delay"], record["optimizer"], record["seed"])
 
-    def done(i: int, record: dict[str, Any]) -> None:
-        out.append(record)
-        what = record["mode"].label if "mode" in record else record["delay"]
-        optimizer = record["mode"].optimizer if "mode" in record else record["optimizer"]
-        print(f"[{i}/{len(work)}] {record['setting']} {optimizer} {what} seed "
-              f"{record['seed']}: held-out loss {record['eval'].get('loss', math.nan):.4f} "
-              f"({record['wall_s']:.1f} s)", flush=True)  # fmt: skip
-        if on_record is not None:
-            on_record(record)
 
-    if jobs <= 1:
-        for i, job in enumerate(work, 1):
-            done(i, _job(job))
-        return out
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-        for i, record in enumerate(pool.imap(_job, work), 1):
-            done(i, record)
-    return out
+def _describe(record: dict[str, Any]) -> str:
+    what = record["mode"]["label"] if "mode" in record else record["delay"]
+    optimizer = record["mode"]["optimizer"] if "mode" in record else record["optimizer"]
+    return (f"{record['setting']} {optimizer} {what} seed {record['seed']}: held-out loss "
+            f"{record['eval'].get('loss', math.nan):.4f}")  # fmt: skip
 
 
 # ---- delay sweep: the same delays without the pipeline ---------------------------------
@@ -261,99 +256,56 @@ class Delay:
     layers: tuple[float, ...]
 
 
-def delay_patterns(task: Task, stages: int) -> list[Delay]:
-    """The async-1f1b delays, a uniform 1 (and 0.5), and each end of the pipeline alone.
+ASYNC_LABEL = "async-1f1b (stash)"
 
-    No delay at all is the sync pipeline itself: the plain loop gives its held-out loss
-    bit for bit (checked by hand), so the sweep's first row is the sync run of the setting.
+
+def delay_patterns(setting: Setting) -> list[Delay]:
+    """The delays of the stash pipeline, a uniform 1 (and 0.5), each end of the pipeline alone.
+
+    No delay at all is the sync pipeline itself (tests/pipeline/test_delayed.py checks
+    that the loop gives its losses bit for bit), so the sweep reuses the sync runs for it.
     """
+    from pipeswap.pipeline.delayed import schedule_delays
+
+    task, stages = setting.task, setting.stages
+    stash = schedule_delays(_config(setting, Mode("stash", "async-1f1b", "stash", "sgd"), 0))
     balance = even_balance(task.layers, stages)
     per_layer = [k for k, n in enumerate(balance) for _ in range(n)]
-    deepest = float(stages - 1)
+    per_stage = [stash[per_layer.index(k)] for k in range(stages)]
+    deepest = float(max(stash))
     patterns = [
-        Delay(f"async-1f1b: stage k by {stages - 1}-k", tuple(float(stages - 1 - k) for k in per_layer)),
+        Delay(f"{ASYNC_LABEL}: stages by {','.join(map(str, per_stage))}", tuple(map(float, stash))),
         Delay("every layer by 1", (1.0,) * task.layers),
     ]  # fmt: skip
     if task.seq_len is None:
-        return patterns  # the image task degrades gracefully; three rows show it
+        return patterns  # the image task runs only these (the time budget)
     only_first = (deepest,) + (0.0,) * (task.layers - 1)
     return patterns + [
         Delay("every layer by 0.5", (0.5,) * task.layers),
-        Delay(f"first stage only, by {stages - 1}", tuple(deepest * (k == 0) for k in per_layer)),
-        Delay(f"last stage only, by {stages - 1}", tuple(deepest * (k == stages - 1) for k in per_layer)),
-        Delay(f"embedding layer only, by {stages - 1}", only_first),
+        Delay(f"first stage only, by {deepest:g}", tuple(deepest * (k == 0) for k in per_layer)),
+        Delay(f"last stage only, by {deepest:g}", tuple(deepest * (k == stages - 1) for k in per_layer)),
+        Delay(f"embedding layer only, by {deepest:g}", only_first),
     ]  # fmt: skip
 
 
 def _delayed_run(job: tuple[Setting, Delay, str, int]) -> dict[str, Any]:
-    """Plain single-process training whose layer i takes its gradient ``delay[i]`` updates late.
-
-    The gradient of mini-batch t is taken at the mixed point where layer i has the weights
-    from ``delay[i]`` updates earlier (the first versions when there are none), then applied
-    to the live weights: for integer delays N-k-1 on stage k this is what ``stash`` computes,
-    without any pipeline code.
-    """
-    import torch
-
-    from pipeswap.pipeline.config import BatchSource, build_full_model
-    from pipeswap.pipeline.emulator import single_threaded
-    from pipeswap.pipeline.weights import make_optimizer
+    """The plain loop of ``pipeswap.pipeline.delayed`` with one delay pattern."""
+    from pipeswap.pipeline.delayed import train_with_delays
 
     setting, delay, optimizer, seed = job
-    started = time.perf_counter()
     config = _config(setting, Mode("plain", "1f1b", "stale", optimizer), seed)
-    with single_threaded():
-        model = build_full_model(config)
-        layers = [list(layer.parameters()) for layer in model]
-        params = [p for group in layers for p in group]
-        opt = make_optimizer(optimizer, params, lr=config.lr, momentum=0.9, weight_decay=0.0)
-        depth = math.ceil(max(delay.layers))
-        history: list[list[torch.Tensor]] = []  # versions of every layer, newest last
-        data = BatchSource(config, model)
-        losses = []
-        for step in range(config.steps):
-            live = [[p.detach().clone() for p in group] for group in layers]
-            history = (history + [live])[-(depth + 1) :]
-            with torch.no_grad():
-                for i, group in enumerate(layers):
-                    d = delay.layers[i]
-                    low, high = math.floor(d), math.ceil(d)
-                    a = history[max(0, len(history) - 1 - low)][i]
-                    b = history[max(0, len(history) - 1 - high)][i]
-                    for p, va, vb in zip(group, a, b):
-                        p.copy_(va if high == low else (1 - (d - low)) * va + (d - low) * vb)
-            x, y = data.batch(step)
-            loss = model.loss(model(x), y)
-            loss.backward()
-            losses.append(loss.item())
-            with torch.no_grad():
-                for group, versions in zip(layers, live):
-                    for p, v in zip(group, versions):
-                        p.copy_(v)
-            opt.step()
-            opt.zero_grad()
-        held_out = BatchSource(config, model, "val")
-        loss_sum, correct, samples = 0.0, 0, 0
-        with torch.no_grad():
-            for step in range(config.eval_batches):
-                x, y = held_out.batch(step)
-                out = model(x)
-                loss_sum += model.loss(out, y).item()
-                correct += int((out.argmax(-1) == y).sum())
-                samples += int(y.shape[0])
-    evaluation = {"loss": loss_sum / max(config.eval_batches, 1)}
-    if setting.task.image_size is not None:
-        evaluation["accuracy"] = correct / max(samples, 1)
+    result = train_with_delays(config, delay.layers)
+    tail = result.losses[-20:]
     return {"setting": setting.key, "delay": delay.label, "optimizer": optimizer, "seed": seed,
-            "eval": evaluation, "final_train": sum(losses[-20:]) / len(losses[-20:]),
-            "wall_s": time.perf_counter() - started}  # fmt: skip
+            "eval": dict(result.eval), "final_train": sum(tail) / len(tail),
+            "wall_s": result.wall_s}  # fmt: skip
 
 
 def delay_work(
-    settings: Sequence[Setting], seeds: Sequence[int], done: set[Any] = frozenset()
+    settings: Sequence[Setting], seeds: Sequence[int], done: Container[Hashable] = frozenset()
 ) -> list[tuple[Setting, Delay, str, int]]:
     """Every (setting, delay, optimizer, seed) of the sweep, minus those in ``done``."""
-    return [(s, d, opt, seed) for s in settings for d in delay_patterns(s.task, s.stages)
+    return [(s, d, opt, seed) for s in settings for d in delay_patterns(s)
             for opt in ("sgd", "adam") for seed in seeds
             if (s.key, d.label, opt, seed) not in done]  # fmt: skip
 
@@ -367,33 +319,79 @@ def sync_as_delays(
     """The sync pipeline runs of the sweep's settings as its no-delay rows."""
     keys = {s.key for s in settings}
     return [
-        {"setting": r["setting"], "delay": NO_DELAY, "optimizer": r["mode"].optimizer,
+        {"setting": r["setting"], "delay": NO_DELAY, "optimizer": r["mode"]["optimizer"],
          "seed": r["seed"], "eval": r["eval"]}
-        for r in records if r["setting"] in keys and r["mode"].schedule != "async-1f1b"
+        for r in records if r["setting"] in keys and r["mode"]["schedule"] != "async-1f1b"
     ]  # fmt: skip
 
 
+def _delay_summary(
+    records: list[dict[str, Any]], setting: Setting, label: str, optimizer: str
+) -> Summary | None:
+    mine = [r for r in records if r["setting"] == setting.key
+            and r["delay"] == label and r["optimizer"] == optimizer]  # fmt: skip
+    if not mine:
+        return None
+    return Summary(
+        tuple(_inf(r["eval"]["loss"]) for r in mine),
+        tuple(float(r["eval"].get("accuracy", math.nan)) for r in mine),
+        (),
+    )
+
+
+def penalty_share(value: Summary | None, sync: Summary | None, full: Summary | None) -> str:
+    """(pattern - no delay) / (async delays - no delay) in mean held-out loss, as a percentage."""
+    if value is None or sync is None or full is None:
+        return "-"
+    if value.diverged:
+        return "diverged"
+    if sync.diverged or full.diverged or full.loss == sync.loss:
+        return "-"
+    # round() to an int so that a share within half a percent of 0 reads "0%", not "-0%".
+    return f"{round(100 * (value.loss - sync.loss) / (full.loss - sync.loss))}%"
+
+
 def delay_table(setting: Setting, records: list[dict[str, Any]]) -> str:
-    """Held-out loss (and accuracy) per delay pattern and optimizer, mean ± std over seeds."""
+    """Per delay pattern and optimizer: held-out loss (and accuracy), mean ± std over seeds,
+    and its share of the async delays' penalty."""
     image = setting.task.image_size is not None
-    head = "| gradient delay | SGD held-out loss |" + (" SGD acc % |" if image else "")
-    head += " Adam held-out loss |" + (" Adam acc % |" if image else "")
-    lines = [head, "|---|" + "---:|" * (4 if image else 2)]
-    for label in [NO_DELAY] + [d.label for d in delay_patterns(setting.task, setting.stages)]:
+    patterns = [NO_DELAY] + [d.label for d in delay_patterns(setting)]
+    head, columns = "| gradient delay |", 0
+    for name in ("SGD", "Adam"):
+        head += f" {name} held-out loss |" + (f" {name} acc % |" if image else "")
+        head += f" {name} share of async penalty |"
+        columns += 3 if image else 2
+    lines = [head, "|---|" + "---:|" * columns]
+    for label in patterns:
         row = f"| {label} |"
         for optimizer in ("sgd", "adam"):
-            mine = [r for r in records if r["setting"] == setting.key
-                    and r["delay"] == label and r["optimizer"] == optimizer]  # fmt: skip
-            summary = Summary(
-                tuple(_inf(r["eval"]["loss"]) for r in mine),
-                tuple(float(r["eval"].get("accuracy", math.nan)) for r in mine),
-                (),
-            )
-            row += f" {summary.loss_cell() if mine else '-'} |"
+            summary = _delay_summary(records, setting, label, optimizer)
+            row += f" {summary.loss_cell() if summary else '-'} |"
             if image:
-                row += f" {summary.accuracy_cell() if mine else '-'} |"
+                row += f" {summary.accuracy_cell() if summary else '-'} |"
+            sync = _delay_summary(records, setting, NO_DELAY, optimizer)
+            full = _delay_summary(records, setting, patterns[1], optimizer)
+            row += f" {penalty_share(summary, sync, full)} |"
         lines.append(row)
     return "\n".join(lines)
+
+
+def same_as_stash(
+    records: list[dict[str, Any]], delays: list[dict[str, Any]], setting: Setting
+) -> str:
+    """Whether the loop with the stash delays gives the stash pipeline's held-out loss, per run."""
+    pairs = []
+    for r in delays:
+        if r["setting"] == setting.key and r["delay"].startswith(ASYNC_LABEL):
+            stash = [p for p in records if p["setting"] == setting.key
+                     and p["mode"]["weights"] == "stash" and p["mode"]["optimizer"] == r["optimizer"]
+                     and p["seed"] == r["seed"]]  # fmt: skip
+            if stash:
+                pairs.append(stash[0]["eval"]["loss"] == r["eval"]["loss"])
+    if not pairs:
+        return "no stash pipeline runs to compare with"
+    return (f"the same held-out loss, bit for bit, as the `stash` pipeline in {sum(pairs)} of "
+            f"{len(pairs)} runs (same setting, optimizer and seed)")  # fmt: skip
 
 
 def _inf(value: float) -> float:
@@ -417,14 +415,14 @@ def plateau_note(summaries: dict[Mode, Summary], entropy: float) -> str:
     stuck = [
         f"{m.optimizer} {m.label}"
         for m, s in summaries.items()
-        if math.isfinite(s.loss) and abs(s.loss - entropy) < 0.05
+        if math.isfinite(s.loss) and abs(s.loss - entropy) < PLATEAU_MARGIN
     ]
     text = (
         f"The byte frequencies of the held-out text have entropy {entropy:.4f} nats: a model "
         "that ignores its input scores that."
     )
     if stuck:
-        text += f" Within 0.05 of it (stuck on that plateau): {', '.join(stuck)}."
+        text += f" Within {PLATEAU_MARGIN:g} of it (stuck on that plateau): {', '.join(stuck)}."
     return text + "\n\n"
 
 
@@ -478,7 +476,8 @@ def records_of(records: list[dict[str, Any]], setting: Setting, mode: Mode) -> l
     """The runs of one row, by seed; rows that do not predict come from the schedule twin."""
     key = setting.key if mode in setting.modes() else setting.schedule_twin.key
     return sorted(
-        (r for r in records if r["setting"] == key and r["mode"] == mode), key=lambda r: r["seed"]
+        (r for r in records if r["setting"] == key and r["mode"] == asdict(mode)),
+        key=lambda r: r["seed"],
     )
 
 
@@ -632,13 +631,13 @@ def _moving_average(values: list[float], window: int) -> list[float]:
 
 # ---- main ------------------------------------------------------------------------------
 def investigation_settings(tasks: Sequence[Task], stages: Sequence[int]) -> list[Setting]:
-    """The settings that test why the language model does not recover (see the doc)."""
+    """One change each: official distances on both tasks, an lr warm-up on the LM (see the notes)."""
     by_name = {t.name: t for t in tasks}
     out = [Setting(t, min(stages), distances="official") for t in tasks]
     if "lm" in by_name:
         lm, k = by_name["lm"], min(stages)
-        # Smaller learning rates were tried in single-seed probes only (PROBES): a
-        # 3-seed setting of its own did not fit the ~20 minute budget.
+        # Smaller learning rates were tried in single-seed probes only (listed in the
+        # notes): a 3-seed setting of its own did not fit the ~20 minute budget.
         out.append(Setting(lm, k, lr_warmup=max(1, lm.steps // 4), stash=False))
     return out
 
@@ -677,47 +676,39 @@ def main(argv: list[str] | None = None) -> int:
     settings = [Setting(t, k) for t in tasks for k in stages]
     settings += [Setting(t, max(stages), scale) for t in tasks for scale in harder]
     investigation = [] if args.original_only else investigation_settings(tasks, stages)
-    # The language model first: it is the task the sweep explains.
+    # The language model's sweep first: it has the most patterns (see delay_patterns).
     delay_tasks = sorted(tasks, key=lambda t: t.seq_len is None)
     delay_settings = [] if args.original_only else [Setting(t, min(stages)) for t in delay_tasks]
     shown = _without_records_options(sys.argv[1:] if argv is None else list(argv))
-    started = time.perf_counter()
-    records: list[dict[str, Any]] = []
-    delays: list[dict[str, Any]] = []
-    elapsed = 0.0
-    if args.load_records or args.reuse_records:
-        saved = load_json(args.load_records or args.reuse_records, RECORDS_FORMAT)
-        records = [{**r, "mode": Mode(**r["mode"])} for r in saved["records"]]
-        delays = list(saved.get("delays", []))
-        elapsed = float(saved["elapsed_s"])
+    saved = args.load_records or args.reuse_records
+    cache = (
+        RecordCache.load(saved, RECORDS_FORMAT, _job_key)
+        if saved
+        else RecordCache(RECORDS_FORMAT, _job_key)
+    )
+    cache.path = args.save_records
     if args.load_records:
-        shown = list(saved["argv"])
+        shown = cache.argv
     else:
-        done = {(r["setting"], r["mode"], r["seed"]) for r in records}
-        done_delays = {(r["setting"], r["delay"], r["optimizer"], r["seed"]) for r in delays}
+        cache.argv = shown
+        done = cache.done()
         # By priority (a stopped run keeps what it saved): the first table, the language
         # model's delay sweep, the investigation settings, the image task's sweep.
         lm_delays = [s for s in delay_settings if s.task.seq_len is not None]
         other_delays = [s for s in delay_settings if s.task.seq_len is None]
         work: list[tuple[Any, ...]] = [
             *pipeline_work(settings, seeds, done),
-            *delay_work(lm_delays, delay_seeds, done_delays),
+            *delay_work(lm_delays, delay_seeds, done),
             *pipeline_work(investigation, seeds, done),
-            *delay_work(other_delays, delay_seeds, done_delays),
+            *delay_work(other_delays, delay_seeds, done),
         ]
-        previous = elapsed
-
-        def keep(record: dict[str, Any]) -> None:
-            (records if "mode" in record else delays).append(record)
-            if args.save_records:
-                _save(args.save_records, previous + time.perf_counter() - started, shown,
-                      records, delays)  # fmt: skip
-
-        run_jobs(work, args.jobs, keep)
-        elapsed = previous + time.perf_counter() - started
-    if args.save_records:
-        _save(args.save_records, elapsed, shown, records, delays)
-    delays = delays + sync_as_delays(records, delay_settings)
+        previous, started = cache.elapsed_s, time.perf_counter()
+        run_jobs(work, _job, args.jobs, describe=_describe,
+                 on_record=lambda r: cache.add(r, previous + time.perf_counter() - started))  # fmt: skip
+        cache.elapsed_s = previous + time.perf_counter() - started
+    cache.save()
+    records = [r for r in cache.records if "mode" in r]
+    delays = [r for r in cache.records if "delay" in r] + sync_as_delays(records, delay_settings)
     holds_all: list[tuple[Setting, dict[str, dict[str, Any]]]] = []
     sections = [_section(s, records, args.out, holds_all) for s in settings]
     more = [_section(s, records, args.out, holds_all) for s in investigation]
@@ -727,36 +718,28 @@ def main(argv: list[str] | None = None) -> int:
             "pipeline_convergence.py",
             shown,
         )  # fmt: skip
-        + _setup(tasks, seeds, args.jobs, elapsed)
+        + _setup(tasks, seeds, args.jobs, cache.elapsed_s)
         + _overview(holds_all)
-        + (
-            _findings(records, delays, settings, investigation, delay_settings)
-            if investigation
-            else ""
-        )
+        + _notes_link()
         + "\n## Results\n\n"
         + "\n".join(sections)
     )
     if more:
         text += "\n## Investigation settings\n\n" + "\n".join(more)
     if delay_settings:
-        text += _delay_section(delay_settings, delays)
+        text += _delay_section(delay_settings, records, delays)
     write_atomic(args.out, text)
-    print(f"wrote {args.out} ({elapsed:.0f} s)")
+    print(f"wrote {args.out} ({cache.elapsed_s:.0f} s)")
     return 0
 
 
-def _save(
-    path: Path,
-    elapsed: float,
-    argv: list[str],
-    records: list[dict[str, Any]],
-    delays: list[dict[str, Any]],
-) -> None:
-    dump_json(path, {
-        "format": RECORDS_FORMAT, "elapsed_s": elapsed, "argv": argv,
-        "records": [{**r, "mode": asdict(r["mode"])} for r in records], "delays": delays,
-    })  # fmt: skip
+def _notes_link() -> str:
+    return (
+        "\n## What the numbers mean\n\n"
+        f"The interpretation, the verdict and the one-off probes of the investigation are "
+        f"written by hand in [{NOTES}]({NOTES}), from a full run of this script: every "
+        "number on this page is recomputed by each run, the notes' are not.\n"
+    )
 
 
 def _section(
@@ -790,218 +773,29 @@ def _section(
     )
 
 
-# One-off runs made while looking for the cause (seed 0, lm K = 4 unless noted), with the
-# throwaway scripts they came from gone: kept so that every setting tried is on record.
-# (what was run, held-out loss)
-PROBES = (
-    ("pipeline, SGD lr 0.05: sync / stale / spectrain / spectrain + official distances",
-     "2.5485 / 2.9096 / 2.9700 / 2.9272"),
-    ("pipeline, Adam lr 1e-3: sync / stale / predict-adam / predict-adam + official",
-     "2.3116 / 3.2767 / 3.2774 / 3.2827"),
-    ("pipeline, Adam lr 3e-4: sync / stale / stash / predict-adam / predict-adam + official",
-     "2.5326 / 3.0557 / 2.9956 / 3.2823 / 2.9683"),
-    ("pipeline, SGD lr 0.02: sync / stale / spectrain", "2.5707 / 3.0672 / 3.0477"),
-    ("pipeline, SGD lr 0.05, lr warm-up 100: stale / spectrain", "3.0851 / 2.9227"),
-    ("pipeline, 50 steps (smoke test), SGD: stale / spectrain + official", "3.3300 / 3.2264"),
-    ("pipeline, 1200 steps (3x the samples), SGD: sync / stale / spectrain",
-     "2.1978 / 2.5510 / 2.4724 (recovers 22%)"),
-    ("pipeline, 1200 steps (3x the samples), Adam: sync / stale / predict-adam",
-     "1.9728 / 3.0733 / 2.7346 (recovers 31%)"),
-    ("plain loop, Adam lr 1e-3, per-stage delays 0,0,0,0 / 3,2,1,0 / 3,3,3,3 / 1,1,1,1",
-     "2.3116 / 3.2720 / 3.2857 / 3.2381"),
-    ("plain loop, Adam lr 1e-3, delays 3,0,0,0 / 0,0,0,3 / 0,2,1,0 / 0.5 x4 / 0.25 x4",
-     "2.7776 / 2.3723 / 2.5336 / 2.5401 / 2.5270"),
-    ("plain loop, Adam lr 1e-3 with lr warm-up 100, delays 3,2,1,0", "3.2796"),
-    ("plain loop, Adam lr 3e-4, delays 0,0,0,0 / 3,2,1,0", "2.5326 / 2.9956"),
-    ("plain loop, Adam lr 1e-4, delays 0,0,0,0 / 3,2,1,0", "3.1445 / 3.1990"),
-    ("plain loop, SGD lr 0.05, delays 0,0,0,0 / 3,2,1,0 / 3,0,0,0 / 0,0,0,3 / 1,1,1,1",
-     "2.5485 / 2.8814 / 2.9971 / diverged / 3.0920"),
-    ("plain loop, SGD lr 0.02, delays 1,1,1,1", "3.1055"),
-    ("plain loop, image task, 400 steps, Adam lr 3e-3, delays 0,0,0,0 / 1,1,1,1",
-     "0.3089 / 0.4943"),
-)  # fmt: skip
-
-
-def _delay_mean(delays: list[dict[str, Any]], setting: Setting, label: str, optimizer: str) -> str:
-    values = [r["eval"]["loss"] for r in delays if r["setting"] == setting.key
-              and r["delay"].startswith(label) and r["optimizer"] == optimizer]  # fmt: skip
-    if not values:
-        return "-"
-    if not all(math.isfinite(v) for v in values):
-        return "diverged"
-    return f"{sum(values) / len(values):.2f}"
-
-
-def _same_as_stash(
-    records: list[dict[str, Any]], delays: list[dict[str, Any]], setting: Setting
+def _delay_section(
+    delay_settings: list[Setting], records: list[dict[str, Any]], delays: list[dict[str, Any]]
 ) -> str:
-    """Whether the loop with the async delays gives the stash pipeline's loss, seed by seed."""
-    pairs = []
-    for r in delays:
-        if r["setting"] == setting.key and r["delay"].startswith("async-1f1b"):
-            stash = [p for p in records if p["setting"] == setting.key
-                     and p["mode"].weights == "stash" and p["mode"].optimizer == r["optimizer"]
-                     and p["seed"] == r["seed"]]  # fmt: skip
-            if stash:
-                pairs.append(stash[0]["eval"]["loss"] == r["eval"]["loss"])
-    if not pairs:
-        return "no runs to compare"
-    same = sum(pairs)
-    return f"the held-out loss is bit for bit the same in {same} of {len(pairs)} runs"
-
-
-def _findings(
-    records: list[dict[str, Any]],
-    delays: list[dict[str, Any]],
-    settings: list[Setting],
-    investigation: list[Setting],
-    delay_settings: list[Setting],
-) -> str:
-    """What the investigation found, with the numbers taken from this run's records."""
-    lm = next((s for s in delay_settings if s.task.seq_len is not None), None)
-    image = next((s for s in delay_settings if s.task.image_size is not None), None)
-    if lm is None or image is None:
-        return ""
-    k = lm.stages
-    base = summarise(records, lm)
-    rows = {(m.optimizer, m.label): v for m, v in base.items()}
-    entropy = unigram_entropy_nats(lm.task.seq_len or 1)
-
-    def d(setting: Setting, label: str, optimizer: str) -> str:
-        return _delay_mean(delays, setting, label, optimizer)
-
-    def loss(optimizer: str, label: str) -> str:
-        value = rows.get((optimizer, label))
-        return "-" if value is None else f"{value.loss:.2f}"
-
-    changes = []
-    for setting in investigation:
-        if setting.distances != "official":
-            continue
-        twin, mine = summarise(records, setting.schedule_twin), summarise(records, setting)
-        for optimizer in ("sgd", "adam"):
-            before, after = verdict(twin, optimizer), verdict(mine, optimizer)
-            if math.isnan(before["recovered"]) or math.isnan(after["recovered"]):
-                continue
-            changes.append(
-                f"{setting.task.name} K = {setting.stages} {PREDICTING[optimizer]} "
-                f"{100 * before['recovered']:.0f}% -> {100 * after['recovered']:.0f}%"
-            )
-    official = "; ".join(changes) or "not run"
-
-    def share(setting: Setting, label: str, optimizer: str) -> str:
-        def mean(prefix: str) -> float:
-            values = [r["eval"]["loss"] for r in delays if r["setting"] == setting.key
-                      and r["delay"].startswith(prefix) and r["optimizer"] == optimizer]  # fmt: skip
-            if not values:
-                return math.nan
-            return sum(values) / len(values) if all(map(math.isfinite, values)) else math.inf
-
-        value, sync, full = mean(label), mean("none"), mean("async")
-        if not math.isfinite(value):
-            return "diverged" if not math.isnan(value) else "-"
-        return f"{100 * (value - sync) / (full - sync):.0f}%"
-
-    image_rows = {(m.optimizer, m.label): v for m, v in summarise(records, image).items()}
-    image_errors = (
-        image_rows[("adam", "predict-adam")].error_cell()
-        if ("adam", "predict-adam") in image_rows
-        else "-"
-    )
-    errors = rows.get(("adam", "predict-adam"))
-    error_cell = errors.error_cell() if errors else "-"
-    lines = [
-        "\n## Why the language model does not recover (the investigation)\n",
-        f"Numbers below are means over the seeds of this run (K = {k}); the tables further "
-        "down have the spreads. The unigram entropy of the held-out bytes, the loss of a model "
-        f"that ignores its input, is {entropy:.2f} nats.\n",
-        "1. **The penalty is the gradient delay itself, not the pipeline code.** The delay "
-        "sweep trains the same model in a plain single-process loop in which layer i takes its "
-        "gradient at the weights of ``delay[i]`` updates earlier, with no pipeline code. With "
-        f"the delays of async-1f1b (stage k by {k - 1}-k), held-out loss is "
-        f"{d(lm, 'async', 'sgd')} (SGD) and {d(lm, 'async', 'adam')} (Adam), against "
-        f"{loss('sgd', 'stash')} / {loss('adam', 'stash')} for the `stash` pipeline "
-        f"(same mathematics; {_same_as_stash(records, delays, lm)}) and "
-        f"{d(lm, 'none', 'sgd')} / {d(lm, 'none', 'adam')} without delay (the sync "
-        "pipeline; the plain loop without delay gives its held-out loss exactly, e.g. 2.3116 "
-        "Adam and 2.5485 SGD for seed 0).",
-        "2. **Both tasks are very sensitive to delay, so sensitivity alone does not separate "
-        "them.** As a share of the "
-        "async-1f1b delays' penalty (loss minus sync, over async-delays loss minus sync), "
-        "every layer delayed by 0.5 / 1 update costs SGD "
-        f"{share(lm, 'every layer by 0.5', 'sgd')} / {share(lm, 'every layer by 1', 'sgd')} and "
-        f"Adam {share(lm, 'every layer by 0.5', 'adam')} / {share(lm, 'every layer by 1', 'adam')}"
-        f" (losses: SGD {d(lm, 'every layer by 0.5', 'sgd')} / "
-        f"{d(lm, 'every layer by 1', 'sgd')}, Adam {d(lm, 'every layer by 0.5', 'adam')} / "
-        f"{d(lm, 'every layer by 1', 'adam')}). On the image task one update on every layer "
-        f"costs SGD {share(image, 'every layer by 1', 'sgd')} and Adam "
-        f"{share(image, 'every layer by 1', 'adam')} of its async penalty (losses "
-        f"{d(image, 'every layer by 1', 'sgd')} / {d(image, 'every layer by 1', 'adam')}, sync "
-        f"{d(image, 'none', 'sgd')} / {d(image, 'none', 'adam')}, async delays "
-        f"{d(image, 'async', 'sgd')} / {d(image, 'async', 'adam')}): as much as the async "
-        "delays themselves.",
-        "3. **Which stage's delay hurts.** Alone, the first stage delayed by "
-        f"{k - 1} (the embedding and the first blocks; async-1f1b's largest delay) costs SGD "
-        f"{share(lm, 'first stage only', 'sgd')} and Adam {share(lm, 'first stage only', 'adam')}"
-        " of the penalty; the embedding layer alone SGD "
-        f"{share(lm, 'embedding layer only', 'sgd')}, Adam "
-        f"{share(lm, 'embedding layer only', 'adam')}. So it is the first stage, and within it "
-        "the transformer blocks more than the embedding. The last stage alone delayed by "
-        f"{k - 1} (which async-1f1b never delays) gives SGD {d(lm, 'last stage only', 'sgd')}, "
-        f"Adam {d(lm, 'last stage only', 'adam')}.",
-        "4. **Prediction is about as accurate on both tasks, but buys much less loss back on "
-        "the language model.** predict-adam's forward prediction error per stage is "
-        f"{error_cell} on the language model and {image_errors} on the image task (spectrain's "
-        "are similar): on both, the predicted weights are about half as far from the target "
-        "version as the stale ones. On the image task that recovers 61-82% of the loss gap "
-        "(walked distances); on the language model, whose prediction is even a little more "
-        "accurate, -8% to 4%. This suggests that on the language model the remaining error "
-        "lies in directions the loss is sensitive to (the first stage's blocks, point 3) "
-        "that a linear extrapolation along the momentum / Adam direction misses; we have not "
-        "isolated those directions.",
-        "5. **The official SpecTrain distances help, on both tasks, but not enough for the "
-        "language model.** They predict floor(k/2) further on stage k, backward included, past "
-        "the version the stage's own update lands on (forward error above 1 on stage 2, "
-        f"measured against that version). Recovered share, walked -> official: {official}. "
-        "Why predicting further helps is not established here; a plausible reason is that "
-        "a mini-batch's gradient at stage k also depends on the later stages' weights, which "
-        "the table's target (every stage updated) accounts for and ours does not.",
-        "6. **It is partly an escape-time effect, and prediction does shorten the escape, "
-        "but not by half of the gap.** In single-seed probes (list below) with 3x the samples "
-        "(1200 steps) async SGD leaves the plateau (stale 2.55, spectrain 2.47, sync 2.20: "
-        "22% recovered) and Adam starts to (stale 3.07, predict-adam 2.73, sync 1.97: 31%). "
-        "Of the remedies of PipeDream-2BW / PipeMare, the learning-rate warm-up (applied to "
-        "sync too) is the *lr warm-up* row of the overview, over 3 seeds; smaller learning "
-        "rates (SGD 0.02, Adam 3e-4 and 1e-4) are single-seed probes below: at Adam 3e-4 the "
-        "gap stays (sync 2.53, stale 3.06) and predict-adam is worse than stale (3.28).",
-        "\n**Verdict.** The expectation (stale measurably worse than sync, prediction "
-        "recovering at least half of the gap) holds on the image task at K = 4 and 8 for both "
-        "optimizers, with either distance rule (more strongly with the official table). It "
-        "does not hold on the language-model task in any setting tried: the staleness "
-        "penalty there is large (stale is measurably worse than sync everywhere), but the "
-        "residual error of a linear (momentum / Adam-direction) prediction keeps most of it, "
-        "where on the image task an equally accurate prediction (in weight distance) does "
-        "not; the closest is SGD with the official distances (38%). The documented setting where the expectation holds is therefore "
-        "the image task; for the language model this page documents the failure and its "
-        "cause.\n",
-        "### Every one-off probe run during the investigation\n",
-        "Seed 0, lm K = 4, 400 steps unless noted; 'pipeline' runs are the emulator with the "
-        "change listed, 'plain loop' the delay sweep's loop with per-stage delays. Not "
-        "regenerated by the command above (the sweep and the investigation settings are).\n",
-        "| probe | held-out loss |",
-        "|---|---|",
-        *[f"| {what} | {result} |" for what, result in PROBES],
-        "",
+    parts = [
+        "\n## Delay sweep: the same delays in plain training, without the pipeline\n",
+        "`pipeswap.pipeline.delayed.train_with_delays`: one process, the whole model, and "
+        "the update of mini-batch t takes layer i's gradient at the weights of update "
+        "t - delay[i] (fractions interpolate two versions). The first row reuses the sync "
+        "pipeline runs (no delay is the same mathematics). Share of async penalty: "
+        "(loss - no delay) / (loss with the stash pipeline's delays - no delay), in mean "
+        "held-out loss.\n",
     ]
-    return "\n".join(lines) + "\n"
-
-
-def _delay_section(delay_settings: list[Setting], delays: list[dict[str, Any]]) -> str:
-    parts = ["\n## Delay sweep: the same delays in plain training, without the pipeline\n"]
     for setting in delay_settings:
         parts.append(f"### {setting.task.name}, delays of K = {setting.stages}\n")
         parts.append(delay_table(setting, delays) + "\n")
+        parts.append(
+            f"With the stash pipeline's delays, the loop gives "
+            f"{same_as_stash(records, delays, setting)}.\n"
+        )
     return "\n".join(parts)
+
+
+RECORDS_OPTIONS = ("--save-records", "--load-records", "--reuse-records")
 
 
 def _without_records_options(argv: list[str]) -> list[str]:
@@ -1010,9 +804,9 @@ def _without_records_options(argv: list[str]) -> list[str]:
     for arg in argv:
         if skip:
             skip = False
-        elif arg in ("--save-records", "--load-records"):
+        elif arg in RECORDS_OPTIONS:
             skip = True
-        elif not arg.startswith(("--save-records=", "--load-records=")):
+        elif not arg.startswith(tuple(f"{option}=" for option in RECORDS_OPTIONS)):
             out.append(arg)
     return out
 
@@ -1072,11 +866,10 @@ def _overview(holds_all: list[tuple[Setting, dict[str, dict[str, Any]]]]) -> str
         + "\n\nGap: mean held-out loss of `stale` minus `sync 1f1b` (measurable when it "
         "exceeds twice its standard error over the seeds). Recovered: (stale - predicted) "
         "/ (stale - sync); when every stale run diverged and the predicted runs did not, "
-        "all of the gap counts as recovered. The penalty is the cost of delay, not of our "
-        "pipeline code: `tests/benchmarks/test_pipeline_benchmarks.py::"
-        "test_stash_is_a_one_step_delayed_gradient` checks that a 2-stage stash pipeline "
-        "gives bitwise the losses of a plain loop whose first half takes its gradient at "
-        "the weights from before the last update.\n"
+        "all of the gap counts as recovered. `stash` is a pure gradient delay: "
+        "`tests/pipeline/test_delayed.py` checks that the stash pipeline gives bitwise the "
+        "losses of `pipeswap.pipeline.delayed.train_with_delays`, a plain loop without "
+        "pipeline code, with the delays the schedule implies (the delay sweep below).\n"
     )
 
 

@@ -5,7 +5,7 @@ Run from the repository root:
     .venv/bin/python benchmarks/pipeline_throughput_cpu.py              # writes the table
     .venv/bin/python benchmarks/pipeline_throughput_cpu.py --quick --out /tmp/cpu.md
 
-Two ranks start once (pipeswap.pipeline.launch.spawn); inside them every variant trains
+Two ranks start once (pipeswap.dist.launch.spawn); inside them every variant trains
 the same model on the same data with SGD with momentum, one intra-op thread per process:
 
 - ours: ``async-1f1b`` (SpecTrain prediction, and stale weights), ``1f1b`` and ``gpipe``
@@ -97,8 +97,8 @@ def _torch_schedule(setting: Setting, variant: str, rank: int, world: int) -> fl
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+    from pipeswap.dist.group import single_threaded
     from pipeswap.pipeline.config import BatchSource, build_full_model
-    from pipeswap.pipeline.emulator import single_threaded
 
     config = _config(setting, variant)
     with single_threaded():
@@ -203,7 +203,7 @@ def _rank(rank: int, world: int, setting: Setting, variants: tuple[str, ...]) ->
 
 def run(setting: Setting, variants: tuple[str, ...] = VARIANTS) -> list[dict[str, float]]:
     """Rates (samples/s) of every variant, one dict per repetition."""
-    from pipeswap.pipeline.launch import spawn
+    from pipeswap.dist.launch import spawn
 
     launched = spawn(_rank, 2, setting, variants, timeout_s=180.0)
     if not launched.ok:

@@ -37,13 +37,18 @@ from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.hardware.presets import preset
 from pipeswap.hardware.topology import Topology
 from pipeswap.jsonio import write_atomic
-from pipeswap.pipeline.dp_graph import DDP_BUCKET_BYTES, data_parallel_graph
 from pipeswap.pipeline.partition import partition
 from pipeswap.pipeline.schedule import build_schedule
 from pipeswap.pipeline.taskgraph import pipeline_graph
 from pipeswap.profile import Profile, SavedTensor
 from pipeswap.profiling import estimate
 from pipeswap.sim.engine import simulate
+from pipeswap.swap.workload import (
+    DEFAULT_BUCKET_BYTES,
+    Workload,
+    build_iteration_graph,
+    workload_from_profile,
+)
 
 RESULTS = RESULTS_DIR / "pipeline_throughput_sim.md"
 MODELS = ("vgg16", "resnet152", "gpt2-medium")
@@ -98,6 +103,13 @@ def fits(profile: Profile, memory_bytes: int) -> bool:
     return profile.resident_bytes + profile.saved_bytes <= memory_bytes
 
 
+def dp_workload(profile: Profile, update_s: float) -> Workload:
+    """The data-parallel view of ``profile``, with a step of ``update_s`` and the memory
+    of saved tensors only (no workspace), as the pipelines' stage memory counts it."""
+    workload = workload_from_profile(profile, optimizer_step_s=update_s)
+    return dataclasses.replace(workload, transient=(0,) * workload.num_layers)
+
+
 def steady_rate(build: object, steps: int, samples_per_step: int, topology: Topology) -> float:
     """Samples/s between ``steps`` and ``2 * steps`` simulated steps."""
     short = simulate(build(steps), topology).makespan_s  # type: ignore[operator]
@@ -119,14 +131,11 @@ def data_parallel_rate(
     else:
         return Rate(None, 0, "does not fit")
     placement = topology.gpus[: gpus or len(topology.gpus)]
-    update_s = update_seconds(profile.param_bytes, gpu)
-    bucket = DDP_BUCKET_BYTES if overlap else None
+    workload = dp_workload(profile, update_seconds(profile.param_bytes, gpu))
+    bucket = DEFAULT_BUCKET_BYTES if overlap else None
 
     def build(steps: int) -> object:
-        return data_parallel_graph(
-            profile, topology, gpus=placement, steps=steps, bucket_bytes=bucket,
-            update_s=update_s,
-        )  # fmt: skip
+        return build_iteration_graph(workload, placement, bucket_bytes=bucket, steps=steps)
 
     return Rate(steady_rate(build, 1, len(placement) * batch, topology), batch)
 
@@ -313,7 +322,7 @@ def _explanation(batch_of: dict[str, int]) -> str:
         "- **DP**: each GPU runs the whole model on `b` samples; gradients are "
         "ring-allreduced in 25 MiB buckets as the backward produces them, overlapped with "
         "the rest of the backward (PyTorch DDP's default), then each GPU applies a "
-        "memory-bound SGD update (`pipeswap.pipeline.dp_graph`). **DP no overlap**: one "
+        "memory-bound SGD update (`pipeswap.swap.workload`). **DP no overlap**: one "
         "allreduce of all gradients after the backward.\n"
         "- **gpipe / 1f1b**: mini-batch `N*b` (the global batch of DP on N GPUs) in N "
         "micro-batches of `b`, flush and update every mini-batch.\n"

@@ -190,8 +190,8 @@ def _predicted_vs_measured() -> str:
     from pipeswap.hardware.detect import detect_topology
     from pipeswap.hardware.presets import preset
     from pipeswap.profiling import measure
-    from pipeswap.swap.dp import TrainSettings, ZooJob, train_rank
     from pipeswap.swap.planner import make_plan
+    from pipeswap.training.dp_rank import TrainSettings, ZooJob, train_rank
 
     rows = ["| model | policy | predicted ms | measured ms | error % |", "|---|---|---:|---:|---:|"]
     topology = detect_topology() or preset("switch-4")
@@ -212,11 +212,11 @@ def _predicted_vs_measured() -> str:
 
 
 def _two_ranks_one_gpu() -> str:
+    from pipeswap.dist.launch import spawn
     from pipeswap.hardware.presets import preset
-    from pipeswap.pipeline.launch import spawn
     from pipeswap.profiling import measure
-    from pipeswap.swap.dp import ZooJob, measured_step_s
     from pipeswap.swap.planner import make_plan
+    from pipeswap.training.dp_rank import ZooJob, measured_step_s
 
     name = "gpt2-tiny"
     batch, shape = MODELS[name]
@@ -236,7 +236,7 @@ def _two_ranks_one_gpu() -> str:
 
 
 def _shared_gpu_rank(rank: int, world: int, job: Any, plan: SwapPlan, profile: Any) -> Any:
-    from pipeswap.swap.dp import TrainSettings, train_rank
+    from pipeswap.training.dp_rank import TrainSettings, train_rank
 
     # Both ranks on GPU 0: local_rank 0 for each; gloo carries the all-reduce.
     return train_rank(job, plan, TrainSettings(steps=12, device="cuda"), rank=rank,

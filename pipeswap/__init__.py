@@ -1,7 +1,82 @@
-"""pipeswap: train networks larger than one GPU with contention-aware swapping and pipelines."""
+"""pipeswap: train networks larger than one GPU with contention-aware swapping and pipelines.
+
+The names a user trains with, from one import (each is documented where it lives)::
+
+    import pipeswap
+    model = pipeswap.build_model("gpt2-tiny")                        # or your own LayeredModel
+    profile = pipeswap.measure(model, batch=8, seq_len=64)           # pipeswap.estimate: meta
+    plan = pipeswap.make_plan(profile, pipeswap.preset("switch-4"), policy="auto", gpus=2,
+                              footprint_ratio=1.5).plan
+    with pipeswap.SwapExecutor(model, plan) as executor: ...         # swap in your own loop
+    result = pipeswap.Emulator(pipeswap.PipelineConfig("gpt2-tiny", (3, 3), seq_len=64)).run()
+    outcome = pipeswap.train(pipeswap.TrainConfig("gpt2-tiny", steps=5))   # what the CLI runs
+
+Everything else lives in its subpackage (``pipeswap.sim``, ``pipeswap.swap``,
+``pipeswap.pipeline``, ``pipeswap.profiling``, ``pipeswap.hardware``, ``pipeswap.dist``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from pipeswap.errors import PipeswapError
 
 __version__ = "0.1.0"
 
-__all__ = ["PipeswapError", "__version__"]
+# Imported on first use, so that `import pipeswap` (and the CLI's start) stays quick.
+_PUBLIC = {
+    "build_model": "pipeswap.models.registry",
+    "measure": "pipeswap.profiling.measure",
+    "estimate": "pipeswap.profiling.estimate",
+    "Profile": "pipeswap.profile",
+    "preset": "pipeswap.hardware.presets",
+    "make_plan": "pipeswap.swap.planner",
+    "SwapExecutor": "pipeswap.swap.executor",
+    "PipelineConfig": "pipeswap.pipeline.config",
+    "Emulator": "pipeswap.pipeline.emulator",
+    "TrainConfig": "pipeswap.training.config",
+    "train": "pipeswap.training.run",
+}
+
+__all__ = [
+    "Emulator",
+    "PipelineConfig",
+    "PipeswapError",
+    "Profile",
+    "SwapExecutor",
+    "TrainConfig",
+    "__version__",
+    "build_model",
+    "estimate",
+    "make_plan",
+    "measure",
+    "preset",
+    "train",
+]
+
+if TYPE_CHECKING:
+    from pipeswap.hardware.presets import preset
+    from pipeswap.models.registry import build_model
+    from pipeswap.pipeline.config import PipelineConfig
+    from pipeswap.pipeline.emulator import Emulator
+    from pipeswap.profile import Profile
+    from pipeswap.profiling.estimate import estimate
+    from pipeswap.profiling.measure import measure
+    from pipeswap.swap.executor import SwapExecutor
+    from pipeswap.swap.planner import make_plan
+    from pipeswap.training.config import TrainConfig
+    from pipeswap.training.run import train
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeswap' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -44,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except PipeswapError as exc:
         print(f"pipeswap {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        # 2: bad input (the message names the fix); a crashed rank sets its own status.
+        return int(getattr(exc, "exit_status", 2))
     except KeyboardInterrupt:
         return 130
 

@@ -17,7 +17,7 @@ def progress_bar(total: int, desc: str, *, enabled: bool = True) -> Any | None:
         return None
     from tqdm import tqdm
 
-    # tqdm's default lock is a multiprocessing semaphore, which a rank ending in os._exit
+    # tqdm's default lock is a process-shared semaphore, which a rank ending in os._exit
     # would leak (and the resource tracker would warn about); one process needs only a
     # thread lock.
     tqdm.set_lock(threading.RLock())

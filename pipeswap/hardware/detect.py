@@ -12,6 +12,7 @@ from typing import Any
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import INTER_SOCKET_GB_PER_S, INTER_SOCKET_KIND, PCIE_GB_PER_S
 from pipeswap.hardware.topology import Link, Node, Topology
+from pipeswap.hardware.unionfind import UnionFind
 
 # Relation levels, ordered like NVML's nvmlGpuTopologyLevel_t (reference/hardware.md):
 # 0 same board, 10 one switch, 20 several switches, 30 host bridge, 40 NUMA node, 50 system.
@@ -224,22 +225,12 @@ def detect_topology(*, copy_engines: int = 2) -> Topology | None:
 def _groups(members: Sequence[int] | range, related: Callable[[int, int], bool]) -> list[list[int]]:
     """Connected components of ``members`` under ``related``, each sorted, ordered by first."""
     members = list(members)
-    parent = {m: m for m in members}
-
-    def root(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    sets = UnionFind(members)
     for position, i in enumerate(members):
         for j in members[position + 1 :]:
             if related(i, j) or related(j, i):
-                parent[root(i)] = root(j)
-    components: dict[int, list[int]] = {}
-    for m in members:
-        components.setdefault(root(m), []).append(m)
-    return sorted(components.values(), key=lambda group: group[0])
+                sets.union(i, j)
+    return sorted(sets.groups(), key=lambda group: group[0])
 
 
 def _query_nvml() -> tuple[list[DetectedGpu], list[list[int]]] | None:

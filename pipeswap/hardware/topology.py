@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from pipeswap.errors import PipeswapError
+from pipeswap.hardware.unionfind import UnionFind
 from pipeswap.jsonio import check_format, dump_json, load_json
 
 TOPOLOGY_FORMAT = "pipeswap.topology/1"
@@ -217,15 +218,8 @@ def _validate(topology: Topology) -> None:
             )
     if not any(n.kind == "cpu" for n in topology.nodes):
         raise PipeswapError(f"topology {name!r} has no cpu node: add one for host memory")
-    # Union-find finds both dangling ends and the link that closes a cycle.
-    parent = {n: n for n in seen}
-
-    def root(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    # Union-find finds both the link that closes a cycle and GPUs cut off from every cpu.
+    sets = UnionFind(seen)
     for link in topology.links:
         where = f"link {link.a}-{link.b}"
         for end in (link.a, link.b):
@@ -242,16 +236,14 @@ def _validate(topology: Topology) -> None:
                 f"topology {name!r}: {where} has duplex_efficiency {link.duplex_efficiency}; "
                 "use a value in (0, 1]"
             )
-        ra, rb = root(link.a), root(link.b)
-        if ra == rb:
+        if not sets.union(link.a, link.b):
             raise PipeswapError(
                 f"topology {name!r}: {where} closes a cycle; PCIe topologies are trees, "
                 "remove one link of the cycle"
             )
-        parent[ra] = rb
-    cpu_roots = {root(n.id) for n in topology.nodes if n.kind == "cpu"}
+    cpu_roots = {sets.find(n.id) for n in topology.nodes if n.kind == "cpu"}
     for node in topology.nodes:
-        if node.kind == "gpu" and root(node.id) not in cpu_roots:
+        if node.kind == "gpu" and sets.find(node.id) not in cpu_roots:
             raise PipeswapError(
                 f"topology {name!r}: gpu {node.id!r} has no path to a cpu; link it to a switch or cpu"
             )

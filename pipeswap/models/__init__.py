@@ -7,6 +7,7 @@ from pipeswap.models.registry import (
     count_parameters,
     model_names,
     model_spec,
+    shape_defaults,
 )
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "count_parameters",
     "model_names",
     "model_spec",
+    "shape_defaults",
 ]

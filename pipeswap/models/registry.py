@@ -152,6 +152,16 @@ def model_spec(name: str) -> ModelSpec:
     return _entry(name)[0]
 
 
+def shape_defaults(
+    model_name: str, seq_len: int | None, image_size: int | None
+) -> tuple[int | None, int | None]:
+    """(seq_len, image_size) for a zoo model: the given one, else the zoo's default."""
+    spec = model_spec(model_name)
+    if spec.task == "lm":
+        return seq_len or spec.default_seq_len, None
+    return None, image_size or spec.default_image_size
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     """Number of distinct parameter elements (a tied matrix counts once)."""
     return sum(p.numel() for p in model.parameters())

@@ -82,8 +82,9 @@ def init_transformer_(module: nn.Module, std: float = 0.02) -> None:
     for sub in module.modules():
         if isinstance(sub, nn.Linear | nn.Embedding):
             nn.init.normal_(sub.weight, mean=0.0, std=std)
-            if getattr(sub, "bias", None) is not None:
-                nn.init.zeros_(sub.bias)
+            bias = getattr(sub, "bias", None)
+            if isinstance(bias, torch.Tensor):
+                nn.init.zeros_(bias)
         elif isinstance(sub, nn.LayerNorm):
             nn.init.ones_(sub.weight)
             nn.init.zeros_(sub.bias)

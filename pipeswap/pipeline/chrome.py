@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
-from pipeswap.jsonio import write_atomic
 from pipeswap.pipeline.validate import TimedAction
+from pipeswap.sim.trace import metadata_event, trace_document, write_chrome_trace
 
 _NAMES = {"F": "forward", "B": "backward", "UPDATE": "update"}
 
@@ -22,21 +21,24 @@ def chrome_trace(
     schedule's slots as milliseconds; measured timelines (in seconds) pass 1.0.
     Transfers appear as instant events on the sending and receiving tracks.
     """
+    return trace_document(timeline_events(timeline, title=title, seconds_per_unit=seconds_per_unit))
+
+
+def dump_chrome_trace(
+    path: str | os.PathLike[str], timeline: Sequence[TimedAction], **kwargs: Any
+) -> None:
+    """Write :func:`chrome_trace` to ``path`` (open it in ui.perfetto.dev or chrome://tracing)."""
+    write_chrome_trace(path, timeline_events(timeline, **kwargs))
+
+
+def timeline_events(
+    timeline: Sequence[TimedAction], *, title: str = "pipeline", seconds_per_unit: float = 1e-3
+) -> list[dict[str, Any]]:
+    """The events of :func:`chrome_trace`: a thread per stage, "X" per pass, "i" per transfer."""
     scale = seconds_per_unit * 1e6
-    ranks = sorted({t.rank for t in timeline})
-    events: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": title}}
-    ]
-    for rank in ranks:
-        events.append(
-            {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": 0,
-                "tid": rank,
-                "args": {"name": f"stage {rank}"},
-            }
-        )
+    events = [metadata_event("process_name", 0, 0, {"name": title})]
+    for rank in sorted({t.rank for t in timeline}):
+        events.append(metadata_event("thread_name", 0, rank, {"name": f"stage {rank}"}))
     for timed in timeline:
         act = timed.action
         base = {"pid": 0, "tid": timed.rank, "ts": timed.start * scale, "cat": act.kind}
@@ -52,11 +54,4 @@ def chrome_trace(
             )
         else:
             events.append(base | {"ph": "i", "s": "t", "name": str(act)})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
-def dump_chrome_trace(
-    path: str | os.PathLike[str], timeline: Sequence[TimedAction], **kwargs: Any
-) -> None:
-    """Write :func:`chrome_trace` to ``path`` (open it in ui.perfetto.dev or chrome://tracing)."""
-    write_atomic(path, json.dumps(chrome_trace(timeline, **kwargs)) + "\n")
+    return events

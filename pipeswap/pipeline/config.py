@@ -11,11 +11,11 @@ import torch
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
+from pipeswap.optim import check_optimizer
 from pipeswap.pipeline.predict import DISTANCE_RULES
 from pipeswap.pipeline.schedule import SCHEDULE_NAMES
 
 WEIGHT_MODES = ("stale", "stash", "spectrain", "predict-adam")
-OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,7 @@ class PipelineConfig:
             raise PipeswapError(
                 f"unknown weight mode {self.weights!r}; valid: {', '.join(WEIGHT_MODES)}"
             )
-        if self.optimizer not in OPTIMIZERS:
-            raise PipeswapError(
-                f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}"
-            )
+        check_optimizer(self.optimizer)
         if self.batch < 1 or self.micro_batches < 1 or self.batch % self.micro_batches:
             raise PipeswapError(
                 f"--batch {self.batch} must split into --micro-batches {self.micro_batches} "

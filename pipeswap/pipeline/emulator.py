@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 
+from pipeswap.dist.group import single_threaded
 from pipeswap.pipeline.config import PipelineConfig, build_full_model
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.result import PipelineResult, combine
@@ -15,17 +14,6 @@ from pipeswap.pipeline.schedule import Schedule, build_schedule
 from pipeswap.pipeline.stage import Packed, inspect_layers
 from pipeswap.pipeline.validate import simulate, validate
 from pipeswap.progress import progress_bar
-
-
-@contextmanager
-def single_threaded() -> Iterator[None]:
-    """One intra-op thread, so CPU reductions split the same way in every process."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 class MailboxTransport:

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from pipeswap.dist.digest import combine_digests, parameter_digests
 from pipeswap.pipeline.config import BatchSource, PipelineConfig
+from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import steady_distances, version_distances
 from pipeswap.pipeline.schedule import Action, Schedule
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
 from pipeswap.pipeline.validate import TimedAction
 from pipeswap.pipeline.weights import StageWeights
-
-# Test hook: PIPESWAP_FAULT="rank:step" makes that rank die (os._exit) at that step.
-FAULT_ENV = "PIPESWAP_FAULT"
 
 
 class Transport(Protocol):
@@ -43,28 +40,11 @@ class StageResult:
     eval_samples: int = 0
     busy_s: float = 0.0
     wall_s: float = 0.0
-    sha256: str = ""
+    sha256: str = ""  # this stage's parameters (pipeswap.dist.digest)
+    param_digests: dict[str, str] = field(default_factory=dict)
     prediction_error: dict[str, float | None] | None = None
     distances: tuple[int, int] = (0, 0)
     timeline: list[TimedAction] = field(default_factory=list)
-
-
-def stage_bounds(balance: tuple[int, ...]) -> list[tuple[int, int]]:
-    out, start = [], 0
-    for count in balance:
-        out.append((start, start + count))
-        start += count
-    return out
-
-
-def stage_sha256(module: torch.nn.Module) -> str:
-    """SHA-256 of a stage's parameters: names, dtypes, shapes and raw bytes, in order."""
-    digest = hashlib.sha256()
-    for name, param in module.named_parameters():
-        tensor = param.detach().cpu().contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return digest.hexdigest()
 
 
 class StageExecutor:
@@ -122,7 +102,6 @@ class StageExecutor:
         self.result = StageResult(
             rank, distances=steady_distances(schedule, rank, config.distances)
         )
-        self._fault = _fault_step(rank)
         self._outbox: dict[tuple[str, int], Packed] = {}
         self._t0 = time.perf_counter()
         self._index = 0
@@ -159,8 +138,6 @@ class StageExecutor:
 
     def _forward(self, unit: int) -> None:
         step, micro = divmod(unit, self.config.micro_batches)
-        if self._fault is not None and step == self._fault and micro == 0:
-            os._exit(17)
         inputs: Any = None
         target = None
         if self.train_data is not None:
@@ -207,7 +184,7 @@ class StageExecutor:
             inputs = self.transport.take("F", unit)
         out = self.runner.evaluate(inputs, target)
         if self.runner.is_last:
-            loss, correct = out  # type: ignore[misc]
+            loss, correct = out
             self.result.eval_loss_sum += float(loss)
             self.result.eval_correct += int(correct)
             self.result.eval_units += 1
@@ -217,13 +194,7 @@ class StageExecutor:
 
     def finish(self) -> StageResult:
         self.transport.finish()
-        self.result.sha256 = stage_sha256(self.module)
+        self.result.param_digests = parameter_digests(self.module)
+        self.result.sha256 = combine_digests(self.result.param_digests)
         return self.result
 
-
-def _fault_step(rank: int) -> int | None:
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return None
-    fault_rank, _, step = spec.partition(":")
-    return int(step or 0) if int(fault_rank) == rank else None

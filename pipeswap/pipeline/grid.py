@@ -33,8 +33,8 @@ def render_grid(
     for timed in timeline:
         _place(cells[timed.rank], timed, last_slot)
     if mark is not None and 0 <= int(mark[1]) < makespan:
-        row, col = mark[0], int(mark[1])
-        cells[row][col] = f"[{cells[row][col]}]"
+        mark_row, mark_col = mark[0], int(mark[1])
+        cells[mark_row][mark_col] = f"[{cells[mark_row][mark_col]}]"
     width = max(3, *(len(c) + 1 for row in cells for c in row)) if makespan else 3
     label = f"stage {schedule.num_stages - 1}"
     header = " " * len(label) + " " + "".join(f"{t:<{width}}" for t in range(makespan))
@@ -85,7 +85,7 @@ def phase_summary(schedule: Schedule, rank: int, row: list[str]) -> str:
 
 
 def _phases(passes: list[Action]) -> str:
-    kinds = [a.kind for a in passes]
+    kinds: list[str] = [a.kind for a in passes]
     if "B" not in kinds:
         return f"warm-up {len(kinds)}F"
     # The F right before the first B opens the first steady (F,B) pair, and the B right

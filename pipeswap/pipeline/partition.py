@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,15 @@ from pipeswap.jsonio import check_format
 from pipeswap.profile import Profile
 
 PARTITION_FORMAT = "pipeswap.partition/1"
+
+
+def stage_bounds(balance: Sequence[int]) -> list[tuple[int, int]]:
+    """``(start, stop)`` layer indices of every stage of ``balance`` (layers per stage)."""
+    out, start = [], 0
+    for count in balance:
+        out.append((start, start + count))
+        start += count
+    return out
 
 
 @dataclass(frozen=True)
@@ -24,11 +34,7 @@ class Partition:
     @property
     def bounds(self) -> list[tuple[int, int]]:
         """``(start, stop)`` layer indices of every stage."""
-        out, start = [], 0
-        for count in self.balance:
-            out.append((start, start + count))
-            start += count
-        return out
+        return stage_bounds(self.balance)
 
     @property
     def bottleneck_s(self) -> float:
@@ -140,7 +146,7 @@ def partition(
     if balance is None:
         smallest = _min_max_cut(len(layers), num_stages, lambda a, b, k: float(memory(a, b, k)))
         assert smallest is not None
-        need = max(memory(a, b, k) for k, (a, b) in enumerate(_bounds(smallest)))
+        need = max(memory(a, b, k) for k, (a, b) in enumerate(stage_bounds(smallest)))
         raise PipeswapError(
             f"no cut of {profile.model} into {num_stages} stages fits {memory_cap_bytes} bytes "
             f"per stage under {schedule}/{weights}; the smallest possible is {need} bytes "
@@ -160,7 +166,7 @@ def describe(
     weights: str = "stale",
 ) -> Partition:
     """The :class:`Partition` of a given balance (e.g. a manual ``--balance``)."""
-    bounds = _bounds(balance)
+    bounds = stage_bounds(balance)
     n = len(balance)
     return Partition(
         balance=tuple(balance),
@@ -178,10 +184,22 @@ def describe(
 
 def parse_balance(text: str, num_layers: int, num_stages: int) -> tuple[int, ...]:
     """Read ``--balance 3,3,2,2`` and check it covers every layer with ``num_stages`` stages."""
+    return check_balance(read_balance(text), num_layers, num_stages)
+
+
+def read_balance(text: str) -> tuple[int, ...]:
+    """The layer counts of ``--balance 3,3,2,2`` (not yet checked against a model)."""
     try:
-        balance = tuple(int(part) for part in text.split(","))
+        return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise PipeswapError(f"--balance {text!r}: write layer counts like 3,3,2,2") from None
+
+
+def check_balance(
+    balance: tuple[int, ...], num_layers: int, num_stages: int
+) -> tuple[int, ...]:
+    """``balance`` if it gives every one of ``num_stages`` stages layers and covers them all."""
+    text = ",".join(map(str, balance))
     if len(balance) != num_stages:
         raise PipeswapError(
             f"--balance {text} has {len(balance)} stages but --pipeline is {num_stages}"
@@ -202,10 +220,6 @@ def check_stage_count(num_layers: int, num_stages: int, names: list[str], model:
             f"{model} has {num_layers} layers ({', '.join(names)}), fewer than the "
             f"{num_stages} stages asked for: use --pipeline {num_layers} or fewer"
         )
-
-
-def _bounds(balance: tuple[int, ...]) -> list[tuple[int, int]]:
-    return Partition(tuple(balance), (), ()).bounds
 
 
 def _min_max_cut(num_layers: int, num_stages: int, cost: Any) -> tuple[int, ...] | None:

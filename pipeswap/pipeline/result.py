@@ -1,25 +1,24 @@
-"""The outcome of a pipeline run, assembled from every stage's report: the JSON report."""
+"""The outcome of a pipeline run, assembled from every stage's report."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeswap.dist.digest import combine_digests
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.executor import StageResult
 from pipeswap.pipeline.validate import TimedAction
-
-REPORT_FORMAT = "pipeswap.train-report/1"
 
 
 @dataclass(frozen=True)
 class PipelineResult:
     """Losses per step, held-out score, throughput, stage busy fractions and final hashes.
 
-    ``params_sha256`` hashes the stages' SHA-256 digests in stage order, so every rank
-    hashes only its own parameters. ``prediction_error`` (emulator only) gives, per
+    ``params_sha256`` is :func:`pipeswap.dist.digest.params_sha256` of the whole model:
+    every rank digests only its own parameters and the digests are combined by name.
+    ``mode`` is ``pipeline`` (one process per stage) or ``emulate``. ``prediction_error`` (emulator only) gives, per
     stage, ||W_used - W_future|| / ||W_now - W_future|| for forward and backward passes
     (None where the live weights were never stale, i.e. s = 0 for every pass).
     """
@@ -43,8 +42,8 @@ class PipelineResult:
         return tuple(b / self.wall_s if self.wall_s > 0 else 0.0 for b in self.stage_busy_s)
 
     def to_report(self) -> dict[str, Any]:
+        """The pipeline keys of a ``pipeswap.train/2`` report (pipeswap.training.report)."""
         report: dict[str, Any] = {
-            "format": REPORT_FORMAT,
             "mode": self.mode,
             "config": self.config.to_json(),
             "losses": list(self.losses),
@@ -64,10 +63,6 @@ class PipelineResult:
                 {"stage": k, **err} for k, err in enumerate(self.prediction_error)
             ]
         return report
-
-
-def combine_sha256(stage_digests: Sequence[str]) -> str:
-    return hashlib.sha256("".join(stage_digests).encode()).hexdigest()
 
 
 def combine(
@@ -95,7 +90,7 @@ def combine(
         wall_s=wall_s,
         stage_busy_s=tuple(s.busy_s for s in stages),
         stage_sha256=digests,
-        params_sha256=combine_sha256(digests),
+        params_sha256=combine_digests({k: v for s in stages for k, v in s.param_digests.items()}),
         distances=tuple(s.distances for s in stages),
         prediction_error=None if any(e is None for e in errors) else errors,  # type: ignore[arg-type]
         timeline=tuple(t for s in stages for t in s.timeline),

@@ -1,15 +1,32 @@
-"""One process per stage over torch.distributed: non-blocking transfers, same compute."""
+"""One process per stage over torch.distributed: non-blocking transfers, same compute.
+
+The process group is made by :mod:`pipeswap.dist`; this module only sends and receives.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from pipeswap.dist.faults import fault_hook
+from pipeswap.dist.group import (
+    backend_name,
+    barrier,
+    destroy_groups,
+    direction_groups,
+    gather_to_rank0,
+    rank_and_world,
+    single_threaded,
+)
+from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.config import PipelineConfig, build_full_model
-from pipeswap.pipeline.emulator import pipeline_schedule, single_threaded
+from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.executor import StageExecutor, StageResult
+from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.schedule import Action
 from pipeswap.pipeline.stage import BoundarySpec, Packed, inspect_layers
@@ -55,7 +72,11 @@ class DistTransport:
             return
         spec = self.input_spec if kind == "F" else self.output_spec
         if spec is not None and len(spec.tensors) > MAX_TENSORS_PER_CUT:
-            raise ValueError(f"more than {MAX_TENSORS_PER_CUT} tensors cross a cut")
+            raise PipeswapError(
+                f"{len(spec.tensors)} tensors cross a cut of stage {self.rank}, more than the "
+                f"{MAX_TENSORS_PER_CUT} the runtime tags: cut the model where fewer tensors "
+                "pass between layers (--balance)"
+            )
         assert spec is not None, f"rank {self.rank} receives no {kind} transfers"
         src = self.rank - 1 if kind == "F" else self.rank + 1
         buffers = spec.empty(self.device, grads=kind == "B")
@@ -99,7 +120,7 @@ def run_rank(
 ) -> PipelineResult | None:
     """Run this rank's stage of ``config`` in the initialized default process group.
 
-    Rank k runs stage k. Returns the combined result on rank 0 (gathered from every
+    Rank k runs stage k; a one-stage pipeline runs without a process group. Returns the combined result on rank 0 (gathered from every
     rank), None elsewhere. ``split_directions`` (default: with NCCL) sends forward and
     backward transfers through two process groups of their own: NCCL runs one pair's
     sends and receives on one stream in the order they were issued, and a send may wait
@@ -108,23 +129,25 @@ def run_rank(
     direction gives each stream one kind of transfer, in unit order on both ends.
     """
     config.check()
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = rank_and_world()
     if world != config.num_stages:
-        raise ValueError(f"{world} ranks for a {config.num_stages}-stage pipeline")
+        raise PipeswapError(
+            f"{world} ranks joined a {config.num_stages}-stage pipeline: start one rank per "
+            f"stage (--nproc {config.num_stages})"
+        )
     device = torch.device(device)
     if device.type == "cuda":
         # NCCL sends, receives and object gathers run on the current device: make it ours.
         torch.cuda.set_device(device)
     if split_directions is None:
-        split_directions = dist.get_backend() == "nccl"
-    # Every rank creates the groups, in the same order (new_group is collective).
-    groups = (dist.new_group(), dist.new_group()) if split_directions else None
-    threads = single_threaded() if device.type == "cpu" else _nothing()
+        split_directions = backend_name() == "nccl"
+    groups = direction_groups(split_directions)
+    threads = single_threaded() if device.type == "cpu" else nullcontext()
     with threads:
         infos = inspect_layers(config)
         schedule = pipeline_schedule(config)
         model = build_full_model(config, device)
-        start, stop = _bounds(config, rank)
+        start, stop = stage_bounds(config.balance)[rank]
         transport = DistTransport(
             rank,
             infos[start - 1].output if rank > 0 else None,
@@ -133,30 +156,32 @@ def run_rank(
             groups,
         )
         executor = StageExecutor(config, rank, schedule, model, infos, transport, device=device)
-        dist.barrier()
+        barrier()
         actions = schedule.actions[rank]
         bar = progress_bar(config.steps, "train (rank 0)", enabled=progress and rank == 0)
         executor.start_clock()
-        _run_actions(executor, transport, actions, bar)
+        _run_actions(executor, transport, actions, bar, fault_hook(rank))
         executor.finish_training()
         if bar is not None:
             bar.close()
         for unit in executor.eval_units():
             executor.evaluate(unit)
         result = executor.finish()
-    gathered: list[StageResult] | None = [None] * world if rank == 0 else None  # type: ignore[list-item]
-    dist.gather_object(result, gathered, dst=0)
-    for group in groups or ():
-        dist.destroy_process_group(group)
+    gathered: list[StageResult] | None = gather_to_rank0(result, rank, world)
+    destroy_groups(groups)
     if rank != 0:
         return None
     assert gathered is not None
     wall = max(r.wall_s for r in gathered)
-    return combine(config, gathered, mode="runtime", task=model.task, wall_s=wall)
+    return combine(config, gathered, mode="pipeline", task=model.task, wall_s=wall)
 
 
 def _run_actions(
-    executor: StageExecutor, transport: DistTransport, actions: tuple[Action, ...], bar: Any
+    executor: StageExecutor,
+    transport: DistTransport,
+    actions: tuple[Action, ...],
+    bar: Any,
+    after_step: Callable[[int], None] | None,
 ) -> None:
     compute = [i for i, a in enumerate(actions) if a.is_compute] + [len(actions)]
     posted_upto = 0
@@ -172,18 +197,8 @@ def _run_actions(
                     transport.post(actions[j].kind[-1], actions[j].unit)
             posted_upto = max(posted_upto, horizon)
         executor.run(action)
-        if bar is not None and action.kind == "UPDATE":
-            bar.update(1)
-
-
-def _bounds(config: PipelineConfig, rank: int) -> tuple[int, int]:
-    start = sum(config.balance[:rank])
-    return start, start + config.balance[rank]
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+        if action.kind == "UPDATE":
+            if bar is not None:
+                bar.update(1)
+            if after_step is not None:
+                after_step(action.unit)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from pipeswap.errors import PipeswapError
@@ -13,24 +14,35 @@ SCHEDULE_FORMAT = "pipeswap.schedule/1"
 SCHEDULE_NAMES = ("gpipe", "1f1b", "async-1f1b")
 SYNCHRONOUS_SCHEDULES = ("gpipe", "1f1b")
 
-# F/B: forward/backward of one unit (micro-batch) on a stage. SEND_F/RECV_F carry the
-# activations of a unit from stage k to k+1, SEND_B/RECV_B its gradient from k+1 to k.
-# UPDATE applies the accumulated gradient of one mini-batch (its index is the step).
-ACTION_KINDS = ("F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "UPDATE")
-COMPUTE_KINDS = ("F", "B", "UPDATE")
+
+
+class ActionKind(StrEnum):
+    """What an action does; each kind is its own compact string (``ActionKind.F == "F"``)."""
+
+    F = "F"  # forward of one unit (micro-batch) on a stage
+    B = "B"  # backward of one unit
+    SEND_F = "SEND_F"  # the activations of a unit, from stage k to k + 1
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"  # the gradient of a unit, from stage k + 1 to k
+    RECV_B = "RECV_B"
+    UPDATE = "UPDATE"  # apply the accumulated gradient of one mini-batch (index: the step)
+
+
+ACTION_KINDS = tuple(kind.value for kind in ActionKind)
+COMPUTE_KINDS = (ActionKind.F, ActionKind.B, ActionKind.UPDATE)
 _ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|UPDATE|F|B)(\d+)$")
 
 
 @dataclass(frozen=True, order=True)
 class Action:
-    """One thing a rank does: ``Action(2, "F", 5)`` is written ``2F5``.
+    """One thing a rank does: ``Action(2, ActionKind.F, 5)`` (or ``"F"``) is written ``2F5``.
 
     ``unit`` is the global micro-batch index (step * micro_batches + m) for F, B and the
     transfers, and the mini-batch (step) index for UPDATE.
     """
 
     stage: int
-    kind: str
+    kind: ActionKind
     unit: int
 
     def __post_init__(self) -> None:
@@ -38,6 +50,8 @@ class Action:
             raise PipeswapError(
                 f"unknown action kind {self.kind!r}; valid: {', '.join(ACTION_KINDS)}"
             )
+        # A plain string ("F") is accepted and stored as its kind.
+        object.__setattr__(self, "kind", ActionKind(self.kind))
         if self.stage < 0 or self.unit < 0:
             raise PipeswapError(f"action {self.stage}{self.kind}{self.unit}: negative index")
 
@@ -56,7 +70,7 @@ class Action:
                 f"cannot read action {text!r}: write <stage><kind><index>, e.g. 2F5, 1B3, "
                 f"0SEND_F4, 1RECV_B2, 3UPDATE0"
             )
-        return cls(int(match.group(1)), match.group(2), int(match.group(3)))
+        return cls(int(match.group(1)), ActionKind(match.group(2)), int(match.group(3)))
 
 
 @dataclass(frozen=True)
@@ -156,9 +170,9 @@ def _gpipe_order(stage: int, n: int, steps: int, m: int) -> list[Action]:
     order: list[Action] = []
     for step in range(steps):
         units = range(step * m, (step + 1) * m)
-        order += [Action(stage, "F", u) for u in units]
-        order += [Action(stage, "B", u) for u in units]
-        order.append(Action(stage, "UPDATE", step))
+        order += [Action(stage, ActionKind.F, u) for u in units]
+        order += [Action(stage, ActionKind.B, u) for u in units]
+        order.append(Action(stage, ActionKind.UPDATE, step))
     return order
 
 
@@ -167,13 +181,13 @@ def _one_f_one_b_order(stage: int, n: int, steps: int, m: int) -> list[Action]:
     warmup = min(n - stage - 1, m)
     for step in range(steps):
         base = step * m
-        forwards = [Action(stage, "F", base + i) for i in range(m)]
-        backwards = [Action(stage, "B", base + i) for i in range(m)]
+        forwards = [Action(stage, ActionKind.F, base + i) for i in range(m)]
+        backwards = [Action(stage, ActionKind.B, base + i) for i in range(m)]
         order += forwards[:warmup]
         for i in range(m - warmup):
             order += [forwards[warmup + i], backwards[i]]
         order += backwards[m - warmup :]
-        order.append(Action(stage, "UPDATE", step))
+        order.append(Action(stage, ActionKind.UPDATE, step))
     return order
 
 
@@ -181,11 +195,11 @@ def _async_order(stage: int, n: int, steps: int, m: int) -> list[Action]:
     # PipeDream's 1F1B without flush: stage k admits n - k mini-batches, then each
     # backward (and its update) frees room for the next forward.
     in_flight = min(n - stage, steps)
-    order = [Action(stage, "F", u) for u in range(in_flight)]
+    order = [Action(stage, ActionKind.F, u) for u in range(in_flight)]
     for unit in range(steps):
-        order += [Action(stage, "B", unit), Action(stage, "UPDATE", unit)]
+        order += [Action(stage, ActionKind.B, unit), Action(stage, ActionKind.UPDATE, unit)]
         if unit + in_flight < steps:
-            order.append(Action(stage, "F", unit + in_flight))
+            order.append(Action(stage, ActionKind.F, unit + in_flight))
     return order
 
 
@@ -196,16 +210,16 @@ def _with_transfers(order: list[Action], n: int) -> tuple[Action, ...]:
         k = act.stage
         if act.kind == "F":
             if k > 0:
-                out.append(Action(k, "RECV_F", act.unit))
+                out.append(Action(k, ActionKind.RECV_F, act.unit))
             out.append(act)
             if k < n - 1:
-                out.append(Action(k, "SEND_F", act.unit))
+                out.append(Action(k, ActionKind.SEND_F, act.unit))
         elif act.kind == "B":
             if k < n - 1:
-                out.append(Action(k, "RECV_B", act.unit))
+                out.append(Action(k, ActionKind.RECV_B, act.unit))
             out.append(act)
             if k > 0:
-                out.append(Action(k, "SEND_B", act.unit))
+                out.append(Action(k, ActionKind.SEND_B, act.unit))
         else:
             out.append(act)
     return tuple(out)

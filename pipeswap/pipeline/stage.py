@@ -219,10 +219,11 @@ class StageRunner:
         if self.is_first:
             return None
         assert self.input_spec is not None
-        return tuple(
-            leaves[i].grad if leaves[i].grad is not None else torch.zeros_like(leaves[i])
-            for i in self.input_spec.grad_indices
-        )
+        received: list[torch.Tensor] = []
+        for i in self.input_spec.grad_indices:
+            grad = leaves[i].grad
+            received.append(grad if grad is not None else torch.zeros_like(leaves[i]))
+        return tuple(received)
 
     @torch.no_grad()
     def evaluate(

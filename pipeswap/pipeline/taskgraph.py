@@ -7,12 +7,11 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
-from pipeswap.pipeline.partition import extra_weight_copies, in_flight_units
+from pipeswap.pipeline.partition import extra_weight_copies, in_flight_units, stage_bounds
 from pipeswap.pipeline.schedule import Schedule
 from pipeswap.pipeline.validate import simulate
 from pipeswap.profile import Profile
-
-GRAPH_FORMAT = "pipeswap.graph/1"
+from pipeswap.sim.graph import GRAPH_FORMAT
 
 
 def pipeline_task_graph(
@@ -48,11 +47,7 @@ def pipeline_task_graph(
             f"{topology.name} has {len(topology.gpus)} GPUs, too few for {n} stages"
         )
     scale = 1.0 / schedule.micro_batches if unit_scale is None else unit_scale
-    bounds, start = [], 0
-    for count in balance:
-        bounds.append((start, start + count))
-        start += count
-    stages = [profile.layers[a:b] for a, b in bounds]
+    stages = [profile.layers[a:b] for a, b in stage_bounds(balance)]
     forward = [sum(la.forward_s for la in s) * scale for s in stages]
     backward = [sum(la.backward_s for la in s) * scale for s in stages]
     saved = [int(sum(la.saved_bytes for la in s) * scale) for s in stages]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.schedule import Action, Schedule
+from pipeswap.pipeline.schedule import Action, ActionKind, Schedule
 
 
 class ScheduleError(PipeswapError):
@@ -132,7 +132,10 @@ def _check_structure(schedule: Schedule) -> None:
                 idx = where[(kind, extra[0])] if extra else len(acts) - 1
                 raise _fail(schedule, rank, idx, detail)
         _check_order(schedule, rank, where)
-    for kind_send, kind_recv, step in (("SEND_F", "RECV_F", 1), ("SEND_B", "RECV_B", -1)):
+    for kind_send, kind_recv, step in (
+        (ActionKind.SEND_F, ActionKind.RECV_F, 1),
+        (ActionKind.SEND_B, ActionKind.RECV_B, -1),
+    ):
         for src in range(n):
             dst = src + step
             if not 0 <= dst < n:

@@ -14,20 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from pipeswap.optim import make_optimizer
 from pipeswap.pipeline.predict import Distances, step_direction
-
-
-def make_optimizer(
-    name: str, params: list[nn.Parameter], *, lr: float, momentum: float, weight_decay: float
-) -> torch.optim.Optimizer:
-    """SGD (with momentum), Adam or AdamW with the single-tensor (foreach=False) kernels."""
-    if name == "sgd":
-        return torch.optim.SGD(
-            params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False
-        )
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, foreach=False)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
 
 
 @dataclass
@@ -166,7 +154,7 @@ class StageWeights:
                     group["lr"] = self.lr_at(step)
             self.optimizer.step()
         if self.keep_gradients:
-            self.last_gradients = [m.grad for m in self.masters]
+            self.last_gradients = [m.grad for m in self.masters if m.grad is not None]
         for p, m in zip(self.params, self.masters):
             p.grad = None
             m.grad = None

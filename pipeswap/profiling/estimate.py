@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import GpuSpec, gpu_spec
+from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.saved import SavedTensorCapture, meta_attention_like_cpu
@@ -240,9 +241,6 @@ def estimate(
     ``seq_len`` / ``image_size`` default to the zoo's values. float32 uses the GPU's FP32
     peak (no TF32), bfloat16/float16 its tensor-core peak.
     """
-    from pipeswap.models import build_model
-    from pipeswap.profiling.measure import shape_defaults
-
     seq_len, image_size = shape_defaults(model_name, seq_len, image_size)
     gpu_spec_obj = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
     torch_dtype = parse_dtype(dtype)

@@ -10,8 +10,10 @@ from contextlib import contextmanager
 import torch
 
 from pipeswap.errors import PipeswapError
+from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.profiling.estimate import estimate_layered, meta_copy
 from pipeswap.profiling.saved import SavedTensorCapture
 from pipeswap.profiling.step import (
     dtype_name,
@@ -106,18 +108,6 @@ def _example(
     return inputs.clone(memory_format=torch.contiguous_format), targets.clone()
 
 
-def shape_defaults(
-    model_name: str, seq_len: int | None, image_size: int | None
-) -> tuple[int | None, int | None]:
-    """(seq_len, image_size) for a zoo model: the given one, else the zoo's default."""
-    from pipeswap.models import model_spec
-
-    spec = model_spec(model_name)
-    if spec.task == "lm":
-        return seq_len or spec.default_seq_len, None
-    return None, image_size or spec.default_image_size
-
-
 def is_allocation_error(exc: BaseException) -> bool:
     """True for an out-of-memory failure from any PyTorch allocator."""
     if isinstance(exc, torch.OutOfMemoryError):
@@ -154,8 +144,6 @@ def measure(
             f"need batch >= 1, repeats >= 1 and warmup >= 0 (got {batch}, {repeats}, {warmup})"
         )
     if isinstance(model, str):
-        from pipeswap.models import build_model
-
         seq_len, image_size = shape_defaults(model, seq_len, image_size)
         model = build_model(model, device=torch_device, dtype=torch_dtype, image_size=image_size)
     else:
@@ -167,8 +155,6 @@ def measure(
     except RuntimeError as exc:
         if not is_allocation_error(exc):
             raise
-        from pipeswap.profiling.estimate import estimate_layered, meta_copy
-
         needed = estimate_layered(
             meta_copy(model), batch, seq_len=seq_len, image_size=image_size,
             dtype=dtype_name(torch_dtype), optimizer=optimizer,

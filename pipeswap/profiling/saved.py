@@ -255,9 +255,9 @@ class _CpuAttentionOnMeta(TorchFunctionMode):
             if q.device.type == "meta" and not gqa and dropout_p == 0.0:
                 twins = [_cpu_twin(t) for t in (q, k, v)]
                 twin_mask = None if mask is None else _cpu_twin(mask)
-                choice = torch._fused_sdp_choice(
-                    *twins, twin_mask, dropout_p, is_causal, scale=scale
-                )
+                # Private and mistyped in torch's stubs: (q, k, v, mask, dropout_p, is_causal).
+                choose: Any = torch._fused_sdp_choice
+                choice = choose(*twins, twin_mask, dropout_p, is_causal, scale=scale)
                 if choice == SDPBackend.FLASH_ATTENTION.value:
                     out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                         q, k, v, dropout_p, is_causal, attn_mask=mask, scale=scale

@@ -71,8 +71,8 @@ def run_step(
                 loss.backward()
             elif out is not None and out.requires_grad and grad is not None:
                 torch.autograd.backward(out, grad)
-        leaf = leaves[position]
-        grad = leaf.grad if leaf is not None and leaf.requires_grad else None
+        held = leaves[position]
+        grad = held.grad if held is not None and held.requires_grad else None
         # Let this block's activations go, as a whole-model backward would.
         outputs[position] = None
         leaves[position] = None

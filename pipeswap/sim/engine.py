@@ -129,10 +129,11 @@ class _Simulation:
             self.memory_gpus[i] = tuple(gpu_index[g] for g in task.memory_gpus)
             if task.gpu is not None:
                 self.gpu_of[i] = gpu_index[task.gpu]
-            if code == _D2H:
-                self.flow_paths[i] = (path(task.gpu, hosts[task.gpu]),)  # type: ignore[index]
-            elif code == _H2D:
-                self.flow_paths[i] = (path(hosts[task.gpu], task.gpu),)  # type: ignore[index]
+            if code in (_D2H, _H2D):
+                copier = task.gpu
+                assert copier is not None  # the graph's validation gives every copy a GPU
+                ends = (copier, hosts[copier]) if code == _D2H else (hosts[copier], copier)
+                self.flow_paths[i] = (path(*ends),)
             elif code == _P2P:
                 self.flow_paths[i] = (path(task.src, task.dst),)  # type: ignore[arg-type]
             elif code == _ALLREDUCE:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from pipeswap.errors import PipeswapError
+from pipeswap.swap.case import Case, Tensor
 from pipeswap.swap.channels import channel_groups
 from pipeswap.swap.mip import plan_mip
-from pipeswap.swap.policies import HEURISTICS, Case, Tensor, late_members, with_best_offset
+from pipeswap.swap.policies import HEURISTICS, late_members, with_best_offset
 from pipeswap.swap.scoring import Assignment, Scored, score
 from pipeswap.swap.workload import Swap
 
@@ -201,7 +202,8 @@ class _Moves:
             (layer, index, nbytes) for layer, saved in enumerate(case.workload.saved)
             for index, nbytes in saved if nbytes >= _SMALLEST_TENSOR_BYTES
         ]
-        self.kinds = (self._shift_out, self._shift_prefetch, self._drop, self._add,
+        # Offset moves change offsets, the others swaps: one tuple, so each is drawn alike.
+        self.kinds: tuple[Callable[[str, Any], Any], ...] = (self._shift_out, self._shift_prefetch, self._drop, self._add,
                       self._replace, self._replace, self._exchange, self._offset)
 
     def sample(self, swaps: Swaps, offsets: Offsets) -> tuple[Swaps, Offsets] | None:
@@ -211,10 +213,10 @@ class _Moves:
         if kind == self._offset:
             changed_offsets = self._offset(gpu, offsets)
             return None if changed_offsets is None else (swaps, changed_offsets)
-        changed = kind(gpu, swaps)
-        if not changed:
+        moved: dict[str, list[Swap]] | None = kind(gpu, swaps)
+        if not moved:
             return None
-        changed = {g: _ordered(plan) for g, plan in changed.items()}
+        changed = {g: _ordered(plan) for g, plan in moved.items()}
         if any(plan == swaps[g] or not self.workload.fits(plan, self.budget)
                for g, plan in changed.items()):
             return None

@@ -253,8 +253,8 @@ def turn_bound(
     if n > 1 and bucket_bytes is not None:
         buckets = gradient_buckets(workload, bucket_bytes)
         # Only a bucket closed by layer 0's backward must start after the last backward.
-        if buckets and buckets[-1][1] == 0:
-            last_bytes = buckets[-1][0]
+        if buckets and buckets[-1].layer == 0:
+            last_bytes = buckets[-1].bytes
             first_hop = min(
                 topology.links[topology.path(g, topology.host_of(g))[0][0]].bytes_per_s
                 for g in gpus

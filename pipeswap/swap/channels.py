@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeswap.hardware.topology import Topology
+from pipeswap.hardware.unionfind import UnionFind
 
 
 def host_links(topology: Topology, gpu: str) -> list[int]:
@@ -18,25 +19,15 @@ def channel_groups(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
 
     Groups keep the order of ``gpus``; GPUs with a private path form groups of one.
     """
-    parent = {g: g for g in gpus}
-
-    def root(g: str) -> str:
-        while parent[g] != g:
-            parent[g] = parent[parent[g]]
-            g = parent[g]
-        return g
-
-    owner: dict[int, str] = {}
+    sets = UnionFind(gpus)
+    owner: dict[int, str] = {}  # the first GPU seen crossing each link
     for gpu in gpus:
         for link in host_links(topology, gpu):
             if link in owner:
-                parent[root(gpu)] = root(owner[link])
+                sets.union(gpu, owner[link])
             else:
                 owner[link] = gpu
-    groups: dict[str, list[str]] = {}
-    for gpu in gpus:
-        groups.setdefault(root(gpu), []).append(gpu)
-    return list(groups.values())
+    return sets.groups()
 
 
 def path_bytes_per_s(topology: Topology, gpu: str) -> float:
@@ -51,15 +42,6 @@ def shared_links(topology: Topology, group: Sequence[str]) -> dict[int, list[str
         for link in host_links(topology, gpu):
             users.setdefault(link, []).append(gpu)
     return {link: members for link, members in users.items() if len(members) > 1}
-
-
-def fair_share_bytes_per_s(topology: Topology, group: Sequence[str], gpu: str) -> float:
-    """What ``gpu`` gets when every GPU of ``group`` swaps at once (max-min fair share)."""
-    share = path_bytes_per_s(topology, gpu)
-    for link, members in shared_links(topology, group).items():
-        if gpu in members:
-            share = min(share, topology.links[link].bytes_per_s / len(members))
-    return share
 
 
 def group_shape(topology: Topology, group: Sequence[str]) -> tuple[Any, ...]:

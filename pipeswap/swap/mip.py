@@ -10,14 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from pipeswap.swap.case import Case, Tensor, all_tensors
 from pipeswap.swap.channels import group_shape, path_bytes_per_s, shared_links
-from pipeswap.swap.policies import (
-    HEURISTICS,
-    Case,
-    Tensor,
-    all_tensors,
-    with_prefetch,
-)
+from pipeswap.swap.policies import HEURISTICS, with_prefetch
 from pipeswap.swap.scoring import Assignment, Scored
 from pipeswap.swap.workload import Swap
 
@@ -164,10 +159,10 @@ def solve_group(
     if info.primal_solution_status != 2:  # no feasible solution found in time
         return GroupSolution([list(w) for w in warm] if warm else [[] for _ in members],
                              math.inf, math.inf, status, len(members) * len(candidates))
-    values = h.vals([v for row in x for v in row])
+    solved = h.vals([v for row in x for v in row])
     choice: list[list[Tensor]] = []
     for m in range(len(members)):
-        row = values[m * len(candidates):(m + 1) * len(candidates)]
+        row = solved[m * len(candidates):(m + 1) * len(candidates)]
         choice.append([t for t, v in zip(candidates, row) if v > 0.5])
     stall_s = float(sum(h.vals(stall)))
     gap = float(info.mip_gap) if math.isfinite(info.mip_gap) else math.inf

@@ -14,8 +14,9 @@ from pipeswap.profile import Profile
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.swap.bounds import LowerBound, TurnBound, lower_bound, turn_bound
+from pipeswap.swap.case import Case
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
-from pipeswap.swap.policies import HEURISTICS, Case
+from pipeswap.swap.policies import HEURISTICS
 from pipeswap.swap.scoring import Assignment, Scored
 from pipeswap.swap.workload import DEFAULT_BUCKET_BYTES, Workload, workload_from_profile
 from pipeswap.units import format_bytes

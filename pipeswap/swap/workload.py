@@ -1,10 +1,11 @@
-"""One data-parallel training iteration as a task graph: compute, swaps, all-reduce, step."""
+"""Data-parallel training iterations as a task graph: compute, swaps, all-reduce, step."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 from pipeswap.errors import PipeswapError
 from pipeswap.profile import Profile
@@ -158,77 +159,123 @@ def _optimizer_step_s(profile: Profile) -> float:
     return touched / spec.hbm_bytes_per_s
 
 
-def gradient_buckets(workload: Workload, bucket_bytes: int) -> list[tuple[int, int]]:
-    """DDP-style buckets in backward order: (bytes, the layer whose backward closes it)."""
-    buckets: list[tuple[int, int]] = []
+class Bucket(NamedTuple):
+    """One DDP gradient bucket: its bytes and the layer whose backward completes it."""
+
+    bytes: int
+    layer: int
+
+
+def gradient_buckets(workload: Workload, bucket_bytes: int | None) -> list[Bucket]:
+    """DDP-style buckets in the order backward fills them (last layer first).
+
+    A bucket closes once its gradients reach ``bucket_bytes``; its all-reduce may start
+    after the backward of the last layer it took (its lowest layer with parameters).
+    Layers without parameters join no bucket. ``None`` puts every gradient in one bucket.
+    """
+    if bucket_bytes is not None and bucket_bytes < 1:
+        raise PipeswapError(f"bucket_bytes must be positive (or None), not {bucket_bytes}")
+    buckets: list[Bucket] = []
     filled = 0
+    closer = -1  # the lowest layer with parameters in the open bucket
     for layer in reversed(range(workload.num_layers)):
-        filled += workload.param_bytes[layer]
-        if filled >= bucket_bytes or layer == 0:
-            if filled > 0:
-                buckets.append((filled, layer))
+        size = workload.param_bytes[layer]
+        if size == 0:
+            continue
+        filled += size
+        closer = layer
+        if bucket_bytes is not None and filled >= bucket_bytes:
+            buckets.append(Bucket(filled, layer))
             filled = 0
+    if filled:
+        buckets.append(Bucket(filled, closer))
     return buckets
 
 
 def build_iteration_graph(
     workload: Workload,
     gpus: Sequence[str],
-    swaps: Mapping[str, Sequence[Swap]],
+    swaps: Mapping[str, Sequence[Swap]] | None = None,
     *,
     offsets_s: Mapping[str, float] | None = None,
     sync_every: int = 1,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+    steps: int = 1,
 ) -> TaskGraph:
-    """The task graph of one iteration (``sync_every`` micro-batches) on every GPU.
+    """``steps`` data-parallel iterations of ``sync_every`` micro-batches on every GPU.
+
+    Each GPU holds the whole model and runs forward and backward of every micro-batch
+    layer by layer, with the ``swaps`` of its plan (none by default); a GPU with an offset
+    in ``offsets_s`` idles that long at the start of every iteration. Gradients are summed
+    by ring all-reduces over ``gpus`` (in that ring order), one per
+    :func:`gradient_buckets` bucket, each started on the GPUs' comm streams once every GPU
+    has run the backward that completes it, so communication overlaps the rest of the
+    backward (``bucket_bytes=None``: one all-reduce after the backward). The optimizer
+    step (``workload.optimizer_step_s``) waits for every all-reduce; the next iteration's
+    forward waits for the step.
 
     Task ids are ``{gpu}/m{micro}/f{layer}`` (forward), ``.../b{layer}`` (backward),
     ``.../out{layer}.{index}`` and ``.../in{layer}.{index}`` (one copy per saved tensor,
-    as the executor copies them), ``{gpu}/offset``, ``{gpu}/resident``, ``{gpu}/step`` and ``allreduce{k}``.
+    as the executor copies them), ``{gpu}/offset``, ``{gpu}/resident`` (zero time; holds
+    parameters, gradients and optimizer state), ``{gpu}/step`` and ``allreduce{k}``.
+    Iterations after the first repeat these ids with ``s{step}/`` after the GPU
+    (``gpu0/s1/m0/f0``, ``gpu0/s1/step``; ``s1/allreduce0``).
     """
     if sync_every < 1:
         raise PipeswapError(f"--sync-every is {sync_every}; use 1 or more")
+    if steps < 1:
+        raise PipeswapError(f"steps must be at least 1, not {steps}")
+    swaps = swaps or {}
     offsets_s = offsets_s or {}
+    buckets = gradient_buckets(workload, bucket_bytes) if len(gpus) > 1 else []
     builder = GraphBuilder()
-    last_backward: dict[str, list[str]] = {}
-    for gpu in gpus:
-        plan = list(swaps.get(gpu, ()))
-        previous = builder.compute(
-            gpu, 0.0, alloc_bytes=workload.resident_bytes, id=f"{gpu}/resident"
-        )
-        offset = offsets_s.get(gpu, 0.0)
-        if offset > 0:
-            # An offset GPU simply starts later; its compute stream idles meanwhile.
-            previous = builder.compute(gpu, offset, deps=[previous], id=f"{gpu}/offset")
-        for micro in range(sync_every):
-            previous, backward_ids = _microbatch(builder, workload, gpu, micro, plan, previous)
-        last_backward[gpu] = backward_ids
-    reduce_ids: list[str] = []
-    if len(gpus) > 1:
-        for k, (nbytes, layer) in enumerate(gradient_buckets(workload, bucket_bytes)):
-            deps = [last_backward[gpu][layer] for gpu in gpus]
-            reduce_ids.append(builder.allreduce(gpus, nbytes, deps=deps, id=f"allreduce{k}"))
-    for gpu in gpus:
-        builder.compute(
-            gpu,
-            workload.optimizer_step_s,
-            deps=[last_backward[gpu][0], *reduce_ids],
-            free_bytes=workload.resident_bytes,
-            id=f"{gpu}/step",
-        )
+    previous: dict[str, str] = {}
+    for step in range(steps):
+        tag = f"s{step}/" if step else ""
+        last_backward: dict[str, list[str]] = {}
+        for gpu in gpus:
+            if step == 0:
+                previous[gpu] = builder.compute(
+                    gpu, 0.0, alloc_bytes=workload.resident_bytes, id=f"{gpu}/resident"
+                )
+            plan = list(swaps.get(gpu, ()))
+            offset = offsets_s.get(gpu, 0.0)
+            if offset > 0:
+                # An offset GPU simply starts later; its compute stream idles meanwhile.
+                previous[gpu] = builder.compute(
+                    gpu, offset, deps=[previous[gpu]], id=f"{gpu}/{tag}offset"
+                )
+            for micro in range(sync_every):
+                previous[gpu], last_backward[gpu] = _microbatch(
+                    builder, workload, f"{gpu}/{tag}m{micro}", gpu, plan, previous[gpu]
+                )
+        reduce_ids = []
+        for k, bucket in enumerate(buckets):
+            deps = [last_backward[gpu][bucket.layer] for gpu in gpus]
+            reduce_ids.append(
+                builder.allreduce(gpus, bucket.bytes, deps=deps, id=f"{tag}allreduce{k}")
+            )
+        last = step == steps - 1
+        for gpu in gpus:
+            previous[gpu] = builder.compute(
+                gpu,
+                workload.optimizer_step_s,
+                deps=[last_backward[gpu][0], *reduce_ids],
+                free_bytes=workload.resident_bytes if last else 0,
+                id=f"{gpu}/{tag}step",
+            )
     return builder.build()
 
 
 def _microbatch(
     builder: GraphBuilder,
     workload: Workload,
+    prefix: str,
     gpu: str,
-    micro: int,
     plan: Sequence[Swap],
     previous: str,
 ) -> tuple[str, list[str]]:
     n = workload.num_layers
-    prefix = f"{gpu}/m{micro}"
     # One copy per tensor, as the executor issues them: at each point, later layers first,
     # then by saved index (the copy engines are FIFO, so this order is part of the plan).
     outs: dict[int, list[Swap]] = {}
@@ -276,12 +323,3 @@ def _microbatch(
         )
         backward_ids[j] = previous
     return previous, backward_ids
-
-
-def swap_sizes(workload: Workload) -> dict[tuple[int, int], int]:
-    """Every saved tensor as (layer, index) -> bytes."""
-    return {
-        (layer, index): nbytes
-        for layer, tensors in enumerate(workload.saved)
-        for index, nbytes in tensors
-    }

@@ -1,6 +1,6 @@
 """`pipeswap train --pipeline K`: report keys, runtime == emulator, errors that name the fix.
 
-Covers: pipeswap/commands/train.py, pipeswap/pipeline/train.py.
+Covers: pipeswap/commands/train.py, pipeswap/training/pipelined.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from pipeswap.errors import PipeswapError
-from pipeswap.models import ModelSpec, build_model, count_parameters, model_names, model_spec
+from pipeswap.models import (
+    ModelSpec,
+    build_model,
+    count_parameters,
+    model_names,
+    model_spec,
+    shape_defaults,
+)
 
 SMALL = [n for n in model_names() if n.endswith(("-micro", "-tiny")) and n != "vit-tiny"]
 
@@ -184,3 +191,14 @@ def test_model_spec_json_round_trip() -> None:
         assert ModelSpec.from_json(obj) == spec
     with pytest.raises(PipeswapError, match="format"):
         ModelSpec.from_json({**model_spec("vgg16").to_json(), "format": "other/1"})
+
+
+def test_shape_defaults_fill_in_the_zoo_defaults() -> None:
+    gpt = model_spec("gpt2-tiny")
+    assert shape_defaults("gpt2-tiny", None, 64) == (gpt.default_seq_len, None)
+    assert shape_defaults("gpt2-tiny", 16, None) == (16, None)
+    vit = model_spec("vit-micro")
+    assert shape_defaults("vit-micro", 128, None) == (None, vit.default_image_size)
+    assert shape_defaults("vit-micro", None, 48) == (None, 48)
+    with pytest.raises(PipeswapError, match="unknown model"):
+        shape_defaults("gpt3", None, None)

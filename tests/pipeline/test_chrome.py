@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeswap.pipeline.chrome import chrome_trace, dump_chrome_trace
+from pipeswap.pipeline.chrome import chrome_trace, dump_chrome_trace, timeline_events
 from pipeswap.pipeline.schedule import build_schedule
 from pipeswap.pipeline.validate import simulate
 
@@ -17,6 +17,7 @@ def test_trace_has_one_complete_event_per_pass(tmp_path: Path) -> None:
     schedule = build_schedule("1f1b", 3, 2, 3)
     timeline = simulate(schedule, backward_cost=2)
     trace = chrome_trace(timeline, seconds_per_unit=1e-3)
+    assert trace["traceEvents"] == timeline_events(timeline, seconds_per_unit=1e-3)
     complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(complete) == sum(len(schedule.compute_actions(k)) for k in range(3))
     b0 = next(e for e in complete if e["name"] == "2B0")

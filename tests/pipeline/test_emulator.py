@@ -10,10 +10,11 @@ import dataclasses
 import pytest
 import torch
 
+from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
+from pipeswap.optim import make_optimizer
 from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
-from pipeswap.pipeline.emulator import Emulator, single_threaded
-from pipeswap.pipeline.weights import make_optimizer
+from pipeswap.pipeline.emulator import Emulator
 
 GPT = PipelineConfig("gpt2-micro", (1, 1, 1, 1), batch=8, seq_len=16, steps=3, lr=0.05)
 MLP = PipelineConfig("pipeline_toys:toy_mlp", (1, 1, 2, 1), batch=8, image_size=8, steps=3, lr=0.05)

@@ -9,11 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from pipeswap.dist import group
+from pipeswap.dist.env import RankEnv, torchrun_env
+from pipeswap.dist.group import init_process_group
+from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline import launch
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.launch import RankEnv, init_process_group, spawn, torchrun_env
 from pipeswap.pipeline.runtime import run_rank
 
 
@@ -29,7 +31,7 @@ def _fake_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> list[tuple[str, A
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: log.append(("set_device", device)))
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(
-        launch.dist, "init_process_group", lambda backend, **kw: log.append(("init", backend))
+        group.dist, "init_process_group", lambda backend, **kw: log.append(("init", backend))
     )
     return log
 

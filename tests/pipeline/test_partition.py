@@ -1,4 +1,7 @@
-"""The partitioner is exact: it matches brute force over every contiguous cut."""
+"""The partitioner is exact: it matches brute force over every contiguous cut.
+
+Covers: pipeswap/pipeline/partition.py.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from pipeswap.pipeline.partition import (
     describe,
     parse_balance,
     partition,
+    stage_bounds,
     stage_memory_bytes,
 )
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
@@ -110,3 +114,9 @@ def test_partition_json_round_trip() -> None:
     found = partition(_profile([1.0, 2.0, 3.0]), 2)
     assert Partition.from_json(found.to_json()) == found
     assert found.bounds == [(0, 2), (2, 3)]
+
+
+def test_stage_bounds_cover_every_layer_once() -> None:
+    assert stage_bounds((3, 1, 2)) == [(0, 3), (3, 4), (4, 6)]
+    assert stage_bounds([5]) == [(0, 5)]
+    assert stage_bounds(()) == []

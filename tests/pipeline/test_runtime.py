@@ -9,9 +9,9 @@ import dataclasses
 
 import pytest
 
+from pipeswap.dist.launch import spawn
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.launch import spawn
 from pipeswap.pipeline.runtime import run_rank
 
 pytestmark = pytest.mark.dist
@@ -53,7 +53,7 @@ def _check(configs: list[PipelineConfig], nproc: int) -> None:
     assert launched.ok, launched.exit_codes
     for config, runtime in zip(configs, launched.results[0]):
         emulated = Emulator(config).run().to_report()
-        assert runtime["mode"] == "runtime" and emulated["mode"] == "emulate"
+        assert runtime["mode"] == "pipeline" and emulated["mode"] == "emulate"
         label = f"{config.schedule}/{config.weights}"
         assert runtime["losses"] == emulated["losses"], label
         assert runtime["eval"] == emulated["eval"], label

@@ -83,3 +83,13 @@ def test_builder_errors_name_the_fix() -> None:
         build_schedule("async-1f1b", 2, 4, micro_batches=2)
     with pytest.raises(PipeswapError, match="at least 1"):
         build_schedule("gpipe", 0, 1)
+
+
+def test_action_kinds_are_an_enum_that_keeps_the_compact_form() -> None:
+    from pipeswap.pipeline.schedule import ActionKind
+
+    action = Action(2, "SEND_F", 5)
+    assert action.kind is ActionKind.SEND_F and action == Action(2, ActionKind.SEND_F, 5)
+    assert str(action) == "2SEND_F5" and Action.parse("2SEND_F5") == action
+    assert [k.value for k in ActionKind] == ["F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
+                                             "UPDATE"]  # fmt: skip

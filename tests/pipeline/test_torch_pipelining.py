@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 import torch
 
+from pipeswap.dist.group import single_threaded
+from pipeswap.dist.launch import spawn
 from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
-from pipeswap.pipeline.emulator import Emulator, single_threaded
-from pipeswap.pipeline.launch import spawn
+from pipeswap.pipeline.emulator import Emulator
 
 pytestmark = pytest.mark.dist
 

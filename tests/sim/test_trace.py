@@ -1,4 +1,7 @@
-"""Tests of the Chrome trace export (pipeswap.sim.trace)."""
+"""The Chrome trace export: the one trace writer, and a simulated run's events.
+
+Covers: pipeswap/sim/trace.py.
+"""
 
 import json
 
@@ -7,7 +10,13 @@ import pytest
 from pipeswap.hardware.presets import preset
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import GraphBuilder
-from pipeswap.sim.trace import chrome_trace, write_trace
+from pipeswap.sim.trace import (
+    chrome_trace,
+    metadata_event,
+    trace_document,
+    write_chrome_trace,
+    write_trace,
+)
 
 GB = 10**9
 
@@ -85,3 +94,23 @@ def test_link_counters_carry_throughput_in_gb_per_s() -> None:
     assert uplink[-1]["args"]["GB/s"] == 0.0
     _, bare, _ = _run(record_rates=False)
     assert not [e for e in chrome_trace(graph, bare, topology)["traceEvents"] if e["ph"] == "C"]
+
+
+def test_the_writer_round_trips_events_and_metadata(tmp_path) -> None:
+    events = [metadata_event("process_name", 0, None, {"name": "p"}),
+              {"name": "a", "ph": "X", "pid": 0, "tid": 1, "ts": 0.0, "dur": 5.0}]  # fmt: skip
+    assert "tid" not in events[0] and metadata_event("thread_name", 0, 1, {})["tid"] == 1
+    path = tmp_path / "sub" / "trace.json"
+    write_chrome_trace(path, events, {"run": 3})
+    assert json.loads(path.read_text()) == {
+        "traceEvents": events, "displayTimeUnit": "ms", "otherData": {"run": 3}
+    }
+    assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
+    assert "otherData" not in trace_document(events)
+
+
+def test_write_trace_writes_chrome_trace(tmp_path) -> None:
+    graph, result, topology = _run()
+    path = tmp_path / "trace.json"
+    write_trace(path, graph, result, topology)
+    assert json.loads(path.read_text()) == json.loads(json.dumps(chrome_trace(graph, result, topology)))

@@ -1,4 +1,4 @@
-"""The iteration task graph: memory accounting, compute time and swaps, against closed forms.
+"""The iteration task graph: memory, compute, swaps, buckets and steps, against closed forms.
 
 Covers: pipeswap/swap/workload.py.
 """
@@ -11,9 +11,13 @@ import pytest
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
+from pipeswap.hardware.topology import Link, Node, Topology
+from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.sim.collectives import ring_allreduce_time_s
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.workload import (
     Swap,
+    Workload,
     build_iteration_graph,
     gradient_buckets,
     workload_from_profile,
@@ -96,3 +100,108 @@ def test_each_tensor_is_its_own_copy_in_the_executors_order(make_profile) -> Non
     # The prefetches, issued after backward 1, come back in the same order.
     assert result.tasks["gpu0/m0/in0.0"].start_s < result.tasks["gpu0/m0/in0.1"].start_s
     assert result.gpus["gpu0"].peak_bytes <= budget
+
+
+# ---- several iterations, DDP buckets and closed forms (the data-parallel baseline) -------
+def _one_switch(gpus: int = 4, gb_per_s: float = 10.0) -> Topology:
+    # One switch: every ring hop has its own link direction, so the closed form holds.
+    nodes = [Node("cpu0", "cpu"), Node("sw0", "switch")]
+    nodes += [Node(f"gpu{i}", "gpu", memory_bytes=0) for i in range(gpus)]
+    links = [Link(f"gpu{i}", "sw0", gb_per_s) for i in range(gpus)]
+    return Topology("one-switch", tuple(nodes), tuple([*links, Link("sw0", "cpu0", gb_per_s)]))
+
+
+def _dp_workload(
+    params: list[int], forward: float = 1.0, backward: float = 2.0, update_s: float = 0.0
+) -> Workload:
+    # SGD with momentum: resident = weights, gradients and momentum = 3 * sum(params).
+    profile = Profile(
+        "toy", 8, "float32", "estimate", "cpu", "sgd", sum(params),
+        tuple(
+            LayerProfile(f"l{i}", forward, backward, p, 0, (SavedTensor(0, 100 * (i + 1)),))
+            for i, p in enumerate(params)
+        ),
+    )  # fmt: skip
+    return workload_from_profile(profile, optimizer_step_s=update_s)
+
+
+def test_buckets_fill_in_backward_order_and_skip_parameterless_layers() -> None:
+    w = _dp_workload([30, 0, 10, 20, 5])
+    assert gradient_buckets(w, 25) == [(25, 3), (40, 0)]
+    assert gradient_buckets(w, None) == [(65, 0)]
+    assert gradient_buckets(w, 1) == [(5, 4), (20, 3), (10, 2), (30, 0)]
+    # A bucket is complete after the backward of its lowest layer with parameters.
+    assert gradient_buckets(_dp_workload([0, 10, 5]), None) == [(15, 1)]
+    assert gradient_buckets(_dp_workload([0, 0]), None) == []
+    with pytest.raises(PipeswapError, match="bucket_bytes"):
+        gradient_buckets(w, 0)
+
+
+def test_one_bucket_iteration_is_compute_plus_ring_allreduce() -> None:
+    n, topology = 4, _one_switch(4)
+    w = _dp_workload([GB, GB], update_s=0.5)
+    result = simulate(build_iteration_graph(w, topology.gpus, bucket_bytes=None), topology)
+    ring = ring_allreduce_time_s(2 * GB, n, 10e9)
+    assert ring == pytest.approx(0.3)
+    assert result.makespan_s == pytest.approx(2 * 1.0 + 2 * 2.0 + ring + 0.5)
+    # Steps repeat exactly: the second costs as much as the first.
+    two = simulate(build_iteration_graph(w, topology.gpus, bucket_bytes=None, steps=2), topology)
+    assert two.makespan_s == pytest.approx(2 * result.makespan_s)
+    assert two.tasks["gpu0/s1/m0/f0"].start_s == pytest.approx(result.makespan_s)
+
+
+def test_buckets_overlap_the_rest_of_backward() -> None:
+    n, topology = 4, _one_switch(4)
+    # Last layer's bucket (4 GB: 1.2 s) hides under layer 0's 2 s backward; only
+    # layer 0's bucket (1 GB: 0.3 s) remains exposed.
+    w = _dp_workload([GB, 4 * GB])
+    result = simulate(build_iteration_graph(w, topology.gpus, bucket_bytes=GB), topology)
+    exposed = ring_allreduce_time_s(GB, n, 10e9)
+    assert result.makespan_s == pytest.approx(2 * 1.0 + 2 * 2.0 + exposed)
+    hidden = result.tasks["allreduce0"]
+    assert hidden.end_s - hidden.start_s == pytest.approx(ring_allreduce_time_s(4 * GB, n, 10e9))
+    assert hidden.end_s < result.tasks["gpu0/m0/b0"].end_s
+
+
+def test_allreduce_bytes_sum_to_all_gradients_and_memory_peaks_at_the_turn() -> None:
+    topology = _one_switch(2)
+    w = _dp_workload([GB, 0, 3 * GB])
+    graph = build_iteration_graph(w, topology.gpus, bucket_bytes=2 * GB, steps=3)
+    reduces = [t for t in graph.tasks if t.kind == "allreduce"]
+    assert len(reduces) == 3 * 2
+    assert sum(t.bytes for t in reduces) == 3 * 4 * GB
+    assert all(t.gpus == ("gpu0", "gpu1") for t in reduces)
+    # Resident state is taken once and given back after the last step only.
+    steps = [t for t in graph.tasks if t.id.startswith("gpu0/") and t.id.endswith("step")]
+    assert [t.free_bytes for t in steps] == [0, 0, w.resident_bytes]
+    result = simulate(build_iteration_graph(w, topology.gpus, bucket_bytes=2 * GB), topology)
+    for gpu in ("gpu0", "gpu1"):
+        # Weights, gradients, momentum, and every layer's saved tensors at once.
+        assert result.gpus[gpu].peak_bytes == 3 * 4 * GB + 100 + 200 + 300
+
+
+def test_a_model_too_large_for_the_gpu_cannot_run() -> None:
+    from pipeswap.sim.engine import OutOfMemoryError
+
+    topology = preset("switch-4", gpu_memory_bytes=10 * GB)
+    with pytest.raises(OutOfMemoryError):
+        simulate(build_iteration_graph(_dp_workload([2 * GB, 2 * GB]), topology.gpus), topology)
+
+
+def test_shared_switch_uplinks_carry_one_ring_flow_each_way() -> None:
+    # switch-4: the ring crosses each switch uplink once per direction, so every hop still
+    # gets a full link and the closed form holds on the real preset.
+    topology = preset("switch-4", gpu_memory_bytes=0)
+    graph = build_iteration_graph(_dp_workload([GB]), topology.gpus, bucket_bytes=None)
+    result = simulate(graph, topology)
+    assert result.makespan_s == pytest.approx(3.0 + ring_allreduce_time_s(GB, 4, 12e9))
+
+
+def test_one_gpu_has_no_allreduce_and_bad_arguments_are_refused() -> None:
+    w = _dp_workload([GB])
+    assert not [t for t in build_iteration_graph(w, ["gpu0"]).tasks if t.kind == "allreduce"]
+    with pytest.raises(PipeswapError, match="steps"):
+        build_iteration_graph(w, ["gpu0"], steps=0)
+    # The simulator refuses a GPU the topology does not have, naming it.
+    with pytest.raises(PipeswapError, match="gpu9"):
+        simulate(build_iteration_graph(w, ["gpu0", "gpu9"]), _one_switch(2))

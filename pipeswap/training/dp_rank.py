@@ -1,7 +1,7 @@
-"""Data-parallel training with a SwapPlan: DDP over gloo or NCCL, gradient accumulation, offsets.
+"""One data-parallel rank with a SwapPlan: DDP over gloo or NCCL, gradient accumulation, offsets.
 
 One process per rank runs :func:`train_rank`; with several ranks the process group must
-already be initialised (``pipeswap.pipeline.launch`` or ``torchrun`` does it). Every rank
+already be initialised (``pipeswap.dist.run_ranks`` or ``torchrun`` does it). Every rank
 trains the same model from the same initial weights on its own slice of the offline
 dataset: micro-batch ``(step * sync_every + micro) * world_size + rank``. Gradients are
 accumulated over ``sync_every`` micro-batches under ``DistributedDataParallel.no_sync``
@@ -14,7 +14,6 @@ them.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import statistics
 import time
@@ -27,13 +26,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipeswap.dist.digest import params_sha256
+from pipeswap.dist.faults import fault_hook
+from pipeswap.dist.group import agree, rank_device
 from pipeswap.errors import PipeswapError
+from pipeswap.optim import check_optimizer, make_optimizer
 from pipeswap.profile import Profile
 from pipeswap.progress import progress_bar
 from pipeswap.swap.executor import SwapExecutor
 from pipeswap.swap.plan import SwapPlan
-
-REPORT_FORMAT = "pipeswap.swaptrain/1"
 
 
 class Job(Protocol):
@@ -102,6 +103,7 @@ class TrainSettings:
     optimizer: str = "sgd"
     lr: float = 0.05
     momentum: float = 0.9
+    weight_decay: float = 0.0
     device: str = "cpu"  # "cpu" or "cuda" (rank r uses GPU r mod count)
     threads: int | None = None  # CPU threads per rank (default: cores / ranks)
     progress: bool = False  # a tqdm bar on rank 0
@@ -111,8 +113,7 @@ class TrainSettings:
             raise PipeswapError(f"--steps is {self.steps}; train at least 1 step")
         if self.sync_every < 1:
             raise PipeswapError(f"--sync-every is {self.sync_every}; use 1 or more")
-        if self.optimizer not in ("sgd", "adam", "adamw"):
-            raise PipeswapError(f"unknown optimizer {self.optimizer!r}; use sgd, adam or adamw")
+        check_optimizer(self.optimizer)
         if self.device not in ("cpu", "cuda"):
             raise PipeswapError(f"unknown device {self.device!r}; use cpu or cuda")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -136,59 +137,11 @@ class RankResult:
     offset_s: float
 
 
-def params_sha256(model: nn.Module) -> str:
-    """SHA-256 of every parameter's name, dtype, shape and bytes, in name order."""
-    digest = hashlib.sha256()
-    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-        data = param.detach().to("cpu").contiguous().view(-1)
-        digest.update(f"{name}:{data.dtype}:{tuple(param.shape)};".encode())
-        digest.update(data.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def rank_device(kind: str, local_rank: int) -> torch.device:
-    if kind == "cuda":
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
-
-
-def backend_for(kind: str, local_ranks: int) -> str:
-    """NCCL when each of this machine's ``local_ranks`` ranks has a GPU of its own, else gloo.
-
-    NCCL refuses two ranks on one GPU; gloo all-reduces CUDA tensors too (through host
-    memory), so ranks sharing a GPU still train, only with slower collectives.
-    """
-    if kind == "cuda" and local_ranks <= torch.cuda.device_count():
-        return "nccl"
-    return "gloo"
-
-
-def _optimizer(settings: TrainSettings, model: nn.Module) -> torch.optim.Optimizer:
-    params = model.parameters()
-    if settings.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum)
-    if settings.optimizer == "adam":
-        return torch.optim.Adam(params, lr=settings.lr)
-    return torch.optim.AdamW(params, lr=settings.lr)
-
-
 def _to(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
     # A compact copy, as the profiler measured (a dataset batch may be a strided view).
     if device.type == "cpu":
         return tensor.clone(memory_format=torch.contiguous_format)
     return tensor.to(device, non_blocking=False).contiguous()
-
-
-def agree(ok: str | None, world_size: int) -> None:
-    """Fail on every rank if any rank failed, so no rank waits for one that is gone."""
-    messages: list[Any] = [ok]
-    if world_size > 1:
-        messages = [None] * world_size
-        dist.all_gather_object(messages, ok)
-    for rank, message in enumerate(messages):
-        if message is not None:
-            named = world_size == 1 or message.startswith(f"rank {rank}:")
-            raise PipeswapError(message if named else f"rank {rank}: {message}")
 
 
 def train_rank(
@@ -236,7 +189,11 @@ def train_rank(
 
         ids = [device.index] if device.type == "cuda" else None
         network = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=plan.bucket_bytes / 2**20)
-    optimizer = _optimizer(settings, model)
+    optimizer = make_optimizer(
+        settings.optimizer, model.parameters(), lr=settings.lr, momentum=settings.momentum,
+        weight_decay=settings.weight_decay,
+    )  # fmt: skip
+    after_step = fault_hook(rank)
     offset = executor.gpu_plan.offset_s
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -275,6 +232,8 @@ def train_rank(
         if bar is not None:
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
             bar.update(1)
+        if after_step is not None:
+            after_step(step)
     if bar is not None:
         bar.close()
     executor.close()
@@ -302,53 +261,3 @@ def measured_step_s(results: Sequence[RankResult]) -> float:
     steps = len(results[0].step_s)
     slowest = [max(r.step_s[s] for r in results) for s in range(steps)]
     return statistics.median(slowest[1:] if steps > 1 else slowest)
-
-
-def build_report(
-    results: Sequence[RankResult],
-    plan: SwapPlan,
-    settings: TrainSettings,
-    *,
-    predicted_step_s: float | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The JSON report of a run (pipeswap.swaptrain/1): per-rank lists are in rank order."""
-    ordered = sorted(results, key=lambda r: r.rank)
-    report: dict[str, Any] = {
-        "format": REPORT_FORMAT,
-        "policy": plan.policy,
-        "model": plan.model,
-        "nproc": len(ordered),
-        "steps": settings.steps,
-        "sync_every": settings.sync_every,
-        "device": settings.device,
-        "optimizer": settings.optimizer,
-        "lr": settings.lr,
-        "losses": [list(r.losses) for r in ordered],
-        "step_s": [list(r.step_s) for r in ordered],
-        "params_sha256": ordered[0].params_sha256,
-        "params_sha256_per_rank": [r.params_sha256 for r in ordered],
-        "peak_resident_bytes": [r.peak_resident_bytes for r in ordered],
-        "peak_saved_bytes": [r.peak_saved_bytes for r in ordered],
-        "budget_bytes": ordered[0].budget_bytes,
-        "saved_budget_bytes": [r.saved_budget_bytes for r in ordered],
-        "swapped_bytes": [r.swapped_bytes for r in ordered],
-        "late_fetches": [r.late_fetches for r in ordered],
-        "offset_s": [r.offset_s for r in ordered],
-        "predicted_step_s": (
-            plan.predicted_iteration_s if predicted_step_s is None else predicted_step_s
-        ),
-        "measured_step_s": measured_step_s(ordered),
-        "notes": {
-            "losses": "losses[rank][step]: mean of the step's micro-batch losses",
-            "peak_resident_bytes": "per rank; CPU: most bytes of saved tensors held on the "
-            "device (executor accounting); CUDA: torch.cuda.max_memory_allocated",
-            "saved_budget_bytes": "budget_bytes minus parameters, gradients and optimizer "
-            "state (the profile's resident bytes): what saved tensors may use",
-            "swapped_bytes": "per rank, bytes sent to host memory in one iteration",
-            "measured_step_s": "median over steps after the first of the slowest rank's step",
-            "predicted_step_s": "the simulator's iteration time for the plan",
-        },
-    }
-    report.update(extra or {})
-    return report

@@ -1,6 +1,6 @@
 """Data-parallel training with swapping: every policy trains bit for bit like no swapping.
 
-Covers: pipeswap/swap/dp.py.
+Covers: pipeswap/training/dp_rank.py, pipeswap/training/data_parallel.py.
 """
 
 from __future__ import annotations
@@ -14,23 +14,17 @@ import pytest
 import torch
 from torch import nn
 
+from pipeswap.dist.launch import spawn
 from pipeswap.hardware.presets import preset
-from pipeswap.pipeline.launch import spawn
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling import measure
-from pipeswap.swap.dp import (
-    RankResult,
-    TrainSettings,
-    ZooJob,
-    backend_for,
-    build_report,
-    rank_device,
-    train_rank,
-)
 from pipeswap.swap.executor import capture_records
 from pipeswap.swap.plan import GpuPlan, SwapPlan
 from pipeswap.swap.planner import POLICIES, make_plan
 from pipeswap.swap.workload import workload_from_profile
+from pipeswap.training.config import TrainConfig
+from pipeswap.training.data_parallel import report as build_report
+from pipeswap.training.dp_rank import RankResult, TrainSettings, ZooJob, train_rank
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
@@ -158,11 +152,15 @@ def test_single_process_every_policy_matches_no_swapping(name: str) -> None:
 def test_single_process_report_has_every_field() -> None:
     plan = _plans("gpt2-tiny", 1)["disjoint"]
     result = train_rank(JOBS["gpt2-tiny"], plan, replace(SETTINGS, steps=3), profile=_profile("gpt2-tiny"))
-    report = build_report([result], plan, replace(SETTINGS, steps=3))
+    config = TrainConfig("gpt2-tiny", batch=4, seq_len=32, steps=3).resolved()
+    payload = {"predicted_step_s": plan.predicted_iteration_s, "lower_bound_s": 0.0,
+               "topology": "switch-4"}  # fmt: skip
+    report = build_report(config, plan, payload, [result])
+    assert report["format"] == "pipeswap.train/2" and report["mode"] == "data-parallel"
     for key in ("losses", "step_s", "params_sha256", "peak_resident_bytes", "budget_bytes",
                 "swapped_bytes", "late_fetches", "predicted_step_s", "measured_step_s"):  # fmt: skip
         assert key in report
-    assert len(report["losses"]) == 1 and len(report["losses"][0]) == 3
+    assert report["losses"] == list(result.losses) == report["losses_per_rank"][0]
     assert report["predicted_step_s"] == plan.predicted_iteration_s > 0
     assert report["measured_step_s"] > 0 and len(report["params_sha256"]) == 64
 
@@ -234,18 +232,6 @@ def test_a_plan_one_rank_cannot_keep_fails_every_rank_without_a_hang() -> None:
                      timeout_s=30, grace_s=20)  # fmt: skip
     assert launched.exit_codes == (2, 2)  # both raised PipeswapError
     assert not launched.killed and launched.elapsed_s < 30
-
-
-def test_nccl_only_when_each_local_rank_has_a_gpu_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert backend_for("cuda", 1) == "nccl"
-    assert backend_for("cuda", 2) == "gloo"  # two ranks on one GPU: NCCL would refuse them
-    assert backend_for("cpu", 1) == "gloo"
-    assert rank_device("cuda", 1) == torch.device("cuda", 0)  # they share GPU 0
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    assert backend_for("cuda", 4) == "nccl"
-    assert rank_device("cuda", 3) == torch.device("cuda", 3)
-    assert rank_device("cpu", 3) == torch.device("cpu")
 
 
 @pytest.mark.cuda

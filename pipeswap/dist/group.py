@@ -1,0 +1,159 @@
+"""Process groups: backend and device per rank, joining, and the few collectives the drivers use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeswap.dist.env import RankEnv
+from pipeswap.errors import PipeswapError
+
+
+def backend_for(kind: str, local_ranks: int) -> str:
+    """NCCL when each of this machine's ``local_ranks`` ranks has a GPU of its own, else gloo.
+
+    NCCL refuses two ranks on one GPU; gloo all-reduces CUDA tensors too (through host
+    memory), so ranks sharing a GPU still train, only with slower collectives.
+    """
+    if kind == "cuda" and local_ranks <= torch.cuda.device_count():
+        return "nccl"
+    return "gloo"
+
+
+def rank_device(kind: str, local_rank: int) -> torch.device:
+    """The device a rank computes on: GPU ``local_rank`` (wrapping around) or the CPU."""
+    if kind == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def bind_nccl_device(env: RankEnv) -> None:
+    """Make GPU ``local_rank`` current, or say why NCCL cannot give this rank a GPU."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise PipeswapError(
+            "the NCCL backend needs CUDA GPUs, and PyTorch sees none here; train on the CPU "
+            "(--device cpu), which uses gloo"
+        )
+    if env.local_ranks > count or env.local_rank >= count:
+        raise PipeswapError(
+            f"NCCL needs a GPU of its own for every rank, but this machine runs "
+            f"{env.local_ranks} ranks on {count} GPU(s) (NCCL refuses two ranks on one GPU); "
+            f"start at most {count} ranks per machine, or use the gloo backend, which "
+            "`pipeswap train` picks by itself when ranks share a GPU"
+        )
+    torch.cuda.set_device(env.local_rank)
+
+
+def init_process_group(env: RankEnv, *, backend: str = "gloo", timeout_s: float = 60.0) -> None:
+    """Join the job; every collective and transfer then fails after ``timeout_s`` of silence.
+
+    With NCCL each rank first makes its own GPU (``local_rank``) the current device: NCCL
+    needs one GPU per rank, and its collectives (object ones included) run on the current
+    device, which would otherwise be GPU 0 on every rank.
+    """
+    if dist.is_initialized():
+        return
+    if backend == "nccl":
+        bind_nccl_device(env)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def leave_process_group() -> None:
+    """Leave the job's process group if this process is in one."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextmanager
+def single_threaded() -> Iterator[None]:
+    """One intra-op thread, so CPU reductions split the same way in every process.
+
+    The pipeline's runtime (one process per stage) and its emulator (every stage in one)
+    are bit-identical on the CPU only when both reduce with the same thread count.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the initialized process group, (0, 1) without one."""
+    if not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def agree(ok: str | None, world_size: int) -> None:
+    """Fail on every rank if any rank failed, so no rank waits for one that is gone."""
+    messages: list[Any] = [ok]
+    if world_size > 1:
+        messages = [None] * world_size
+        dist.all_gather_object(messages, ok)
+    for rank, message in enumerate(messages):
+        if message is not None:
+            named = world_size == 1 or message.startswith(f"rank {rank}:")
+            raise PipeswapError(message if named else f"rank {rank}: {message}")
+
+
+def broadcast_from_rank0(value: Any, world_size: int) -> Any:
+    """Rank 0's ``value`` on every rank (a picklable object)."""
+    if world_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_gather(value: Any, world_size: int) -> list[Any]:
+    """Every rank's ``value``, in rank order, on every rank."""
+    if world_size == 1:
+        return [value]
+    values: list[Any] = [None] * world_size
+    dist.all_gather_object(values, value)
+    return values
+
+
+def gather_to_rank0(value: Any, rank: int, world_size: int) -> list[Any] | None:
+    """Every rank's ``value`` in rank order on rank 0; None elsewhere."""
+    if world_size == 1:
+        return [value]
+    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+    dist.gather_object(value, gathered, dst=0)
+    return gathered
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def direction_groups(enabled: bool) -> tuple[Any, Any] | None:
+    """Two new process groups (forward, backward transfers), or None when not ``enabled``.
+
+    Collective: every rank must call it, in the same order.
+    """
+    return (dist.new_group(), dist.new_group()) if enabled else None
+
+
+def destroy_groups(groups: tuple[Any, ...] | None) -> None:
+    for group in groups or ():
+        dist.destroy_process_group(group)
+
+
+def backend_name() -> str:
+    return str(dist.get_backend()) if dist.is_initialized() else "none"

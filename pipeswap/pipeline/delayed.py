@@ -1,0 +1,202 @@
+"""Plain single-process training in which each layer applies its gradient some updates late."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pipeswap.dist.group import single_threaded
+from pipeswap.errors import PipeswapError
+from pipeswap.models.base import LayeredModel
+from pipeswap.optim import make_optimizer
+from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
+from pipeswap.pipeline.predict import version_distances
+from pipeswap.pipeline.schedule import Schedule, build_schedule
+
+
+@dataclass(frozen=True)
+class DelayedResult:
+    """Per-step training losses and the held-out score of a :func:`train_with_delays` run.
+
+    ``eval`` has the keys of ``PipelineResult.eval``: ``batches``, ``loss`` (when
+    ``eval_batches`` > 0) and ``accuracy`` (image models).
+    """
+
+    config: PipelineConfig
+    delays: tuple[float, ...]
+    losses: tuple[float, ...]
+    eval: dict[str, float | int]
+    wall_s: float
+
+
+def schedule_delays(config: PipelineConfig) -> tuple[int, ...]:
+    """The per-layer delays under which :func:`train_with_delays` reproduces ``config``'s pipeline.
+
+    Version v of a stage is its weights after v updates, and the update of mini-batch t
+    is its (t+1)-th. A pass that :func:`~pipeswap.pipeline.predict.version_distances`
+    gives distance ``s`` runs on version ``t - s``. With ``stash`` the backward reuses
+    the forward's version, so stage k's gradient of mini-batch t is taken at version
+    ``t - s_F``; that is a delay when ``s_F = min(t, d_k)`` for one ``d_k`` (in steady
+    state on ``async-1f1b``: ``d_k = N - k - 1``, the warm-up clamps at version 0).
+    ``d_k`` is the steady-state value even when ``config.steps`` is too short to reach
+    it (a run that short cannot tell them apart). Synchronous schedules give 0
+    everywhere in every weight mode. Weight modes that mix versions (``stale``: backward
+    on newer weights than the forward) or predict them (``spectrain``, ``predict-adam``
+    with ``s > 0``) are no delay, and raise.
+    """
+    config.check()
+    n, m = config.num_stages, config.micro_batches
+    schedule = build_schedule(config.schedule, n, config.steps, m)
+    # Every stage reaches its steady state within N mini-batches.
+    steady = build_schedule(config.schedule, n, config.steps + n, m)
+    out: list[int] = []
+    for stage, layers in enumerate(config.balance):
+        late = _gradient_delays(config, schedule, stage)
+        d = max(_gradient_delays(config, steady, stage).values(), default=0)
+        for unit, s in late.items():
+            step = schedule.step_of(unit)
+            if s != min(step, d):
+                raise PipeswapError(
+                    f"{config.schedule}: stage {stage} takes the gradient of mini-batch {step} "
+                    f"{s} updates late, not min({step}, {d}): no constant delay reproduces it"
+                )
+        out.extend([d] * layers)
+    return tuple(out)
+
+
+def _gradient_delays(config: PipelineConfig, schedule: Schedule, stage: int) -> dict[int, int]:
+    """unit -> how many updates late ``stage`` takes its gradient; raises for non-delays."""
+    # The versions a pass runs on do not depend on the prediction rule: walk them.
+    walked = version_distances(schedule, stage, "schedule")
+    used = version_distances(schedule, stage, config.distances)
+    late: dict[int, int] = {}
+    for unit in range(schedule.num_units):
+        forward, backward = walked[("F", unit)], walked[("B", unit)]
+        if config.weights == "stale" and forward != backward:
+            raise PipeswapError(
+                f"{config.schedule} with --weights stale runs stage {stage}'s forward of "
+                f"unit {unit} {forward} updates behind but its backward {backward}: a "
+                "gradient taken at two versions is no single delay; use --weights stash"
+            )
+        if config.weights in ("spectrain", "predict-adam") and (
+            used[("F", unit)] or used[("B", unit)]
+        ):
+            raise PipeswapError(
+                f"{config.schedule} with --weights {config.weights} predicts the weights "
+                f"of stage {stage}: a prediction is no delay; use --weights stash"
+            )
+        late[unit] = forward
+    return late
+
+
+def train_with_delays(config: PipelineConfig, delays: Sequence[float]) -> DelayedResult:
+    """Train ``config``'s model in one process; layer i takes its gradient ``delays[i]`` late.
+
+    Version v is the weights after v updates. Update t (of mini-batch t) is applied to
+    the live weights, version t, with the gradient computed at the point where layer i
+    has version ``max(0, t - d_i)``, ``d_i = delays[i]``; a fractional ``d_i``
+    interpolates linearly between versions ``t - floor(d_i)`` and ``t - ceil(d_i)``.
+    All delays 0 is plain training: the same mathematics as a synchronous pipeline.
+
+    Everything else is the emulator's: the model (``build_full_model``), the batches
+    and micro-batches (``BatchSource``, loss scaled by 1/micro_batches), the optimizer
+    and its settings, the learning-rate warm-up, the held-out evaluation. The config's
+    ``schedule``, ``weights`` and ``distances`` are ignored: the delays replace them
+    (:func:`schedule_delays` gives those of a pipeline).
+    """
+    config.check()
+    delays = tuple(float(d) for d in delays)
+    bad = [d for d in delays if not math.isfinite(d) or d < 0]
+    if bad:
+        raise PipeswapError(
+            f"gradient delays must be finite and >= 0 (updates late), not {bad[0]!r}"
+        )
+    started = time.perf_counter()
+    with single_threaded():
+        model = build_full_model(config)
+        if len(delays) != len(model):
+            raise PipeswapError(
+                f"{len(delays)} delays for {config.model}, which has {len(model)} layers "
+                f"({', '.join(model.layer_names)}): give one delay per layer"
+            )
+        layers = [list(layer.parameters()) for layer in model]
+        params = [p for group in layers for p in group]
+        optimizer = make_optimizer(
+            config.optimizer,
+            params,
+            lr=config.lr,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+        )
+        depth = math.ceil(max(delays, default=0.0))
+        history: list[list[list[torch.Tensor]]] = []  # [version][layer][param], newest last
+        data = BatchSource(config, model)
+        m = config.micro_batches
+        losses = []
+        for step in range(config.steps):
+            live = [[p.detach().clone() for p in group] for group in layers]
+            history = (history + [live])[-(depth + 1) :]
+            _set_delayed(layers, history, delays)
+            step_loss = 0.0
+            for micro in range(m):
+                x, y = data.micro(step, micro)
+                loss = model.loss(model(x), y)
+                (loss / m).backward()
+                step_loss += loss.item()
+            losses.append(step_loss / m)
+            with torch.no_grad():
+                for group, versions in zip(layers, live):
+                    for p, v in zip(group, versions):
+                        p.copy_(v)
+                        # The pipeline's stages step parameters without a gradient too.
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+            if config.lr_warmup:
+                for param_group in optimizer.param_groups:
+                    param_group["lr"] = config.lr * min(1.0, (step + 1) / config.lr_warmup)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        evaluation = _evaluate(config, model)
+    return DelayedResult(config, delays, tuple(losses), evaluation, time.perf_counter() - started)
+
+
+@torch.no_grad()
+def _set_delayed(
+    layers: list[list[torch.nn.Parameter]],
+    history: list[list[list[torch.Tensor]]],
+    delays: tuple[float, ...],
+) -> None:
+    """Put layer i at version ``t - delays[i]`` (clamped to the oldest version kept)."""
+    newest = len(history) - 1
+    for group, d, index in zip(layers, delays, range(len(layers))):
+        low, high = math.floor(d), math.ceil(d)
+        a = history[max(0, newest - low)][index]
+        b = history[max(0, newest - high)][index]
+        frac = d - low
+        for p, va, vb in zip(group, a, b):
+            p.copy_(va if high == low else (1 - frac) * va + frac * vb)
+
+
+@torch.no_grad()
+def _evaluate(config: PipelineConfig, model: LayeredModel) -> dict[str, float | int]:
+    """Held-out loss (and accuracy) over the emulator's units: mean loss per micro-batch."""
+    held_out = BatchSource(config, model, "val")
+    loss_sum, correct, samples, units = 0.0, 0, 0, 0
+    for step in range(config.eval_batches):
+        for micro in range(config.micro_batches):
+            x, y = held_out.micro(step, micro)
+            out = model(x)
+            loss_sum += model.loss(out, y).item()
+            correct += int((out.argmax(-1) == y).sum().item())
+            samples += int(y.shape[0])
+            units += 1
+    evaluation: dict[str, float | int] = {"batches": config.eval_batches}
+    if units:
+        evaluation["loss"] = loss_sum / units
+        if model.task == "classify":
+            evaluation["accuracy"] = correct / samples
+    return evaluation

@@ -1,0 +1,127 @@
+"""Pipelined training: the stage balance, then one process per stage or the one-process emulator."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from pipeswap.dist.env import local_rank_of, torchrun_env
+from pipeswap.dist.group import rank_device
+from pipeswap.dist.launch import run_ranks
+from pipeswap.errors import PipeswapError
+from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.partition import check_balance, partition
+from pipeswap.pipeline.result import PipelineResult
+from pipeswap.pipeline.stage import LayerInfo, flop_profile, inspect_layers
+from pipeswap.training.config import PipelineOptions, TrainConfig
+from pipeswap.training.report import base_report
+
+
+def pipeline_config(config: TrainConfig) -> PipelineConfig:
+    """The PipelineConfig a resolved pipeline TrainConfig asks for, with its balance found."""
+    options = config.pipeline
+    assert options is not None and config.batch is not None and config.lr is not None
+    draft = PipelineConfig(
+        model=config.model,
+        balance=(1,) * options.stages,
+        schedule=options.schedule,
+        weights=options.weights,
+        optimizer=config.optimizer,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        batch=config.batch,
+        micro_batches=options.micro_batch_count,
+        steps=config.steps,
+        seq_len=config.seq_len,
+        image_size=config.image_size,
+        seed=config.seed,
+        data_seed=config.seed,
+        eval_batches=options.eval_batches,
+        timeout_s=config.timeout_s,
+        distances=options.distances,
+        lr_warmup=options.lr_warmup,
+    )
+    draft.check()
+    infos = inspect_layers(draft)
+    if options.balance is not None:
+        balance = check_balance(options.balance, len(infos), options.stages)
+    else:
+        balance = _partition(config, options, draft, infos)
+    return dataclasses.replace(draft, balance=balance)
+
+
+def _partition(
+    config: TrainConfig, options: PipelineOptions, draft: PipelineConfig, infos: list[LayerInfo]
+) -> tuple[int, ...]:
+    from pipeswap.profile import Profile
+
+    if config.profile_path is not None:
+        profile = Profile.load(config.profile_path)
+        if len(profile.layers) != len(infos):
+            raise PipeswapError(
+                f"{config.profile_path} profiles {len(profile.layers)} layers but "
+                f"{draft.model} has {len(infos)}: profile the same model"
+            )
+    else:
+        if options.memory_cap_bytes is not None:
+            raise PipeswapError("--memory-cap needs --profile (a measured or estimated profile)")
+        profile = flop_profile(draft, infos)
+    found = partition(
+        profile,
+        draft.num_stages,
+        memory_cap_bytes=options.memory_cap_bytes,
+        schedule=draft.schedule,
+        micro_batches=draft.micro_batches,
+        weights=draft.weights,
+    )
+    return found.balance
+
+
+def run_pipeline(config: TrainConfig) -> PipelineResult | None:
+    """Run a resolved pipeline config: emulated here, or one rank per stage.
+
+    Returns the combined result on rank 0 (and in the emulator), None on other ranks.
+    """
+    pipeline = pipeline_config(config)
+    assert config.pipeline is not None and config.device is not None
+    if config.pipeline.emulate:
+        from pipeswap.pipeline.emulator import Emulator
+
+        return Emulator(pipeline, record=True).run(progress=config.progress)
+    env = torchrun_env()
+    if env is not None and config.nproc is None and env.world_size != pipeline.num_stages:
+        raise PipeswapError(
+            f"torchrun started {env.world_size} ranks for --pipeline {pipeline.num_stages}: "
+            f"use --nproc-per-node {pipeline.num_stages}"
+        )
+    nproc = None if env is not None and config.nproc is None else pipeline.num_stages
+    return run_ranks(
+        _stage_rank, nproc, pipeline, config.device, config.progress,
+        device=config.device, timeout_s=config.timeout_s,
+    )  # fmt: skip
+
+
+def _stage_rank(
+    rank: int, world: int, pipeline: PipelineConfig, device: str, progress: bool
+) -> PipelineResult | None:
+    from pipeswap.pipeline.runtime import run_rank
+
+    where = rank_device(device, local_rank_of(rank))
+    if where.type == "cuda":
+        torch.cuda.set_device(where)
+    return run_rank(pipeline, device=where, progress=progress)
+
+
+def report(config: TrainConfig, result: PipelineResult) -> dict[str, Any]:
+    """The ``pipeswap.train/2`` report of a pipeline run (runtime or emulator)."""
+    out = base_report(
+        config,
+        losses=result.losses,
+        params_sha256=result.params_sha256,
+        nproc=1 if result.mode == "emulate" else result.config.num_stages,
+    )
+    out.update(result.to_report())
+    return out

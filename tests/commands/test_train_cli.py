@@ -1,0 +1,186 @@
+"""`pipeswap train`: one option table, one report for every mode, refusals that name the mode.
+
+Covers: pipeswap/commands/train.py, pipeswap/training/config.py, pipeswap/training/data_parallel.py,
+pipeswap/training/pipelined.py, pipeswap/training/report.py, pipeswap/training/run.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pipeswap.cli import build_parser, main
+from pipeswap.errors import PipeswapError
+from pipeswap.training import data_parallel
+from pipeswap.training.config import PipelineOptions, SwapOptions, TrainConfig
+from pipeswap.training.data_parallel import default_topology
+from pipeswap.training.report import load_report
+from pipeswap.training.run import train
+
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+
+COMMON_KEYS = (
+    "format", "mode", "model", "steps", "losses", "params_sha256", "batch", "seq_len",
+    "image_size", "seed", "optimizer", "lr", "device", "nproc", "train_config",
+)  # fmt: skip
+DP_KEYS = (
+    "losses_per_rank", "step_s", "peak_resident_bytes", "budget_bytes", "swapped_bytes",
+    "late_fetches", "predicted_step_s", "measured_step_s", "plan", "topology", "gpus",
+)  # fmt: skip
+
+
+def _run(tmp_path: Path, name: str, *argv: str) -> dict[str, Any]:
+    report = tmp_path / f"{name}.json"
+    assert main(["train", *argv, "--device", "cpu", "--report", str(report)]) == 0
+    return load_report(report)
+
+
+GPT = ("--model", "gpt2-tiny", "--batch", "4", "--seq-len", "32", "--steps", "3")
+
+
+def test_single_process_report_has_every_field_and_matches_no_swapping(tmp_path: Path) -> None:
+    swapped = _run(tmp_path, "swap", *GPT, "--swap-policy", "disjoint", "--footprint-ratio", "1.5")
+    plain = _run(tmp_path, "none", *GPT, "--swap-policy", "none", "--footprint-ratio", "1")
+    for key in (*COMMON_KEYS, *DP_KEYS):
+        assert key in swapped, key
+    assert swapped["format"] == "pipeswap.train/2" and swapped["mode"] == "data-parallel"
+    assert len(swapped["losses"]) == 3 and swapped["losses_per_rank"] == [swapped["losses"]]
+    assert swapped["losses"] == plain["losses"]
+    assert swapped["params_sha256"] == plain["params_sha256"]
+    assert swapped["swapped_bytes"][0] > 0 == plain["swapped_bytes"][0]
+    assert swapped["peak_resident_bytes"][0] <= swapped["saved_budget_bytes"][0]
+    assert swapped["peak_resident_bytes"][0] < plain["peak_resident_bytes"][0]
+    assert swapped["topology"] == "switch-4" and swapped["gpus"] == ["gpu0"]
+    assert swapped["predicted_step_s"] > 0 and swapped["measured_step_s"] > 0
+
+
+def test_no_swapping_under_a_budget_too_small_says_by_how_much(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["train", *GPT, "--device", "cpu", "--swap-policy", "none", "--footprint-ratio", "1.5"]
+    assert main(argv) == 2
+    assert "cannot keep its budget" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--model", "gpt2-tiniest"], "gpt2-tiny"),
+        ([*GPT, "--sync-every", "0"], "--sync-every is 0"),
+        ([*GPT, "--batch", "0"], "--batch is 0"),
+        ([*GPT, "--lr", "nan"], "--lr is nan"),
+        ([*GPT, "--momentum", "-3"], "--momentum is -3"),
+        ([*GPT, "--nproc", "0"], "--nproc is 0"),
+        ([*GPT, "--timeout", "0"], "--timeout is 0"),
+        ([*GPT, "--schedule", "gpipe"], "--schedule applies to pipeline training"),
+        ([*GPT, "--emulate"], "--emulate applies to pipeline training"),
+        ([*GPT, "--balance", "1,1"], "--balance applies to pipeline training"),
+        ([*GPT, "--pipeline", "2", "--swap-policy", "none"], "drop --pipeline to swap"),
+        ([*GPT, "--pipeline", "2", "--topology", "switch-4"], "--topology applies to data-par"),
+        ([*GPT, "--pipeline", "2", "--emulate", "--nproc", "2"], "drop --nproc"),
+        ([*GPT, "--footprint-ratio", "0.5"], "--footprint-ratio is 0.5"),
+    ],
+)
+def test_bad_values_and_options_of_the_other_mode_exit_2_naming_the_fix(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", *argv, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_help_groups_every_option_under_the_mode_it_belongs_to() -> None:
+    train_parser = build_parser()._subparsers._group_actions[0].choices["train"]  # type: ignore[union-attr]
+    titles = {
+        group.title: {a.option_strings[0] for a in group._group_actions}
+        for group in train_parser._action_groups
+    }
+    pipeline = titles["pipeline parallelism (--pipeline K)"]
+    swapping = titles["data parallelism with swapping (the default mode)"]
+    assert {"--schedule", "--weights", "--emulate", "--balance"} <= pipeline
+    assert {"--swap-policy", "--footprint-ratio", "--topology"} <= swapping
+    shared = titles["where and how long"] | titles["what to train"]
+    assert {"--nproc", "--device", "--profile", "--timeout"} <= shared
+
+
+def test_default_topology_on_cpu_is_a_preset_with_enough_gpus() -> None:
+    assert default_topology("cpu", 2).name == "switch-4"
+    assert len(default_topology("cpu", 6).gpus) == 8
+    with pytest.raises(PipeswapError, match="--topology FILE"):
+        default_topology("cpu", 9)
+
+
+def test_data_parallel_and_a_one_micro_batch_gpipe_train_alike() -> None:
+    """The same synchronous training in two modes: the same losses, one digest definition."""
+    base = TrainConfig("resnet-micro", batch=4, steps=3, device="cpu", progress=False)
+    dp = train(TrainConfig(**{**base.__dict__, "swap": SwapOptions(policy="none")}))
+    pipe = PipelineOptions(2, schedule="gpipe", micro_batches=1, emulate=True)
+    gpipe = train(TrainConfig(**{**base.__dict__, "pipeline": pipe}))
+    assert dp is not None and gpipe is not None
+    a, b = dp.report, gpipe.report
+    assert (a["mode"], b["mode"]) == ("data-parallel", "emulate")
+    assert all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(a["losses"], b["losses"]))
+    assert len(a["losses"]) == len(b["losses"]) == 3
+    assert {k: a[k] for k in COMMON_KEYS if k not in ("mode", "nproc", "train_config", "losses",
+            "params_sha256")} == {k: b[k] for k in COMMON_KEYS if k not in ("mode", "nproc",
+            "train_config", "losses", "params_sha256")}  # fmt: skip
+
+
+def test_old_reports_are_refused_with_what_to_do(tmp_path: Path) -> None:
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"format": "pipeswap.swaptrain/1", "losses": [[1.0]]}))
+    with pytest.raises(PipeswapError, match="old format.*pipeswap.train/2"):
+        load_report(old)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"format": "pipeswap.profile/1"}))
+    with pytest.raises(PipeswapError, match="not a pipeswap training report"):
+        load_report(other)
+
+
+@pytest.mark.dist
+def test_the_issue_command_on_two_ranks(tmp_path: Path) -> None:
+    command = ("--model", "gpt2-tiny", "--batch", "8", "--seq-len", "64", "--steps", "5",
+               "--nproc", "2")  # fmt: skip
+    swapped = _run(tmp_path, "swap", *command, "--swap-policy", "disjoint", "--footprint-ratio", "1.5")
+    plain = _run(tmp_path, "none", *command, "--swap-policy", "none", "--footprint-ratio", "1")
+    for key in (*COMMON_KEYS, *DP_KEYS):
+        assert key in swapped, key
+    assert len(swapped["losses"]) == 5 and swapped["nproc"] == 2
+    assert len(swapped["losses_per_rank"]) == 2 and all(len(r) == 5 for r in swapped["step_s"])
+    assert swapped["losses"] == plain["losses"]
+    assert swapped["losses_per_rank"] == plain["losses_per_rank"]
+    assert swapped["params_sha256"] == plain["params_sha256"]
+    assert len(set(swapped["params_sha256_per_rank"])) == 1
+    assert swapped["gpus"] == ["gpu0", "gpu1"]
+    assert all(b > 0 for b in swapped["swapped_bytes"])
+    assert all(
+        peak <= budget
+        for peak, budget in zip(swapped["peak_resident_bytes"], swapped["saved_budget_bytes"])
+    )
+
+
+def test_a_cuda_rank_binds_its_gpu_before_the_first_collective(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NCCL runs the plan's broadcast on the current device: it must be the rank's own."""
+    log: list[tuple[str, Any]] = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: log.append(("bind", device)))
+
+    def plan(config: Any, world_size: int, device: torch.device) -> dict[str, Any]:
+        log.append(("plan", device))
+        raise PipeswapError("stop after planning")
+
+    monkeypatch.setattr(data_parallel, "_plan", plan)
+    config = TrainConfig("gpt2-tiny", batch=2, seq_len=8, steps=1, device="cpu",
+                         swap=SwapOptions(policy="none"))  # fmt: skip
+    cuda = TrainConfig(**{**config.__dict__, "device": "cuda"})
+    with pytest.raises(PipeswapError, match="stop after planning"):
+        data_parallel.run_rank(0, 1, cuda, local_rank=1)
+    gpu = torch.device("cuda", 1)
+    assert log == [("bind", gpu), ("plan", gpu)]

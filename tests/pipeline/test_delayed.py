@@ -1,0 +1,143 @@
+"""Delayed-gradient training reproduces the sync and the stash pipelines bit for bit.
+
+Covers: pipeswap/pipeline/delayed.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+from pipeswap.dist.group import single_threaded
+from pipeswap.errors import PipeswapError
+from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
+from pipeswap.pipeline.delayed import schedule_delays, train_with_delays
+from pipeswap.pipeline.emulator import Emulator
+
+LR = {"sgd": 0.05, "adam": 1e-3}
+GPT = PipelineConfig("gpt2-micro", (2, 2), batch=4, steps=8, seq_len=16, eval_batches=2)
+IMAGE = PipelineConfig(
+    "resnet-micro", (2, 2, 1, 1), optimizer="adam", lr=3e-3, batch=8, steps=6, image_size=32
+)
+
+
+def _gpt(balance: tuple[int, ...], optimizer: str, **changes: Any) -> PipelineConfig:
+    return dataclasses.replace(
+        GPT, balance=balance, optimizer=optimizer, lr=LR[optimizer], **changes
+    )
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("balance", [(2, 2), (1, 1, 1, 1)], ids=["2-stages", "4-stages"])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_no_delay_is_the_sync_pipeline_bitwise(
+    optimizer: str, balance: tuple[int, ...], micro_batches: int
+) -> None:
+    config = _gpt(balance, optimizer, schedule="1f1b", micro_batches=micro_batches)
+    assert schedule_delays(config) == (0, 0, 0, 0)
+    pipeline = Emulator(config, record=False).run()
+    delayed = train_with_delays(config, [0, 0, 0, 0])
+    assert delayed.losses == pipeline.losses
+    assert delayed.eval == pipeline.eval
+    assert len(delayed.losses) == config.steps
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("balance", [(2, 2), (1, 1, 1, 1)], ids=["2-stages", "4-stages"])
+def test_stash_delays_are_the_stash_pipeline_bitwise(
+    optimizer: str, balance: tuple[int, ...]
+) -> None:
+    config = _gpt(balance, optimizer, schedule="async-1f1b", weights="stash")
+    n = len(balance)
+    # Stage k takes its gradient N-k-1 updates late (the walked forward distance).
+    expected = tuple(n - k - 1 for k, layers in enumerate(balance) for _ in range(layers))
+    assert schedule_delays(config) == expected
+    pipeline = Emulator(config, record=False).run()
+    delayed = train_with_delays(config, expected)
+    assert delayed.losses == pipeline.losses
+    assert delayed.eval == pipeline.eval
+    # The delays matter: without them the same run trains differently.
+    assert train_with_delays(config, [0] * 4).losses != pipeline.losses
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_runs_shorter_than_the_pipeline_get_the_steady_delays(steps: int) -> None:
+    """Too few mini-batches to reach the steady state: the delays are still N-k-1, and exact."""
+    config = _gpt((1, 1, 1, 1), "adam", schedule="async-1f1b", weights="stash", steps=steps)
+    assert schedule_delays(config) == (3, 2, 1, 0)
+    pipeline = Emulator(config, record=False).run()
+    assert train_with_delays(config, (3, 2, 1, 0)).losses == pipeline.losses
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"lr_warmup": 3}, {"distances": "official"}, {"optimizer": "sgd", "lr": 0.05}],
+    ids=["adam", "lr-warmup", "official-distances", "sgd"],
+)
+def test_stash_image_model_with_warmup_and_distance_rules(changes: dict[str, Any]) -> None:
+    """Accuracy too; the warm-up ramps both; the distance rule does not touch stash."""
+    config = dataclasses.replace(IMAGE, schedule="async-1f1b", weights="stash", **changes)
+    delays = schedule_delays(config)
+    assert delays == (3, 3, 2, 2, 1, 0)
+    pipeline = Emulator(config, record=False).run()
+    delayed = train_with_delays(config, delays)
+    assert delayed.losses == pipeline.losses
+    assert delayed.eval == pipeline.eval and "accuracy" in delayed.eval
+
+
+def test_delays_past_the_last_step_train_nothing_that_is_used() -> None:
+    """Every gradient is taken at version 0: each loss is the initial model's on its batch."""
+    config = _gpt((2, 2), "sgd", steps=4)
+    delayed = train_with_delays(config, [config.steps] * 4)
+    with single_threaded(), torch.no_grad():
+        model = build_full_model(config)
+        data = BatchSource(config, model)
+        initial = tuple(model.loss(model(x), y).item() for x, y in map(data.batch, range(4)))
+    assert delayed.losses == initial
+
+
+def test_fractional_delays_interpolate_between_versions() -> None:
+    config = _gpt((2, 2), "adam")
+    zero, half, one = (train_with_delays(config, [d] * 4).losses for d in (0, 0.5, 1))
+    # Step 0 sees version 0 whatever the delay; afterwards 0.5 is neither neighbour.
+    assert zero[0] == half[0] == one[0]
+    assert half[1:] != zero[1:] and half[1:] != one[1:]
+    assert train_with_delays(config, [1.0] * 4).losses == one
+
+
+@pytest.mark.parametrize(
+    ("delays", "message"),
+    [
+        ([0, 0, -1, 0], "must be finite and >= 0"),
+        ([0, float("nan"), 0, 0], "must be finite and >= 0"),
+        ([0, 0, 0], "3 delays for gpt2-micro, which has 4 layers"),
+        ([0] * 5, "give one delay per layer"),
+    ],
+)
+def test_bad_delays_are_refused(delays: list[float], message: str) -> None:
+    with pytest.raises(PipeswapError, match=message):
+        train_with_delays(GPT, delays)
+
+
+@pytest.mark.parametrize(
+    ("weights", "optimizer", "message"),
+    [
+        ("stale", "sgd", "two versions is no single delay; use --weights stash"),
+        ("spectrain", "sgd", "a prediction is no delay; use --weights stash"),
+        ("predict-adam", "adam", "a prediction is no delay; use --weights stash"),
+    ],
+)
+def test_modes_that_are_no_delay_are_refused(weights: str, optimizer: str, message: str) -> None:
+    config = _gpt((1, 1, 1, 1), optimizer, schedule="async-1f1b", weights=weights)
+    with pytest.raises(PipeswapError, match=message):
+        schedule_delays(config)
+
+
+@pytest.mark.parametrize("weights", ["stale", "stash", "spectrain"])
+def test_synchronous_schedules_have_no_delay_in_any_mode(weights: str) -> None:
+    for schedule in ("gpipe", "1f1b"):
+        config = _gpt((1, 1, 1, 1), "sgd", schedule=schedule, weights=weights, micro_batches=2)
+        assert schedule_delays(config) == (0, 0, 0, 0)

@@ -1,0 +1,64 @@
+"""The README's quickstart runs as written, and uses only the names `import pipeswap` offers.
+
+Covers: pipeswap/__init__.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import pipeswap
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+
+
+def _quickstart() -> str:
+    match = re.search(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert match, "README.md has no python block"
+    return match.group(1)
+
+
+def test_the_quickstart_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    exec(compile(_quickstart(), "README.md", "exec"), {"__name__": "__quickstart__"})
+    out = capsys.readouterr().out
+    assert "MiB for one training step" in out and "late_fetches=" in out
+
+
+def test_the_quickstart_uses_only_public_names() -> None:
+    used = {
+        node.attr
+        for node in ast.walk(ast.parse(_quickstart()))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "pipeswap"
+    }
+    assert used and used <= set(pipeswap.__all__)
+
+
+def test_every_public_name_resolves_and_is_documented() -> None:
+    assert 10 <= len(pipeswap.__all__) <= 14
+    for name in pipeswap.__all__:
+        if name.startswith("__"):
+            continue
+        value = getattr(pipeswap, name)
+        assert value.__doc__, name
+    with pytest.raises(AttributeError, match="no attribute 'simulate'"):
+        pipeswap.simulate  # noqa: B018
+
+
+def test_all_lists_exactly_the_lazy_names() -> None:
+    assert set(pipeswap.__all__) == {"PipeswapError", "__version__", *pipeswap._PUBLIC}
+
+
+def test_train_stays_the_function_once_its_package_is_imported() -> None:
+    import pipeswap.training  # noqa: F401 - a submodule import sets attributes on pipeswap
+
+    assert callable(pipeswap.train) and pipeswap.train.__module__ == "pipeswap.training.run"
