@@ -46,8 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pipeswap {args.command}: error: {exc}", file=sys.stderr)
         # 2: bad input (the message names the fix); a crashed rank sets its own status.
         return int(getattr(exc, "exit_status", 2))
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        # 128 + the signal, as a shell reports it: 130 for SIGINT, 143 for SIGTERM.
+        return 128 + int(getattr(exc, "signum", 2))
 
 
 if __name__ == "__main__":

@@ -1,46 +1,208 @@
-"""Versioned JSON files written atomically, so a crash never leaves half a file."""
+"""Versioned JSON files written atomically, so a crash never leaves half a file.
+
+Every failure a user can cause or fix (a bad path, no permission, a full disk, a file
+that is not JSON) becomes a PipeswapError naming the file and the fix, never a traceback.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pipeswap.errors import PipeswapError
 
+PathArg = str | os.PathLike[str]
 
-def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+# Larger than any profile, graph or plan pipeswap writes; a bigger "JSON" file is almost
+# surely the wrong file, and reading it whole could exhaust memory.
+MAX_JSON_BYTES = 256 * 2**20
+
+
+def _blocking_file(folder: Path) -> Path | None:
+    """The nearest existing ancestor of ``folder`` (itself included) if it is not a folder."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return None if candidate.is_dir() else candidate
+    return None
+
+
+def _write_error(path: PathArg, target: Path, exc: OSError) -> PipeswapError:
+    """Turn an OSError from writing ``target`` (the resolved ``path``) into advice."""
+    if isinstance(exc, IsADirectoryError) or target.is_dir():
+        return PipeswapError(f"{path} is a directory; give a file name")
+    if isinstance(exc, FileExistsError | NotADirectoryError):
+        blocker = _blocking_file(target.parent)
+        where = f"{blocker} is a file, not a folder" if blocker else "its folder cannot be created"
+        return PipeswapError(f"cannot write {path}: {where}; choose another path")
+    reasons = {
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.EROFS: "read-only file system",
+    }
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return PipeswapError(
+            f"cannot write {path}: the disk is full; free space or choose another path"
+        )
+    reason = reasons.get(exc.errno or 0, exc.strerror or str(exc))
+    return PipeswapError(f"cannot write {path}: {reason}; choose another path")
+
+
+def _umask() -> int:
+    # Python 3.11 has no os.getumask; setting the mask is the only way to read it.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: PathArg, text: str | bytes) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename.
+
+    A symlink is followed (its target is rewritten, the link stays), an existing file keeps
+    its permission bits, and on any failure the old file is untouched and no temporary is left.
+    """
+    # Resolve so the rename replaces the link's target rather than the link itself.
+    target = Path(os.path.realpath(path))
+    if target.is_symlink():  # realpath gave up: a symlink loop
+        raise PipeswapError(f"cannot write {path}: it is a symlink loop; choose another path")
     data = text.encode() if isinstance(text, str) else text
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    tmp: str | None = None
     try:
+        if target.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(target))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            mode = stat.S_IMODE(os.stat(target).st_mode)
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()  # what open() would give a new file; mkstemp uses 0600
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        tmp = None
+    except OSError as exc:
+        raise _write_error(path, target, exc) from exc
+    finally:
+        # Also on KeyboardInterrupt: never leave a stray .tmp beside the user's files.
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
-def dump_json(path: str | os.PathLike[str], obj: Any) -> None:
+def dump_json(path: PathArg, obj: Any) -> None:
     """Write ``obj`` as indented JSON, atomically."""
     write_atomic(path, json.dumps(obj, indent=1) + "\n")
 
 
-def load_json(path: str | os.PathLike[str], expected_format: str | None = None) -> dict[str, Any]:
-    """Read a JSON object; when ``expected_format`` is given, check its ``format`` field."""
+def _same_file(a: PathArg, b: PathArg) -> bool:
     try:
-        with open(path) as handle:
-            obj = json.load(handle)
-    except FileNotFoundError:
+        return os.path.samefile(a, b)  # also catches hard links and symlinks
+    except OSError:  # one of them does not exist yet
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_writable(
+    path: PathArg,
+    *,
+    inputs: Iterable[PathArg | None] = (),
+    outputs: Iterable[PathArg | None] = (),
+) -> None:
+    """Refuse, before any work starts, an output ``path`` that write_atomic would fail on
+    or that would overwrite one of the command's ``inputs`` or its other ``outputs``
+    (``None`` entries, i.e. options not given, are skipped). Creates nothing."""
+    target = Path(os.path.realpath(path))
+    if target.is_dir():
+        raise PipeswapError(f"{path} is a directory; give a file name")
+    blocker = _blocking_file(target.parent)
+    if blocker is not None:
+        raise PipeswapError(
+            f"cannot write {path}: {blocker} is a file, not a folder; choose another path"
+        )
+    folder = next(p for p in (target.parent, *target.parents) if p.exists())
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PipeswapError(
+            f"cannot write {path}: permission denied in {folder}; choose another path"
+        )
+    for other in inputs:
+        if other is not None and _same_file(path, other):
+            raise PipeswapError(f"output {path} is also an input; write to another file")
+    for other in outputs:
+        if other is not None and _same_file(path, other):
+            raise PipeswapError(f"{path} is given as two outputs ({other}); give each its own file")
+
+
+class _NonFinite(ValueError):
+    """A JSON number that is not finite: Infinity, NaN, or a float too large (1e400)."""
+
+
+def _parse_constant(token: str) -> float:
+    raise _NonFinite(token)
+
+
+def _parse_float(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise _NonFinite(token)
+    return value
+
+
+def _read_text(path: PathArg) -> str:
+    """The whole file as text, refusing anything too large or not UTF-8."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            # Read one byte past the limit: st_size is 0 for pipes and /proc files.
+            raw = handle.read(MAX_JSON_BYTES + 1) if size <= MAX_JSON_BYTES else b""
+    except (FileNotFoundError, NotADirectoryError):
         raise PipeswapError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise PipeswapError(f"{path} is a directory; give a JSON file") from None
+    except PermissionError:
+        raise PipeswapError(f"cannot read {path}: permission denied") from None
+    except OSError as exc:
+        raise PipeswapError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if size > MAX_JSON_BYTES or len(raw) > MAX_JSON_BYTES:
+        shown = f"is {size} bytes" if size > MAX_JSON_BYTES else "is larger than that"
+        raise PipeswapError(
+            f"{path} {shown}; pipeswap reads JSON files of at most {MAX_JSON_BYTES} bytes "
+            f"({MAX_JSON_BYTES / 2**20:g} MiB); is this the right file?"
+        )
+    try:
+        return raw.decode("utf-8-sig")  # tolerate the BOM some Windows editors add
+    except UnicodeDecodeError as exc:
+        raise PipeswapError(
+            f"{path} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); "
+            f"give a JSON file written by pipeswap"
+        ) from None
+
+
+def load_json(path: PathArg, expected_format: str | None = None) -> dict[str, Any]:
+    """Read a JSON object; when ``expected_format`` is given, check its ``format`` field."""
+    text = _read_text(path)
+    try:
+        obj = json.loads(text, parse_constant=_parse_constant, parse_float=_parse_float)
+    except _NonFinite as exc:
+        raise PipeswapError(
+            f"{path} contains a non-finite number ({exc}); pipeswap reads only finite numbers"
+        ) from None
+    except RecursionError:
+        raise PipeswapError(
+            f"{path} nests deeper than pipeswap reads; is this the right file?"
+        ) from None
     except json.JSONDecodeError as exc:
+        raise PipeswapError(f"{path}: not valid JSON ({exc})") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
         raise PipeswapError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise PipeswapError(f"{path}: expected a JSON object, found {type(obj).__name__}")

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import multiprocessing
 import os
 import pickle
 import signal
 import sys
-import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from pathlib import Path
 from typing import Any
 
 from pipeswap.dist.env import free_port, torchrun_env
@@ -111,6 +113,14 @@ def run_ranks(
     return launched.results[0]
 
 
+class LauncherInterrupted(KeyboardInterrupt):
+    """The launcher got SIGTERM (or SIGINT) while ranks ran; they were stopped first."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def spawn(
     fn: Callable[..., Any],
     nproc: int,
@@ -121,35 +131,47 @@ def spawn(
 ) -> LaunchResult:
     """Run ``fn(rank, nproc, *args)`` in ``nproc`` fresh processes joined in one process group.
 
-    Every rank's return value comes back (pickled through a file). When a rank exits
-    non-zero, the others get ``grace_s`` (default ``timeout_s + 15``) to notice and exit
-    on their own (they fail once a transfer with the dead rank errors or times out);
-    any still running after that are killed and listed in ``killed``. If this process is
-    interrupted, every rank is killed before the interrupt goes on.
+    Every rank's return value comes back through a pipe. When a rank exits non-zero, the
+    others get ``grace_s`` (default ``timeout_s + 15``) to notice and exit on their own
+    (they fail once a transfer with the dead rank errors or times out); any still running
+    after that are killed and listed in ``killed``.
+
+    No rank outlives this process: on SIGINT or SIGTERM it passes the signal on to every
+    rank as SIGTERM, gives them :data:`STOP_GRACE_S` to exit, kills the rest and raises
+    :class:`LauncherInterrupted`; if it is killed outright (SIGKILL), each rank gets
+    SIGKILL from the kernel (Linux's parent-death signal) or, elsewhere, from its own
+    watchdog. Nothing is written to disk.
     """
     grace = timeout_s + 15.0 if grace_s is None else grace_s
     port = free_port()
     context = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="pipeswap-ranks-") as folder:
-        procs = [
-            context.Process(
-                target=_rank_main,
-                args=(fn, rank, nproc, port, args, folder, backend, timeout_s),
-                name=f"pipeswap-rank{rank}",
-            )
-            for rank in range(nproc)
-        ]
-        start = time.monotonic()
-        killed: list[int] = []
-        first_failed: int | None = None
+    pipes = [context.Pipe(duplex=False) for _ in range(nproc)]
+    procs = [
+        context.Process(
+            target=_rank_main,
+            args=(fn, rank, nproc, port, args, pipes[rank][1], backend, timeout_s, os.getpid()),
+            name=f"pipeswap-rank{rank}",
+        )
+        for rank in range(nproc)
+    ]
+    replies: dict[int, tuple[str, Any]] = {}
+    start = time.monotonic()
+    killed: list[int] = []
+    first_failed: int | None = None
+    with _signals_raise_interrupt():
         try:
             for proc in procs:
                 proc.start()
+            for _, writer in pipes:
+                writer.close()  # the ranks hold the writing ends now
             failed_at: float | None = None
             while any(p.is_alive() for p in procs):
-                # Wake as soon as a rank exits, so the first failure is told from the peers
-                # that fail a moment later because it is gone.
-                wait([p.sentinel for p in procs if p.is_alive()], timeout=0.25)
+                # Wake as soon as a rank exits (so the first failure is told from the peers
+                # that fail a moment later because it is gone) or has its result ready.
+                waitables: list[Any] = [p.sentinel for p in procs if p.is_alive()]
+                waitables += [pipes[r][0] for r in range(nproc) if r not in replies]
+                ready = wait(waitables, 0.25)
+                _receive(pipes, ready, replies)
                 if failed_at is None:
                     failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
                     if failed:
@@ -161,33 +183,77 @@ def spawn(
                             proc.kill()
                             killed.append(rank)
                     break
-        except BaseException:
-            for proc in procs:
-                if proc.is_alive():
-                    proc.kill()
-            for proc in procs:
-                proc.join()
+        except BaseException as exc:
+            _stop(procs)
+            if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, LauncherInterrupted):
+                raise LauncherInterrupted(signal.SIGINT) from None
             raise
-        for proc in procs:
-            proc.join()
-        if first_failed is None:
-            failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            first_failed = failed[0] if failed else None
-        results: list[Any] = []
-        messages: list[str | None] = []
-        for rank in range(nproc):
-            path = Path(folder) / f"{rank}.pkl"
-            results.append(pickle.loads(path.read_bytes()) if path.exists() else None)
-            error = Path(folder) / f"{rank}.err"
-            messages.append(error.read_text() if error.exists() else None)
+    for proc in procs:
+        proc.join()
+    _receive(pipes, [reader for reader, _ in pipes if reader.poll()], replies)
+    if first_failed is None:
+        failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        first_failed = failed[0] if failed else None
     return LaunchResult(
         exit_codes=tuple(None if r in killed else p.exitcode for r, p in enumerate(procs)),
         killed=tuple(killed),
         elapsed_s=time.monotonic() - start,
-        results=tuple(results),
-        messages=tuple(messages),
+        results=tuple(_reply(replies, r, "ok") for r in range(nproc)),
+        messages=tuple(_reply(replies, r, "error") for r in range(nproc)),
         first_failed=first_failed,
     )
+
+
+def _reply(replies: dict[int, tuple[str, Any]], rank: int, kind: str) -> Any:
+    """What rank ``rank`` sent, if it sent ``kind`` ("ok": its value, "error": its message)."""
+    sent, value = replies.get(rank, ("none", None))
+    return value if sent == kind else None
+
+
+# How long ranks get to exit after the launcher passes on SIGINT or SIGTERM.
+STOP_GRACE_S = 5.0
+
+
+def _stop(procs: list[Any]) -> None:
+    """SIGTERM every live rank, wait up to STOP_GRACE_S, then kill the rest."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in procs:
+        if proc.pid is not None:
+            proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _receive(pipes: list[Any], ready: list[Any], replies: dict[int, tuple[str, Any]]) -> None:
+    for rank, (reader, _) in enumerate(pipes):
+        if rank in replies or reader not in ready:
+            continue
+        try:
+            replies[rank] = pickle.loads(reader.recv_bytes())
+        except (EOFError, OSError):  # the rank died before it replied
+            replies[rank] = ("died", None)
+
+
+@contextlib.contextmanager
+def _signals_raise_interrupt() -> Iterator[None]:
+    """While ranks run, SIGTERM (like SIGINT) interrupts the launcher so it can stop them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise LauncherInterrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _cause_order(code: int | None) -> int:
@@ -203,10 +269,15 @@ def _rank_main(
     nproc: int,
     port: int,
     args: tuple[Any, ...],
-    folder: str,
+    reply: Any,
     backend: str,
     timeout_s: float,
+    launcher_pid: int,
 ) -> None:
+    _die_with(launcher_pid)
+    # Ctrl-C reaches every process of the terminal's group: the launcher alone handles it
+    # and stops the ranks with SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(nproc),
@@ -220,12 +291,13 @@ def _rank_main(
         assert env is not None
         init_process_group(env, backend=backend, timeout_s=timeout_s)
         value = fn(rank, nproc, *args)
-        (Path(folder) / f"{rank}.pkl").write_bytes(pickle.dumps(value))
+        _send(reply, ("ok", value))
         barrier()
         leave_process_group()
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank non-zero
         if isinstance(exc, PipeswapError):
-            (Path(folder) / f"{rank}.err").write_text(str(exc))
+            with contextlib.suppress(OSError):
+                _send(reply, ("error", str(exc)))
             print(f"rank {rank}: error: {exc}", file=sys.stderr)
         else:
             print(f"rank {rank}: failed:", file=sys.stderr)
@@ -236,3 +308,28 @@ def _rank_main(
     sys.stderr.flush()
     # Skip interpreter teardown: gloo's threads can abort it ("terminate called...").
     os._exit(0)
+
+
+def _send(reply: Any, message: tuple[str, Any]) -> None:
+    # Plain pickle copies tensors into the message; the pipe's own pickler would share
+    # their memory with the launcher, which fails once this rank has exited.
+    reply.send_bytes(pickle.dumps(message))
+
+
+def _die_with(launcher_pid: int) -> None:
+    """Have the kernel SIGKILL this rank when its launcher dies (a watchdog off Linux)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:
+        def watch() -> None:
+            while os.getppid() == launcher_pid:
+                time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=watch, name="pipeswap-launcher-watchdog", daemon=True).start()
+    if os.getppid() != launcher_pid:  # it died before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

@@ -123,8 +123,20 @@ def model_factory(name: str) -> Callable[[torch.device], LayeredModel]:
             raise PipeswapError(f"cannot import model factory {name!r}: {exc}") from None
 
         def build_custom(device: torch.device) -> LayeredModel:
-            with device:
-                return function()
+            try:
+                with device:
+                    model = function()
+            except Exception as exc:  # noqa: BLE001 - the user's code: say whose failure it is
+                raise PipeswapError(
+                    f"--model {name}: calling {attr}() failed ({type(exc).__name__}: {exc}); "
+                    f"name a function that takes no arguments and returns a LayeredModel"
+                ) from exc
+            if not isinstance(model, LayeredModel):
+                raise PipeswapError(
+                    f"--model {name}: {attr}() returned {type(model).__name__}, not a "
+                    f"LayeredModel (pipeswap.models.LayeredModel): wrap the model's blocks in one"
+                )
+            return model
 
         return build_custom
     from pipeswap.models import build_model, model_spec

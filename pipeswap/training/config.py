@@ -73,6 +73,12 @@ class PipelineOptions:
             raise PipeswapError(f"--pipeline is {self.stages}; cut the model into 1 or more stages")
         if self.eval_batches < 0:
             raise PipeswapError(f"--eval-batches is {self.eval_batches}; use 0 or more")
+        if self.micro_batches is not None and self.micro_batches < 1:
+            raise PipeswapError(f"--micro-batches is {self.micro_batches}; use 1 or more")
+        if self.lr_warmup < 0:
+            raise PipeswapError(
+                f"--lr-warmup must be 0 (no warm-up) or a number of steps, not {self.lr_warmup}"
+            )
 
     @property
     def micro_batch_count(self) -> int:
@@ -135,6 +141,8 @@ class TrainConfig:
                 raise PipeswapError(f"{name} is {value}; use 1 or more")
         if self.steps < 1:
             raise PipeswapError(f"--steps must be at least 1, not {self.steps}")
+        if not 0 <= self.seed < 2**63:
+            raise PipeswapError(f"--seed is {self.seed}; use a whole number in [0, 2**63)")
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
             raise PipeswapError(f"--lr is {self.lr}; use a positive number such as 0.05")
         if not (math.isfinite(self.momentum) and 0 <= self.momentum < 1):

@@ -11,8 +11,8 @@ from pipeswap.dist.env import local_rank_of, torchrun_env
 from pipeswap.dist.group import rank_device
 from pipeswap.dist.launch import run_ranks
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig
-from pipeswap.pipeline.partition import check_balance, partition
+from pipeswap.pipeline.config import PipelineConfig, build_meta_model
+from pipeswap.pipeline.partition import check_balance, check_stage_count, partition
 from pipeswap.pipeline.result import PipelineResult
 from pipeswap.pipeline.stage import LayerInfo, flop_profile, inspect_layers
 from pipeswap.training.config import PipelineOptions, TrainConfig
@@ -44,6 +44,16 @@ def pipeline_config(config: TrainConfig) -> PipelineConfig:
         distances=options.distances,
         lr_warmup=options.lr_warmup,
     )
+    model = build_meta_model(draft)
+    # Before the batch split: too many stages is the real problem when K also sets it.
+    check_stage_count(len(model), options.stages, model.layer_names, config.model)
+    if options.micro_batches is None and config.batch % draft.micro_batches:
+        raise PipeswapError(
+            f"--batch {config.batch} does not split into the {draft.micro_batches} "
+            f"micro-batches {options.schedule} uses by default (one per stage): pass "
+            f"--micro-batches M with M dividing {config.batch}, or a batch that is a multiple "
+            f"of {draft.micro_batches}"
+        )
     draft.check()
     infos = inspect_layers(draft)
     if options.balance is not None:

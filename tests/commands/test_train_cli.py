@@ -84,6 +84,17 @@ def test_no_swapping_under_a_budget_too_small_says_by_how_much(
         ([*GPT, "--pipeline", "2", "--topology", "switch-4"], "--topology applies to data-par"),
         ([*GPT, "--pipeline", "2", "--emulate", "--nproc", "2"], "drop --nproc"),
         ([*GPT, "--footprint-ratio", "0.5"], "--footprint-ratio is 0.5"),
+        ([*GPT, "--seed", str(2**64)], "--seed is 18446744073709551616"),
+        ([*GPT, "--pipeline", "2", "--emulate", "--micro-batches", "0"], "--micro-batches is 0"),
+        ([*GPT, "--pipeline", "2", "--emulate", "--lr-warmup", "-1"], "--lr-warmup must be 0"),
+        ([*GPT, "--pipeline", "0", "--emulate"], "--pipeline is 0"),
+        (["--model", "gpt2-micro", "--batch", "4", "--pipeline", "50", "--emulate"],
+         "fewer than the 50 stages"),
+        (["--model", "gpt2-micro", "--batch", "4", "--pipeline", "3", "--emulate"],
+         "pass --micro-batches M"),
+        (["--model", "json:dumps", "--seq-len", "8", "--pipeline", "2", "--emulate"],
+         "calling dumps() failed"),
+        (["--model", "json:loads", "--seq-len", "8"], "takes a zoo model name"),
     ],
 )
 def test_bad_values_and_options_of_the_other_mode_exit_2_naming_the_fix(

@@ -1,0 +1,89 @@
+"""No rank outlives its launcher: SIGINT, SIGTERM and SIGKILL to the launcher of a real run.
+
+Covers: pipeswap/dist/launch.py (the launcher's signal handling and parent-death signal).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.dist, pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")]
+
+TRAIN = [sys.executable, "-m", "pipeswap", "train", "--model", "gpt2-micro", "--seq-len", "16",
+         "--batch", "4", "--steps", "1000000", "--device", "cpu", "--timeout", "10"]  # fmt: skip
+MODES = {
+    "data-parallel": ["--nproc", "2", "--swap-policy", "none"],
+    "pipeline": ["--pipeline", "2", "--nproc", "2"],
+}
+
+
+def _group(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            alive.append(int(entry.name))
+    return alive
+
+
+def _wait_for(predicate, seconds: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+@pytest.mark.parametrize(
+    "mode,signum",
+    [
+        ("data-parallel", signal.SIGINT),
+        ("data-parallel", signal.SIGTERM),
+        ("data-parallel", signal.SIGKILL),
+        ("pipeline", signal.SIGTERM),
+        ("pipeline", signal.SIGKILL),
+    ],
+)
+def test_no_process_of_the_run_survives_its_launcher(
+    mode: str, signum: int, tmp_path: Path
+) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    launcher = subprocess.Popen(
+        [*TRAIN, *MODES[mode]], env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        # The launcher and both ranks are up (a rank is a child of the launcher).
+        assert _wait_for(lambda: len(_group(launcher.pid)) >= 3, 90), "ranks never started"
+        time.sleep(3.0)  # into the training loop
+        os.kill(launcher.pid, signum)
+        code = launcher.wait(timeout=30)
+        assert _wait_for(lambda: not _group(launcher.pid), 30), _group(launcher.pid)
+    finally:
+        for pid in _group(launcher.pid):
+            os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    err = launcher.stderr.read().decode() if launcher.stderr else ""
+    assert code == (-signum if signum == signal.SIGKILL else 128 + signum), err[-2000:]
+    assert "Traceback" not in err
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("pipeswap-")]
+    assert leftovers == []
