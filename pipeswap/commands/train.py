@@ -221,7 +221,9 @@ def run(args: argparse.Namespace) -> int:
     from pipeswap.training import train
     from pipeswap.training.report import write_report
 
-    outcome = train(config_from_args(args))
+    config = config_from_args(args)
+    _check_outputs(args)
+    outcome = train(config)
     if outcome is None:  # torchrun: another rank reports
         return 0
     report = outcome.report
@@ -237,6 +239,16 @@ def run(args: argparse.Namespace) -> int:
                           seconds_per_unit=1.0)  # fmt: skip
         print(f"trace written to {args.trace}")
     return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse an unwritable --report or --trace before training, not after it."""
+    from pipeswap.jsonio import check_writable
+
+    if args.report is not None:
+        check_writable(args.report, inputs=(args.profile,), outputs=(args.trace,))
+    if args.trace is not None:
+        check_writable(args.trace, inputs=(args.profile,))
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:

@@ -105,6 +105,25 @@ def test_bad_values_and_options_of_the_other_mode_exit_2_naming_the_fix(
     assert message in err and "Traceback" not in err
 
 
+def test_an_unwritable_report_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tmp_path / "p.json"
+    profile.write_text("{}")
+    cases = [
+        (["--report", str(tmp_path)], "is a directory"),
+        (["--report", str(profile / "r.json")], "is a file, not a folder"),
+        (["--report", str(profile), "--profile", str(profile)], "is also an input"),
+        (["--pipeline", "2", "--emulate", "--report", str(tmp_path / "a.json"), "--trace",
+          str(tmp_path / "a.json")], "two outputs"),
+    ]  # fmt: skip
+    for extra, message in cases:
+        assert main(["train", *GPT, "--steps", "100000", "--device", "cpu", *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert profile.read_text() == "{}"
+
+
 def test_help_groups_every_option_under_the_mode_it_belongs_to() -> None:
     train_parser = build_parser()._subparsers._group_actions[0].choices["train"]  # type: ignore[union-attr]
     titles = {
