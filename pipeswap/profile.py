@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,21 +55,105 @@ class LayerProfile:
         }
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> LayerProfile:
+    def from_json(cls, obj: dict[str, Any], where: str = "layer") -> LayerProfile:
+        """One layer, each field checked: times finite and >= 0, byte counts whole and >= 0.
+
+        Unchecked, a NaN time reached the partitioner and a negative ``param_bytes`` was
+        blamed on the topology's memory much later; ``where`` names the file and layer.
+        """
+        obj = _object(obj, where)
+        name = _text(obj, "name", where)
+        where = f"{where} ({name!r})"
+        saved = _list(obj, "saved", where, default=[])
         return cls(
-            name=str(obj["name"]),
-            forward_s=float(obj["forward_s"]),
-            backward_s=float(obj["backward_s"]),
-            param_bytes=int(obj["param_bytes"]),
-            output_bytes=int(obj["output_bytes"]),
+            name=name,
+            forward_s=_seconds(obj, "forward_s", where),
+            backward_s=_seconds(obj, "backward_s", where),
+            param_bytes=_count(obj, "param_bytes", where),
+            output_bytes=_count(obj, "output_bytes", where),
             saved=tuple(
-                SavedTensor(index=int(t["index"]), bytes=int(t["bytes"]))
-                for t in obj.get("saved", [])
+                SavedTensor(
+                    index=_count(_object(t, f"{where} saved[{k}]"), "index", f"{where} saved[{k}]"),
+                    bytes=_count(t, "bytes", f"{where} saved[{k}]"),
+                )
+                for k, t in enumerate(saved)
             ),
-            workspace_bytes=int(obj.get("workspace_bytes", 0)),
-            forward_flops=int(obj.get("forward_flops", 0)),
-            backward_flops=int(obj.get("backward_flops", 0)),
+            workspace_bytes=_count(obj, "workspace_bytes", where, default=0),
+            forward_flops=_count(obj, "forward_flops", where, default=0),
+            backward_flops=_count(obj, "backward_flops", where, default=0),
         )
+
+
+# ---- checked fields of a JSON object ------------------------------------------------------
+# Each names the field and what to write; bool is refused where a number is meant because
+# Python counts True as 1, and JSON writers never mean a flag as a count.
+def _object(obj: Any, where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise PipeswapError(f"{where}: expected a JSON object, found {_shown(obj)}")
+    return obj
+
+
+def _list(obj: dict[str, Any], key: str, where: str, default: list[Any] | None = None) -> list[Any]:
+    value = _field(obj, key, where, default)
+    if not isinstance(value, list):
+        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write a JSON list")
+    return value
+
+
+def _text(obj: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
+    value = _field(obj, key, where, default)
+    if not isinstance(value, str):
+        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write a string")
+    return value
+
+
+def _seconds(obj: dict[str, Any], key: str, where: str) -> float:
+    value = _field(obj, key, where)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+        math.isfinite(value) and value >= 0
+    ):
+        raise PipeswapError(
+            f"{where}: {key} is {_shown(value)}; write a finite number of seconds >= 0"
+        )
+    return float(value)
+
+
+def _count(obj: dict[str, Any], key: str, where: str, default: int | None = None,
+           minimum: int = 0) -> int:
+    """A whole number >= ``minimum``; 1e9 written as a float is accepted, 1.5 is not."""
+    value = _field(obj, key, where, default)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        unit = " of bytes" if key.endswith("bytes") else ""
+        raise PipeswapError(
+            f"{where}: {key} is {_shown(value)}; write a whole number{unit} >= {minimum}"
+        )
+    return value
+
+
+_MISSING = object()
+
+
+def _field(obj: dict[str, Any], key: str, where: str, default: Any = _MISSING) -> Any:
+    if key in obj:
+        return obj[key]
+    if default is _MISSING or default is None:
+        raise PipeswapError(f"{where}: {key} is missing; add it")
+    return default
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if _dumps_ok(value) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _dumps_ok(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -173,26 +259,39 @@ class Profile:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], where: str = "profile") -> Profile:
+        """A profile from its JSON; any missing or out-of-range field is a PipeswapError
+        naming the file, the layer and the field."""
+        obj = _object(obj, where)
         check_format(obj, PROFILE_FORMAT, where)
-        try:
-            layers = tuple(LayerProfile.from_json(layer) for layer in obj["layers"])
-            has_saved = bool(obj.get("has_saved_data", all("saved" in la for la in obj["layers"])))
-            return cls(
-                model=str(obj["model"]),
-                batch=int(obj["batch"]),
-                dtype=str(obj.get("dtype", "float32")),
-                source=str(obj.get("source", "measured")),
-                device=str(obj.get("device", "cpu")),
-                optimizer=str(obj.get("optimizer", "sgd")),
-                optimizer_state_bytes=int(obj.get("optimizer_state_bytes", 0)),
-                layers=layers,
-                seq_len=None if obj.get("seq_len") is None else int(obj["seq_len"]),
-                image_size=None if obj.get("image_size") is None else int(obj["image_size"]),
-                has_saved_data=has_saved,
-                notes=dict(obj.get("notes", {})),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PipeswapError(f"{where}: malformed profile ({exc!r})") from None
+        # The "malformed profile" prefix tells a reader it is the file, not the request.
+        where = f"{where}: malformed profile"
+        raw_layers = _list(obj, "layers", where)
+        layers = tuple(
+            LayerProfile.from_json(layer, f"{where}: layer {i}")
+            for i, layer in enumerate(raw_layers)
+        )
+        # Older files have no has_saved_data: they carry saved data when every layer lists it.
+        has_saved = obj.get("has_saved_data", all("saved" in la for la in raw_layers))
+        if not isinstance(has_saved, bool):
+            raise PipeswapError(f"{where}: has_saved_data is {_shown(has_saved)}; write true or false")
+        notes = obj.get("notes", {})
+        if not isinstance(notes, dict):
+            raise PipeswapError(f"{where}: notes is {_shown(notes)}; write a JSON object")
+        return cls(
+            model=_text(obj, "model", where),
+            batch=_count(obj, "batch", where, minimum=1),
+            dtype=_text(obj, "dtype", where, "float32"),
+            source=_text(obj, "source", where, "measured"),
+            device=_text(obj, "device", where, "cpu"),
+            optimizer=_text(obj, "optimizer", where, "sgd"),
+            optimizer_state_bytes=_count(obj, "optimizer_state_bytes", where, default=0),
+            layers=layers,
+            seq_len=None if obj.get("seq_len") is None else _count(obj, "seq_len", where, minimum=1),
+            image_size=(None if obj.get("image_size") is None
+                        else _count(obj, "image_size", where, minimum=1)),
+            has_saved_data=has_saved,
+            notes=dict(notes),
+        )
 
     def save(self, path: str | os.PathLike[str]) -> None:
         dump_json(path, self.to_json())

@@ -1,6 +1,9 @@
 """Fixtures shared across test folders."""
 
 import copy
+import math
+import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,3 +29,34 @@ _CONTRACT_GRAPH = {
 def contract_graph() -> dict[str, Any]:
     """design.md's pipeswap.graph/1 example (a fresh copy per test)."""
     return copy.deepcopy(_CONTRACT_GRAPH)
+
+
+# ---- fuzzing loaders --------------------------------------------------------------------
+Mutate = Callable[[object, random.Random], object]
+_MUTANTS: list[object] = [-1, 0, 1.5, 1e300, math.nan, "x", None, [], {}]
+
+
+def _mutate(obj: object, rng: random.Random) -> object:
+    """A copy of ``obj`` with one random leaf replaced or one random key deleted."""
+    obj = copy.deepcopy(obj)
+    slots: list[tuple[Any, Any]] = []  # every (container, key), so any depth can be hit
+    stack = [obj]
+    while stack:
+        here: Any = stack.pop()
+        pairs = here.items() if isinstance(here, dict) else enumerate(here)
+        for key, value in pairs:
+            slots.append((here, key))
+            if isinstance(value, dict | list):
+                stack.append(value)
+    container, key = rng.choice(slots)
+    if isinstance(container, dict) and rng.random() < 0.25:
+        del container[key]
+    else:
+        container[key] = rng.choice(_MUTANTS)
+    return obj
+
+
+@pytest.fixture
+def mutate() -> Mutate:
+    """Damage a JSON document at random (seeded by the caller's ``random.Random``)."""
+    return _mutate

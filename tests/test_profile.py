@@ -1,5 +1,8 @@
 """Tests of the Profile contract (pipeswap.profile)."""
 
+import random
+from collections.abc import Callable
+
 import pytest
 
 from pipeswap.errors import PipeswapError
@@ -43,3 +46,65 @@ def test_contract_example_is_accepted() -> None:
 def test_wrong_format_is_refused() -> None:
     with pytest.raises(PipeswapError, match="pipeswap.profile/1"):
         Profile.from_json({"format": "pipeswap.topology/1"})
+
+
+# ---- refused inputs: each names the layer and the field ---------------------------------
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("forward_s", float("nan"), r"layer 1 \('block0'\): forward_s is nan; write a finite"),
+        ("backward_s", float("inf"), r"layer 1 \('block0'\): backward_s is inf"),
+        ("forward_s", -0.5, r"forward_s is -0.5; write a finite number of seconds >= 0"),
+        ("forward_s", "fast", r"forward_s is \"fast\""),
+        ("param_bytes", -1, r"layer 1 \('block0'\): param_bytes is -1; write a whole number of"),
+        ("output_bytes", 1.5, r"output_bytes is 1.5; write a whole number of bytes >= 0"),
+        ("workspace_bytes", True, r"workspace_bytes is true"),
+        ("saved", [{"index": 0, "bytes": -8}], r"saved\[0\]: bytes is -8"),
+        ("saved", "all", r"saved is \"all\"; write a JSON list"),
+    ],
+)
+def test_bad_layer_fields_are_named(field: str, value: object, message: str) -> None:
+    obj = _profile().to_json()
+    obj["layers"][1][field] = value
+    with pytest.raises(PipeswapError, match=message):
+        Profile.from_json(obj, where="p.json")
+
+
+def test_whole_float_byte_counts_are_accepted() -> None:
+    obj = _profile().to_json()
+    obj["layers"][1]["param_bytes"] = 1000.0  # 1e3 written as a float by another tool
+    assert Profile.from_json(obj).layers[1].param_bytes == 1000
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("batch", 0, r"batch is 0; write a whole number >= 1"),
+        ("model", None, r"model is null; write a string"),
+        ("layers", {}, r"layers is \{\}; write a JSON list"),
+        ("seq_len", -4, r"seq_len is -4"),
+        ("notes", [], r"notes is \[\]; write a JSON object"),
+        ("has_saved_data", "yes", r"has_saved_data is \"yes\"; write true or false"),
+    ],
+)
+def test_bad_profile_fields_are_named(field: str, value: object, message: str) -> None:
+    obj = _profile().to_json()
+    obj[field] = value
+    with pytest.raises(PipeswapError, match=message):
+        Profile.from_json(obj)
+
+
+def test_fuzzed_profiles_load_or_raise_pipeswap_error(
+    mutate: Callable[[object, random.Random], object],
+) -> None:
+    """Random damage to a valid file is either harmless or a PipeswapError, never a crash."""
+    rng = random.Random(20261123)
+    valid = _profile().to_json()
+    refused = 0
+    for _ in range(200):
+        mutant = mutate(valid, rng)
+        try:
+            Profile.from_json(mutant)  # type: ignore[arg-type]
+        except PipeswapError:
+            refused += 1
+    assert refused > 50  # the mutations do reach the checks

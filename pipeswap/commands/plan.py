@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -63,12 +64,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if (args.policy is None) == (not args.compare):
+    if args.policy is not None and args.compare:
+        raise PipeswapError(
+            f"--policy {args.policy} and --compare exclude each other: give --policy NAME "
+            "(one policy) or --compare (every policy), not both"
+        )
+    if args.policy is None and not args.compare:
         raise PipeswapError(
             f"give --policy NAME ({', '.join(POLICIES)}) or --compare (every policy)"
         )
+    # argparse's float() takes "nan", "inf" and negatives; the MIP solver would take a
+    # negative or NaN limit as "stop now" or fail deep inside, so refuse them here.
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise PipeswapError(
+            f"--time-limit is {args.time_limit}; use a positive finite number of seconds, "
+            f"e.g. --time-limit {DEFAULT_TIME_LIMIT_S:g}"
+        )
     profile = Profile.load(args.profile)
     topology = resolve_topology(args.topology)
+    topology.require_gpus(args.topology)
     case = make_case(
         profile,
         topology,

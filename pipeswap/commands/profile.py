@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeswap.models import model_spec
     from pipeswap.profiling import estimate, fit_warning, format_profile, measure
 
+    _check_counts(args)
     spec = model_spec(args.model)  # unknown names: PipeswapError listing the zoo
     if args.seq_len is not None and spec.task != "lm":
         raise PipeswapError(f"{args.model} is an image model: pass --image-size, not --seq-len")
@@ -59,18 +60,29 @@ def run(args: argparse.Namespace) -> int:
         raise PipeswapError("--gpu applies to --estimate; add --estimate or drop --gpu")
     batch = spec.default_batch if args.batch is None else args.batch
     gpu = None
-    if args.estimate:
-        gpu = gpu_spec(args.gpu or "v100-32gb")
-        profile = estimate(
-            args.model, batch, seq_len=args.seq_len, image_size=args.image_size,
-            gpu=gpu, dtype=args.dtype, optimizer=args.optimizer,
-        )  # fmt: skip
-    else:
-        profile = measure(
-            args.model, batch, seq_len=args.seq_len, image_size=args.image_size,
-            device=args.device or "cpu", dtype=args.dtype, optimizer=args.optimizer,
-            warmup=args.warmup, repeats=args.repeats,
-        )  # fmt: skip
+    try:
+        if args.estimate:
+            gpu = gpu_spec(args.gpu or "v100-32gb")
+            profile = estimate(
+                args.model, batch, seq_len=args.seq_len, image_size=args.image_size,
+                gpu=gpu, dtype=args.dtype, optimizer=args.optimizer,
+            )  # fmt: skip
+        else:
+            profile = measure(
+                args.model, batch, seq_len=args.seq_len, image_size=args.image_size,
+                device=args.device or "cpu", dtype=args.dtype, optimizer=args.optimizer,
+                warmup=args.warmup, repeats=args.repeats,
+            )  # fmt: skip
+    except RuntimeError as exc:
+        # VGG's max-pools halve the image once per stage; torch refuses an image they
+        # shrink below one pixel. Only the model knows its minimum, so name the default.
+        if args.image_size is None or "Output size is too small" not in str(exc):
+            raise
+        raise PipeswapError(
+            f"--image-size {args.image_size} is too small for {args.model}: its pooling "
+            f"shrinks the image below one pixel; use a larger --image-size (the zoo's "
+            f"default is {spec.default_image_size})"
+        ) from None
     profile.save(args.out)
     if args.json:
         print(json.dumps(profile.to_json(), indent=1))
@@ -81,3 +93,20 @@ def run(args: argparse.Namespace) -> int:
     if warning is not None:
         print(f"pipeswap profile: {warning}", file=sys.stderr)
     return 0
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """Refuse sizes and counts argparse's int() lets through but no model can run with.
+
+    Without this, --seq-len 0 wrote a profile of empty sequences and --seq-len -4 failed
+    inside torch with a traceback.
+    """
+    least = (("--batch", args.batch, 1), ("--seq-len", args.seq_len, 1),
+             ("--image-size", args.image_size, 1), ("--repeats", args.repeats, 1),
+             ("--warmup", args.warmup, 0))  # fmt: skip
+    for flag, value, minimum in least:
+        if value is not None and value < minimum:
+            hint = "" if flag in ("--repeats", "--warmup") else (
+                " (or leave it out for the zoo's default)"
+            )
+            raise PipeswapError(f"{flag} is {value}; use a whole number >= {minimum}{hint}")

@@ -11,6 +11,15 @@ from pipeswap.pipeline.grid import render_grid
 from pipeswap.pipeline.schedule import SCHEDULE_NAMES, build_schedule
 from pipeswap.pipeline.validate import simulate, validate
 
+# Every (stage, unit) pair costs up to six actions (RECV, F, SEND for the forward and again
+# for the backward) plus an UPDATE per step; building, validating and printing them is
+# linear in that count, so a bound on it keeps a typo like `--steps 100000` from running for
+# minutes and growing to gigabytes. Two million actions take about ten seconds.
+MAX_SCHEDULE_ACTIONS = 2_000_000
+# The grid is one cell per stage and time slot (a slot is one unit of --forward-cost or
+# --backward-cost); a few characters per cell, so two million cells is about 12 MB of text.
+MAX_GRID_CELLS = 2_000_000
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("schedule", help="show pipeline schedules as grids")
@@ -39,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     micro = args.micro_batches
     if micro is None:
         micro = 1 if args.schedule == "async-1f1b" else args.stages
+    _check_sizes(args, micro)
     schedule = build_schedule(args.schedule, args.stages, args.steps, micro)
     validate(schedule)
     if args.json:
@@ -55,3 +65,50 @@ def run(args: argparse.Namespace) -> int:
         dump_chrome_trace(args.trace, timeline, title=f"{schedule.name} ({args.stages} stages)")
         print(f"\nChrome trace written to {args.trace}")
     return 0
+
+
+def _check_sizes(args: argparse.Namespace, micro: int) -> None:
+    """Refuse counts below 1 and schedules too large to build or print in seconds."""
+    for flag, value in (("--stages", args.stages), ("--steps", args.steps),
+                        ("--micro-batches", micro), ("--forward-cost", args.forward_cost),
+                        ("--backward-cost", args.backward_cost)):
+        if value < 1:
+            raise PipeswapError(f"{flag} is {value}; use a whole number of at least 1")
+    actions = estimated_actions(args.stages, args.steps, micro)
+    if actions > MAX_SCHEDULE_ACTIONS:
+        # Suggest the most steps that fit with the stages asked for, else a small example.
+        steps_that_fit = MAX_SCHEDULE_ACTIONS // estimated_actions(args.stages, 1, micro)
+        if steps_that_fit >= 1:
+            smaller = f"--stages {args.stages} --steps {steps_that_fit}"
+        else:
+            smaller = "--stages 8 --steps 4" + (" --micro-batches 8" if args.micro_batches else "")
+        raise PipeswapError(
+            f"--stages {args.stages} --steps {args.steps} with {micro} micro-batches makes "
+            f"about {actions:,} actions, more than this command shows "
+            f"(MAX_SCHEDULE_ACTIONS = {MAX_SCHEDULE_ACTIONS:,}); try smaller values, e.g. "
+            f"{smaller}"
+        )
+    if not args.json:
+        cells = estimated_grid_cells(args.stages, args.steps, micro,
+                                     args.forward_cost + args.backward_cost)
+        if cells > MAX_GRID_CELLS:
+            raise PipeswapError(
+                f"the grid of --stages {args.stages} --steps {args.steps} with {micro} "
+                f"micro-batches, --forward-cost {args.forward_cost} and --backward-cost "
+                f"{args.backward_cost} has about {cells:,} cells, more than this command "
+                f"prints (MAX_GRID_CELLS = {MAX_GRID_CELLS:,}); use smaller costs (e.g. "
+                "--forward-cost 1 --backward-cost 2) or fewer steps, or --json for the "
+                "actions alone"
+            )
+
+
+def estimated_actions(stages: int, steps: int, micro: int) -> int:
+    """An upper bound on the actions of a schedule: six per stage and unit, one UPDATE per
+    stage and unit (async-1f1b updates after every backward)."""
+    return stages * steps * micro * 7
+
+
+def estimated_grid_cells(stages: int, steps: int, micro: int, slots_per_unit: int) -> int:
+    """An upper bound on the grid's cells: a flushed mini-batch spans its units plus the
+    pipeline's fill and drain, each unit ``slots_per_unit`` slots long."""
+    return stages * steps * (micro + stages) * slots_per_unit

@@ -48,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     graph = TaskGraph.load(args.graph)
     topology = resolve_topology(args.topology)
+    topology.require_gpus(args.topology)
     memory = None if args.gpu_memory is None else parse_bytes(args.gpu_memory)
     wants_rates = bool(args.trace or args.timeline)
     result = simulate(graph, topology, gpu_memory_bytes=memory, record_rates=wants_rates)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import deque
@@ -109,6 +110,23 @@ class Topology:
     def gpus(self) -> list[str]:
         return [n.id for n in self.nodes if n.kind == "gpu"]
 
+    def require_gpus(self, source: str | None = None) -> list[str]:
+        """The GPUs, or a PipeswapError when there are none.
+
+        A topology with no GPU is valid on its own (``topology show`` prints it), but
+        simulating or planning on it has nothing to run on; ``source`` is what the user
+        wrote (a preset or a file) when it differs from the name.
+        """
+        gpus = self.gpus
+        if not gpus:
+            where = "" if source in (None, self.name) else f" (from {source})"
+            raise PipeswapError(
+                f"topology {self.name!r}{where} has no GPU; add a node with kind gpu "
+                '(e.g. {"id": "gpu0", "kind": "gpu", "memory_bytes": 34359738368}) '
+                "linked to a switch or cpu"
+            )
+        return gpus
+
     @property
     def cpus(self) -> list[str]:
         return [n.id for n in self.nodes if n.kind == "cpu"]
@@ -162,31 +180,25 @@ class Topology:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], where: str = "topology") -> Topology:
+        """A topology from its JSON; a missing or mistyped field is a PipeswapError naming
+        the node or link and what to write (the constructor then checks the tree)."""
+        if not isinstance(obj, dict):
+            raise PipeswapError(f"{where}: expected a JSON object, found {_shown(obj)}")
         check_format(obj, TOPOLOGY_FORMAT, where)
-        try:
-            nodes = tuple(
-                Node(
-                    id=str(n["id"]),
-                    kind=str(n["kind"]),
-                    copy_engines=int(n.get("copy_engines", 2)),
-                    memory_bytes=int(n.get("memory_bytes", 0)),
-                    spec=n.get("spec"),
-                )
-                for n in obj["nodes"]
-            )
-            links = tuple(
-                Link(
-                    a=str(link["a"]),
-                    b=str(link["b"]),
-                    gb_per_s=float(link["gb_per_s"]),
-                    duplex_efficiency=float(link.get("duplex_efficiency", 1.0)),
-                    kind=str(link.get("kind", "pcie")),
-                )
-                for link in obj["links"]
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PipeswapError(f"{where}: malformed topology ({exc!r})") from None
-        return cls(name=str(obj.get("name", "unnamed")), nodes=nodes, links=links)
+        # The "malformed topology" prefix tells a reader it is the file, not the request.
+        bad = f"{where}: malformed topology"
+        name = obj.get("name", "unnamed")
+        if not isinstance(name, str):
+            raise PipeswapError(f"{bad}: name is {_shown(name)}; write a string")
+        nodes = tuple(
+            _node_from_json(n, f"{bad}: node {i}")
+            for i, n in enumerate(_json_list(obj, "nodes", bad))
+        )
+        links = tuple(
+            _link_from_json(link, f"{bad}: link {i}")
+            for i, link in enumerate(_json_list(obj, "links", bad))
+        )
+        return cls(name=name, nodes=nodes, links=links)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         dump_json(path, self.to_json())
@@ -194,6 +206,94 @@ class Topology:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Topology:
         return cls.from_json(load_json(path), where=str(path))
+
+
+# ---- checked JSON fields ---------------------------------------------------------------
+# int("1.7") fails but int(1.7) is 1: unchecked, a memory_bytes of 1.7 became one byte.
+# So numbers are taken only as JSON numbers, and bool (Python's 1) is refused as a number.
+def _json_list(obj: dict[str, Any], key: str, where: str) -> list[Any]:
+    if key not in obj:
+        raise PipeswapError(f"{where}: {key} is missing; add a list of {key}")
+    value = obj[key]
+    if not isinstance(value, list):
+        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write a JSON list")
+    return value
+
+
+def _json_text(obj: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
+    if key not in obj and default is not None:
+        return default
+    if key not in obj:
+        raise PipeswapError(f"{where}: {key} is missing; add it")
+    value = obj[key]
+    if not isinstance(value, str):
+        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write a string")
+    return value
+
+
+def _json_whole(obj: dict[str, Any], key: str, where: str, default: int, what: str) -> int:
+    value = obj.get(key, default)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)  # 3.4e10 is a whole number written the short way
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write {what}")
+    return value
+
+
+def _json_positive(obj: dict[str, Any], key: str, where: str, default: float | None,
+                   what: str) -> float:
+    if key not in obj and default is None:
+        raise PipeswapError(f"{where}: {key} is missing; add {what}")
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+        math.isfinite(value) and value > 0
+    ):
+        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write {what}")
+    return float(value)
+
+
+def _node_from_json(n: Any, where: str) -> Node:
+    if not isinstance(n, dict):
+        raise PipeswapError(f"{where}: expected a JSON object, found {_shown(n)}")
+    node_id = _json_text(n, "id", where)
+    where = f"{where} ({node_id!r})"
+    spec = n.get("spec")
+    if spec is not None and not isinstance(spec, str):
+        raise PipeswapError(f"{where}: spec is {_shown(spec)}; write a GPU spec name or leave it out")
+    return Node(
+        id=node_id,
+        kind=_json_text(n, "kind", where),
+        copy_engines=_json_whole(n, "copy_engines", where, 2, "1 or 2"),
+        memory_bytes=_json_whole(
+            n, "memory_bytes", where, 0, "a whole number of bytes >= 0 (0 = unlimited)"
+        ),
+        spec=spec,
+    )
+
+
+def _link_from_json(link: Any, where: str) -> Link:
+    if not isinstance(link, dict):
+        raise PipeswapError(f"{where}: expected a JSON object, found {_shown(link)}")
+    a, b = _json_text(link, "a", where), _json_text(link, "b", where)
+    where = f"{where} ({a}-{b})"
+    return Link(
+        a=a,
+        b=b,
+        gb_per_s=_json_positive(link, "gb_per_s", where, None,
+                                "a finite bandwidth > 0 in GB/s, e.g. 12.0"),
+        duplex_efficiency=_json_positive(link, "duplex_efficiency", where, 1.0,
+                                         "a number in (0, 1], e.g. 0.5"),
+        kind=_json_text(link, "kind", where, "pcie"),
+    )
+
+
+def _shown(value: Any) -> str:
+    """A short rendering of a bad value for a message (NaN and non-JSON values via repr)."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _validate(topology: Topology) -> None:
@@ -212,9 +312,15 @@ def _validate(topology: Topology) -> None:
             raise PipeswapError(
                 f"topology {name!r}: gpu {node.id!r} has copy_engines={node.copy_engines}; use 1 or 2"
             )
+        if isinstance(node.memory_bytes, bool) or not isinstance(node.memory_bytes, int):
+            raise PipeswapError(
+                f"topology {name!r}: {node.kind} {node.id!r} has memory_bytes "
+                f"{node.memory_bytes!r}; use a whole number of bytes (0 = unlimited)"
+            )
         if node.memory_bytes < 0:
             raise PipeswapError(
-                f"topology {name!r}: {node.kind} {node.id!r} has negative memory_bytes"
+                f"topology {name!r}: {node.kind} {node.id!r} has negative memory_bytes "
+                f"({node.memory_bytes}); use a whole number of bytes >= 0 (0 = unlimited)"
             )
     if not any(n.kind == "cpu" for n in topology.nodes):
         raise PipeswapError(f"topology {name!r} has no cpu node: add one for host memory")

@@ -83,3 +83,51 @@ def test_profile_without_saved_data_exits_2_with_the_command(tmp_path, capsys) -
 def test_policy_or_compare_is_required(profile_path, capsys) -> None:
     assert main(["plan", "--profile", profile_path, "--topology", "switch-4"]) == 2
     assert "--policy NAME" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--policy", "mip", "--time-limit", "-1"], "--time-limit is -1.0; use a positive finite"),
+        (["--policy", "mip", "--time-limit", "nan"], "--time-limit is nan; use a positive finite"),
+        (["--policy", "auto", "--time-limit", "inf"], "--time-limit is inf; use a positive finite"),
+        (["--compare", "--time-limit", "0"], "--time-limit is 0.0"),
+        (["--policy", "disjoint", "--gpus", "0"], "--gpus is 0; topology 'switch-4' has 4 GPUs"),
+        (["--policy", "disjoint", "--gpus", "-1"], "--gpus is -1; topology 'switch-4' has 4 GPUs"),
+        (["--policy", "disjoint", "--sync-every", "0"], "--sync-every is 0; use 1 or more"),
+        (["--policy", "disjoint", "--footprint-ratio", "0.5"], "--footprint-ratio is 0.5; use a ratio >= 1"),
+        (["--policy", "disjoint", "--footprint-ratio", "nan"], "--footprint-ratio is nan; use a ratio >= 1"),
+        (["--policy", "mip", "--compare"], "--policy mip and --compare exclude each other"),
+        (["--policy", "disjoint", "--gpu-memory", "lots"], "not a byte size: 'lots'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(profile_path, capsys, extra, message) -> None:
+    code = main(["plan", "--profile", profile_path, "--topology", "switch-4", *extra])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_topology_without_gpus_exits_2(profile_path, tmp_path, capsys) -> None:
+    path = tmp_path / "cpu-only.json"
+    path.write_text(json.dumps({
+        "format": "pipeswap.topology/1", "name": "cpu-only",
+        "nodes": [{"id": "cpu0", "kind": "cpu"}], "links": []}))
+    assert main(["plan", "--profile", profile_path, "--topology", str(path),
+                 "--policy", "disjoint"]) == 2
+    err = capsys.readouterr().err
+    assert "topology 'cpu-only'" in err and "has no GPU; add a node with kind gpu" in err
+
+
+def test_profile_with_negative_bytes_exits_2_naming_the_layer(tmp_path, capsys) -> None:
+    # It used to load, and the planner then blamed the topology's memory.
+    obj = toy_profile([(1,)] * 2).to_json()
+    obj["layers"][1]["param_bytes"] = -1000
+    path = tmp_path / "negative.json"
+    path.write_text(json.dumps(obj))
+    assert main(["plan", "--profile", str(path), "--topology", "switch-4",
+                 "--policy", "disjoint"]) == 2
+    err = capsys.readouterr().err
+    assert "layer 1 ('l1'): param_bytes is -1000; write a whole number of bytes" in err
+    assert "Traceback" not in err

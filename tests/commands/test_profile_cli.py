@@ -149,3 +149,28 @@ def test_sequence_longer_than_the_context_is_refused(tmp_path: Path, capsys: Cap
     err = _fails(["profile", "--model", "gpt2-micro", "--seq-len", "4096", "--estimate",
                   "--out", str(tmp_path / "p.json")], capsys)  # fmt: skip
     assert "exceeds this model's context" in err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--model", "gpt2-micro", "--batch", "0"], "--batch is 0; use a whole number >= 1"),
+        (["--model", "gpt2-micro", "--batch", "-2"], "--batch is -2"),
+        (["--model", "gpt2-micro", "--seq-len", "0"], "--seq-len is 0; use a whole number >= 1"),
+        (["--model", "gpt2-micro", "--seq-len", "-4"], "--seq-len is -4"),
+        (["--model", "resnet-micro", "--image-size", "0"], "--image-size is 0"),
+        (["--model", "gpt2-micro", "--repeats", "0"], "--repeats is 0; use a whole number >= 1"),
+        (["--model", "gpt2-micro", "--warmup", "-1"], "--warmup is -1; use a whole number >= 0"),
+        (["--model", "vgg-micro", "--image-size", "7", "--estimate"],
+         "--image-size 7 is too small for vgg-micro"),
+    ],
+)
+def test_bad_sizes_exit_2_with_a_message(
+    tmp_path: Path, capsys: Capture, extra: list[str], message: str
+) -> None:
+    out = tmp_path / "p.json"
+    assert main(["profile", *extra, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert not out.exists()

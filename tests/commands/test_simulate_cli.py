@@ -69,3 +69,45 @@ def test_bad_arguments_exit_2_with_a_message(graph_file, capsys, extra, message)
 def test_missing_graph_file(tmp_path, capsys) -> None:
     assert main(["simulate", "--graph", str(tmp_path / "none.json"), "--topology", "switch-4"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def _cpu_only(tmp_path) -> str:
+    path = tmp_path / "cpu-only.json"
+    path.write_text(json.dumps({
+        "format": "pipeswap.topology/1", "name": "cpu-only",
+        "nodes": [{"id": "cpu0", "kind": "cpu"}, {"id": "sw0", "kind": "switch"}],
+        "links": [{"a": "sw0", "b": "cpu0", "gb_per_s": 12.0}]}))
+    return str(path)
+
+
+def _fractional_memory(tmp_path) -> str:
+    path = tmp_path / "fractional.json"
+    path.write_text(json.dumps({
+        "format": "pipeswap.topology/1", "name": "fractional",
+        "nodes": [{"id": "cpu0", "kind": "cpu"},
+                  {"id": "gpu0", "kind": "gpu", "memory_bytes": 1.7}],
+        "links": [{"a": "gpu0", "b": "cpu0", "gb_per_s": 12.0}]}))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--gpu-memory", "-1"], "not a byte size: '-1'"),
+        (["--gpu-memory", "nan"], "not a byte size: 'nan'"),
+        (["--gpu-memory", "1.5"], "byte size '1.5' is not a whole number of bytes"),
+        (_cpu_only, "topology 'cpu-only' (from "),
+        (_cpu_only, "has no GPU; add a node with kind gpu"),
+        (_fractional_memory, "node 1 ('gpu0'): memory_bytes is 1.7; write a whole number"),
+    ],
+)
+def test_bad_values_exit_2_without_a_traceback(graph_file, tmp_path, capsys, extra,
+                                               message) -> None:
+    if callable(extra):
+        argv = ["--topology", extra(tmp_path)]
+    else:
+        argv = ["--topology", "switch-4", *extra]
+    assert main(["simulate", "--graph", graph_file, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err

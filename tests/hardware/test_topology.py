@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import math
+import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from pipeswap.errors import PipeswapError
+from pipeswap.hardware.presets import preset
 from pipeswap.hardware.topology import TOPOLOGY_FORMAT, Link, Node, Topology
 
 GIB = 2**30
@@ -229,3 +232,68 @@ def test_with_gpu_memory_changes_only_gpus() -> None:
     assert topology.node("gpu1").copy_engines == 1
     assert topology.node("gpu0").spec == "v100-32gb"
     assert topology.links == _dual_socket().links
+
+
+# ---- JSON fields: each refusal names the node or link and what to write ------------------
+@pytest.mark.parametrize(
+    "where, field, value, message",
+    [
+        ("nodes", "memory_bytes", 1.7, r"node 2 \('gpu0'\): memory_bytes is 1.7; write a whole"),
+        ("nodes", "memory_bytes", -1, r"memory_bytes is -1; write a whole number of bytes >= 0"),
+        ("nodes", "memory_bytes", "32GiB", r"memory_bytes is \"32GiB\""),
+        ("nodes", "memory_bytes", True, r"memory_bytes is true"),
+        ("nodes", "copy_engines", 1.5, r"copy_engines is 1.5; write 1 or 2"),
+        ("nodes", "id", None, r"node 2: id is null; write a string"),
+        ("nodes", "spec", 3, r"spec is 3; write a GPU spec name"),
+        ("links", "gb_per_s", math.nan, r"link 0 \(gpu0-sw0\): gb_per_s is nan; write a finite"),
+        ("links", "gb_per_s", math.inf, r"gb_per_s is inf; write a finite bandwidth > 0"),
+        ("links", "gb_per_s", -12, r"gb_per_s is -12"),
+        ("links", "gb_per_s", "12", r"gb_per_s is \"12\""),
+        ("links", "duplex_efficiency", math.nan, r"duplex_efficiency is nan"),
+    ],
+)
+def test_bad_json_fields_are_named(where: str, field: str, value: object, message: str) -> None:
+    obj = json.loads(json.dumps(DESIGN_EXAMPLE))
+    index = 2 if where == "nodes" else 0
+    obj[where][index][field] = value
+    with pytest.raises(PipeswapError, match=message):
+        Topology.from_json(obj, where="server.json")
+
+
+def test_whole_float_memory_is_accepted() -> None:
+    obj = json.loads(json.dumps(DESIGN_EXAMPLE))
+    obj["nodes"][2]["memory_bytes"] = 3.4e10  # a whole number written the short way
+    assert Topology.from_json(obj).node("gpu0").memory_bytes == 34_000_000_000
+
+
+def test_fractional_memory_is_refused_by_the_constructor_too() -> None:
+    nodes, links = _two_gpus()
+    nodes = (*nodes[:3], Node("gpu1", "gpu", memory_bytes=1.7))  # type: ignore[arg-type]
+    with pytest.raises(PipeswapError, match=r"'gpu1' has memory_bytes 1.7; use a whole number"):
+        Topology("memory", nodes, links)
+
+
+def test_require_gpus_names_the_topology() -> None:
+    cpu_only = Topology("cpu-only", (Node("cpu0", "cpu"),), ())
+    with pytest.raises(PipeswapError, match=r"'cpu-only' \(from x.json\) has no GPU; add a node"):
+        cpu_only.require_gpus("x.json")
+    assert _dual_socket().require_gpus() == ["gpu0", "gpu1", "gpu2"]
+
+
+@pytest.mark.parametrize("source", ["design", "dual-root-8"])
+def test_fuzzed_topologies_load_or_raise_pipeswap_error(
+    source: str, mutate: Callable[[object, random.Random], object]
+) -> None:
+    """Random damage to a valid file is either harmless or a PipeswapError, never a crash."""
+    rng = random.Random(20261123)
+    valid = DESIGN_EXAMPLE if source == "design" else preset(source).to_json()
+    refused = 0
+    for _ in range(200):
+        mutant = mutate(valid, rng)
+        try:
+            topology = Topology.from_json(mutant)  # type: ignore[arg-type]
+        except PipeswapError:
+            refused += 1
+            continue
+        topology.to_json()  # what loaded is whole enough to write back
+    assert refused > 50  # the mutations do reach the checks
