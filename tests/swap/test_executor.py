@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from user_models import USER_LAYERS, UserNet
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
@@ -25,23 +26,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
 STEPS = 3
 HUGE = 10**12
-
-
-class UserNet(nn.Module):
-    """A model that is not in the zoo: nested layers, a skip connection, ops between layers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.GELU())
-        self.mixer = nn.Linear(32, 32)
-        self.head = nn.Linear(32, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.encoder(x)
-        return self.head(torch.relu(self.mixer(h)) + h)
-
-
-USER_LAYERS = ["encoder.0", "encoder.2", "mixer", "head"]
 
 
 def _setup(name: str) -> tuple[nn.Module, list[str] | None, Callable[[int], Any]]:

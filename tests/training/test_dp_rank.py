@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from user_models import USER_LAYERS, UserNet
 
 from pipeswap.dist.launch import spawn
 from pipeswap.hardware.presets import preset
@@ -31,20 +32,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 SETTINGS = TrainSettings(steps=2, threads=1)
 
 
-class UserNet(nn.Module):
-    """Not a zoo model: nested layers, a skip connection, ops between the layers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.GELU())
-        self.mixer = nn.Linear(32, 32)
-        self.head = nn.Linear(32, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.encoder(x)
-        return self.head(torch.relu(self.mixer(h)) + h)
-
-
 @dataclass(frozen=True)
 class UserJob:
     """A Job for UserNet, with its layers named by the user."""
@@ -53,7 +40,7 @@ class UserJob:
 
     @property
     def layers(self) -> Sequence[str]:
-        return ["encoder.0", "encoder.2", "mixer", "head"]
+        return USER_LAYERS
 
     def build(self, device: torch.device) -> nn.Module:
         torch.manual_seed(0)
