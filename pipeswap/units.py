@@ -25,19 +25,28 @@ _UNITS: dict[str, int] = {
     "t": 10**12,
 }
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_SIZE = re.compile(
+    r"^\s*([+-]?(?:[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|(?i:inf(?:inity)?|nan)))\s*([A-Za-z]*)\s*$"
+)
+# The largest byte count parse_bytes returns: what a signed 64-bit integer holds (8 EiB).
+MAX_BYTES = 2**63 - 1
 
 
 def parse_bytes(text: str | int | float) -> int:
     """A byte count from ``text``: "16GiB", "16GB", "1.5e9", "512MiB", "4096" or a number.
 
     Units are case-insensitive; GB/MB/KB/TB are decimal, GiB/MiB/KiB/TiB binary. The
-    result must be a whole number of bytes no smaller than zero.
+    result must be a whole number of bytes from zero to ``MAX_BYTES`` (2**63 - 1).
     """
     if isinstance(text, bool):
         raise PipeswapError(f"not a byte size: {text!r}")
-    if isinstance(text, int | float):
-        number, unit, scale = float(text), "", 1
+    if isinstance(text, int):
+        if text < 0:
+            raise _not_finite_or_negative(text)
+        return _in_range(text, text)
+    number: int | float
+    if isinstance(text, float):
+        number, scale = text, 1
     else:
         match = _SIZE.match(text)
         if match is None:
@@ -45,7 +54,9 @@ def parse_bytes(text: str | int | float) -> int:
                 f"not a byte size: {text!r}; write a number with an optional unit, "
                 "e.g. 16GiB, 16GB, 512MiB or 1.5e9"
             )
-        number, unit = float(match.group(1)), match.group(2)
+        digits, unit = match.group(1), match.group(2)
+        # Whole numbers stay exact (a float would round 2**63 - 1 up to 2**63).
+        number = int(digits) if digits.lstrip("+-").isdigit() else float(digits)
         try:
             scale = _UNITS[unit.lower()]
         except KeyError:
@@ -53,12 +64,33 @@ def parse_bytes(text: str | int | float) -> int:
                 f"unknown unit {unit!r} in {text!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
             ) from None
     if not math.isfinite(number) or number < 0:
-        raise PipeswapError(f"byte size {text!r} must be a finite number >= 0")
-    value = number * scale
+        raise _not_finite_or_negative(text)
+    # Exact for whole numbers; a float product may overflow to inf, which is refused here too.
+    value: int | float = number * scale
+    _in_range(text, value)
+    if isinstance(value, int):
+        return value
     rounded = round(value)
     if abs(value - rounded) > 1e-6 * max(1.0, abs(value)):
         raise PipeswapError(f"byte size {text!r} is not a whole number of bytes ({value})")
-    return int(rounded)
+    return _in_range(text, int(rounded))
+
+
+def _not_finite_or_negative(text: str | int | float) -> PipeswapError:
+    return PipeswapError(
+        f"not a byte size: {text!r}; a byte size must be a finite number >= 0, "
+        "e.g. 16GiB, 512MiB or 1.5e9"
+    )
+
+
+def _in_range(text: str | int | float, value: int | float) -> int:
+    if value > MAX_BYTES:
+        shown = f" ({value:.3g} bytes)" if math.isfinite(value) else ""
+        raise PipeswapError(
+            f"byte size {text!r} is larger than 2**63 - 1 bytes (8 EiB), the most a size may "
+            f"be{shown}; check the number and its unit (e.g. 16GiB, 512MiB)"
+        )
+    return int(value)
 
 
 def format_bytes(count: int | float, *, binary: bool = True) -> str:

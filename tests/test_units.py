@@ -3,7 +3,7 @@
 import pytest
 
 from pipeswap.errors import PipeswapError
-from pipeswap.units import format_bytes, parse_bytes
+from pipeswap.units import MAX_BYTES, format_bytes, parse_bytes
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,43 @@ def test_parse_bytes(text, expected: int) -> None:
 def test_parse_bytes_refuses_nonsense(text, message: str) -> None:
     with pytest.raises(PipeswapError, match=message):
         parse_bytes(text)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("1e300GiB", "'1e300GiB' is larger than 2\\*\\*63 - 1 bytes"),
+        ("1e400", "'1e400'; a byte size must be a finite number >= 0"),
+        ("inf", "'inf'; a byte size must be a finite number >= 0"),
+        ("nan", "'nan'; a byte size must be a finite number >= 0"),
+        ("-1GiB", "'-1GiB'; a byte size must be a finite number >= 0"),
+        ("9223372036854775808", "'9223372036854775808' is larger than 2\\*\\*63 - 1 bytes"),
+        ("8589934592GiB", "'8589934592GiB' is larger than 2\\*\\*63 - 1 bytes"),
+        (1e300, "1e\\+300 is larger than 2\\*\\*63 - 1 bytes"),
+        (2**70, "1180591620717411303424 is larger"),
+        (-1, "-1; a byte size must be a finite number >= 0"),
+        (float("inf"), "inf; a byte size must be a finite number >= 0"),
+    ],
+)
+def test_parse_bytes_refuses_sizes_no_machine_has(text, message: str) -> None:
+    with pytest.raises(PipeswapError, match=message):
+        parse_bytes(text)
+
+
+def test_parse_bytes_keeps_whole_numbers_exact_up_to_the_limit() -> None:
+    assert MAX_BYTES == 2**63 - 1
+    assert parse_bytes(str(MAX_BYTES)) == MAX_BYTES == parse_bytes(MAX_BYTES)
+    assert parse_bytes("8589934591GiB") == 8589934591 * 2**30
+
+
+def test_an_oversized_budget_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeswap.cli import main
+
+    argv = ["train", "--model", "gpt2-micro", "--device", "cpu", "--gpu-memory", "1e300GiB"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and "'1e300GiB' is larger than 2**63 - 1 bytes" in err
+    assert "Traceback" not in err
 
 
 def test_format_bytes() -> None:

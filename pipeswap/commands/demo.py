@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from pipeswap.errors import PipeswapError
+from pipeswap.jsonio import check_writable, load_json
 
 # A step's command line, or a function that makes it once the steps before it have run.
 Argv = list[str] | Callable[[], list[str]]
@@ -29,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _budget_of(plan_path: Path) -> str:
     """The per-GPU budget a plan was made for, as `--gpu-memory` takes it."""
-    plan = json.loads(plan_path.read_text())
+    plan = load_json(plan_path)
     return str(plan["gpus"][0]["budget_bytes"])
 
 
@@ -85,12 +88,43 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
     ]  # fmt: skip
 
 
+# The options by which the demo's steps name the files they write.
+_OUTPUT_FLAGS = ("--out", "--graph-out", "--trace", "--timeline", "--report")
+
+
+def _prepare_folder(out: Path, steps: list[tuple[str, Argv]]) -> None:
+    """Refuse an --out that is not a folder and cannot be made one, or a file inside it that
+    a step could not write, before the first step runs; then create the folder."""
+    if out.exists() and not out.is_dir():
+        raise PipeswapError(f"--out {out} is a file, not a folder; give a folder (it is "
+                            "created if missing)")  # fmt: skip
+    existing = next(p for p in (out, *out.parents) if p.exists() or p == Path(p.anchor))
+    if not existing.is_dir():
+        raise PipeswapError(f"cannot create folder {out}: {existing} is a file, not a folder; "
+                            "choose another --out")  # fmt: skip
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PipeswapError(f"cannot write in {out}: permission denied in {existing}; "
+                            "choose another --out")  # fmt: skip
+    for _title, step in steps:
+        if callable(step):
+            continue
+        for flag, value in zip(step, step[1:]):
+            if flag in _OUTPUT_FLAGS:
+                check_writable(value)  # e.g. a folder where the demo writes plan.json
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PipeswapError(
+            f"cannot create folder {out}: {exc.strerror or exc}; choose another --out"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from pipeswap.cli import main
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     steps = demo_commands(out)
+    _prepare_folder(out, steps)
     started = time.perf_counter()
     for number, (title, step) in enumerate(steps, start=1):
         argv = step() if callable(step) else step

@@ -8,8 +8,8 @@ import math
 import sys
 from typing import Any
 
+from pipeswap.commands.topology import load_topology, topology_file
 from pipeswap.errors import PipeswapError
-from pipeswap.hardware.presets import resolve_topology
 from pipeswap.profile import Profile
 from pipeswap.swap.planner import (
     DEFAULT_TIME_LIMIT_S,
@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
             f"--time-limit is {args.time_limit}; use a positive finite number of seconds, "
             f"e.g. --time-limit {DEFAULT_TIME_LIMIT_S:g}"
         )
+    _check_outputs(args)
     profile = Profile.load(args.profile)
-    topology = resolve_topology(args.topology)
+    topology = load_topology(args.topology)
     topology.require_gpus(args.topology)
     case = make_case(
         profile,
@@ -122,21 +123,36 @@ def best_fitting(results: list[PlanResult]) -> PlanResult:
     return min(fitting, key=lambda r: r.iteration_s)
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before planning, any output that cannot be written, that would overwrite an
+    input, or that is given twice; so no file is written and then another one refused."""
+    from pipeswap.jsonio import check_writable
+
+    named = [("--out", args.out), ("--graph-out", args.graph_out), ("--trace", args.trace),
+             ("--timeline", args.timeline)]  # fmt: skip
+    inputs = (args.profile, topology_file(args.topology))
+    for i, (flag, path) in enumerate(named):
+        if path == "":
+            raise PipeswapError(f"{flag} is empty; give a file name")
+        if path is not None:
+            check_writable(path, inputs=inputs, outputs=[other for _, other in named[i + 1:]])
+
+
 def _write_outputs(args: argparse.Namespace, chosen: PlanResult, notes: Any) -> None:
     which = f" ({chosen.policy})" if args.compare else ""
-    if args.out:
+    if args.out is not None:
         chosen.plan.save(args.out)
         print(f"wrote plan{which} {args.out}", file=notes)
-    if args.graph_out:
+    if args.graph_out is not None:
         chosen.graph.save(args.graph_out)
         print(f"wrote graph{which} {args.graph_out}; reproduce with: "
               f"{chosen.reproduce_command(args.graph_out, args.topology)}", file=notes)
-    if args.trace:
+    if args.trace is not None:
         from pipeswap.sim.trace import write_trace
 
         write_trace(args.trace, chosen.graph, chosen.result, chosen.topology)
         print(f"wrote trace {args.trace}", file=notes)
-    if args.timeline:
+    if args.timeline is not None:
         from pipeswap.sim.timeline import plot_timeline
 
         plot_timeline(args.timeline, chosen.graph, chosen.result, chosen.topology)

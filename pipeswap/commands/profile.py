@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeswap.profiling import estimate, fit_warning, format_profile, measure
 
     _check_counts(args)
+    _check_out(args.out)
     spec = model_spec(args.model)  # unknown names: PipeswapError listing the zoo
     if args.seq_len is not None and spec.task != "lm":
         raise PipeswapError(f"{args.model} is an image model: pass --image-size, not --seq-len")
@@ -93,6 +94,15 @@ def run(args: argparse.Namespace) -> int:
     if warning is not None:
         print(f"pipeswap profile: {warning}", file=sys.stderr)
     return 0
+
+
+def _check_out(path: str) -> None:
+    """Refuse an --out that cannot be written before profiling, not after it."""
+    from pipeswap.jsonio import check_writable
+
+    if path == "":
+        raise PipeswapError("--out is empty; give a file name")
+    check_writable(path)
 
 
 def _check_counts(args: argparse.Namespace) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.chrome import dump_chrome_trace
@@ -49,22 +50,38 @@ def run(args: argparse.Namespace) -> int:
     if micro is None:
         micro = 1 if args.schedule == "async-1f1b" else args.stages
     _check_sizes(args, micro)
+    if args.trace is not None:
+        _check_trace(args.trace)
     schedule = build_schedule(args.schedule, args.stages, args.steps, micro)
     validate(schedule)
     if args.json:
         print(json.dumps(schedule.to_json(), indent=1))
-        return 0
-    print(render_grid(schedule, forward_cost=args.forward_cost, backward_cost=args.backward_cost))
-    if args.actions:
-        print()
-        print(schedule.to_string())
-    if args.trace:
+    else:
+        print(render_grid(schedule, forward_cost=args.forward_cost,
+                          backward_cost=args.backward_cost))  # fmt: skip
+        if args.actions:
+            print()
+            print(schedule.to_string())
+    if args.trace is not None:
         timeline = simulate(
             schedule, forward_cost=args.forward_cost, backward_cost=args.backward_cost
         )
         dump_chrome_trace(args.trace, timeline, title=f"{schedule.name} ({args.stages} stages)")
-        print(f"\nChrome trace written to {args.trace}")
+        # With --json, stdout carries the JSON alone; the note goes to stderr.
+        if args.json:
+            print(f"Chrome trace written to {args.trace}", file=sys.stderr)
+        else:
+            print(f"\nChrome trace written to {args.trace}")
     return 0
+
+
+def _check_trace(path: str) -> None:
+    """Refuse a --trace that cannot be written before building the schedule."""
+    from pipeswap.jsonio import check_writable
+
+    if path == "":
+        raise PipeswapError("--trace is empty; give a file name")
+    check_writable(path)
 
 
 def _check_sizes(args: argparse.Namespace, micro: int) -> None:

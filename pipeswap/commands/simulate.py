@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from pipeswap.hardware.presets import resolve_topology
+from pipeswap.commands.topology import load_topology, topology_file
+from pipeswap.errors import PipeswapError
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
@@ -46,11 +47,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_outputs(args)
     graph = TaskGraph.load(args.graph)
-    topology = resolve_topology(args.topology)
+    topology = load_topology(args.topology)
     topology.require_gpus(args.topology)
     memory = None if args.gpu_memory is None else parse_bytes(args.gpu_memory)
-    wants_rates = bool(args.trace or args.timeline)
+    wants_rates = args.trace is not None or args.timeline is not None
     result = simulate(graph, topology, gpu_memory_bytes=memory, record_rates=wants_rates)
     # With --json, stdout carries the JSON alone; notes about written files go to stderr.
     notes = sys.stderr if args.json else sys.stdout
@@ -58,17 +60,31 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=1))
     else:
         print(summary(result, topology.name, len(graph)))
-    if args.trace:
+    if args.trace is not None:
         from pipeswap.sim.trace import write_trace
 
         write_trace(args.trace, graph, result, topology)
         print(f"wrote trace {args.trace} (open in ui.perfetto.dev or chrome://tracing)", file=notes)
-    if args.timeline:
+    if args.timeline is not None:
         from pipeswap.sim.timeline import plot_timeline
 
         plot_timeline(args.timeline, graph, result, topology)
         print(f"wrote timeline {args.timeline}", file=notes)
     return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before simulating, an output that cannot be written, that would overwrite the
+    graph or topology file, or that is given twice."""
+    from pipeswap.jsonio import check_writable
+
+    inputs = (args.graph, topology_file(args.topology))
+    for flag, path, others in (("--trace", args.trace, [args.timeline]),
+                               ("--timeline", args.timeline, [])):
+        if path == "":
+            raise PipeswapError(f"{flag} is empty; give a file name")
+        if path is not None:
+            check_writable(path, inputs=inputs, outputs=others)
 
 
 def summary(result: SimResult, topology_name: str, task_count: int) -> str:

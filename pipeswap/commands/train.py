@@ -83,6 +83,14 @@ OPTIONS = (
                  help="seconds a rank waits for a peer before failing (default 60)")),
     _Option(("--report",), "output", None,
             dict(metavar="PATH", help="write the pipeswap.train/2 JSON report here")),
+    _Option(("--checkpoint-dir",), "output", None,
+            dict(metavar="DIR", help="write checkpoints here (every --checkpoint-every steps, "
+                 "and on SIGTERM in data-parallel runs)")),
+    _Option(("--checkpoint-every",), "output", None,
+            dict(type=int, default=0, metavar="N", help="steps between checkpoints (default 0: "
+                 "only on SIGTERM)")),
+    _Option(("--resume",), "output", None,
+            dict(metavar="DIR", help="continue from the newest complete checkpoint in DIR")),
     _Option(("--swap-policy",), DATA_PARALLEL, DATA_PARALLEL,
             dict(choices=POLICIES, help="which saved tensors go to host memory, and when "
                  "(default auto)")),
@@ -213,7 +221,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         steps=args.steps, seed=args.seed, optimizer=args.optimizer, lr=args.lr,
         momentum=args.momentum, weight_decay=args.weight_decay, device=args.device,
         nproc=args.nproc, timeout_s=args.timeout, profile_path=args.profile,
-        swap=swap, pipeline=pipeline,
+        swap=swap, pipeline=pipeline, checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every, resume=args.resume,
     )  # fmt: skip
 
 

@@ -6,6 +6,8 @@ import os
 import socket
 from dataclasses import dataclass
 
+from pipeswap.errors import PipeswapError
+
 
 @dataclass(frozen=True)
 class RankEnv:
@@ -25,17 +27,57 @@ class RankEnv:
 
 
 def torchrun_env() -> RankEnv | None:
-    """This process's rank under torchrun (RANK, WORLD_SIZE, MASTER_ADDR...), else None."""
+    """This process's rank under torchrun (RANK, WORLD_SIZE, MASTER_ADDR...), else None.
+
+    Values that are not whole numbers or do not fit together (RANK >= WORLD_SIZE, a
+    negative rank, a port outside 1..65535) are refused with a PipeswapError naming the
+    variables: most often a stale environment left over from an earlier torchrun job.
+    """
     env = os.environ
     if "RANK" not in env or "WORLD_SIZE" not in env:
         return None
+    rank = _whole("RANK")
+    world_size = _whole("WORLD_SIZE")
+    local_rank = _whole("LOCAL_RANK") if "LOCAL_RANK" in env else rank
+    local_world_size = _whole("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else None
+    master_port = _whole("MASTER_PORT") if "MASTER_PORT" in env else 29500
+    if world_size < 1:
+        raise _stale(f"WORLD_SIZE={world_size}, but a job needs at least 1 rank")
+    if not 0 <= rank < world_size:
+        raise _stale(f"RANK={rank} but WORLD_SIZE={world_size}")
+    if local_world_size is not None and not 1 <= local_world_size <= world_size:
+        raise _stale(f"LOCAL_WORLD_SIZE={local_world_size} but WORLD_SIZE={world_size}")
+    local_limit = world_size if local_world_size is None else local_world_size
+    if not 0 <= local_rank < local_limit:
+        named = "WORLD_SIZE" if local_world_size is None else "LOCAL_WORLD_SIZE"
+        raise _stale(f"LOCAL_RANK={local_rank} but {named}={local_limit}")
+    if not 1 <= master_port <= 65535:
+        raise _stale(f"MASTER_PORT={master_port} is not a TCP port (1 to 65535)")
     return RankEnv(
-        rank=int(env["RANK"]),
-        world_size=int(env["WORLD_SIZE"]),
-        local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=int(env.get("MASTER_PORT", "29500")),
-        local_world_size=int(env["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in env else None,
+        master_port=master_port,
+        local_world_size=local_world_size,
+    )
+
+
+def _whole(name: str) -> int:
+    text = os.environ[name]
+    try:
+        return int(text)
+    except ValueError:
+        raise _stale(f"{name}={text!r} is not a whole number") from None
+
+
+def _stale(problem: str) -> PipeswapError:
+    """The refusal of a torchrun environment that cannot be a real job's."""
+    names = ["RANK", "WORLD_SIZE"]
+    names += [n for n in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if n in os.environ]
+    return PipeswapError(
+        f"{problem}: a stale torchrun environment? unset {', '.join(names)}, MASTER_ADDR "
+        "and MASTER_PORT to launch with --nproc"
     )
 
 

@@ -61,13 +61,52 @@ def init_process_group(env: RankEnv, *, backend: str = "gloo", timeout_s: float 
         return
     if backend == "nccl":
         bind_nccl_device(env)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{env.master_addr}:{env.master_port}",
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    except RuntimeError as exc:  # torch's DistError family, raised by the TCP rendezvous
+        raise rendezvous_error(exc, env, timeout_s) from None
+
+
+_UNSET = "unset RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT to launch with --nproc"
+
+
+def rendezvous_error(exc: RuntimeError, env: RankEnv, timeout_s: float) -> Exception:
+    """What to tell the user when joining the job at MASTER_ADDR:MASTER_PORT failed.
+
+    A port in use (DistNetworkError, EADDRINUSE) and nobody answering (DistStoreError,
+    or a client that timed out connecting) become PipeswapErrors naming the address and
+    what to do; any other error is returned as it is.
+    """
+    text = str(exc).strip()
+    first_line = text.splitlines()[0] if text else type(exc).__name__
+    lowered = text.lower()
+    where = f"{env.master_addr}:{env.master_port}"
+    if "eaddrinuse" in lowered or "address already in use" in lowered:
+        return PipeswapError(
+            f"rank {env.rank} cannot open the job's rendezvous at {where}: port "
+            f"{env.master_port} is already in use (another job, or one left over, holds it); "
+            f"pick another MASTER_PORT, or {_UNSET}, which picks a free port"
+        )
+    timed_out = "timed out" in lowered or "timeout" in lowered
+    if isinstance(exc, dist.DistStoreError) or timed_out or "connection refused" in lowered:
+        return PipeswapError(
+            f"rank {env.rank} of {env.world_size} found no complete job at {where} within "
+            f"{timeout_s:g} s ({first_line}); check that MASTER_ADDR and MASTER_PORT name "
+            f"rank 0's machine and port and that all {env.world_size} ranks were started, "
+            f"or {_UNSET}"
+        )
+    if isinstance(exc, dist.DistError):
+        return PipeswapError(
+            f"rank {env.rank} could not join the job at {where} ({first_line}); check "
+            f"MASTER_ADDR and MASTER_PORT, or {_UNSET}"
+        )
+    return exc
 
 
 def leave_process_group() -> None:

@@ -81,6 +81,7 @@ def run_ranks(
     *args: Any,
     device: str = "cpu",
     timeout_s: float = 60.0,
+    stop_grace_s: float = 5.0,
 ) -> Any:
     """Run ``fn(rank, world_size, *args)`` on every rank of the job; return this process's value.
 
@@ -108,7 +109,10 @@ def run_ranks(
         raise PipeswapError(f"--nproc is {count}; use 1 or more")
     if count == 1:
         return fn(0, 1, *args)
-    launched = spawn(fn, count, *args, backend=backend_for(device, count), timeout_s=timeout_s)
+    launched = spawn(
+        fn, count, *args, backend=backend_for(device, count), timeout_s=timeout_s,
+        stop_grace_s=stop_grace_s,
+    )  # fmt: skip
     launched.raise_failure()
     return launched.results[0]
 
@@ -128,6 +132,7 @@ def spawn(
     backend: str = "gloo",
     timeout_s: float = 60.0,
     grace_s: float | None = None,
+    stop_grace_s: float = 5.0,
 ) -> LaunchResult:
     """Run ``fn(rank, nproc, *args)`` in ``nproc`` fresh processes joined in one process group.
 
@@ -137,7 +142,7 @@ def spawn(
     after that are killed and listed in ``killed``.
 
     No rank outlives this process: on SIGINT or SIGTERM it passes the signal on to every
-    rank as SIGTERM, gives them :data:`STOP_GRACE_S` to exit, kills the rest and raises
+    rank as SIGTERM, gives them ``stop_grace_s`` to exit (time to write a checkpoint), kills the rest and raises
     :class:`LauncherInterrupted`; if it is killed outright (SIGKILL), each rank gets
     SIGKILL from the kernel (Linux's parent-death signal) or, elsewhere, from its own
     watchdog. Nothing is written to disk.
@@ -184,7 +189,7 @@ def spawn(
                             killed.append(rank)
                     break
         except BaseException as exc:
-            _stop(procs)
+            _stop(procs, stop_grace_s)
             if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, LauncherInterrupted):
                 raise LauncherInterrupted(signal.SIGINT) from None
             raise
@@ -210,16 +215,12 @@ def _reply(replies: dict[int, tuple[str, Any]], rank: int, kind: str) -> Any:
     return value if sent == kind else None
 
 
-# How long ranks get to exit after the launcher passes on SIGINT or SIGTERM.
-STOP_GRACE_S = 5.0
-
-
-def _stop(procs: list[Any]) -> None:
-    """SIGTERM every live rank, wait up to STOP_GRACE_S, then kill the rest."""
+def _stop(procs: list[Any], grace_s: float) -> None:
+    """SIGTERM every live rank, wait up to ``grace_s``, then kill the rest."""
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
-    deadline = time.monotonic() + STOP_GRACE_S
+    deadline = time.monotonic() + grace_s
     for proc in procs:
         if proc.pid is not None:
             proc.join(max(0.0, deadline - time.monotonic()))

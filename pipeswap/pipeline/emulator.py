@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from pipeswap.checkpoint import CheckpointPlan, load_rank
 from pipeswap.dist.group import single_threaded
 from pipeswap.pipeline.config import PipelineConfig, build_full_model
 from pipeswap.pipeline.executor import StageExecutor
@@ -58,12 +59,23 @@ class Emulator:
     """
 
     def __init__(
-        self, config: PipelineConfig, *, record: bool = True, keep_gradients: bool = False
+        self,
+        config: PipelineConfig,
+        *,
+        record: bool = True,
+        keep_gradients: bool = False,
+        checkpoint: CheckpointPlan | None = None,
+        resume: tuple[str, int] | None = None,
     ) -> None:
+        """``checkpoint`` writes every stage's state at its cut (pipeswap.pipeline.snapshot);
+        ``resume`` (directory, steps done) continues from such a checkpoint, which the
+        multi-process runtime may have written too (the files are the same)."""
         config.check()
         self.config = config
         self.record = record
         self.keep_gradients = keep_gradients
+        self.checkpoint = checkpoint
+        self.resume = resume
         self.executors: list[StageExecutor] = []
 
     def run(self, progress: bool = False) -> PipelineResult:
@@ -83,14 +95,23 @@ class Emulator:
                     MailboxTransport(rank, mailbox),
                     record=self.record,
                     keep_gradients=self.keep_gradients,
+                    checkpoint=self.checkpoint,
                 )
                 for rank in range(config.num_stages)
             ]
+            starts = [0] * config.num_stages
+            if self.resume is not None:
+                folder, done = self.resume
+                starts = [ex.restore(load_rank(folder, done, ex.rank)) for ex in self.executors]
             bar = progress_bar(config.steps, "train", enabled=progress)
+            if bar is not None and self.resume is not None:
+                bar.update(self.resume[1])
             start = time.perf_counter()
             for ex in self.executors:
                 ex.start_clock()
             for timed in simulate(schedule):
+                if timed.index < starts[timed.rank]:
+                    continue
                 self.executors[timed.rank].run(timed.action)
                 if timed.rank == 0 and timed.action.kind == "UPDATE" and bar is not None:
                     last = self.executors[-1].runner.losses

@@ -8,11 +8,13 @@ from typing import Any, Protocol
 
 import torch
 
+from pipeswap.checkpoint import CheckpointPlan, rng_state, save_rank, set_rng_state, write_manifest
 from pipeswap.dist.digest import combine_digests, parameter_digests
 from pipeswap.pipeline.config import BatchSource, PipelineConfig
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import steady_distances, version_distances
 from pipeswap.pipeline.schedule import Action, Schedule
+from pipeswap.pipeline.snapshot import crossing_messages
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
 from pipeswap.pipeline.validate import TimedAction
 from pipeswap.pipeline.weights import StageWeights
@@ -62,6 +64,7 @@ class StageExecutor:
         record: bool = False,
         keep_gradients: bool = False,
         device: torch.device | str = "cpu",
+        checkpoint: CheckpointPlan | None = None,
     ) -> None:
         self.config = config
         self.rank = rank
@@ -105,6 +108,13 @@ class StageExecutor:
         self._outbox: dict[tuple[str, int], Packed] = {}
         self._t0 = time.perf_counter()
         self._index = 0
+        # Checkpoints: the weights each in-flight forward used, and the messages sent
+        # before the next checkpoint's cut that arrive after it (pipeswap.pipeline.snapshot).
+        self.checkpoint = checkpoint
+        self._forward_weights: dict[int, list[torch.Tensor]] = {}
+        self._keep: set[tuple[str, int]] = set()
+        self._kept: dict[tuple[str, int], Packed] = {}
+        self._plan_next_checkpoint(0)
 
     # ---- training -----------------------------------------------------------------
     def start_clock(self) -> None:
@@ -116,7 +126,10 @@ class StageExecutor:
         if kind in ("RECV_F", "RECV_B"):
             self.transport.post(kind[-1], unit)
         elif kind in ("SEND_F", "SEND_B"):
-            self.transport.send(kind[-1], unit, self._outbox.pop((kind[-1], unit)))
+            message = self._outbox.pop((kind[-1], unit))
+            if (kind[-1], unit) in self._keep:
+                self._kept[(kind[-1], unit)] = tuple(t.detach().clone() for t in message)
+            self.transport.send(kind[-1], unit, message)
         else:
             start = time.perf_counter()
             if kind == "F":
@@ -132,20 +145,32 @@ class StageExecutor:
             )
         self._index += 1
         self.transport.progress()
+        if kind == "UPDATE" and self.checkpoint is not None:
+            if self.checkpoint.due(unit + 1, self.config.steps):
+                self._save(unit + 1)
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device) if tensor.device != self.device else tensor
 
-    def _forward(self, unit: int) -> None:
-        step, micro = divmod(unit, self.config.micro_batches)
+    def _inputs(
+        self, source: BatchSource | None, step: int, micro: int, unit: int
+    ) -> tuple[Any, torch.Tensor | None]:
+        """A unit's input (data on stage 0, received activations after) and its target."""
         inputs: Any = None
         target = None
-        if self.train_data is not None:
-            x, y = self.train_data.micro(step, micro)
+        if source is not None:
+            x, y = source.micro(step, micro)
             inputs, target = self._to_device(x), self._to_device(y)
         if self.rank > 0:
             inputs = self.transport.take("F", unit)
+        return inputs, target
+
+    def _forward(self, unit: int) -> None:
+        step, micro = divmod(unit, self.config.micro_batches)
+        inputs, target = self._inputs(self.train_data, step, micro, unit)
         self.weights.before("F", unit)
+        if self.checkpoint is not None:
+            self._forward_weights[unit] = [p.detach().clone() for p in self.weights.params]
         out = self.runner.forward(unit, inputs, target if self.runner.is_last else None)
         self.weights.after("F", unit)
         if out is not None:
@@ -153,6 +178,7 @@ class StageExecutor:
 
     def _backward(self, unit: int) -> None:
         grads = None if self.runner.is_last else self.transport.take("B", unit)
+        self._forward_weights.pop(unit, None)
         self.weights.before("B", unit)
         out = self.runner.backward(unit, grads)
         self.weights.after("B", unit)
@@ -175,13 +201,7 @@ class StageExecutor:
     def evaluate(self, unit: int) -> None:
         """Forward one held-out unit (no gradients) and pass it on or score it."""
         step, micro = divmod(unit - self.schedule.num_units, self.config.micro_batches)
-        inputs: Any = None
-        target = None
-        if self.eval_data is not None:
-            x, y = self.eval_data.micro(step, micro)
-            inputs, target = self._to_device(x), self._to_device(y)
-        if self.rank > 0:
-            inputs = self.transport.take("F", unit)
+        inputs, target = self._inputs(self.eval_data, step, micro, unit)
         out = self.runner.evaluate(inputs, target)
         if self.runner.is_last:
             loss, correct = out
@@ -191,6 +211,67 @@ class StageExecutor:
             self.result.eval_samples += int(target.shape[0])  # type: ignore[union-attr]
         else:
             self.transport.send("F", unit, out)  # type: ignore[arg-type]
+
+    # ---- checkpoints ----------------------------------------------------------------
+    def _plan_next_checkpoint(self, done: int) -> None:
+        """Which sends to keep a copy of: those crossing the next checkpoint's cut."""
+        plan = self.checkpoint
+        if plan is None or plan.every <= 0:
+            return
+        upcoming = (done // plan.every + 1) * plan.every
+        if plan.due(upcoming, self.config.steps):
+            self._keep = crossing_messages(self.schedule, upcoming)[self.rank]
+
+    def _save(self, done: int) -> None:
+        """Write this stage's state at its cut after ``done`` steps (see pipeline.snapshot)."""
+        assert self.checkpoint is not None and not self._outbox
+        if self.rank == 0:
+            write_manifest(self.checkpoint, done)
+        save_rank(self.checkpoint, done, self.rank, {
+            "done": done,
+            "index": self._index,
+            "weights": self.weights.state(),
+            "losses": dict(self.runner.losses),
+            "in_flight": {
+                unit: (self._forward_weights[unit], leaves)
+                for unit, leaves in self.runner.in_flight_inputs().items()
+            },
+            "sent": self._kept,
+            "rng": rng_state(),
+        })  # fmt: skip
+        self._kept = {}
+        self._plan_next_checkpoint(done)
+
+    @torch.no_grad()
+    def restore(self, state: dict[str, Any]) -> int:
+        """Continue from a checkpoint of this stage; returns the index of the next action.
+
+        Re-runs each in-flight forward with the weights and inputs it had (rebuilding the
+        graph its backward needs) and sends again the messages that crossed the cut.
+        """
+        self.weights.load_state(state["weights"])
+        self.runner.losses = dict(state["losses"])
+        live = [p.detach().clone() for p in self.weights.params]
+        for unit in sorted(state["in_flight"]):
+            used, leaves = state["in_flight"][unit]
+            for p, saved in zip(self.weights.params, used, strict=True):
+                p.data.copy_(saved)
+            data: tuple[Any, Any] = (None, None)
+            if self.train_data is not None:
+                x, y = self.train_data.micro(*divmod(unit, self.config.micro_batches))
+                data = (self._to_device(x), self._to_device(y))
+            inputs = leaves if self.rank > 0 else data[0]
+            with torch.enable_grad():
+                self.runner.forward(unit, inputs, data[1] if self.runner.is_last else None)
+            self._forward_weights[unit] = used
+        for p, saved in zip(self.weights.params, live, strict=True):
+            p.data.copy_(saved)
+        for (direction, unit), message in sorted(state["sent"].items()):
+            self.transport.send(direction, unit, message)
+        set_rng_state(state["rng"])
+        self._index = state["index"]
+        self._plan_next_checkpoint(state["done"])
+        return self._index
 
     def finish(self) -> StageResult:
         self.transport.finish()

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeswap.checkpoint import CheckpointPlan, load_rank
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import (
     backend_name,
@@ -117,10 +118,13 @@ def run_rank(
     device: torch.device | str = "cpu",
     progress: bool = False,
     split_directions: bool | None = None,
+    checkpoint: CheckpointPlan | None = None,
+    resume: tuple[str, int] | None = None,
 ) -> PipelineResult | None:
     """Run this rank's stage of ``config`` in the initialized default process group.
 
-    Rank k runs stage k; a one-stage pipeline runs without a process group. Returns the combined result on rank 0 (gathered from every
+    Rank k runs stage k; a one-stage pipeline runs without a process group.
+    ``checkpoint`` and ``resume`` are the emulator's (:class:`Emulator`), file for file. Returns the combined result on rank 0 (gathered from every
     rank), None elsewhere. ``split_directions`` (default: with NCCL) sends forward and
     backward transfers through two process groups of their own: NCCL runs one pair's
     sends and receives on one stream in the order they were issued, and a send may wait
@@ -155,10 +159,15 @@ def run_rank(
             device,
             groups,
         )
-        executor = StageExecutor(config, rank, schedule, model, infos, transport, device=device)
+        executor = StageExecutor(
+            config, rank, schedule, model, infos, transport, device=device, checkpoint=checkpoint
+        )
+        start = 0 if resume is None else executor.restore(load_rank(resume[0], resume[1], rank))
         barrier()
-        actions = schedule.actions[rank]
+        actions = schedule.actions[rank][start:]
         bar = progress_bar(config.steps, "train (rank 0)", enabled=progress and rank == 0)
+        if bar is not None and resume is not None:
+            bar.update(resume[1])
         executor.start_clock()
         _run_actions(executor, transport, actions, bar, fault_hook(rank))
         executor.finish_training()

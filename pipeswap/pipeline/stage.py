@@ -205,6 +205,13 @@ class StageRunner:
         self._pending[unit] = (leaves, packed)
         return tuple(t.detach() for t in packed)
 
+    def in_flight_inputs(self) -> dict[int, Packed]:
+        """Copies of the inputs of every unit whose forward ran and backward has not."""
+        return {
+            unit: tuple(t.detach().clone() for t in leaves)
+            for unit, (leaves, _) in self._pending.items()
+        }
+
     def backward(self, unit: int, grads: Packed | None) -> Packed | None:
         """Backward of a unit; returns the packed input gradients to send (None on stage 0)."""
         leaves, outputs = self._pending.pop(unit)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -174,6 +175,31 @@ class StageWeights:
         if not self.params:
             return torch.zeros(0)
         return torch.cat([p.detach().reshape(-1).float().cpu() for p in self.params])
+
+    # ---- checkpoints --------------------------------------------------------------
+    @torch.no_grad()
+    def state(self) -> dict[str, Any]:
+        """Everything the mode carries between passes (at an UPDATE boundary, no pass open)."""
+        assert self._backup is None, "a checkpoint falls between passes"
+        return {
+            "params": [p.detach().clone() for p in self.params],
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "updates": self.updates,
+            "errors": {k: (e.used, e.stale, e.passes) for k, e in self.errors.items()},
+            "stash": self._stash,
+            "records": {key: (r.now, r.used) for key, r in self._records.items()},
+        }
+
+    @torch.no_grad()
+    def load_state(self, state: dict[str, Any]) -> None:
+        for p, saved in zip(self.params, state["params"], strict=True):
+            p.data.copy_(saved)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state["updates"]
+        self.errors = {k: PredictionError(*v) for k, v in state["errors"].items()}
+        self._stash = state["stash"]
+        self._records = {key: _Record(*pair) for key, pair in state["records"].items()}
 
     def prediction_error(self) -> dict[str, float | None]:
         """Per pass kind: ||W_hat - W_future|| / ||W_now - W_future|| summed over passes."""

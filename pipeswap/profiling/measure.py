@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Iterator
@@ -109,8 +110,8 @@ def _example(
 
 
 def is_allocation_error(exc: BaseException) -> bool:
-    """True for an out-of-memory failure from any PyTorch allocator."""
-    if isinstance(exc, torch.OutOfMemoryError):
+    """True for an out-of-memory failure from any PyTorch allocator (or Python's own)."""
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
         return True
     return isinstance(exc, RuntimeError) and any(
         marker in str(exc).lower() for marker in _ALLOCATION_MARKERS
@@ -133,7 +134,8 @@ def measure(
 
     A LayeredModel is moved to ``device`` and ``dtype`` in place. For a zoo name,
     ``seq_len`` / ``image_size`` default to the zoo's values. An allocation failure becomes
-    a PipeswapError naming the memory a meta estimate says the step needs.
+    a PipeswapError naming the memory a meta estimate says the step needs and the
+    allocation that failed (when the allocator says), and suggesting a smaller batch.
     """
     torch_dtype = parse_dtype(dtype)
     torch_device = torch.device(device)
@@ -152,19 +154,57 @@ def measure(
         return _measure(
             model, batch, seq_len, image_size, torch_device, torch_dtype, optimizer, warmup, repeats
         )
-    except RuntimeError as exc:
+    except (RuntimeError, MemoryError) as exc:
         if not is_allocation_error(exc):
             raise
-        needed = estimate_layered(
+        # Dropping the traceback lets the failed step's tensors (its frames hold them) go.
+        failure = exc.with_traceback(None)
+    raise _does_not_fit(model, batch, seq_len, image_size, torch_device, torch_dtype, optimizer,
+                        failure)  # fmt: skip
+
+
+def _does_not_fit(
+    model: LayeredModel, batch: int, seq_len: int | None, image_size: int | None,
+    device: torch.device, dtype: torch.dtype, optimizer: str, exc: BaseException,
+) -> PipeswapError:  # fmt: skip
+    """The refusal of a batch whose training step ran out of memory on ``device``."""
+    try:
+        needed: int | None = estimate_layered(
             meta_copy(model), batch, seq_len=seq_len, image_size=image_size,
-            dtype=dtype_name(torch_dtype), optimizer=optimizer,
+            dtype=dtype_name(dtype), optimizer=optimizer,
         ).peak_training_bytes()  # fmt: skip
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PipeswapError(
-            f"{model.name} at batch {batch} does not fit on {torch_device}: one training step "
-            f"needs about {format_bytes(needed)} (meta estimate) and allocation failed "
-            f"({first_line}); try a smaller --batch or --estimate --gpu SPEC"
-        ) from None
+    except Exception:  # noqa: BLE001 - the estimate only adds detail to the real error
+        needed = None
+    text = str(exc).strip()
+    first_line = text.splitlines()[0] if text else type(exc).__name__
+    requested = requested_bytes(text)
+    parts = []
+    if needed is not None:
+        parts.append(f"one training step needs about {format_bytes(needed)} (meta estimate)")
+    if requested is not None:
+        parts.append(f"a single allocation of {requested} failed")
+    need = f"{' and '.join(parts)}: " if parts else ""
+    return PipeswapError(
+        f"{model.name} at batch {batch} does not fit on {device}: {need}out of memory "
+        f"({first_line}); try a smaller --batch or --estimate --gpu SPEC to profile without "
+        "running"
+    )
+
+
+_REQUESTED = (
+    re.compile(r"tried to allocate (\d+) bytes", re.IGNORECASE),  # CPU allocator
+    re.compile(r"tried to allocate ([0-9.]+ ?[KMGTP]?i?B)", re.IGNORECASE),  # CUDA allocator
+)
+
+
+def requested_bytes(message: str) -> str | None:
+    """The size an allocator says it failed to allocate ("64.00 GiB", "20.00 MiB"), if it says."""
+    bytes_only, sized = _REQUESTED
+    match = bytes_only.search(message)
+    if match is not None:
+        return format_bytes(int(match.group(1)))
+    match = sized.search(message)
+    return None if match is None else match.group(1)
 
 
 def _measure(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format, dump_json, load_json
+from pipeswap.units import MAX_BYTES
 
 GRAPH_FORMAT = "pipeswap.graph/1"
 TASK_KINDS = ("compute", "d2h", "h2d", "p2p", "allreduce", "barrier")
@@ -88,31 +90,33 @@ class Task:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], where: str = "task") -> Task:
+        """A task from its JSON object; wrong types and ranges are refused naming the field."""
         if not isinstance(obj, dict):
             raise PipeswapError(f"{where}: expected a JSON object, found {type(obj).__name__}")
         if "id" not in obj or "kind" not in obj:
             raise PipeswapError(f"{where}: every task needs an 'id' and a 'kind'")
-        name = f"{where} {obj['id']!r}"
-        try:
-            gpus = obj.get("gpus", ())
-            deps = obj.get("deps", ())
-            if isinstance(gpus, str) or isinstance(deps, str):
-                raise TypeError("'gpus' and 'deps' are lists of ids")
-            return cls(
-                id=str(obj["id"]),
-                kind=str(obj["kind"]),
-                gpu=_optional_str(obj.get("gpu")),
-                gpus=tuple(str(g) for g in gpus),
-                src=_optional_str(obj.get("src")),
-                dst=_optional_str(obj.get("dst")),
-                duration_s=float(obj.get("duration_s", 0.0)),
-                bytes=_whole(obj.get("bytes", 0), "bytes", name),
-                deps=tuple(str(d) for d in deps),
-                alloc_bytes=_whole(obj.get("alloc_bytes", 0), "alloc_bytes", name),
-                free_bytes=_whole(obj.get("free_bytes", 0), "free_bytes", name),
+        task_id = obj["id"]
+        name = f"{where} {task_id!r}"
+        if not isinstance(task_id, str) or not task_id:
+            raise PipeswapError(f"{name}: 'id' must be a non-empty string, found {task_id!r}")
+        kind = obj["kind"]
+        if not isinstance(kind, str):
+            raise PipeswapError(
+                f"{name}: 'kind' must be a string ({', '.join(TASK_KINDS)}), found {kind!r}"
             )
-        except (TypeError, ValueError) as exc:
-            raise PipeswapError(f"{name}: malformed task ({exc})") from None
+        return cls(
+            id=task_id,
+            kind=kind,
+            gpu=_optional_name(obj, "gpu", name),
+            gpus=_names(obj, "gpus", name, "GPU names"),
+            src=_optional_name(obj, "src", name),
+            dst=_optional_name(obj, "dst", name),
+            duration_s=_seconds(obj.get("duration_s", 0.0), "duration_s", name),
+            bytes=_whole(obj.get("bytes", 0), "bytes", name),
+            deps=_names(obj, "deps", name, "task ids"),
+            alloc_bytes=_whole(obj.get("alloc_bytes", 0), "alloc_bytes", name),
+            free_bytes=_whole(obj.get("free_bytes", 0), "free_bytes", name),
+        )
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,10 @@ class TaskGraph:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], where: str = "graph") -> TaskGraph:
+        if not isinstance(obj, dict):
+            raise PipeswapError(
+                f"{where}: expected a {GRAPH_FORMAT} JSON object, found {type(obj).__name__}"
+            )
         check_format(obj, GRAPH_FORMAT, where)
         tasks = obj.get("tasks")
         if not isinstance(tasks, list):
@@ -262,15 +270,39 @@ class GraphBuilder:
         return TaskGraph(tuple(self._tasks))
 
 
-def _optional_str(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _optional_name(obj: dict[str, Any], key: str, where: str) -> str | None:
+    """A GPU name, or None when the key is absent or null."""
+    value = obj.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise PipeswapError(f"{where}: {key!r} must be a GPU name (a string), found {value!r}")
+
+
+def _names(obj: dict[str, Any], key: str, where: str, what: str) -> tuple[str, ...]:
+    value = obj.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise PipeswapError(
+            f"{where}: {key!r} must be a list of {what} (non-empty strings), found {value!r}"
+        )
+    return tuple(value)
+
+
+def _seconds(value: Any, key: str, where: str) -> float:
+    # The range (finite, >= 0) is _validate_task's, for JSON and Python callers alike.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PipeswapError(f"{where}: {key} must be a number of seconds, found {value!r}")
+    if isinstance(value, int) and value > 2**53:  # float() fails past ~1e308
+        raise PipeswapError(f"{where}: {key} is {value} seconds; use a realistic duration")
+    return float(value)
 
 
 def _whole(value: Any, key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise PipeswapError(f"{where}: {key} must be a number of bytes, found {value!r}")
-    if value != int(value):
+    if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
         raise PipeswapError(f"{where}: {key} must be a whole number of bytes, found {value!r}")
+    if value > MAX_BYTES:  # negative values: _validate_task names them
+        raise PipeswapError(f"{where}: {key} must be at most 2**63 - 1 bytes, found {value!r}")
     return int(value)
 
 
@@ -283,6 +315,10 @@ def _validate_task(task: Task) -> None:
     for key in ("bytes", "alloc_bytes", "free_bytes"):
         if getattr(task, key) < 0:
             raise PipeswapError(f"{name} has negative {key} ({getattr(task, key)})")
+        if getattr(task, key) > MAX_BYTES:
+            raise PipeswapError(
+                f"{name} has {key} {getattr(task, key)}, more than 2**63 - 1; check the size"
+            )
     if not task.duration_s >= 0 or task.duration_s == float("inf"):
         raise PipeswapError(f"{name} has duration_s {task.duration_s}; use a finite value >= 0")
     if task.kind in _GPU_KINDS:

@@ -114,6 +114,9 @@ class TrainConfig:
     profile_path: str | None = None
     swap: SwapOptions | None = None
     pipeline: PipelineOptions | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: str | None = None
     progress: bool = field(default=True, compare=False)
 
     @property
@@ -157,6 +160,13 @@ class TrainConfig:
             raise PipeswapError(f"unknown device {self.device!r}; use cpu or cuda")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise PipeswapError("--device cuda, but PyTorch sees no GPU here; use --device cpu")
+        if self.checkpoint_every < 0:
+            raise PipeswapError(
+                f"--checkpoint-every is {self.checkpoint_every}; use a number of steps (0: only "
+                "when stopped by SIGTERM)"
+            )
+        if self.checkpoint_every and self.checkpoint_dir is None and self.resume is None:
+            raise PipeswapError("--checkpoint-every needs --checkpoint-dir DIR to write into")
         if self.swap is not None:
             self.swap.check()
         if self.pipeline is not None:
@@ -205,6 +215,26 @@ class TrainConfig:
             device=device,
             swap=SwapOptions() if self.pipeline is None and self.swap is None else self.swap,
         )
+
+    @property
+    def checkpoint_target(self) -> str | None:
+        """Where this run writes checkpoints: --checkpoint-dir, else the --resume folder when
+        --checkpoint-every asks for more."""
+        if self.checkpoint_dir is not None:
+            return self.checkpoint_dir
+        return self.resume if self.checkpoint_every else None
+
+    def identity(self, world_size: int, **extra: Any) -> dict[str, Any]:
+        """What a checkpoint of this run must agree on to be resumed by another one."""
+        from pipeswap import __version__
+
+        return {
+            "pipeswap": __version__, "mode": "data-parallel" if self.pipeline is None else "pipeline",
+            "model": self.model, "world_size": world_size, "batch": self.batch,
+            "seq_len": self.seq_len, "image_size": self.image_size, "seed": self.seed,
+            "steps": self.steps, "optimizer": self.optimizer, "lr": self.lr,
+            "momentum": self.momentum, "weight_decay": self.weight_decay, **extra,
+        }  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         obj = asdict(self)

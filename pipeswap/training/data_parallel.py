@@ -25,6 +25,7 @@ from pipeswap.swap.plan import SwapPlan
 from pipeswap.training.config import TrainConfig
 from pipeswap.training.dp_rank import RankResult, TrainSettings, ZooJob, measured_step_s, train_rank
 from pipeswap.training.report import base_report
+from pipeswap.training.resume import checkpointing
 
 
 def job_of(config: TrainConfig) -> ZooJob:
@@ -100,6 +101,7 @@ def _profile(config: TrainConfig, job: ZooJob, device: torch.device) -> Profile:
                 f"{config.profile_path} profiles (model, batch, dtype) = {theirs}, but this "
                 f"run is {mine}; profile this run or drop --profile"
             )
+        check_profile_shape(config.profile_path, profile, job.seq_len, job.image_size)
         return profile
     from pipeswap.profiling import measure
 
@@ -107,6 +109,23 @@ def _profile(config: TrainConfig, job: ZooJob, device: torch.device) -> Profile:
         job.model, job.batch_size, seq_len=job.seq_len, image_size=job.image_size,
         device=device, dtype=job.dtype, optimizer=config.optimizer,
     )  # fmt: skip
+
+
+def check_profile_shape(
+    path: str, profile: Profile, seq_len: int | None, image_size: int | None
+) -> None:
+    """Refuse a profile made at another sequence length or image size than this run's.
+
+    A side the profile or the run leaves unset (None) is not compared.
+    """
+    for key, flag, mine in (("seq_len", "--seq-len", seq_len),
+                            ("image_size", "--image-size", image_size)):  # fmt: skip
+        theirs = getattr(profile, key)
+        if theirs is not None and mine is not None and theirs != mine:
+            raise PipeswapError(
+                f"{path} profiles {key} {theirs} but this run has {flag} {mine}; "
+                "profile this run or drop --profile"
+            )
 
 
 def _plan(config: TrainConfig, world_size: int, device: torch.device) -> dict[str, Any]:
@@ -139,6 +158,9 @@ def run_rank(
     if device.type == "cuda":
         # Before the first collective: NCCL runs object collectives on the current device.
         torch.cuda.set_device(device)
+    checkpoint, resume = checkpointing(
+        config, world_size, sync_every=config.swap_options.sync_every
+    )
     payload: dict[str, Any] | None = None
     if rank == 0:
         try:
@@ -154,7 +176,7 @@ def run_rank(
     settings = replace(settings_of(config), progress=config.progress and rank == 0)
     result = train_rank(
         job_of(config), plan, settings, rank=rank, world_size=world_size,
-        local_rank=local_rank, profile=profile,
+        local_rank=local_rank, profile=profile, checkpoint=checkpoint, resume=resume,
     )  # fmt: skip
     results = all_gather(result, world_size)
     return report(config, plan, payload, results) if rank == 0 else None
@@ -168,9 +190,12 @@ def train_data_parallel(config: TrainConfig) -> dict[str, Any] | None:
     """Train a resolved data-parallel config on ``config.nproc`` ranks; rank 0's report."""
     job_of(config)  # refuse what cannot train before any rank starts
     assert config.device is not None
+    # With checkpoints, SIGTERM gives the ranks time to finish their step and write one.
+    grace = config.timeout_s + 30.0 if config.checkpoint_target is not None else 5.0
     return run_ranks(
-        _rank_entry, config.nproc, config, device=config.device, timeout_s=config.timeout_s
-    )
+        _rank_entry, config.nproc, config, device=config.device, timeout_s=config.timeout_s,
+        stop_grace_s=grace,
+    )  # fmt: skip
 
 
 def report(

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import statistics
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -26,9 +28,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipeswap.checkpoint import (
+    CheckpointPlan,
+    load_rank,
+    rng_state,
+    save_rank,
+    set_rng_state,
+    write_manifest,
+)
 from pipeswap.dist.digest import params_sha256
 from pipeswap.dist.faults import fault_hook
-from pipeswap.dist.group import agree, rank_device
+from pipeswap.dist.group import agree, all_gather, rank_device
 from pipeswap.errors import PipeswapError
 from pipeswap.optim import check_optimizer, make_optimizer
 from pipeswap.profile import Profile
@@ -153,8 +163,17 @@ def train_rank(
     world_size: int = 1,
     local_rank: int | None = None,
     profile: Profile | None = None,
+    checkpoint: CheckpointPlan | None = None,
+    resume: tuple[str, int] | None = None,
 ) -> RankResult:
-    """Train ``job`` on this rank with its part of ``plan``; returns what it measured."""
+    """Train ``job`` on this rank with its part of ``plan``; returns what it measured.
+
+    With ``checkpoint``, every rank writes its state (weights, optimizer, data position,
+    RNG) every ``checkpoint.every`` steps, and after the step it is in when SIGTERM
+    arrives (the ranks agree on which step), then raises :class:`RunStopped`.
+    ``resume`` (directory, steps done) continues from such a checkpoint: the run then
+    ends bit-identical to one left alone.
+    """
     settings.check()
     threads = settings.threads or max(1, (os.cpu_count() or 1) // world_size)
     if settings.device == "cpu":
@@ -202,8 +221,18 @@ def train_rank(
     step_s: list[float] = []
     late = 0
     swapped = 0
+    first = 0
+    if resume is not None:
+        state = load_rank(resume[0], resume[1], rank)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        first, losses, step_s, late = state["done"], state["losses"], state["step_s"], state["late"]
+        set_rng_state(state["rng"])
+    stop = _StopOnSigterm() if checkpoint is not None else None
     bar = progress_bar(settings.steps, f"train {plan.policy}", enabled=settings.progress and rank == 0)
-    for step in range(settings.steps):
+    if bar is not None:
+        bar.update(first)
+    for step in range(first, settings.steps):
         started = time.perf_counter()
         if offset > 0:
             if device.type == "cuda":
@@ -234,6 +263,21 @@ def train_rank(
             bar.update(1)
         if after_step is not None:
             after_step(step)
+        if checkpoint is not None and stop is not None:
+            stopping = any(all_gather(stop.requested, world_size))
+            if stopping or checkpoint.due(step + 1, settings.steps):
+                if rank == 0:
+                    write_manifest(checkpoint, step + 1)
+                save_rank(checkpoint, step + 1, rank, {
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "done": step + 1, "losses": losses, "step_s": step_s, "late": late,
+                    "rng": rng_state(),
+                })  # fmt: skip
+            if stopping:
+                stop.restore()
+                raise RunStopped(checkpoint.directory, step + 1)
+    if stop is not None:
+        stop.restore()
     if bar is not None:
         bar.close()
     executor.close()
@@ -254,6 +298,36 @@ def train_rank(
         late_fetches=late,
         offset_s=offset,
     )
+
+
+class RunStopped(PipeswapError):
+    """SIGTERM stopped the run after a checkpoint; the message says how to resume."""
+
+    exit_status = 128 + signal.SIGTERM
+
+    def __init__(self, directory: str, done: int) -> None:
+        super().__init__(
+            f"stopped by SIGTERM after step {done}; its checkpoint is in {directory}: "
+            f"continue with --resume {directory}"
+        )
+
+
+class _StopOnSigterm:
+    """Turns SIGTERM into a request to stop at the next step boundary (main thread only)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
 
 def measured_step_s(results: Sequence[RankResult]) -> float:

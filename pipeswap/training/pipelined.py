@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from pipeswap.checkpoint import CheckpointPlan
 from pipeswap.dist.env import local_rank_of, torchrun_env
 from pipeswap.dist.group import rank_device
 from pipeswap.dist.launch import run_ranks
@@ -15,8 +16,11 @@ from pipeswap.pipeline.config import PipelineConfig, build_meta_model
 from pipeswap.pipeline.partition import check_balance, check_stage_count, partition
 from pipeswap.pipeline.result import PipelineResult
 from pipeswap.pipeline.stage import LayerInfo, flop_profile, inspect_layers
+from pipeswap.profile import Profile
 from pipeswap.training.config import PipelineOptions, TrainConfig
+from pipeswap.training.data_parallel import check_profile_shape
 from pipeswap.training.report import base_report
+from pipeswap.training.resume import checkpointing
 
 
 def pipeline_config(config: TrainConfig) -> PipelineConfig:
@@ -59,22 +63,20 @@ def pipeline_config(config: TrainConfig) -> PipelineConfig:
     if options.balance is not None:
         balance = check_balance(options.balance, len(infos), options.stages)
     else:
-        balance = _partition(config, options, draft, infos)
+        balance = _partition(config, options, draft, infos, model.name)
     return dataclasses.replace(draft, balance=balance)
 
 
 def _partition(
-    config: TrainConfig, options: PipelineOptions, draft: PipelineConfig, infos: list[LayerInfo]
+    config: TrainConfig,
+    options: PipelineOptions,
+    draft: PipelineConfig,
+    infos: list[LayerInfo],
+    model_name: str,
 ) -> tuple[int, ...]:
-    from pipeswap.profile import Profile
-
     if config.profile_path is not None:
         profile = Profile.load(config.profile_path)
-        if len(profile.layers) != len(infos):
-            raise PipeswapError(
-                f"{config.profile_path} profiles {len(profile.layers)} layers but "
-                f"{draft.model} has {len(infos)}: profile the same model"
-            )
+        _check_profile(config.profile_path, profile, draft, infos, model_name)
     else:
         if options.memory_cap_bytes is not None:
             raise PipeswapError("--memory-cap needs --profile (a measured or estimated profile)")
@@ -90,6 +92,38 @@ def _partition(
     return found.balance
 
 
+def _check_profile(
+    path: str, profile: Profile, draft: PipelineConfig, infos: list[LayerInfo], model_name: str
+) -> None:
+    """Refuse a ``--profile`` of another model, batch or input shape than this run's.
+
+    ``model_name`` is the built model's own name, which a measured profile of a
+    module:function model carries instead of the spec.
+    """
+    redo = "profile this run or drop --profile"
+    if profile.model not in (draft.model, model_name):
+        raise PipeswapError(
+            f"{path} profiles {profile.model} but this run trains {draft.model}; {redo}"
+        )
+    if len(profile.layers) != len(infos):
+        raise PipeswapError(
+            f"{path} profiles {len(profile.layers)} layers but {draft.model} has "
+            f"{len(infos)}: profile the same model or drop --profile"
+        )
+    for position, (theirs, info) in enumerate(zip(profile.layer_names, infos, strict=True)):
+        if theirs != info.name:
+            raise PipeswapError(
+                f"{path} names layer {position} {theirs!r} but {draft.model}'s layer "
+                f"{position} is {info.name!r}: profile the same model or drop --profile"
+            )
+    if profile.batch != draft.batch:
+        raise PipeswapError(
+            f"{path} profiles batch {profile.batch} but this run has --batch {draft.batch}; "
+            f"{redo}"
+        )
+    check_profile_shape(path, profile, draft.seq_len, draft.image_size)
+
+
 def run_pipeline(config: TrainConfig) -> PipelineResult | None:
     """Run a resolved pipeline config: emulated here, or one rank per stage.
 
@@ -97,10 +131,17 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
     """
     pipeline = pipeline_config(config)
     assert config.pipeline is not None and config.device is not None
+    # The emulator and the runtime read each other's checkpoints: one identity for both.
+    checkpoint, resume = checkpointing(
+        config, pipeline.num_stages, balance=list(pipeline.balance), schedule=pipeline.schedule,
+        weights=pipeline.weights, distances=pipeline.distances, lr_warmup=pipeline.lr_warmup,
+        micro_batches=pipeline.micro_batches,
+    )  # fmt: skip
     if config.pipeline.emulate:
         from pipeswap.pipeline.emulator import Emulator
 
-        return Emulator(pipeline, record=True).run(progress=config.progress)
+        emulator = Emulator(pipeline, record=True, checkpoint=checkpoint, resume=resume)
+        return emulator.run(progress=config.progress)
     env = torchrun_env()
     if env is not None and config.nproc is None and env.world_size != pipeline.num_stages:
         raise PipeswapError(
@@ -109,20 +150,26 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
         )
     nproc = None if env is not None and config.nproc is None else pipeline.num_stages
     return run_ranks(
-        _stage_rank, nproc, pipeline, config.device, config.progress,
+        _stage_rank, nproc, pipeline, config.device, config.progress, checkpoint, resume,
         device=config.device, timeout_s=config.timeout_s,
     )  # fmt: skip
 
 
 def _stage_rank(
-    rank: int, world: int, pipeline: PipelineConfig, device: str, progress: bool
+    rank: int,
+    world: int,
+    pipeline: PipelineConfig,
+    device: str,
+    progress: bool,
+    checkpoint: CheckpointPlan | None,
+    resume: tuple[str, int] | None,
 ) -> PipelineResult | None:
     from pipeswap.pipeline.runtime import run_rank
 
     where = rank_device(device, local_rank_of(rank))
     if where.type == "cuda":
         torch.cuda.set_device(where)
-    return run_rank(pipeline, device=where, progress=progress)
+    return run_rank(pipeline, device=where, progress=progress, checkpoint=checkpoint, resume=resume)
 
 
 def report(config: TrainConfig, result: PipelineResult) -> dict[str, Any]:

@@ -1,22 +1,28 @@
-"""Backends, devices, the single-thread guard and the collectives' one-process forms.
+"""Backends, devices, joining a job (and why it failed), the one-thread guard, collectives.
 
 Covers: pipeswap/dist/group.py, pipeswap/dist/env.py.
 """
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 import torch
+import torch.distributed as dist
 
-from pipeswap.dist.env import free_port, torchrun_env
+from pipeswap.dist.env import RankEnv, free_port, torchrun_env
 from pipeswap.dist.group import (
     agree,
     all_gather,
     backend_for,
     broadcast_from_rank0,
     gather_to_rank0,
+    init_process_group,
     rank_and_world,
     rank_device,
+    rendezvous_error,
     single_threaded,
 )
 from pipeswap.errors import PipeswapError
@@ -60,3 +66,38 @@ def test_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
     env = torchrun_env()
     assert env is not None and (env.rank, env.world_size, env.local_rank) == (2, 4, 2)
     assert env.master_port == 1234 and env.local_ranks == 4 and 0 < free_port() < 65536
+
+
+def test_a_port_in_use_is_refused_fast_naming_it() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        start = time.monotonic()
+        with pytest.raises(PipeswapError) as info:
+            init_process_group(RankEnv(0, 1, 0, "127.0.0.1", port), timeout_s=2)
+        elapsed = time.monotonic() - start
+    message = str(info.value)
+    assert f"rendezvous at 127.0.0.1:{port}: port {port} is already in use" in message
+    assert "pick another MASTER_PORT, or unset RANK, WORLD_SIZE, MASTER_ADDR" in message
+    assert elapsed < 2  # refused at once, not after the timeout
+    assert not dist.is_initialized()
+
+
+def test_nobody_at_the_address_names_it_and_what_to_check() -> None:
+    # Rank 1 of 2 with no rank 0 listening: torch's client times out connecting.
+    port = free_port()
+    with pytest.raises(PipeswapError) as info:
+        init_process_group(RankEnv(1, 2, 1, "127.0.0.1", port), timeout_s=1)
+    message = str(info.value)
+    assert f"rank 1 of 2 found no complete job at 127.0.0.1:{port} within 1 s" in message
+    assert "check that MASTER_ADDR and MASTER_PORT name rank 0's machine" in message
+    assert not dist.is_initialized()
+    waited = rendezvous_error(
+        dist.DistStoreError("Timed out after 3 seconds waiting for clients. 1/2 clients joined."),
+        RankEnv(0, 2, 0, "127.0.0.1", 1234),
+        2,
+    )
+    assert isinstance(waited, PipeswapError) and "1/2 clients joined" in str(waited)
+    other = RuntimeError("something else")
+    assert rendezvous_error(other, RankEnv(0, 2, 0, "127.0.0.1", 1234), 2) is other

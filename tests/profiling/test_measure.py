@@ -8,7 +8,12 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, model_spec
 from pipeswap.models.base import LayeredModel
 from pipeswap.profiling import estimate_layered, measure, meta_copy
-from pipeswap.profiling.measure import _Timer, transient_bytes
+from pipeswap.profiling.measure import (
+    _Timer,
+    is_allocation_error,
+    requested_bytes,
+    transient_bytes,
+)
 from pipeswap.profiling.step import optimizer_state_bytes, param_bytes_by_layer, run_step
 from pipeswap.units import format_bytes
 
@@ -152,6 +157,76 @@ def test_allocation_failure_reports_the_memory_a_meta_estimate_needs() -> None:
     assert "greedy at batch 4 does not fit on cpu" in message
     assert f"needs about {format_bytes(needed)} (meta estimate)" in message
     assert "can't allocate memory" in message
+
+
+_CPU_OOM = (
+    "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried "
+    "to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)"
+)
+
+
+def test_a_zoo_layer_out_of_host_memory_exits_2_naming_the_bytes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeswap.cli import main
+    from pipeswap.models.gpt import GPTHead
+
+    real_forward = GPTHead.forward
+
+    def greedy(self: GPTHead, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "meta":
+            raise RuntimeError(_CPU_OOM)
+        return real_forward(self, x)
+
+    monkeypatch.setattr(GPTHead, "forward", greedy)
+    out = tmp_path / "p.json"
+    argv = ["profile", "--model", "gpt2-micro", "--batch", "2", "--seq-len", "8", "--out", str(out)]
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    needed = estimate_layered(
+        meta_copy(build_model("gpt2-micro")), 2, seq_len=8
+    ).peak_training_bytes()  # fmt: skip
+    assert err.startswith("pipeswap profile: error: gpt2-micro at batch 2 does not fit on cpu: ")
+    assert f"one training step needs about {format_bytes(needed)} (meta estimate)" in err
+    assert "a single allocation of 64.00 GiB failed: out of memory ([enforce fail" in err
+    assert "try a smaller --batch" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_an_allocation_failure_is_refused_even_when_the_estimate_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipeswap.models.gpt import GPTHead
+
+    def greedy(self: GPTHead, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(_CPU_OOM)  # on the meta device too
+
+    monkeypatch.setattr(GPTHead, "forward", greedy)
+    with pytest.raises(PipeswapError) as info:
+        measure("gpt2-micro", 2, seq_len=8)
+    message = str(info.value)
+    assert "does not fit on cpu: a single allocation of 64.00 GiB failed" in message
+    assert "meta estimate" not in message and "try a smaller --batch" in message
+
+
+def test_python_memory_errors_are_allocation_failures_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeswap.models.gpt import GPTHead
+
+    def greedy(self: GPTHead, x: torch.Tensor) -> torch.Tensor:
+        raise MemoryError()
+
+    monkeypatch.setattr(GPTHead, "forward", greedy)
+    with pytest.raises(PipeswapError, match="does not fit on cpu: out of memory \\(MemoryError\\)"):
+        measure("gpt2-micro", 2, seq_len=8)
+
+
+def test_requested_bytes_reads_both_allocators() -> None:
+    assert requested_bytes(_CPU_OOM) == "64.00 GiB"
+    cuda = "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity)"
+    assert requested_bytes(cuda) == "20.00 MiB"
+    assert requested_bytes("out of memory") is None
+    assert is_allocation_error(RuntimeError(cuda)) and is_allocation_error(MemoryError())
+    assert not is_allocation_error(RuntimeError("shape mismatch"))
 
 
 def test_other_runtime_errors_pass_through() -> None:

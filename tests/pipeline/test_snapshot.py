@@ -1,0 +1,107 @@
+"""Pipeline checkpoints: consistent cuts, and resuming bit-identically, emulator and runtime.
+
+Covers: pipeswap/pipeline/snapshot.py, pipeswap/checkpoint.py (the pipeline side).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeswap.checkpoint import CheckpointPlan, check_identity, latest_complete, step_dir
+from pipeswap.dist.faults import FAULT_ENV
+from pipeswap.dist.launch import spawn
+from pipeswap.errors import PipeswapError
+from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.emulator import Emulator, pipeline_schedule
+from pipeswap.pipeline.runtime import run_rank
+from pipeswap.pipeline.snapshot import crossing_messages, cut_index
+
+BASE = PipelineConfig(
+    "gpt2-micro", (1, 1, 1, 1), schedule="async-1f1b", weights="spectrain", batch=4,
+    seq_len=16, steps=9, lr=0.05,
+)  # fmt: skip
+MODES = [
+    ("async-1f1b", "stale", "sgd", 1),
+    ("async-1f1b", "stash", "sgd", 1),
+    ("async-1f1b", "spectrain", "sgd", 1),
+    ("async-1f1b", "predict-adam", "adam", 1),
+    ("1f1b", "stale", "adamw", 2),
+]
+
+
+def _plan(folder: Path, world: int, every: int = 4) -> CheckpointPlan:
+    return CheckpointPlan(str(folder), every, {"test": "snapshot"}, world)
+
+
+def test_async_cut_keeps_the_activations_the_next_stage_has_not_received() -> None:
+    schedule = pipeline_schedule(BASE)
+    keep = crossing_messages(schedule, 4)
+    # Stage k has N - k - 1 forwards in flight; the newest one's activations are in transit.
+    assert keep == {0: {("F", 6)}, 1: {("F", 5)}, 2: {("F", 4)}, 3: set()}
+    assert [cut_index(schedule, r, 4) for r in range(4)] == [
+        schedule.actions[r].index(next(a for a in schedule.actions[r] if str(a) == f"{r}UPDATE3"))
+        for r in range(4)
+    ]
+    sync = pipeline_schedule(dataclasses.replace(BASE, schedule="gpipe", micro_batches=2))
+    assert crossing_messages(sync, 4) == {r: set() for r in range(4)}  # nothing in flight
+
+
+@pytest.mark.parametrize("schedule,weights,optimizer,micro", MODES)
+def test_emulator_resumes_bit_identically(
+    tmp_path: Path, schedule: str, weights: str, optimizer: str, micro: int
+) -> None:
+    config = dataclasses.replace(
+        BASE, schedule=schedule, weights=weights, optimizer=optimizer, micro_batches=micro,
+        lr=0.05 if optimizer == "sgd" else 3e-3,
+    )  # fmt: skip
+    alone = Emulator(config).run()
+    checkpointed = Emulator(config, checkpoint=_plan(tmp_path, 4)).run()
+    assert (checkpointed.losses, checkpointed.params_sha256) == (alone.losses, alone.params_sha256)
+    found = latest_complete(tmp_path)
+    assert found is not None and found[0] == 8  # steps 4 and 8 (never after the last, 9)
+    resumed = Emulator(config, resume=(str(tmp_path), 4)).run()
+    assert resumed.losses == alone.losses and resumed.params_sha256 == alone.params_sha256
+    assert resumed.eval == alone.eval and resumed.prediction_error == alone.prediction_error
+
+
+def test_a_half_written_set_is_passed_over_and_another_runs_set_refused(tmp_path: Path) -> None:
+    Emulator(BASE, checkpoint=_plan(tmp_path, 4)).run()
+    (step_dir(tmp_path, 8) / "rank-2.pt").unlink()  # as if rank 2 died while writing
+    found = latest_complete(tmp_path)
+    assert found is not None and found[0] == 4
+    with pytest.raises(PipeswapError, match="written with test = 'snapshot'.*'other'"):
+        check_identity(found[1], {"test": "other"}, "the checkpoint")
+    shutil.rmtree(step_dir(tmp_path, 4))
+    (step_dir(tmp_path, 8) / "manifest.json").unlink()
+    assert latest_complete(tmp_path) is None
+    with pytest.raises(PipeswapError, match="no such directory"):
+        latest_complete(tmp_path / "missing")
+
+
+def _train(rank: int, world: int, config: PipelineConfig, plan: CheckpointPlan | None,
+           resume: tuple[str, int] | None) -> tuple[tuple[float, ...], str] | None:  # fmt: skip
+    result = run_rank(config, checkpoint=plan, resume=resume)
+    return None if result is None else (result.losses, result.params_sha256)
+
+
+@pytest.mark.dist
+def test_runtime_killed_mid_run_resumes_bit_identically_in_runtime_and_emulator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = dataclasses.replace(BASE, steps=12, timeout_s=10)
+    alone = Emulator(config).run()
+    monkeypatch.setenv(FAULT_ENV, "1:6")  # stage 1 is SIGKILLed after its step 6
+    killed = spawn(_train, 4, config, _plan(tmp_path, 4, every=3), None, timeout_s=10)
+    assert not killed.ok and killed.exit_codes[1] == -9
+    found = latest_complete(tmp_path)
+    assert found is not None and found[0] == 6  # steps 3 and 6 were written before the kill
+    monkeypatch.delenv(FAULT_ENV)
+    resumed = spawn(_train, 4, config, None, (str(tmp_path), 6), timeout_s=10)
+    assert resumed.ok, resumed.exit_codes
+    assert resumed.results[0] == (alone.losses, alone.params_sha256)
+    emulated = Emulator(config, resume=(str(tmp_path), 3)).run()  # the runtime's files
+    assert (emulated.losses, emulated.params_sha256) == (alone.losses, alone.params_sha256)

@@ -1,0 +1,95 @@
+"""`pipeswap train --checkpoint-dir/--resume`: interrupted runs resume to the same bits.
+
+Covers: pipeswap/training/resume.py, pipeswap/checkpoint.py, pipeswap/training/dp_rank.py
+(checkpoints and SIGTERM).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeswap.cli import main
+from pipeswap.dist.faults import FAULT_ENV
+
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+
+DP = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--device", "cpu",
+      "--swap-policy", "disjoint", "--footprint-ratio", "1.2"]  # fmt: skip
+PIPE = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--pipeline", "4",
+        "--schedule", "async-1f1b", "--weights", "spectrain"]  # fmt: skip
+
+
+def _report(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def _same_run(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["losses"] == b["losses"] and a["params_sha256"] == b["params_sha256"]
+
+
+@pytest.mark.dist
+def test_data_parallel_rank_killed_then_resumed_ends_as_if_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = [*DP, "--steps", "8", "--nproc", "2"]
+    assert main([*run, "--report", str(tmp_path / "alone.json")]) == 0
+    monkeypatch.setenv(FAULT_ENV, "1:4")  # rank 1 is SIGKILLed after its fifth step
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "3"]
+    assert main([*run, *ckpt]) == 1
+    assert "rank 1 was killed by SIGKILL" in capsys.readouterr().err
+    monkeypatch.delenv(FAULT_ENV)
+    assert main([*run, "--resume", str(tmp_path / "ckpt"), "--report", str(tmp_path / "r.json")]) == 0
+    _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
+    # Another world size, or another model, is refused with the field that differs.
+    assert main([*DP, "--steps", "8", "--resume", str(tmp_path / "ckpt")]) == 2
+    assert "world_size = 2, but this run has 1" in capsys.readouterr().err
+
+
+def test_sigterm_writes_a_checkpoint_and_the_resumed_run_ends_as_if_left_alone(
+    tmp_path: Path,
+) -> None:
+    run = [*DP, "--steps", "12"]
+    assert main([*run, "--report", str(tmp_path / "alone.json")]) == 0
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env[FAULT_ENV] = "0:4:SIGTERM"  # SIGTERM arrives during step 4 (counted from 0)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeswap", *run, "--checkpoint-dir", str(tmp_path / "ckpt")],
+        env=env, capture_output=True, timeout=120,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 143, err[-2000:]
+    assert "stopped by SIGTERM after step 5" in err and "Traceback" not in err
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-00000005"]
+    assert main([*run, "--resume", str(tmp_path / "ckpt"), "--report", str(tmp_path / "r.json")]) == 0
+    _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
+
+
+def test_emulated_async_pipeline_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    run = [*PIPE, "--steps", "10", "--emulate"]
+    assert main([*run, "--report", str(tmp_path / "alone.json")]) == 0
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "4"]
+    assert main([*run, *ckpt]) == 0
+    assert main([*run, "--resume", str(tmp_path / "ckpt"), "--report", str(tmp_path / "r.json")]) == 0
+    _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--checkpoint-every", "-1"], "--checkpoint-every is -1"),
+        (["--checkpoint-every", "2"], "needs --checkpoint-dir"),
+        (["--resume", "/nonexistent/ckpt"], "no such directory"),
+    ],
+)
+def test_bad_checkpoint_options_exit_2(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*DP, "--steps", "2", *extra]) == 2
+    assert message in capsys.readouterr().err
