@@ -19,6 +19,8 @@ import io
 import os
 import random
 import re
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,36 @@ class CheckpointPlan:
     def due(self, done: int, steps: int) -> bool:
         """Checkpoint after ``done`` optimizer steps? (Never after the last one.)"""
         return self.every > 0 and done % self.every == 0 and done < steps
+
+
+class RunStopped(PipeswapError):
+    """SIGTERM stopped the run after a checkpoint; the message says how to resume."""
+
+    exit_status = 128 + signal.SIGTERM
+
+    def __init__(self, directory: str, done: int) -> None:
+        super().__init__(
+            f"stopped by SIGTERM after step {done}; its checkpoint is in {directory}: "
+            f"continue with --resume {directory}"
+        )
+
+
+class StopOnSigterm:
+    """Turns SIGTERM into a request to stop at the next step boundary (main thread only)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
 
 def step_dir(directory: str | os.PathLike[str], done: int) -> Path:

@@ -6,12 +6,14 @@ import time
 
 import torch
 
-from pipeswap.checkpoint import CheckpointPlan, load_rank
+from pipeswap.checkpoint import CheckpointPlan, RunStopped, load_rank
+from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import single_threaded
 from pipeswap.pipeline.config import PipelineConfig, build_full_model
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.schedule import Schedule, build_schedule
+from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import Packed, inspect_layers
 from pipeswap.pipeline.validate import simulate, validate
 from pipeswap.progress import progress_bar
@@ -85,6 +87,11 @@ class Emulator:
             schedule = pipeline_schedule(config)
             model = build_full_model(config)
             mailbox: dict[tuple[str, int, int], Packed] = {}
+            request = None
+            if self.checkpoint is not None:
+                request = StopRequest(
+                    self.checkpoint.directory, config.num_stages, config.steps, decider=True
+                )
             self.executors = [
                 StageExecutor(
                     config,
@@ -96,6 +103,7 @@ class Emulator:
                     record=self.record,
                     keep_gradients=self.keep_gradients,
                     checkpoint=self.checkpoint,
+                    stop=request,
                 )
                 for rank in range(config.num_stages)
             ]
@@ -109,15 +117,30 @@ class Emulator:
             start = time.perf_counter()
             for ex in self.executors:
                 ex.start_clock()
-            for timed in simulate(schedule):
-                if timed.index < starts[timed.rank]:
-                    continue
-                self.executors[timed.rank].run(timed.action)
-                if timed.rank == 0 and timed.action.kind == "UPDATE" and bar is not None:
-                    last = self.executors[-1].runner.losses
-                    step_loss = last.get((timed.action.unit + 1) * config.micro_batches - 1)
-                    bar.set_postfix(loss=f"{step_loss:.4f}" if step_loss is not None else "-")
-                    bar.update(1)
+            at_cut: set[int] = set()
+            faults = [fault_hook(rank) for rank in range(config.num_stages)]
+            try:
+                for timed in simulate(schedule):
+                    if timed.index < starts[timed.rank] or timed.rank in at_cut:
+                        continue
+                    try:
+                        self.executors[timed.rank].run(timed.action)
+                    except StageAtCut as cut:
+                        at_cut.add(timed.rank)
+                        if len(at_cut) == config.num_stages:
+                            assert self.checkpoint is not None
+                            raise RunStopped(self.checkpoint.directory, cut.args[0]) from None
+                    fault = faults[timed.rank]
+                    if fault is not None and timed.action.kind == "UPDATE":
+                        fault(timed.action.unit)
+                    if timed.rank == 0 and timed.action.kind == "UPDATE" and bar is not None:
+                        last = self.executors[-1].runner.losses
+                        step_loss = last.get((timed.action.unit + 1) * config.micro_batches - 1)
+                        bar.set_postfix(loss=f"{step_loss:.4f}" if step_loss is not None else "-")
+                        bar.update(1)
+            finally:
+                if request is not None:
+                    request.close()
             for ex in self.executors:
                 ex.finish_training()
             wall = time.perf_counter() - start

@@ -14,7 +14,7 @@ from pipeswap.pipeline.config import BatchSource, PipelineConfig
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import steady_distances, version_distances
 from pipeswap.pipeline.schedule import Action, Schedule
-from pipeswap.pipeline.snapshot import crossing_messages
+from pipeswap.pipeline.snapshot import StageAtCut, StopRequest, crossing_messages, positions
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
 from pipeswap.pipeline.validate import TimedAction
 from pipeswap.pipeline.weights import StageWeights
@@ -65,17 +65,18 @@ class StageExecutor:
         keep_gradients: bool = False,
         device: torch.device | str = "cpu",
         checkpoint: CheckpointPlan | None = None,
+        stop: StopRequest | None = None,
     ) -> None:
         self.config = config
         self.rank = rank
         self.schedule = schedule
         self.transport = transport
         self.device = torch.device(device)
-        start, stop = stage_bounds(config.balance)[rank]
+        first, end = stage_bounds(config.balance)[rank]
         n = config.num_stages
-        input_spec: BoundarySpec | None = infos[start - 1].output if rank > 0 else None
-        output_spec: BoundarySpec | None = infos[stop - 1].output if rank < n - 1 else None
-        self.module = model.stage(start, stop)  # type: ignore[operator]
+        input_spec: BoundarySpec | None = infos[first - 1].output if rank > 0 else None
+        output_spec: BoundarySpec | None = infos[end - 1].output if rank < n - 1 else None
+        self.module = model.stage(first, end)  # type: ignore[operator]
         self.runner = StageRunner(
             rank,
             n,
@@ -111,9 +112,13 @@ class StageExecutor:
         # Checkpoints: the weights each in-flight forward used, and the messages sent
         # before the next checkpoint's cut that arrive after it (pipeswap.pipeline.snapshot).
         self.checkpoint = checkpoint
+        self.stop = stop
         self._forward_weights: dict[int, list[torch.Tensor]] = {}
         self._keep: set[tuple[str, int]] = set()
         self._kept: dict[tuple[str, int], Packed] = {}
+        self._cut_keep: set[tuple[str, int]] | None = None
+        self._last_crossing: set[tuple[str, int]] = set()
+        self._positions = positions(schedule) if checkpoint is not None else None
         self._plan_next_checkpoint(0)
 
     # ---- training -----------------------------------------------------------------
@@ -146,8 +151,18 @@ class StageExecutor:
         self._index += 1
         self.transport.progress()
         if kind == "UPDATE" and self.checkpoint is not None:
-            if self.checkpoint.due(unit + 1, self.config.steps):
-                self._save(unit + 1)
+            done = unit + 1
+            cut = self.stop.cut_after(self.rank, done) if self.stop is not None else None
+            if done == cut or self.checkpoint.due(done, self.config.steps):
+                self._save(done)
+            if done == cut:
+                raise StageAtCut(done)
+            if cut is not None:  # keep what will cross the SIGTERM cut, too
+                if self._cut_keep is None:
+                    self._cut_keep = crossing_messages(self.schedule, cut, self._positions)[
+                        self.rank
+                    ]
+                self._keep |= self._cut_keep
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device) if tensor.device != self.device else tensor
@@ -213,6 +228,11 @@ class StageExecutor:
             self.transport.send("F", unit, out)  # type: ignore[arg-type]
 
     # ---- checkpoints ----------------------------------------------------------------
+    @property
+    def crossing_keys(self) -> set[tuple[str, int]]:
+        """Messages this stage sent that cross the latest cut (saved in its checkpoint)."""
+        return self._last_crossing
+
     def _plan_next_checkpoint(self, done: int) -> None:
         """Which sends to keep a copy of: those crossing the next checkpoint's cut."""
         plan = self.checkpoint
@@ -220,7 +240,7 @@ class StageExecutor:
             return
         upcoming = (done // plan.every + 1) * plan.every
         if plan.due(upcoming, self.config.steps):
-            self._keep = crossing_messages(self.schedule, upcoming)[self.rank]
+            self._keep = crossing_messages(self.schedule, upcoming, self._positions)[self.rank]
 
     def _save(self, done: int) -> None:
         """Write this stage's state at its cut after ``done`` steps (see pipeline.snapshot)."""
@@ -239,6 +259,7 @@ class StageExecutor:
             "sent": self._kept,
             "rng": rng_state(),
         })  # fmt: skip
+        self._last_crossing = set(self._kept)
         self._kept = {}
         self._plan_next_checkpoint(done)
 

@@ -5,14 +5,14 @@ The process group is made by :mod:`pipeswap.dist`; this module only sends and re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import nullcontext
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from pipeswap.checkpoint import CheckpointPlan, load_rank
+from pipeswap.checkpoint import CheckpointPlan, RunStopped, load_rank
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import (
     backend_name,
@@ -30,6 +30,7 @@ from pipeswap.pipeline.executor import StageExecutor, StageResult
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.schedule import Action
+from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import BoundarySpec, Packed, inspect_layers
 from pipeswap.progress import progress_bar
 
@@ -66,7 +67,7 @@ class DistTransport:
         self.device = device
         self._groups = {"F": groups[0], "B": groups[1]} if groups is not None else {}
         self._posted: dict[tuple[str, int], tuple[Packed, list[Any]]] = {}
-        self._sending: list[tuple[Any, torch.Tensor]] = []
+        self._sending: list[tuple[Any, torch.Tensor, tuple[str, int]]] = []
 
     def post(self, kind: str, unit: int) -> None:
         if (kind, unit) in self._posted:
@@ -101,13 +102,16 @@ class DistTransport:
         for i, tensor in enumerate(tensors):
             payload = tensor.detach().contiguous()
             work = dist.isend(payload, dst=dst, tag=_tag(kind, unit, i), group=group)
-            self._sending.append((work, payload))
+            self._sending.append((work, payload, (kind, unit)))
 
     def progress(self) -> None:
-        self._sending = [(w, t) for w, t in self._sending if not w.is_completed()]
+        self._sending = [s for s in self._sending if not s[0].is_completed()]
 
-    def finish(self) -> None:
-        for work, _ in self._sending:
+    def finish(self, abandon: Collection[tuple[str, int]] = ()) -> None:
+        """Wait for every send but those in ``abandon`` (saved in a checkpoint instead)."""
+        for work, _, key in self._sending:
+            if key in abandon:
+                continue
             work.wait()
         self._sending = []
 
@@ -159,17 +163,29 @@ def run_rank(
             device,
             groups,
         )
+        request = None
+        if checkpoint is not None:
+            request = StopRequest(checkpoint.directory, world, config.steps, decider=rank == 0)
         executor = StageExecutor(
-            config, rank, schedule, model, infos, transport, device=device, checkpoint=checkpoint
-        )
-        start = 0 if resume is None else executor.restore(load_rank(resume[0], resume[1], rank))
+            config, rank, schedule, model, infos, transport, device=device,
+            checkpoint=checkpoint, stop=request,
+        )  # fmt: skip
+        first = 0 if resume is None else executor.restore(load_rank(resume[0], resume[1], rank))
         barrier()
-        actions = schedule.actions[rank][start:]
+        actions = schedule.actions[rank][first:]
         bar = progress_bar(config.steps, "train (rank 0)", enabled=progress and rank == 0)
         if bar is not None and resume is not None:
             bar.update(resume[1])
         executor.start_clock()
-        _run_actions(executor, transport, actions, bar, fault_hook(rank))
+        try:
+            _run_actions(executor, transport, actions, bar, fault_hook(rank))
+        except StageAtCut as cut:
+            # The checkpoint holds the messages that cross the cut; the rest must arrive.
+            transport.finish(abandon=executor.crossing_keys)
+            raise RunStopped(checkpoint.directory, cut.args[0]) from None  # type: ignore[union-attr]
+        finally:
+            if request is not None:
+                request.close()
         executor.finish_training()
         if bar is not None:
             bar.close()

@@ -13,10 +13,24 @@ consistent, which :func:`crossing_messages` checks.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from pipeswap.errors import PipeswapError
+from pipeswap.jsonio import write_atomic
 from pipeswap.pipeline.schedule import Action, ActionKind, Schedule
 
 _SENDS = {ActionKind.SEND_F: ("F", 1, ActionKind.RECV_F), ActionKind.SEND_B: ("B", -1, ActionKind.RECV_B)}
+
+
+Positions = dict[tuple[int, str, int], int]
+
+
+def positions(schedule: Schedule) -> Positions:
+    """Where each (rank, kind, unit) action stands in its rank's list (computed once per run)."""
+    return {
+        (r, a.kind, a.unit): i for r, acts in enumerate(schedule.actions) for i, a in enumerate(acts)
+    }
 
 
 def cut_index(schedule: Schedule, rank: int, done: int) -> int:
@@ -24,18 +38,25 @@ def cut_index(schedule: Schedule, rank: int, done: int) -> int:
     return schedule.actions[rank].index(Action(rank, ActionKind.UPDATE, done - 1))
 
 
-def crossing_messages(schedule: Schedule, done: int) -> dict[int, set[tuple[str, int]]]:
-    """Per rank, the (direction, unit) messages it sends before the cut that arrive after."""
-    cuts = [cut_index(schedule, r, done) for r in range(schedule.num_stages)]
-    position = {
-        (r, a.kind, a.unit): i for r, acts in enumerate(schedule.actions) for i, a in enumerate(acts)
-    }
-    keep: dict[int, set[tuple[str, int]]] = {r: set() for r in range(schedule.num_stages)}
-    for (rank, kind, unit), i in position.items():
-        if kind not in _SENDS:
-            continue
+def crossing_messages(
+    schedule: Schedule, done: int, where: Positions | None = None
+) -> dict[int, set[tuple[str, int]]]:
+    """Per rank, the (direction, unit) messages it sends before the cut that arrive after.
+
+    Only units within N + 1 steps of the cut can cross it: no stage runs further ahead
+    or behind, so the search looks at those alone (``where`` from :func:`positions`).
+    """
+    where = positions(schedule) if where is None else where
+    n, micro = schedule.num_stages, schedule.micro_batches
+    cuts = [where[(r, ActionKind.UPDATE, done - 1)] for r in range(n)]
+    window = range(max(0, (done - n - 1) * micro), min(schedule.num_units, (done + n + 1) * micro))
+    keep: dict[int, set[tuple[str, int]]] = {r: set() for r in range(n)}
+    for rank, kind, unit in (
+        (r, k, u) for r in range(n) for k in _SENDS for u in window if (r, k, u) in where
+    ):
+        i = where[(rank, kind, unit)]
         direction, step, receive = _SENDS[kind]
-        j = position[(rank + step, receive, unit)]
+        j = where[(rank + step, receive, unit)]
         sent, received = i <= cuts[rank], j <= cuts[rank + step]
         if received and not sent:
             raise PipeswapError(
@@ -46,3 +67,48 @@ def crossing_messages(schedule: Schedule, done: int) -> dict[int, set[tuple[str,
         if sent and not received:
             keep[rank].add((direction, unit))
     return keep
+
+
+class StageAtCut(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a stage that checkpointed at the SIGTERM cut and runs no further action."""
+
+
+class StopRequest:
+    """SIGTERM to a pipeline becomes a checkpoint at a step every stage agrees on.
+
+    Stage 0 decides: at its first UPDATE after the signal, step ``t``, it picks the cut
+    after ``t + N + 2`` steps. No stage is more than N - 1 updates ahead of stage 0 (its
+    forwards need stage 0's), so every stage learns the step at least one update before
+    its cut, in time to keep the messages that will cross it. In one process (the
+    emulator) the stages share this object; across processes stage 0 also writes the
+    step to ``stop-request.json`` in the checkpoint folder, which the others read at each
+    UPDATE once checkpoints are on.
+    """
+
+    def __init__(self, directory: str, num_stages: int, steps: int, *, decider: bool) -> None:
+        from pipeswap.checkpoint import StopOnSigterm
+
+        self.num_stages = num_stages
+        self.steps = steps
+        self.target: int | None = None
+        self._file = Path(directory) / "stop-request.json"
+        if decider:  # a request left by an earlier run must not stop this one
+            self._file.unlink(missing_ok=True)
+        self._signal = StopOnSigterm()
+
+    def cut_after(self, rank: int, done: int) -> int | None:
+        """After this stage's ``done``-th update: the steps after which all stages stop."""
+        if self.target is None:
+            if rank == 0 and self._signal.requested:
+                target = done + self.num_stages + 2
+                if target >= self.steps:  # the run ends first: let it finish
+                    self._signal.requested = False
+                    return None
+                self.target = target
+                write_atomic(self._file, json.dumps({"step": target}))
+            elif rank != 0 and self._file.exists():
+                self.target = int(json.loads(self._file.read_text())["step"])
+        return self.target
+
+    def close(self) -> None:
+        self._signal.restore()

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import statistics
-import threading
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -30,6 +28,8 @@ from torch import nn
 
 from pipeswap.checkpoint import (
     CheckpointPlan,
+    RunStopped,
+    StopOnSigterm,
     load_rank,
     rng_state,
     save_rank,
@@ -228,7 +228,7 @@ def train_rank(
         optimizer.load_state_dict(state["optimizer"])
         first, losses, step_s, late = state["done"], state["losses"], state["step_s"], state["late"]
         set_rng_state(state["rng"])
-    stop = _StopOnSigterm() if checkpoint is not None else None
+    stop = StopOnSigterm() if checkpoint is not None else None
     bar = progress_bar(settings.steps, f"train {plan.policy}", enabled=settings.progress and rank == 0)
     if bar is not None:
         bar.update(first)
@@ -298,36 +298,6 @@ def train_rank(
         late_fetches=late,
         offset_s=offset,
     )
-
-
-class RunStopped(PipeswapError):
-    """SIGTERM stopped the run after a checkpoint; the message says how to resume."""
-
-    exit_status = 128 + signal.SIGTERM
-
-    def __init__(self, directory: str, done: int) -> None:
-        super().__init__(
-            f"stopped by SIGTERM after step {done}; its checkpoint is in {directory}: "
-            f"continue with --resume {directory}"
-        )
-
-
-class _StopOnSigterm:
-    """Turns SIGTERM into a request to stop at the next step boundary (main thread only)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._request)
-
-    def _request(self, signum: int, frame: Any) -> None:
-        self.requested = True
-
-    def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
 
 
 def measured_step_s(results: Sequence[RankResult]) -> float:

@@ -152,6 +152,7 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
     return run_ranks(
         _stage_rank, nproc, pipeline, config.device, config.progress, checkpoint, resume,
         device=config.device, timeout_s=config.timeout_s,
+        stop_grace_s=5.0 if checkpoint is None else config.timeout_s + 30.0,
     )  # fmt: skip
 
 

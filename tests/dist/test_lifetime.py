@@ -87,3 +87,34 @@ def test_no_process_of_the_run_survives_its_launcher(
     assert "Traceback" not in err
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("pipeswap-")]
     assert leftovers == []
+
+
+@pytest.mark.parametrize("mode", ["data-parallel", "pipeline"])
+def test_sigterm_to_the_launcher_leaves_a_complete_checkpoint(mode: str, tmp_path: Path) -> None:
+    from pipeswap.checkpoint import latest_complete
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    folder = tmp_path / "ckpt"
+    launcher = subprocess.Popen(
+        # A pipeline's schedule is data: a few thousand steps build quickly and last long enough.
+        [*TRAIN, *MODES[mode], "--checkpoint-dir", str(folder), "--checkpoint-every", "5",
+         *(["--steps", "3000"] if mode == "pipeline" else [])],
+        env=env,
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        # A first periodic checkpoint: the ranks are training (and handle SIGTERM).
+        assert _wait_for(lambda: folder.is_dir() and latest_complete(folder), 120)
+        os.kill(launcher.pid, signal.SIGTERM)
+        code = launcher.wait(timeout=60)
+        assert _wait_for(lambda: not _group(launcher.pid), 30), _group(launcher.pid)
+    finally:
+        for pid in _group(launcher.pid):
+            os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    err = launcher.stderr.read().decode() if launcher.stderr else ""
+    assert code == 143 and "stopped by SIGTERM after step" in err, err[-2000:]
+    found = latest_complete(folder)
+    assert found is not None and f"after step {found[0]};" in err

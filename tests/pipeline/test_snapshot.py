@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeswap.checkpoint import CheckpointPlan, check_identity, latest_complete, step_dir
+from pipeswap.checkpoint import (
+    CheckpointPlan,
+    RunStopped,
+    check_identity,
+    latest_complete,
+    step_dir,
+)
 from pipeswap.dist.faults import FAULT_ENV
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
@@ -105,3 +111,34 @@ def test_runtime_killed_mid_run_resumes_bit_identically_in_runtime_and_emulator(
     assert resumed.results[0] == (alone.losses, alone.params_sha256)
     emulated = Emulator(config, resume=(str(tmp_path), 3)).run()  # the runtime's files
     assert (emulated.losses, emulated.params_sha256) == (alone.losses, alone.params_sha256)
+
+
+def test_sigterm_to_the_emulator_checkpoints_at_a_cut_all_stages_agree_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = dataclasses.replace(BASE, steps=14)
+    alone = Emulator(config).run()
+    monkeypatch.setenv(FAULT_ENV, "0:3:SIGTERM")  # stage 0 gets SIGTERM after its 4th step
+    # Stage 0 sees it at its next update (5 steps done) and picks the cut after 5 + N + 2.
+    with pytest.raises(RunStopped, match="after step 11") as info:
+        Emulator(config, checkpoint=_plan(tmp_path, 4, every=0)).run()
+    assert info.value.exit_status == 143
+    monkeypatch.delenv(FAULT_ENV)
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == ["step-00000011"]
+    resumed = Emulator(config, resume=(str(tmp_path), 11)).run()
+    assert (resumed.losses, resumed.params_sha256) == (alone.losses, alone.params_sha256)
+
+
+@pytest.mark.dist
+def test_sigterm_to_a_runtime_rank_checkpoints_every_stage_then_resumes_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = dataclasses.replace(BASE, steps=14, timeout_s=10)
+    alone = Emulator(config).run()
+    monkeypatch.setenv(FAULT_ENV, "0:3:SIGTERM")
+    stopped = spawn(_train, 4, config, _plan(tmp_path, 4, every=0), None, timeout_s=10)
+    assert not stopped.ok and all(m and "after step 11" in m for m in stopped.messages)
+    monkeypatch.delenv(FAULT_ENV)
+    resumed = spawn(_train, 4, config, None, (str(tmp_path), 11), timeout_s=10)
+    assert resumed.ok, resumed.exit_codes
+    assert resumed.results[0] == (alone.losses, alone.params_sha256)
