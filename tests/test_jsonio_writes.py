@@ -185,3 +185,40 @@ def test_check_writable_refuses_two_outputs_on_one_file(tmp_path: Path) -> None:
 
 def test_check_writable_and_the_read_limit_are_public() -> None:
     assert callable(jsonio.check_writable) and jsonio.MAX_JSON_BYTES == 256 * 2**20
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A 64 KiB tmpfs, almost full (skipped where this process may not mount one)."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+                          capture_output=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root or CAP_SYS_ADMIN)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_keeps_the_old_report_and_no_temporary(full_disk: Path) -> None:
+    """On a real full file system, through the CLI: exit 2, the file named, the old kept."""
+    from pipeswap.cli import main
+
+    report = full_disk / "p.json"
+    report.write_text("old")
+    filler = full_disk / "filler"
+    with open(filler, "wb", buffering=0) as handle:  # take every free block
+        try:
+            while True:
+                handle.write(b"x" * 1024)
+        except OSError:
+            pass
+    argv = ["profile", "--model", "gpt2-micro", "--batch", "2", "--seq-len", "8", "--estimate",
+            "--out", str(report)]  # fmt: skip
+    assert main(argv) == 2
+    assert report.read_text() == "old"
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "p.json"]

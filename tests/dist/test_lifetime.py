@@ -118,3 +118,42 @@ def test_sigterm_to_the_launcher_leaves_a_complete_checkpoint(mode: str, tmp_pat
     assert code == 143 and "stopped by SIGTERM after step" in err, err[-2000:]
     found = latest_complete(folder)
     assert found is not None and f"after step {found[0]};" in err
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_rank_killed_takes_the_whole_run_down(signum: int, tmp_path: Path) -> None:
+    """A rank that dies: its peer fails within --timeout, the launcher exits 1, no survivor."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["TMPDIR"] = str(tmp_path)
+    launcher = subprocess.Popen(
+        [*TRAIN, *MODES["data-parallel"]], env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert _wait_for(lambda: len(_children(launcher.pid)) >= 2, 90), "ranks never started"
+        time.sleep(3.0)
+        os.kill(max(_children(launcher.pid)), signum)  # the later-started rank
+        code = launcher.wait(timeout=60)
+        assert _wait_for(lambda: not _group(launcher.pid), 30), _group(launcher.pid)
+    finally:
+        for pid in _group(launcher.pid):
+            os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    err = launcher.stderr.read().decode() if launcher.stderr else ""
+    assert code == 1 and f"was killed by {signal.Signals(signum).name}" in err, err[-2000:]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("pipeswap-")] == []
