@@ -18,6 +18,9 @@ memory from its spec.
   of ``b``; one update per mini-batch after the flush.
 - async-1f1b: mini-batches of ``b`` samples pipelined with no flush, an update per
   mini-batch per stage; memory counts SpecTrain's one extra weight copy.
+- 2bw: PipeDream-2BW, a mini-batch of ``N * b`` in N micro-batches of ``b`` pipelined
+  with no flush, one update per mini-batch applied one update late; memory counts the
+  second weight version (``stash``) and up to 2N micro-batches in flight.
 - Stages are cut by the partitioner (slowest stage minimal, each stage within the GPU's
   memory); stage k runs on GPU k.
 """
@@ -54,7 +57,9 @@ RESULTS = RESULTS_DIR / "pipeline_throughput_sim.md"
 MODELS = ("vgg16", "resnet152", "gpt2-medium")
 GPUS = ("v100-32gb", "rtx2080ti")
 TOPOLOGIES = ("switch-4", "single-root-8")
-PIPELINES = ("gpipe", "1f1b", "async-1f1b")
+PIPELINES = ("gpipe", "1f1b", "async-1f1b", "2bw")
+# Weight mode each schedule runs with here (its extra weight memory follows from it).
+WEIGHT_MODES = {"gpipe": "stale", "1f1b": "stale", "async-1f1b": "spectrain", "2bw": "stash"}
 # SGD with momentum reads weight, gradient and momentum and writes weight and momentum.
 UPDATE_ACCESSES = 5
 MEMORY_EFFICIENCY = 0.7  # as pipeswap.profiling.estimate's elementwise kernels
@@ -146,9 +151,8 @@ def pipeline_rate(
     """A schedule over every GPU of ``topology`` at ``batch`` samples per unit, halving the
     batch until some cut fits every stage in memory; also the balance the partitioner chose."""
     n = len(topology.gpus)
-    synchronous = schedule_name != "async-1f1b"
-    micro = n if synchronous else 1
-    weights = "stale" if synchronous else "spectrain"
+    micro = 1 if schedule_name == "async-1f1b" else n
+    weights = WEIGHT_MODES[schedule_name]
     while batch >= 1:
         profile = scaled(estimate(model, batch, gpu=gpu), micro)
         try:
@@ -172,7 +176,7 @@ def pipeline_rate(
             schedule, profile, topology, cut.balance, update_s=update_s, weights=weights
         )
 
-    steps = 2 if synchronous else 2 * n
+    steps = {"gpipe": 2, "1f1b": 2, "async-1f1b": 2 * n}.get(schedule_name, 4)
     return Rate(steady_rate(build, steps, micro * batch, topology), batch), cut.balance
 
 
@@ -190,8 +194,8 @@ def main_table(models: tuple[str, ...], gpus: tuple[str, ...], topologies: tuple
                batch_of: dict[str, int]) -> tuple[str, list[dict[str, object]]]:  # fmt: skip
     lines = [
         "| model | GPU | server | N | b | 1 GPU | DP | DP no overlap | gpipe | 1f1b | async-1f1b "
-        "| async / DP | async / DP no overlap | async / (N x 1 GPU) | async balance |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| 2bw | async / DP | async / DP no overlap | async / (N x 1 GPU) | async balance |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     rows: list[dict[str, object]] = []
     for model in models:
@@ -328,6 +332,10 @@ def _explanation(batch_of: dict[str, int]) -> str:
         "micro-batches of `b`, flush and update every mini-batch.\n"
         "- **async-1f1b**: mini-batches of `b` pipelined with no flush (PipeDream / "
         "SpecTrain); its memory includes weight prediction's one extra weight copy.\n"
+        "- **2bw**: PipeDream-2BW: mini-batch `N*b` in N micro-batches of `b` pipelined "
+        "with no flush, one update per mini-batch that applies the gradient of the weights "
+        "one update old; its memory includes the second weight version and up to 2N "
+        "micro-batches of activations in flight.\n"
         "- The partitioner cuts the model into N stages, minimising the slowest stage's "
         "compute with every stage within the GPU's memory; `async balance` lists layers "
         "per stage. Stage k runs on GPU k; activations and gradients cross the PCIe tree "

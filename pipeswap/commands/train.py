@@ -128,6 +128,9 @@ OPTIONS = (
     _Option(("--memory-cap",), PIPELINE, PIPELINE,
             dict(metavar="BYTES", help="per-stage memory cap for the partitioner, e.g. 8GiB "
                  "(needs --profile)")),
+    _Option(("--error-feedback",), PIPELINE, PIPELINE,
+            dict(action="store_true", default=None, help="the error-feedback correction of "
+                 "delayed gradients (arXiv 2606.30634); not available yet, see docs")),
     _Option(("--emulate",), PIPELINE, PIPELINE,
             dict(action="store_true", default=None,
                  help="run every stage in this process (bit-identical on CPU)")),
@@ -215,6 +218,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
             eval_batches=2 if args.eval_batches is None else args.eval_batches,
             memory_cap_bytes=None if args.memory_cap is None else parse_bytes(args.memory_cap),
             emulate=bool(args.emulate),
+            error_feedback=bool(args.error_feedback),
         )
     return TrainConfig(
         model=args.model, batch=args.batch, seq_len=args.seq_len, image_size=args.image_size,

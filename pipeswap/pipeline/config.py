@@ -15,7 +15,10 @@ from pipeswap.optim import check_optimizer
 from pipeswap.pipeline.predict import DISTANCE_RULES
 from pipeswap.pipeline.schedule import SCHEDULE_NAMES
 
-WEIGHT_MODES = ("stale", "stash", "spectrain", "predict-adam")
+WEIGHT_MODES = ("stale", "stash", "spectrain", "predict-adam", "nesterov")
+
+# Schedules with no pipeline flush, whose stages take delayed gradients.
+_DELAYED_SCHEDULES = ("async-1f1b", "2bw")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,11 @@ class PipelineConfig:
     ``lr_warmup`` ramps every stage's learning rate linearly over the first that many
     mini-batches (update of mini-batch t uses ``lr * min(1, (t + 1) / lr_warmup)``), the
     same in every schedule and weight mode; 0 is a constant rate.
+    ``weights="nesterov"`` is the Nesterov method of Ajanthan et al. (arXiv 2505.01099) as
+    released: weight stashing plus NAdam with ``beta1 = momentum`` (see
+    pipeswap.pipeline.weights); it needs ``optimizer`` adam or adamw.
+    ``error_feedback`` asks for the Error-Feedback correction of Zmushko et al. (arXiv
+    2606.30634); it is refused for now (see :meth:`check`).
     """
 
     model: str
@@ -52,6 +60,7 @@ class PipelineConfig:
     timeout_s: float = 60.0
     distances: str = "schedule"
     lr_warmup: int = 0
+    error_feedback: bool = False
 
     @property
     def num_stages(self) -> int:
@@ -93,6 +102,31 @@ class PipelineConfig:
                 f"--optimizer {self.optimizer} --momentum {self.momentum} has none: use "
                 f"--optimizer sgd --momentum 0.9, or --weights predict-adam with --optimizer "
                 f"adam or adamw"
+            )
+        if self.weights == "nesterov" and self.optimizer not in ("adam", "adamw"):
+            raise PipeswapError(
+                f"--weights nesterov is the method of Ajanthan et al. (arXiv 2505.01099) as its "
+                f"authors released it: NAdam with weight stashing. Only that Adam-family "
+                f"variant is defined (their code has no SGD variant), so --optimizer "
+                f"{self.optimizer} cannot run it: use --optimizer adamw (NAdamW, as released) "
+                f"or --optimizer adam"
+            )
+        if self.weights == "nesterov" and not 0.0 <= self.momentum < 1.0:
+            raise PipeswapError(
+                f"--weights nesterov uses --momentum as NAdam's beta1, which must lie in "
+                f"[0, 1), not {self.momentum}: the authors run --momentum 0.99"
+            )
+        if self.error_feedback and self.schedule not in _DELAYED_SCHEDULES:
+            raise PipeswapError(
+                f"--error-feedback corrects delayed gradients, but --schedule {self.schedule} "
+                f"is synchronous (every gradient is applied to the weights it was taken at): "
+                f"use --schedule async-1f1b, or drop --error-feedback"
+            )
+        if self.error_feedback:
+            raise PipeswapError(
+                "--error-feedback is not available yet: the correction formula of Zmushko et "
+                "al. (arXiv 2606.30634, Section 3) could not be checked against the paper, "
+                "and pipeswap does not ship a guessed version; drop --error-feedback"
             )
         if self.weights == "predict-adam" and self.optimizer not in ("adam", "adamw"):
             raise PipeswapError(

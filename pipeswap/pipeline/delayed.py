@@ -12,7 +12,7 @@ import torch
 from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
-from pipeswap.optim import make_optimizer
+from pipeswap.optim import optimizer_for_mode
 from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
 from pipeswap.pipeline.predict import version_distances
 from pipeswap.pipeline.schedule import Schedule, build_schedule
@@ -125,7 +125,8 @@ def train_with_delays(config: PipelineConfig, delays: Sequence[float]) -> Delaye
             )
         layers = [list(layer.parameters()) for layer in model]
         params = [p for group in layers for p in group]
-        optimizer = make_optimizer(
+        optimizer = optimizer_for_mode(
+            config.weights,
             config.optimizer,
             params,
             lr=config.lr,

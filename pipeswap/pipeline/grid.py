@@ -38,7 +38,7 @@ def render_grid(
     width = max(3, *(len(c) + 1 for row in cells for c in row)) if makespan else 3
     label = f"stage {schedule.num_stages - 1}"
     header = " " * len(label) + " " + "".join(f"{t:<{width}}" for t in range(makespan))
-    unit_word = "micro-batches" if schedule.synchronous else "mini-batches"
+    unit_word = "micro-batches" if schedule.micro_batches > 1 else "mini-batches"
     title = (
         f"{schedule.name}: {schedule.num_stages} stages, {schedule.num_steps} steps, "
         f"{schedule.num_units} {unit_word} (F={forward_cost}, B={backward_cost} slots)"
@@ -77,6 +77,10 @@ def phase_summary(schedule: Schedule, rank: int, row: list[str]) -> str:
     elif schedule.synchronous:
         first_step = [a for a in passes if schedule.step_of(a.unit) == 0]
         body = "per step " + _phases(first_step) + ", then flush + UPDATE"
+    elif schedule.name == "2bw":
+        m = schedule.micro_batches
+        every = "every B" if m == 1 else f"every {m} B (a mini-batch)"
+        body = _phases(passes) + f", no flush, UPDATE after {every}"
     else:
         body = _phases(passes) + ", UPDATE after every B"
     idle = sum(1 for c in row if c == IDLE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format
+from pipeswap.pipeline.schedule import two_bw_orders
 from pipeswap.profile import Profile
 
 PARTITION_FORMAT = "pipeswap.partition/1"
@@ -64,13 +66,35 @@ def in_flight_units(schedule: str, num_stages: int, stage: int, micro_batches: i
         return micro_batches
     if schedule == "1f1b":
         return min(num_stages - stage, micro_batches)
+    if schedule == "2bw":
+        return _two_bw_in_flight(num_stages, micro_batches)[stage]
     return num_stages - stage
 
 
-def extra_weight_copies(weights: str, in_flight: int) -> int:
-    """Weight copies beyond the live one: a stash per in-flight mini-batch, or one backup."""
-    if weights == "stash":
-        return in_flight
+@functools.lru_cache(maxsize=64)
+def _two_bw_in_flight(num_stages: int, micro_batches: int) -> tuple[int, ...]:
+    # The peak of (forwards - backwards) over the builder's order; 4 mini-batches reach
+    # the steady state (mini-batch t's forwards overlap only t - 1's backwards).
+    orders = two_bw_orders(num_stages, 4, micro_batches)
+    peaks = []
+    for order in orders:
+        live = peak = 0
+        for action in order:
+            live += {"F": 1, "B": -1}.get(action.kind, 0)
+            peak = max(peak, live)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+def extra_weight_copies(weights: str, in_flight: int, schedule: str | None = None) -> int:
+    """Weight copies beyond the live one: a stash per in-flight mini-batch, or one backup.
+
+    On ``2bw`` every in-flight micro-batch of a stage ran its forward on one of two
+    versions (double buffering, PipeDream-2BW), so ``stash`` keeps one copy whatever the
+    number in flight (``pipeline/weights.py`` shares one clone per version).
+    """
+    if weights in ("stash", "nesterov"):  # nesterov stashes as stash does
+        return min(in_flight, 1) if schedule == "2bw" else in_flight
     if weights in ("spectrain", "predict-adam"):
         return 1
     return 0
@@ -98,7 +122,7 @@ def stage_memory_bytes(
     total_params = profile.param_bytes or 1
     optimizer = profile.optimizer_state_bytes * params // total_params
     in_flight = in_flight_units(schedule, num_stages, stage, micro_batches)
-    versions = extra_weight_copies(weights, in_flight)
+    versions = extra_weight_copies(weights, in_flight, schedule)
     activations = math.ceil(in_flight * saved / micro_batches)
     return (2 + versions) * params + optimizer + activations
 

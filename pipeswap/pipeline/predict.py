@@ -20,10 +20,20 @@ update is applied to), which needs no timing assumption. In the warm-up (the fir
 N - k mini-batches of stage k) the walk also gives smaller forward distances, because
 fewer updates precede the mini-batch's own: mini-batch u < N - k has forward s = u.
 
+On ``2bw`` (PipeDream-2BW) the walk gives, at every stage whatever the depth, forward
+``s = 1`` and backward ``s = 0`` for every micro-batch of mini-batch t >= 1 (mini-batch 0:
+0 and 0): its forwards run between UPDATE(t - 2) and UPDATE(t - 1), its backwards after
+UPDATE(t - 1) (the stage's one gradient buffer). So ``stash`` runs the backward on the
+forward's version and the update is W(t+1) = W(t) - lr * grad(W(t-1)), the paper's
+one-update delay; ``spectrain`` predicts one update ahead on the forward; ``stale`` runs
+the backward on weights one update newer than its forward. ``build_schedule("2bw", ...,
+delay=0)`` has no delay (every distance 0): the updates of synchronous gradient
+accumulation, the same as ``1f1b`` (:func:`delay_free_schedule`).
+
 ``rule="official"`` (``PipelineConfig.distances``) uses the table instead: on ``async-1f1b``
 every walked distance of stage k plus ``floor(k/2)`` (so exactly the table in steady state,
 and the backward of stage k >= 2 is predicted too); synchronous schedules have no staleness
-under either rule.
+under either rule, and ``2bw`` (whose table is its walk) keeps the walked distances.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from collections import Counter
 
 import torch
 
-from pipeswap.pipeline.schedule import Schedule
+from pipeswap.pipeline.schedule import Schedule, build_schedule
 
 # (kind, unit) -> s for every forward and backward of one stage.
 Distances = dict[tuple[str, int], int]
@@ -69,6 +79,23 @@ def _walked_distances(schedule: Schedule, stage: int) -> Distances:
             # Updates at positions i+1 .. own-1.
             distances[(action.kind, action.unit)] = updates_before[own] - updates_before[i + 1]
     return distances
+
+
+def delay_free_schedule(schedule: Schedule) -> Schedule | None:
+    """The same schedule with its delay disabled (every distance 0), or None if it has none.
+
+    ``2bw`` with ``delay=0``: each mini-batch's forwards wait for the previous update, so
+    training is synchronous gradient accumulation (the updates of ``1f1b``). Synchronous
+    schedules are their own delay-free form; ``async-1f1b`` has none (its delay is the
+    pipeline's depth).
+    """
+    if schedule.synchronous:
+        return schedule
+    if schedule.name == "2bw":
+        return build_schedule(
+            "2bw", schedule.num_stages, schedule.num_steps, schedule.micro_batches, delay=0
+        )
+    return None
 
 
 def steady_distances(schedule: Schedule, stage: int, rule: str = "schedule") -> tuple[int, int]:

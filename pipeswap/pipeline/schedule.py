@@ -11,9 +11,10 @@ from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format
 
 SCHEDULE_FORMAT = "pipeswap.schedule/1"
-SCHEDULE_NAMES = ("gpipe", "1f1b", "async-1f1b")
+SCHEDULE_NAMES = ("gpipe", "1f1b", "async-1f1b", "2bw")
 SYNCHRONOUS_SCHEDULES = ("gpipe", "1f1b")
-
+# Updates a 2bw forward runs ahead of its own mini-batch's: 1 is PipeDream-2BW, 0 a flush.
+TWO_BW_DELAYS = (0, 1)
 
 
 class ActionKind(StrEnum):
@@ -143,8 +144,15 @@ class Schedule:
             raise PipeswapError(f"{where}: malformed schedule ({exc!r})") from None
 
 
-def build_schedule(name: str, num_stages: int, num_steps: int, micro_batches: int = 1) -> Schedule:
-    """The named schedule for ``num_stages`` ranks and ``num_steps`` mini-batches."""
+def build_schedule(
+    name: str, num_stages: int, num_steps: int, micro_batches: int = 1, *, delay: int = 1
+) -> Schedule:
+    """The named schedule for ``num_stages`` ranks and ``num_steps`` mini-batches.
+
+    ``delay`` applies to ``2bw`` only (see :func:`two_bw_orders`): 1 is PipeDream-2BW,
+    0 makes every forward wait for the previous mini-batch's update (synchronous
+    gradient accumulation, the same updates as ``1f1b``).
+    """
     if name not in SCHEDULE_NAMES:
         raise PipeswapError(f"unknown schedule {name!r}; valid: {', '.join(SCHEDULE_NAMES)}")
     if num_stages < 1 or num_steps < 1 or micro_batches < 1:
@@ -158,11 +166,15 @@ def build_schedule(name: str, num_stages: int, num_steps: int, micro_batches: in
             f"takes no micro-batches (got {micro_batches}); drop --micro-batches or use "
             "--schedule 1f1b"
         )
-    builder = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order, "async-1f1b": _async_order}[name]
-    rows = tuple(
-        _with_transfers(builder(stage, num_stages, num_steps, micro_batches), num_stages)
-        for stage in range(num_stages)
-    )
+    if name == "2bw":
+        orders = two_bw_orders(num_stages, num_steps, micro_batches, delay=delay)
+    else:
+        builder = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order, "async-1f1b": _async_order}
+        orders = [
+            builder[name](stage, num_stages, num_steps, micro_batches)
+            for stage in range(num_stages)
+        ]
+    rows = tuple(_with_transfers(order, num_stages) for order in orders)
     return Schedule(name, num_stages, num_steps, micro_batches, rows)
 
 
@@ -201,6 +213,91 @@ def _async_order(stage: int, n: int, steps: int, m: int) -> list[Action]:
         if unit + in_flight < steps:
             order.append(Action(stage, ActionKind.F, unit + in_flight))
     return order
+
+
+def two_bw_orders(
+    n: int,
+    steps: int,
+    m: int,
+    *,
+    delay: int = 1,
+    forward_cost: float = 1.0,
+    backward_cost: float = 2.0,
+) -> list[list[Action]]:
+    """PipeDream-2BW's compute order per stage: 1F1B over micro-batches with no flush.
+
+    Rules every stage keeps (t is a mini-batch, ``delay`` 1):
+
+    - the forwards of t run after this stage's UPDATE(t - 2) and before its UPDATE(t - 1),
+      so each sees the weights one update older than those UPDATE(t) applies its gradient
+      to (W(t+1) = W(t) - lr * grad(W(t-1))); under ``stash`` its backward reuses them;
+    - the backwards of t run after UPDATE(t - 1): the stage keeps one gradient buffer, so a
+      mini-batch's gradient starts accumulating once the previous one is applied;
+    - UPDATE(t) follows the last backward of t (and the last forward of t + 1).
+
+    Within those rules the order is found by running the pipeline on an idealized machine
+    (forward ``forward_cost``, backward ``backward_cost``, free transfers): a stage starts
+    whatever may run earliest, an UPDATE before a backward before a forward. So warm-up
+    (stage k runs the forwards of mini-batches 0 and 1 while the first gradients travel)
+    and cool-down (the last mini-batch drains) follow from the same rules as the steady
+    state. ``delay=0`` makes the forwards of t wait for UPDATE(t - 1): a flush per
+    mini-batch, the updates of synchronous gradient accumulation.
+
+    Memory: a stage holds at most 2m micro-batches' activations (t + 1's forwards run
+    while t's backwards drain); capping that at 1F1B's m + N - k - 1 costs throughput.
+    """
+    if delay not in TWO_BW_DELAYS:
+        raise PipeswapError(f"2bw: delay must be one of {TWO_BW_DELAYS}, not {delay}")
+    units = steps * m
+    inf = float("inf")
+    orders: list[list[Action]] = [[] for _ in range(n)]
+    clock = [0.0] * n
+    next_f, next_b, updates = [0] * n, [0] * n, [0] * n
+    # When unit u's activation (gradient) reaches stage k: set by the sender's pass.
+    act_at: list[dict[int, float]] = [dict() for _ in range(n)]
+    grad_at: list[dict[int, float]] = [dict() for _ in range(n)]
+
+    def candidates(k: int) -> list[tuple[float, int, str]]:
+        out: list[tuple[float, int, str]] = []
+        t = updates[k]  # the next UPDATE of stage k
+        if t < steps and next_b[k] >= (t + 1) * m and next_f[k] >= min(t + 1 + delay, steps) * m:
+            out.append((clock[k], 0, "UPDATE"))
+        u = next_b[k]
+        if u < next_f[k] and u // m <= updates[k] and u in grad_at[k]:
+            out.append((max(clock[k], grad_at[k][u]), 1, "B"))
+        u = next_f[k]
+        if u < units and u // m <= updates[k] + delay and (k == 0 or u in act_at[k]):
+            out.append((max(clock[k], act_at[k].get(u, 0.0)), 2, "F"))
+        return out
+
+    while any(updates[k] < steps for k in range(n)):
+        best = min(
+            ((start, rank, k, kind) for k in range(n) for start, rank, kind in candidates(k)),
+            default=(inf, 0, -1, ""),
+        )
+        start, _, k, kind = best
+        if k < 0:  # pragma: no cover - the rules above always leave a runnable action
+            raise PipeswapError(f"2bw: no runnable action for {n} stages, {m} micro-batches")
+        if kind == "UPDATE":
+            orders[k].append(Action(k, ActionKind.UPDATE, updates[k]))
+            updates[k] += 1
+        elif kind == "B":
+            u = next_b[k]
+            clock[k] = start + backward_cost
+            orders[k].append(Action(k, ActionKind.B, u))
+            next_b[k] += 1
+            if k > 0:
+                grad_at[k - 1][u] = clock[k]
+        else:
+            u = next_f[k]
+            clock[k] = start + forward_cost
+            orders[k].append(Action(k, ActionKind.F, u))
+            next_f[k] += 1
+            if k < n - 1:
+                act_at[k + 1][u] = clock[k]
+            else:
+                grad_at[k][u] = clock[k]
+    return orders
 
 
 def _with_transfers(order: list[Action], n: int) -> tuple[Action, ...]:

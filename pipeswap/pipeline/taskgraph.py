@@ -57,7 +57,9 @@ def pipeline_task_graph(
         params = sum(la.param_bytes for la in stages[k])
         share = profile.optimizer_state_bytes * params // (profile.param_bytes or 1)
         copies = extra_weight_copies(
-            weights, in_flight_units(schedule.name, n, k, schedule.micro_batches)
+            weights,
+            in_flight_units(schedule.name, n, k, schedule.micro_batches),
+            schedule.name,
         )
         tasks.append(_task(f"s{k}:init", "compute", gpu=placement[k],
                            alloc_bytes=(2 + copies) * params + share))  # fmt: skip

@@ -167,8 +167,15 @@ def _check_order(schedule: Schedule, rank: int, where: dict[tuple[str, int], int
             pairs += [(("F", unit), ("SEND_F", unit)), (("RECV_B", unit), ("B", unit))]
         step = schedule.step_of(unit)
         pairs.append((("B", unit), ("UPDATE", step)))
+        if step > 0:
+            # One gradient buffer per stage: a mini-batch's backwards wait for the
+            # previous mini-batch's update, or its gradient would be applied with it.
+            pairs.append((("UPDATE", step - 1), ("B", unit)))
         if schedule.synchronous and step > 0:
             pairs.append((("UPDATE", step - 1), ("F", unit)))
+        if schedule.name == "2bw" and step > 1:
+            # Double buffering: a forward is at most one update older than the live weights.
+            pairs.append((("UPDATE", step - 2), ("F", unit)))
         for first, then in pairs:
             if where[first] > where[then]:
                 raise _fail(

@@ -4,6 +4,20 @@ The module's parameters are what autograd saves in a forward graph. The optimize
 updates aliases of the same storage (``nn.Parameter(p.data)``) and versions are swapped
 in through ``p.data``, so neither bumps the version counter autograd checks: a backward
 runs on whatever weights are in place when it runs, which is what the modes choose.
+
+``nesterov`` is the Nesterov method for asynchronous pipeline parallelism of Ajanthan
+et al. (ICML 2025, arXiv 2505.01099) as its authors released it (PluralisResearch/AsyncPP:
+``run.bash`` runs ``--optimizer nadamw --momentum 0.99``; ``main_with_runtime.py`` calls
+``optimizer.load_old_params()`` before each backward and ``load_new_params()`` before each
+step). A unit's forward runs on the live weights; its backward runs on the version its
+forward used (PipeDream weight stashing, as ``stash``), so stage k's gradient of mini-batch
+t is taken at version ``t - s_F`` (``s_F`` the forward's version distance, N - k - 1 in
+steady state); the update applies that gradient to the live weights with NAdam (torch's
+NAdam, decoupled weight decay for ``adamw``) whose momentum coefficient beta1 is the
+config's ``momentum`` (:func:`pipeswap.optim.make_nadam` gives the formulas). With no delay
+(``s = 0``, every synchronous schedule) the mode is plain NAdam(W) training. The paper's
+own equations (its modified NAG look-ahead) were not available to check this against; the
+released code is the definition used here.
 """
 
 from __future__ import annotations
@@ -15,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeswap.optim import make_optimizer
+from pipeswap.optim import optimizer_for_mode
 from pipeswap.pipeline.predict import Distances, step_direction
 
 
@@ -71,19 +85,19 @@ class StageWeights:
         self.params = [p for p in self.module.parameters()]
         self.masters = [nn.Parameter(p.data) for p in self.params]
         # A stage may own no parameters at all (e.g. a lone Flatten): nothing to update.
-        self.optimizer = (
-            make_optimizer(
+        self.optimizer: torch.optim.Optimizer | None = None
+        if self.masters:
+            self.optimizer = optimizer_for_mode(
+                self.mode,
                 self.optimizer_name,
                 self.masters,
                 lr=self.lr,
                 momentum=self.momentum,
                 weight_decay=self.weight_decay,
             )
-            if self.masters
-            else None
-        )
         self.errors = {"F": PredictionError(), "B": PredictionError()}
         self._stash: dict[int, list[torch.Tensor]] = {}
+        self._latest_stash: tuple[int, list[torch.Tensor] | None] = (-1, None)
         self._backup: list[torch.Tensor] | None = None
         self._records: dict[tuple[str, int], _Record] = {}
 
@@ -93,7 +107,7 @@ class StageWeights:
         """Put the version the mode chooses for this pass in place (remember the live one)."""
         now = self._flat() if self.record else None
         s = self.distances.get((kind, unit), 0)
-        if self.mode == "stash":
+        if self.mode in ("stash", "nesterov"):
             self._before_stash(kind, unit, s)
         elif self.mode in ("spectrain", "predict-adam") and s > 0:
             self._predict(s)
@@ -113,7 +127,13 @@ class StageWeights:
         # Updates between F and B of the unit: only then does the backward need a stash.
         gap = self.distances.get(("F", unit), 0) - self.distances.get(("B", unit), 0)
         if kind == "F" and gap > 0:
-            self._stash[unit] = [p.detach().clone() for p in self.params]
+            # Forwards between two updates see one version: they share one copy of it
+            # (PipeDream-2BW's double buffer holds 2 versions however many micro-batches).
+            version, copy = self._latest_stash
+            if version != self.updates or copy is None:
+                copy = [p.detach().clone() for p in self.params]
+                self._latest_stash = (self.updates, copy)
+            self._stash[unit] = copy
         elif kind == "B" and unit in self._stash:
             self._backup = [p.detach().clone() for p in self.params]
             for p, stashed in zip(self.params, self._stash.pop(unit)):

@@ -67,6 +67,7 @@ class PipelineOptions:
     eval_batches: int = 2
     memory_cap_bytes: int | None = None
     emulate: bool = False
+    error_feedback: bool = False
 
     def check(self) -> None:
         if self.stages < 1:

@@ -47,6 +47,7 @@ def pipeline_config(config: TrainConfig) -> PipelineConfig:
         timeout_s=config.timeout_s,
         distances=options.distances,
         lr_warmup=options.lr_warmup,
+        error_feedback=options.error_feedback,
     )
     model = build_meta_model(draft)
     # Before the batch split: too many stages is the real problem when K also sets it.

@@ -51,13 +51,15 @@ def test_simulated_throughput_table(tmp_path: Path) -> None:
     text = _run("pipeline_throughput_sim.py", tmp_path / "sim.md")
     rows = _rows(text, "model")
     assert [r[:3] for r in rows] == [["vgg16", "v100-32gb", "switch-4"]]
-    # 1 GPU, DP, DP no overlap, gpipe, 1f1b, async-1f1b: finite positive samples/s.
-    rates = [_number(c) for c in rows[0][5:11]]
+    # 1 GPU, DP, DP no overlap, gpipe, 1f1b, async-1f1b, 2bw: finite positive samples/s.
+    rates = [_number(c) for c in rows[0][5:12]]
     assert all(math.isfinite(r) and r > 0 for r in rates)
-    single, dp, _, gpipe, one_f_one_b, asynchronous = rates
+    single, dp, _, gpipe, one_f_one_b, asynchronous, two_bw = rates
     # Four GPUs never beat four times one GPU; no bubble beats a flush every step.
-    assert max(dp, gpipe, one_f_one_b, asynchronous) <= 4 * single * 1.0001
+    assert max(dp, gpipe, one_f_one_b, asynchronous, two_bw) <= 4 * single * 1.0001
     assert asynchronous > one_f_one_b
+    # 2bw drops 1f1b's flush (same micro-batches, same global batch).
+    assert two_bw > one_f_one_b
     assert len(_rows(text, "server")) == 2
     assert "8.91x" in text and "15.77x" in text
 

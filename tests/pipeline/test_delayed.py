@@ -141,3 +141,18 @@ def test_synchronous_schedules_have_no_delay_in_any_mode(weights: str) -> None:
     for schedule in ("gpipe", "1f1b"):
         config = _gpt((1, 1, 1, 1), "sgd", schedule=schedule, weights=weights, micro_batches=2)
         assert schedule_delays(config) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "schedule,weights,optimizer,micro,delays",
+    [("async-1f1b", "nesterov", "adamw", 1, (3, 2, 1, 0)), ("2bw", "stash", "sgd", 2, (1, 1, 1, 1))],
+)
+def test_nesterov_and_2bw_are_their_delays_without_a_pipeline(
+    schedule: str, weights: str, optimizer: str, micro: int, delays: tuple[int, ...]
+) -> None:
+    config = PipelineConfig(
+        "gpt2-micro", (1, 1, 1, 1), schedule=schedule, weights=weights, optimizer=optimizer,
+        batch=4, seq_len=16, steps=8, micro_batches=micro, lr=0.05 if optimizer == "sgd" else 3e-3,
+    )  # fmt: skip
+    assert schedule_delays(config) == delays  # 2bw: one update late at every depth
+    assert train_with_delays(config, delays).losses == Emulator(config).run().losses

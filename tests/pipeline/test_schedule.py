@@ -19,7 +19,7 @@ def test_action_string_round_trip() -> None:
         Action.parse("F2")
 
 
-@pytest.mark.parametrize("name,micro", [("gpipe", 3), ("1f1b", 3), ("async-1f1b", 1)])
+@pytest.mark.parametrize("name,micro", [("gpipe", 3), ("1f1b", 3), ("async-1f1b", 1), ("2bw", 3)])
 def test_schedule_round_trips_through_string_and_json(name: str, micro: int) -> None:
     schedule = build_schedule(name, 3, 2, micro)
     again = Schedule.from_string(schedule.to_string(), name=name, num_steps=2, micro_batches=micro)

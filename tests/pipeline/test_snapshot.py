@@ -36,6 +36,8 @@ MODES = [
     ("async-1f1b", "spectrain", "sgd", 1),
     ("async-1f1b", "predict-adam", "adam", 1),
     ("1f1b", "stale", "adamw", 2),
+    ("2bw", "stash", "sgd", 2),
+    ("async-1f1b", "nesterov", "adamw", 1),
 ]
 
 

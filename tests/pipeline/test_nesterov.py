@@ -1,0 +1,169 @@
+"""``--weights nesterov`` (Ajanthan et al., arXiv 2505.01099, as released) and ``error_feedback``.
+
+Covers: pipeswap/pipeline/weights.py (the nesterov mode), pipeswap/optim.py (make_nadam),
+pipeswap/pipeline/config.py (what is refused).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pipeswap.checkpoint import CheckpointPlan
+from pipeswap.dist.launch import spawn
+from pipeswap.errors import PipeswapError
+from pipeswap.pipeline.config import WEIGHT_MODES, PipelineConfig
+from pipeswap.pipeline.emulator import Emulator
+from pipeswap.pipeline.runtime import run_rank
+from pipeswap.pipeline.weights import StageWeights
+
+PSI = 0.004  # NAdam's momentum decay
+
+
+def _nadam_by_hand(
+    theta: float, grads: list[float], lr: float, beta1: float, wd: float, decoupled: bool
+) -> list[float]:
+    """NAdam(W) in float64 from its formulas (torch.optim.NAdam docs, Dozat 2016)."""
+    beta2, eps = 0.999, 1e-8
+    m = v = 0.0
+    mu_product = 1.0
+    out = []
+    for t, g in enumerate(grads, start=1):
+        if decoupled:
+            theta *= 1 - lr * wd
+        else:
+            g = g + wd * theta
+        mu_t = beta1 * (1 - 0.5 * 0.96 ** (t * PSI))
+        mu_next = beta1 * (1 - 0.5 * 0.96 ** ((t + 1) * PSI))
+        mu_product *= mu_t
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        m_hat = mu_next * m / (1 - mu_product * mu_next) + (1 - mu_t) * g / (1 - mu_product)
+        theta = theta - lr * m_hat / (math.sqrt(v / (1 - beta2**t)) + eps)
+        out.append(theta)
+    return out
+
+
+def _one_weight(mode: str, distances: dict[tuple[str, int], int], **kw: object) -> StageWeights:
+    module = nn.Linear(1, 1, bias=False).double()
+    with torch.no_grad():
+        module.weight.fill_(0.5)
+    units = {u for _, u in distances}
+    return StageWeights(module, mode, distances, {u: u for u in units}, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_without_delay_nesterov_is_plain_nadam(optimizer: str) -> None:
+    grads = [0.3, -1.2, 0.7, 0.05, 2.0]
+    lr, beta1, wd = 0.01, 0.99, 0.1
+    distances = {(k, u): 0 for u in range(len(grads)) for k in ("F", "B")}
+    weights = _one_weight(
+        "nesterov", distances, optimizer_name=optimizer, lr=lr, momentum=beta1, weight_decay=wd
+    )
+    expected = _nadam_by_hand(0.5, grads, lr, beta1, wd, decoupled=optimizer == "adamw")
+    for t, g in enumerate(grads):
+        weights.before("F", t)
+        weights.after("F", t)
+        weights.before("B", t)
+        weights.params[0].grad = torch.full((1, 1), g, dtype=torch.float64)
+        weights.after("B", t)
+        weights.update(t)
+        # torch keeps the step count (hence mu_t) in float32: agreement to ~1e-10, while a
+        # wrong index or bias correction in the formula would differ by ~1e-3.
+        assert weights.params[0].item() == pytest.approx(expected[t], rel=1e-9, abs=1e-12)
+
+
+def test_with_delay_the_backward_sees_its_forwards_version_and_the_update_the_live_one() -> None:
+    # Stage with forward distance 2: units 0, 1, 2 run F before the update of unit 0.
+    distances = {("F", u): 2 for u in range(3)} | {("B", u): 0 for u in range(3)}
+    weights = _one_weight("nesterov", distances, optimizer_name="adamw", lr=0.1, momentum=0.9)
+    w = weights.params[0]
+    seen = []
+    weights.before("F", 0)
+    seen.append(w.item())  # version 0
+    weights.after("F", 0)
+    weights.before("B", 0)
+    assert w.item() == seen[0]
+    w.grad = torch.ones_like(w)
+    weights.after("B", 0)
+    weights.update(0)
+    live = w.item()
+    assert live != seen[0]
+    weights.before("F", 1)  # forward on the live weights (version 1) ...
+    assert w.item() == live
+    weights.after("F", 1)
+    w.grad = torch.ones_like(w)
+    weights.update(1)  # ... updated once more before its backward,
+    newest = w.item()
+    weights.before("B", 1)  # ... whose backward runs on version 1, not 2,
+    assert w.item() == live
+    weights.after("B", 1)
+    assert w.item() == newest  # ... and the live weights come back.
+
+
+def _config(**kw: object) -> PipelineConfig:
+    base = PipelineConfig(
+        "gpt2-micro", (1, 1, 1, 1), schedule="async-1f1b", weights="nesterov",
+        optimizer="adamw", batch=4, seq_len=16, steps=9, lr=3e-3, momentum=0.99,
+    )  # fmt: skip
+    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_config_refuses_what_the_paper_does_not_define() -> None:
+    assert "nesterov" in WEIGHT_MODES
+    _config().check()
+    with pytest.raises(PipeswapError, match="no SGD variant.*--optimizer adamw"):
+        _config(optimizer="sgd").check()
+    with pytest.raises(PipeswapError, match="beta1"):
+        _config(momentum=1.0).check()
+    assert PipelineConfig("gpt2-micro", (1, 1)).error_feedback is False
+    with pytest.raises(PipeswapError, match="synchronous.*--schedule async-1f1b"):
+        _config(schedule="1f1b", weights="stash", error_feedback=True).check()
+    with pytest.raises(PipeswapError, match="not available"):
+        _config(weights="stash", optimizer="sgd", lr=0.05, error_feedback=True).check()
+
+
+def test_nesterov_resumes_bit_identically(tmp_path: Path) -> None:
+    config = _config()
+    alone = Emulator(config).run()
+    plan = CheckpointPlan(str(tmp_path), 4, {"t": 1}, config.num_stages)
+    checkpointed = Emulator(config, checkpoint=plan).run()
+    assert (checkpointed.losses, checkpointed.params_sha256) == (alone.losses, alone.params_sha256)
+    resumed = Emulator(config, resume=(str(tmp_path), 4)).run()
+    assert resumed.losses == alone.losses and resumed.params_sha256 == alone.params_sha256
+    # Not vacuous: the mode trains differently from stash with Adam(W).
+    stash = Emulator(dataclasses.replace(config, weights="stash")).run()
+    assert stash.params_sha256 != alone.params_sha256
+
+
+def test_nesterov_trains_gpt2_micro_at_four_stages() -> None:
+    config = _config(batch=8, seq_len=32, steps=60)
+    losses = Emulator(config).run().losses
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0]
+
+
+def _run_all(rank: int, world: int, configs: list[PipelineConfig]) -> list[dict | None]:
+    out = []
+    for config in configs:
+        result = run_rank(config)
+        out.append(None if result is None else result.to_report())
+    return out
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("balance", [(2, 2), (1, 1, 1, 1)])
+def test_runtime_bitwise_equal_to_emulator(balance: tuple[int, ...]) -> None:
+    configs = [_config(balance=balance, steps=5, optimizer=o) for o in ("adamw", "adam")]
+    launched = spawn(_run_all, len(balance), configs, timeout_s=60)
+    assert launched.ok, launched.exit_codes
+    for config, runtime in zip(configs, launched.results[0]):
+        emulated = Emulator(config).run().to_report()
+        assert runtime["losses"] == emulated["losses"], config.optimizer
+        assert runtime["stage_sha256"] == emulated["stage_sha256"], config.optimizer
+        assert runtime["params_sha256"] == emulated["params_sha256"], config.optimizer
