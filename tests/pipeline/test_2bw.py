@@ -10,16 +10,15 @@ import dataclasses
 from typing import Any
 
 import pytest
+from runtime_check import assert_runtime_matches_emulator
 
 import pipeswap.pipeline.emulator as emulator_module
-from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.grid import render_grid
 from pipeswap.pipeline.partition import extra_weight_copies, in_flight_units
 from pipeswap.pipeline.predict import delay_free_schedule, version_distances
-from pipeswap.pipeline.runtime import run_rank
 from pipeswap.pipeline.schedule import Schedule, build_schedule
 from pipeswap.pipeline.validate import ScheduleError, simulate, validate
 
@@ -151,14 +150,6 @@ def test_2bw_with_delay_disabled_equals_synchronous_gradient_accumulation(
 MODES = [("stash", "sgd"), ("stale", "sgd"), ("spectrain", "sgd")]
 
 
-def _run_all(rank: int, world: int, configs: list[PipelineConfig]) -> list[dict | None]:
-    out = []
-    for config in configs:
-        result = run_rank(config)
-        out.append(None if result is None else result.to_report())
-    return out
-
-
 @pytest.mark.dist
 @pytest.mark.parametrize("stages", [2, 4])
 def test_2bw_runtime_bitwise_equal_to_emulator(stages: int) -> None:
@@ -167,14 +158,6 @@ def test_2bw_runtime_bitwise_equal_to_emulator(stages: int) -> None:
         seq_len=16, steps=4, lr=0.05, momentum=0.9,
     )  # fmt: skip
     configs = [dataclasses.replace(base, weights=w, optimizer=o) for w, o in MODES]
-    launched = spawn(_run_all, stages, configs, timeout_s=60)
-    assert launched.ok, launched.exit_codes
-    for config, runtime in zip(configs, launched.results[0]):
-        emulated = _emulate(config)
-        label = f"2bw/{config.weights}/{stages}"
-        assert runtime["losses"] == emulated["losses"], label
-        assert runtime["eval"] == emulated["eval"], label
-        assert runtime["stage_sha256"] == emulated["stage_sha256"], label
-        assert runtime["params_sha256"] == emulated["params_sha256"], label
+    reports = assert_runtime_matches_emulator(configs, stages)
     # The modes really train differently.
-    assert len({r["params_sha256"] for r in launched.results[0]}) == len(MODES)
+    assert len({r["params_sha256"] for r in reports}) == len(MODES)

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from runtime_check import assert_runtime_matches_emulator
 from torch import nn
 
 from pipeswap.checkpoint import CheckpointPlan
-from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.config import WEIGHT_MODES, PipelineConfig
 from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.runtime import run_rank
 from pipeswap.pipeline.weights import StageWeights
 
 PSI = 0.004  # NAdam's momentum decay
@@ -148,22 +147,8 @@ def test_nesterov_trains_gpt2_micro_at_four_stages() -> None:
     assert losses[-1] < losses[0]
 
 
-def _run_all(rank: int, world: int, configs: list[PipelineConfig]) -> list[dict | None]:
-    out = []
-    for config in configs:
-        result = run_rank(config)
-        out.append(None if result is None else result.to_report())
-    return out
-
-
 @pytest.mark.dist
 @pytest.mark.parametrize("balance", [(2, 2), (1, 1, 1, 1)])
 def test_runtime_bitwise_equal_to_emulator(balance: tuple[int, ...]) -> None:
     configs = [_config(balance=balance, steps=5, optimizer=o) for o in ("adamw", "adam")]
-    launched = spawn(_run_all, len(balance), configs, timeout_s=60)
-    assert launched.ok, launched.exit_codes
-    for config, runtime in zip(configs, launched.results[0]):
-        emulated = Emulator(config).run().to_report()
-        assert runtime["losses"] == emulated["losses"], config.optimizer
-        assert runtime["stage_sha256"] == emulated["stage_sha256"], config.optimizer
-        assert runtime["params_sha256"] == emulated["params_sha256"], config.optimizer
+    assert_runtime_matches_emulator(configs, len(balance))

@@ -8,11 +8,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from runtime_check import assert_runtime_matches_emulator
 
-from pipeswap.dist.launch import spawn
 from pipeswap.pipeline.config import PipelineConfig
-from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.runtime import run_rank
 
 pytestmark = pytest.mark.dist
 
@@ -40,27 +38,10 @@ def _configs(base: PipelineConfig) -> list[PipelineConfig]:
     ]
 
 
-def _run_all(rank: int, world: int, configs: list[PipelineConfig]) -> list[dict | None]:
-    out = []
-    for config in configs:
-        result = run_rank(config)
-        out.append(None if result is None else result.to_report())
-    return out
-
-
 def _check(configs: list[PipelineConfig], nproc: int) -> None:
-    launched = spawn(_run_all, nproc, configs, timeout_s=60)
-    assert launched.ok, launched.exit_codes
-    for config, runtime in zip(configs, launched.results[0]):
-        emulated = Emulator(config).run().to_report()
-        assert runtime["mode"] == "pipeline" and emulated["mode"] == "emulate"
-        label = f"{config.schedule}/{config.weights}"
-        assert runtime["losses"] == emulated["losses"], label
-        assert runtime["eval"] == emulated["eval"], label
-        assert runtime["stage_sha256"] == emulated["stage_sha256"], label
-        assert runtime["params_sha256"] == emulated["params_sha256"], label
+    reports = assert_runtime_matches_emulator(configs, nproc)
     # Different modes really train differently (the comparison is not vacuous).
-    assert len({r["params_sha256"] for r in launched.results[0][2:6]}) == 4
+    assert len({r["params_sha256"] for r in reports[2:6]}) == 4
 
 
 def test_two_stages_bitwise_equal_to_emulator() -> None:

@@ -1,0 +1,35 @@
+"""Run pipeline configs in real gloo ranks and check each against the emulator, bit for bit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeswap.dist.launch import spawn
+from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.emulator import Emulator
+from pipeswap.pipeline.runtime import run_rank
+
+
+def run_all(rank: int, world: int, configs: list[PipelineConfig]) -> list[dict[str, Any] | None]:
+    """Every config in turn on this rank; rank 0's reports (None elsewhere)."""
+    out = []
+    for config in configs:
+        result = run_rank(config)
+        out.append(None if result is None else result.to_report())
+    return out
+
+
+def assert_runtime_matches_emulator(
+    configs: list[PipelineConfig], nproc: int
+) -> list[dict[str, Any]]:
+    """Losses, held-out score and every digest equal; returns the runtime's reports."""
+    launched = spawn(run_all, nproc, configs, timeout_s=60)
+    assert launched.ok, launched.exit_codes
+    reports: list[dict[str, Any]] = launched.results[0]
+    for config, runtime in zip(configs, reports, strict=True):
+        emulated = Emulator(config).run().to_report()
+        assert runtime["mode"] == "pipeline" and emulated["mode"] == "emulate"
+        label = f"{config.schedule}/{config.weights}/{config.optimizer}/{config.num_stages}"
+        for key in ("losses", "eval", "stage_sha256", "params_sha256"):
+            assert runtime[key] == emulated[key], (label, key)
+    return reports
