@@ -180,3 +180,16 @@ def test_stash_is_a_one_step_delayed_gradient(optimizer: str) -> None:
                 opt.zero_grad()
             losses.append(loss.item())
     assert list(emulated) == losses
+
+
+def test_modes_quick_table_has_every_mode_its_memory_and_a_verdict(tmp_path: Path) -> None:
+    text = _run("pipeline_modes.py", tmp_path / "modes.md", "--jobs", "1")
+    for label in ("sync 1f1b", "stale", "stash", "spectrain", "predict-adam", "2bw stash",
+                  "2bw spectrain", "2bw predict-adam", "nesterov"):  # fmt: skip
+        assert f"| {label} |" in text, label
+    assert "## Best no-flush mode per setting" in text and "Command: `" in text
+    # Weight copies per stage at K = 4: stash keeps N - 1 = 3 versions, 2bw one.
+    rows = [line for line in text.splitlines() if " ± " in line]
+    assert any(r.startswith("| sgd | stash |") and r.endswith("| 3 |") for r in rows)
+    assert any(r.startswith("| sgd | 2bw stash |") and r.endswith("| 1 |") for r in rows)
+    assert (tmp_path / "modes_lm_k4.png").stat().st_size > 1000
