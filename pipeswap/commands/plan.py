@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
                         help="time limit of mip and auto in seconds (default 60); auto "
                         "searches until it or a local optimum")
-    parser.add_argument("--out", metavar="FILE", help="write the pipeswap.swapplan/1 plan")
+    parser.add_argument("--out", metavar="FILE", help="write the pipeswap.swapplan/2 plan")
     parser.add_argument("--graph-out", metavar="FILE",
                         help="write the exact task graph that was scored (pipeswap.graph/1)")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")

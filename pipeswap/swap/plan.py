@@ -1,4 +1,4 @@
-"""The SwapPlan contract (pipeswap.swapplan/1): which saved tensors each GPU swaps, and when."""
+"""The SwapPlan contract (pipeswap.swapplan/2): which saved tensors each GPU swaps or recomputes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format, dump_json, load_json
 from pipeswap.profile import Profile
 
-SWAPPLAN_FORMAT = "pipeswap.swapplan/1"
+SWAPPLAN_FORMAT = "pipeswap.swapplan/2"
+# Plans written before recomputation existed read as plans that recompute nothing.
+READABLE_FORMATS = ("pipeswap.swapplan/1", SWAPPLAN_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -53,13 +55,19 @@ class SwapDecision:
 
 @dataclass(frozen=True)
 class GpuPlan:
-    """The plan of one data-parallel rank: its swaps, start offset and memory budget."""
+    """The plan of one data-parallel rank: its swaps, recomputed layers, offset and budget.
+
+    ``recompute`` names the layers whose saved tensors are neither kept nor swapped: only
+    the layer's input is kept, and the layer's forward is run again in the backward pass,
+    right before the layer's backward (activation checkpointing of that block).
+    """
 
     gpu: str
     rank: int
     budget_bytes: int
     offset_s: float
     swaps: tuple[SwapDecision, ...] = ()
+    recompute: tuple[str, ...] = ()
 
     @property
     def swapped_bytes(self) -> int:
@@ -73,6 +81,7 @@ class GpuPlan:
             "offset_s": self.offset_s,
             "swapped_bytes": self.swapped_bytes,
             "swaps": [s.to_json() for s in self.swaps],
+            "recompute": list(self.recompute),
         }
 
     @classmethod
@@ -83,6 +92,7 @@ class GpuPlan:
             budget_bytes=int(obj["budget_bytes"]),
             offset_s=float(obj.get("offset_s", 0.0)),
             swaps=tuple(SwapDecision.from_json(s) for s in obj.get("swaps", [])),
+            recompute=tuple(str(n) for n in obj.get("recompute", [])),
         )
 
 
@@ -161,7 +171,8 @@ class SwapPlan:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], where: str = "swap plan") -> SwapPlan:
-        check_format(obj, SWAPPLAN_FORMAT, where)
+        if obj.get("format") not in READABLE_FORMATS:
+            check_format(obj, SWAPPLAN_FORMAT, where)
         try:
             return cls(
                 policy=str(obj["policy"]),
@@ -212,6 +223,15 @@ def validate_plan(plan: SwapPlan, profile: Profile) -> None:
     if plan.sync_every < 1:
         raise PipeswapError(f"sync_every is {plan.sync_every}; use 1 or more")
     for gpu in plan.gpus:
+        recomputed = set(gpu.recompute)
+        for name in gpu.recompute:
+            if name not in position:
+                raise PipeswapError(
+                    f"{gpu.gpu}: recomputes layer {name!r}, which is not in the profile; "
+                    f"layers are {', '.join(names)}"
+                )
+        if len(recomputed) != len(gpu.recompute):
+            raise PipeswapError(f"{gpu.gpu}: a layer is listed twice under recompute")
         seen: set[tuple[str, int]] = set()
         for swap in gpu.swaps:
             key = (swap.layer, swap.index)
@@ -228,6 +248,11 @@ def validate_plan(plan: SwapPlan, profile: Profile) -> None:
                 raise PipeswapError(f"{where} is not in the profile; {hint}")
             if key in seen:
                 raise PipeswapError(f"{where} is swapped twice; list each tensor once")
+            if swap.layer in recomputed:
+                raise PipeswapError(
+                    f"{where} is swapped, but its layer is recomputed; a recomputed layer "
+                    "keeps no saved tensor, so drop the swap or the recompute"
+                )
             seen.add(key)
             if swap.bytes != sizes[key]:
                 raise PipeswapError(

@@ -49,7 +49,7 @@ def test_plan_json_and_graph_reproduced_by_simulate(profile_path, tmp_path, caps
     assert simulated["makespan_s"] == result["iteration_s"]
     budget = result["budget_bytes"]
     assert all(g["peak_bytes"] <= budget for g in simulated["gpus"].values())
-    assert json.loads(plan.read_text())["format"] == "pipeswap.swapplan/1"
+    assert json.loads(plan.read_text())["format"] == "pipeswap.swapplan/2"
 
 
 def test_compare_prints_one_row_per_policy(profile_path, capsys) -> None:

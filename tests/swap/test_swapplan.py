@@ -28,7 +28,7 @@ def test_round_trip_is_exact(make_profile, tmp_path) -> None:
     plan.save(path)
     again = SwapPlan.load(path)
     assert again == plan
-    assert again.to_json()["format"] == "pipeswap.swapplan/1"
+    assert again.to_json()["format"] == "pipeswap.swapplan/2"
     assert again.gpus[0].swapped_bytes == 3 * 10**9
     again.validate(make_profile([(1, 2), (1,), (1,)]))
 
@@ -55,7 +55,7 @@ def test_tensor_swapped_twice_is_refused(make_profile) -> None:
 
 
 def test_wrong_format_is_refused() -> None:
-    with pytest.raises(PipeswapError, match="pipeswap.swapplan/1"):
+    with pytest.raises(PipeswapError, match="pipeswap.swapplan/2"):
         SwapPlan.from_json({"format": "pipeswap.graph/1"})
 
 
@@ -87,3 +87,27 @@ def test_a_plan_for_another_profile_is_refused_even_when_it_swaps_nothing(make_p
     half = model.to(torch.float16)
     with pytest.raises(PipeswapError, match="float32 profile but the model's parameters are float16"):
         check_plan_identity(plan, half, list(plan.layers), None)
+
+
+def test_recompute_round_trips_and_version_1_plans_still_load(make_profile) -> None:
+    plan = dataclasses.replace(
+        _plan((SwapDecision("l0", 0, 10**9, "l0", None),)),
+        gpus=(GpuPlan("gpu0", 0, 10**9, 0.0, (SwapDecision("l0", 0, 10**9, "l0", None),), ("l1",)),),
+    )
+    obj = plan.to_json()
+    assert obj["gpus"][0]["recompute"] == ["l1"]
+    assert SwapPlan.from_json(json.loads(json.dumps(obj))) == plan
+    plan.validate(make_profile([(1, 2), (1,), (1,)]))
+    old = {**obj, "format": "pipeswap.swapplan/1", "gpus": [{**obj["gpus"][0]}]}
+    del old["gpus"][0]["recompute"]
+    assert SwapPlan.from_json(old).gpus[0].recompute == ()
+
+
+@pytest.mark.parametrize(
+    ("recompute", "message"),
+    [(("l7",), "not in the profile"), (("l1", "l1"), "listed twice"), (("l0",), "drop the swap")],
+)
+def test_bad_recompute_is_refused(make_profile, recompute, message) -> None:
+    gpu = GpuPlan("gpu0", 0, 10**9, 0.0, (SwapDecision("l0", 0, 10**9, "l0", None),), recompute)
+    with pytest.raises(PipeswapError, match=message):
+        dataclasses.replace(_plan(()), gpus=(gpu,)).validate(make_profile([(1, 2), (1,), (1,)]))
