@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from pipeswap.errors import PipeswapError
-from pipeswap.models.base import LayeredModel
-from pipeswap.models.registry import model_spec
+from pipeswap.models.base import IGNORE_INDEX, LayeredModel
+from pipeswap.models.load import is_user_model
+from pipeswap.models.registry import build_model, model_names, model_spec
 
 DEFAULT_CORPUS_BYTES = 8 * 2**20
 SPLITS = ("train", "val")
@@ -127,6 +128,33 @@ class LMDataset:
         return window[:, :-1], window[:, 1:]  # [B, T] each
 
 
+class MaskedLMDataset:
+    """LMDataset windows for a masked language model (BERT): 15% of tokens masked.
+
+    ``batch`` returns ``(inputs, targets)``: the tokens with the chosen positions replaced by
+    ``mask_token_id``, and the original tokens there with IGNORE_INDEX (-100) elsewhere.
+    At least one position per batch is masked, so the loss is always defined.
+    """
+
+    mask_fraction = 0.15
+
+    def __init__(self, text: LMDataset, mask_token_id: int) -> None:
+        self.text = text
+        self.mask_token_id = mask_token_id
+        self.seq_len = text.seq_len
+
+    def batch(self, batch_size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, _next = self.text.batch(batch_size, step)
+        gen = torch.Generator().manual_seed(
+            _stream_seed("mlm", self.text.seed, self.text.split, step)
+        )
+        chosen = torch.rand(tokens.shape, generator=gen) < self.mask_fraction
+        chosen[0, 0] = True
+        inputs = tokens.masked_fill(chosen, self.mask_token_id)
+        targets = tokens.masked_fill(~chosen, IGNORE_INDEX)
+        return inputs, targets
+
+
 def _shape_mask(kind: str, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Coverage in [0, 1] of shape ``kind`` at shape coordinates ``(u, v)`` (unit size)."""
     r = torch.hypot(u, v)
@@ -230,13 +258,18 @@ def dataset_for(
     image_size: int | None = None,
     split: str = "train",
     seed: int = 0,
-) -> LMDataset | ImageDataset:
-    """The offline dataset that trains ``model`` (a LayeredModel or a zoo name).
+) -> LMDataset | MaskedLMDataset | ImageDataset:
+    """The offline dataset that trains ``model`` (a LayeredModel or a model name).
 
-    Language models get LMDataset (bytes; needs a vocabulary of at least 256); image models
-    get ImageDataset with ``min(model classes, len(SHAPE_KINDS))`` classes. Unset sizes
-    default to the zoo's ``default_seq_len`` / ``default_image_size`` for the model.
+    Language models get LMDataset (bytes; needs a vocabulary of at least 256), masked ones
+    (``mask_token_id`` set) MaskedLMDataset; image models get ImageDataset with
+    ``min(model classes, len(SHAPE_KINDS))`` classes. Unset sizes default to the model's
+    ``default_seq_len`` / ``default_image_size``.
     """
+    if isinstance(model, str) and is_user_model(model) and model not in model_names():
+        # A user's model: its task, vocabulary and mask token are read off the model.
+        model = build_model(model, device="meta")
+    mask_token_id = None
     if isinstance(model, str):
         spec = model_spec(model)
         name, task, vocab, classes, in_channels = (
@@ -246,13 +279,21 @@ def dataset_for(
         name, task, vocab, classes, in_channels = (
             model.name, model.task, model.vocab_size, model.num_classes, model.in_channels,
         )  # fmt: skip
+        mask_token_id = model.mask_token_id
+        fixed = model.fixed_image_size
+        if task == "classify" and fixed is not None and image_size not in (None, fixed):
+            raise PipeswapError(
+                f"{name} takes {fixed}x{fixed} images (its config's image_size); pass "
+                f"--image-size {fixed}"
+            )
     if task == "lm":
         if image_size is not None:
             raise PipeswapError(f"{name} is a language model: pass seq_len, not image_size")
         if vocab < LMDataset.vocab_size:
             raise PipeswapError(f"{name} has a vocabulary of {vocab} < 256 byte values")
         seq_len = seq_len if seq_len is not None else _default(name, "default_seq_len")
-        return LMDataset(seq_len, split=split, seed=seed)
+        text = LMDataset(seq_len, split=split, seed=seed)
+        return text if mask_token_id is None else MaskedLMDataset(text, mask_token_id)
     if seq_len is not None:
         raise PipeswapError(f"{name} is an image model: pass image_size, not seq_len")
     image_size = image_size if image_size is not None else _default(name, "default_image_size")
@@ -267,5 +308,7 @@ def _default(name: str, field: str) -> int:
         value = None
     if value is None:
         what = field.removeprefix("default_")
-        raise PipeswapError(f"{name} is not a zoo model, so it has no default {what}: pass {what}")
+        raise PipeswapError(
+            f"{name} has no default {what}: pass {what} (--{what.replace('_', '-')} on the CLI)"
+        )
     return int(value)

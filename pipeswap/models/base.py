@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pipeswap.errors import PipeswapError
+
+TASKS = ("lm", "classify")
+# Targets equal to this are not scored (the unmasked positions of a masked LM).
+IGNORE_INDEX = -100
+
+
+def _add_layers(sequential: nn.Sequential, layers: Sequence[tuple[str, nn.Module]]) -> None:
+    """Register layers under their names, which may be dotted module paths (``h.0``).
+
+    ``add_module`` refuses dots because ``get_submodule`` splits on them; the names of a
+    LayeredModel's layers are module paths of the model it adapts, so they go into
+    ``_modules`` directly (iteration, parameters, state dicts and ``.to()`` all work).
+    """
+    for name, module in layers:
+        if not name or name in sequential._modules or hasattr(nn.Sequential, name):
+            raise ValueError(f"layer name {name!r} is empty, repeated or reserved")
+        sequential._modules[name] = module
 
 
 class LayeredModel(nn.Sequential):
@@ -17,8 +35,13 @@ class LayeredModel(nn.Sequential):
     contiguous stages (``model.stage(3, 7)``). ``task`` says what the output means:
 
     - ``"lm"``: input token ids ``[B, T]`` (int64), output logits ``[B, T, V]``,
-      target the next tokens ``[B, T]``;
+      target the next tokens ``[B, T]``; with ``mask_token_id`` set it is a masked LM:
+      some input tokens are replaced by that id and the targets are the original tokens
+      there and IGNORE_INDEX elsewhere (pipeswap.data.MaskedLMDataset);
     - ``"classify"``: input images ``[B, C, H, W]``, output logits ``[B, K]``, target ``[B]``.
+
+    Layer names may be dotted module paths (``transformer.h.0``) of the model a
+    LayeredModel adapts (pipeswap.models.adapt).
     """
 
     def __init__(
@@ -30,15 +53,21 @@ class LayeredModel(nn.Sequential):
         vocab_size: int = 0,
         num_classes: int = 0,
         in_channels: int = 3,
+        mask_token_id: int | None = None,
     ) -> None:
-        super().__init__(OrderedDict(blocks))
-        if task not in ("lm", "classify"):
-            raise ValueError(f"task must be 'lm' or 'classify', not {task!r}")
+        super().__init__()
+        _add_layers(self, blocks)
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, not {task!r}")
         self.name = name
         self.task = task
         self.vocab_size = vocab_size
         self.num_classes = num_classes
         self.in_channels = in_channels
+        self.mask_token_id = mask_token_id
+        # Set by adapters: the one image size a model takes (ViT), its longest sequence.
+        self.fixed_image_size: int | None = None
+        self.max_positions: int | None = None
 
     @property
     def layer_names(self) -> list[str]:
@@ -46,13 +75,16 @@ class LayeredModel(nn.Sequential):
 
     def stage(self, start: int, stop: int) -> nn.Sequential:
         """Blocks ``start`` (inclusive) to ``stop`` (exclusive), sharing their parameters."""
-        names = self.layer_names[start:stop]
-        return nn.Sequential(OrderedDict((n, self._modules[n]) for n in names))
+        stage = nn.Sequential()
+        _add_layers(stage, [(n, self._modules[n]) for n in self.layer_names[start:stop]])
+        return stage
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of ``output`` against ``target`` for this model's task."""
         if self.task == "lm":
-            return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+            return F.cross_entropy(
+                output.reshape(-1, output.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX
+            )
         return F.cross_entropy(output, target)
 
     def example_batch(
@@ -69,7 +101,7 @@ class LayeredModel(nn.Sequential):
         device = torch.device(device)
         if self.task == "lm":
             if seq_len is None:
-                raise ValueError(f"{self.name} is a language model: pass seq_len")
+                raise PipeswapError(f"{self.name} is a language model: pass seq_len")
             if device.type == "meta":
                 tokens = torch.empty(batch, seq_len, dtype=torch.long, device=device)
                 return tokens, torch.empty(batch, seq_len, dtype=torch.long, device=device)
@@ -77,7 +109,7 @@ class LayeredModel(nn.Sequential):
             data = torch.randint(0, self.vocab_size, (batch, seq_len + 1), generator=gen)
             return data[:, :-1].to(device), data[:, 1:].to(device)
         if image_size is None:
-            raise ValueError(f"{self.name} is an image model: pass image_size")
+            raise PipeswapError(f"{self.name} is an image model: pass image_size")
         shape = (batch, self.in_channels, image_size, image_size)
         if device.type == "meta":
             images = torch.empty(shape, dtype=dtype, device=device)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import functools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -15,7 +15,9 @@ from pipeswap.jsonio import check_format
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.bert import BertConfig, build_bert
 from pipeswap.models.gpt import GPTConfig, build_gpt
+from pipeswap.models.load import is_user_model, load_user_model
 from pipeswap.models.resnet import ResNetConfig, build_resnet
+from pipeswap.models.seeding import seeded
 from pipeswap.models.vgg import VGGConfig, build_vgg
 from pipeswap.models.vit import ViTConfig, build_vit
 
@@ -144,43 +146,74 @@ def _entry(name: str) -> tuple[ModelSpec, _Builder]:
         return _ZOO[name]
     close = difflib.get_close_matches(name.lower(), list(_ZOO), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise PipeswapError(f"unknown model {name!r}{hint} Known models: {', '.join(_ZOO)}")
+    raise PipeswapError(
+        f"unknown model {name!r}{hint} Known models: {', '.join(_ZOO)}; or pass a local "
+        "Hugging Face model directory, or module:function returning an nn.Module"
+    )
 
 
 def model_spec(name: str) -> ModelSpec:
-    """The ModelSpec of a zoo name (PipeswapError listing the names if unknown)."""
+    """The ModelSpec of a zoo name, a Hugging Face directory or ``module:function``.
+
+    For a user's model it is read off the model built on the meta device: no published
+    count, a default batch of 8, a default sequence length of min(128, its context) for
+    a language model that states its context, its image size (ViT) or 32 for images.
+    """
+    if name not in _ZOO and is_user_model(name):
+        return _user_spec(name)
     return _entry(name)[0]
+
+
+@functools.lru_cache(maxsize=16)
+def _user_spec(name: str) -> ModelSpec:
+    model = load_user_model(name, device="meta")
+    lm = model.task == "lm"
+    context = model.max_positions
+    return ModelSpec(
+        name=name,
+        family="user",
+        task=model.task,
+        default_batch=8,
+        default_seq_len=(min(128, context) if context else None) if lm else None,
+        default_image_size=None if lm else (model.fixed_image_size or 32),
+        vocab_size=model.vocab_size,
+        num_classes=model.num_classes,
+        published_params=None,
+        description=f"your model ({len(model)} layers: {', '.join(model.layer_names[:3])}...)",
+        max_seq_len=context,
+    )
 
 
 def shape_defaults(
     model_name: str, seq_len: int | None, image_size: int | None
 ) -> tuple[int | None, int | None]:
-    """(seq_len, image_size) for a zoo model: the given one, else the zoo's default."""
+    """(seq_len, image_size) for a model: the given one, else the model's default.
+
+    A sequence longer than the model's context, or a language model with no default and
+    no ``seq_len``, is refused naming the flag to pass.
+    """
     spec = model_spec(model_name)
     if spec.task == "lm":
-        return seq_len or spec.default_seq_len, None
+        chosen = seq_len or spec.default_seq_len
+        longest = spec.max_seq_len
+        if chosen is None:
+            most = f" (at most {longest})" if longest else ""
+            raise PipeswapError(
+                f"{model_name} is a language model with no default sequence length: pass "
+                f"--seq-len N{most}"
+            )
+        if longest is not None and chosen > longest:
+            raise PipeswapError(
+                f"--seq-len {chosen} exceeds this model's context ({model_name}: {longest} "
+                f"tokens); pass --seq-len {longest} or less"
+            )
+        return chosen, None
     return None, image_size or spec.default_image_size
 
 
 def count_parameters(model: torch.nn.Module) -> int:
     """Number of distinct parameter elements (a tied matrix counts once)."""
     return sum(p.numel() for p in model.parameters())
-
-
-@contextmanager
-def _seeded(device: torch.device, seed: int | None) -> Iterator[None]:
-    """Seed the init on ``device`` without disturbing anyone else's random state."""
-    if device.type == "meta" or seed is None:
-        yield
-        return
-    cuda_devices = []
-    if device.type == "cuda":
-        cuda_devices = [torch.cuda.current_device() if device.index is None else device.index]
-    with torch.random.fork_rng(devices=cuda_devices):
-        torch.random.default_generator.manual_seed(seed)
-        for index in cuda_devices:
-            torch.cuda.default_generators[index].manual_seed(seed)
-        yield
 
 
 def build_model(
@@ -202,10 +235,21 @@ def build_model(
     ``image_size`` (image models) sizes ViT's position embeddings; ResNet and VGG pool
     adaptively, ignore it, and take any image of at least 32x32.
     """
-    spec, builder = _entry(name)
     device = torch.device(device)
     if not dtype.is_floating_point:
         raise PipeswapError(f"dtype must be a floating-point type such as float32, not {dtype}")
+    if name not in _ZOO and is_user_model(name):
+        model = load_user_model(name, device=device, seed=seed)
+        if tie_embeddings is False:
+            raise PipeswapError(f"{name} is your model: pipeswap does not untie its weights")
+        fixed = model.fixed_image_size
+        if image_size is not None and fixed is not None and image_size != fixed:
+            raise PipeswapError(
+                f"{name} takes {fixed}x{fixed} images (its config's image_size); pass "
+                f"--image-size {fixed}"
+            )
+        return model.to(dtype=dtype)
+    spec, builder = _entry(name)
     if tie_embeddings is not None and spec.task != "lm":
         raise PipeswapError(f"{name} has no token embeddings to tie; leave tie_embeddings unset")
     if image_size is not None and (spec.task != "classify" or image_size < 1):
@@ -215,7 +259,7 @@ def build_model(
         )
     tie = True if tie_embeddings is None else tie_embeddings
     init = device.type != "meta"
-    with _seeded(device, seed), device:
+    with seeded(device, seed), device:
         model = builder(tie, image_size, init)
     # Initialising in float32 and converting makes the weights the same (up to rounding)
     # whatever the dtype; .to() keeps tied parameters tied.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -145,40 +144,23 @@ class PipelineConfig:
 
 
 def model_factory(name: str) -> Callable[[torch.device], LayeredModel]:
-    """A function building the full model ``name`` (zoo name or ``module:function``) on a device.
+    """A function building the full model ``name`` on a device: a zoo name, a Hugging Face
+    directory or ``module:function`` (pipeswap.models.load).
 
     It draws initial weights from the global RNG, so callers seed it first.
     """
-    if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            function = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise PipeswapError(f"cannot import model factory {name!r}: {exc}") from None
+    from pipeswap.models.load import is_user_model
 
-        def build_custom(device: torch.device) -> LayeredModel:
-            try:
-                with device:
-                    model = function()
-            except Exception as exc:  # noqa: BLE001 - the user's code: say whose failure it is
-                raise PipeswapError(
-                    f"--model {name}: calling {attr}() failed ({type(exc).__name__}: {exc}); "
-                    f"name a function that takes no arguments and returns a LayeredModel"
-                ) from exc
-            if not isinstance(model, LayeredModel):
-                raise PipeswapError(
-                    f"--model {name}: {attr}() returned {type(model).__name__}, not a "
-                    f"LayeredModel (pipeswap.models.LayeredModel): wrap the model's blocks in one"
-                )
-            return model
+    if is_user_model(name):
+        from pipeswap.models import build_model as build_user_model
 
-        return build_custom
+        return lambda device: build_user_model(name, device=device, seed=None)
     from pipeswap.models import build_model, model_spec
 
-    spec = model_spec(name)
-    # Pipelines untie the LM head from the embedding so each stage owns its weights.
-    tie = False if spec.task == "lm" else None
-    return lambda device: build_model(name, device=device, tie_embeddings=tie, seed=None)
+    model_spec(name)  # an unknown name fails here, before any model is built
+    # LMs keep their tied embeddings: stages holding a tied weight share its updates
+    # (pipeswap.pipeline.shared), so a pipeline trains the model data-parallel training does.
+    return lambda device: build_model(name, device=device, seed=None)
 
 
 def build_full_model(config: PipelineConfig, device: torch.device | str = "cpu") -> LayeredModel:

@@ -187,23 +187,15 @@ class TrainConfig:
         """This config with every default filled in (zoo shapes, learning rate, device)."""
         self.check()
         batch, seq_len, image_size = self.batch, self.seq_len, self.image_size
-        if ":" not in self.model:
-            from pipeswap.models import model_spec
+        from pipeswap.models import model_spec, shape_defaults
 
-            spec = model_spec(self.model)
-            if spec.task == "lm" and image_size is not None:
-                raise PipeswapError(
-                    f"{self.model} is a language model: pass --seq-len, not --image-size"
-                )
-            if spec.task == "classify" and seq_len is not None:
-                raise PipeswapError(
-                    f"{self.model} is an image model: pass --image-size, not --seq-len"
-                )
-            if spec.task == "lm":
-                seq_len = seq_len or spec.default_seq_len
-            else:
-                image_size = image_size or spec.default_image_size
-            batch = batch or spec.default_batch
+        spec = model_spec(self.model)
+        if spec.task == "lm" and image_size is not None:
+            raise PipeswapError(f"{self.model} is a language model: pass --seq-len, not --image-size")
+        if spec.task == "classify" and seq_len is not None:
+            raise PipeswapError(f"{self.model} is an image model: pass --image-size, not --seq-len")
+        seq_len, image_size = shape_defaults(self.model, seq_len, image_size)
+        batch = batch or spec.default_batch
         device = self.device
         if device is None:
             device = "cuda" if self.pipeline is None and torch.cuda.is_available() else "cpu"

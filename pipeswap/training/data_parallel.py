@@ -29,12 +29,7 @@ from pipeswap.training.resume import checkpointing
 
 
 def job_of(config: TrainConfig) -> ZooJob:
-    """What a resolved config trains: the zoo model and its offline data."""
-    if ":" in config.model:
-        raise PipeswapError(
-            f"data-parallel training takes a zoo model name, not {config.model!r}; "
-            "train a module:function model with --pipeline K"
-        )
+    """What a resolved config trains: the model (zoo, directory, module:function) and its data."""
     assert config.batch is not None
     return ZooJob(config.model, config.batch, seq_len=config.seq_len,
                   image_size=config.image_size, seed=config.seed)  # fmt: skip

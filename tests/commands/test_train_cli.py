@@ -105,7 +105,7 @@ def test_no_swapping_under_a_budget_too_small_says_by_how_much(
          "pass --micro-batches M"),
         (["--model", "json:dumps", "--seq-len", "8", "--pipeline", "2", "--emulate"],
          "calling dumps() failed"),
-        (["--model", "json:loads", "--seq-len", "8"], "takes a zoo model name"),
+        (["--model", "json:loads", "--seq-len", "8"], "calling loads() failed"),
     ],
 )
 def test_bad_values_and_options_of_the_other_mode_exit_2_naming_the_fix(

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 
 
@@ -48,5 +49,5 @@ def test_example_batches_are_seeded_and_work_on_meta() -> None:
 def test_bad_task_and_missing_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="task"):
         LayeredModel("x", [("id", nn.Identity())], "segment")
-    with pytest.raises(ValueError, match="image_size"):
+    with pytest.raises(PipeswapError, match="image_size"):
         _toy().example_batch(2)

@@ -1,0 +1,469 @@
+"""Any nn.Module as a LayeredModel: its repeated blocks, and what runs before and after them.
+
+A user's model (a Hugging Face model, or any ``nn.Module``) is cut at *block boundaries*
+without re-implementing its forward. The blocks are the model's repeated layer list (the
+``nn.ModuleList`` or ``nn.Sequential`` of same-class modules holding the most parameters)
+or dotted module paths the user names. The LayeredModel then has:
+
+- ``embed``: runs the model's own forward up to the first block (embeddings, position
+  ids, rotary tables, attention masks: whatever its code computes there) and hands on the
+  first block's input, the tensors the blocks take besides it (the *context*) and the
+  model's input;
+- one layer per block, named by its module path (``transformer.h.0``), calling the block
+  with its hidden state and the context, exactly as the model's forward called it;
+- ``head``: runs the model's own forward again with every block replaced by a
+  pass-through that returns the last block's output, so the code after the blocks (final
+  norm, output projection, pooling) is the model's own.
+
+This is *replay splitting*: the model's forward code runs unchanged, blocks are skipped by
+stubbing them. It needs two things of the model, both checked when the adapter is built
+(a refusal names the block and what to do): the blocks feed each other directly (the code
+between two blocks does not transform the hidden state), and what the blocks receive
+besides the hidden state does not depend on earlier blocks' outputs. Hugging Face's
+GPT-2, Llama, BERT, ViT and ResNet satisfy both; a plain ``nn.Sequential`` is cut at its
+children directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from pipeswap.errors import PipeswapError
+from pipeswap.models.base import LayeredModel
+
+# Non-tensor values a block may receive; anything else (a cache object) would be shared
+# between calls, so it is refused.
+_CONSTANT_TYPES = (type(None), bool, int, float, str)
+
+
+class _Stop(Exception):
+    """Raised by a hook to end the model's forward once the wanted values are captured."""
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a block's argument leaf comes from: the hidden state, a context tensor, a constant."""
+
+    kind: str  # "hidden" | "context" | "constant"
+    value: Any = None  # context index, or the constant
+
+
+@dataclass
+class _BlockCall:
+    """How the model calls one block: its arguments as a tree whose leaves are slots."""
+
+    spec: pytree.TreeSpec
+    slots: list[_Slot]
+    output_arity: int  # 0: the block returns a tensor; n: a tuple of n, hidden first
+
+
+class Replay:
+    """The wrapped model and the facts the embed/block/head layers share about it."""
+
+    def __init__(
+        self,
+        root: nn.Module,
+        paths: Sequence[str],
+        input_name: str | None,
+        output_fn: Callable[[Any], torch.Tensor],
+        call_kwargs: dict[str, Any],
+    ) -> None:
+        self.root = root
+        self.paths = list(paths)
+        self.blocks = [root.get_submodule(p) for p in self.paths]
+        self.input_name = input_name
+        self.output_fn = output_fn
+        self.call_kwargs = call_kwargs
+        self.calls: list[_BlockCall] = []
+        self.num_context = 0
+        # Entered around every run of the model's forward (Hugging Face: meta-safe masks).
+        self.run_context: Callable[[torch.Tensor], AbstractContextManager[Any]] = (
+            lambda _inputs: nullcontext()
+        )
+
+    def run_root(self, inputs: torch.Tensor) -> Any:
+        with self.run_context(inputs):
+            if self.input_name is None:
+                return self.root(inputs, **self.call_kwargs)
+            return self.root(**{self.input_name: inputs}, **self.call_kwargs)
+
+    @contextmanager
+    def stubbed(self, returns: Callable[[int, Any], Any]) -> Iterator[None]:
+        """Replace every block's forward by ``returns(index, hidden)`` for the duration."""
+        for index, block in enumerate(self.blocks):
+
+            def stub(*args: Any, _index: int = index, **kwargs: Any) -> Any:
+                return returns(_index, _hidden_of(args, kwargs))
+
+            block.forward = stub
+        try:
+            yield
+        finally:
+            for block in self.blocks:
+                del block.forward
+
+    def shaped_like_output(self, index: int, hidden: Any) -> Any:
+        arity = self.calls[index].output_arity
+        return hidden if arity == 0 else (hidden, *([None] * (arity - 1)))
+
+    def capture(self, inputs: torch.Tensor) -> tuple[Any, list[tuple[Any, ...]]]:
+        """Run the model up to its last block with the blocks stubbed; return the first
+        block's hidden input and every block's (args, kwargs)."""
+        received: list[tuple[Any, ...]] = []
+        last = len(self.blocks) - 1
+        handles = []
+        for index, block in enumerate(self.blocks):
+
+            def record(_m: nn.Module, args: Any, kwargs: Any, _index: int = index) -> None:
+                received.append((args, kwargs))
+                if _index == last:
+                    raise _Stop
+
+            handles.append(block.register_forward_pre_hook(record, with_kwargs=True))
+        try:
+            with self.stubbed(self.shaped_like_output):
+                self.run_root(inputs)
+        except _Stop:
+            pass
+        finally:
+            for handle in handles:
+                handle.remove()
+        if len(received) != len(self.blocks):
+            raise PipeswapError(
+                f"the model's forward called {len(received)} of its {len(self.blocks)} blocks "
+                f"({', '.join(self.paths[:3])}...); name blocks its forward calls every time"
+            )
+        return _hidden_of(*received[0]), received
+
+
+def _context_of(hidden: Any, received: list[tuple[Any, ...]]) -> dict[int, torch.Tensor]:
+    """The tensors the blocks receive besides the hidden state, by id, in first-use order."""
+    context: dict[int, torch.Tensor] = {}
+    for args, kwargs in received:
+        for leaf in pytree.tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor) and leaf is not hidden:
+                context.setdefault(id(leaf), leaf)
+    return context
+
+
+def _hidden_of(args: Any, kwargs: Any) -> Any:
+    if args:
+        return args[0]
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    raise PipeswapError(
+        "a block was called without a positional input or hidden_states=...; pipeswap "
+        "passes the first positional argument from block to block"
+    )
+
+
+class _Embed(nn.Module):
+    def __init__(self, replay: Replay, owned: dict[str, nn.Module]) -> None:
+        super().__init__()
+        object.__setattr__(self, "replay", replay)  # not a child: it holds every block
+        for path, module in owned.items():
+            self._modules[path] = module
+
+    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        replay: Replay = self.replay  # type: ignore[assignment]
+        hidden, received = replay.capture(inputs)
+        context = list(_context_of(hidden, received).values())
+        if len(context) != replay.num_context:
+            raise PipeswapError(
+                f"the model passed its blocks {len(context)} tensors besides the hidden state, "
+                f"but {replay.num_context} when pipeswap inspected it; its forward must call "
+                "the blocks the same way every time"
+            )
+        return (hidden, *context, inputs)
+
+
+class _Block(nn.Module):
+    def __init__(self, replay: Replay, index: int, block: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "replay", replay)
+        self.index = index
+        self._modules["block"] = block
+
+    def forward(self, packed: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        replay: Replay = self.replay  # type: ignore[assignment]
+        call = replay.calls[self.index]
+        hidden, context = packed[0], packed[1 : 1 + replay.num_context]
+        leaves = [
+            hidden if s.kind == "hidden" else context[s.value] if s.kind == "context" else s.value
+            for s in call.slots
+        ]
+        args, kwargs = pytree.tree_unflatten(leaves, call.spec)
+        output = self.get_submodule("block")(*args, **kwargs)
+        new_hidden = output if call.output_arity == 0 else output[0]
+        return (new_hidden, *packed[1:])
+
+
+class _Head(nn.Module):
+    def __init__(self, replay: Replay, owned: dict[str, nn.Module]) -> None:
+        super().__init__()
+        object.__setattr__(self, "replay", replay)
+        for path, module in owned.items():
+            self._modules[path] = module
+
+    def forward(self, packed: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        replay: Replay = self.replay  # type: ignore[assignment]
+        hidden, inputs = packed[0], packed[-1]
+        last = len(replay.blocks) - 1
+
+        def returns(index: int, passed: Any) -> Any:
+            return replay.shaped_like_output(index, hidden if index == last else passed)
+
+        with replay.stubbed(returns):
+            return replay.output_fn(replay.run_root(inputs))
+
+
+def find_blocks(model: nn.Module) -> list[str]:
+    """The dotted paths of the model's repeated layer list: of the ``ModuleList`` and
+    ``Sequential`` modules whose 2+ children share one class, the one with most parameters."""
+    best: tuple[int, int, str] | None = None
+    for path, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList | nn.Sequential) or len(module) < 2:
+            continue
+        if len({type(child) for child in module}) != 1:
+            continue
+        count = sum(p.numel() for p in module.parameters())
+        key = (count, -path.count("."), path)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    if best is None:
+        raise PipeswapError(
+            f"{type(model).__name__} has no list of 2 or more layers of one class to cut at; "
+            "name its blocks (blocks=['encoder.0', 'encoder.1', ...], or --blocks on the CLI)"
+        )
+    parent = model.get_submodule(best[2])
+    return [f"{best[2]}.{name}" if best[2] else name for name, _ in parent.named_children()]
+
+
+def _owners(root: nn.Module, blocks: list[nn.Module], run: Callable[[], Any]) -> tuple[
+    dict[str, nn.Module], dict[str, nn.Module]
+]:
+    """Split the modules outside the blocks into those the forward calls before the first
+    block (and those it never calls) and those it calls after the last block."""
+    inside = {id(m) for block in blocks for m in block.modules()}
+    holders = [
+        (path, m)
+        for path, m in root.named_modules()
+        if path and id(m) not in inside and _holds_state(m)
+    ]
+    order: list[str] = []
+    phase = {"now": "before"}
+    where: dict[str, str] = {}
+    handles = []
+    for path, module in holders:
+
+        def seen(_m: nn.Module, _args: Any, _path: str = path) -> None:
+            where.setdefault(_path, phase["now"])
+            order.append(_path)
+
+        handles.append(module.register_forward_pre_hook(seen))
+    first, last = blocks[0], blocks[-1]
+    handles.append(first.register_forward_pre_hook(lambda *_: phase.update(now="between")))
+    handles.append(last.register_forward_hook(lambda *_: phase.update(now="after")))
+    try:
+        run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    between = [p for p, w in where.items() if w == "between"]
+    if between:
+        raise PipeswapError(
+            f"the model's forward runs {', '.join(between)} between its blocks; pipeswap cuts "
+            "only where blocks feed each other directly: name blocks that include them"
+        )
+    before = {p: m for p, m in holders if where.get(p, "before") == "before"}
+    after = {p: m for p, m in holders if where.get(p) == "after"}
+    return _outermost(before), _outermost(after)
+
+
+def _holds_state(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters(recurse=False)) or any(
+        True for _ in module.buffers(recurse=False)
+    )
+
+
+def _outermost(modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    # Registering a module and its parent would list the parent's parameters twice.
+    return {p: m for p, m in modules.items() if not any(p.startswith(q + ".") for q in modules)}
+
+
+def as_layered(
+    model: nn.Module,
+    *,
+    example: torch.Tensor,
+    task: str,
+    name: str,
+    blocks: Sequence[str] | None = None,
+    input_name: str | None = None,
+    output_fn: Callable[[Any], torch.Tensor] = lambda out: out,
+    call_kwargs: dict[str, Any] | None = None,
+    run_context: Callable[[torch.Tensor], AbstractContextManager[Any]] | None = None,
+    vocab_size: int = 0,
+    num_classes: int = 0,
+    in_channels: int = 3,
+) -> LayeredModel:
+    """``model`` as a LayeredModel cut at ``blocks`` (default: ``find_blocks(model)``).
+
+    ``example`` is a small input the model takes (token ids or images): the adapter runs
+    the model on it once, in eval mode, without gradients and with the RNG forked, to learn
+    how the forward calls the blocks, and checks that replay splitting reproduces the model
+    (see the module docstring). ``input_name`` passes the input as that keyword argument
+    (``input_ids``); ``output_fn`` maps the model's output to the logits.
+    """
+    if isinstance(model, LayeredModel):
+        return model
+    extra = {} if call_kwargs is None else dict(call_kwargs)
+    if isinstance(model, nn.Sequential) and blocks is None:
+        children = list(model.named_children())
+        return LayeredModel(
+            name, children, task, vocab_size=vocab_size, num_classes=num_classes,
+            in_channels=in_channels,
+        )  # fmt: skip
+    paths = list(blocks) if blocks is not None else find_blocks(model)
+    _check_paths(model, paths)
+    replay = Replay(model, paths, input_name, output_fn, extra)
+    if run_context is not None:
+        replay.run_context = run_context
+    with _inspecting(model):
+        embed_owned, head_owned = _owners(model, replay.blocks, lambda: replay.run_root(example))
+        expected = _expected_calls(replay, example)
+        _learn_calls(replay, example, expected)
+    layers: list[tuple[str, nn.Module]] = [("embed", _Embed(replay, embed_owned))]
+    layers += [(path, _Block(replay, i, b)) for i, (path, b) in enumerate(zip(paths, replay.blocks))]
+    layers.append(("head", _Head(replay, head_owned)))
+    return LayeredModel(
+        name, layers, task, vocab_size=vocab_size, num_classes=num_classes,
+        in_channels=in_channels,
+    )  # fmt: skip
+
+
+def _check_paths(model: nn.Module, paths: list[str]) -> None:
+    if not paths:
+        raise PipeswapError("name at least one block")
+    modules = dict(model.named_modules())
+    for path in paths:
+        if path not in modules or not path:
+            raise PipeswapError(
+                f"{type(model).__name__} has no module {path!r}; blocks are dotted module "
+                f"paths such as {next(iter(p for p in modules if p), '?')!r}"
+            )
+    for a, b in zip(paths, paths[1:]):
+        if a == b or b.startswith(a + ".") or a.startswith(b + "."):
+            raise PipeswapError(f"blocks {a!r} and {b!r} overlap; name disjoint modules")
+
+
+@contextmanager
+def _inspecting(model: nn.Module) -> Iterator[None]:
+    """Eval mode, no gradients, forked RNG: inspecting the model changes nothing in it."""
+    modes = [(m, m.training) for m in model.modules()]
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            model.eval()
+            yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
+def _expected_calls(replay: Replay, example: torch.Tensor) -> list[tuple[Any, Any, Any]]:
+    """Each block's (args, kwargs, output) in a plain run of the model."""
+    seen: list[tuple[Any, Any, Any]] = []
+    handles = [
+        block.register_forward_hook(
+            lambda _m, args, kwargs, out: seen.append((args, kwargs, out)), with_kwargs=True
+        )
+        for block in replay.blocks
+    ]
+    try:
+        replay.run_root(example)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if len(seen) != len(replay.blocks):
+        raise PipeswapError(
+            f"the model's forward called its {len(replay.blocks)} blocks {len(seen)} times; "
+            "name blocks it calls exactly once each"
+        )
+    return seen
+
+
+def _learn_calls(replay: Replay, example: torch.Tensor, expected: list[tuple[Any, Any, Any]]) -> None:
+    """Record how each block is called, and refuse a model replay splitting would change."""
+    for index, (_args, _kwargs, out) in enumerate(expected):
+        if isinstance(out, torch.Tensor):
+            arity = 0
+        elif isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+            if any(isinstance(rest, torch.Tensor) for rest in out[1:]):
+                raise PipeswapError(
+                    f"block {replay.paths[index]!r} returns several tensors; pipeswap passes "
+                    "one hidden state between blocks (turn off attention or cache outputs)"
+                )
+            arity = len(out)
+        else:
+            raise PipeswapError(
+                f"block {replay.paths[index]!r} returns {type(out).__name__}; blocks must "
+                "return a tensor or a tuple whose first item is the hidden state"
+            )
+        replay.calls.append(_BlockCall(pytree.tree_flatten(((), {}))[1], [], arity))
+    for index in range(1, len(expected)):
+        previous_out = expected[index - 1][2]
+        previous = previous_out if isinstance(previous_out, torch.Tensor) else previous_out[0]
+        if _hidden_of(expected[index][0], expected[index][1]) is not previous:
+            raise PipeswapError(
+                f"the model's forward transforms the output of block "
+                f"{replay.paths[index - 1]!r} before block {replay.paths[index]!r} gets it; "
+                "pipeswap cuts only where blocks feed each other directly: name blocks that "
+                "include that code"
+            )
+    hidden, received = replay.capture(example)
+    context_index = {key: i for i, key in enumerate(_context_of(hidden, received))}
+    for index, ((args, kwargs), (want_args, want_kwargs, _out)) in enumerate(
+        zip(received, expected)
+    ):
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        want_leaves, want_spec = pytree.tree_flatten((want_args, want_kwargs))
+        where = f"block {replay.paths[index]!r}"
+        if spec != want_spec:
+            raise PipeswapError(
+                f"{where} is called differently when earlier blocks are skipped; its "
+                "arguments depend on their outputs, so pipeswap cannot cut there"
+            )
+        slots: list[_Slot] = []
+        for position, (leaf, want) in enumerate(zip(leaves, want_leaves)):
+            if isinstance(leaf, torch.Tensor):
+                if leaf is hidden:
+                    slots.append(_Slot("hidden"))
+                    continue
+                if not isinstance(want, torch.Tensor) or not _same(leaf, want):
+                    raise PipeswapError(
+                        f"{where} receives a tensor that depends on earlier blocks' outputs "
+                        f"(argument leaf {position}); pipeswap cannot cut there"
+                    )
+                slots.append(_Slot("context", context_index[id(leaf)]))
+            elif isinstance(leaf, _CONSTANT_TYPES):
+                slots.append(_Slot("constant", leaf))
+            else:
+                raise PipeswapError(
+                    f"{where} receives a {type(leaf).__name__}; pipeswap passes tensors and "
+                    "constants between stages (for Hugging Face models it sets use_cache=False)"
+                )
+        replay.calls[index] = _BlockCall(spec, slots, replay.calls[index].output_arity)
+    replay.num_context = len(context_index)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device.type == "meta" or b.device.type == "meta":
+        return a.shape == b.shape and a.dtype == b.dtype
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))

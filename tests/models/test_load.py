@@ -1,0 +1,242 @@
+"""load_user_model / adapt_module: Hugging Face directories and plain modules as LayeredModels."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pipeswap.errors import PipeswapError
+from pipeswap.models import build_model, model_spec
+from pipeswap.models.load import adapt_module, load_user_model
+from tests.models.hf_configs import FAMILIES, hf_config, save_config, save_model
+
+pytest.importorskip("transformers")
+
+_BLOCKS = {
+    "gpt2": ["transformer.h.0", "transformer.h.1"],
+    "llama": ["model.layers.0", "model.layers.1"],
+    "bert": ["bert.encoder.layer.0", "bert.encoder.layer.1"],
+    "vit": ["vit.layers.0", "vit.layers.1"],
+    "resnet": ["resnet.encoder.stages.0", "resnet.encoder.stages.1"],
+}
+
+
+def _input(model, batch: int = 2) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(5)
+    if model.task == "lm":
+        return torch.randint(0, 256, (batch, 16), generator=gen)
+    return torch.randn(batch, 3, 32, 32, generator=gen)
+
+
+def _root(model) -> nn.Module:
+    return model.get_submodule("embed").replay.root
+
+
+def _own_logits(model, x: torch.Tensor) -> torch.Tensor:
+    key = "input_ids" if model.task == "lm" else "pixel_values"
+    return _root(model)(**{key: x}).logits
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_is_cut_at_its_layer_list_and_computes_what_the_model_does(
+    tmp_path: Path, family: str
+) -> None:
+    model = load_user_model(save_config(tmp_path / family, family), seed=0)
+    assert model.layer_names == ["embed", *_BLOCKS[family], "head"]
+    x = _input(model)
+    target = model.example_batch(2, seq_len=16, image_size=32, seed=1)[1]
+    model.train()
+    ours = model(x)
+    model.loss(ours, target).backward()
+    grads = {name: p.grad.clone() for name, p in _root(model).named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    theirs = _own_logits(model, x)
+    model.loss(theirs, target).backward()
+    assert torch.equal(ours, theirs)
+    own = {name: p.grad for name, p in _root(model).named_parameters() if p.grad is not None}
+    assert own.keys() == grads.keys() and len(own) > 0
+    assert all(torch.equal(grads[name], own[name]) for name in own)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_parameter_belongs_to_one_layer_except_tied_ones(tmp_path: Path, family: str) -> None:
+    model = load_user_model(save_config(tmp_path / family, family), seed=0)
+    root_params = {id(p) for p in _root(model).parameters()}
+    ours = {id(p) for p in model.parameters()}
+    assert ours == root_params
+    by_layer = [{id(p) for p in model.get_submodule(n).parameters()} if "." not in n
+                else {id(p) for p in model._modules[n].parameters()} for n in model.layer_names]
+    shared = set.union(*[a & b for i, a in enumerate(by_layer) for b in by_layer[i + 1:]])
+    tied = family in ("gpt2", "bert")  # their configs tie the output layer to the embedding
+    assert (len(shared) == 1) == tied
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_meta_build_has_the_same_layers_and_shapes(tmp_path: Path, family: str) -> None:
+    path = save_config(tmp_path / family, family)
+    real, meta = load_user_model(path), load_user_model(path, device="meta")
+    assert meta.layer_names == real.layer_names
+    assert [(n, p.shape) for n, p in meta.named_parameters()] == [
+        (n, p.shape) for n, p in real.named_parameters()
+    ]
+    assert all(p.is_meta for p in meta.parameters())
+    out = meta(_input(real).to("meta"))
+    assert out.is_meta and out.shape == real(_input(real)).shape
+
+
+def test_weights_load_and_without_them_the_init_is_seeded(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    with_weights = save_model(tmp_path / "weights", "gpt2")
+    saved = transformers.GPT2LMHeadModel.from_pretrained(with_weights, local_files_only=True)
+    loaded = load_user_model(with_weights)
+    expected = dict(saved.named_parameters())
+    assert all(torch.equal(p, expected[n]) for n, p in _root(loaded).named_parameters())
+    config_only = save_config(tmp_path / "config", "gpt2")
+    a, b, c = (load_user_model(config_only, seed=s) for s in (0, 0, 1))
+    flat = [torch.cat([p.flatten() for p in m.parameters()]) for m in (a, b, c)]
+    assert torch.equal(flat[0], flat[1]) and not torch.equal(flat[0], flat[2])
+    state = torch.random.get_rng_state()
+    load_user_model(config_only, seed=0)
+    assert torch.equal(state, torch.random.get_rng_state())
+
+
+def test_masked_lm_gets_a_mask_token_and_masked_batches(tmp_path: Path) -> None:
+    from pipeswap.data import MaskedLMDataset, dataset_for
+
+    model = load_user_model(save_config(tmp_path / "bert", "bert"))
+    assert model.mask_token_id == 256  # the first id past the bytes (vocabulary 260)
+    data = dataset_for(model, seq_len=16)
+    assert isinstance(data, MaskedLMDataset)
+    inputs, targets = data.batch(4, 0)
+    masked = targets != -100
+    assert masked.any() and torch.all(inputs[masked] == 256)
+    assert torch.all(inputs[~masked] != 256)
+    assert 0.05 < masked.float().mean() < 0.3
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides", "message"),
+    [
+        ("gpt2", {"vocab_size": 100}, "vocabulary of 100 tokens"),
+        ("vit", {"num_labels": 1}, "num_labels=1"),
+        ("gpt2", {"architectures": ["GPT2Model"]}, "has no head pipeswap trains"),
+        ("gpt2", {"architectures": ["NoSuchModel"]}, "has no class 'NoSuchModel'"),
+    ],
+)
+def test_configs_pipeswap_cannot_train_are_refused(
+    tmp_path: Path, family: str, overrides: dict, message: str
+) -> None:
+    path = save_config(tmp_path / family, family, **overrides)
+    with pytest.raises(PipeswapError, match=message):
+        load_user_model(path)
+
+
+def test_directories_that_are_not_models_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PipeswapError, match="no config.json"):
+        load_user_model(str(tmp_path / "empty"))
+    (tmp_path / "noarch").mkdir()
+    (tmp_path / "noarch" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(PipeswapError, match="names no architecture"):
+        load_user_model(str(tmp_path / "noarch"))
+
+
+def test_vit_takes_only_its_image_size(tmp_path: Path) -> None:
+    path = save_config(tmp_path / "vit", "vit")
+    assert model_spec(path).default_image_size == 32
+    with pytest.raises(PipeswapError, match="pass --image-size 32"):
+        build_model(path, image_size=64)
+
+
+# ---- plain nn.Modules ---------------------------------------------------------------------
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.mix(x)) * scale
+
+
+class TinyLM(nn.Module):
+    """Embedding, repeated blocks given a tensor computed from the input, a head."""
+
+    def __init__(self, skip: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(256, 16)
+        self.blocks = nn.ModuleList(_Block() for _ in range(3))
+        self.norm = nn.LayerNorm(16)
+        self.out = nn.Linear(16, 256)
+        self.skip = skip
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        scale = (ids[..., None] % 3 + 1).float() / 3
+        first = h
+        for block in self.blocks:
+            h = block(h, scale)
+            if self.skip:
+                h = h + first
+        return self.out(self.norm(h))
+
+
+def tiny_lm() -> nn.Module:
+    return TinyLM()
+
+
+def test_a_plain_module_is_cut_at_its_repeated_blocks() -> None:
+    torch.manual_seed(0)
+    net = TinyLM()
+    model = adapt_module(net, name="tiny")
+    assert model.layer_names == ["embed", "blocks.0", "blocks.1", "blocks.2", "head"]
+    ids = torch.randint(0, 256, (2, 8))
+    assert torch.equal(model(ids), net(ids))
+    assert model.task == "lm" and model.vocab_size == 256
+
+
+def test_user_named_dotted_blocks_work_and_skipped_layers_are_refused() -> None:
+    net = TinyLM()
+    ids = torch.randint(0, 256, (2, 8))
+    named = adapt_module(net, blocks=["blocks.0", "blocks.1", "blocks.2"])
+    assert named.layer_names[1:4] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert torch.equal(named(ids), net(ids))
+    with pytest.raises(PipeswapError, match="runs blocks.1.mix between its blocks"):
+        adapt_module(net, blocks=["blocks.0", "blocks.2"])
+    with pytest.raises(PipeswapError, match="has no module 'blocks.7'"):
+        adapt_module(net, blocks=["blocks.0", "blocks.7"])
+
+
+def test_code_that_transforms_the_hidden_state_between_blocks_is_refused() -> None:
+    with pytest.raises(PipeswapError, match="feed each other directly"):
+        adapt_module(TinyLM(skip=True))
+
+
+def test_a_sequential_is_cut_at_its_children() -> None:
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 30 * 30, 5))
+    model = adapt_module(net)
+    assert model.layer_names == ["0", "1", "2", "3"]
+    assert model.task == "classify" and model.num_classes == 5
+
+
+def test_module_function_names_load_through_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tiny_lm_module", sys.modules[__name__])
+    monkeypatch.setattr(sys.modules[__name__], "build", tiny_lm, raising=False)
+    model = build_model("tiny_lm_module:build", seed=3)
+    assert model.layer_names[1:4] == ["blocks.0", "blocks.1", "blocks.2"]
+    with pytest.raises(PipeswapError, match="no default sequence length"):
+        from pipeswap.models import shape_defaults
+
+        shape_defaults("tiny_lm_module:build", None, None)
+
+
+def test_models_it_cannot_tell_the_task_of_are_refused() -> None:
+    with pytest.raises(PipeswapError, match="cannot tell what"):
+        adapt_module(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
+    _ = hf_config  # the helper module is shared with the CLI tests
