@@ -63,6 +63,9 @@ class _BlockCall:
     slots: list[_Slot]
     output_arity: int  # 0: the block returns a tensor; n: a tuple of n, hidden first
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> _BlockCall:
+        return self  # immutable in use: a meta copy of the model shares it
+
 
 class Replay:
     """The wrapped model and the facts the embed/block/head layers share about it."""

@@ -31,9 +31,11 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import GpuSpec, gpu_spec
 from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
+from pipeswap.models.state import untouched
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.saved import SavedTensorCapture, meta_attention_like_cpu
 from pipeswap.profiling.step import (
+    as_layered,
     dtype_name,
     optimizer_state_bytes,
     param_bytes_by_layer,
@@ -139,16 +141,49 @@ class _CostCounter(TorchDispatchMode):
         return out
 
 
-def meta_copy(model: LayeredModel) -> LayeredModel:
-    """A copy of ``model`` on the meta device (parameters and buffers become meta tensors)."""
+def moved_copy(
+    model: LayeredModel, device: torch.device | str, dtype: torch.dtype | None = None
+) -> LayeredModel:
+    """A copy of ``model`` on ``device``, floating-point tensors in ``dtype`` (if given).
+
+    The original is not touched. Tied parameters stay tied; every buffer is a fresh copy
+    (a training forward writes BatchNorm statistics), while a parameter already on
+    ``device`` in ``dtype`` may share its storage (a step without an optimizer never
+    writes parameters).
+    """
+
+    def moved(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
+        cast = dtype if dtype is not None and tensor.is_floating_point() else None
+        return tensor.detach().to(device=device, dtype=cast, copy=copy)
+
     memo: dict[int, Any] = {}
     for param in model.parameters():
-        memo[id(param)] = torch.nn.Parameter(
-            param.detach().to("meta"), requires_grad=param.requires_grad
-        )
+        memo[id(param)] = torch.nn.Parameter(moved(param, False), param.requires_grad)
     for buffer in model.buffers():
-        memo[id(buffer)] = buffer.detach().to("meta")
-    return copy.deepcopy(model, memo)
+        memo[id(buffer)] = moved(buffer, True)
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as exc:  # noqa: BLE001 - any failure means the same advice
+        raise PipeswapError(
+            f"cannot copy {model.name} to {device} for profiling ({type(exc).__name__}: "
+            f"{exc}); move the model there yourself (model.to(...)) and profile it in place"
+        ) from exc
+
+
+def meta_copy(model: LayeredModel) -> LayeredModel:
+    """A copy of ``model`` on the meta device (parameters and buffers become meta tensors)."""
+    return moved_copy(model, "meta")
+
+
+def on_device(model: LayeredModel, device: torch.device, dtype: torch.dtype) -> bool:
+    """True when every parameter and buffer is on ``device`` and every floating one is in
+    ``dtype``: the model can then be profiled in place."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return all(
+        t.device == device and (t.dtype == dtype or not t.is_floating_point())
+        for t in (*model.parameters(), *model.buffers())
+    )
 
 
 def estimate_layered(
@@ -162,7 +197,12 @@ def estimate_layered(
     optimizer: str = "sgd",
     efficiency: Efficiency | None = None,
 ) -> Profile:
-    """Estimate a training step of a meta-device ``model`` on ``gpu``."""
+    """Estimate a training step of ``model`` on ``gpu``, running it on the meta device.
+
+    A model already on meta in ``dtype`` runs in place (and is left as it was found);
+    any other runs as a meta copy in ``dtype`` (which allocates nothing).
+    """
+    model = as_layered(model, "estimate_layered")
     spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
     torch_dtype = parse_dtype(dtype)
     name_of_dtype = dtype_name(torch_dtype)
@@ -170,7 +210,8 @@ def estimate_layered(
     efficiency = efficiency or Efficiency()
     if batch < 1:
         raise PipeswapError(f"batch must be at least 1, not {batch}")
-    model.train()
+    if not on_device(model, torch.device("meta"), torch_dtype):
+        model = moved_copy(model, "meta", torch_dtype)
     try:
         inputs, targets = model.example_batch(
             batch, seq_len=seq_len, image_size=image_size, device="meta", dtype=torch_dtype
@@ -178,8 +219,10 @@ def estimate_layered(
     except ValueError as exc:
         raise PipeswapError(str(exc)) from None
     counter = _CostCounter(spec, name_of_dtype, efficiency)
-    with meta_attention_like_cpu(), counter, SavedTensorCapture(model) as capture:
-        shapes = run_step(model, inputs, targets, counter.at)
+    with untouched(model):
+        model.train()
+        with meta_attention_like_cpu(), counter, SavedTensorCapture(model) as capture:
+            shapes = run_step(model, inputs, targets, counter.at)
     records = capture.records()
     params = param_bytes_by_layer(model)
     layers = []

@@ -9,14 +9,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
+from pipeswap.models.state import untouched
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
-from pipeswap.profiling.estimate import estimate_layered, meta_copy
+from pipeswap.profiling.estimate import estimate_layered, meta_copy, moved_copy, on_device
 from pipeswap.profiling.saved import SavedTensorCapture
 from pipeswap.profiling.step import (
+    as_layered,
     dtype_name,
     optimizer_state_bytes,
     param_bytes_by_layer,
@@ -27,7 +30,8 @@ from pipeswap.units import format_bytes
 
 _TIMING_NOTE = (
     "forward_s/backward_s: median over repeats of each block's own pass; the step runs block "
-    "by block (each block's input a detached leaf sharing the previous output's storage, each "
+    "by block (each block's input, or each member of a tuple input that needs a gradient, a "
+    "non-leaf sharing the previous output's storage, cut from the graph before it; each "
     "block's backward a separate autograd.backward), wall clock around each pass with "
     "torch.cuda.synchronize() on CUDA; the loss belongs to the last layer"
 )
@@ -132,11 +136,17 @@ def measure(
 ) -> Profile:
     """Run real training steps of ``model`` (a LayeredModel or a zoo name) and profile them.
 
-    A LayeredModel is moved to ``device`` and ``dtype`` in place. For a zoo name,
-    ``seq_len`` / ``image_size`` default to the zoo's values. An allocation failure becomes
-    a PipeswapError naming the memory a meta estimate says the step needs and the
-    allocation that failed (when the allocator says), and suggesting a smaller batch.
+    A LayeredModel is left as it was found: parameters (values, gradients, requires_grad),
+    buffers, every submodule's train/eval mode, and the CPU and CUDA random generators.
+    It is measured in place when it is already on ``device`` in ``dtype``, otherwise on a
+    copy moved there. For a zoo name, ``seq_len`` / ``image_size`` default to the zoo's
+    values. Run it inside ``torch.autocast`` to profile mixed precision (the profile's
+    notes say so). An allocation failure becomes a PipeswapError naming the memory a meta
+    estimate says the step needs and the allocation that failed (when the allocator
+    says), and suggesting a smaller batch.
     """
+    if not isinstance(model, str):
+        model = as_layered(model, "measure")
     torch_dtype = parse_dtype(dtype)
     torch_device = torch.device(device)
     _check_device(torch_device)
@@ -145,22 +155,28 @@ def measure(
         raise PipeswapError(
             f"need batch >= 1, repeats >= 1 and warmup >= 0 (got {batch}, {repeats}, {warmup})"
         )
-    if isinstance(model, str):
-        seq_len, image_size = shape_defaults(model, seq_len, image_size)
-        model = build_model(model, device=torch_device, dtype=torch_dtype, image_size=image_size)
-    else:
-        model.to(device=torch_device, dtype=torch_dtype)
-    try:
-        return _measure(
-            model, batch, seq_len, image_size, torch_device, torch_dtype, optimizer, warmup, repeats
-        )
-    except (RuntimeError, MemoryError) as exc:
-        if not is_allocation_error(exc):
-            raise
-        # Dropping the traceback lets the failed step's tensors (its frames hold them) go.
-        failure = exc.with_traceback(None)
-    raise _does_not_fit(model, batch, seq_len, image_size, torch_device, torch_dtype, optimizer,
-                        failure)  # fmt: skip
+    # A zoo model is ours to change, but the random generators are the user's either way.
+    mine = model if isinstance(model, LayeredModel) else nn.Module()
+    with untouched(mine, [torch_device]):
+        if isinstance(model, str):
+            seq_len, image_size = shape_defaults(model, seq_len, image_size)
+            target = build_model(
+                model, device=torch_device, dtype=torch_dtype, image_size=image_size
+            )
+        elif on_device(model, torch_device, torch_dtype):
+            target = model
+        else:
+            target = moved_copy(model, torch_device, torch_dtype)
+        try:
+            return _measure(target, batch, seq_len, image_size, torch_device, torch_dtype,
+                            optimizer, warmup, repeats)  # fmt: skip
+        except (RuntimeError, MemoryError) as exc:
+            if not is_allocation_error(exc):
+                raise
+            # Dropping the traceback lets the failed step's tensors (its frames hold them) go.
+            failure = exc.with_traceback(None)
+    raise _does_not_fit(target, batch, seq_len, image_size, torch_device, torch_dtype,
+                        optimizer, failure)  # fmt: skip
 
 
 def _does_not_fit(
@@ -207,6 +223,13 @@ def requested_bytes(message: str) -> str | None:
     return None if match is None else match.group(1)
 
 
+def _autocast_dtype(device: torch.device) -> str | None:
+    """The dtype torch.autocast runs ``device``'s ops in around this call, or None."""
+    if not torch.is_autocast_enabled(device.type):
+        return None
+    return dtype_name(torch.get_autocast_dtype(device.type))
+
+
 def _measure(
     model: LayeredModel, batch: int, seq_len: int | None, image_size: int | None,
     device: torch.device, dtype: torch.dtype, optimizer: str, warmup: int, repeats: int,
@@ -218,6 +241,7 @@ def _measure(
         for param in model.parameters():
             param.grad = None
 
+    zero_grads()  # the user's gradients are put back afterwards; none may add to them
     # One untimed step names the saved tensors and tracks their liveness.
     with SavedTensorCapture(model) as capture:
         shapes = run_step(model, inputs, targets)
@@ -269,5 +293,6 @@ def _measure(
             "warmup": warmup,
             "repeats": repeats,
             "loss": shapes.loss,
+            "autocast": _autocast_dtype(device),
         },
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -14,7 +15,28 @@ from pipeswap.models.base import LayeredModel
 # around(layer_name, phase) wraps each block's pass; phase is "forward" or "backward".
 Around = Callable[[str, str], AbstractContextManager[object]]
 
+# What passes between blocks: a tensor or a tuple of tensors, as in a pipeline stage.
+Boundary = torch.Tensor | tuple[torch.Tensor, ...]
+
 OPTIMIZER_STATE_FACTOR = {"sgd": 1, "adam": 2, "adamw": 2}
+
+
+def as_layered(model: object, caller: str) -> LayeredModel:
+    """The LayeredModel to profile for ``model``: the one place a user's model is converted.
+
+    A LayeredModel is used as it is; any other ``nn.Module`` (a Hugging Face model
+    included) is cut at its blocks by pipeswap.models.load.adapt_module, whose layers
+    share the model's own modules.
+    """
+    if isinstance(model, LayeredModel):
+        return model
+    if isinstance(model, torch.nn.Module):
+        from pipeswap.models.load import adapt_module
+
+        return adapt_module(model)
+    raise PipeswapError(
+        f"{caller}() needs an nn.Module or a model name, not a {type(model).__name__}"
+    )
 
 
 @dataclass(frozen=True)
@@ -29,6 +51,51 @@ def _no_hook(name: str, phase: str) -> AbstractContextManager[object]:
     return nullcontext()
 
 
+class _BlockInput(torch.autograd.Function):
+    """Identity whose output is a non-leaf sharing its input's storage.
+
+    A block's input in a real step is the previous block's output, a non-leaf; some
+    code treats leaves differently (autocast caches its casts of leaves that need a
+    gradient, so three Linears reading one leaf save one cast, not three), so the
+    profiler must not hand a block a bare leaf.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.detach()  # same storage, not a view: in-place ops behave as in training
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def _tensors(value: Boundary) -> tuple[torch.Tensor, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _checked(value: object, name: str, model: LayeredModel) -> Boundary:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return value
+    raise PipeswapError(
+        f"block {name!r} of {model.name} returns {type(value).__name__}, but blocks pass a "
+        "tensor or a tuple of tensors to the next block: make it return one of those"
+    )
+
+
+def _cut(value: Boundary) -> tuple[Boundary, tuple[torch.Tensor | None, ...]]:
+    """The next block's input, cut from the graph before it, and the leaves that will
+    hold its gradients (None for members that carry none: integers, constants)."""
+    leaves = tuple(
+        t.detach().requires_grad_() if t.requires_grad else None for t in _tensors(value)
+    )
+    fed = tuple(
+        t if leaf is None else _BlockInput.apply(leaf) for t, leaf in zip(_tensors(value), leaves)
+    )
+    return (fed if isinstance(value, tuple) else fed[0]), leaves
+
+
 def run_step(
     model: LayeredModel,
     inputs: torch.Tensor,
@@ -37,45 +104,47 @@ def run_step(
 ) -> StepShapes:
     """Forward every block, the loss, then backward block by block in reverse.
 
-    Each block after the first gets its input as a fresh leaf that shares the previous
-    output's storage (``detach().requires_grad_()``); its backward is a separate
-    ``torch.autograd.backward(output, grad)`` whose input gradient feeds the block before.
-    That computes exactly the gradients of one whole-model backward, with a clean boundary
-    per block to time or count. The loss's forward and backward belong to the last block.
+    A block passes a tensor or a tuple of tensors to the next, as pipeline stages do. Each
+    member that needs a gradient reaches the next block through a fresh leaf sharing its
+    storage (then a no-op autograd node, so the block sees a non-leaf as in a real step);
+    integer members and others without a gradient pass as they are. A block's backward is
+    a separate ``torch.autograd.backward(outputs, grads)`` whose input gradients feed the
+    block before. That computes exactly the gradients of one whole-model backward, with a
+    clean boundary per block to time or count. The loss belongs to the last block.
     """
     blocks = list(model.named_children())
-    leaves: list[torch.Tensor | None] = []
-    outputs: list[torch.Tensor | None] = []
+    leaves: list[tuple[torch.Tensor | None, ...]] = []
+    outputs: list[Boundary | None] = []
     output_bytes: dict[str, int] = {}
     loss: torch.Tensor | None = None
-    x = inputs
+    x: Boundary = inputs
     for position, (name, block) in enumerate(blocks):
-        leaf = x
-        if position > 0 and x.is_floating_point():
-            leaf = x.detach().requires_grad_()
+        fed, held = (x, (None,)) if position == 0 else _cut(x)
         with around(name, "forward"):
-            out = block(leaf)
+            out = _checked(block(fed), name, model)
             if position == len(blocks) - 1:
-                loss = model.loss(out, targets)
-        leaves.append(leaf)
+                loss = model.loss(out, targets)  # type: ignore[arg-type]
+        leaves.append(held)
         outputs.append(out)
-        output_bytes[name] = out.numel() * out.element_size()
+        output_bytes[name] = sum(t.numel() * t.element_size() for t in _tensors(out))
         x = out
-    grad: torch.Tensor | None = None
+    grads: tuple[torch.Tensor | None, ...] = ()
     for position in reversed(range(len(blocks))):
         name = blocks[position][0]
-        out = outputs[position]
+        produced = outputs[position]
         with around(name, "backward"):
             if position == len(blocks) - 1:
                 assert loss is not None
                 loss.backward()
-            elif out is not None and out.requires_grad and grad is not None:
-                torch.autograd.backward(out, grad)
-        held = leaves[position]
-        grad = held.grad if held is not None and held.requires_grad else None
+            elif produced is not None:
+                pairs = [(o, g) for o, g in zip(_tensors(produced), grads)
+                         if g is not None and o.requires_grad]  # fmt: skip
+                if pairs:
+                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        grads = tuple(None if leaf is None else leaf.grad for leaf in leaves[position])
         # Let this block's activations go, as a whole-model backward would.
         outputs[position] = None
-        leaves[position] = None
+        leaves[position] = ()
     value = None if loss is None or loss.device.type == "meta" else float(loss.detach())
     return StepShapes(output_bytes, value)
 

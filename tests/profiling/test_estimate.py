@@ -23,7 +23,7 @@ SMALL_MODELS = [
 
 
 def _linear_model(width_in: int, width_out: int, device: str = "meta") -> LayeredModel:
-    """flatten (a view), one bias-free Linear whose input needs a gradient, a small head."""
+    """flatten (a view), one bias-free Linear reading the images, a small head."""
     with torch.device(device):
         blocks = [
             ("pre", nn.Flatten()),
@@ -39,7 +39,11 @@ def test_flops_and_time_of_one_linear_in_closed_form() -> None:
     lin = profile.layer("lin")
     matmul = 2 * batch * width_in * width_out
     assert lin.forward_flops == matmul
-    assert lin.backward_flops == 2 * matmul  # gradient of the input and of the weight
+    # As in a real step, the images need no gradient: only the weight's is computed...
+    assert lin.backward_flops == matmul
+    # ...while the head's input (lin's output) needs one: input and weight gradients.
+    head = profile.layer("out")
+    assert head.backward_flops == 2 * head.forward_flops == 2 * (2 * batch * width_out * 4)
     eff, v100 = Efficiency(), gpu_spec("v100-32gb")
     moved = 4 * (batch * width_in + width_in * width_out + batch * width_out)
     compute_s = matmul / (v100.fp32_flops * eff.matmul)
