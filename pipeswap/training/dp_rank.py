@@ -41,6 +41,7 @@ from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import agree, all_gather, rank_device
 from pipeswap.errors import PipeswapError
 from pipeswap.optim import check_optimizer, make_optimizer
+from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.profile import Profile
 from pipeswap.progress import progress_bar
 from pipeswap.swap.executor import SwapExecutor
@@ -244,7 +245,9 @@ def train_rank(
             inputs, targets = batch(step, m)
             last = m == micro - 1
             sync = nullcontext() if world_size == 1 or last else network.no_sync()  # type: ignore[operator]
-            with sync:
+            # Dropout draws from a stream of (seed, step, micro-batch, rank): a run repeats
+            # bit for bit, and swapping or recomputing cannot change a mask.
+            with sync, rng_stream(job.seed, TRAIN, step, m, rank, device):
                 with executor.forward():
                     loss = job.loss(model, network(inputs), targets)
                 (loss / micro).backward()
