@@ -189,6 +189,21 @@ def direction_groups(enabled: bool) -> tuple[Any, Any] | None:
     return (dist.new_group(), dist.new_group()) if enabled else None
 
 
+def pair_groups(pairs: list[tuple[int, int]]) -> dict[tuple[int, int], Any]:
+    """A process group of the two ranks of each (src, dst) pair, one per ordered pair.
+
+    Collective: every rank must call it with the same ``pairs`` in the same order (ranks
+    outside a pair join its creation too). Returns the groups of the pairs this rank is
+    in; empty without a process group or pairs.
+    """
+    if not pairs or not dist.is_initialized():
+        return {}
+    rank = dist.get_rank()
+    made = {(a, b): dist.new_group(ranks=sorted((a, b))) for a, b in pairs}
+    # Only the groups this rank is in: the others are no groups here (nothing to destroy).
+    return {pair: group for pair, group in made.items() if rank in pair}
+
+
 def destroy_groups(groups: tuple[Any, ...] | None) -> None:
     for group in groups or ():
         dist.destroy_process_group(group)

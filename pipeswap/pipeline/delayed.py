@@ -6,6 +6,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -13,9 +14,17 @@ from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 from pipeswap.optim import optimizer_for_mode
-from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
+from pipeswap.pipeline.config import (
+    BatchSource,
+    PipelineConfig,
+    build_full_model,
+    build_meta_model,
+)
+from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import version_distances
+from pipeswap.pipeline.rng import EVAL, TRAIN, rng_stream
 from pipeswap.pipeline.schedule import Schedule, build_schedule
+from pipeswap.pipeline.shared import find_shared
 
 
 @dataclass(frozen=True)
@@ -46,11 +55,14 @@ def schedule_delays(config: PipelineConfig) -> tuple[int, ...]:
     it (a run that short cannot tell them apart). Synchronous schedules give 0
     everywhere in every weight mode. Weight modes that mix versions (``stale``: backward
     on newer weights than the forward) or predict them (``spectrain``, ``predict-adam``
-    with ``s > 0``) are no delay, and raise.
+    with ``s > 0``) are no delay, and raise. So does a parameter tied across stages on a
+    schedule with delays: its copies apply their updates when the schedule lets them
+    (:mod:`pipeswap.pipeline.shared`), not at any one layer's delay.
     """
     config.check()
     n, m = config.num_stages, config.micro_batches
     schedule = build_schedule(config.schedule, n, config.steps, m)
+    tied = find_shared(build_meta_model(config), config.balance)
     # Every stage reaches its steady state within N mini-batches.
     steady = build_schedule(config.schedule, n, config.steps + n, m)
     out: list[int] = []
@@ -65,6 +77,13 @@ def schedule_delays(config: PipelineConfig) -> tuple[int, ...]:
                     f"{s} updates late, not min({step}, {d}): no constant delay reproduces it"
                 )
         out.extend([d] * layers)
+    if tied and any(out):
+        raise PipeswapError(
+            f"{config.model} ties {tied[0].name} across stages {list(tied[0].holders)}: on "
+            f"{config.schedule} its copies apply their updates when the schedule lets them, "
+            "not at one layer's delay, so no per-layer delays reproduce the pipeline; "
+            "compare with the emulator instead, or use a synchronous schedule"
+        )
     return tuple(out)
 
 
@@ -101,10 +120,13 @@ def train_with_delays(config: PipelineConfig, delays: Sequence[float]) -> Delaye
     has version ``max(0, t - d_i)``, ``d_i = delays[i]``; a fractional ``d_i``
     interpolates linearly between versions ``t - floor(d_i)`` and ``t - ceil(d_i)``.
     All delays 0 is plain training: the same mathematics as a synchronous pipeline.
+    Layers that share a parameter (tied embeddings) must have the same delay.
 
     Everything else is the emulator's: the model (``build_full_model``), the batches
     and micro-batches (``BatchSource``, loss scaled by 1/micro_batches), the optimizer
-    and its settings, the learning-rate warm-up, the held-out evaluation. The config's
+    and its settings, the learning-rate warm-up, the held-out evaluation, and the RNG
+    stream each stage's layers run under (``config.balance`` says which layers form a
+    stage, :mod:`pipeswap.pipeline.rng`), so dropout draws the emulator's masks. The config's
     ``schedule``, ``weights`` and ``distances`` are ignored: the delays replace them
     (:func:`schedule_delays` gives those of a pipeline).
     """
@@ -124,7 +146,10 @@ def train_with_delays(config: PipelineConfig, delays: Sequence[float]) -> Delaye
                 f"({', '.join(model.layer_names)}): give one delay per layer"
             )
         layers = [list(layer.parameters()) for layer in model]
-        params = [p for group in layers for p in group]
+        _check_tied_delays(model, layers, delays)
+        # A tied parameter is one parameter here: the optimizer steps it once.
+        params = list({id(p): p for group in layers for p in group}.values())
+        stages = [model.stage(a, b) for a, b in stage_bounds(config.balance)]
         optimizer = optimizer_for_mode(
             config.weights,
             config.optimizer,
@@ -145,7 +170,7 @@ def train_with_delays(config: PipelineConfig, delays: Sequence[float]) -> Delaye
             step_loss = 0.0
             for micro in range(m):
                 x, y = data.micro(step, micro)
-                loss = model.loss(model(x), y)
+                loss = model.loss(_forward(config, stages, x, TRAIN, step, micro), y)
                 (loss / m).backward()
                 step_loss += loss.item()
             losses.append(step_loss / m)
@@ -161,8 +186,41 @@ def train_with_delays(config: PipelineConfig, delays: Sequence[float]) -> Delaye
                     param_group["lr"] = config.lr * min(1.0, (step + 1) / config.lr_warmup)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        evaluation = _evaluate(config, model)
+        evaluation = _evaluate(config, model, stages)
     return DelayedResult(config, delays, tuple(losses), evaluation, time.perf_counter() - started)
+
+
+def _check_tied_delays(
+    model: LayeredModel, layers: list[list[torch.nn.Parameter]], delays: tuple[float, ...]
+) -> None:
+    """Refuse a parameter shared by layers with different delays: it has one version."""
+    first: dict[int, int] = {}
+    for index, group in enumerate(layers):
+        for p in group:
+            other = first.setdefault(id(p), index)
+            if delays[other] != delays[index]:
+                names = model.layer_names
+                raise PipeswapError(
+                    f"layers {names[other]!r} and {names[index]!r} share a parameter but have "
+                    f"delays {delays[other]:g} and {delays[index]:g}: give layers that share "
+                    "parameters the same delay"
+                )
+
+
+def _forward(
+    config: PipelineConfig,
+    stages: list[torch.nn.Sequential],
+    x: torch.Tensor,
+    split: str,
+    step: int,
+    micro: int,
+) -> torch.Tensor:
+    """The model's forward, each stage's layers under the stream the pipeline gives them."""
+    value: Any = x
+    for index, stage in enumerate(stages):
+        with rng_stream(config.seed, split, step, micro, index):
+            value = stage(value)
+    return value
 
 
 @torch.no_grad()
@@ -183,14 +241,16 @@ def _set_delayed(
 
 
 @torch.no_grad()
-def _evaluate(config: PipelineConfig, model: LayeredModel) -> dict[str, float | int]:
+def _evaluate(
+    config: PipelineConfig, model: LayeredModel, stages: list[torch.nn.Sequential]
+) -> dict[str, float | int]:
     """Held-out loss (and accuracy) over the emulator's units: mean loss per micro-batch."""
     held_out = BatchSource(config, model, "val")
     loss_sum, correct, samples, units = 0.0, 0, 0, 0
     for step in range(config.eval_batches):
         for micro in range(config.micro_batches):
             x, y = held_out.micro(step, micro)
-            out = model(x)
+            out = _forward(config, stages, x, EVAL, step, micro)
             loss_sum += model.loss(out, y).item()
             correct += int((out.argmax(-1) == y).sum().item())
             samples += int(y.shape[0])

@@ -13,6 +13,7 @@ from pipeswap.pipeline.config import PipelineConfig, build_full_model
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.schedule import Schedule, build_schedule
+from pipeswap.pipeline.shared import MailboxExchange
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import Packed, inspect_layers
 from pipeswap.pipeline.validate import simulate, validate
@@ -87,6 +88,7 @@ class Emulator:
             schedule = pipeline_schedule(config)
             model = build_full_model(config)
             mailbox: dict[tuple[str, int, int], Packed] = {}
+            tied_mailbox: dict[tuple[int, int, int, int], list[torch.Tensor]] = {}
             request = None
             if self.checkpoint is not None:
                 request = StopRequest(
@@ -104,6 +106,7 @@ class Emulator:
                     keep_gradients=self.keep_gradients,
                     checkpoint=self.checkpoint,
                     stop=request,
+                    exchange=MailboxExchange(rank, tied_mailbox),
                 )
                 for rank in range(config.num_stages)
             ]

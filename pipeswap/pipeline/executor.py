@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from pipeswap.checkpoint import CheckpointPlan, rng_state, save_rank, set_rng_state, write_manifest
-from pipeswap.dist.digest import combine_digests, parameter_digests
+from pipeswap.dist.digest import combine_digests, tensor_sha256
 from pipeswap.pipeline.config import BatchSource, PipelineConfig
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import steady_distances, version_distances
+from pipeswap.pipeline.rng import EVAL, TRAIN, rng_stream
 from pipeswap.pipeline.schedule import Action, Schedule
+from pipeswap.pipeline.shared import Exchange, TiedParameters, find_shared, stage_module
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest, crossing_messages, positions
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
 from pipeswap.pipeline.validate import TimedAction
@@ -50,7 +53,13 @@ class StageResult:
 
 
 class StageExecutor:
-    """One stage: its layers (``runner``), its weight versions, its data, and a transport."""
+    """One stage: its layers (``runner``), its weight versions, its data, and a transport.
+
+    Every forward of a unit runs under the RNG stream of (seed, mini-batch, micro-batch,
+    stage) (:mod:`pipeswap.pipeline.rng`): dropout draws the same masks in the emulator
+    and in every process. Parameters tied across stages get a copy per stage, kept equal
+    through ``exchange`` (:mod:`pipeswap.pipeline.shared`).
+    """
 
     def __init__(
         self,
@@ -66,6 +75,7 @@ class StageExecutor:
         device: torch.device | str = "cpu",
         checkpoint: CheckpointPlan | None = None,
         stop: StopRequest | None = None,
+        exchange: Exchange | None = None,
     ) -> None:
         self.config = config
         self.rank = rank
@@ -76,7 +86,10 @@ class StageExecutor:
         n = config.num_stages
         input_spec: BoundarySpec | None = infos[first - 1].output if rank > 0 else None
         output_spec: BoundarySpec | None = infos[end - 1].output if rank < n - 1 else None
-        self.module = model.stage(first, end)  # type: ignore[operator]
+        shared = find_shared(model, config.balance)
+        self.module, copies = stage_module(model, first, end, shared)
+        # Digests name a tied copy as the whole model does, so they combine to its digest.
+        self._canonical = {id(p): name for name, p in copies.items()}
         self.runner = StageRunner(
             rank,
             n,
@@ -99,7 +112,13 @@ class StageExecutor:
             record=record,
             keep_gradients=keep_gradients,
             warmup_steps=config.lr_warmup,
+            shared=copies,
         )
+        self.tied: TiedParameters | None = None
+        if copies:
+            assert exchange is not None, "a stage holding tied parameters needs an exchange"
+            mine = [s for s in shared if rank in s.holders]
+            self.tied = TiedParameters(rank, schedule, mine, self.weights, exchange)
         needs_data = rank == 0 or rank == n - 1
         self.train_data = BatchSource(config, model, "train") if needs_data else None  # type: ignore[arg-type]
         self.eval_data = BatchSource(config, model, "val") if needs_data else None  # type: ignore[arg-type]
@@ -137,12 +156,18 @@ class StageExecutor:
             self.transport.send(kind[-1], unit, message)
         else:
             start = time.perf_counter()
+            if kind in ("F", "B") and self.tied is not None:
+                self.tied.before_pass(self._index)
             if kind == "F":
                 self._forward(unit)
             elif kind == "B":
                 self._backward(unit)
+                if self.tied is not None:
+                    self.tied.after_backward(self._index)
             else:
                 self.weights.update(unit)
+                if self.tied is not None:
+                    self.tied.release(unit + 1)
             end = time.perf_counter()
             self.result.busy_s += end - start
             self.result.timeline.append(
@@ -180,13 +205,18 @@ class StageExecutor:
             inputs = self.transport.take("F", unit)
         return inputs, target
 
+    def _stream(self, split: str, step: int, micro: int) -> AbstractContextManager[None]:
+        """The RNG stream of this stage's forward of (step, micro) (pipeswap.pipeline.rng)."""
+        return rng_stream(self.config.seed, split, step, micro, self.rank, self.device)
+
     def _forward(self, unit: int) -> None:
         step, micro = divmod(unit, self.config.micro_batches)
         inputs, target = self._inputs(self.train_data, step, micro, unit)
         self.weights.before("F", unit)
         if self.checkpoint is not None:
             self._forward_weights[unit] = [p.detach().clone() for p in self.weights.params]
-        out = self.runner.forward(unit, inputs, target if self.runner.is_last else None)
+        with self._stream(TRAIN, step, micro):
+            out = self.runner.forward(unit, inputs, target if self.runner.is_last else None)
         self.weights.after("F", unit)
         if out is not None:
             self._outbox[("F", unit)] = out
@@ -201,6 +231,10 @@ class StageExecutor:
             self._outbox[("B", unit)] = out
 
     def finish_training(self) -> None:
+        if self.tied is not None:
+            # Tied updates no pass was left to wait for: apply them after the last action.
+            self.tied.before_pass(len(self.schedule.actions[self.rank]))
+            self.tied.exchange.finish()
         self.transport.finish()
         self.result.wall_s = time.perf_counter() - self._t0
         self.result.losses = dict(self.runner.losses)
@@ -217,7 +251,8 @@ class StageExecutor:
         """Forward one held-out unit (no gradients) and pass it on or score it."""
         step, micro = divmod(unit - self.schedule.num_units, self.config.micro_batches)
         inputs, target = self._inputs(self.eval_data, step, micro, unit)
-        out = self.runner.evaluate(inputs, target)
+        with self._stream(EVAL, step, micro):
+            out = self.runner.evaluate(inputs, target)
         if self.runner.is_last:
             loss, correct = out
             self.result.eval_loss_sum += float(loss)
@@ -258,6 +293,7 @@ class StageExecutor:
             },
             "sent": self._kept,
             "rng": rng_state(),
+            "tied": self.tied.state(done) if self.tied is not None else {},
         })  # fmt: skip
         self._last_crossing = set(self._kept)
         self._kept = {}
@@ -282,21 +318,30 @@ class StageExecutor:
                 x, y = self.train_data.micro(*divmod(unit, self.config.micro_batches))
                 data = (self._to_device(x), self._to_device(y))
             inputs = leaves if self.rank > 0 else data[0]
-            with torch.enable_grad():
+            with torch.enable_grad(), self._stream(TRAIN, *divmod(unit, self.config.micro_batches)):
                 self.runner.forward(unit, inputs, data[1] if self.runner.is_last else None)
             self._forward_weights[unit] = used
         for p, saved in zip(self.weights.params, live, strict=True):
             p.data.copy_(saved)
         for (direction, unit), message in sorted(state["sent"].items()):
             self.transport.send(direction, unit, message)
+        if self.tied is not None:
+            self.tied.load_state(state.get("tied", {}), state["done"])
         set_rng_state(state["rng"])
         self._index = state["index"]
         self._plan_next_checkpoint(state["done"])
         return self._index
 
+    def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """This stage's parameters by their names in the whole model (a tied copy's too)."""
+        return [
+            (self._canonical.get(id(p), local), p) for local, p in self.module.named_parameters()
+        ]
+
     def finish(self) -> StageResult:
         self.transport.finish()
-        self.result.param_digests = parameter_digests(self.module)
+        self.result.param_digests = {
+            name: tensor_sha256(name, p) for name, p in self.named_parameters()
+        }
         self.result.sha256 = combine_digests(self.result.param_digests)
         return self.result
-

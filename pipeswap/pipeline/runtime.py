@@ -20,16 +20,18 @@ from pipeswap.dist.group import (
     destroy_groups,
     direction_groups,
     gather_to_rank0,
+    pair_groups,
     rank_and_world,
     single_threaded,
 )
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig, build_full_model
+from pipeswap.pipeline.config import PipelineConfig, build_full_model, build_meta_model
 from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.executor import StageExecutor, StageResult
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.schedule import Action
+from pipeswap.pipeline.shared import find_shared
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import BoundarySpec, Packed, inspect_layers
 from pipeswap.progress import progress_bar
@@ -116,6 +118,58 @@ class DistTransport:
         self._sending = []
 
 
+class DistExchange:
+    """Tied parameters' gradients between holding ranks: isend/irecv in a group per pair.
+
+    ``groups[(src, dst)]`` carries src's gradients to dst only, so each group's stream
+    sees one direction in mini-batch order (what NCCL needs); the tag tells the mini-batch,
+    group and tensor apart (what gloo needs).
+    """
+
+    # At most this many tied tensors per group of holders (the tag packs the index).
+    MAX_TENSORS = 64
+
+    def __init__(self, rank: int, groups: dict[tuple[int, int], Any], device: torch.device):
+        self.rank = rank
+        self.groups = groups
+        self.device = device
+        self._sending: list[tuple[Any, torch.Tensor, tuple[int, int, int]]] = []
+
+    def _tag(self, group: int, step: int, index: int) -> int:
+        return ((step * 1024) + group) * self.MAX_TENSORS + index
+
+    def send(self, group: int, step: int, dst: int, tensors: list[torch.Tensor]) -> None:
+        if len(tensors) > self.MAX_TENSORS:
+            raise PipeswapError(
+                f"{len(tensors)} parameters are tied between the same stages, more than the "
+                f"{self.MAX_TENSORS} the runtime tags: tie fewer parameters across stages"
+            )
+        pg = self.groups[(self.rank, dst)]
+        for i, tensor in enumerate(tensors):
+            payload = tensor.detach().contiguous()
+            work = dist.isend(payload, dst=dst, tag=self._tag(group, step, i), group=pg)
+            self._sending.append((work, payload, (group, step, dst)))
+
+    def take(self, group: int, step: int, src: int, like: list[torch.Tensor]) -> list[torch.Tensor]:
+        pg = self.groups[(src, self.rank)]
+        buffers = [torch.empty_like(t, device=self.device) for t in like]
+        works: list[Any] = [
+            dist.irecv(buf, src=src, tag=self._tag(group, step, i), group=pg)
+            for i, buf in enumerate(buffers)
+        ]
+        for work in works:
+            work.wait()
+        self._sending = [s for s in self._sending if not s[0].is_completed()]
+        return buffers
+
+    def finish(self, abandon: Collection[tuple[int, int, int]] = ()) -> None:
+        """Wait for every send but those in ``abandon`` (saved in a checkpoint instead)."""
+        for work, _, key in self._sending:
+            if key not in abandon:
+                work.wait()
+        self._sending = []
+
+
 def run_rank(
     config: PipelineConfig,
     *,
@@ -150,6 +204,11 @@ def run_rank(
     if split_directions is None:
         split_directions = backend_name() == "nccl"
     groups = direction_groups(split_directions)
+    # Every rank builds the full model: every rank finds the same tied parameters and
+    # joins the same pair groups (creating a group is collective).
+    holders = {s.holders for s in find_shared(build_meta_model(config), config.balance)}
+    pairs = sorted({(a, b) for hs in holders for a in hs for b in hs if a != b})
+    tied_groups = pair_groups(pairs)
     threads = single_threaded() if device.type == "cpu" else nullcontext()
     with threads:
         infos = inspect_layers(config)
@@ -166,9 +225,10 @@ def run_rank(
         request = None
         if checkpoint is not None:
             request = StopRequest(checkpoint.directory, world, config.steps, decider=rank == 0)
+        exchange = DistExchange(rank, tied_groups, device)
         executor = StageExecutor(
             config, rank, schedule, model, infos, transport, device=device,
-            checkpoint=checkpoint, stop=request,
+            checkpoint=checkpoint, stop=request, exchange=exchange,
         )  # fmt: skip
         first = 0 if resume is None else executor.restore(load_rank(resume[0], resume[1], rank))
         barrier()
@@ -182,6 +242,7 @@ def run_rank(
         except StageAtCut as cut:
             # The checkpoint holds the messages that cross the cut; the rest must arrive.
             transport.finish(abandon=executor.crossing_keys)
+            exchange.finish(abandon=executor.tied.crossing if executor.tied is not None else ())
             raise RunStopped(checkpoint.directory, cut.args[0]) from None  # type: ignore[union-attr]
         finally:
             if request is not None:
@@ -194,6 +255,7 @@ def run_rank(
         result = executor.finish()
     gathered: list[StageResult] | None = gather_to_rank0(result, rank, world)
     destroy_groups(groups)
+    destroy_groups(tuple(tied_groups.values()))
     if rank != 0:
         return None
     assert gathered is not None

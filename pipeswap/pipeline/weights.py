@@ -64,6 +64,14 @@ class StageWeights:
     ``warmup_steps`` > 0 ramps the learning rate linearly: the update of mini-batch t uses
     ``lr * min(1, (t + 1) / warmup_steps)``, and a prediction over ``s`` updates sums the
     rates those updates will use.
+
+    ``shared`` names this stage's copies of parameters tied across stages
+    (:mod:`pipeswap.pipeline.shared`). Their gradients leave the stage instead of being
+    applied at ``update``; each copy steps in :meth:`apply_shared` with an optimizer of
+    its own, one update per mini-batch in mini-batch order, possibly later than the stage's
+    other parameters. A prediction for a pass ``s`` stage updates ahead targets the same
+    version for a copy: it also counts the updates the copy has not applied yet, so every
+    copy of a tied parameter predicts the same weights for a mini-batch.
     """
 
     module: nn.Module
@@ -80,26 +88,39 @@ class StageWeights:
     updates: int = 0
     errors: dict[str, PredictionError] = field(default_factory=dict)
     last_gradients: list[torch.Tensor] | None = None
+    shared: dict[str, nn.Parameter] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.params = [p for p in self.module.parameters()]
         self.masters = [nn.Parameter(p.data) for p in self.params]
+        where = {id(p): i for i, p in enumerate(self.params)}
+        # name -> position in params of each copy of a parameter tied across stages.
+        self.shared_at = {name: where[id(p)] for name, p in self.shared.items()}
+        tied = set(self.shared_at.values())
         # A stage may own no parameters at all (e.g. a lone Flatten): nothing to update.
         self.optimizer: torch.optim.Optimizer | None = None
-        if self.masters:
-            self.optimizer = optimizer_for_mode(
-                self.mode,
-                self.optimizer_name,
-                self.masters,
-                lr=self.lr,
-                momentum=self.momentum,
-                weight_decay=self.weight_decay,
-            )
+        own = [m for i, m in enumerate(self.masters) if i not in tied]
+        if own:
+            self.optimizer = self._make_optimizer(own)
+        self.shared_optimizers = {
+            name: self._make_optimizer([self.masters[i]]) for name, i in self.shared_at.items()
+        }
+        self.shared_applied = {name: 0 for name in self.shared_at}
         self.errors = {"F": PredictionError(), "B": PredictionError()}
         self._stash: dict[int, list[torch.Tensor]] = {}
         self._latest_stash: tuple[int, list[torch.Tensor] | None] = (-1, None)
         self._backup: list[torch.Tensor] | None = None
         self._records: dict[tuple[str, int], _Record] = {}
+
+    def _make_optimizer(self, masters: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return optimizer_for_mode(
+            self.mode,
+            self.optimizer_name,
+            masters,
+            lr=self.lr,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
+        )
 
     # ---- passes -------------------------------------------------------------------
     @torch.no_grad()
@@ -109,7 +130,7 @@ class StageWeights:
         s = self.distances.get((kind, unit), 0)
         if self.mode in ("stash", "nesterov"):
             self._before_stash(kind, unit, s)
-        elif self.mode in ("spectrain", "predict-adam") and s > 0:
+        elif self.mode in ("spectrain", "predict-adam") and (s > 0 or self._lagging()):
             self._predict(s)
         if now is not None:
             used = self._flat() if self._backup is not None else now
@@ -139,21 +160,36 @@ class StageWeights:
             for p, stashed in zip(self.params, self._stash.pop(unit)):
                 p.data.copy_(stashed)
 
+    def _lagging(self) -> bool:
+        return any(done < self.updates for done in self.shared_applied.values())
+
     def _predict(self, s: int) -> None:
-        if self.optimizer is None:
+        tied = {i: name for name, i in self.shared_at.items()}
+        moves: list[tuple[nn.Parameter, torch.Tensor, float]] = []
+        for i, (p, m) in enumerate(zip(self.params, self.masters)):
+            if i in tied:
+                optimizer: torch.optim.Optimizer | None = self.shared_optimizers[tied[i]]
+                done = self.shared_applied[tied[i]]
+            else:
+                optimizer, done = self.optimizer, self.updates
+            # The target is the stage's version updates + s: a copy that lags predicts more.
+            ahead = s + self.updates - done
+            if optimizer is None or ahead <= 0:
+                continue
+            d = step_direction(optimizer, m)
+            if d is None:
+                continue
+            if self.warmup_steps:
+                # The next updates are those of mini-batches done .. done + ahead - 1.
+                distance = sum(self.lr_at(done + j) for j in range(ahead))
+            else:
+                distance = ahead * optimizer.param_groups[0]["lr"]
+            moves.append((p, d, distance))
+        if not moves:
             return
-        directions = [step_direction(self.optimizer, m) for m in self.masters]
-        if all(d is None for d in directions):
-            return
-        if self.warmup_steps:
-            # The next s updates are those of mini-batches updates .. updates + s - 1.
-            distance = sum(self.lr_at(self.updates + j) for j in range(s))
-        else:
-            distance = s * self.optimizer.param_groups[0]["lr"]
         self._backup = [p.detach().clone() for p in self.params]
-        for p, d in zip(self.params, directions):
-            if d is not None:
-                p.data.add_(d, alpha=-distance)
+        for p, d, distance in moves:
+            p.data.add_(d, alpha=-distance)
 
     def lr_at(self, step: int) -> float:
         """The learning rate of the update of mini-batch ``step`` (after linear warm-up)."""
@@ -167,19 +203,50 @@ class StageWeights:
         """Apply the accumulated gradient of mini-batch ``step``, then clear it."""
         if self.record:
             self._score(step)
-        for p, m in zip(self.params, self.masters):
-            m.grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        tied = set(self.shared_at.values())
+        for i, (p, m) in enumerate(zip(self.params, self.masters)):
+            # A tied copy's gradient has left with shared_gradient: apply_shared steps it.
+            if i not in tied:
+                m.grad = p.grad if p.grad is not None else torch.zeros_like(p)
         if self.optimizer is not None:
             if self.warmup_steps:
                 for group in self.optimizer.param_groups:
                     group["lr"] = self.lr_at(step)
             self.optimizer.step()
         if self.keep_gradients:
-            self.last_gradients = [m.grad for m in self.masters if m.grad is not None]
+            # What this stage computed: a tied copy's own gradient, before the holders' sum.
+            kept: list[torch.Tensor] = []
+            for i, (p, m) in enumerate(zip(self.params, self.masters)):
+                grad = (
+                    (p.grad if p.grad is not None else torch.zeros_like(p)) if i in tied else m.grad
+                )
+                if grad is not None:
+                    kept.append(grad)
+            self.last_gradients = kept
         for p, m in zip(self.params, self.masters):
             p.grad = None
             m.grad = None
         self.updates += 1
+
+    @torch.no_grad()
+    def shared_gradient(self, name: str) -> torch.Tensor:
+        """A copy of this stage's gradient of the tied parameter ``name`` (zeros if unused)."""
+        p = self.params[self.shared_at[name]]
+        return p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+
+    @torch.no_grad()
+    def apply_shared(self, name: str, grad: torch.Tensor, step: int) -> None:
+        """Step this stage's copy of ``name`` with the holders' summed gradient of ``step``."""
+        assert self.shared_applied[name] == step, "tied updates apply in mini-batch order"
+        master = self.masters[self.shared_at[name]]
+        optimizer = self.shared_optimizers[name]
+        master.grad = grad
+        if self.warmup_steps:
+            for group in optimizer.param_groups:
+                group["lr"] = self.lr_at(step)
+        optimizer.step()
+        master.grad = None
+        self.shared_applied[name] += 1
 
     def _score(self, step: int) -> None:
         future = self._flat()
@@ -208,6 +275,10 @@ class StageWeights:
             "errors": {k: (e.used, e.stale, e.passes) for k, e in self.errors.items()},
             "stash": self._stash,
             "records": {key: (r.now, r.used) for key, r in self._records.items()},
+            "shared": {
+                name: (self.shared_applied[name], opt.state_dict())
+                for name, opt in self.shared_optimizers.items()
+            },
         }
 
     @torch.no_grad()
@@ -220,6 +291,9 @@ class StageWeights:
         self.errors = {k: PredictionError(*v) for k, v in state["errors"].items()}
         self._stash = state["stash"]
         self._records = {key: _Record(*pair) for key, pair in state["records"].items()}
+        for name, (applied, saved) in state.get("shared", {}).items():
+            self.shared_applied[name] = applied
+            self.shared_optimizers[name].load_state_dict(saved)
 
     def prediction_error(self) -> dict[str, float | None]:
         """Per pass kind: ||W_hat - W_future|| / ||W_now - W_future|| summed over passes."""

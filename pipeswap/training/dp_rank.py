@@ -49,7 +49,10 @@ from pipeswap.swap.plan import SwapPlan
 
 
 class Job(Protocol):
-    """What to train; must pickle (it travels to spawned ranks)."""
+    """What to train; must pickle (it travels to spawned ranks).
+
+    ``seed`` seeds the random streams of training (dropout); a job without one uses 0.
+    """
 
     @property
     def layers(self) -> Sequence[str] | None: ...
@@ -247,7 +250,7 @@ def train_rank(
             sync = nullcontext() if world_size == 1 or last else network.no_sync()  # type: ignore[operator]
             # Dropout draws from a stream of (seed, step, micro-batch, rank): a run repeats
             # bit for bit, and swapping or recomputing cannot change a mask.
-            with sync, rng_stream(job.seed, TRAIN, step, m, rank, device):
+            with sync, rng_stream(getattr(job, "seed", 0), TRAIN, step, m, rank, device):
                 with executor.forward():
                     loss = job.loss(model, network(inputs), targets)
                 (loss / micro).backward()

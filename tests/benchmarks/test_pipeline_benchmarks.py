@@ -148,7 +148,7 @@ def test_stash_is_a_one_step_delayed_gradient(optimizer: str) -> None:
     from pipeswap.pipeline.emulator import Emulator
 
     config = PipelineConfig(
-        "gpt2-micro", (2, 2), schedule="async-1f1b", weights="stash", optimizer=optimizer,
+        "tests.pipeline.pipeline_toys:gpt2_micro_untied", (2, 2), schedule="async-1f1b", weights="stash", optimizer=optimizer,
         lr=0.05 if optimizer == "sgd" else 1e-3, batch=4, steps=6, seq_len=16, eval_batches=0,
     )  # fmt: skip
     emulated = Emulator(config, record=False).run().losses

@@ -20,6 +20,7 @@ from pipeswap.dist.group import (
     broadcast_from_rank0,
     gather_to_rank0,
     init_process_group,
+    pair_groups,
     rank_and_world,
     rank_device,
     rendezvous_error,
@@ -49,6 +50,7 @@ def test_single_threaded_restores_the_thread_count() -> None:
 
 def test_one_process_collectives_need_no_group() -> None:
     assert rank_and_world() == (0, 1)
+    assert pair_groups([(0, 1), (1, 0)]) == {}
     assert broadcast_from_rank0({"a": 1}, 1) == {"a": 1}
     assert all_gather(3, 1) == [3] and gather_to_rank0(3, 0, 1) == [3]
     agree(None, 1)
@@ -101,3 +103,28 @@ def test_nobody_at_the_address_names_it_and_what_to_check() -> None:
     assert isinstance(waited, PipeswapError) and "1/2 clients joined" in str(waited)
     other = RuntimeError("something else")
     assert rendezvous_error(other, RankEnv(0, 2, 0, "127.0.0.1", 1234), 2) is other
+
+
+def _pair_exchange(rank: int, world: int) -> tuple[list[tuple[int, int]], float | None]:
+    """Ranks 0 and 2 swap a tensor through their pair groups; rank 1 is in none of them."""
+    groups = pair_groups([(0, 2), (2, 0)])
+    got = None
+    if rank in (0, 2):
+        peer = 2 - rank
+        send = dist.isend(torch.full((3,), float(rank + 1)), dst=peer, group=groups[(rank, peer)])
+        buffer = torch.empty(3)
+        dist.irecv(buffer, src=peer, group=groups[(peer, rank)]).wait()  # type: ignore[union-attr]
+        send.wait()  # type: ignore[union-attr]
+        got = float(buffer.sum())
+    return sorted(groups), got
+
+
+@pytest.mark.dist
+def test_pair_groups_carry_one_direction_between_two_ranks() -> None:
+    from pipeswap.dist.launch import spawn
+
+    launched = spawn(_pair_exchange, 3, timeout_s=60)
+    assert launched.ok, launched.exit_codes
+    assert launched.results[0] == ([(0, 2), (2, 0)], 9.0)  # rank 2 sent 3 x 3.0
+    assert launched.results[1] == ([], None)
+    assert launched.results[2] == ([(0, 2), (2, 0)], 3.0)

@@ -1,5 +1,9 @@
 """Delayed-gradient training reproduces the sync and the stash pipelines bit for bit.
 
+The bitwise comparisons train gpt2-micro with its head untied (``UNTIED``): a pipeline adds
+a tied weight's gradients per holding stage, plain autograd per micro-batch, so tied runs
+agree to rounding only (tests/pipeline/test_tied.py); one micro-batch is bitwise either way.
+
 Covers: pipeswap/pipeline/delayed.py.
 """
 
@@ -19,6 +23,7 @@ from pipeswap.pipeline.emulator import Emulator
 
 LR = {"sgd": 0.05, "adam": 1e-3}
 GPT = PipelineConfig("gpt2-micro", (2, 2), batch=4, steps=8, seq_len=16, eval_batches=2)
+UNTIED = dataclasses.replace(GPT, model="pipeline_toys:gpt2_micro_untied")
 IMAGE = PipelineConfig(
     "resnet-micro", (2, 2, 1, 1), optimizer="adam", lr=3e-3, batch=8, steps=6, image_size=32
 )
@@ -26,7 +31,7 @@ IMAGE = PipelineConfig(
 
 def _gpt(balance: tuple[int, ...], optimizer: str, **changes: Any) -> PipelineConfig:
     return dataclasses.replace(
-        GPT, balance=balance, optimizer=optimizer, lr=LR[optimizer], **changes
+        UNTIED, balance=balance, optimizer=optimizer, lr=LR[optimizer], **changes
     )
 
 
@@ -145,14 +150,59 @@ def test_synchronous_schedules_have_no_delay_in_any_mode(weights: str) -> None:
 
 @pytest.mark.parametrize(
     "schedule,weights,optimizer,micro,delays",
-    [("async-1f1b", "nesterov", "adamw", 1, (3, 2, 1, 0)), ("2bw", "stash", "sgd", 2, (1, 1, 1, 1))],
+    [
+        ("async-1f1b", "nesterov", "adamw", 1, (3, 2, 1, 0)),
+        ("2bw", "stash", "sgd", 2, (1, 1, 1, 1)),
+    ],
 )
 def test_nesterov_and_2bw_are_their_delays_without_a_pipeline(
     schedule: str, weights: str, optimizer: str, micro: int, delays: tuple[int, ...]
 ) -> None:
     config = PipelineConfig(
-        "gpt2-micro", (1, 1, 1, 1), schedule=schedule, weights=weights, optimizer=optimizer,
+        UNTIED.model, (1, 1, 1, 1), schedule=schedule, weights=weights, optimizer=optimizer,
         batch=4, seq_len=16, steps=8, micro_batches=micro, lr=0.05 if optimizer == "sgd" else 3e-3,
     )  # fmt: skip
     assert schedule_delays(config) == delays  # 2bw: one update late at every depth
     assert train_with_delays(config, delays).losses == Emulator(config).run().losses
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_no_delay_is_the_sync_pipeline_of_a_tied_model_with_dropout_bitwise(
+    optimizer: str,
+) -> None:
+    """Tied embedding, dropout, one micro-batch: the RNG streams and the summed tied
+    gradient (g_stage0 + g_last, commutative) are plain training's exactly."""
+    config = PipelineConfig(
+        "pipeline_toys:toy_tied_lm", (2, 3), schedule="1f1b", optimizer=optimizer,
+        lr=LR[optimizer], batch=4, steps=5, seq_len=16,
+    )  # fmt: skip
+    assert schedule_delays(config) == (0,) * 5
+    pipeline = Emulator(config, record=False).run()
+    delayed = train_with_delays(config, [0] * 5)
+    assert delayed.losses == pipeline.losses and delayed.eval == pipeline.eval
+    no_dropout = dataclasses.replace(config, model="pipeline_toys:toy_tied_lm_nodrop")
+    assert train_with_delays(no_dropout, [0] * 5).losses != delayed.losses
+
+
+def test_stash_delays_are_the_stash_pipeline_with_dropout_bitwise() -> None:
+    config = PipelineConfig(
+        "pipeline_toys:toy_untied_lm", (2, 3), schedule="async-1f1b", weights="stash",
+        batch=4, steps=6, seq_len=16, lr=0.05,
+    )  # fmt: skip
+    delays = schedule_delays(config)
+    assert delays == (1, 1, 0, 0, 0)
+    pipeline = Emulator(config, record=False).run()
+    delayed = train_with_delays(config, delays)
+    assert delayed.losses == pipeline.losses and delayed.eval == pipeline.eval
+
+
+def test_tied_layers_need_one_delay_and_async_tied_pipelines_have_none() -> None:
+    with pytest.raises(
+        PipeswapError, match="'embed' and 'head' share a parameter but have delays 1 and 0"
+    ):
+        train_with_delays(GPT, [1, 1, 0, 0])
+    config = dataclasses.replace(GPT, schedule="async-1f1b", weights="stash")
+    with pytest.raises(
+        PipeswapError, match=r"ties embed.tokens.weight across stages \[0, 1\].*no per-layer"
+    ):
+        schedule_delays(config)

