@@ -129,11 +129,13 @@ class LMDataset:
 
 
 class MaskedLMDataset:
-    """LMDataset windows for a masked language model (BERT): 15% of tokens masked.
+    """LMDataset windows for a masked language model (BERT): 15% of each sequence masked.
 
     ``batch`` returns ``(inputs, targets)``: the tokens with the chosen positions replaced by
     ``mask_token_id``, and the original tokens there with IGNORE_INDEX (-100) elsewhere.
-    At least one position per batch is masked, so the loss is always defined.
+    Every sequence has the same number of masked positions (at least one), so the mean
+    loss of a batch equals the mean of its micro-batches' mean losses, as a pipeline
+    computes it.
     """
 
     mask_fraction = 0.15
@@ -148,8 +150,10 @@ class MaskedLMDataset:
         gen = torch.Generator().manual_seed(
             _stream_seed("mlm", self.text.seed, self.text.split, step)
         )
-        chosen = torch.rand(tokens.shape, generator=gen) < self.mask_fraction
-        chosen[0, 0] = True
+        count = max(1, round(self.mask_fraction * self.seq_len))
+        order = torch.rand(tokens.shape, generator=gen).argsort(dim=1)
+        chosen = torch.zeros_like(tokens, dtype=torch.bool)
+        chosen.scatter_(1, order[:, :count], True)
         inputs = tokens.masked_fill(chosen, self.mask_token_id)
         targets = tokens.masked_fill(~chosen, IGNORE_INDEX)
         return inputs, targets

@@ -83,11 +83,23 @@ _SCHEDULES = (
     ("1f1b", "stale"),
     ("async-1f1b", "spectrain"),
 )
+# make test runs one schedule per family (every schedule on the tied GPT-2 and BERT);
+# make test-slow runs the whole matrix.
+_FAST = {("gpt2", "async-1f1b"), ("gpt2", "gpipe"), ("bert", "async-1f1b"), ("bert", "1f1b"),
+         ("llama", "1f1b"), ("vit", "gpipe"), ("resnet", "async-1f1b")}  # fmt: skip
+_MATRIX = [
+    pytest.param(
+        family, schedule, weights,
+        marks=() if (family, schedule) in _FAST else pytest.mark.slow,
+        id=f"{family}-{schedule}",
+    )  # fmt: skip
+    for family in FAMILIES
+    for schedule, weights in _SCHEDULES
+]
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize(("schedule", "weights"), _SCHEDULES)
+@pytest.mark.parametrize(("family", "schedule", "weights"), _MATRIX)
 def test_pipeline_runtime_equals_emulator_with_dropout_and_tied_weights(
     tmp_path: Path, model_dirs: dict[str, str], family: str, schedule: str, weights: str
 ) -> None:
