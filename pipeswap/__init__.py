@@ -3,7 +3,8 @@
 The names a user trains with, from one import (each is documented where it lives)::
 
     import pipeswap
-    model = pipeswap.build_model("gpt2-tiny")                        # or your own LayeredModel
+    model = pipeswap.build_model("gpt2-tiny")    # a zoo name, a Hugging Face directory, module:fn
+    model = pipeswap.adapt(my_module)            # or any nn.Module, cut at its repeated blocks
     profile = pipeswap.measure(model, batch=8, seq_len=64)           # pipeswap.estimate: meta
     plan = pipeswap.make_plan(profile, pipeswap.preset("switch-4"), policy="auto", gpus=2,
                               footprint_ratio=1.5).plan
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 
 # Imported on first use, so that `import pipeswap` (and the CLI's start) stays quick.
 _PUBLIC = {
+    "adapt": "pipeswap.models.load",
     "build_model": "pipeswap.models.registry",
     "measure": "pipeswap.profiling.measure",
     "estimate": "pipeswap.profiling.estimate",
@@ -47,6 +49,7 @@ __all__ = [
     "SwapExecutor",
     "TrainConfig",
     "__version__",
+    "adapt",
     "build_model",
     "estimate",
     "make_plan",
@@ -57,6 +60,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from pipeswap.hardware.presets import preset
+    from pipeswap.models.load import adapt
     from pipeswap.models.registry import build_model
     from pipeswap.pipeline.config import PipelineConfig
     from pipeswap.pipeline.emulator import Emulator

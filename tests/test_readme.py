@@ -18,10 +18,14 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
 
+def _python_blocks() -> list[str]:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert len(blocks) == 2, "README.md has a quickstart and a your-own-model block"
+    return blocks
+
+
 def _quickstart() -> str:
-    match = re.search(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert match, "README.md has no python block"
-    return match.group(1)
+    return _python_blocks()[0]
 
 
 def test_the_quickstart_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -32,10 +36,21 @@ def test_the_quickstart_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert "MiB for one training step" in out and "late_fetches=" in out
 
 
+def test_the_own_model_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(_python_blocks()[1], "README.md", "exec"), {"__name__": "__own_model__"})
+    out = capsys.readouterr().out
+    assert "'transformer.h.3', 'head']" in out
+    assert (tmp_path / "my-gpt2" / "config.json").is_file()
+
+
 def test_the_quickstart_uses_only_public_names() -> None:
     used = {
         node.attr
-        for node in ast.walk(ast.parse(_quickstart()))
+        for block in _python_blocks()
+        for node in ast.walk(ast.parse(block))
         if isinstance(node, ast.Attribute)
         and isinstance(node.value, ast.Name)
         and node.value.id == "pipeswap"

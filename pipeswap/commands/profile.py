@@ -18,13 +18,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "profile",
         help="measure (cpu/cuda) or estimate (meta + GPU spec) per-layer costs of a model",
-        description="Profile one training step of a zoo model layer by layer: forward and "
+        description="Profile one training step of a model layer by layer: forward and "
         "backward time, parameter, saved-tensor and output bytes. Writes a "
         "pipeswap.profile/1 JSON file and prints a table.",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="zoo model name (e.g. gpt2-tiny)")
+    parser.add_argument("--model", required=True, help="zoo model name (e.g. gpt2-tiny), a local "
+                        "Hugging Face model directory, or module:function returning an nn.Module")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default: zoo's)")
     shape = parser.add_mutually_exclusive_group()
     shape.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (LMs)")
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     _check_counts(args)
     _check_out(args.out)
-    spec = model_spec(args.model)  # unknown names: PipeswapError listing the zoo
+    spec = model_spec(args.model)  # unknown names: PipeswapError listing the zoo and the forms
     if args.seq_len is not None and spec.task != "lm":
         raise PipeswapError(f"{args.model} is an image model: pass --image-size, not --seq-len")
     if args.image_size is not None and spec.task != "classify":

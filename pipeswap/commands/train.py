@@ -53,8 +53,8 @@ _GROUPS = {
 # can be told apart from not giving it, and refused.
 OPTIONS = (
     _Option(("--model",), "model", None,
-            dict(required=True, help="zoo model name (e.g. gpt2-tiny), or module:function "
-                 "returning a LayeredModel (pipelines)")),
+            dict(required=True, help="zoo model name (e.g. gpt2-tiny), a local Hugging Face "
+                 "model directory, or module:function returning an nn.Module")),
     _Option(("--batch",), "model", None,
             dict(type=int, help="mini-batch per rank (default: the zoo's)")),
     _Option(("--seq-len",), "model", None, dict(type=int, help="tokens per sequence (LMs)")),

@@ -93,10 +93,10 @@ def load_user_model(
         )
     if _is_hf(model):
         return _adapt_hf(model, name, _hf_info(model, name), blocks)
-    return adapt_module(model, name=name, blocks=blocks)
+    return adapt(model, name=name, blocks=blocks)
 
 
-def adapt_module(
+def adapt(
     model: nn.Module,
     *,
     name: str | None = None,

@@ -25,15 +25,15 @@ def as_layered(model: object, caller: str) -> LayeredModel:
     """The LayeredModel to profile for ``model``: the one place a user's model is converted.
 
     A LayeredModel is used as it is; any other ``nn.Module`` (a Hugging Face model
-    included) is cut at its blocks by pipeswap.models.load.adapt_module, whose layers
+    included) is cut at its blocks by pipeswap.models.load.adapt, whose layers
     share the model's own modules.
     """
     if isinstance(model, LayeredModel):
         return model
     if isinstance(model, torch.nn.Module):
-        from pipeswap.models.load import adapt_module
+        from pipeswap.models.load import adapt
 
-        return adapt_module(model)
+        return adapt(model)
     raise PipeswapError(
         f"{caller}() needs an nn.Module or a model name, not a {type(model).__name__}"
     )

@@ -1,4 +1,4 @@
-"""load_user_model / adapt_module: Hugging Face directories and plain modules as LayeredModels."""
+"""load_user_model / adapt: Hugging Face directories and plain modules as LayeredModels."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, model_spec
-from pipeswap.models.load import adapt_module, load_user_model
+from pipeswap.models.load import adapt, load_user_model
 from tests.models.hf_configs import FAMILIES, hf_config, save_config, save_model
 
 pytest.importorskip("transformers")
@@ -194,7 +194,7 @@ def tiny_lm() -> nn.Module:
 def test_a_plain_module_is_cut_at_its_repeated_blocks() -> None:
     torch.manual_seed(0)
     net = TinyLM()
-    model = adapt_module(net, name="tiny")
+    model = adapt(net, name="tiny")
     assert model.layer_names == ["embed", "blocks.0", "blocks.1", "blocks.2", "head"]
     ids = torch.randint(0, 256, (2, 8))
     assert torch.equal(model(ids), net(ids))
@@ -204,23 +204,23 @@ def test_a_plain_module_is_cut_at_its_repeated_blocks() -> None:
 def test_user_named_dotted_blocks_work_and_skipped_layers_are_refused() -> None:
     net = TinyLM()
     ids = torch.randint(0, 256, (2, 8))
-    named = adapt_module(net, blocks=["blocks.0", "blocks.1", "blocks.2"])
+    named = adapt(net, blocks=["blocks.0", "blocks.1", "blocks.2"])
     assert named.layer_names[1:4] == ["blocks.0", "blocks.1", "blocks.2"]
     assert torch.equal(named(ids), net(ids))
     with pytest.raises(PipeswapError, match="runs blocks.1.mix between its blocks"):
-        adapt_module(net, blocks=["blocks.0", "blocks.2"])
+        adapt(net, blocks=["blocks.0", "blocks.2"])
     with pytest.raises(PipeswapError, match="has no module 'blocks.7'"):
-        adapt_module(net, blocks=["blocks.0", "blocks.7"])
+        adapt(net, blocks=["blocks.0", "blocks.7"])
 
 
 def test_code_that_transforms_the_hidden_state_between_blocks_is_refused() -> None:
     with pytest.raises(PipeswapError, match="feed each other directly"):
-        adapt_module(TinyLM(skip=True))
+        adapt(TinyLM(skip=True))
 
 
 def test_a_sequential_is_cut_at_its_children() -> None:
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 30 * 30, 5))
-    model = adapt_module(net)
+    model = adapt(net)
     assert model.layer_names == ["0", "1", "2", "3"]
     assert model.task == "classify" and model.num_classes == 5
 
@@ -238,5 +238,5 @@ def test_module_function_names_load_through_the_registry(monkeypatch: pytest.Mon
 
 def test_models_it_cannot_tell_the_task_of_are_refused() -> None:
     with pytest.raises(PipeswapError, match="cannot tell what"):
-        adapt_module(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
+        adapt(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
     _ = hf_config  # the helper module is shared with the CLI tests
