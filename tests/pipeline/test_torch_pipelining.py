@@ -67,3 +67,26 @@ def test_same_gradients_as_torch_schedules() -> None:
             for a, b in zip(ours, theirs):
                 torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
             assert any(b.abs().max() > 0 for b in theirs)
+
+
+def test_torch_pipelining_split_copies_tied_weights_and_fixes_shapes() -> None:
+    """Why pipeswap cuts Hugging Face models by replay, not with pipelining's tracer
+    (docs/concepts.md, "Your model, as it is"): the traced stages hold their own copy of
+    a weight tied across them, and run only the shapes they were traced at."""
+    transformers = pytest.importorskip("transformers")
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    from tests.models.hf_configs import hf_config
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(hf_config("gpt2"))
+    ids = torch.randint(0, 256, (2, 16))
+    split = pipeline(model, mb_args=(), mb_kwargs={"input_ids": ids, "use_cache": False},
+                     split_spec={"transformer.h.1": SplitPoint.BEGINNING})  # fmt: skip
+    first, last = split.get_stage_module(0), split.get_stage_module(1)
+    tied = dict(first.named_parameters()).keys() & dict(last.named_parameters()).keys()
+    assert tied == {"lm_head.weight"}
+    copies = [dict(stage.named_parameters())["lm_head.weight"] for stage in (first, last)]
+    assert copies[0] is not copies[1]  # two tensors, nothing keeps their updates equal
+    with pytest.raises(RuntimeError, match="is invalid for input of size"):
+        first(torch.randint(0, 256, (4, 16)))  # another micro-batch size
