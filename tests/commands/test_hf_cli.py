@@ -159,3 +159,20 @@ def test_bad_shapes_for_a_directory_exit_2(
 ) -> None:  # fmt: skip
     code = main(["train", "--model", model_dirs["gpt2"], "--device", "cpu", "--steps", "1", *argv])
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_a_module_function_returning_a_hugging_face_model_pipelines(tmp_path: Path) -> None:
+    argv = ["--steps", "2", "--batch", "4", "--pipeline", "2", "--schedule", "1f1b",
+            "--micro-batches", "2", "--emulate"]  # fmt: skip
+    report = _train(tmp_path, "fn", "tests.models.hf_configs:gpt2_module", *argv)
+    assert report["seq_len"] == 64  # its context, when --seq-len is left out
+    assert len(report["losses"]) == 2
+
+
+def test_a_language_model_without_a_default_length_asks_for_seq_len(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["train", "--model", "tests.models.test_load:tiny_lm", "--device", "cpu",
+                 "--steps", "1", "--pipeline", "2", "--emulate"])  # fmt: skip
+    assert code == 2
+    assert "no default sequence length: pass --seq-len N" in capsys.readouterr().err

@@ -61,3 +61,9 @@ def save_model(directory: Path, family: str, seed: int = 123, **kwargs: Any) -> 
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     return str(directory)
+
+
+def gpt2_module() -> Any:
+    """A Hugging Face GPT-2 (tied, dropout 0.1) for ``--model tests.models.hf_configs:gpt2_module``."""
+    transformers = pytest.importorskip("transformers")
+    return transformers.GPT2LMHeadModel(hf_config("gpt2", dropout=0.1))
