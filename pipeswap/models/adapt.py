@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
+from torch.utils.hooks import RemovableHandle
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
@@ -120,30 +121,34 @@ class Replay:
         """Run the model up to its last block with the blocks stubbed; return the first
         block's hidden input and every block's (args, kwargs)."""
         received: list[tuple[Any, ...]] = []
-        last = len(self.blocks) - 1
-        handles = []
-        for index, block in enumerate(self.blocks):
+        last = self.blocks[-1]
 
-            def record(_m: nn.Module, args: Any, kwargs: Any, _index: int = index) -> None:
-                received.append((args, kwargs))
-                if _index == last:
-                    raise _Stop
+        def record(module: nn.Module, args: Any, kwargs: Any) -> None:
+            received.append((args, kwargs))
+            if module is last:
+                raise _Stop
 
-            handles.append(block.register_forward_pre_hook(record, with_kwargs=True))
+        hooks = [b.register_forward_pre_hook(record, with_kwargs=True) for b in self.blocks]
         try:
-            with self.stubbed(self.shaped_like_output):
+            with _removed_after(hooks), self.stubbed(self.shaped_like_output):
                 self.run_root(inputs)
         except _Stop:
             pass
-        finally:
-            for handle in handles:
-                handle.remove()
         if len(received) != len(self.blocks):
             raise PipeswapError(
                 f"the model's forward called {len(received)} of its {len(self.blocks)} blocks "
                 f"({', '.join(self.paths[:3])}...); name blocks its forward calls every time"
             )
         return _hidden_of(*received[0]), received
+
+
+@contextmanager
+def _removed_after(hooks: list[RemovableHandle]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def _context_of(hidden: Any, received: list[tuple[Any, ...]]) -> dict[int, torch.Tensor]:
@@ -274,11 +279,8 @@ def _owners(root: nn.Module, blocks: list[nn.Module], run: Callable[[], Any]) ->
     first, last = blocks[0], blocks[-1]
     handles.append(first.register_forward_pre_hook(lambda *_: phase.update(now="between")))
     handles.append(last.register_forward_hook(lambda *_: phase.update(now="after")))
-    try:
+    with _removed_after(handles):
         run()
-    finally:
-        for handle in handles:
-            handle.remove()
     between = [p for p, w in where.items() if w == "between"]
     if between:
         raise PipeswapError(
@@ -383,17 +385,14 @@ def _inspecting(model: nn.Module) -> Iterator[None]:
 def _expected_calls(replay: Replay, example: torch.Tensor) -> list[tuple[Any, Any, Any]]:
     """Each block's (args, kwargs, output) in a plain run of the model."""
     seen: list[tuple[Any, Any, Any]] = []
-    handles = [
+    hooks = [
         block.register_forward_hook(
             lambda _m, args, kwargs, out: seen.append((args, kwargs, out)), with_kwargs=True
         )
         for block in replay.blocks
     ]
-    try:
+    with _removed_after(hooks):
         replay.run_root(example)
-    finally:
-        for handle in handles:
-            handle.remove()
     if len(seen) != len(replay.blocks):
         raise PipeswapError(
             f"the model's forward called its {len(replay.blocks)} blocks {len(seen)} times; "
