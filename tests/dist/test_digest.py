@@ -25,7 +25,7 @@ def test_the_digest_is_the_documented_formula() -> None:
 
 
 def test_stages_combine_to_the_whole_model_digest() -> None:
-    model = build_model("gpt2-micro", tie_embeddings=False)  # as pipelines build it
+    model = build_model("gpt2-micro", tie_embeddings=False)  # each stage owns its weights
     names = model.layer_names
     stages = [model.stage(0, 2), model.stage(2, len(names))]
     digests: dict[str, str] = {}
