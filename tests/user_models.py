@@ -21,3 +21,23 @@ class UserNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.encoder(x)
         return self.head(torch.relu(self.mixer(h)) + h)
+
+
+# A user's model with dropout inside its blocks: recomputing a block must draw its masks again.
+DROPOUT_LAYERS = ["block0", "block1", "head"]
+
+
+class DropoutNet(nn.Module):
+    """UserNet's shape with nn.Dropout(0.1) in the middle of two multi-op blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block0 = nn.Sequential(
+            nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 32), nn.Tanh()
+        )
+        self.block1 = nn.Sequential(nn.Linear(32, 32), nn.Dropout(0.1), nn.GELU(), nn.Linear(32, 32))
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block0(x)
+        return self.head(self.block1(h) + h)

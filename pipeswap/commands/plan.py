@@ -21,16 +21,19 @@ from pipeswap.swap.planner import (
 from pipeswap.swap.workload import DEFAULT_BUCKET_BYTES
 from pipeswap.units import format_bytes, parse_bytes
 
-COMPARED = ("none", "oblivious", "disjoint", "bidirectional", "mip", "auto")
+# Every policy: the swap heuristics, the two PyTorch baselines (checkpoint every block,
+# save_on_cpu), hybrid (swap or recompute), the MIP and auto.
+COMPARED = POLICIES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan",
-        help="plan activation swapping for data-parallel training on a PCIe server",
+        help="plan activation swapping (and recomputation) for data-parallel training on a "
+        "PCIe server",
         description="Decide, for every GPU of a data-parallel job, which saved activations go "
-        "to host memory and when, aware of GPUs that share a PCIe channel; score the plan "
-        "with the simulator.",
+        "to host memory and when, aware of GPUs that share a PCIe channel, and (hybrid, mip, "
+        "auto) which layers to recompute instead; score the plan with the simulator.",
     )
     parser.add_argument("--profile", required=True, metavar="FILE",
                         help="a pipeswap.profile/1 JSON file (`pipeswap profile ... --out`)")
@@ -48,7 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--bucket-size", default=str(DEFAULT_BUCKET_BYTES), metavar="SIZE",
                         help="gradient all-reduce bucket size (default 25MiB)")
     parser.add_argument("--policy", choices=POLICIES, default=None,
-                        help="the planning policy (auto keeps the best simulated plan)")
+                        help="the planning policy (auto keeps the best simulated plan; "
+                        "recompute and save-on-cpu are the PyTorch baselines, hybrid swaps "
+                        "or recomputes)")
     parser.add_argument("--compare", action="store_true",
                         help="run every policy and print one table")
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
@@ -180,12 +185,14 @@ def plan_table(result: PlanResult) -> str:
         if key not in ("mip_gap",):
             lines.append(f"{key:<14} {value}")
     lines.append("")
-    header = f"{'gpu':<8} {'peak':>11} {'budget':>11} {'swapped':>11} {'stall_s':>9} {'offset_s':>9}"
+    header = (f"{'gpu':<8} {'peak':>11} {'budget':>11} {'swapped':>11} {'stall_s':>9} "
+              f"{'offset_s':>9} {'recomputed':>10} {'recomp_s':>8}")
     lines.append(header)
     for g in result.gpus:
         lines.append(
             f"{g.gpu:<8} {format_bytes(g.peak_bytes):>11} {format_bytes(g.budget_bytes):>11} "
-            f"{format_bytes(g.swapped_bytes):>11} {g.stall_s:>9.4f} {g.offset_s:>9.4f}"
+            f"{format_bytes(g.swapped_bytes):>11} {g.stall_s:>9.4f} {g.offset_s:>9.4f} "
+            f"{g.recomputed_layers:>10} {g.recompute_s:>8.4f}"
         )
     return "\n".join(lines)
 
@@ -195,19 +202,21 @@ def compare_table(results: list[PlanResult]) -> str:
     baseline = next((r for r in results if r.policy == "oblivious"), None)
     best = best_fitting(results)
     # "vs bound": the gap to the best bound known, max(link bound, turn bound).
-    header = (f"{'policy':<14} {'iteration_s':>11} {'vs oblivious':>12} {'vs bound':>9} "
-              f"{'solve_s':>8} {'mip_gap':>8} {'max peak':>11} {'swapped':>11} {'stall_s':>8}")
+    header = (f"{'policy':<20} {'iteration_s':>11} {'vs oblivious':>12} {'vs bound':>9} "
+              f"{'solve_s':>8} {'mip_gap':>8} {'max peak':>11} {'swapped':>11} {'stall_s':>8} "
+              f"{'recomputed':>10}")
     lines = [header]
     for r in results:
         speedup = "-" if baseline is None or not r.fits else (
             f"{baseline.iteration_s / r.iteration_s:.3f}x")
         name = r.policy + ("" if r.fits else " (no fit)")
         lines.append(
-            f"{name:<14} {r.iteration_s:>11.4f} {speedup:>12} {_gap(r.gap_to_best_bound):>9} "
+            f"{name:<20} {r.iteration_s:>11.4f} {speedup:>12} {_gap(r.gap_to_best_bound):>9} "
             f"{r.solve_s:>8.3f} {_gap(r.mip_gap):>8} "
             f"{format_bytes(max(g.peak_bytes for g in r.gpus)):>11} "
             f"{format_bytes(max(g.swapped_bytes for g in r.gpus)):>11} "
-            f"{max(g.stall_s for g in r.gpus):>8.4f}"
+            f"{max(g.stall_s for g in r.gpus):>8.4f} "
+            f"{max(g.recomputed_layers for g in r.gpus):>10}"
         )
     lines.append(f"best: {best.policy} ({best.iteration_s:.4f} s); lower bound "
                  f"{best.lower_bound_s:.4f} s, turn bound {best.turn_bound_s:.4f} s; budget "

@@ -15,11 +15,13 @@ from pipeswap.swap.channels import channel_groups
 from pipeswap.swap.mip import plan_mip
 from pipeswap.swap.policies import HEURISTICS, late_members, with_best_offset
 from pipeswap.swap.scoring import Assignment, Scored, score
-from pipeswap.swap.workload import Swap
+from pipeswap.swap.workload import Swap, Workload
 
-# A plan in search form: per member its swaps, and per member its start offset.
+# A plan in search form: per member its swaps, its start offset and its recomputed layers.
 Swaps = dict[str, tuple[Swap, ...]]
 Offsets = dict[str, float]
+Recomputes = dict[str, frozenset[int]]
+State = tuple[Swaps, Offsets, Recomputes]
 
 _OFFSET_FACTORS = (0.8, 0.9, 0.95, 0.98, 1.02, 1.05, 1.1, 1.25)
 _PATIENCE = 120  # moves in a row that do not help before the search restarts
@@ -83,10 +85,13 @@ def _solo_start(case: Case, deadline: float) -> Assignment | None:
     if not any(start.swaps.values()):
         return None
     refined, _ = local_search(solo, start, deadline=deadline)
-    plan = (refined or start).swaps[case.gpus[0]]
-    swaps = {gpu: plan for gpu in case.gpus}
+    chosen = refined or start
+    swaps = {gpu: chosen.swaps[case.gpus[0]] for gpu in case.gpus}
+    layers = chosen.recomputed(case.gpus[0])
+    recompute = {gpu: layers for gpu in case.gpus} if layers else {}
     late = late_members(case)
-    return with_best_offset(case, swaps, late) if late else Assignment(swaps)
+    return with_best_offset(case, swaps, late, recompute) if late \
+        else Assignment(swaps, recompute=recompute)
 
 
 def local_search(
@@ -106,79 +111,87 @@ def local_search(
     members = list(ranking.gpus)
     swaps: Swaps = {g: _ordered(start.swaps.get(g, ())) for g in members}
     offsets: Offsets = {g: float(start.offsets_s.get(g, 0.0)) for g in members}
+    recompute: Recomputes = {g: start.recomputed(g) for g in members}
     moves = _Moves(case, members, random.Random(seed))
     seen: dict[Any, float] = {}
 
-    def simulate_s(candidate: tuple[Swaps, Offsets]) -> float:
-        candidate_swaps, candidate_offsets = candidate
+    def simulate_s(candidate: State) -> float:
+        candidate_swaps, candidate_offsets, candidate_recompute = candidate
         key = (tuple(candidate_swaps[g] for g in members),
-               tuple(round(candidate_offsets.get(g, 0.0), 9) for g in members))
+               tuple(round(candidate_offsets.get(g, 0.0), 9) for g in members),
+               tuple(tuple(sorted(candidate_recompute[g])) for g in members))
         if key not in seen:
             try:
                 seen[key] = score(
                     case.workload, ranking.topology, members,
-                    Assignment(candidate_swaps, {g: o for g, o in candidate_offsets.items() if o}),
+                    Assignment(candidate_swaps, {g: o for g, o in candidate_offsets.items() if o},
+                               {g: r for g, r in candidate_recompute.items() if r}),
                     sync_every=ranking.sync_every, bucket_bytes=ranking.bucket_bytes,
                 ).result.makespan_s
             except PipeswapError:  # an allocation that can never fit: not a plan
                 seen[key] = math.inf
         return seen[key]
 
-    initial_s = simulate_s((swaps, offsets))
-    best = current = (swaps, offsets, initial_s)
+    initial_s = simulate_s((swaps, offsets, recompute))
+    best = current = (swaps, offsets, recompute, initial_s)
     tried = restarts = stale = 0
     while time.perf_counter() < deadline and stale < _STALE_RESTARTS:
         failures = 0
         while failures < _PATIENCE and time.perf_counter() < deadline:
-            candidate = moves.sample(current[0], current[1])
+            candidate = moves.sample(current[0], current[1], current[2])
             if candidate is None:
                 failures += 1
                 continue
             tried += 1
             seconds = simulate_s(candidate)
-            if seconds < current[2] - 1e-12:
+            if seconds < current[3] - 1e-12:
                 current = (*candidate, seconds)
                 failures = 0
             else:
                 failures += 1
-        if current[2] < best[2] - 1e-12:
+        if current[3] < best[3] - 1e-12:
             best, stale = current, 0
         else:
             stale += 1
         # Kick the best plan with a few random moves that fit, whatever they cost.
         restarts += 1
-        kicked: tuple[Swaps, Offsets] = (best[0], best[1])
+        kicked: State = (best[0], best[1], best[2])
         for _ in range(3):
             kicked = moves.sample(*kicked) or kicked
         current = (*kicked, simulate_s(kicked))
     stats = {
         "search_moves_tried": tried,
         "search_restarts": restarts,
-        "search_ranked_s": best[2],
+        "search_ranked_s": best[3],
         "search_start_ranked_s": initial_s,
     }
-    if best[2] >= initial_s:
+    if best[3] >= initial_s:
         return None, stats
-    return _expand(case, members, best[0], best[1]), stats
+    return _expand(case, members, best[0], best[1], best[2]), stats
 
 
 def _ordered(swaps: Iterable[Swap]) -> tuple[Swap, ...]:
     return tuple(sorted(swaps, key=lambda s: (s.layer, s.index)))
 
 
-def _expand(case: Case, members: Sequence[str], swaps: Swaps, offsets: Offsets) -> Assignment:
+def _expand(case: Case, members: Sequence[str], swaps: Swaps, offsets: Offsets,
+            recompute: Recomputes) -> Assignment:
     """The whole case's assignment from the ranking group's: position p of every channel
-    group gets what member p got (the groups have one shape)."""
+    group gets what member p got (the groups have one shape), its recomputed layers too."""
     if list(members) == list(case.gpus):
-        return Assignment(dict(swaps), {g: o for g, o in offsets.items() if o})
+        return Assignment(dict(swaps), {g: o for g, o in offsets.items() if o},
+                          {g: r for g, r in recompute.items() if r})
     full_swaps: Swaps = {}
     full_offsets: Offsets = {}
+    full_recompute: dict[str, frozenset[int]] = {}
     for group in channel_groups(case.topology, case.gpus):
         for position, gpu in enumerate(group):
             full_swaps[gpu] = swaps[members[position]]
             if offsets.get(members[position]):
                 full_offsets[gpu] = offsets[members[position]]
-    return Assignment(full_swaps, full_offsets)
+            if recompute.get(members[position]):
+                full_recompute[gpu] = recompute[members[position]]
+    return Assignment(full_swaps, full_offsets, full_recompute)
 
 
 class _Moves:
@@ -188,7 +201,9 @@ class _Moves:
     backwards earlier or later; a tensor dropped, added (prefetched just in time or at
     the turn), or replaced by a nearby unswapped tensor, which may also take the old
     tensor's turn on the copy engine while the old one goes later; one tensor each
-    exchanged between two GPUs of the channel; a start offset scaled, nudged or set.
+    exchanged between two GPUs of the channel; a start offset scaled, nudged or set; a
+    layer recomputed (its swaps dropped) or no longer recomputed. A recomputed layer's
+    tensors are never swapped.
     """
 
     def __init__(self, case: Case, members: Sequence[str], rng: random.Random) -> None:
@@ -202,25 +217,53 @@ class _Moves:
             (layer, index, nbytes) for layer, saved in enumerate(case.workload.saved)
             for index, nbytes in saved if nbytes >= _SMALLEST_TENSOR_BYTES
         ]
-        # Offset moves change offsets, the others swaps: one tuple, so each is drawn alike.
-        self.kinds: tuple[Callable[[str, Any], Any], ...] = (self._shift_out, self._shift_prefetch, self._drop, self._add,
-                      self._replace, self._replace, self._exchange, self._offset)
+        # Layers whose recomputation frees memory that matters.
+        self.layers = [i for i, freed in enumerate(case.workload.freed_bytes)
+                       if freed >= _SMALLEST_TENSOR_BYTES]
+        self.recompute: Recomputes = {}  # the plan being moved from (set by ``sample``)
+        # Offset moves change offsets, recompute moves layers, the others swaps: one
+        # tuple, so each is drawn alike.
+        self.kinds: tuple[Callable[[str, Any], Any], ...] = (
+            self._shift_out, self._shift_prefetch, self._drop, self._add, self._replace,
+            self._replace, self._exchange, self._offset, self._recompute)
 
-    def sample(self, swaps: Swaps, offsets: Offsets) -> tuple[Swaps, Offsets] | None:
+    def view(self, gpu: str) -> Workload:
+        return self.workload.recomputing(self.recompute.get(gpu, ()))
+
+    def sample(self, swaps: Swaps, offsets: Offsets, recompute: Recomputes) -> State | None:
         """One random move, or None when the drawn move is impossible or does not fit."""
+        self.recompute = recompute
         gpu = self.rng.choice(self.members)
         kind = self.rng.choice(self.kinds)
         if kind == self._offset:
             changed_offsets = self._offset(gpu, offsets)
-            return None if changed_offsets is None else (swaps, changed_offsets)
+            return None if changed_offsets is None else (swaps, changed_offsets, recompute)
+        if kind == self._recompute:
+            toggled = self._recompute(gpu, swaps)
+            if toggled is None:
+                return None
+            layers, plan = toggled
+            view = self.workload.recomputing(layers)
+            if not view.fits(plan, self.budget):
+                return None
+            return {**swaps, gpu: plan}, offsets, {**recompute, gpu: layers}
         moved: dict[str, list[Swap]] | None = kind(gpu, swaps)
         if not moved:
             return None
         changed = {g: _ordered(plan) for g, plan in moved.items()}
-        if any(plan == swaps[g] or not self.workload.fits(plan, self.budget)
+        if any(plan == swaps[g] or not self.view(g).fits(plan, self.budget)
                for g, plan in changed.items()):
             return None
-        return {**swaps, **changed}, offsets
+        return {**swaps, **changed}, offsets, recompute
+
+    def _recompute(self, gpu: str, swaps: Swaps) -> tuple[frozenset[int], tuple[Swap, ...]] | None:
+        if not self.layers:
+            return None
+        layer = self.rng.choice(self.layers)
+        current = self.recompute.get(gpu, frozenset())
+        if layer in current:
+            return current - {layer}, swaps[gpu]
+        return current | {layer}, tuple(s for s in swaps[gpu] if s.layer != layer)
 
     def _pick(self, swaps: Swaps, gpu: str) -> tuple[Swap, list[Swap]] | None:
         plan = list(swaps[gpu])
@@ -255,8 +298,9 @@ class _Moves:
 
     def _unswapped(self, swaps: Swaps, gpu: str, near: int | None = None) -> list[Tensor]:
         taken = {(s.layer, s.index) for s in swaps[gpu]}
+        recomputed = self.view(gpu).recompute
         return [t for t in self.tensors if (t[0], t[1]) not in taken
-                and (near is None or abs(t[0] - near) <= 2)]
+                and t[0] not in recomputed and (near is None or abs(t[0] - near) <= 2)]
 
     def _add(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
         free = self._unswapped(swaps, gpu)
@@ -296,7 +340,10 @@ class _Moves:
             return None
         s = self.rng.choice(give)
         take = [t for t in swaps[other]
-                if (t.layer, t.index) not in mine and abs(t.layer - s.layer) <= 2]
+                if (t.layer, t.index) not in mine and abs(t.layer - s.layer) <= 2
+                and t.layer not in self.view(gpu).recompute]
+        if s.layer in self.view(other).recompute:
+            return None
         if not take:
             return None
         t = self.rng.choice(take)

@@ -77,11 +77,37 @@ event times with that ``B``: ``E_k``, ``S_j`` below are those bounds).
 Both hold whatever the offsets: an offset only delays the late member further. They
 state what bidirectional overlapping pays at every sync: members cannot all start
 swapping at once, so one of them is late by about one member's swap-outs.
+
+**With recomputation** (plans that recompute layers, ``Workload``'s memory model).
+Recomputing layer k frees ``freed[k]`` = its saved bytes minus the input it keeps from
+its forward on (``Workload.freed_bytes``; negative values never help) and costs
+``F_k`` (its forward) once more per micro-batch on the compute stream. For a set R, the
+forward need at i drops to ``need[i] - freed_R(<= i)``, the backward need at j to no
+less than ``need[j] - freed_R(< j)`` (the re-run's tensors are at least the saved bytes
+the layer would have held), and ``cum(<k)`` to ``cum(<k) - freed_R(<k)``: every
+difference ``need[i] - cum(<k)`` the terms above use drops by at most
+``freed_R(k..i)``. Let ``t_g`` be GPU g's recompute seconds per micro-batch and
+``T = max_g t_g``. Whatever R, ``freed_R(k..i) <= relief_T(k, i)`` :=
+min(the fractional knapsack of the layers <= i with capacity T seconds, the freed
+bytes of the layers k..i), since R's layers <= i cost at most ``t_g <= T`` (the
+fractional knapsack allows any fraction of a layer, so it is at least any set's
+bytes). Every term above with its bytes lowered by ``relief_T`` (and compute times
+unchanged: recomputation only lengthens backwards) is a valid bound ``d(T)`` for every
+plan whose GPUs recompute at most T seconds; it does not increase with T. The compute
+stream adds ``i(T) = K (F + Bk + T) + tail`` for the GPU recomputing T (and
+``compute + K T`` for the link bound). So every plan takes at least
+``min over T of max(d(T), i(T))``: with ``d`` non-increasing and ``i`` increasing, a
+bisection brackets the crossing in ``[lo, hi]`` (``d(lo) > i(lo)``, ``d(hi) <= i(hi)``) and
+``max(d(hi), i(lo))`` is below the minimum (for T <= lo the maximum is at least
+``d(T) >= d(lo) > i(lo)``; between, at least ``d(hi)`` and ``i(lo)``; above hi at least
+``i(T) >= i(hi) >= d(hi)``). With nothing worth recomputing, T = 0 and the bounds are
+the swap-only ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipeswap.hardware.topology import Topology
@@ -101,6 +127,7 @@ class LowerBound:
     min_swap_bytes: int  # per GPU and direction, over the whole iteration
     link_s: dict[str, float]
     binding: str
+    recompute_s: float = 0.0  # T at the bound: recompute seconds per micro-batch, at most
 
 
 @dataclass(frozen=True)
@@ -116,6 +143,66 @@ class TurnBound:
     tail_s: float
     channel_s: dict[str, float]
     binding: str
+    recompute_s: float = 0.0  # T at the bound (module docstring, "With recomputation")
+
+
+class Relief:
+    """``relief_T(k, i)``: at most the forward bytes recomputation can free among layers
+    k..i when a GPU recomputes at most ``seconds`` per micro-batch (module docstring)."""
+
+    def __init__(self, workload: Workload, seconds: float) -> None:
+        n = workload.num_layers
+        freed = [max(0, b) for b in workload.freed_bytes]
+        self.prefix = [0] * (n + 1)  # freed bytes of layers < i
+        for i, b in enumerate(freed):
+            self.prefix[i + 1] = self.prefix[i] + b
+        # Fractional knapsack of layers <= i: best bytes per second first.
+        self.through = [0.0] * n
+        if seconds > 0:
+            items: list[tuple[float, int]] = []  # (-bytes per second, layer)
+            for i in range(n):
+                if freed[i] > 0:
+                    rate = freed[i] / workload.forward_s[i] if workload.forward_s[i] > 0 \
+                        else float("inf")
+                    bisect.insort(items, (-rate, i))
+                left, total = seconds, 0.0
+                for _, k in items:
+                    cost = workload.forward_s[k]
+                    if cost <= left:
+                        total += freed[k]
+                        left -= cost
+                    else:
+                        total += freed[k] * left / cost
+                        break
+                self.through[i] = total
+
+    def between(self, k: int, i: int) -> float:
+        """Freed bytes of layers k..i that recomputation can account for."""
+        return min(self.through[i], self.prefix[i + 1] - self.prefix[k])
+
+
+def recompute_limit_s(workload: Workload) -> float:
+    """Recompute seconds beyond which no more forward memory can be freed."""
+    return sum(f for f, b in zip(workload.forward_s, workload.freed_bytes) if b > 0)
+
+
+def _min_max(decreasing: Callable[[float], float], increasing: Callable[[float], float],
+             limit: float, steps: int = 40) -> tuple[float, float]:
+    """A lower bound of min over T >= 0 of max(decreasing(T), increasing(T)), and the T at
+    which it was found (module docstring, "With recomputation")."""
+    if limit <= 0 or decreasing(0.0) <= increasing(0.0):
+        return max(decreasing(0.0), increasing(0.0)), 0.0
+    at_limit = decreasing(limit)
+    if at_limit > increasing(limit):
+        return at_limit, limit  # beyond ``limit`` nothing more is freed
+    lo, hi = 0.0, limit
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if decreasing(mid) > increasing(mid):
+            lo = mid
+        else:
+            hi = mid
+    return max(decreasing(hi), increasing(lo)), hi
 
 
 def lower_bound(
@@ -125,16 +212,53 @@ def lower_bound(
     budget_bytes: int,
     *,
     sync_every: int = 1,
+    recompute: bool = True,
 ) -> LowerBound:
     """No plan can run one iteration faster than this (design.md's formula).
 
     Each micro-batch, a GPU must move at least ``peak - budget`` bytes to host and the same
     back; with more than one GPU, the ring all-reduce moves at least 2(n-1)/n of the
     gradient bytes out of and into every GPU (no in-network reduction on PCIe). Both
-    cross the GPU's links toward its host memory.
+    cross the GPU's links toward its host memory. A plan that recomputes T seconds per
+    micro-batch may move ``relief_T`` fewer bytes but computes ``K T`` longer: the bound
+    is the minimum over T (module docstring, "With recomputation"); ``recompute=False``
+    gives the bound of plans that only swap.
     """
-    compute_s = workload.compute_s(sync_every)
-    deficit = max(0, workload.no_swap_peak_bytes() - budget_bytes) * sync_every
+    base = workload.recomputing(())
+    compute_s = base.compute_s(sync_every)
+    needs = base.needs(budget_bytes)
+    limit = recompute_limit_s(base) if recompute else 0.0
+
+    def at(seconds: float) -> LowerBound:
+        relief = Relief(base, seconds)
+        per_micro = max((need - relief.through[i] for i, need in enumerate(needs)), default=0)
+        return _link_bound(base, topology, gpus, max(0, int(per_micro)) * sync_every,
+                           compute_s, seconds)
+
+    def increasing(seconds: float) -> float:
+        return compute_s + sync_every * seconds
+
+    def decreasing(seconds: float) -> float:
+        return max(at(seconds).link_s.values(), default=0.0)
+
+    bound, seconds = _min_max(decreasing, increasing, limit)
+    found = at(seconds)
+    if bound <= found.bound_s:
+        return found
+    binding = "compute + recompute" if increasing(seconds) >= decreasing(seconds) \
+        else found.binding
+    return LowerBound(bound, compute_s, found.min_swap_bytes, found.link_s, binding, seconds)
+
+
+def _link_bound(
+    workload: Workload,
+    topology: Topology,
+    gpus: Sequence[str],
+    deficit: int,
+    compute_s: float,
+    recompute_s: float,
+) -> LowerBound:
+    """design.md's bound for ``deficit`` bytes per GPU and direction (the iteration's)."""
     n = len(gpus)
     gradient = sum(workload.param_bytes)
     reduce_bytes = 2 * (n - 1) * gradient / n if n > 1 else 0.0
@@ -167,6 +291,7 @@ def lower_bound(
         min_swap_bytes=deficit,
         link_s=link_s,
         binding=binding,
+        recompute_s=recompute_s,
     )
 
 
@@ -180,12 +305,20 @@ def _cumulative_before(workload: Workload) -> list[int]:
     return before
 
 
+def _excess(needs: Sequence[int], before: Sequence[int], relief: Relief | None,
+            k: int, i: int) -> float:
+    """``need[i] - cum(<k)``, less what recomputation may free among layers k..i."""
+    excess = needs[i] - before[k]
+    return excess if relief is None or excess <= 0 else excess - relief.between(k, i)
+
+
 def _forward_ends(
     workload: Workload,
     needs: Sequence[int],
     before: Sequence[int],
     bytes_per_s: float,
     floor: tuple[int, float] | None = None,
+    relief: Relief | None = None,
 ) -> list[float]:
     """Earliest end of every forward of a micro-batch starting at 0 (the forward recursion
     of the module docstring); ``floor = (i, t)`` adds ``T_i >= t``."""
@@ -193,8 +326,9 @@ def _forward_ends(
     start = 0.0
     for i in range(workload.num_layers):
         for k in range(i):
-            if needs[i] > before[k]:
-                start = max(start, forward_end[k] + (needs[i] - before[k]) / bytes_per_s)
+            excess = _excess(needs, before, relief, k, i)
+            if excess > 0:
+                start = max(start, forward_end[k] + excess / bytes_per_s)
         if floor is not None and floor[0] == i:
             start = max(start, floor[1])
         forward_end.append(start + workload.forward_s[i])
@@ -203,7 +337,8 @@ def _forward_ends(
 
 
 def _backward_starts(
-    workload: Workload, needs: Sequence[int], before: Sequence[int], bytes_per_s: float
+    workload: Workload, needs: Sequence[int], before: Sequence[int], bytes_per_s: float,
+    relief: Relief | None = None,
 ) -> list[float]:
     """Earliest start of every backward, counted from the turn (the backward recursion)."""
     n = workload.num_layers
@@ -211,21 +346,25 @@ def _backward_starts(
     for k in reversed(range(n - 1)):
         at = backward_start[k + 1] + workload.backward_s[k + 1]
         for j in range(k + 1, n):
-            if needs[j] > before[k]:
+            excess = _excess(needs, before, relief, k, j)
+            if excess > 0:
                 # need[j] stays off the GPU until backward j ends (it holds its memory).
                 ends = backward_start[j] + workload.backward_s[j]
-                at = max(at, ends + (needs[j] - before[k]) / bytes_per_s)
+                at = max(at, ends + excess / bytes_per_s)
         backward_start[k] = at
     return backward_start
 
 
-def shortest_microbatch_s(workload: Workload, budget_bytes: int, bytes_per_s: float) -> float:
-    """The shortest micro-batch any plan can achieve on a path of ``bytes_per_s`` per
-    direction: the forward and backward recursions of the module docstring."""
+def shortest_microbatch_s(workload: Workload, budget_bytes: int, bytes_per_s: float,
+                          relief: Relief | None = None) -> float:
+    """The shortest micro-batch any plan without recomputation (or, with ``relief``, any
+    plan recomputing at most its seconds, less those seconds) can achieve on a path of
+    ``bytes_per_s`` per direction: the forward and backward recursions of the module
+    docstring."""
     needs = workload.needs(budget_bytes)
     before = _cumulative_before(workload)
-    forward_end = _forward_ends(workload, needs, before, bytes_per_s)
-    backward_start = _backward_starts(workload, needs, before, bytes_per_s)
+    forward_end = _forward_ends(workload, needs, before, bytes_per_s, relief=relief)
+    backward_start = _backward_starts(workload, needs, before, bytes_per_s, relief)
     return forward_end[-1] + backward_start[0] + workload.backward_s[0]
 
 
@@ -237,17 +376,16 @@ def turn_bound(
     *,
     sync_every: int = 1,
     bucket_bytes: int | None = None,
+    recompute: bool = True,
 ) -> TurnBound:
     """No plan can run one iteration faster than this (the turn bound, module docstring).
 
     ``bucket_bytes`` (the all-reduce bucket size) adds the last bucket's all-reduce to the
-    tail; None leaves it out (still a bound, a looser one).
+    tail; None leaves it out (still a bound, a looser one). Plans that recompute are
+    covered by the minimum over their recompute seconds T ("With recomputation");
+    ``recompute=False`` gives the bound of plans that only swap.
     """
-    micro: dict[str, float] = {}
-    for gpu in gpus:
-        hops = topology.path(gpu, topology.host_of(gpu))
-        bandwidth = min(topology.links[link].bytes_per_s for link, _ in hops)
-        micro[gpu] = shortest_microbatch_s(workload, budget_bytes, bandwidth)
+    workload = workload.recomputing(())
     tail = workload.optimizer_step_s
     n = len(gpus)
     if n > 1 and bucket_bytes is not None:
@@ -260,10 +398,50 @@ def turn_bound(
                 for g in gpus
             )
             tail += 2 * (n - 1) * (last_bytes / n) / first_hop
+    limit = recompute_limit_s(workload) if recompute else 0.0
+    if limit <= 0 or not any(workload.needs(budget_bytes)):
+        return _turn_bound(workload, topology, gpus, budget_bytes, sync_every, tail, None)
+    chain = sync_every * (sum(workload.forward_s) + sum(workload.backward_s)) + tail
+    cache: dict[float, TurnBound] = {}
+
+    def at(seconds: float) -> TurnBound:
+        if seconds not in cache:
+            relief = Relief(workload, seconds) if seconds > 0 else None
+            cache[seconds] = _turn_bound(workload, topology, gpus, budget_bytes, sync_every,
+                                         tail, relief, seconds)
+        return cache[seconds]
+
+    def increasing(seconds: float) -> float:
+        return chain + sync_every * seconds
+
+    bound, seconds = _min_max(lambda t: at(t).bound_s, increasing, limit)
+    found = at(seconds)
+    binding = "compute + recompute" if increasing(seconds) >= found.bound_s else found.binding
+    return TurnBound(bound, found.microbatch_s, tail, found.channel_s, binding, seconds)
+
+
+def _turn_bound(
+    workload: Workload,
+    topology: Topology,
+    gpus: Sequence[str],
+    budget_bytes: int,
+    sync_every: int,
+    tail: float,
+    relief: Relief | None,
+    recompute_s: float = 0.0,
+) -> TurnBound:
+    """Every term of the turn bound, with bytes lowered by ``relief`` (None: no plan
+    recomputes)."""
+    micro: dict[str, float] = {}
+    for gpu in gpus:
+        hops = topology.path(gpu, topology.host_of(gpu))
+        bandwidth = min(topology.links[link].bytes_per_s for link, _ in hops)
+        micro[gpu] = shortest_microbatch_s(workload, budget_bytes, bandwidth, relief)
     slowest = max(micro, key=lambda g: micro[g])
     terms = {slowest: sync_every * micro[slowest] + tail}
-    channel = _channel_terms(workload, topology, gpus, budget_bytes, sync_every, tail)
-    channel.update(_sharing_terms(workload, topology, gpus, budget_bytes, sync_every, tail, micro))
+    channel = _channel_terms(workload, topology, gpus, budget_bytes, sync_every, tail, relief)
+    channel.update(_sharing_terms(workload, topology, gpus, budget_bytes, sync_every, tail,
+                                  micro, relief))
     terms.update(channel)
     binding = max(terms, key=lambda name: terms[name])
     return TurnBound(
@@ -272,6 +450,7 @@ def turn_bound(
         tail_s=tail,
         channel_s=channel,
         binding=binding,
+        recompute_s=recompute_s,
     )
 
 
@@ -282,9 +461,12 @@ def _channel_terms(
     budget_bytes: int,
     sync_every: int,
     tail: float,
+    relief: Relief | None = None,
 ) -> dict[str, float]:
     """Per directed link: the shared-channel term of the module docstring."""
     needs = workload.needs(budget_bytes)
+    if relief is not None:
+        needs = [max(0, int(need - relief.between(0, i))) for i, need in enumerate(needs)]
     if not any(needs):
         return {}
     n = workload.num_layers
@@ -320,6 +502,7 @@ def _sharing_terms(
     sync_every: int,
     tail: float,
     micro: dict[str, float],
+    relief: Relief | None = None,
 ) -> dict[str, float]:
     """Per shared link: the first- and last-micro-batch terms (module docstring, "Sharing
     at the edges of a sync")."""
@@ -353,8 +536,8 @@ def _sharing_terms(
         key = (capacity, len(members), own, shortest)
         if key not in cache:
             share = len(members) / capacity
-            forward_end = _forward_ends(workload, needs, before, own)
-            backward_start = _backward_starts(workload, needs, before, own)
+            forward_end = _forward_ends(workload, needs, before, own, relief=relief)
+            backward_start = _backward_starts(workload, needs, before, own, relief)
             backward_s = backward_start[0] + workload.backward_s[0]
             rest = (sync_every - 1) * shortest + tail
             first = 0.0
@@ -364,9 +547,12 @@ def _sharing_terms(
                     continue
                 # The later member reaches forward i of its first micro-batch only once every
                 # member's need[i] bytes (those of layers k..i-1 made after E_k) crossed.
-                floor = max(forward_end[k] + share * (needs[i] - before[k])
-                            for k in range(i) if needs[i] > before[k])
-                delayed = _forward_ends(workload, needs, before, own, floor=(i, floor))
+                floors = [forward_end[k] + share * _excess(needs, before, relief, k, i)
+                          for k in range(i) if _excess(needs, before, relief, k, i) > 0]
+                if not floors:
+                    continue
+                delayed = _forward_ends(workload, needs, before, own, floor=(i, max(floors)),
+                                        relief=relief)
                 first = max(first, delayed[-1] + backward_s + rest)
                 # The earliest member starts backward i of its last micro-batch no sooner
                 # than (K-1) shortest micro-batches and this one's prefix; then every
@@ -374,9 +560,9 @@ def _sharing_terms(
                 prefix = ((sync_every - 1) * shortest + forward_end[-1] + backward_start[i]
                           + workload.backward_s[i])
                 for k in range(i):
-                    if needs[i] > before[k]:
-                        last = max(last, prefix + share * (needs[i] - before[k])
-                                   + backward_through[k] + tail)
+                    excess = _excess(needs, before, relief, k, i)
+                    if excess > 0:
+                        last = max(last, prefix + share * excess + backward_through[k] + tail)
             cache[key] = (first, last)
         first, last = cache[key]
         edge = topology.links[link]

@@ -16,7 +16,7 @@ from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.profile import Profile
-from pipeswap.profiling.saved import SavedRecord, SavedTensorCapture
+from pipeswap.profiling.saved import SavedRecord, SavedTensorCapture, storage_key
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.workload import Swap, Workload
 
@@ -85,20 +85,165 @@ def capture_records(
     a parameter or buffer). Buffers (BatchNorm statistics) and the random state are put
     back afterwards, so the pass leaves no trace on training.
     """
+    capture = _capture(model, forward_loss, layers, None)
+    return capture.records(), capture.pack_calls()
+
+
+class InnerSaves:
+    """What a recomputed layer's own forward saves, noted during a plain (tagged) pass.
+
+    The executor sets :attr:`layer` while a recomputed layer's forward runs and notes its
+    tensor inputs in :attr:`inputs`; the capture notes every storage saved meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self.layer: str | None = None
+        self.inputs: dict[str, set[int]] = {}  # per layer: storage keys of its inputs
+        self.saved: dict[str, dict[int, int]] = {}  # per layer: storage key -> bytes
+        self.owner: dict[int, str] = {}  # storage key -> the last layer that saved it
+
+    def rerun_bytes(self, layer: str, *, own: bool = False) -> int:
+        """Bytes a re-run of ``layer`` saves anew: everything its forward saves except its
+        inputs, which the checkpoint keeps and the re-run saves again without a copy.
+
+        With ``own``, only the storages the layer owns (as the profiler names them): not
+        its output kept by its last op, which a later layer owns.
+        """
+        inputs = self.inputs.get(layer, set())
+        return sum(
+            n for key, n in self.saved.get(layer, {}).items()
+            if key not in inputs and (not own or self.owner.get(key) == layer)
+        )  # fmt: skip
+
+
+class _TaggingCapture(SavedTensorCapture):
+    """SavedTensorCapture that also fills an :class:`InnerSaves`."""
+
+    def __init__(self, view: _LayerView, inner: InnerSaves, resident: set[int]) -> None:
+        super().__init__(view)  # type: ignore[arg-type]
+        self._inner = inner
+        self._resident_keys = resident
+
+    def _pack(self, tensor: torch.Tensor) -> object:
+        layer = self._inner.layer
+        key = storage_key(tensor)
+        if key not in self._resident_keys:
+            if self.layer is not None:
+                self._inner.owner[key] = self.layer  # forward order: the last one wins
+            if layer is not None:
+                self._inner.saved.setdefault(layer, {})[key] = tensor.untyped_storage().nbytes()
+        return super()._pack(tensor)
+
+
+def capture_inner(
+    model: nn.Module,
+    forward_loss: Callable[[], torch.Tensor],
+    layers: Sequence[str] | None,
+    inner: InnerSaves,
+) -> tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]]:
+    """:func:`capture_records`, also noting in ``inner`` what recomputed layers save."""
+    capture = _capture(model, forward_loss, layers, inner)
+    return capture.records(), capture.pack_calls()
+
+
+def _capture(
+    model: nn.Module,
+    forward_loss: Callable[[], torch.Tensor],
+    layers: Sequence[str] | None,
+    inner: InnerSaves | None,
+) -> SavedTensorCapture:
     resolved = resolve_layers(model, layers)
     view = _LayerView(model, resolved)
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     devices = [
         p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"
     ][:1]
+    if inner is None:
+        capture = SavedTensorCapture(view)  # type: ignore[arg-type]
+    else:
+        resident = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
+        capture = _TaggingCapture(view, inner, resident)
     with torch.random.fork_rng(devices=devices):
-        with SavedTensorCapture(view) as capture:  # type: ignore[arg-type]
+        with capture:
             loss = forward_loss()
         del loss
     with torch.no_grad():
         for buffer, saved in buffers:
             buffer.copy_(saved)
-    return capture.records(), capture.pack_calls()
+    return capture
+
+
+def kept_key(layer: str, index: int) -> SavedKey:
+    """The executor's name for a tensor only a recomputed layer saves (its kept input)."""
+    return (f"{layer} (kept)", index)
+
+
+class StepNames(NamedTuple):
+    """How the executor names what a step with recomputed layers saves."""
+
+    pack_calls: dict[str, list[SavedKey | None]]  # per layer, the name each pack call saves
+    sizes: dict[SavedKey, int]  # bytes of every name
+    kept_bytes: dict[str, int]  # per recomputed layer: what it holds from forward to backward
+
+
+def step_names(
+    plain: tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]],
+    checkpointed: tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]],
+    recompute: Sequence[str],
+) -> StepNames:
+    """Name a checkpointed step's pack calls as the plan (the profiler) names tensors.
+
+    ``plain`` is a capture of the forward as the profiler ran it, ``checkpointed`` one
+    with the recomputed layers under checkpoint: their own saves vanish, their inputs are
+    saved once more by the checkpoint, and a storage may then change owner (a block's
+    input saved by the previous block's last op and kept by the checkpoint). Every other
+    layer packs the same tensors in the same order in both passes, so zipping their pack
+    calls maps each checkpointed name to the plan's name; what only recomputed layers
+    save gets a :func:`kept_key` name.
+    """
+    records, calls = plain
+    c_records, c_calls = checkpointed
+    skip = set(recompute)
+    plan_name: dict[SavedKey, SavedKey] = {}
+    for layer, mine in calls.items():
+        if layer in skip:
+            continue
+        theirs = c_calls[layer]
+        if len(theirs) != len(mine):
+            raise PipeswapError(
+                f"layer {layer!r} saved {len(mine)} tensors in a plain forward but "
+                f"{len(theirs)} with {', '.join(recompute)} recomputed; the forward must run "
+                "the same operations every time (no data-dependent branches)"
+            )
+        for a, c in zip(mine, theirs):
+            if a is None and c is None:
+                continue
+            if a is None or c is None or plan_name.setdefault(c, a) != a:
+                raise PipeswapError(
+                    f"layer {layer!r} saved other tensors with {', '.join(recompute)} "
+                    "recomputed than in a plain forward; the forward must run the same "
+                    "operations every time"
+                )
+    sizes = {(layer, r.index): r.bytes for layer, recs in records.items() for r in recs}
+    owner: dict[SavedKey, str] = {key: key[0] for key in sizes}
+    for layer, recs in c_records.items():
+        for r in recs:
+            if (layer, r.index) not in plan_name:
+                sizes[kept_key(layer, r.index)] = r.bytes
+                owner[kept_key(layer, r.index)] = layer
+    pack_calls = {
+        layer: [
+            None if c is None else plan_name.get(c, kept_key(*c)) for c in keys
+        ]
+        for layer, keys in c_calls.items()
+    }
+    # What a recomputed layer holds through the step: the storages its steps still save
+    # (its input, kept by the checkpoint; tensors of ops between it and the next layer).
+    kept_bytes = dict.fromkeys(recompute, 0)
+    for key in {key for keys in pack_calls.values() for key in keys if key is not None}:
+        if owner[key] in kept_bytes:
+            kept_bytes[owner[key]] += sizes[key]
+    return StepNames(pack_calls, sizes, kept_bytes)
 
 
 def check_budget(
@@ -110,23 +255,38 @@ def check_budget(
     resident_bytes: int,
     transient: Sequence[int],
     device: torch.device,
-) -> None:
-    """Refuse a plan whose budget cannot hold this run's saved tensors and state.
+    kept_bytes: dict[str, int] | None = None,
+    rerun_bytes: dict[str, int] | None = None,
+) -> int:
+    """Refuse a plan whose budget cannot hold this run's saved tensors and state; returns
+    the bytes a step needs at most.
 
     Uses the planner's own memory model (Workload.memory_points) with the sizes this run
-    actually saves, and says by how many bytes the budget falls short.
+    actually saves, and says by how many bytes the budget falls short. A recomputed layer
+    holds ``kept_bytes`` from its forward to its backward, and its re-run's
+    ``rerun_bytes`` from right before its backward to its end.
     """
     n = len(names)
+    kept_bytes = kept_bytes or {}
+    rerun_bytes = rerun_bytes or {}
+    saved = tuple(tuple((r.index, r.bytes) for r in records[name]) for name in names)
+    all_saved = [sum(b for _, b in layer) for layer in saved]
     workload = Workload(
         model="",
         names=tuple(names),
         forward_s=(0.0,) * n,
         backward_s=(0.0,) * n,
-        saved=tuple(tuple((r.index, r.bytes) for r in records[name]) for name in names),
+        saved=saved,
         transient=tuple(transient),
         param_bytes=(0,) * n,
         resident_bytes=resident_bytes,
         optimizer_step_s=0.0,
+        # The workload's re-run holds its saved bytes less input_saved: measured here.
+        input_bytes=tuple(kept_bytes.get(name, 0) for name in names),
+        input_saved=tuple(
+            all_saved[i] - rerun_bytes.get(name, 0) for i, name in enumerate(names)
+        ),
+        recompute=frozenset(i for i, name in enumerate(names) if name in gpu_plan.recompute),
     )
     position = {name: i for i, name in enumerate(names)}
     swaps = [
@@ -142,9 +302,10 @@ def check_budget(
     if needed > budget:
         raise PipeswapError(
             f"rank {gpu_plan.rank}: the plan cannot keep its budget of {budget} bytes on this "
-            f"device: with its swaps a step needs {needed} bytes, {needed - budget} bytes "
+            f"device: with its swaps{' and recomputation' if gpu_plan.recompute else ''} a "
+            f"step needs {needed} bytes, {needed - budget} bytes "
             f"({(needed - budget) / 2**20:.2f} MiB) more; give a larger --gpu-memory (or a "
-            "smaller --footprint-ratio) or a policy that swaps"
+            "smaller --footprint-ratio) or a policy that swaps or recomputes"
         )
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
@@ -153,6 +314,7 @@ def check_budget(
                 f"the plan's budget of {budget} bytes is {budget - total} bytes more than "
                 f"this GPU's {total}; plan with --gpu-memory {total} or less"
             )
+    return needed
 
 
 def check_plan_identity(
@@ -232,6 +394,41 @@ def checked_decisions(gpu_plan: GpuPlan, names: list[str]) -> dict[SavedKey, Swa
             )
         decisions[(d.layer, d.index)] = d
     return decisions
+
+
+def checked_recompute(
+    gpu_plan: GpuPlan, layers: dict[str, nn.Module]
+) -> list[str]:
+    """The rank's recomputed layers, in forward order; refuses unknown and nested ones.
+
+    A recomputed layer's forward is re-run as a whole, so no other listed layer may be
+    inside it (its hooks would fire again in the backward).
+    """
+    names = list(layers)
+    recompute = set(gpu_plan.recompute)
+    for name in gpu_plan.recompute:
+        if name not in layers:
+            raise PipeswapError(
+                f"{gpu_plan.gpu}: the plan recomputes layer {name!r}, which the model does "
+                f"not have; {close_names(name, names)}"
+            )
+    if len(recompute) != len(gpu_plan.recompute):
+        raise PipeswapError(f"{gpu_plan.gpu}: a layer is listed twice under recompute")
+    for name in recompute:
+        inside = {id(m) for m in layers[name].modules() if m is not layers[name]}
+        nested = [other for other in names if id(layers[other]) in inside]
+        if nested:
+            raise PipeswapError(
+                f"{gpu_plan.gpu}: recomputed layer {name!r} contains layer {nested[0]!r}; "
+                "list layers that do not nest, or recompute the inner ones"
+            )
+    for d in gpu_plan.swaps:
+        if d.layer in recompute:
+            raise PipeswapError(
+                f"{gpu_plan.gpu}: tensor ({d.layer!r}, {d.index}) is swapped, but its layer is "
+                "recomputed; a recomputed layer keeps no saved tensor, so drop one of the two"
+            )
+    return [name for name in names if name in recompute]
 
 
 def check_records(

@@ -61,16 +61,18 @@ class Case:
 
 def _assignment_key(assignment: Assignment, gpus: Sequence[str]) -> tuple[Any, ...]:
     return tuple(
-        (gpu, tuple(assignment.swaps.get(gpu, ())), float(assignment.offsets_s.get(gpu, 0.0)))
+        (gpu, tuple(assignment.swaps.get(gpu, ())), float(assignment.offsets_s.get(gpu, 0.0)),
+         tuple(sorted(assignment.recomputed(gpu))))
         for gpu in gpus
     )
 
 
 def all_tensors(workload: Workload) -> list[Tensor]:
-    """Every saved tensor a plan could swap (empty ones cannot help), in forward order."""
+    """Every saved tensor a plan could swap (empty ones cannot help; a recomputed layer
+    has none), in forward order."""
     return [
         (layer, index, nbytes)
-        for layer, tensors in enumerate(workload.saved)
+        for layer, tensors in enumerate(workload.swappable)
         for index, nbytes in tensors
         if nbytes > 0
     ]

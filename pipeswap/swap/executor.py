@@ -20,6 +20,16 @@ then and counted as a late fetch. On the CPU the streams are no-ops and the exec
 counts the bytes of saved tensors held on the "device", so tests can check the budget.
 This module decides when to move what (hooks, steps); :mod:`pipeswap.swap.transfer` moves
 the bytes and keeps the stream and event rules.
+
+Layers the plan recomputes run their forward under non-reentrant
+``torch.utils.checkpoint`` (RNG states kept, so dropout draws the same masks again).
+Inside it the checkpoint's own saved-tensor hooks are innermost, so what the layer saves
+never reaches the executor's hooks and is never swapped; the checkpoint's copy of the
+layer's input is packed by the executor's hooks, as a tensor of the layer (kept resident
+unless the plan swaps that storage under the name it has without recomputation). The
+re-run in the backward restores the layer's buffers afterwards (BatchNorm statistics are
+updated once per step, as without recomputation), and on the CPU its saved bytes count
+from the re-run to the end of the layer's backward.
 """
 
 from __future__ import annotations
@@ -33,20 +43,25 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from pipeswap.errors import PipeswapError
 from pipeswap.profile import Profile
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.capture import (
+    InnerSaves,
     SavedKey,
+    capture_inner,
     capture_records,
     check_budget,
     check_plan_identity,
     check_records,
     checked_decisions,
+    checked_recompute,
     issue_points,
     rank_plan,
     resolve_layers,
+    step_names,
 )
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.pool import HostPool
@@ -76,6 +91,8 @@ class StepStats:
     prefetched_bytes: int  # bytes copied back (prefetched or fetched late)
     late_fetches: int  # tensors unpacked before their prefetch was issued
     seconds: float
+    recomputed_layers: int = 0  # layers whose forward was run again in the backward
+    recomputed_bytes: int = 0  # bytes those re-runs saved (as measured by prepare)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +101,8 @@ class StepStats:
             "prefetched_bytes": self.prefetched_bytes,
             "late_fetches": self.late_fetches,
             "seconds": self.seconds,
+            "recomputed_layers": self.recomputed_layers,
+            "recomputed_bytes": self.recomputed_bytes,
         }
 
 
@@ -95,8 +114,9 @@ class SwapExecutor:
     model and dtype, and gives the resident bytes and working sets that the budget
     check counts. ``account`` (default: on the CPU only) counts the bytes of every saved
     tensor held on the device (:attr:`live_bytes`, :attr:`peak_saved_bytes`); without it
-    only swapped tensors are counted. The executor registers its module hooks at
-    construction; call :meth:`close` to remove them.
+    only swapped tensors are counted. The executor registers its module hooks (and wraps
+    the forward of each recomputed layer) at construction; call :meth:`close`, or use it
+    as a context manager, to remove them.
     """
 
     def __init__(
@@ -130,6 +150,7 @@ class SwapExecutor:
         self.account = self.device.type == "cpu" if account is None else account
         check_plan_identity(plan, model, self.layer_names, profile)
         self.decisions = checked_decisions(self.gpu_plan, self.layer_names)
+        self.recompute = checked_recompute(self.gpu_plan, self.layers)
         self.pool = HostPool(
             ((key, d.bytes) for key, d in self.decisions.items()),
             pin=self.device.type == "cuda",
@@ -143,6 +164,18 @@ class SwapExecutor:
         self._pack_calls: dict[str, list[SavedKey | None]] | None = None
         self._sizes: dict[SavedKey, int] = {}
         self.records: dict[str, list[SavedRecord]] | None = None
+        # Recomputation: per recomputed layer, what it holds from forward to backward and
+        # what its re-run saves (both measured by prepare); the re-runs of this step.
+        self.kept_bytes: dict[str, int] = {}
+        self.rerun_bytes: dict[str, int] = {}
+        self._own_rerun_bytes: dict[str, int] = {}
+        # The most bytes a step needs by the plan's memory model (resident state, saved
+        # tensors, working sets), as prepare checked it against the budget.
+        self.needed_bytes: int | None = None
+        self._checkpointing = False  # recomputed layers run under checkpoint (steps)
+        self._inner: InnerSaves | None = None  # set while prepare tags their saves
+        self._rerun_live: dict[str, int] = {}
+        self._rerun_done: set[str] = set()
         self._active = False
         self._layer: str | None = None
         self._calls: dict[str, int] = {}
@@ -152,6 +185,7 @@ class SwapExecutor:
         self.swapped_bytes = 0
         self.steps = 0
         self._handles: list[Any] = []
+        self._forwards: dict[str, Any] = {}  # recomputed layers' own forward attributes
         self._install_hooks()
 
     # ---- set-up ---------------------------------------------------------------------
@@ -182,17 +216,36 @@ class SwapExecutor:
     def _install_hooks(self) -> None:
         for name, module in self.layers.items():
             self._handles.append(module.register_forward_pre_hook(self._forward_pre_hook(name)))
-            if name in self._prefetch_after:
+            if name in self._prefetch_after or name in self.recompute:
                 # Fires once the gradients of the layer's inputs are computed: its backward is
                 # done, including the ops run after it that the profiler counts as its own
                 # (they come first in backward). A pre-hook on the layer before would miss those.
                 self._handles.append(module.register_full_backward_hook(self._backward_hook(name)))
+        for name in self.recompute:
+            module = self.layers[name]
+            # An instance attribute shadows the class's forward; nn.Module.__call__ (and so
+            # the executor's and the user's module hooks) still runs around it.
+            self._forwards[name] = module.__dict__.get("forward")
+            module.forward = self._recomputed_forward(name, module.forward)
 
     def close(self) -> None:
-        """Remove the executor's hooks from the model."""
+        """Remove the executor's hooks (and recomputation wrappers) from the model."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for name, previous in self._forwards.items():
+            module = self.layers[name]
+            if previous is None:
+                del module.forward
+            else:
+                module.forward = previous
+        self._forwards.clear()
+
+    def __enter__(self) -> SwapExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def prepare(self, forward_loss: Callable[[], torch.Tensor]) -> None:
         """Name the saved tensors with one forward of ``forward_loss`` and check the plan.
@@ -200,10 +253,15 @@ class SwapExecutor:
         ``forward_loss`` must run the same forward and loss as the training steps (same
         shapes); call it on the bare model, not a DistributedDataParallel wrapper.
         """
-        records, pack_calls = capture_records(self.model, forward_loss, self.layer_names)
+        if self.recompute:
+            records, pack_calls = self._capture_recomputed(forward_loss)
+        else:
+            records, pack_calls = capture_records(self.model, forward_loss, self.layer_names)
+            self._sizes = {
+                (layer, r.index): r.bytes for layer, recs in records.items() for r in recs
+            }
         check_records(self.decisions, records)
         self.records = records
-        self._sizes = {(layer, r.index): r.bytes for layer, recs in records.items() for r in recs}
         if not self.account:  # tensors that stay need no bookkeeping: pass them straight on
             pack_calls = {
                 layer: [key if key in self.decisions else None for key in keys]
@@ -212,15 +270,45 @@ class SwapExecutor:
         self._pack_calls = pack_calls
         self._check_budget(records)
 
+    def _capture_recomputed(
+        self, forward_loss: Callable[[], torch.Tensor]
+    ) -> tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]]:
+        """Two passes: a plain one names the tensors as the plan does and notes what each
+        recomputed layer saves; one under checkpoint gives the pack calls of the steps."""
+        inner = InnerSaves()
+        self._inner = inner
+        try:
+            plain = capture_inner(self.model, forward_loss, self.layer_names, inner)
+        finally:
+            self._inner = None
+        self._checkpointing = True
+        try:
+            checkpointed = capture_records(self.model, forward_loss, self.layer_names)
+        finally:
+            self._checkpointing = False
+        names = step_names(plain, checkpointed, self.recompute)
+        self._sizes = names.sizes
+        self.kept_bytes = names.kept_bytes
+        self.rerun_bytes = {name: inner.rerun_bytes(name) for name in self.recompute}
+        self._own_rerun_bytes = {
+            name: inner.rerun_bytes(name, own=True) for name in self.recompute
+        }
+        return plain[0], names.pack_calls
+
     def _check_budget(self, records: dict[str, list[SavedRecord]]) -> None:
         """Refuse a plan whose budget cannot hold this run's saved tensors and state."""
         transient = [0] * len(self.layer_names)
+        rerun = self.rerun_bytes
         profile = self.profile
         if profile is not None and profile.layer_names == self.layer_names:
             transient = [la.workspace_bytes + la.output_bytes for la in profile.layers]
-        check_budget(
+            # As in the planner's model: a re-run's copy of its output (saved by its last
+            # op, owned by the next layer) takes the room its working set has for it.
+            rerun = self._own_rerun_bytes
+        self.needed_bytes = check_budget(
             self.gpu_plan, self.decisions, records, self.layer_names,
             resident_bytes=self.resident_bytes, transient=transient, device=self.device,
+            kept_bytes=self.kept_bytes, rerun_bytes=rerun,
         )  # fmt: skip
 
     # ---- hooks ----------------------------------------------------------------------
@@ -245,11 +333,65 @@ class SwapExecutor:
             self._swap_out(key)
 
     def _backward_hook(self, name: str) -> Callable[..., None]:
+        prefetches = self._prefetch_after.get(name, [])
+
         def hook(module: nn.Module, grad_input: Any, grad_output: Any) -> None:
-            for key in self._prefetch_after[name]:
+            # The layer's backward is done: what its re-run saved is let go of by now.
+            self._ledger.shrink(self._rerun_live.pop(name, 0))
+            for key in prefetches:
                 self._prefetch(key)
 
         return hook
+
+    # ---- recomputation ----------------------------------------------------------------
+    def _recomputed_forward(self, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
+        module = self.layers[name]
+
+        def recomputed(*args: Any, **kwargs: Any) -> Any:
+            inner = self._inner
+            if inner is not None:  # prepare's plain pass: note what the forward saves
+                inner.layer = name
+                inner.inputs[name] = {
+                    t.untyped_storage()._cdata
+                    for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)
+                }  # fmt: skip
+                try:
+                    return forward(*args, **kwargs)
+                finally:
+                    inner.layer = None
+            if not (self._checkpointing and torch.is_grad_enabled()):
+                return forward(*args, **kwargs)  # outside steps (evaluation): a plain forward
+            runs = 0
+
+            def run(*args: Any, **kwargs: Any) -> Any:
+                nonlocal runs
+                runs += 1
+                if runs == 1:
+                    return forward(*args, **kwargs)
+                return self._rerun(name, module, forward, args, kwargs)
+
+            # preserve_rng_state: the re-run starts from the CPU and CUDA generator states
+            # the forward started from, so dropout draws the same masks.
+            return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+
+        return recomputed
+
+    def _rerun(
+        self, name: str, module: nn.Module, forward: Callable[..., Any], args: Any, kwargs: Any
+    ) -> Any:
+        """The layer's forward again, in the backward; its buffers are left as they were."""
+        if self.account and name not in self._rerun_live:
+            self._rerun_live[name] = self.rerun_bytes.get(name, 0)
+            self._ledger.grow(self._rerun_live[name])
+        self._rerun_done.add(name)
+        # A training-mode BatchNorm would update its running statistics a second time.
+        buffers = [(b, b.detach().clone()) for b in module.buffers()]
+        try:
+            return forward(*args, **kwargs)
+        finally:  # also when the checkpoint stops the re-run early (all it needs is saved)
+            with torch.no_grad():
+                for buffer, values in buffers:
+                    buffer.copy_(values)
 
     def _pack(self, tensor: torch.Tensor) -> Any:
         layer = self._layer
@@ -325,6 +467,7 @@ class SwapExecutor:
         self._step_swapped = 0
         self._step_prefetched = 0
         self._step_late = 0
+        self._rerun_done = set()
         self._step_started = time.perf_counter()
 
     @contextmanager
@@ -340,11 +483,13 @@ class SwapExecutor:
         self._layer = None
         self._reset_step_counters()
         self._active = True
+        self._checkpointing = True
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
                 yield
         finally:
             self._active = False
+            self._checkpointing = False
             self._layer = None
         self._turn()
 
@@ -361,6 +506,11 @@ class SwapExecutor:
     def finish_step(self) -> StepStats:
         """Call after the backward: settles the copies and returns the step's numbers."""
         self._transfer.poll()
+        # A layer whose input needs no gradient may have had its backward hook fire before
+        # its re-run: its re-run's bytes are let go of with the backward's end.
+        for nbytes in self._rerun_live.values():
+            self._ledger.shrink(nbytes)
+        self._rerun_live.clear()
         self.steps += 1
         return StepStats(
             peak_saved_bytes=self._ledger.step_peak_bytes,
@@ -368,6 +518,8 @@ class SwapExecutor:
             prefetched_bytes=self._step_prefetched,
             late_fetches=self._step_late,
             seconds=time.perf_counter() - self._step_started,
+            recomputed_layers=len(self._rerun_done),
+            recomputed_bytes=sum(self.rerun_bytes.get(name, 0) for name in self._rerun_done),
         )
 
     def train_step(self, forward_loss: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, StepStats]:

@@ -1,4 +1,5 @@
-"""The offline policy: a mixed-integer program over the GPUs of each channel (HiGHS)."""
+"""The offline policy: a mixed-integer program over the GPUs of each channel (HiGHS): which
+tensors each GPU swaps and which layers the channel's GPUs recompute."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from pipeswap.swap.case import Case, Tensor, all_tensors
 from pipeswap.swap.channels import group_shape, path_bytes_per_s, shared_links
-from pipeswap.swap.policies import HEURISTICS, with_prefetch
+from pipeswap.swap.policies import fits, heuristic, with_prefetch
 from pipeswap.swap.scoring import Assignment, Scored
 from pipeswap.swap.workload import Swap
 
@@ -22,13 +23,16 @@ _SMALLEST_TENSOR_BYTES = 2**20  # smaller tensors cannot change a plan measurabl
 
 @dataclass(frozen=True)
 class GroupSolution:
-    """The MIP's answer for one channel group: a tensor set per member, and its numbers."""
+    """The MIP's answer for one channel group: a tensor set per member, the layers every
+    member recomputes, and its numbers."""
 
     choice: list[list[Tensor]]
     stall_s: float  # predicted stall per micro-batch
     mip_gap: float
     status: str
     binaries: int
+    recompute: frozenset[int] = frozenset()
+    recompute_s: float = 0.0  # per micro-batch
 
 
 @dataclass(frozen=True)
@@ -49,15 +53,20 @@ def solve_group(
     warm: Sequence[Sequence[Tensor]] | None,
     *,
     time_limit_s: float,
+    warm_recompute: frozenset[int] = frozenset(),
 ) -> GroupSolution:
-    """Choose each member's swapped tensors to minimize the predicted stall of one micro-batch.
+    """Choose each member's swapped tensors, and the layers the members recompute, to
+    minimize the predicted stall plus recompute time of one micro-batch.
 
     Slots are the forward and backward steps of the micro-batch (the members run in step).
     Per member and slot, continuous swap-out and prefetch volumes; binaries choose the
-    tensors. Constraints: a tensor moves out only after its forward; memory within budget
-    at every forward and backward step; every tensor back before its backward; each
-    direction of every link carries at most bandwidth x (slot time + stall) per slot.
-    Objective: the sum of the slots' stalls.
+    tensors, and per layer whether the group recomputes it (a recomputed layer swaps
+    nothing, frees ``Workload.freed_bytes`` from its forward on, and its backward slot
+    lasts its forward longer, with the re-run's saved tensors held at that slot: the
+    memory model of ``Workload``). Constraints: a tensor moves out only after its
+    forward; memory within budget at every forward and backward step; every tensor back
+    before its backward; each direction of every link carries at most bandwidth x (slot
+    time + stall) per slot. Objective: the sum of the slots' stalls and recompute times.
     """
     import highspy
 
@@ -68,8 +77,15 @@ def solve_group(
     candidates = [
         t for t in all_tensors(workload) if t[0] < last_short and t[2] >= _SMALLEST_TENSOR_BYTES
     ]
+    # Unclipped needs (a recomputed layer's backward may need memory where none was short).
+    raw = [(workload.resident_bytes + point - case.budget_bytes) / GB
+           for point in _points(workload)]
+    freed = [b / GB for b in workload.freed_bytes]
+    inputs = workload.input_saved or (0,) * n
+    over = [(k - i) / GB for k, i in zip(workload.kept_bytes, inputs)]
+    layers = [i for i in range(last_short) if workload.freed_bytes[i] >= _SMALLEST_TENSOR_BYTES]
     members = list(group)
-    if last_short < 0 or not candidates:
+    if last_short < 0 or not (candidates or layers):
         return GroupSolution([[] for _ in members], 0.0, 0.0, "nothing to swap", 0)
     durations = list(workload.forward_s) + [workload.backward_s[j] for j in reversed(range(n))]
     slots = len(durations)
@@ -83,6 +99,7 @@ def solve_group(
     # Each slot is a stall (a wait before its compute starts) then its compute: phase 2s
     # lasts stall[s], phase 2s+1 lasts durations[s]. Copies flow in both phases.
     stall = [h.addVariable(lb=0.0, ub=inf) for _ in range(slots)]
+    rec = {i: h.addVariable(lb=0.0, ub=1.0, type=highspy.HighsVarType.kInteger) for i in layers}
     phases = 2 * slots
     x = [[h.addVariable(lb=0.0, ub=1.0, type=highspy.HighsVarType.kInteger) for _ in candidates]
          for _ in members]
@@ -93,8 +110,24 @@ def solve_group(
     def swapped(m: int, layers: range) -> Any:
         return h.qsum(sizes[k] * x[m][k] for k, t in enumerate(candidates) if t[0] in layers)
 
+    slot_layer = {backward_slot[j]: j for j in range(n)}
+
     def window(phase: int) -> Any:
-        return stall[phase // 2] if phase % 2 == 0 else durations[phase // 2]
+        if phase % 2 == 0:
+            return stall[phase // 2]
+        layer = slot_layer.get(phase // 2)
+        if layer in rec:  # a recomputed layer's backward slot runs its forward first
+            return durations[phase // 2] + workload.forward_s[layer] * rec[layer]
+        return durations[phase // 2]
+
+    def freed_through(last: int) -> Any:
+        """Bytes (GB) the recomputed layers <= ``last`` free in the forward."""
+        return h.qsum(freed[i] * rec[i] for i in layers if i <= last)
+
+    for k, t in enumerate(candidates):
+        if t[0] in rec:
+            for m in range(len(members)):
+                h.addConstr(x[m][k] + rec[t[0]] <= 1)
 
     for m in range(len(members)):
         total = swapped(m, range(n))
@@ -118,9 +151,12 @@ def solve_group(
         for i in range(n):
             run_f = 2 * i + 1
             run_b = 2 * backward_slot[i] + 1
-            if needs[i] > 0:
-                h.addConstr(outs_before[run_f] >= needs[i])
-                h.addConstr(outs_before[run_b] - ins_before[run_b] >= needs[i])
+            if raw[i] > 0:
+                h.addConstr(outs_before[run_f] + freed_through(i) >= raw[i])
+            extra = over[i] * rec[i] if i in rec else 0.0
+            if raw[i] + (max(over[i], 0.0) if i in rec else 0.0) > 0:
+                h.addConstr(outs_before[run_b] - ins_before[run_b] + freed_through(i - 1)
+                            - extra >= raw[i])
             later = swapped(m, range(i, n))
             h.addConstr(ins_before[run_b] - later >= 0)
     # Bandwidth per phase: each member's own path, and each link members share.
@@ -141,9 +177,10 @@ def solve_group(
             h.addConstr(h.qsum(inn[m][phase] for m in idx) - capacity * window(phase) <= 0)
     # A tiny price on moved bytes keeps the plan from swapping what it does not need to.
     tiny = 1e-6
-    objective = h.qsum(stall) + tiny * h.qsum(
-        sizes[k] * x[m][k] for m in range(len(members)) for k in range(len(candidates))
-    )
+    objective = h.qsum(stall) + h.qsum(workload.forward_s[i] * rec[i] for i in layers) \
+        + tiny * h.qsum(
+            sizes[k] * x[m][k] for m in range(len(members)) for k in range(len(candidates))
+        )
     if warm is not None:
         chosen = [{(t[0], t[1]) for t in member} for member in warm]
         index = [x[m][k].index for m in range(len(members)) for k in range(len(candidates))]
@@ -152,6 +189,8 @@ def solve_group(
             for m in range(len(members))
             for t in candidates
         ]
+        index += [rec[i].index for i in layers]
+        values += [1.0 if i in warm_recompute else 0.0 for i in layers]
         h.setSolution(len(index), np.array(index, dtype=np.int32), np.array(values))
     h.minimize(objective)
     status = h.modelStatusToString(h.getModelStatus())
@@ -164,14 +203,27 @@ def solve_group(
     for m in range(len(members)):
         row = solved[m * len(candidates):(m + 1) * len(candidates)]
         choice.append([t for t, v in zip(candidates, row) if v > 0.5])
+    recomputed = frozenset(i for i, v in zip(layers, h.vals([rec[i] for i in layers]))
+                           if v > 0.5)
     stall_s = float(sum(h.vals(stall)))
     gap = float(info.mip_gap) if math.isfinite(info.mip_gap) else math.inf
-    return GroupSolution(choice, stall_s, max(0.0, gap), status, len(members) * len(candidates))
+    return GroupSolution(choice, stall_s, max(0.0, gap), status,
+                         len(members) * len(candidates) + len(layers), recomputed,
+                         sum(workload.forward_s[i] for i in recomputed))
 
 
-def _fits(case: Case, tensors: Sequence[Tensor]) -> bool:
+def _points(workload: Any) -> list[int]:
+    # Memory of every layer with nothing swapped or recomputed, above resident state.
+    points, cumulative = [], 0
+    for saved, transient in zip(workload.all_saved_bytes, workload.transient):
+        cumulative += saved
+        points.append(cumulative + transient)
+    return points
+
+
+def _fits(case: Case, tensors: Sequence[Tensor], recompute: frozenset[int]) -> bool:
     latest = [Swap(t[0], t[1], t[2], t[0], t[0] + 1) for t in tensors]
-    return case.workload.fits(latest, case.budget_bytes)
+    return case.workload.recomputing(recompute).fits(latest, case.budget_bytes)
 
 
 def plan_mip(case: Case, *, time_limit_s: float = 60.0) -> MipOutcome:
@@ -192,18 +244,22 @@ def _plan_mip(case: Case, time_limit_s: float) -> MipOutcome:
 
     started = time.perf_counter()
     heuristics = {
-        name: case.score(HEURISTICS[name](case))
-        for name in ("oblivious", "disjoint", "bidirectional")
+        name: case.score(heuristic(case, name))
+        for name in ("oblivious", "disjoint", "bidirectional", "hybrid")
     }
+    for name in ("recompute", "save-on-cpu"):  # baselines that may not fit
+        if fits(case, heuristic(case, name)):
+            heuristics[name] = case.score(heuristic(case, name))
     warm_name = min(heuristics, key=lambda name: heuristics[name].iteration_s)
     warm = heuristics[warm_name]
     groups = channel_groups(case.topology, case.gpus)
     solved: dict[tuple[Any, ...], GroupSolution] = {}
     choice: dict[str, list[Tensor]] = {}
+    recompute: dict[str, frozenset[int]] = {}
     stalls: list[float] = []
     gaps: list[float] = []
     statuses: list[str] = []
-    sizes = {(t[0], t[1]): t for t in all_tensors(case.workload)}
+    sizes = {(t[0], t[1]): t for t in all_tensors(case.workload)}  # nothing recomputed
     deadline = started + time_limit_s
     for group in groups:
         key = _group_key(case, group)
@@ -212,19 +268,27 @@ def _plan_mip(case: Case, time_limit_s: float) -> MipOutcome:
                 [sizes[(s.layer, s.index)] for s in warm.assignment.swaps.get(g, ())]
                 for g in group
             ]
+            # The MIP gives every member of a group one recompute set: start from the
+            # first member's.
+            warm_recompute = warm.assignment.recomputed(group[0])
             remaining = max(1.0, deadline - time.perf_counter())
-            solved[key] = solve_group(case, group, warm_sets, time_limit_s=remaining)
-            stalls.append(solved[key].stall_s)
+            solved[key] = solve_group(case, group, warm_sets, time_limit_s=remaining,
+                                      warm_recompute=warm_recompute)
+            stalls.append(solved[key].stall_s + solved[key].recompute_s)
             gaps.append(solved[key].mip_gap)
             statuses.append(solved[key].status)
         for gpu, tensors in zip(group, solved[key].choice):
             choice[gpu] = tensors
+            recompute[gpu] = solved[key].recompute
     candidates: dict[str, Scored] = {}
-    if all(_fits(case, choice[g]) for g in case.gpus):
-        swaps = {g: with_prefetch(case.workload, choice[g], case.budget_bytes) for g in case.gpus}
-        candidates["mip"] = case.score(Assignment(swaps))
+    if all(_fits(case, choice[g], recompute[g]) for g in case.gpus):
+        swaps = {g: with_prefetch(case.workload.recomputing(recompute[g]), choice[g],
+                                  case.budget_bytes) for g in case.gpus}
+        layers = {g: r for g, r in recompute.items() if r}
+        candidates["mip"] = case.score(Assignment(swaps, recompute=layers))
         if warm.assignment.offsets_s:
-            candidates["mip+offsets"] = case.score(Assignment(swaps, warm.assignment.offsets_s))
+            candidates["mip+offsets"] = case.score(
+                Assignment(swaps, warm.assignment.offsets_s, layers))
     stall_per_micro = max(stalls, default=0.0)
     mip_estimate_s = case.workload.compute_s(case.sync_every) + case.sync_every * stall_per_micro
     notes: dict[str, Any] = {

@@ -16,12 +16,16 @@ from pipeswap.sim.result import SimResult
 from pipeswap.swap.bounds import LowerBound, TurnBound, lower_bound, turn_bound
 from pipeswap.swap.case import Case
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
-from pipeswap.swap.policies import HEURISTICS
-from pipeswap.swap.scoring import Assignment, Scored
+from pipeswap.swap.policies import fits as assignment_fits
+from pipeswap.swap.policies import heuristic
+from pipeswap.swap.scoring import Scored
 from pipeswap.swap.workload import DEFAULT_BUCKET_BYTES, Workload, workload_from_profile
 from pipeswap.units import format_bytes
 
-POLICIES = ("none", "oblivious", "disjoint", "bidirectional", "mip", "auto")
+POLICIES = ("none", "oblivious", "disjoint", "bidirectional", "recompute", "save-on-cpu",
+            "hybrid", "mip", "auto")
+# Baselines that plan without looking at the budget: they may not fit it.
+UNCHECKED = ("none", "recompute", "save-on-cpu")
 DEFAULT_TIME_LIMIT_S = 60.0
 
 
@@ -35,6 +39,8 @@ class GpuSummary:
     swapped_bytes: int
     stall_s: float
     offset_s: float
+    recomputed_layers: int = 0
+    recompute_s: float = 0.0  # per micro-batch
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -44,6 +50,8 @@ class GpuSummary:
             "swapped_bytes": self.swapped_bytes,
             "stall_s": self.stall_s,
             "offset_s": self.offset_s,
+            "recomputed_layers": self.recomputed_layers,
+            "recompute_s": self.recompute_s,
         }
 
 
@@ -53,8 +61,9 @@ class PlanResult:
 
     ``topology`` carries the budget as every GPU's memory: simulating ``graph`` on it
     (``pipeswap simulate --graph G --topology T --gpu-memory BUDGET``) gives
-    ``iteration_s`` again. ``fits`` is False only for ``none`` when the peak exceeds the
-    budget; its graph is then scored without a memory limit.
+    ``iteration_s`` again. ``fits`` is False only for the baselines that ignore the budget
+    (``none``, ``recompute``, ``save-on-cpu``) when their peak exceeds it; their graph is
+    then scored without a memory limit.
     """
 
     policy: str
@@ -251,10 +260,10 @@ def plan_case(
     started = time.perf_counter()
     notes: dict[str, Any] = {}
     mip_gap: float | None = None
-    if policy == "none":
-        return _score_none(case, profile, started)
-    if policy in HEURISTICS:
-        scored = case.score(HEURISTICS[policy](case))
+    if policy in UNCHECKED:
+        return _score_unchecked(case, profile, policy, started)
+    if policy in ("oblivious", "disjoint", "bidirectional", "hybrid"):
+        scored = case.score(heuristic(case, policy))
     elif policy == "mip":
         from pipeswap.swap.mip import plan_mip
 
@@ -271,24 +280,26 @@ def plan_case(
     return summarize(case, profile, policy, scored, solve_s=solve_s, mip_gap=mip_gap, notes=notes)
 
 
-def _score_none(case: Case, profile: Profile, started: float) -> PlanResult:
-    assignment = Assignment({gpu: () for gpu in case.gpus})
-    peak = case.workload.no_swap_peak_bytes()
-    if peak <= case.budget_bytes:
+def _score_unchecked(case: Case, profile: Profile, policy: str, started: float) -> PlanResult:
+    assignment = heuristic(case, policy)
+    if assignment_fits(case, assignment):
         scored = case.score(assignment)
-        return summarize(case, profile, "none", scored, solve_s=time.perf_counter() - started)
+        return summarize(case, profile, policy, scored, solve_s=time.perf_counter() - started)
     # It does not fit: score it without a limit so the table can still show its peak.
     unlimited = Case(
         case.workload, case.topology.with_gpu_memory(0), case.gpus, case.budget_bytes,
         case.sync_every, case.bucket_bytes,
     )
     scored = unlimited.score(assignment)
+    peak = max(stats.peak_bytes for stats in scored.result.gpus.values())
+    what = {"none": "the no-swap peak", "recompute": "the peak with every block recomputed",
+            "save-on-cpu": "the peak with every saved tensor on host"}[policy]
     notes = {
-        "failure": f"does not fit: the no-swap peak {peak} bytes ({format_bytes(peak)}) exceeds "
+        "failure": f"does not fit: {what} {peak} bytes ({format_bytes(peak)}) exceeds "
         f"the budget {case.budget_bytes} bytes ({format_bytes(case.budget_bytes)})"
     }
     return summarize(
-        unlimited, profile, "none", scored, solve_s=time.perf_counter() - started,
+        unlimited, profile, policy, scored, solve_s=time.perf_counter() - started,
         notes=notes, fits=False, budget_bytes=case.budget_bytes,
     )
 
@@ -307,9 +318,15 @@ def summarize(
 ) -> PlanResult:
     """Package a scored assignment as a PlanResult with its SwapPlan."""
     budget = case.budget_bytes if budget_bytes is None else budget_bytes
-    bound = lower_bound(case.workload, case.topology, case.gpus, budget, sync_every=case.sync_every)
-    turn = turn_bound(case.workload, case.topology, case.gpus, budget,
-                      sync_every=case.sync_every, bucket_bytes=case.bucket_bytes)
+    key = ("bounds", budget)
+    if key not in case.memo:  # the bounds depend on the case only: one computation per case
+        case.memo[key] = (
+            lower_bound(case.workload, case.topology, case.gpus, budget,
+                        sync_every=case.sync_every),
+            turn_bound(case.workload, case.topology, case.gpus, budget,
+                       sync_every=case.sync_every, bucket_bytes=case.bucket_bytes),
+        )
+    bound, turn = case.memo[key]
     assignment = scored.assignment
     names = case.workload.names
     gpu_plans = []
@@ -327,11 +344,14 @@ def summarize(
             for s in swaps
         )
         offset = float(assignment.offsets_s.get(gpu, 0.0))
-        gpu_plans.append(GpuPlan(gpu, rank, budget, offset, decisions))
+        recomputed = sorted(assignment.recomputed(gpu))
+        gpu_plans.append(GpuPlan(gpu, rank, budget, offset, decisions,
+                                 tuple(names[i] for i in recomputed)))
         stats = scored.result.gpus[gpu]
         summaries.append(
             GpuSummary(gpu, stats.peak_bytes, budget, assignment.swapped_bytes(gpu),
-                       stats.stall_s, offset)
+                       stats.stall_s, offset, len(recomputed),
+                       sum(case.workload.forward_s[i] for i in recomputed))
         )
     iteration_s = scored.iteration_s
     plan = SwapPlan(

@@ -1,8 +1,8 @@
-"""The heuristic swap policies: none, oblivious, disjoint and bidirectional."""
+"""The heuristic policies: none, oblivious, disjoint, bidirectional, recompute, save-on-cpu, hybrid."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 from pipeswap.errors import PipeswapError
@@ -146,14 +146,23 @@ def disjoint_choice(workload: Workload, members: int, budget_bytes: int) -> list
     return chosen
 
 
-def plan_disjoint(case: Case) -> Assignment:
-    """GPUs that share a channel swap disjoint tensors, taking turns on the channel."""
+def plan_disjoint(case: Case, recompute: Collection[int] = ()) -> Assignment:
+    """GPUs that share a channel swap disjoint tensors, taking turns on the channel.
+
+    ``recompute``: layers every GPU recomputes; the swaps cover what they leave to free.
+    """
+    workload = case.workload.recomputing(recompute)
     swaps: dict[str, tuple[Swap, ...]] = {}
     for group in channel_groups(case.topology, case.gpus):
-        choice = disjoint_choice(case.workload, len(group), case.budget_bytes)
+        choice = disjoint_choice(workload, len(group), case.budget_bytes)
         for gpu, tensors in zip(group, choice):
-            swaps[gpu] = with_prefetch(case.workload, tensors, case.budget_bytes)
-    return Assignment(swaps)
+            swaps[gpu] = with_prefetch(workload, tensors, case.budget_bytes)
+    return Assignment(swaps, recompute=_everywhere(case, recompute))
+
+
+def _everywhere(case: Case, recompute: Collection[int]) -> dict[str, frozenset[int]]:
+    layers = frozenset(recompute)
+    return {gpu: layers for gpu in case.gpus} if layers else {}
 
 
 def bidirectional_offsets(workload: Workload, swap_out_s: float = 0.0) -> list[float]:
@@ -167,13 +176,16 @@ def bidirectional_offsets(workload: Workload, swap_out_s: float = 0.0) -> list[f
     return sorted(c for c in candidates if c > 0)
 
 
-def plan_bidirectional(case: Case) -> Assignment:
+def plan_bidirectional(case: Case, recompute: Collection[int] = ()) -> Assignment:
     """Alternate GPUs of each channel start later by an offset, so one GPU's swap-outs
     run while its neighbour's prefetches run, on the two directions of the link.
 
     Within each phase the GPUs swap disjoint tensors. The offset is paid again at every
-    gradient sync; ``with_best_offset`` chooses it by simulation.
+    gradient sync; ``with_best_offset`` chooses it by simulation. ``recompute``: layers
+    every GPU recomputes.
     """
+    workload = case.workload.recomputing(recompute)
+    layers = _everywhere(case, recompute)
     swaps: dict[str, tuple[Swap, ...]] = {}
     late: list[str] = []
     for group in channel_groups(case.topology, case.gpus):
@@ -182,12 +194,13 @@ def plan_bidirectional(case: Case) -> Assignment:
         for phase in phases:
             if not phase:
                 continue
-            choice = disjoint_choice(case.workload, len(phase), case.budget_bytes)
+            choice = disjoint_choice(workload, len(phase), case.budget_bytes)
             for gpu, tensors in zip(phase, choice):
-                swaps[gpu] = with_prefetch(case.workload, tensors, case.budget_bytes)
+                swaps[gpu] = with_prefetch(workload, tensors, case.budget_bytes)
     if not late or not any(swaps.values()):
-        return Assignment(swaps)  # nothing shares a channel, or nothing moves: no offset
-    return with_best_offset(case, swaps, late)
+        # Nothing shares a channel, or nothing moves: no offset.
+        return Assignment(swaps, recompute=layers)
+    return with_best_offset(case, swaps, late, recompute=layers)
 
 
 def late_members(case: Case) -> list[str]:
@@ -196,7 +209,8 @@ def late_members(case: Case) -> list[str]:
 
 
 def with_best_offset(case: Case, swaps: Mapping[str, tuple[Swap, ...]],
-                     late: Sequence[str]) -> Assignment:
+                     late: Sequence[str],
+                     recompute: Mapping[str, frozenset[int]] | None = None) -> Assignment:
     """``swaps`` with the start offset of the ``late`` GPUs that simulates fastest.
 
     Candidate offsets are ranked by simulating at most two micro-batches of one channel
@@ -206,12 +220,15 @@ def with_best_offset(case: Case, swaps: Mapping[str, tuple[Swap, ...]],
     # Two micro-batches show what an offset costs and what it buys in the steady state;
     # more only repeat the second, so candidates are ranked on at most two.
     ranking = replace(case.reduced(), sync_every=min(case.sync_every, 2))
+    recompute = dict(recompute or {})
 
     def trial_s(offset: float) -> float:
-        trial = Assignment(swaps, {gpu: offset for gpu in late if gpu in ranking.gpus})
+        trial = Assignment(swaps, {gpu: offset for gpu in late if gpu in ranking.gpus},
+                           recompute)
         return ranking.score(trial).iteration_s
 
-    deficit = max(0, case.workload.no_swap_peak_bytes() - case.budget_bytes)
+    view = case.workload.recomputing(recompute.get(late[0], ()))
+    deficit = max(0, view.no_swap_peak_bytes() - case.budget_bytes)
     swap_out_s = deficit / path_bytes_per_s(case.topology, late[0])
     tried = {o: trial_s(o) for o in bidirectional_offsets(case.workload, swap_out_s)}
     # Then narrow in around the best: halve the step twice on each side.
@@ -223,7 +240,51 @@ def with_best_offset(case: Case, swaps: Mapping[str, tuple[Swap, ...]],
                 tried[round(offset, 9)] = trial_s(round(offset, 9))
         step /= 2
     best = min(tried, key=lambda o: (tried[o], o))
-    return Assignment(swaps, {gpu: best for gpu in late})
+    return Assignment(swaps, {gpu: best for gpu in late}, recompute)
+
+
+def plan_recompute(case: Case) -> Assignment:
+    """Activation checkpointing of every block, nothing swapped (the baseline users write
+    with ``torch.utils.checkpoint``): each GPU keeps only every layer's input. It may not
+    fit the budget (the planner then says so)."""
+    return Assignment({gpu: () for gpu in case.gpus},
+                      recompute=_everywhere(case, range(case.workload.num_layers)))
+
+
+def plan_save_on_cpu(case: Case) -> Assignment:
+    """``torch.autograd.graph.save_on_cpu``: every saved tensor goes to host right after
+    its layer's forward and comes back when its backward needs it (the prefetch is issued
+    after the next layer's backward, so the backward waits for the whole copy); no GPU
+    coordinates with another, no offsets. Copies are asynchronous here, which favours the
+    baseline: torch's pack hook copies on the compute stream."""
+    swaps = tuple(Swap(layer, index, nbytes, layer, layer + 1)
+                  for layer, index, nbytes in all_tensors(case.workload))
+    return Assignment({gpu: swaps for gpu in case.gpus})
+
+
+def fits(case: Case, assignment: Assignment) -> bool:
+    """Whether every GPU of ``assignment`` stays within the budget (``Workload.fits``)."""
+    return all(
+        case.workload.recomputing(assignment.recomputed(gpu)).fits(
+            assignment.swaps.get(gpu, ()), case.budget_bytes)
+        for gpu in case.gpus
+    )
+
+
+def heuristic(case: Case, name: str) -> Assignment:
+    """The assignment of heuristic ``name`` on ``case``, made once per case."""
+    key = ("heuristic", name)
+    if key not in case.memo:
+        case.memo[key] = HEURISTICS[name](case)
+    assignment: Assignment = case.memo[key]
+    return assignment
+
+
+def plan_hybrid(case: Case) -> Assignment:
+    """Swap or recompute, whichever frees memory more cheaply (see ``pipeswap.swap.hybrid``)."""
+    from pipeswap.swap.hybrid import plan_hybrid as hybrid
+
+    return hybrid(case)
 
 
 HEURISTICS: dict[str, Callable[[Case], Assignment]] = {
@@ -231,4 +292,9 @@ HEURISTICS: dict[str, Callable[[Case], Assignment]] = {
     "oblivious": plan_oblivious,
     "disjoint": plan_disjoint,
     "bidirectional": plan_bidirectional,
+    "recompute": plan_recompute,
+    "save-on-cpu": plan_save_on_cpu,
+    "hybrid": plan_hybrid,
 }
+# The policies that only swap (what hybrid must beat or match).
+SWAP_ONLY = ("oblivious", "disjoint", "bidirectional")

@@ -1,4 +1,4 @@
-"""Score an assignment of swaps by simulating the exact task graph it produces."""
+"""Score an assignment of swaps and recomputation by simulating the exact task graph it produces."""
 
 from __future__ import annotations
 
@@ -14,13 +14,18 @@ from pipeswap.swap.workload import Swap, Workload, build_iteration_graph
 
 @dataclass(frozen=True)
 class Assignment:
-    """What a policy decides: per GPU its swaps and its start offset (seconds)."""
+    """What a policy decides: per GPU its swaps, its start offset (seconds) and the layers
+    it recomputes (none by default)."""
 
     swaps: Mapping[str, tuple[Swap, ...]]
     offsets_s: Mapping[str, float] = field(default_factory=dict)
+    recompute: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
     def swapped_bytes(self, gpu: str) -> int:
         return sum(s.bytes for s in self.swaps.get(gpu, ()))
+
+    def recomputed(self, gpu: str) -> frozenset[int]:
+        return frozenset(self.recompute.get(gpu, ()))
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ def score(
         gpus,
         assignment.swaps,
         offsets_s=assignment.offsets_s,
+        recompute=assignment.recompute,
         sync_every=sync_every,
         bucket_bytes=bucket_bytes,
     )

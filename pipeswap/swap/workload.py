@@ -1,9 +1,9 @@
-"""Data-parallel training iterations as a task graph: compute, swaps, all-reduce, step."""
+"""Data-parallel training iterations as a task graph: compute, swaps, recompute, all-reduce, step."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import NamedTuple
 
@@ -31,7 +31,34 @@ class Swap:
 
 @dataclass(frozen=True)
 class Workload:
-    """The per-layer numbers of one micro-batch that planning needs, from a Profile."""
+    """The per-layer numbers of one micro-batch that planning needs, from a Profile.
+
+    **Recomputation** (``recompute``: layer indices; :meth:`recomputing` gives the view of
+    one GPU's plan). A recomputed layer is one block under non-reentrant
+    ``torch.utils.checkpoint``; the memory model is:
+
+    * forward: the layer allocates its working set (``transient``) as any layer, but keeps
+      only its *input* (``input_bytes[i]``: the previous layer's output, or for layer 0
+      the batch when layer 0 saves it, else nothing: the batch is then outside the
+      accounting) instead of its saved tensors. That input is counted once, here: the
+      profiler files a storage that two layers save under the later one (the input of a
+      block saved by the previous block's last ReLU belongs to this block), so it is not
+      in the previous layer's saved bytes; when the previous layer is recomputed too, it
+      keeps its own input, not this one. (A previous layer that saves its output while
+      this layer does not save its input holds the same storage: counted twice, the safe
+      side; the profile does not say which storage is which.)
+    * backward: right before the layer's backward, a compute task of ``forward_s[i]``
+      runs the forward again; it allocates the saved tensors the re-run creates
+      (``recompute_bytes[i]`` = its saved bytes minus the saved tensor that is its input,
+      ``input_saved[i]``, which the re-run saves again without a copy) plus its working
+      set, and frees the working set when it ends; the backward then frees them with the
+      kept input. The kept input of layer i is freed by backward i, before layer i-1's
+      re-run starts, so consecutive recomputed layers never hold one tensor twice.
+
+    ``saved_bytes`` are the bytes each layer holds from its forward to its backward (the
+    kept input for a recomputed layer); ``all_saved_bytes`` ignore recomputation. A
+    recomputed layer has no tensor to swap (``swappable``).
+    """
 
     model: str
     names: tuple[str, ...]
@@ -42,50 +69,113 @@ class Workload:
     param_bytes: tuple[int, ...]
     resident_bytes: int  # parameters, gradients, optimizer state
     optimizer_step_s: float
+    # Per layer: what a checkpoint of the layer keeps (its input) and how much of its
+    # saved bytes is that input; empty means zeros (no layer can then keep anything).
+    input_bytes: tuple[int, ...] = ()
+    input_saved: tuple[int, ...] = ()
+    recompute: frozenset[int] = frozenset()
 
     @property
     def num_layers(self) -> int:
         return len(self.names)
 
     @cached_property
+    def all_saved_bytes(self) -> tuple[int, ...]:
+        return tuple(sum(b for _, b in layer) for layer in self.saved)
+
+    @cached_property
+    def kept_bytes(self) -> tuple[int, ...]:
+        """Per layer: what it holds through the micro-batch if it is recomputed."""
+        return self.input_bytes or (0,) * self.num_layers
+
+    @cached_property
+    def freed_bytes(self) -> tuple[int, ...]:
+        """Per layer: forward memory that recomputing it frees (negative: it costs memory)."""
+        return tuple(s - k for s, k in zip(self.all_saved_bytes, self.kept_bytes))
+
+    @cached_property
     def saved_bytes(self) -> tuple[int, ...]:
         # Cached: graph building asks for it per task (frozen dataclasses allow this).
-        return tuple(sum(b for _, b in layer) for layer in self.saved)
+        if not self.recompute:
+            return self.all_saved_bytes
+        return tuple(
+            self.kept_bytes[i] if i in self.recompute else b
+            for i, b in enumerate(self.all_saved_bytes)
+        )
+
+    @cached_property
+    def recompute_bytes(self) -> tuple[int, ...]:
+        """Per layer: what its re-run allocates right before its backward (0 if kept)."""
+        inputs = self.input_saved or (0,) * self.num_layers
+        return tuple(
+            self.all_saved_bytes[i] - inputs[i] if i in self.recompute else 0
+            for i in range(self.num_layers)
+        )
+
+    @cached_property
+    def swappable(self) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Per layer, the saved tensors a plan may swap: none of a recomputed layer."""
+        return tuple(() if i in self.recompute else layer for i, layer in enumerate(self.saved))
+
+    @cached_property
+    def _views(self) -> dict[frozenset[int], Workload]:
+        # Shared by a workload and all its views, so each recompute set is built once.
+        return {self.recompute: self}
+
+    def recomputing(self, layers: Collection[int]) -> Workload:
+        """This workload with ``layers`` recomputed (and nothing else); views are cached."""
+        key = frozenset(layers)
+        if key == self.recompute:
+            return self
+        views = self._views
+        if key not in views:
+            view = replace(self, recompute=key)
+            view.__dict__["_views"] = views
+            views[key] = view
+        return views[key]
+
+    @property
+    def recompute_s(self) -> float:
+        """Compute added per micro-batch by the recomputed layers' second forward."""
+        return sum(self.forward_s[i] for i in self.recompute)
 
     @property
     def microbatch_s(self) -> float:
-        return sum(self.forward_s) + sum(self.backward_s)
+        return sum(self.forward_s) + sum(self.backward_s) + self.recompute_s
 
     def compute_s(self, sync_every: int) -> float:
         """Compute time of one iteration on one GPU: K micro-batches and the optimizer step."""
         return sync_every * self.microbatch_s + self.optimizer_step_s
 
-    def no_swap_peak_bytes(self) -> int:
-        """Peak memory with nothing swapped: the largest forward (= backward) point."""
+    def _points(self) -> list[int]:
+        # Memory at each layer with nothing swapped: the larger of its forward and its
+        # backward (which holds the re-run's saved tensors too), above resident state.
+        points: list[int] = []
         cumulative = 0
-        peak = 0
-        for saved, transient in zip(self.saved_bytes, self.transient):
+        for saved, transient, again in zip(self.saved_bytes, self.transient,
+                                           self.recompute_bytes):
             cumulative += saved
-            peak = max(peak, cumulative + transient)
-        return self.resident_bytes + peak
+            points.append(cumulative + transient + again)
+        return points
+
+    def no_swap_peak_bytes(self) -> int:
+        """Peak memory with nothing swapped: the largest forward or backward point."""
+        return self.resident_bytes + max(self._points(), default=0)
 
     def min_budget_bytes(self) -> int:
         """What can never be swapped: resident state and the largest layer's working set."""
-        working = max(s + t for s, t in zip(self.saved_bytes, self.transient))
+        working = max(s + t + r for s, t, r in zip(self.saved_bytes, self.transient,
+                                                    self.recompute_bytes))
         return self.resident_bytes + working
 
     def needs(self, budget_bytes: int) -> list[int]:
         """``needs[i]``: bytes of layers before i that must be off the GPU while layer i runs.
 
-        A plan fits (with prefetches issued as late as possible) iff, for every i, its
-        swapped bytes of layers < i, swapped out before forward i, are at least needs[i].
+        A plan fits (with prefetches issued as late as possible) if, for every i, its
+        swapped bytes of layers < i, swapped out before forward i, are at least needs[i]
+        (iff when nothing is recomputed: forward and backward points are then equal).
         """
-        out: list[int] = []
-        cumulative = 0
-        for saved, transient in zip(self.saved_bytes, self.transient):
-            cumulative += saved
-            out.append(max(0, self.resident_bytes + cumulative + transient - budget_bytes))
-        return out
+        return [max(0, self.resident_bytes + point - budget_bytes) for point in self._points()]
 
     def memory_points(self, swaps: Sequence[Swap]) -> tuple[list[int], list[int]]:
         """Worst-case memory while each forward and each backward runs, per layer.
@@ -93,6 +183,7 @@ class Workload:
         Counts a swapped tensor as gone once its swap-out was issued before the forward
         (the simulator makes the forward wait for the copy to finish) and as back once
         its prefetch was issued before the backward (the copy may have taken its memory).
+        The backward point of a recomputed layer includes its re-run's saved tensors.
         A plan whose points are all within the budget can never deadlock in simulation.
         """
         n = self.num_layers
@@ -111,7 +202,8 @@ class Workload:
             gone += gone_before[i]
             host += on_host[i]
             forward.append(self.resident_bytes + cumulative - gone + self.transient[i])
-            backward.append(self.resident_bytes + cumulative - host + self.transient[i])
+            backward.append(self.resident_bytes + cumulative - host + self.transient[i]
+                            + self.recompute_bytes[i])
         return forward, backward
 
     def fits(self, swaps: Sequence[Swap], budget_bytes: int) -> bool:
@@ -133,6 +225,7 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
         )
     if optimizer_step_s is None:
         optimizer_step_s = _optimizer_step_s(profile)
+    inputs, input_saved = _inputs(profile)
     return Workload(
         model=profile.model,
         names=tuple(profile.layer_names),
@@ -143,7 +236,36 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
         param_bytes=tuple(layer.param_bytes for layer in profile.layers),
         resident_bytes=profile.resident_bytes,
         optimizer_step_s=optimizer_step_s,
+        input_bytes=inputs,
+        input_saved=input_saved,
     )
+
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def _inputs(profile: Profile) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per layer: the bytes a checkpoint of it keeps (its input) and the bytes of its saved
+    tensor that is that input (0 if it saves no tensor of that size).
+
+    Layer i > 0 keeps the previous layer's output. Layer 0 keeps the batch, which the
+    accounting counts only where layer 0 saves it: the batch is images (3 channels in the
+    profile's dtype) or token ids (int64), recognised among layer 0's saved tensors by size.
+    """
+    layers = profile.layers
+    itemsize = _DTYPE_BYTES.get(profile.dtype, 4)
+    batch_sizes = set()
+    if profile.image_size:
+        batch_sizes.add(profile.batch * 3 * profile.image_size**2 * itemsize)
+    if profile.seq_len:
+        batch_sizes.add(profile.batch * profile.seq_len * 8)
+    first = next((t.bytes for t in layers[0].saved if t.bytes in batch_sizes), 0)
+    kept = [first] + [layer.output_bytes for layer in layers[:-1]]
+    saved_input = [
+        next((t.bytes for t in layer.saved if t.bytes == kept[i] and kept[i] > 0), 0)
+        for i, layer in enumerate(layers)
+    ]
+    return tuple(kept), tuple(saved_input)
 
 
 def _optimizer_step_s(profile: Profile) -> float:
@@ -198,6 +320,7 @@ def build_iteration_graph(
     swaps: Mapping[str, Sequence[Swap]] | None = None,
     *,
     offsets_s: Mapping[str, float] | None = None,
+    recompute: Mapping[str, Collection[int]] | None = None,
     sync_every: int = 1,
     bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
     steps: int = 1,
@@ -206,7 +329,10 @@ def build_iteration_graph(
 
     Each GPU holds the whole model and runs forward and backward of every micro-batch
     layer by layer, with the ``swaps`` of its plan (none by default); a GPU with an offset
-    in ``offsets_s`` idles that long at the start of every iteration. Gradients are summed
+    in ``offsets_s`` idles that long at the start of every iteration, and a GPU recomputes
+    the layers ``recompute`` names for it (the memory model of :class:`Workload`: a
+    task ``.../r{layer}`` runs the layer's forward again right before its backward).
+    Gradients are summed
     by ring all-reduces over ``gpus`` (in that ring order), one per
     :func:`gradient_buckets` bucket, each started on the GPUs' comm streams once every GPU
     has run the backward that completes it, so communication overlaps the rest of the
@@ -215,6 +341,7 @@ def build_iteration_graph(
     forward waits for the step.
 
     Task ids are ``{gpu}/m{micro}/f{layer}`` (forward), ``.../b{layer}`` (backward),
+    ``.../r{layer}`` (a recomputed layer's second forward),
     ``.../out{layer}.{index}`` and ``.../in{layer}.{index}`` (one copy per saved tensor,
     as the executor copies them), ``{gpu}/offset``, ``{gpu}/resident`` (zero time; holds
     parameters, gradients and optimizer state), ``{gpu}/step`` and ``allreduce{k}``.
@@ -227,6 +354,7 @@ def build_iteration_graph(
         raise PipeswapError(f"steps must be at least 1, not {steps}")
     swaps = swaps or {}
     offsets_s = offsets_s or {}
+    recompute = recompute or {}
     buckets = gradient_buckets(workload, bucket_bytes) if len(gpus) > 1 else []
     builder = GraphBuilder()
     previous: dict[str, str] = {}
@@ -245,9 +373,10 @@ def build_iteration_graph(
                 previous[gpu] = builder.compute(
                     gpu, offset, deps=[previous[gpu]], id=f"{gpu}/{tag}offset"
                 )
+            view = workload.recomputing(recompute.get(gpu, ()))
             for micro in range(sync_every):
                 previous[gpu], last_backward[gpu] = _microbatch(
-                    builder, workload, f"{gpu}/{tag}m{micro}", gpu, plan, previous[gpu]
+                    builder, view, f"{gpu}/{tag}m{micro}", gpu, plan, previous[gpu]
                 )
         reduce_ids = []
         for k, bucket in enumerate(buckets):
@@ -313,12 +442,24 @@ def _microbatch(
             )
             in_ids.setdefault(s.layer, []).append(task_id)
         transient = workload.transient[j]
+        again = workload.recompute_bytes[j]
+        if j in workload.recompute:
+            # The layer's forward again (checkpoint's re-run): its saved tensors stay for
+            # the backward, its working set goes when it ends.
+            previous = builder.compute(
+                gpu,
+                workload.forward_s[j],
+                deps=[previous],
+                alloc_bytes=again + transient,
+                free_bytes=transient,
+                id=f"{prefix}/r{j}",
+            )
         previous = builder.compute(
             gpu,
             workload.backward_s[j],
             deps=[previous, *in_ids.get(j, [])],
             alloc_bytes=transient,
-            free_bytes=transient + workload.saved_bytes[j],
+            free_bytes=transient + workload.saved_bytes[j] + again,
             id=f"{prefix}/b{j}",
         )
         backward_ids[j] = previous

@@ -210,11 +210,15 @@ def report(
         "losses_per_rank": [list(r.losses) for r in ordered],
         "step_s": [list(r.step_s) for r in ordered],
         "params_sha256_per_rank": [r.params_sha256 for r in ordered],
+        "buffers_sha256": ordered[0].buffers_sha256,
         "peak_resident_bytes": [r.peak_resident_bytes for r in ordered],
         "peak_saved_bytes": [r.peak_saved_bytes for r in ordered],
         "budget_bytes": ordered[0].budget_bytes,
         "saved_budget_bytes": [r.saved_budget_bytes for r in ordered],
         "swapped_bytes": [r.swapped_bytes for r in ordered],
+        "recompute": [list(g.recompute) for g in plan.gpus],
+        "recomputed_layers": [r.recomputed_layers for r in ordered],
+        "recomputed_bytes": [r.recomputed_bytes for r in ordered],
         "late_fetches": [r.late_fetches for r in ordered],
         "offset_s": [r.offset_s for r in ordered],
         "predicted_step_s": payload["predicted_step_s"],
@@ -232,7 +236,15 @@ def report(
             "device (executor accounting); CUDA: torch.cuda.max_memory_allocated",
             "saved_budget_bytes": "budget_bytes minus parameters, gradients and optimizer "
             "state (the profile's resident bytes): what saved tensors may use",
+            "buffers_sha256": "rank 0's buffers (BatchNorm statistics), digested as "
+            "params_sha256 digests parameters",
             "swapped_bytes": "per rank, bytes sent to host memory in one iteration",
+            "recompute": "per rank, the layers the plan recomputes (forward run again right "
+            "before their backward)",
+            "recomputed_layers": "per rank, layer forwards run again in one iteration (one "
+            "per recomputed layer and micro-batch)",
+            "recomputed_bytes": "per rank, bytes of saved tensors those re-runs made in one "
+            "iteration (held from the re-run to the end of the layer's backward)",
             "measured_step_s": "median over steps after the first of the slowest rank's step",
             "predicted_step_s": "the simulator's iteration time for the plan",
         },

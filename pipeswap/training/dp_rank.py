@@ -36,7 +36,7 @@ from pipeswap.checkpoint import (
     set_rng_state,
     write_manifest,
 )
-from pipeswap.dist.digest import params_sha256
+from pipeswap.dist.digest import combine_digests, params_sha256, tensor_sha256
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import agree, all_gather, rank_device
 from pipeswap.errors import PipeswapError
@@ -149,6 +149,11 @@ class RankResult:
     swapped_bytes: int  # per iteration
     late_fetches: int  # over the whole run
     offset_s: float
+    recomputed_layers: int = 0  # layers run forward again in the backward, per iteration
+    recomputed_bytes: int = 0  # bytes those re-runs saved, per iteration
+    # Buffers (BatchNorm statistics), digested as params_sha256 digests parameters: a
+    # recomputed layer's re-run must not update them a second time.
+    buffers_sha256: str = ""
 
 
 def _to(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
@@ -224,7 +229,7 @@ def train_rank(
     losses: list[float] = []
     step_s: list[float] = []
     late = 0
-    swapped = 0
+    swapped = recomputed_layers = recomputed_bytes = 0
     first = 0
     if resume is not None:
         state = load_rank(resume[0], resume[1], rank)
@@ -243,13 +248,15 @@ def train_rank(
                 torch.cuda.synchronize(device)
             time.sleep(offset)
         micro_losses = []
-        swapped = 0
+        swapped = recomputed_layers = recomputed_bytes = 0
         for m in range(micro):
             inputs, targets = batch(step, m)
             last = m == micro - 1
             sync = nullcontext() if world_size == 1 or last else network.no_sync()  # type: ignore[operator]
             # Dropout draws from a stream of (seed, step, micro-batch, rank): a run repeats
-            # bit for bit, and swapping or recomputing cannot change a mask.
+            # bit for bit, and swapping or recomputing cannot change a mask (a recomputed
+            # layer's re-run, inside the backward below, restarts from the generator
+            # states its forward started from).
             with sync, rng_stream(getattr(job, "seed", 0), TRAIN, step, m, rank, device):
                 with executor.forward():
                     loss = job.loss(model, network(inputs), targets)
@@ -257,6 +264,8 @@ def train_rank(
                 stats = executor.finish_step()
             late += stats.late_fetches
             swapped += stats.swapped_bytes
+            recomputed_layers += stats.recomputed_layers
+            recomputed_bytes += stats.recomputed_bytes
             micro_losses.append(loss.item())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -303,6 +312,11 @@ def train_rank(
         swapped_bytes=swapped,
         late_fetches=late,
         offset_s=offset,
+        recomputed_layers=recomputed_layers,
+        recomputed_bytes=recomputed_bytes,
+        buffers_sha256=combine_digests(
+            {name: tensor_sha256(name, b) for name, b in model.named_buffers()}
+        ),
     )
 
 

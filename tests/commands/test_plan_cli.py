@@ -57,9 +57,33 @@ def test_compare_prints_one_row_per_policy(profile_path, capsys) -> None:
                  "--footprint-ratio", "2", "--compare", "--time-limit", "2"])
     assert code == 0
     out = capsys.readouterr().out
-    for policy in ("none (no fit)", "oblivious", "disjoint", "bidirectional", "mip", "auto"):
+    for policy in ("none (no fit)", "oblivious", "disjoint", "bidirectional", "recompute",
+                   "save-on-cpu", "hybrid", "mip", "auto"):
         assert policy in out
+    assert "recomputed" in out.splitlines()[0]
     assert "best: " in out
+
+
+def test_hybrid_plan_round_trips_and_its_graph_reproduces(profile_path, tmp_path,
+                                                          capsys) -> None:
+    from pipeswap.swap.plan import SwapPlan
+
+    plan, graph = tmp_path / "plan.json", tmp_path / "graph.json"
+    code = main(["plan", "--profile", profile_path, "--topology", "switch-4", "--gpus", "2",
+                 "--footprint-ratio", "2", "--policy", "hybrid", "--json", "--out", str(plan),
+                 "--graph-out", str(graph)])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    loaded = SwapPlan.load(plan)
+    assert loaded.policy == "hybrid"
+    assert SwapPlan.from_json(loaded.to_json()) == loaded
+    recomputed = [g["recomputed_layers"] for g in result["gpus"]]
+    assert recomputed == [len(g.recompute) for g in loaded.gpus]
+    code = main(["simulate", "--graph", str(graph), "--topology", "switch-4", "--gpu-memory",
+                 str(result["budget_bytes"]), "--json"])
+    assert code == 0
+    simulated = json.loads(capsys.readouterr().out)
+    assert simulated["makespan_s"] == pytest.approx(result["iteration_s"], rel=1e-12)
 
 
 def test_budget_too_small_exits_2_with_the_smallest_budget(profile_path, capsys) -> None:

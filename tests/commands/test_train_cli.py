@@ -16,6 +16,7 @@ import torch
 
 from pipeswap.cli import build_parser, main
 from pipeswap.errors import PipeswapError
+from pipeswap.profiling import measure
 from pipeswap.training import data_parallel
 from pipeswap.training.config import PipelineOptions, SwapOptions, TrainConfig
 from pipeswap.training.data_parallel import default_topology
@@ -225,3 +226,41 @@ def test_a_cuda_rank_binds_its_gpu_before_the_first_collective(
         data_parallel.run_rank(0, 1, cuda, local_rank=1)
     gpu = torch.device("cuda", 1)
     assert log == [("bind", gpu), ("plan", gpu)]
+
+
+def test_recompute_save_on_cpu_and_hybrid_policies_train_like_no_swapping(tmp_path: Path) -> None:
+    # Links slow enough that moving a byte costs more than recomputing it: hybrid recomputes.
+    topology = tmp_path / "slow.json"
+    topology.write_text(json.dumps({
+        "format": "pipeswap.topology/1", "name": "slow-links",
+        "nodes": [{"id": "cpu0", "kind": "cpu"}, {"id": "sw0", "kind": "switch"},
+                  {"id": "gpu0", "kind": "gpu", "copy_engines": 2, "memory_bytes": 2**35}],
+        "links": [{"a": "gpu0", "b": "sw0", "gb_per_s": 0.05},
+                  {"a": "sw0", "b": "cpu0", "gb_per_s": 0.05}],
+    }))  # fmt: skip
+    # ResNet: BatchNorm statistics must not be updated twice by a recomputed block. One
+    # profile for every run (measuring is most of a run's time here).
+    profile = tmp_path / "profile.json"
+    measure("resnet-micro", 4, image_size=32, warmup=0, repeats=1).save(profile)
+    common = ("--model", "resnet-micro", "--batch", "4", "--image-size", "32", "--steps", "2",
+              "--topology", str(topology), "--profile", str(profile))  # fmt: skip
+    plain = _run(tmp_path, "none", *common, "--swap-policy", "none", "--footprint-ratio", "1")
+    for policy, ratio in (("recompute", "1"), ("save-on-cpu", "1"), ("hybrid", "1.5")):
+        report = _run(tmp_path, policy, *common, "--swap-policy", policy, "--footprint-ratio", ratio)
+        assert report["policy"] == policy
+        assert report["losses"] == plain["losses"], policy
+        assert report["params_sha256"] == plain["params_sha256"], policy
+        assert report["buffers_sha256"] == plain["buffers_sha256"], policy
+        gpu = report["plan"]["gpus"][0]
+        assert report["recompute"] == [gpu["recompute"]]
+        assert report["recomputed_layers"] == [len(gpu["recompute"])]
+        assert (report["recomputed_bytes"][0] > 0) == bool(gpu["recompute"])
+        assert report["swapped_bytes"] == [gpu["swapped_bytes"]]
+        assert report["peak_resident_bytes"][0] <= report["saved_budget_bytes"][0]
+        assert report["peak_resident_bytes"][0] < plain["peak_resident_bytes"][0], policy
+        if policy == "recompute":
+            assert gpu["recompute"] and not gpu["swaps"]
+        elif policy == "save-on-cpu":
+            assert gpu["swaps"] and not gpu["recompute"]
+        else:
+            assert gpu["recompute"] or gpu["swaps"]

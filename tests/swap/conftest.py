@@ -19,15 +19,17 @@ def toy_profile(
     backward_s: float = 2.0,
     param_bytes: int = GB // 100,
     workspace_bytes: int = 0,
+    output_gb: float = 0.0,
 ) -> Profile:
-    """One layer per entry of ``sizes_gb``, each saving tensors of those sizes (GB)."""
+    """One layer per entry of ``sizes_gb``, each saving tensors of those sizes (GB); every
+    layer's output is ``output_gb`` (what a recomputed next layer keeps)."""
     layers = tuple(
         LayerProfile(
             name=f"l{i}",
             forward_s=forward_s,
             backward_s=backward_s,
             param_bytes=param_bytes,
-            output_bytes=0,
+            output_bytes=int(output_gb * GB),
             saved=tuple(SavedTensor(k, int(size * GB)) for k, size in enumerate(sizes)),
             workspace_bytes=workspace_bytes,
         )

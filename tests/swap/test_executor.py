@@ -1,4 +1,5 @@
-"""SwapExecutor on CPU: bitwise-transparent training, the budget kept, errors that name the fix.
+"""SwapExecutor on CPU: bitwise-transparent training (swapped or recomputed), the budget kept,
+errors that name the fix.
 
 Covers: pipeswap/swap/executor.py, pipeswap/swap/capture.py.
 """
@@ -7,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
-from user_models import USER_LAYERS, UserNet
+from user_models import DROPOUT_LAYERS, USER_LAYERS, DropoutNet, UserNet
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
@@ -37,9 +39,16 @@ def _setup(name: str) -> tuple[nn.Module, list[str] | None, Callable[[int], Any]
         data = [(torch.randn(8, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen))
                 for _ in range(STEPS)]  # fmt: skip
         return model, USER_LAYERS, lambda step: data[step]
-    if name == "resnet18":
-        zoo = build_model("resnet18", image_size=32)
-        batches = [zoo.example_batch(2, image_size=32, seed=s) for s in range(STEPS)]
+    if name == "dropout":
+        model = DropoutNet()
+        gen = torch.Generator().manual_seed(1)
+        data = [(torch.randn(8, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen))
+                for _ in range(STEPS)]  # fmt: skip
+        return model, DROPOUT_LAYERS, lambda step: data[step]
+    if name.startswith("resnet"):
+        zoo = build_model(name, image_size=32)
+        batch = 2 if name == "resnet18" else 4
+        batches = [zoo.example_batch(batch, image_size=32, seed=s) for s in range(STEPS)]
     else:
         zoo = build_model(name)
         batches = [zoo.example_batch(4, seq_len=32, seed=s) for s in range(STEPS)]
@@ -54,10 +63,11 @@ def _loss_fn(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.T
 
 
 def _sha256(model: nn.Module) -> str:
+    """Parameters and buffers (BatchNorm statistics), bit for bit."""
     digest = hashlib.sha256()
-    for name, param in sorted(model.named_parameters()):
+    for name, tensor in sorted([*model.named_parameters(), *model.named_buffers()]):
         digest.update(name.encode())
-        digest.update(param.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -162,6 +172,133 @@ def test_hand_made_plans_train_bit_for_bit_like_plain_pytorch(name: str) -> None
         executor.close()
 
 
+# ---- recomputation ----------------------------------------------------------------------
+def _recompute_plan(
+    model: nn.Module, layers: list[str], records: dict[str, Any], kind: str, budget: int = HUGE
+) -> SwapPlan:
+    """``recompute``: every layer; ``mixed``: every other layer, the rest swapped just in
+    time; ``save-on-cpu``: every saved tensor swapped, nothing recomputed; ``none``."""
+    recompute = {"recompute": layers, "mixed": layers[::2]}.get(kind, [])
+    decisions = [
+        SwapDecision(layer, r.index, r.bytes, layer, layers[i + 1] if i + 1 < len(layers) else None)
+        for i, layer in enumerate(layers) if layer not in recompute and kind != "none"
+        for r in records[layer]
+    ]  # fmt: skip
+    name = getattr(model, "name", "user")
+    gpu = GpuPlan("gpu0", 0, budget, 0.0, tuple(decisions), tuple(recompute))
+    return SwapPlan(kind, name, tuple(layers), (gpu,))
+
+
+@pytest.mark.parametrize("name", ["gpt2-micro", "resnet-micro", "user", "dropout"])
+def test_recompute_plans_train_bit_for_bit_like_plain_pytorch(name: str) -> None:
+    expected = _reference(name)
+    expected_rng = torch.get_rng_state()
+    all_bytes = None
+    for kind in ("recompute", "mixed", "save-on-cpu"):
+        model, layers, batches = _setup(name)
+        names = layers or list(model.layer_names)  # type: ignore[attr-defined]
+        records = _records(model, layers, batches(0))
+        all_bytes = sum(r.bytes for layer in names for r in records[layer])
+        plan = _recompute_plan(model, names, records, kind)
+        executor = SwapExecutor(model, plan, layers=layers)
+        losses, sha, stats = _train(model, batches, executor)
+        # Weights, BatchNorm statistics, losses and the generator after training: dropout
+        # drew the same masks, and the re-runs left the generator where it was.
+        assert (losses, sha) == expected, kind
+        assert torch.equal(torch.get_rng_state(), expected_rng), kind
+        gpu = plan.gpus[0]
+        rerun = sum(executor.rerun_bytes.values())
+        for s in stats:
+            assert s.recomputed_layers == len(gpu.recompute), kind
+            assert s.recomputed_bytes == rerun, kind
+            assert s.swapped_bytes == s.prefetched_bytes == gpu.swapped_bytes, kind
+            assert s.late_fetches == 0, kind
+        assert set(executor.rerun_bytes) == set(executor.kept_bytes) == set(gpu.recompute)
+        if kind == "recompute" and name != "user":  # UserNet's layers save their input only
+            assert rerun > 0 and max(s.peak_saved_bytes for s in stats) < all_bytes
+        executor.close()
+        assert not any("forward" in vars(model.get_submodule(n)) for n in names)
+
+
+def test_recomputed_dropout_is_active_and_evaluation_runs_plain() -> None:
+    model, layers, batches = _setup("dropout")
+    x = batches(0)[0]
+    torch.manual_seed(1)
+    first = model(x)
+    torch.manual_seed(2)
+    assert not torch.equal(first, model(x))  # the masks matter: recomputing must redraw them
+    records = _records(model, layers, batches(0))
+    plan = _recompute_plan(model, DROPOUT_LAYERS, records, "recompute")
+    with SwapExecutor(model, plan, layers=layers) as executor:
+        _train(model, batches, executor)
+        model.eval()
+        with torch.no_grad():  # outside a step the layers run their plain forward
+            out = model(x)
+        assert out.grad_fn is None and executor.live_bytes == 0
+        assert "forward" in vars(model.block0)
+    assert "forward" not in vars(model.block0)  # leaving the block unwraps the layers
+
+
+@pytest.mark.parametrize("name", ["gpt2-micro", "resnet-micro"])
+def test_a_recompute_plan_keeps_the_tightest_budget_it_is_checked_against(name: str) -> None:
+    model, _, batches = _setup(name)
+    names = list(model.layer_names)  # type: ignore[attr-defined]
+    records = _records(model, None, batches(0))
+    first = batches(0)
+    batch = first[0].shape[0]
+    profile = (
+        measure(name, batch, image_size=32, warmup=0, repeats=1) if name.startswith("resnet")
+        else measure(name, batch, seq_len=32, warmup=0, repeats=1)
+    )  # fmt: skip
+    expected = _reference(name)
+
+    def executor_for(kind: str, budget: int) -> SwapExecutor:
+        model, _, batches = _setup(name)
+        executor = SwapExecutor(model, _recompute_plan(model, names, records, kind, budget),
+                                profile=profile)  # fmt: skip
+        executor.prepare(lambda: _loss_fn(model)(model(first[0]), first[1]))
+        return executor
+
+    needs = {}
+    for kind in ("none", "save-on-cpu", "recompute", "mixed"):
+        probe = executor_for(kind, HUGE)
+        probe.close()
+        assert probe.needed_bytes is not None
+        needs[kind] = tight = probe.needed_bytes
+        if kind in ("recompute", "mixed"):
+            with pytest.raises(PipeswapError, match="recomputation a step needs .* 1 bytes"):
+                executor_for(kind, tight - 1)
+        # Under the tightest budget the check lets through, the bytes held keep it.
+        executor = executor_for(kind, tight)
+        losses, sha, stats = _train(executor.model, lambda step: batches(step), executor)
+        assert (losses, sha) == expected, kind
+        assert max(s.peak_saved_bytes for s in stats) <= executor.saved_budget_bytes, kind
+        executor.close()
+    assert needs["recompute"] < needs["none"] and needs["mixed"] < needs["none"], needs
+
+
+def test_recompute_refusals_name_the_fix() -> None:
+    model, plan, (x, y) = _gpt_plan_and_model()
+    gpu = plan.gpus[0]
+    unknown = replace(plan, gpus=(replace(gpu, swaps=(), recompute=("blok1",)),))
+    with pytest.raises(PipeswapError, match="recomputes layer 'blok1'.*did you mean 'block1'"):
+        SwapExecutor(model, unknown)
+    both = replace(plan, gpus=(replace(gpu, recompute=(gpu.swaps[0].layer,)),))
+    with pytest.raises(PipeswapError, match="swapped, but its layer is recomputed"):
+        SwapExecutor(model, both)
+    # The plan's tensors are checked by name and size as without recomputation.
+    mixed = _recompute_plan(model, list(plan.layers), _records(model, None, (x, y)), "mixed")
+    executor = SwapExecutor(model, mixed)
+    with pytest.raises(PipeswapError, match="made for another profile"):
+        executor.prepare(lambda: model.loss(model(x[:2]), y[:2]))
+    executor.close()
+    nested = SwapPlan("hand", "user", ("encoder", "head"),
+                      (GpuPlan("gpu0", 0, HUGE, 0.0, (), ("encoder",)),))  # fmt: skip
+    with pytest.raises(PipeswapError, match="contains layer 'encoder.0'"):
+        SwapExecutor(UserNet(), replace(nested, layers=("encoder", "encoder.0", "head")),
+                     layers=["encoder", "encoder.0", "head"])  # fmt: skip
+
+
 def _profile_and_plans(footprint_ratio: float) -> tuple[Any, dict[str, SwapPlan]]:
     profile = measure("gpt2-tiny", 4, seq_len=32, warmup=0, repeats=1)
     topology = preset("switch-4")
@@ -171,7 +308,8 @@ def _profile_and_plans(footprint_ratio: float) -> tuple[Any, dict[str, SwapPlan]
         result = make_plan(
             profile, topology, policy=policy, gpus=2, footprint_ratio=ratio, time_limit_s=20
         )
-        plans[policy] = result.plan
+        if result.fits:  # a baseline that ignores the budget may not fit it: nothing to run
+            plans[policy] = result.plan
     return profile, plans
 
 
@@ -186,9 +324,11 @@ def test_planned_policies_keep_the_budget_and_the_bits() -> None:
             assert (losses, sha) == expected, (policy, rank)
             peak = max(s.peak_saved_bytes for s in stats)
             assert peak <= executor.saved_budget_bytes, (policy, rank, peak)
-            assert stats[-1].swapped_bytes == plan.gpus[rank].swapped_bytes
+            gpu = plan.gpus[rank]
+            assert stats[-1].swapped_bytes == gpu.swapped_bytes
+            assert stats[-1].recomputed_layers == len(gpu.recompute)
             if policy != "none":
-                assert plan.gpus[rank].swapped_bytes > 0
+                assert gpu.swapped_bytes > 0 or gpu.recompute, (policy, rank)
             executor.close()
 
 
@@ -318,7 +458,9 @@ def test_cuda_swapping_is_transparent_and_saves_memory() -> None:
             records, _ = capture_records(
                 model, lambda: nn.functional.cross_entropy(model(x0), y0), layers
             )
-            plan = _hand_plan(model, layers, records, kind)
+            # The budget may not exceed the GPU's memory (prepare refuses that).
+            total = torch.cuda.get_device_properties(device).total_memory
+            plan = _hand_plan(model, layers, records, kind, budget=total)
             executor = SwapExecutor(model, plan, layers=layers)
             executor.prepare(lambda: nn.functional.cross_entropy(model(x0), y0))
             assert executor.pool.pinned and not executor.account
@@ -350,3 +492,47 @@ def test_cuda_swapping_is_transparent_and_saves_memory() -> None:
     assert (jit_losses, jit_sha) == (plain_losses, plain_sha)
     assert (late_losses, late_sha) == (plain_losses, plain_sha)
     assert jit_peak < plain_peak
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_recompute_redraws_dropout_masks_and_saves_memory() -> None:
+    device = torch.device("cuda")
+    layers = [str(i) for i in range(8)]
+
+    def run(recompute: tuple[str, ...]) -> tuple[list[float], str, int]:
+        torch.manual_seed(0)
+        model = nn.Sequential(*[
+            nn.Sequential(nn.Linear(1024, 1024), nn.Dropout(0.1), nn.GELU()) for _ in range(8)
+        ]).to(device)  # fmt: skip
+        gen = torch.Generator().manual_seed(3)
+        data = [(torch.randn(2048, 1024, generator=gen).to(device),
+                 torch.randint(0, 1024, (2048,), generator=gen).to(device)) for _ in range(3)]  # fmt: skip
+        total = torch.cuda.get_device_properties(device).total_memory
+        gpu = GpuPlan("gpu0", 0, total, 0.0, (), recompute)
+        executor = SwapExecutor(model, SwapPlan("hand", "user", tuple(layers), (gpu,)),
+                                layers=layers)  # fmt: skip
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        losses = []
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.manual_seed(5)  # dropout draws from the GPU's generator
+        for x, y in data:
+            loss, stats = executor.train_step(
+                lambda x=x, y=y: nn.functional.cross_entropy(model(x), y)
+            )
+            assert stats.recomputed_layers == len(recompute)
+            losses.append(loss.item())
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+        torch.cuda.synchronize()
+        digest = hashlib.sha256()
+        for _, param in sorted(model.named_parameters()):
+            digest.update(param.detach().cpu().numpy().tobytes())
+        executor.close()
+        return losses, digest.hexdigest(), torch.cuda.max_memory_allocated()
+
+    plain_losses, plain_sha, plain_peak = run(())
+    losses, sha, peak = run(tuple(layers[:-1]))
+    assert (losses, sha) == (plain_losses, plain_sha)
+    assert peak < plain_peak

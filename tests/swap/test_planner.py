@@ -5,12 +5,15 @@ Covers: pipeswap/swap/planner.py.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
+from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.planner import make_plan
 from pipeswap.swap.workload import workload_from_profile
 
@@ -42,9 +45,10 @@ def test_none_reports_the_failure_when_the_peak_does_not_fit(make_profile) -> No
     assert result.gpus[0].peak_bytes > result.budget_bytes
 
 
-@pytest.mark.parametrize("policy", ["oblivious", "disjoint", "bidirectional", "mip", "auto"])
+@pytest.mark.parametrize("policy", ["oblivious", "disjoint", "bidirectional", "recompute",
+                                    "save-on-cpu", "hybrid", "mip", "auto"])
 def test_exported_graph_reproduces_iteration_and_budget(make_profile, policy) -> None:
-    profile = make_profile([(3, 1), (2,), (4, 2), (1,), (2, 2)], 0.1, 0.2)
+    profile = make_profile([(3, 1), (2,), (4, 2), (1,), (2, 2)], 0.1, 0.2, output_gb=0.5)
     result = make_plan(profile, preset("switch-4"), policy=policy, footprint_ratio=1.7,
                        sync_every=2, time_limit_s=5)
     graph = TaskGraph.from_json(result.graph.to_json())
@@ -53,6 +57,26 @@ def test_exported_graph_reproduces_iteration_and_budget(make_profile, policy) ->
     assert all(s.peak_bytes <= result.budget_bytes for s in again.gpus.values())
     result.plan.validate(profile)
     assert result.plan.predicted_iteration_s == result.iteration_s
+    # The plan's recomputed layers are the graph's re-run tasks.
+    reruns = {t.id.split("/")[-1] for t in result.graph.tasks
+              if re.fullmatch(r"r\d+", t.id.split("/")[-1])}
+    assert reruns == {f"r{profile.layer_names.index(name)}" for g in result.plan.gpus
+                      for name in g.recompute}
+    assert SwapPlan.from_json(result.plan.to_json()) == result.plan
+
+
+def test_baselines_that_do_not_fit_say_so(make_profile) -> None:
+    # Each layer keeps a 3 GB input for 3 GB of saved tensors: checkpointing every block
+    # frees nothing, so it cannot fit a budget below the no-swap peak.
+    profile = make_profile([()] + [(3,)] * 4, 0.1, 0.2, output_gb=3)
+    result = make_plan(profile, preset("switch-4"), policy="recompute", footprint_ratio=1.2,
+                       gpus=2)
+    assert not result.fits
+    assert "every block recomputed" in result.notes["failure"]
+    assert result.gpus[0].recomputed_layers == 5
+    hybrid = make_plan(profile, preset("switch-4"), policy="hybrid", footprint_ratio=1.2,
+                       gpus=2)
+    assert hybrid.fits and not any(g.recompute for g in hybrid.plan.gpus)
 
 
 def test_unknown_policy_and_gpu_count_are_refused(make_profile) -> None:

@@ -18,7 +18,13 @@ def test_quick_grid_report(tmp_path) -> None:
     out = tmp_path / "swap_policies.md"
     assert bench.main(["--quick", "--out", str(out)]) == 0
     text = out.read_text()
-    assert "mip slower than some heuristic: 0 of 4 cases" in text
-    assert "GPUs over budget in simulation: 0." in text
+    assert "mip slower than some swap-only heuristic: 0 of 4 cases" in text
+    assert "hybrid slower than recompute, save-on-cpu (where they fit) or any swap-only " \
+        "policy: 0 of 4 cases; auto: 0 (target 0)." in text
+    assert "plans faster than a bound (would mean a bound is wrong): 0;" in text
+    assert "GPUs over budget in simulation (plans that fit): 0." in text
+    assert "0 of 32 give another iteration time, 0 put a GPU over its budget" in text
+    for policy in ("save-on-cpu", "recompute", "hybrid"):
+        assert f"| {policy} |" in text or f" {policy} |" in text
     assert "| 1.33 | 2 |" in text and "38.3%" in text
     assert "## One GPU: MIP vs the best heuristic" in text

@@ -205,3 +205,62 @@ def test_one_gpu_has_no_allreduce_and_bad_arguments_are_refused() -> None:
     # The simulator refuses a GPU the topology does not have, naming it.
     with pytest.raises(PipeswapError, match="gpu9"):
         simulate(build_iteration_graph(w, ["gpu0", "gpu9"]), _one_switch(2))
+
+
+# ---- recomputation -------------------------------------------------------------------------
+def _recompute_profile(make_profile):
+    # Saved 4, 2 and (3 + 1) GB; every output 1 GB (the working set of each layer, and what
+    # a recomputed layer keeps); layer 2 saves its 1 GB input among its tensors.
+    return make_profile([(4,), (2,), (3, 1)], output_gb=1)
+
+
+def test_recompute_memory_closed_form(make_profile) -> None:
+    w = workload_from_profile(_recompute_profile(make_profile))
+    r = w.resident_bytes
+    assert w.kept_bytes == (0, GB, GB)  # the toy batch is not among layer 0's tensors
+    assert w.input_saved == (0, 0, GB)
+    assert w.freed_bytes == (4 * GB, GB, 3 * GB)
+    view = w.recomputing({1, 2})
+    assert view is w.recomputing([2, 1]) and view.recomputing(()) is w
+    # Forward holds layer 0's 4 GB and the two inputs (distinct tensors, each once).
+    assert view.saved_bytes == (4 * GB, GB, GB)
+    # The re-run of layer 2 saves its 4 GB again but not its input (already kept).
+    assert view.recompute_bytes == (0, 2 * GB, 3 * GB)
+    assert view.swappable == (w.saved[0], (), ())
+    forward, backward = view.memory_points([])
+    assert forward == [r + 5 * GB, r + 6 * GB, r + 7 * GB]
+    assert backward == [r + 5 * GB, r + 8 * GB, r + 10 * GB]
+    assert view.no_swap_peak_bytes() == r + 10 * GB < w.no_swap_peak_bytes() == r + 11 * GB
+    assert view.microbatch_s == w.microbatch_s + 2.0  # two forwards of 1 s again
+
+
+def test_recompute_tasks_in_the_graph_and_their_simulation(make_profile) -> None:
+    w = workload_from_profile(_recompute_profile(make_profile))
+    graph = build_iteration_graph(w, ["gpu0"], recompute={"gpu0": {1, 2}})
+    tasks = {t.id: t for t in graph.tasks}
+    rerun = tasks["gpu0/m0/r2"]
+    assert rerun.kind == "compute" and rerun.duration_s == 1.0
+    assert rerun.alloc_bytes == 3 * GB + GB and rerun.free_bytes == GB
+    assert tasks["gpu0/m0/b2"].deps[0] == "gpu0/m0/r2"
+    assert tasks["gpu0/m0/b2"].free_bytes == GB + GB + 3 * GB  # working set, input, re-run
+    assert "gpu0/m0/r0" not in tasks
+    result = simulate(graph, preset("switch-4").with_gpu_memory(0))
+    assert result.makespan_s == pytest.approx(3 * 3.0 + 2 * 1.0)
+    assert result.gpus["gpu0"].peak_bytes == w.recomputing({1, 2}).no_swap_peak_bytes()
+    order = sorted((v.start_s, k) for k, v in result.tasks.items() if "/m0/" in k)
+    assert [k.split("/")[-1] for _, k in order][3:] == ["r2", "b2", "r1", "b1", "b0"]
+
+
+def test_recompute_and_swap_together_within_budget(make_profile) -> None:
+    # Layer 0's 4 GB swapped, layers 1 and 2 recomputed: every point fits resident + 6 GB.
+    w = workload_from_profile(_recompute_profile(make_profile))
+    view = w.recomputing({1, 2})
+    swap = Swap(0, 0, 4 * GB, out=0, prefetch=1)
+    budget = w.resident_bytes + 6 * GB
+    assert view.fits([swap], budget) and not view.fits([swap], budget - 1)
+    assert not w.fits([swap], budget)
+    graph = build_iteration_graph(w, ["gpu0"], {"gpu0": [swap]}, recompute={"gpu0": {1, 2}})
+    result = simulate(graph, preset("switch-4").with_gpu_memory(budget))
+    assert result.gpus["gpu0"].peak_bytes <= budget
+    # The prefetch is issued after backward 1 and backward 0 waits for its 4 GB at 12 GB/s.
+    assert result.makespan_s == pytest.approx(11.0 + 4 / 12)

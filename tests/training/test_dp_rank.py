@@ -1,4 +1,5 @@
-"""Data-parallel training with swapping: every policy trains bit for bit like no swapping.
+"""Data-parallel training with swapping or recomputation: every plan trains bit for bit like
+no swapping.
 
 Covers: pipeswap/training/dp_rank.py, pipeswap/training/data_parallel.py.
 """
@@ -13,14 +14,15 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from user_models import USER_LAYERS, UserNet
+from user_models import DROPOUT_LAYERS, USER_LAYERS, DropoutNet, UserNet
 
 from pipeswap.dist.launch import spawn
+from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling import measure
 from pipeswap.swap.executor import capture_records
-from pipeswap.swap.plan import GpuPlan, SwapPlan
+from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.planner import POLICIES, make_plan
 from pipeswap.swap.workload import workload_from_profile
 from pipeswap.training.config import TrainConfig
@@ -54,18 +56,44 @@ class UserJob:
         return torch.randn(self.batch_size, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen)
 
 
+@dataclass(frozen=True)
+class DropoutJob(UserJob):
+    """A Job for DropoutNet: dropout draws from the (seed, step, micro-batch, rank) streams."""
+
+    seed: int = 7
+
+    @property
+    def layers(self) -> Sequence[str]:
+        return DROPOUT_LAYERS
+
+    def build(self, device: torch.device) -> nn.Module:
+        torch.manual_seed(0)
+        return DropoutNet().to(device)
+
+
 def _user_profile(job: UserJob) -> Profile:
     """A profile of UserNet: real saved tensors, made-up times (it is not in the zoo)."""
     model = job.build(torch.device("cpu"))
     x, y = job.batch(0)
+    outputs: dict[str, int] = {}
+
+    def note(name: str) -> Any:
+        def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
+            outputs.setdefault(name, out.nbytes)
+
+        return hook
+
+    hooks = [model.get_submodule(name).register_forward_hook(note(name)) for name in job.layers]
     records, _ = capture_records(model, lambda: job.loss(model, model(x), y), job.layers)
+    for hook in hooks:
+        hook.remove()
     layers = tuple(
         LayerProfile(
             name=name,
             forward_s=1e-3,
             backward_s=2e-3,
             param_bytes=sum(p.numel() * 4 for p in model.get_submodule(name).parameters()),
-            output_bytes=0,
+            output_bytes=outputs[name],  # what a checkpoint of the next layer keeps
             saved=tuple(SavedTensor(r.index, r.bytes) for r in records[name]),
         )
         for name in job.layers
@@ -79,12 +107,19 @@ JOBS: dict[str, Any] = {
     "resnet18": ZooJob("resnet18", 2, image_size=32),
     "user": UserJob(),
 }
+# Hand-made recompute plans run on these (small: every kind of plan on each, 1 and 2 ranks).
+RECOMPUTE_JOBS: dict[str, Any] = {
+    "gpt2-micro": ZooJob("gpt2-micro", 4, seq_len=32),
+    "resnet-micro": ZooJob("resnet-micro", 4, image_size=32),
+    "user": UserJob(),
+    "dropout": DropoutJob(),
+}
 
 
 @functools.cache
 def _profile(name: str) -> Profile:
-    job = JOBS[name]
-    if name == "user":
+    job = JOBS.get(name) or RECOMPUTE_JOBS[name]
+    if isinstance(job, UserJob):
         return _user_profile(job)
     return measure(job.model, job.batch_size, seq_len=job.seq_len, image_size=job.image_size,
                    warmup=0, repeats=1)  # fmt: skip
@@ -98,11 +133,30 @@ def _plans(name: str, gpus: int, sync_every: int = 1) -> dict[str, SwapPlan]:
     plans = {}
     for policy in POLICIES:
         budget = peak if policy == "none" else (peak + smallest) // 2
-        plans[policy] = make_plan(
+        result = make_plan(
             _profile(name), preset("switch-4"), policy=policy, gpus=gpus,
             gpu_memory_bytes=budget, sync_every=sync_every, time_limit_s=10,
-        ).plan  # fmt: skip
+        )  # fmt: skip
+        if result.fits and (name, policy) not in KNOWN_REFUSED:
+            plans[policy] = result.plan  # a baseline that ignores the budget may not fit it
     return plans
+
+
+# The planner's model has a recomputed layer keep only its input. UserNet's layers are
+# single Linears that save only their input, and the ops between them (Tanh, GELU, ReLU:
+# not inside any listed layer, so not recomputed) keep theirs: recomputing frees nothing,
+# and the executor, which measures what each layer keeps, refuses the budget.
+KNOWN_REFUSED = {("user", "recompute")}
+
+
+def test_a_recompute_plan_whose_layers_keep_what_they_save_is_refused() -> None:
+    workload = workload_from_profile(_profile("user"))
+    budget = (workload.no_swap_peak_bytes() + workload.min_budget_bytes()) // 2
+    plan = make_plan(_profile("user"), preset("switch-4"), policy="recompute", gpus=1,
+                     gpu_memory_bytes=budget).plan  # fmt: skip
+    assert plan.gpus[0].recompute
+    with pytest.raises(PipeswapError, match="with its swaps and recomputation a step needs"):
+        train_rank(JOBS["user"], plan, SETTINGS, profile=_profile("user"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -131,8 +185,10 @@ def test_single_process_every_policy_matches_no_swapping(name: str) -> None:
         result = train_rank(JOBS[name], plan, SETTINGS, profile=_profile(name))
         results[policy] = [result]
         assert result.swapped_bytes == plan.gpus[0].swapped_bytes
+        assert result.recomputed_layers == len(plan.gpus[0].recompute)
         if policy != "none":
-            assert result.swapped_bytes > 0 and result.peak_saved_bytes < results["none"][0].peak_saved_bytes
+            assert result.swapped_bytes > 0 or result.recomputed_layers > 0, policy
+            assert result.peak_saved_bytes < results["none"][0].peak_saved_bytes, policy
     _check_against_none(results, name)
 
 
@@ -162,6 +218,94 @@ def test_accumulation_changes_the_data_not_the_transparency() -> None:
                         profile=_profile("gpt2-tiny"))  # fmt: skip
     assert single.params_sha256 != none.params_sha256  # two micro-batches per step: other data
     assert swapped.swapped_bytes == 2 * plans["disjoint"].gpus[0].swapped_bytes
+
+
+# ---- recomputation ----------------------------------------------------------------------
+RECOMPUTE_KINDS = ("none", "recompute", "mixed", "save-on-cpu")
+
+
+def _hand_plan(name: str, kinds: Sequence[str]) -> SwapPlan:
+    """A plan by hand, one kind per rank: ``recompute`` every layer; ``mixed``: every other
+    layer, the others' tensors swapped just in time; ``save-on-cpu``: every tensor swapped."""
+    profile = _profile(name)
+    layers = profile.layer_names
+    gpus = []
+    for rank, kind in enumerate(kinds):
+        recompute = {"recompute": layers, "mixed": layers[::2]}.get(kind, [])
+        swaps = tuple(
+            SwapDecision(layer.name, t.index, t.bytes, layer.name,
+                         layers[i + 1] if i + 1 < len(layers) else None)
+            for i, layer in enumerate(profile.layers)
+            if kind != "none" and layer.name not in recompute
+            for t in layer.saved
+        )  # fmt: skip
+        gpus.append(GpuPlan(f"gpu{rank}", rank, 10**12, 0.0, swaps, tuple(recompute)))
+    return SwapPlan("+".join(kinds), profile.model, tuple(layers), tuple(gpus))
+
+
+def _check_recompute_results(by_case: dict[str, list[RankResult]], plans: dict[str, SwapPlan]
+                             ) -> None:  # fmt: skip
+    """Every plan ends with the no-swap run's weights, buffers and losses, on every rank."""
+    for label, ranks in by_case.items():
+        name = label.split("/")[0]
+        expected = by_case[f"{name}/none"]
+        for got, want in zip(sorted(ranks, key=lambda r: r.rank), expected):
+            assert (got.losses, got.params_sha256) == (want.losses, want.params_sha256), label
+            assert got.buffers_sha256 == want.buffers_sha256, label  # BatchNorm statistics
+            assert got.late_fetches == 0, label
+            gpu = plans[label].gpus[got.rank]
+            assert got.swapped_bytes == gpu.swapped_bytes, label
+            assert got.recomputed_layers == len(gpu.recompute), label
+            assert (got.recomputed_bytes > 0) == (bool(gpu.recompute) and name != "user"), label
+        assert len({r.params_sha256 for r in ranks}) == 1, label  # the ranks agree
+
+
+@pytest.mark.parametrize("name", list(RECOMPUTE_JOBS))
+def test_single_process_recompute_plans_match_no_swapping(name: str) -> None:
+    plans = {f"{name}/{kind}": _hand_plan(name, [kind]) for kind in RECOMPUTE_KINDS}
+    by_case = {
+        label: [train_rank(RECOMPUTE_JOBS[name], plan, SETTINGS, profile=_profile(name))]
+        for label, plan in plans.items()
+    }
+    _check_recompute_results(by_case, plans)
+    if name in ("gpt2-micro", "resnet-micro", "dropout"):  # UserNet's layers keep only inputs
+        full = by_case[f"{name}/none"][0].peak_saved_bytes
+        assert by_case[f"{name}/recompute"][0].peak_saved_bytes < full
+
+
+def test_the_report_records_what_was_recomputed() -> None:
+    plan = _hand_plan("gpt2-micro", ["mixed"])
+    result = train_rank(RECOMPUTE_JOBS["gpt2-micro"], plan, SETTINGS, profile=_profile("gpt2-micro"))
+    config = TrainConfig("gpt2-micro", batch=4, seq_len=32, steps=2).resolved()
+    payload = {"predicted_step_s": 0.0, "lower_bound_s": 0.0, "topology": "switch-4"}
+    report = build_report(config, plan, payload, [result])
+    assert report["recompute"] == [list(plan.gpus[0].recompute)]
+    assert report["recomputed_layers"] == [len(plan.gpus[0].recompute)] == [result.recomputed_layers]
+    assert report["recomputed_bytes"] == [result.recomputed_bytes] and result.recomputed_bytes > 0
+    assert report["swapped_bytes"] == [plan.gpus[0].swapped_bytes]
+
+
+@pytest.mark.dist
+def test_two_ranks_recompute_plans_match_no_swapping() -> None:
+    # Both ranks under one kind, and ranks with different kinds (a rank may recompute what
+    # the other swaps): the all-reduced weights must still be the no-swap run's.
+    kinds = [[k, k] for k in RECOMPUTE_KINDS] + [["recompute", "mixed"], ["save-on-cpu", "mixed"]]
+    plans = {
+        f"{name}/{'+'.join(pair) if pair[0] != pair[1] else pair[0]}": _hand_plan(name, pair)
+        for name in RECOMPUTE_JOBS for pair in kinds
+    }  # fmt: skip
+    cases = [
+        (label, RECOMPUTE_JOBS[label.split("/")[0]], plan, SETTINGS, _profile(label.split("/")[0]))
+        for label, plan in plans.items()
+    ]
+    launched = spawn(_rank_cases, 2, cases, timeout_s=120)
+    assert launched.ok, launched.exit_codes
+    by_case: dict[str, list[RankResult]] = {}
+    for rank_results in launched.results:
+        for label, result in rank_results:
+            by_case.setdefault(label, []).append(result)
+    assert set(by_case) == set(plans) and all(len(r) == 2 for r in by_case.values())
+    _check_recompute_results(by_case, plans)
 
 
 # ---- several ranks (gloo) ---------------------------------------------------------------
