@@ -7,7 +7,6 @@ made from a profile names the same tensors the executor sees.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -15,9 +14,10 @@ import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError
+from pipeswap.models.state import untouched
 from pipeswap.profile import Profile
 from pipeswap.profiling.saved import SavedRecord, SavedTensorCapture, storage_key
-from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
+from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan, close_names
 from pipeswap.swap.workload import Swap, Workload
 
 SavedKey = tuple[str, int]  # (owner layer, saved index), the profiler's name of a tensor
@@ -39,13 +39,6 @@ class _LayerView:
 
     def buffers(self) -> Iterator[torch.Tensor]:
         return self._model.buffers()
-
-
-def close_names(name: str, candidates: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(candidates), n=4, cutoff=0.5)
-    if close:
-        return "did you mean " + ", ".join(repr(c) for c in close) + "?"
-    return "the layers are " + ", ".join(candidates[:12]) + (" ..." if len(candidates) > 12 else "")
 
 
 def resolve_layers(model: nn.Module, layers: Sequence[str] | None) -> dict[str, nn.Module]:
@@ -154,22 +147,16 @@ def _capture(
 ) -> SavedTensorCapture:
     resolved = resolve_layers(model, layers)
     view = _LayerView(model, resolved)
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    devices = [
-        p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"
-    ][:1]
     if inner is None:
         capture = SavedTensorCapture(view)  # type: ignore[arg-type]
     else:
         resident = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
         capture = _TaggingCapture(view, inner, resident)
-    with torch.random.fork_rng(devices=devices):
-        with capture:
-            loss = forward_loss()
+    # The pass leaves no trace: buffers (BatchNorm statistics), modes and random state
+    # are put back, as the profiler does.
+    with untouched(model, check=False), capture:
+        loss = forward_loss()
         del loss
-    with torch.no_grad():
-        for buffer, saved in buffers:
-            buffer.copy_(saved)
     return capture
 
 
@@ -405,15 +392,8 @@ def checked_recompute(
     inside it (its hooks would fire again in the backward).
     """
     names = list(layers)
+    gpu_plan.check_recompute(names, "the model")
     recompute = set(gpu_plan.recompute)
-    for name in gpu_plan.recompute:
-        if name not in layers:
-            raise PipeswapError(
-                f"{gpu_plan.gpu}: the plan recomputes layer {name!r}, which the model does "
-                f"not have; {close_names(name, names)}"
-            )
-    if len(recompute) != len(gpu_plan.recompute):
-        raise PipeswapError(f"{gpu_plan.gpu}: a layer is listed twice under recompute")
     for name in recompute:
         inside = {id(m) for m in layers[name].modules() if m is not layers[name]}
         nested = [other for other in names if id(layers[other]) in inside]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +74,17 @@ class GpuPlan:
     @property
     def swapped_bytes(self) -> int:
         return sum(s.bytes for s in self.swaps)
+
+    def check_recompute(self, layers: Sequence[str], owner: str) -> None:
+        """Refuse a recompute list naming a layer ``owner`` lacks, or one layer twice."""
+        for name in self.recompute:
+            if name not in layers:
+                raise PipeswapError(
+                    f"{self.gpu}: the plan recomputes layer {name!r}, which {owner} does not "
+                    f"have; {close_names(name, layers)}"
+                )
+        if len(set(self.recompute)) != len(self.recompute):
+            raise PipeswapError(f"{self.gpu}: a layer is listed twice under recompute")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -201,6 +214,14 @@ class SwapPlan:
         return cls.from_json(load_json(path), where=str(path))
 
 
+def close_names(name: str, candidates: Sequence[str]) -> str:
+    """``did you mean ...?`` for a misspelt layer name, else the layers there are."""
+    close = difflib.get_close_matches(name, list(candidates), n=4, cutoff=0.5)
+    if close:
+        return "did you mean " + ", ".join(repr(c) for c in close) + "?"
+    return "the layers are " + ", ".join(candidates[:12]) + (" ..." if len(candidates) > 12 else "")
+
+
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
@@ -223,15 +244,8 @@ def validate_plan(plan: SwapPlan, profile: Profile) -> None:
     if plan.sync_every < 1:
         raise PipeswapError(f"sync_every is {plan.sync_every}; use 1 or more")
     for gpu in plan.gpus:
+        gpu.check_recompute(names, "the profile")
         recomputed = set(gpu.recompute)
-        for name in gpu.recompute:
-            if name not in position:
-                raise PipeswapError(
-                    f"{gpu.gpu}: recomputes layer {name!r}, which is not in the profile; "
-                    f"layers are {', '.join(names)}"
-                )
-        if len(recomputed) != len(gpu.recompute):
-            raise PipeswapError(f"{gpu.gpu}: a layer is listed twice under recompute")
         seen: set[tuple[str, int]] = set()
         for swap in gpu.swaps:
             key = (swap.layer, swap.index)
