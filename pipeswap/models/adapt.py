@@ -38,6 +38,7 @@ from torch.utils.hooks import RemovableHandle
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
+from pipeswap.models.state import untouched
 
 # Non-tensor values a block may receive; anything else (a cache object) would be shared
 # between calls, so it is refused.
@@ -370,16 +371,10 @@ def _check_paths(model: nn.Module, paths: list[str]) -> None:
 
 @contextmanager
 def _inspecting(model: nn.Module) -> Iterator[None]:
-    """Eval mode, no gradients, forked RNG: inspecting the model changes nothing in it."""
-    modes = [(m, m.training) for m in model.modules()]
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            model.eval()
-            yield
-    finally:
-        for module, mode in modes:
-            module.training = mode
+    """Eval mode, no gradients: inspecting the model leaves it and the RNG as they were."""
+    with untouched(model, check=False), torch.no_grad():
+        model.eval()
+        yield
 
 
 def _expected_calls(replay: Replay, example: torch.Tensor) -> list[tuple[Any, Any, Any]]:

@@ -208,9 +208,9 @@ def _load_hf_directory(
         with torch.device("meta"):
             model = cls(config)
     elif hf_directory_has_weights(directory):
-        model = cls.from_pretrained(
-            directory, config=config, local_files_only=True, dtype=torch.float32
-        ).to(device)
+        load = cls.from_pretrained
+        model = load(directory, local_files_only=True, config=config, dtype=torch.float32)
+        model = model.to(device)
     else:
         with seeded(device, seed), device:
             model = cls(config)
