@@ -349,9 +349,14 @@ more than those layers' freed bytes): every byte count of both bounds, lowered b
 gives a bound d(T) that does not grow with T, and the GPU that recomputes T computes
 K (F + Bk + T) plus the tail (compute + K T for the link bound). Every plan therefore takes
 at least min over T of max(d(T), compute(T)); a bisection brackets the crossing and keeps
-the lower end, so the reported figure is never above that minimum. The best valid bound
-is the larger of the two; without recomputation (`swap-only bound`) it is the previous
-bound, valid only for plans that swap.
+the lower end, so the reported figure is never above that minimum. On a shared link the
+re-runs count too: the GPU that recomputes least (s <= T seconds) frees at most the
+knapsack's bytes at T less its slope times T - s (the knapsack is concave), and the late
+GPU still re-runs s seconds in every backward after its swap-outs, so the shared-channel
+and first-micro-batch swap-out terms take the least over s of bytes and re-runs together
+(with the member's own shortest micro-batch at s). The best valid bound is the larger of
+the two; without recomputation (`swap-only bound`) it is the previous bound, valid only
+for plans that swap.
 
 Every term holds for every plan the iteration graph can express (any tensors, points and
 offsets, any recomputed layers per GPU, any sync-every, one or two copy engines): the

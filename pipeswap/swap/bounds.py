@@ -98,10 +98,31 @@ stream adds ``i(T) = K (F + Bk + T) + tail`` for the GPU recomputing T (and
 ``compute + K T`` for the link bound). So every plan takes at least
 ``min over T of max(d(T), i(T))``: with ``d`` non-increasing and ``i`` increasing, a
 bisection brackets the crossing in ``[lo, hi]`` (``d(lo) > i(lo)``, ``d(hi) <= i(hi)``) and
-``max(d(hi), i(lo))`` is below the minimum (for T <= lo the maximum is at least
-``d(T) >= d(lo) > i(lo)``; between, at least ``d(hi)`` and ``i(lo)``; above hi at least
-``i(T) >= i(hi) >= d(hi)``). With nothing worth recomputing, T = 0 and the bounds are
-the swap-only ones.
+``max(min(d(lo), d(hi)), i(lo))`` is below the minimum (a plan recomputing at most lo
+takes at least ``d(lo) > i(lo)``; between, at least ``d(hi)`` and ``i(lo)``; above hi at
+least ``i(T) >= i(hi) >= d(hi)``; this needs no monotony of the computed ``d``). With
+nothing worth recomputing, T = 0 and the bounds are the swap-only ones.
+
+**Re-runs on shared links.** Two terms also count the re-runs, which lengthen the
+backwards. Let ``s`` be the least any member of a link recomputes (``s <= T``). The
+fractional knapsack is concave in its seconds, so that member frees at most
+``relief_T - slope_T (T - s)`` bytes (``slope_T``: the bytes per second of the layer the
+knapsack takes in part at T, ``Relief.slope``), the others at most ``relief_T``.
+
+* Shared channel, swap-outs: after forward i of its last micro-batch the late GPU still
+  runs ``F_{>=i} + Bk`` and re-runs at least s seconds: the term is
+  ``F_0 + K ((|G_l| - 1) x + x + slope (T - s)) / C + F_{>=i} + Bk + s + tail`` with
+  ``x = need[i] - relief_T(0, i)``, linear in s: its least over ``[0, T]`` is at 0 or T
+  (kept only where ``x > 0``, so that every GPU moves a byte).
+* First micro-batch, swap-outs: the late member's bytes after ``E_k`` are counted per
+  member as above, its backward is at least ``max(recursion, Bk + s)`` and its K - 1 other
+  micro-batches at least ``max(M, F + Bk + s)``; the member recomputing s also takes at
+  least K of its own shortest micro-batches with s seconds of relief. The term, convex in
+  s, is bounded below on each quarter of ``[0, T]`` (``_first_with_recompute``) and the
+  least over the quarters is kept.
+
+Both hold for every split of the recompute seconds among the GPUs (the tests enumerate
+every pair of recompute sets of two GPUs on one link).
 """
 
 from __future__ import annotations
@@ -157,7 +178,12 @@ class Relief:
         for i, b in enumerate(freed):
             self.prefix[i + 1] = self.prefix[i] + b
         # Fractional knapsack of layers <= i: best bytes per second first.
+        self.seconds = seconds
         self.through = [0.0] * n
+        # Marginal bytes per second of the knapsack of layers <= i at ``seconds`` (the rate
+        # of the layer it takes in part; 0 when every layer fits): relief with s <= seconds
+        # is at most through[i] - rate[i] * (seconds - s), the knapsack being concave.
+        self.rate = [0.0] * n
         if seconds > 0:
             items: list[tuple[float, int]] = []  # (-bytes per second, layer)
             for i in range(n):
@@ -173,6 +199,7 @@ class Relief:
                         left -= cost
                     else:
                         total += freed[k] * left / cost
+                        self.rate[i] = freed[k] / cost
                         break
                 self.through[i] = total
 
@@ -180,10 +207,17 @@ class Relief:
         """Freed bytes of layers k..i that recomputation can account for."""
         return min(self.through[i], self.prefix[i + 1] - self.prefix[k])
 
+    def slope(self, k: int, i: int) -> float:
+        """A supergradient of ``between(k, i)`` in the seconds: with s <= ``seconds``
+        recompute seconds, at most ``between(k, i) - slope(k, i) * (seconds - s)``."""
+        return self.rate[i] if self.through[i] < self.prefix[i + 1] - self.prefix[k] else 0.0
+
 
 def recompute_limit_s(workload: Workload) -> float:
-    """Recompute seconds beyond which no more forward memory can be freed."""
-    return sum(f for f, b in zip(workload.forward_s, workload.freed_bytes) if b > 0)
+    """Recompute seconds beyond which no more forward memory can be freed (a hair above
+    the sum, so that at it every layer fits the knapsack whole, whatever the rounding)."""
+    total = sum(f for f, b in zip(workload.forward_s, workload.freed_bytes) if b > 0)
+    return total * (1 + 1e-9) + 1e-12 if total > 0 else 0.0
 
 
 def _min_max(decreasing: Callable[[float], float], increasing: Callable[[float], float],
@@ -202,7 +236,10 @@ def _min_max(decreasing: Callable[[float], float], increasing: Callable[[float],
             lo = mid
         else:
             hi = mid
-    return max(decreasing(hi), increasing(lo)), hi
+    # d(T) holds for every plan recomputing at most T, whether or not it is monotone: a
+    # plan at most lo takes d(lo) > i(lo), one between i(lo) and d(hi), one above
+    # i(hi) >= d(hi) and i(lo).
+    return max(min(decreasing(lo), decreasing(hi)), increasing(lo)), hi
 
 
 def lower_bound(
@@ -464,9 +501,10 @@ def _channel_terms(
     relief: Relief | None = None,
 ) -> dict[str, float]:
     """Per directed link: the shared-channel term of the module docstring."""
-    needs = workload.needs(budget_bytes)
+    full = workload.needs(budget_bytes)
+    needs = full
     if relief is not None:
-        needs = [max(0, int(need - relief.between(0, i))) for i, need in enumerate(needs)]
+        needs = [max(0, int(need - relief.between(0, i))) for i, need in enumerate(full)]
     if not any(needs):
         return {}
     n = workload.num_layers
@@ -486,11 +524,30 @@ def _channel_terms(
     for link, count in users.items():
         edge = topology.links[link]
         rate = edge.bytes_per_s / (sync_every * count)
-        for name, edges in ((f"{edge.a}<->{edge.b} swap-outs", up_edges),
-                            (f"{edge.a}<->{edge.b} prefetches", down_edges)):
-            terms[name] = max(
-                head + need / rate + rest for need, (head, rest) in zip(needs, edges) if need
+        terms[f"{edge.a}<->{edge.b} prefetches"] = max(
+            head + need / rate + rest for need, (head, rest) in zip(needs, down_edges) if need
+        )
+        if relief is None:
+            terms[f"{edge.a}<->{edge.b} swap-outs"] = max(
+                head + need / rate + rest for need, (head, rest) in zip(needs, up_edges) if need
             )
+            continue
+        # The GPU of the link that recomputes least (s <= T seconds) frees at most
+        # through[i] - rate[i] (T - s) bytes up to layer i, and the late GPU still re-runs
+        # at least s seconds in its last backward: min over s of the term (linear in s:
+        # its minimum is at 0 or T).
+        per_gpu = edge.bytes_per_s / sync_every
+        best = 0.0
+        for i, (head, rest) in enumerate(up_edges):
+            excess = full[i] - relief.between(0, i)
+            slope = relief.slope(0, i)
+            if excess < 1:
+                continue  # some GPU may move no byte: no term
+            base = head + rest + count * excess / per_gpu
+            least = min(base + slope * relief.seconds / per_gpu,  # s = 0
+                        base + relief.seconds)  # s = T
+            best = max(best, least)
+        terms[f"{edge.a}<->{edge.b} swap-outs"] = best
     return terms
 
 
@@ -542,6 +599,10 @@ def _sharing_terms(
             rest = (sync_every - 1) * shortest + tail
             first = 0.0
             last = 0.0
+            if relief is not None:
+                first = _first_with_recompute(workload, needs, before, own, relief, capacity,
+                                              len(members), forward_end, backward_s,
+                                              shortest, sync_every, tail, budget_bytes)
             for i in range(n):
                 if not needs[i]:
                     continue
@@ -551,9 +612,10 @@ def _sharing_terms(
                           for k in range(i) if _excess(needs, before, relief, k, i) > 0]
                 if not floors:
                     continue
-                delayed = _forward_ends(workload, needs, before, own, floor=(i, max(floors)),
-                                        relief=relief)
-                first = max(first, delayed[-1] + backward_s + rest)
+                if relief is None:
+                    delayed = _forward_ends(workload, needs, before, own,
+                                            floor=(i, max(floors)))
+                    first = max(first, delayed[-1] + backward_s + rest)
                 # The earliest member starts backward i of its last micro-batch no sooner
                 # than (K-1) shortest micro-batches and this one's prefix; then every
                 # member's bytes of layers k..i-1 come back before their backward k.
@@ -569,3 +631,86 @@ def _sharing_terms(
         terms[f"{edge.a}<->{edge.b} first swap-outs"] = first
         terms[f"{edge.a}<->{edge.b} last prefetches"] = last
     return terms
+
+
+def _first_with_recompute(
+    workload: Workload,
+    needs: Sequence[int],
+    before: Sequence[int],
+    own: float,
+    relief: Relief,
+    capacity: float,
+    members: int,
+    forward_end: Sequence[float],
+    backward_s: float,
+    shortest: float,
+    sync_every: int,
+    tail: float,
+    budget_bytes: int,
+) -> float:
+    """The first-micro-batch sharing term when members recompute at most ``relief.seconds``
+    each (module docstring, "With recomputation"): min over s, the least any member
+    recomputes, of ``f(s)``. That member frees at most ``between - slope (T - s)`` among
+    layers k..i, the others ``between``; the late member re-runs at least s seconds in
+    every backward; and the member recomputing s takes at least ``P(s)``, K of its
+    shortest micro-batches with s seconds of relief (on the fastest member's path), which
+    does not grow with s. ``f`` is convex in s (maxima and sums of affine pieces, through
+    the forward recursion's max-plus steps) and its byte part ``D`` does not grow with s nor
+    its time part ``H`` shrink: with f evaluated at 0, T/4, ..., T, on each quarter every
+    plan takes at least ``P(right end)``, ``D(right end) + H(left end)`` and the secants of
+    the neighbouring quarters, extended (below a convex function outside their span); the
+    term is the least over the quarters."""
+    n = workload.num_layers
+    total_forward, total_backward = sum(workload.forward_s), sum(workload.backward_s)
+    seconds = relief.seconds
+
+    def bytes_part(s: float) -> float:
+        # The late member's turn: at least the recursion's, delayed by the floors.
+        latest = forward_end[-1]
+        for i in range(n):
+            if not needs[i]:
+                continue
+            floor = None
+            for k in range(i):
+                raw = needs[i] - before[k]
+                if raw <= 0:
+                    continue
+                excess = raw - relief.between(k, i)
+                crossing = ((members - 1) * max(0.0, excess)
+                            + max(0.0, excess + relief.slope(k, i) * (seconds - s)))
+                if crossing > 0:
+                    at = forward_end[k] + crossing / capacity
+                    floor = at if floor is None else max(floor, at)
+            if floor is None:
+                continue
+            delayed = _forward_ends(workload, needs, before, own, floor=(i, floor),
+                                    relief=relief)
+            latest = max(latest, delayed[-1])
+        return latest
+
+    def time_part(s: float) -> float:
+        return (max(backward_s, total_backward + s)
+                + (sync_every - 1) * max(shortest, total_forward + total_backward + s) + tail)
+
+    def alone(s: float) -> float:
+        ease = Relief(workload, s) if s > 0 else None
+        return sync_every * shortest_microbatch_s(workload, budget_bytes, own, ease) + tail
+
+    pieces = 4
+    points = [seconds * j / pieces for j in range(pieces)] + [seconds]
+    d = [bytes_part(s) for s in points]
+    f = [d[j] + time_part(points[j]) for j in range(pieces + 1)]
+
+    def line(a: int, b: int, s: float) -> float:  # the secant of f through points a, b
+        return f[a] + (f[b] - f[a]) * (s - points[a]) / (points[b] - points[a])
+
+    least = float("inf")
+    for j in range(pieces):
+        lo, hi = points[j], points[j + 1]
+        bound = max(alone(hi), d[j + 1] + time_part(lo))
+        if j >= 1:
+            bound = max(bound, min(line(j - 1, j, lo), line(j - 1, j, hi)))
+        if j + 2 <= pieces:
+            bound = max(bound, min(line(j + 1, j + 2, lo), line(j + 1, j + 2, hi)))
+        least = min(least, bound)
+    return least

@@ -14,7 +14,13 @@ import pytest
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.swap.auto import local_search
-from pipeswap.swap.bounds import lower_bound, shortest_microbatch_s, turn_bound
+from pipeswap.swap.bounds import (
+    Relief,
+    _turn_bound,
+    lower_bound,
+    shortest_microbatch_s,
+    turn_bound,
+)
 from pipeswap.swap.planner import make_case
 from pipeswap.swap.policies import HEURISTICS, fits
 from pipeswap.swap.scoring import Assignment
@@ -263,3 +269,69 @@ def test_nothing_worth_recomputing_keeps_the_swap_only_bounds(make_profile) -> N
     assert all(freed <= 0 for freed in w.freed_bytes)
     assert turn_bound(w, preset("switch-4"), ["gpu0"], budget).bound_s == turn_bound(
         w, preset("switch-4"), ["gpu0"], budget, recompute=False).bound_s
+
+
+def test_shared_uplink_with_recompute_closed_form(make_profile) -> None:
+    # Two GPUs behind sw0 (12 GB/s) must each free 12 GB before forward 3; recomputing s
+    # seconds frees at most 96 s GB (6 GB per 1/16 s). With both recomputing at most T,
+    # the GPU that recomputes least (s) leaves 12 - 96 s GB, the other 12 - 96 T, and the
+    # later GPU still re-runs s seconds after its forward 3: 1/16 + (24 - 96 (T + s)) / 12
+    # + 9/16 + s, least at s = T: 2.625 - 15 T (not 2.625 - 16 T: the re-run is counted).
+    w, budget = _four_layers(make_profile)
+    relief = Relief(w, 0.05)
+    terms = _turn_bound(w, preset("switch-4"), ["gpu0", "gpu1"], budget, 1, 0.0, relief,
+                        0.05).channel_s
+    assert terms["sw0<->cpu0 swap-outs"] == pytest.approx(2.625 - 15 * 0.05)
+    # It meets the compute of a GPU recomputing T, 0.75 + T, at T = 15/128.
+    bound = turn_bound(w, preset("switch-4"), ["gpu0", "gpu1"], budget)
+    assert bound.bound_s == pytest.approx(0.75 + 15 / 128, rel=1e-6)
+    assert bound.bound_s <= 0.75 + 15 / 128 + 1e-12  # never above the true minimum
+    assert bound.recompute_s == pytest.approx(15 / 128, rel=1e-4)
+    # Two whole layers recomputed per GPU free the 12 GB: 0.875 s, above the bound.
+    case = make_case(make_profile([(6,)] * 4, 0.0625, 0.125, param_bytes=0),
+                     preset("switch-4"), gpus=2, gpu_memory_bytes=budget)
+    two = Assignment({g: () for g in case.gpus}, recompute={g: frozenset((0, 1))
+                                                            for g in case.gpus})
+    assert case.score(two).iteration_s == pytest.approx(0.875)
+
+
+def test_relief_slope_bounds_less_recomputation(make_profile) -> None:
+    # The knapsack is concave in the seconds: its slope at T bounds every s <= T.
+    w = workload_from_profile(make_profile([(6,), (2,), (3, 1), (0.5,)], 0.05, 0.1,
+                                           param_bytes=0, output_gb=0.5))
+    for seconds in (0.01, 0.04, 0.07, 0.12, 0.2):
+        relief = Relief(w, seconds)
+        for s in (0.0, seconds / 3, seconds / 2, seconds):
+            less = Relief(w, s)
+            for k in range(w.num_layers):
+                for i in range(k, w.num_layers):
+                    ceiling = relief.between(k, i) - relief.slope(k, i) * (seconds - s)
+                    assert less.between(k, i) <= ceiling + 1e-3
+
+
+@pytest.mark.parametrize("sync_every", [1, 2])
+def test_no_mix_of_recompute_sets_beats_the_bounds(make_profile, sync_every) -> None:
+    # Every pair of recompute sets on two GPUs sharing a link (one may recompute nothing
+    # while the other recomputes all), each with random swaps and offsets.
+    rng = random.Random(sync_every)
+    profile = make_profile([(6,), (3, 2), (6,), (2,)], 0.05, 0.11, param_bytes=0,
+                           output_gb=0.5)
+    case = make_case(profile, preset("switch-4"), gpus=2, footprint_ratio=1.8,
+                     sync_every=sync_every)
+    bound = max(
+        lower_bound(case.workload, case.topology, case.gpus, case.budget_bytes,
+                    sync_every=sync_every).bound_s,
+        turn_bound(case.workload, case.topology, case.gpus, case.budget_bytes,
+                   sync_every=sync_every, bucket_bytes=case.bucket_bytes).bound_s,
+    )
+    n = case.workload.num_layers
+    subsets = [frozenset(i for i in range(n) if mask >> i & 1) for mask in range(1 << n)]
+    subsets = [r for r in subsets if _can_fit(case.workload.recomputing(r), case.budget_bytes)]
+    for first in subsets:
+        for second in subsets:
+            layers = dict(zip(case.gpus, (first, second)))
+            swaps = {g: tuple(_random_plan(rng, case.workload.recomputing(layers[g]),
+                                           case.budget_bytes)) for g in case.gpus}
+            offsets = {g: rng.choice((0.0, rng.uniform(0, 0.2))) for g in case.gpus}
+            seconds = case.score(Assignment(swaps, offsets, layers)).iteration_s
+            assert seconds >= bound * (1 - 1e-9), (first, second, seconds, bound)
