@@ -29,6 +29,7 @@ test-cuda: setup
 
 lint: setup
 	$(PY) -m ruff check pipeswap tests benchmarks
+	$(PY) -m ruff format --check pipeswap tests benchmarks
 	$(PY) -m mypy pipeswap
 
 clean:

@@ -135,8 +135,14 @@ class RecordCache:
     def load(cls, path: Path, format: str, key: Callable[[Record], Hashable]) -> RecordCache:
         """The records saved at ``path`` (which must have ``format``); ``path`` is not kept."""
         saved = load_json(path, format)
-        return cls(format, key, None, list(saved["records"]), list(saved["argv"]),
-                   float(saved["elapsed_s"]))  # fmt: skip
+        return cls(
+            format,
+            key,
+            None,
+            list(saved["records"]),
+            list(saved["argv"]),
+            float(saved["elapsed_s"]),
+        )
 
     def done(self) -> set[Hashable]:
         return {self.key(r) for r in self.records}
@@ -149,5 +155,12 @@ class RecordCache:
 
     def save(self) -> None:
         if self.path is not None:
-            dump_json(self.path, {"format": self.format, "elapsed_s": self.elapsed_s,
-                                  "argv": self.argv, "records": self.records})  # fmt: skip
+            dump_json(
+                self.path,
+                {
+                    "format": self.format,
+                    "elapsed_s": self.elapsed_s,
+                    "argv": self.argv,
+                    "records": self.records,
+                },
+            )

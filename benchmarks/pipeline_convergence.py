@@ -98,7 +98,7 @@ TASKS = {
         lr_sgd=0.05,
         lr_adam=1e-3,
         seq_len=32,
-    ),  # fmt: skip
+    ),
     "image": Task(
         "image",
         f"{MODULE}:resnet_6_blocks",
@@ -108,7 +108,7 @@ TASKS = {
         lr_sgd=0.05,
         lr_adam=3e-3,
         image_size=32,
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -199,12 +199,24 @@ def _config(setting: Setting, mode: Mode, seed: int) -> Any:
 
     task = setting.task
     return PipelineConfig(
-        task.model, even_balance(task.layers, setting.stages), schedule=mode.schedule,
-        weights=mode.weights, optimizer=mode.optimizer, lr=setting.lr(mode.optimizer),
-        momentum=0.9, batch=task.batch, micro_batches=1, steps=task.steps,
-        seq_len=task.seq_len, image_size=task.image_size, seed=seed, data_seed=seed,
-        eval_batches=task.eval_batches, distances=setting.distances, lr_warmup=setting.lr_warmup,
-    )  # fmt: skip
+        task.model,
+        even_balance(task.layers, setting.stages),
+        schedule=mode.schedule,
+        weights=mode.weights,
+        optimizer=mode.optimizer,
+        lr=setting.lr(mode.optimizer),
+        momentum=0.9,
+        batch=task.batch,
+        micro_batches=1,
+        steps=task.steps,
+        seq_len=task.seq_len,
+        image_size=task.image_size,
+        seed=seed,
+        data_seed=seed,
+        eval_batches=task.eval_batches,
+        distances=setting.distances,
+        lr_warmup=setting.lr_warmup,
+    )
 
 
 def _run(job: tuple[Setting, Mode, int]) -> dict[str, Any]:
@@ -215,18 +227,27 @@ def _run(job: tuple[Setting, Mode, int]) -> dict[str, Any]:
     started = time.perf_counter()
     result = Emulator(_config(setting, mode, seed), record=True).run()
     return {
-        "setting": setting.key, "mode": asdict(mode), "seed": seed, "losses": list(result.losses),
-        "eval": dict(result.eval), "prediction_error": result.prediction_error,
+        "setting": setting.key,
+        "mode": asdict(mode),
+        "seed": seed,
+        "losses": list(result.losses),
+        "eval": dict(result.eval),
+        "prediction_error": result.prediction_error,
         "wall_s": time.perf_counter() - started,
-    }  # fmt: skip
+    }
 
 
 def pipeline_work(
     settings: Sequence[Setting], seeds: Sequence[int], done: Container[Hashable] = frozenset()
 ) -> list[tuple[Setting, Mode, int]]:
     """Every (setting, mode, seed) to train, minus those in ``done`` (``(key, mode, seed)``)."""
-    return [(s, m, seed) for s in settings for m in s.modes() for seed in seeds
-            if (s.key, m, seed) not in done]  # fmt: skip
+    return [
+        (s, m, seed)
+        for s in settings
+        for m in s.modes()
+        for seed in seeds
+        if (s.key, m, seed) not in done
+    ]
 
 
 def _job(job: tuple[Any, ...]) -> dict[str, Any]:
@@ -243,8 +264,10 @@ def _job_key(record: dict[str, Any]) -> Hashable:
 def _describe(record: dict[str, Any]) -> str:
     what = record["mode"]["label"] if "mode" in record else record["delay"]
     optimizer = record["mode"]["optimizer"] if "mode" in record else record["optimizer"]
-    return (f"{record['setting']} {optimizer} {what} seed {record['seed']}: held-out loss "
-            f"{record['eval'].get('loss', math.nan):.4f}")  # fmt: skip
+    return (
+        f"{record['setting']} {optimizer} {what} seed {record['seed']}: held-out loss "
+        f"{record['eval'].get('loss', math.nan):.4f}"
+    )
 
 
 # ---- delay sweep: the same delays without the pipeline ---------------------------------
@@ -274,18 +297,23 @@ def delay_patterns(setting: Setting) -> list[Delay]:
     per_stage = [stash[per_layer.index(k)] for k in range(stages)]
     deepest = float(max(stash))
     patterns = [
-        Delay(f"{ASYNC_LABEL}: stages by {','.join(map(str, per_stage))}", tuple(map(float, stash))),
+        Delay(
+            f"{ASYNC_LABEL}: stages by {','.join(map(str, per_stage))}", tuple(map(float, stash))
+        ),
         Delay("every layer by 1", (1.0,) * task.layers),
-    ]  # fmt: skip
+    ]
     if task.seq_len is None:
         return patterns  # the image task runs only these (the time budget)
     only_first = (deepest,) + (0.0,) * (task.layers - 1)
     return patterns + [
         Delay("every layer by 0.5", (0.5,) * task.layers),
         Delay(f"first stage only, by {deepest:g}", tuple(deepest * (k == 0) for k in per_layer)),
-        Delay(f"last stage only, by {deepest:g}", tuple(deepest * (k == stages - 1) for k in per_layer)),
+        Delay(
+            f"last stage only, by {deepest:g}",
+            tuple(deepest * (k == stages - 1) for k in per_layer),
+        ),
         Delay(f"embedding layer only, by {deepest:g}", only_first),
-    ]  # fmt: skip
+    ]
 
 
 def _delayed_run(job: tuple[Setting, Delay, str, int]) -> dict[str, Any]:
@@ -296,18 +324,29 @@ def _delayed_run(job: tuple[Setting, Delay, str, int]) -> dict[str, Any]:
     config = _config(setting, Mode("plain", "1f1b", "stale", optimizer), seed)
     result = train_with_delays(config, delay.layers)
     tail = result.losses[-20:]
-    return {"setting": setting.key, "delay": delay.label, "optimizer": optimizer, "seed": seed,
-            "eval": dict(result.eval), "final_train": sum(tail) / len(tail),
-            "wall_s": result.wall_s}  # fmt: skip
+    return {
+        "setting": setting.key,
+        "delay": delay.label,
+        "optimizer": optimizer,
+        "seed": seed,
+        "eval": dict(result.eval),
+        "final_train": sum(tail) / len(tail),
+        "wall_s": result.wall_s,
+    }
 
 
 def delay_work(
     settings: Sequence[Setting], seeds: Sequence[int], done: Container[Hashable] = frozenset()
 ) -> list[tuple[Setting, Delay, str, int]]:
     """Every (setting, delay, optimizer, seed) of the sweep, minus those in ``done``."""
-    return [(s, d, opt, seed) for s in settings for d in delay_patterns(s)
-            for opt in ("sgd", "adam") for seed in seeds
-            if (s.key, d.label, opt, seed) not in done]  # fmt: skip
+    return [
+        (s, d, opt, seed)
+        for s in settings
+        for d in delay_patterns(s)
+        for opt in ("sgd", "adam")
+        for seed in seeds
+        if (s.key, d.label, opt, seed) not in done
+    ]
 
 
 NO_DELAY = "none (the sync 1f1b runs)"
@@ -319,17 +358,26 @@ def sync_as_delays(
     """The sync pipeline runs of the sweep's settings as its no-delay rows."""
     keys = {s.key for s in settings}
     return [
-        {"setting": r["setting"], "delay": NO_DELAY, "optimizer": r["mode"]["optimizer"],
-         "seed": r["seed"], "eval": r["eval"]}
-        for r in records if r["setting"] in keys and r["mode"]["schedule"] != "async-1f1b"
-    ]  # fmt: skip
+        {
+            "setting": r["setting"],
+            "delay": NO_DELAY,
+            "optimizer": r["mode"]["optimizer"],
+            "seed": r["seed"],
+            "eval": r["eval"],
+        }
+        for r in records
+        if r["setting"] in keys and r["mode"]["schedule"] != "async-1f1b"
+    ]
 
 
 def _delay_summary(
     records: list[dict[str, Any]], setting: Setting, label: str, optimizer: str
 ) -> Summary | None:
-    mine = [r for r in records if r["setting"] == setting.key
-            and r["delay"] == label and r["optimizer"] == optimizer]  # fmt: skip
+    mine = [
+        r
+        for r in records
+        if r["setting"] == setting.key and r["delay"] == label and r["optimizer"] == optimizer
+    ]
     if not mine:
         return None
     return Summary(
@@ -383,15 +431,22 @@ def same_as_stash(
     pairs = []
     for r in delays:
         if r["setting"] == setting.key and r["delay"].startswith(ASYNC_LABEL):
-            stash = [p for p in records if p["setting"] == setting.key
-                     and p["mode"]["weights"] == "stash" and p["mode"]["optimizer"] == r["optimizer"]
-                     and p["seed"] == r["seed"]]  # fmt: skip
+            stash = [
+                p
+                for p in records
+                if p["setting"] == setting.key
+                and p["mode"]["weights"] == "stash"
+                and p["mode"]["optimizer"] == r["optimizer"]
+                and p["seed"] == r["seed"]
+            ]
             if stash:
                 pairs.append(stash[0]["eval"]["loss"] == r["eval"]["loss"])
     if not pairs:
         return "no stash pipeline runs to compare with"
-    return (f"the same held-out loss, bit for bit, as the `stash` pipeline in {sum(pairs)} of "
-            f"{len(pairs)} runs (same setting, optimizer and seed)")  # fmt: skip
+    return (
+        f"the same held-out loss, bit for bit, as the `stash` pipeline in {sum(pairs)} of "
+        f"{len(pairs)} runs (same setting, optimizer and seed)"
+    )
 
 
 def _inf(value: float) -> float:
@@ -528,8 +583,12 @@ def verdict(summaries: dict[Mode, Summary], optimizer: str) -> dict[str, Any]:
         recovered = math.nan
     else:
         recovered = (stale.loss - predicted.loss) / gap
-    return {"gap": gap, "measurable": measurable, "recovered": recovered,
-            "holds": bool(measurable and recovered >= 0.5)}  # fmt: skip
+    return {
+        "gap": gap,
+        "measurable": measurable,
+        "recovered": recovered,
+        "holds": bool(measurable and recovered >= 0.5),
+    }
 
 
 def setting_table(setting: Setting, summaries: dict[Mode, Summary]) -> str:
@@ -543,8 +602,10 @@ def setting_table(setting: Setting, summaries: dict[Mode, Summary]) -> str:
     rule += "---|"
     lines = [head, rule]
     for mode, summary in summaries.items():
-        row = (f"| {mode.optimizer} | {mode.label} | {setting.lr(mode.optimizer):g} "
-               f"| {summary.loss_cell()} |")  # fmt: skip
+        row = (
+            f"| {mode.optimizer} | {mode.label} | {setting.lr(mode.optimizer):g} "
+            f"| {summary.loss_cell()} |"
+        )
         if image:
             row += f" {summary.accuracy_cell()} |"
         shown = mode.weights in ("spectrain", "predict-adam")
@@ -574,8 +635,13 @@ def plot(setting: Setting, records: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    colours = {"sync 1f1b": "black", "stale": "tab:red", "stash": "tab:orange",
-               "spectrain": "tab:blue", "predict-adam": "tab:blue"}  # fmt: skip
+    colours = {
+        "sync 1f1b": "black",
+        "stale": "tab:red",
+        "stash": "tab:orange",
+        "spectrain": "tab:blue",
+        "predict-adam": "tab:blue",
+    }
     task = setting.task
     window = max(1, task.steps // 15)
     top = None
@@ -596,13 +662,22 @@ def plot(setting: Setting, records: list[dict[str, Any]], path: Path) -> None:
                 label += f" (diverged after {finite * task.batch} samples)"
             smooth = _moving_average(mean[:finite], window)
             samples = [(i + 1) * task.batch for i in range(len(smooth))]
-            ax.plot(samples, smooth, label=label, color=colours[mode.label],
-                    linestyle="--" if mode.label == "stash" else "-")  # fmt: skip
+            ax.plot(
+                samples,
+                smooth,
+                label=label,
+                color=colours[mode.label],
+                linestyle="--" if mode.label == "stash" else "-",
+            )
             if mode.label == "sync 1f1b" and smooth and math.isfinite(smooth[0]):
                 top = max(top or 0.0, smooth[0] * 1.05)
         if task.seq_len is not None:
-            ax.axhline(unigram_entropy_nats(task.seq_len), color="grey", linestyle=":",
-                       label="unigram entropy (plateau)")  # fmt: skip
+            ax.axhline(
+                unigram_entropy_nats(task.seq_len),
+                color="grey",
+                linestyle=":",
+                label="unigram entropy (plateau)",
+            )
         warmup = f", warm-up {setting.lr_warmup}" if setting.lr_warmup else ""
         ax.set_title(f"{optimizer.upper()} (lr {setting.lr(optimizer):g}{warmup})")
         ax.set_xlabel("training samples")
@@ -644,26 +719,52 @@ def investigation_settings(tasks: Sequence[Task], stages: Sequence[int]) -> list
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="2 steps, 1 seed, K=4 only (seconds; for tests)")  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true", help="2 steps, 1 seed, K=4 only (seconds; for tests)"
+    )
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=sorted(TASKS))
     parser.add_argument("--stages", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, help="override every task's steps")
-    parser.add_argument("--harder", type=float, nargs="*", default=[], metavar="SCALE",
-                        help="also run the deepest K with learning rates times SCALE (e.g. 3)")  # fmt: skip
-    parser.add_argument("--original-only", action="store_true",
-                        help="skip the investigation settings and the delay sweep")  # fmt: skip
-    parser.add_argument("--delay-seeds", type=int, default=3,
-                        help="seeds of the delay sweep (plain training, no pipeline)")  # fmt: skip
+    parser.add_argument(
+        "--harder",
+        type=float,
+        nargs="*",
+        default=[],
+        metavar="SCALE",
+        help="also run the deepest K with learning rates times SCALE (e.g. 3)",
+    )
+    parser.add_argument(
+        "--original-only",
+        action="store_true",
+        help="skip the investigation settings and the delay sweep",
+    )
+    parser.add_argument(
+        "--delay-seeds",
+        type=int,
+        default=3,
+        help="seeds of the delay sweep (plain training, no pipeline)",
+    )
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"table file (default {RESULTS})")
-    parser.add_argument("--save-records", type=Path, metavar="JSON",
-                        help="also write every run's losses and scores here")  # fmt: skip
-    parser.add_argument("--load-records", type=Path, metavar="JSON",
-                        help="render the table and plots from saved runs instead of training")  # fmt: skip
-    parser.add_argument("--reuse-records", type=Path, metavar="JSON",
-                        help="train only the runs missing from these saved runs")  # fmt: skip
+    parser.add_argument(
+        "--save-records",
+        type=Path,
+        metavar="JSON",
+        help="also write every run's losses and scores here",
+    )
+    parser.add_argument(
+        "--load-records",
+        type=Path,
+        metavar="JSON",
+        help="render the table and plots from saved runs instead of training",
+    )
+    parser.add_argument(
+        "--reuse-records",
+        type=Path,
+        metavar="JSON",
+        help="train only the runs missing from these saved runs",
+    )
     args = parser.parse_args(argv)
     tasks = [TASKS[name] for name in args.tasks]
     stages, seeds, harder = args.stages, list(range(args.seeds)), args.harder
@@ -703,8 +804,13 @@ def main(argv: list[str] | None = None) -> int:
             *delay_work(other_delays, delay_seeds, done),
         ]
         previous, started = cache.elapsed_s, time.perf_counter()
-        run_jobs(work, _job, args.jobs, describe=_describe,
-                 on_record=lambda r: cache.add(r, previous + time.perf_counter() - started))  # fmt: skip
+        run_jobs(
+            work,
+            _job,
+            args.jobs,
+            describe=_describe,
+            on_record=lambda r: cache.add(r, previous + time.perf_counter() - started),
+        )
         cache.elapsed_s = previous + time.perf_counter() - started
     cache.save()
     records = [r for r in cache.records if "mode" in r]
@@ -717,7 +823,7 @@ def main(argv: list[str] | None = None) -> int:
             "Pipeline convergence: stale, stashed and predicted weights",
             "pipeline_convergence.py",
             shown,
-        )  # fmt: skip
+        )
         + _setup(tasks, seeds, args.jobs, cache.elapsed_s)
         + _overview(holds_all)
         + _notes_link()

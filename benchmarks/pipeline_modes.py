@@ -81,10 +81,14 @@ def run_one(job: tuple[Setting, Row, int]) -> dict[str, Any]:
     started = time.perf_counter()
     result = Emulator(config_of(setting, row, seed), record=False).run()
     return {
-        "setting": setting.key, "label": row.mode.label, "optimizer": row.mode.optimizer,
-        "seed": seed, "losses": list(result.losses), "eval": dict(result.eval),
+        "setting": setting.key,
+        "label": row.mode.label,
+        "optimizer": row.mode.optimizer,
+        "seed": seed,
+        "losses": list(result.losses),
+        "eval": dict(result.eval),
         "wall_s": time.perf_counter() - started,
-    }  # fmt: skip
+    }
 
 
 def weight_copies(row: Row, stages: int) -> int:
@@ -115,11 +119,16 @@ def table(
     for family in ("sgd", "adam"):
         rows = [row for row in ROWS if _family(row.mode.optimizer) == family]
         by_label = {
-            row.mode.label: sorted((r for r in mine if r["label"] == row.mode.label
-                                    and _family(r["optimizer"]) == family),
-                                   key=lambda r: r["seed"])
+            row.mode.label: sorted(
+                (
+                    r
+                    for r in mine
+                    if r["label"] == row.mode.label and _family(r["optimizer"]) == family
+                ),
+                key=lambda r: r["seed"],
+            )
             for row in rows
-        }  # fmt: skip
+        }
         loss = {k: [_held_out(r) for r in v] for k, v in by_label.items()}
         sync, stale = loss["sync 1f1b"], loss["stale"]
         for row in rows:
@@ -169,8 +178,11 @@ def _recovery(sync: list[float], stale: list[float], mode: list[float]) -> tuple
     if not math.isfinite(_mean_std(mode)[0]):
         return math.nan, "diverged"
     recovered = (_mean_std(stale)[0] - _mean_std(mode)[0]) / gap
-    per_seed = [(a - m) / (a - s) for s, a, m in zip(sync, stale, mode)
-                if a - s > 0 and math.isfinite(a - s) and math.isfinite(m)]  # fmt: skip
+    per_seed = [
+        (a - m) / (a - s)
+        for s, a, m in zip(sync, stale, mode)
+        if a - s > 0 and math.isfinite(a - s) and math.isfinite(m)
+    ]
     low, high = (min(per_seed), max(per_seed)) if per_seed else (math.nan, math.nan)
     return recovered, f"{_pct(recovered)} ({_pct(low)} to {_pct(high)})"
 
@@ -190,15 +202,23 @@ def plot(setting: Setting, records: list[dict[str, Any]], path: Path) -> None:
         for row in ROWS:
             if _family(row.mode.optimizer) != family:
                 continue
-            runs = [r for r in records if r["setting"] == setting.key
-                    and r["label"] == row.mode.label and _family(r["optimizer"]) == family]  # fmt: skip
+            runs = [
+                r
+                for r in records
+                if r["setting"] == setting.key
+                and r["label"] == row.mode.label
+                and _family(r["optimizer"]) == family
+            ]
             if not runs:
                 continue
             steps = len(runs[0]["losses"])
             mean = [sum(r["losses"][i] for r in runs) / len(runs) for i in range(steps)]
             window = max(1, steps // 20)
-            smooth = [sum(mean[max(0, i - window + 1): i + 1]) / len(mean[max(0, i - window + 1): i + 1])
-                      for i in range(steps)]  # fmt: skip
+            smooth = [
+                sum(mean[max(0, i - window + 1) : i + 1])
+                / len(mean[max(0, i - window + 1) : i + 1])
+                for i in range(steps)
+            ]
             ax.plot(smooth, label=row.mode.label)
         ax.set_title(f"{setting.title}: {family}")
         ax.set_xlabel("step")
@@ -234,10 +254,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--save-records", type=Path, metavar="JSON",
-                        help="keep every run's record here (to re-render with --load-records)")
-    parser.add_argument("--load-records", type=Path, metavar="JSON",
-                        help="render the page from saved records instead of training")
+    parser.add_argument(
+        "--save-records",
+        type=Path,
+        metavar="JSON",
+        help="keep every run's record here (to re-render with --load-records)",
+    )
+    parser.add_argument(
+        "--load-records",
+        type=Path,
+        metavar="JSON",
+        help="render the page from saved records instead of training",
+    )
     args = parser.parse_args(argv)
     tasks = [TASKS[name] for name in args.tasks]
     if args.quick:
@@ -259,12 +287,21 @@ def main(argv: list[str] | None = None) -> int:
             if args.save_records is not None:
                 dump_json(args.save_records, {"format": RECORDS_FORMAT, "records": kept})
 
-        records = run_jobs(work, run_one, args.jobs, on_record=keep,
-                           describe=lambda r: f"{r['setting']} {r['optimizer']} {r['label']} "
-                           f"seed {r['seed']}")  # fmt: skip
+        records = run_jobs(
+            work,
+            run_one,
+            args.jobs,
+            on_record=keep,
+            describe=lambda r: f"{r['setting']} {r['optimizer']} {r['label']} seed {r['seed']}",
+        )
     shown = _without_records(argv if argv is not None else sys.argv[1:])
-    parts = [header("Every schedule and weight mode: held-out loss, recovery, memory",
-                    "pipeline_modes.py", shown)]  # fmt: skip
+    parts = [
+        header(
+            "Every schedule and weight mode: held-out loss, recovery, memory",
+            "pipeline_modes.py",
+            shown,
+        )
+    ]
     parts.append(ABOUT + "\n\n")
     summary = []
     for setting in settings:
@@ -278,11 +315,17 @@ def main(argv: list[str] | None = None) -> int:
                 # The lowest held-out loss: with a diverged stale run every finite mode
                 # "recovers" 100%, and the loss above sync tells them apart.
                 name, (value, above) = min(mine.items(), key=lambda kv: kv[1][1])
-                summary.append(f"| {setting.title} | {family} | {name.split('/', 1)[1]} | "
-                               f"{_pct(value)} | {above:+.4f} |")  # fmt: skip
-    parts.insert(2, "## Best no-flush mode per setting\n\n| setting | optimizer | mode | "
-                 "recovers | held-out loss above sync |\n|---|---|---|---:|---:|\n"
-                 + "\n".join(summary) + "\n\n")  # fmt: skip
+                summary.append(
+                    f"| {setting.title} | {family} | {name.split('/', 1)[1]} | "
+                    f"{_pct(value)} | {above:+.4f} |"
+                )
+    parts.insert(
+        2,
+        "## Best no-flush mode per setting\n\n| setting | optimizer | mode | "
+        "recovers | held-out loss above sync |\n|---|---|---|---:|---:|\n"
+        + "\n".join(summary)
+        + "\n\n",
+    )
     write_atomic(args.out, "".join(parts))
     print("".join(parts[2:3]))
     print(f"wrote {args.out}")

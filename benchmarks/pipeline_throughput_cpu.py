@@ -70,16 +70,30 @@ def _config(setting: Setting, variant: str) -> Any:
     from pipeswap.pipeline.config import PipelineConfig
 
     sync = PipelineConfig(
-        setting.model, setting.balance, schedule="1f1b", weights="stale", optimizer="sgd",
-        lr=0.05, momentum=0.9, batch=setting.unit * setting.micro, micro_batches=setting.micro,
-        steps=setting.steps, seq_len=setting.seq_len, eval_batches=0, timeout_s=120.0,
-    )  # fmt: skip
+        setting.model,
+        setting.balance,
+        schedule="1f1b",
+        weights="stale",
+        optimizer="sgd",
+        lr=0.05,
+        momentum=0.9,
+        batch=setting.unit * setting.micro,
+        micro_batches=setting.micro,
+        steps=setting.steps,
+        seq_len=setting.seq_len,
+        eval_batches=0,
+        timeout_s=120.0,
+    )
     if "async" in variant:
         weights = "spectrain" if "spectrain" in variant else "stale"
         return dataclasses.replace(
-            sync, schedule="async-1f1b", weights=weights, batch=setting.unit, micro_batches=1,
+            sync,
+            schedule="async-1f1b",
+            weights=weights,
+            batch=setting.unit,
+            micro_batches=1,
             steps=setting.steps * setting.micro,
-        )  # fmt: skip
+        )
     if "gpipe" in variant.lower():
         return dataclasses.replace(sync, schedule="gpipe")
     return sync
@@ -115,10 +129,13 @@ def _torch_schedule(setting: Setting, variant: str, rank: int, world: int) -> fl
             logits = model(micro)
         boundary.requires_grad_(True)
         stage = PipelineStage(
-            module, rank, world, torch.device("cpu"),
+            module,
+            rank,
+            world,
+            torch.device("cpu"),
             input_args=(micro,) if rank == 0 else (boundary,),
             output_args=boundary if rank == 0 else logits,
-        )  # fmt: skip
+        )
         kind = Schedule1F1B if "1F1B" in variant else ScheduleGPipe
         schedule = kind(stage, config.micro_batches, loss_fn=model.loss)
         optimizer = torch.optim.SGD(
@@ -196,8 +213,11 @@ def _rank(rank: int, world: int, setting: Setting, variants: tuple[str, ...]) ->
         rates = {v: _measure(rank, world, setting, v) for v in order}
         if rank == 0:
             rounds.append({v: float(r) for v, r in rates.items() if r is not None})
-            print(f"repeat {repeat + 1}/{setting.repeats}: "
-                  + ", ".join(f"{v} {rates[v]:.1f}" for v in variants), flush=True)  # fmt: skip
+            print(
+                f"repeat {repeat + 1}/{setting.repeats}: "
+                + ", ".join(f"{v} {rates[v]:.1f}" for v in variants),
+                flush=True,
+            )
     return rounds if rank == 0 else None
 
 
@@ -256,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     body = (
         header(
             "Real pipeline throughput on CPU (2 stages, gloo)", "pipeline_throughput_cpu.py", argv
-        )  # fmt: skip
+        )
         + f"Model `{s.model}` (sequence {s.seq_len}) cut {s.balance[0]},{s.balance[1]} into two "
         f"stages, one process each over gloo, one intra-op thread per process. Units of "
         f"{s.unit} samples: synchronous schedules and the single process train mini-batches "

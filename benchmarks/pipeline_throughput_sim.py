@@ -123,9 +123,14 @@ def steady_rate(build: object, steps: int, samples_per_step: int, topology: Topo
 
 
 def data_parallel_rate(
-    model: str, gpu: str, batch: int, topology: Topology, *, overlap: bool = True,
+    model: str,
+    gpu: str,
+    batch: int,
+    topology: Topology,
+    *,
+    overlap: bool = True,
     gpus: int | None = None,
-) -> Rate:  # fmt: skip
+) -> Rate:
     """DP on the first ``gpus`` GPUs (default all) at ``batch`` per GPU, halving until it fits."""
     memory = gpu_spec(gpu).memory_bytes
     while batch >= 1:
@@ -157,9 +162,13 @@ def pipeline_rate(
         profile = scaled(estimate(model, batch, gpu=gpu), micro)
         try:
             cut = partition(
-                profile, n, memory_cap_bytes=gpu_spec(gpu).memory_bytes,
-                schedule=schedule_name, micro_batches=micro, weights=weights,
-            )  # fmt: skip
+                profile,
+                n,
+                memory_cap_bytes=gpu_spec(gpu).memory_bytes,
+                schedule=schedule_name,
+                micro_batches=micro,
+                weights=weights,
+            )
             break
         except PipeswapError:
             batch //= 2
@@ -190,8 +199,12 @@ def default_batch(model: str) -> int:
     return model_spec(model).default_batch
 
 
-def main_table(models: tuple[str, ...], gpus: tuple[str, ...], topologies: tuple[str, ...],
-               batch_of: dict[str, int]) -> tuple[str, list[dict[str, object]]]:  # fmt: skip
+def main_table(
+    models: tuple[str, ...],
+    gpus: tuple[str, ...],
+    topologies: tuple[str, ...],
+    batch_of: dict[str, int],
+) -> tuple[str, list[dict[str, object]]]:
     lines = [
         "| model | GPU | server | N | b | 1 GPU | DP | DP no overlap | gpipe | 1f1b | async-1f1b "
         "| 2bw | async / DP | async / DP no overlap | async / (N x 1 GPU) | async balance |",
@@ -218,24 +231,38 @@ def main_table(models: tuple[str, ...], gpus: tuple[str, ...], topologies: tuple
                 a = pipes["async-1f1b"].samples_per_s
                 ideal = None if single.samples_per_s is None else n * single.samples_per_s
                 cells = [
-                    single.cell(b), dp.cell(b), dp_plain.cell(b),
+                    single.cell(b),
+                    dp.cell(b),
+                    dp_plain.cell(b),
                     *(pipes[s].cell(b) for s in PIPELINES),
-                    _ratio(a, dp.samples_per_s), _ratio(a, dp_plain.samples_per_s),
+                    _ratio(a, dp.samples_per_s),
+                    _ratio(a, dp_plain.samples_per_s),
                     _ratio(a, ideal),
-                ]  # fmt: skip
+                ]
                 lines.append(
                     f"| {model} | {gpu} | {name} | {n} | {b} | "
                     + " | ".join(cells)
                     + f" | {','.join(map(str, balance)) or '-'} |"
                 )
-                rows.append({"model": model, "gpu": gpu, "server": name, "n": n,
-                             "single": single, "dp": dp, "dp_plain": dp_plain, **pipes})  # fmt: skip
+                rows.append(
+                    {
+                        "model": model,
+                        "gpu": gpu,
+                        "server": name,
+                        "n": n,
+                        "single": single,
+                        "dp": dp,
+                        "dp_plain": dp_plain,
+                        **pipes,
+                    }
+                )
                 print(lines[-1], flush=True)
     return "\n".join(lines), rows
 
 
-def sweep_table(model: str, gpu: str, topologies: tuple[str, ...],
-                batches: tuple[int, ...]) -> tuple[str, list[dict[str, object]]]:  # fmt: skip
+def sweep_table(
+    model: str, gpu: str, topologies: tuple[str, ...], batches: tuple[int, ...]
+) -> tuple[str, list[dict[str, object]]]:
     lines = [
         "| server | b | DP | DP no overlap | async-1f1b | async / DP | async / DP no overlap |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -275,8 +302,11 @@ def _best_ratio(rows: list[dict[str, object]], baseline: str) -> tuple[float, di
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="one model, one GPU, switch-4, small batch (seconds; for tests)")  # fmt: skip
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one model, one GPU, switch-4, small batch (seconds; for tests)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"table file (default {RESULTS})")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -293,9 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_write:
         return 0
     text = (
-        header(
-            "Simulated pipeline throughput on PCIe servers", "pipeline_throughput_sim.py", argv
-        )  # fmt: skip
+        header("Simulated pipeline throughput on PCIe servers", "pipeline_throughput_sim.py", argv)
         + _explanation(batch_of)
         + "\n## Throughput (samples/s, steady state)\n\n"
         + main_text

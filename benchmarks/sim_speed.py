@@ -33,7 +33,12 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "sim_spe
 
 
 def training_graph(
-    num_tasks: int, gpus: list[str], *, seed: int = 0, layers: int = 24, swapped: int = 8,
+    num_tasks: int,
+    gpus: list[str],
+    *,
+    seed: int = 0,
+    layers: int = 24,
+    swapped: int = 8,
     buckets: int = 4,
 ) -> TaskGraph:
     """Iterations of swap-enabled data-parallel training until ``num_tasks`` tasks exist."""
@@ -54,11 +59,17 @@ def training_graph(
             prev = None
             for layer in range(layers):
                 deps = [prev] if prev else list(previous_allreduces)
-                prev = b.compute(gpu, fwd_s[layer], deps=deps, alloc_bytes=act_bytes[layer],
-                                 id=f"i{iteration}.{gpu}.f{layer}")
+                prev = b.compute(
+                    gpu,
+                    fwd_s[layer],
+                    deps=deps,
+                    alloc_bytes=act_bytes[layer],
+                    id=f"i{iteration}.{gpu}.f{layer}",
+                )
                 if layer in swap_layers:
-                    swap_out[(gpu, layer)] = b.d2h(gpu, act_bytes[layer], deps=[prev],
-                                                   free_bytes=act_bytes[layer])
+                    swap_out[(gpu, layer)] = b.d2h(
+                        gpu, act_bytes[layer], deps=[prev], free_bytes=act_bytes[layer]
+                    )
             last_fwd[gpu] = prev  # type: ignore[assignment]
         bwd: dict[tuple[str, int], str] = {}
         allreduces = []
@@ -70,12 +81,21 @@ def training_graph(
                     deps = [bwd.get((gpu, layer + 1), last_fwd[gpu])]
                     if layer in swap_layers:
                         trigger = bwd.get((gpu, layer + 2), last_fwd[gpu])
-                        deps.append(b.h2d(gpu, act_bytes[layer],
-                                          deps=[trigger, swap_out[(gpu, layer)]],
-                                          alloc_bytes=act_bytes[layer]))
-                    bwd[(gpu, layer)] = b.compute(gpu, 2 * fwd_s[layer], deps=deps,
-                                                  free_bytes=act_bytes[layer],
-                                                  id=f"i{iteration}.{gpu}.b{layer}")
+                        deps.append(
+                            b.h2d(
+                                gpu,
+                                act_bytes[layer],
+                                deps=[trigger, swap_out[(gpu, layer)]],
+                                alloc_bytes=act_bytes[layer],
+                            )
+                        )
+                    bwd[(gpu, layer)] = b.compute(
+                        gpu,
+                        2 * fwd_s[layer],
+                        deps=deps,
+                        free_bytes=act_bytes[layer],
+                        id=f"i{iteration}.{gpu}.b{layer}",
+                    )
                 ends.append(bwd[(gpu, bucket_layers[-1])])
             allreduces.append(b.allreduce(gpus, grad_bytes[bucket], deps=ends))
         previous_allreduces = allreduces
@@ -99,9 +119,15 @@ def measure(num_tasks: int, seed: int, repeats: int) -> dict[str, float]:
     counts = {kind: sum(t.kind == kind for t in graph.tasks) for kind in kinds}
     ring = 2 * (len(topology.gpus) - 1) * len(topology.gpus)
     transfers = counts["d2h"] + counts["h2d"] + ring * counts["allreduce"]
-    return {"tasks": len(graph), **counts, "transfers": transfers, "build_s": build_s,
-            "simulate_s": best,
-            "tasks_per_s": len(graph) / best, "makespan_s": result.makespan_s}
+    return {
+        "tasks": len(graph),
+        **counts,
+        "transfers": transfers,
+        "build_s": build_s,
+        "simulate_s": best,
+        "tasks_per_s": len(graph) / best,
+        "makespan_s": result.makespan_s,
+    }
 
 
 def table(rows: list[dict[str, float]]) -> str:
@@ -130,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     # benchmarks/ is on sys.path when this file runs as a script; importing it as a module
     # (the slow simulator test does) needs only training_graph, not the shared helpers.
     from _common import machine
+
     rows = []
     for num_tasks in args.tasks:
         rows.append(measure(num_tasks, args.seed, args.repeats))
@@ -148,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             "8 concurrent transfers each); `transfers` counts the point-to-point flows. "
             "Prefetches wait for memory under the 2.5 GiB limit. `simulate s` is the best of "
             f"{args.repeats} runs of `simulate()`; `build s` builds the graph.\n\n"
-            + table(rows) + "\n"
+            + table(rows)
+            + "\n"
         )
         write_atomic(RESULTS, text)
         print(f"wrote {RESULTS}")

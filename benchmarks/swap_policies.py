@@ -69,8 +69,9 @@ class Grid:
     time_limit_s: float
 
 
-FULL = Grid(FULL_MODELS, (1.33, 1.5, 2.0), ("switch-4", "single-root-8", "dual-root-8"),
-            (1, 4), 10.0)
+FULL = Grid(
+    FULL_MODELS, (1.33, 1.5, 2.0), ("switch-4", "single-root-8", "dual-root-8"), (1, 4), 10.0
+)
 QUICK = Grid(QUICK_MODELS, (1.33, 2.0), ("switch-4",), (1, 4), 2.0)
 
 
@@ -112,19 +113,32 @@ def audit(result: PlanResult) -> tuple[bool, bool]:
     graph = TaskGraph.from_json(result.graph.to_json())
     again = simulate(graph, result.topology)
     # A baseline that does not fit was scored without a limit: only its time is checked.
-    return (again.makespan_s == result.iteration_s,
-            not result.fits or all(g.peak_bytes <= result.budget_bytes
-                                   for g in again.gpus.values()))
+    return (
+        again.makespan_s == result.iteration_s,
+        not result.fits or all(g.peak_bytes <= result.budget_bytes for g in again.gpus.values()),
+    )
 
 
 def swap_only_bound(case: Case) -> tuple[float, int]:
     """The best bound of plans that only swap (what the best bound was before recompute),
     and the bytes such a plan moves each way per micro-batch at least."""
-    link = lower_bound(case.workload, case.topology, case.gpus, case.budget_bytes,
-                       sync_every=case.sync_every, recompute=False)
-    turn = turn_bound(case.workload, case.topology, case.gpus, case.budget_bytes,
-                      sync_every=case.sync_every, bucket_bytes=case.bucket_bytes,
-                      recompute=False)
+    link = lower_bound(
+        case.workload,
+        case.topology,
+        case.gpus,
+        case.budget_bytes,
+        sync_every=case.sync_every,
+        recompute=False,
+    )
+    turn = turn_bound(
+        case.workload,
+        case.topology,
+        case.gpus,
+        case.budget_bytes,
+        sync_every=case.sync_every,
+        bucket_bytes=case.bucket_bytes,
+        recompute=False,
+    )
     return max(link.bound_s, turn.bound_s), link.min_swap_bytes // case.sync_every
 
 
@@ -144,21 +158,34 @@ def run_grid(grid: Grid, log: bool = True) -> tuple[list[Row], list[Single], lis
                 continue
             for topology in grid.topologies:
                 for sync_every in grid.sync_every:
-                    case = make_case(profile, preset(topology), footprint_ratio=ratio,
-                                     sync_every=sync_every)
-                    results = {p: plan_case(case, profile, p, time_limit_s=grid.time_limit_s)
-                               for p in POLICIES}
+                    case = make_case(
+                        profile, preset(topology), footprint_ratio=ratio, sync_every=sync_every
+                    )
+                    results = {
+                        p: plan_case(case, profile, p, time_limit_s=grid.time_limit_s)
+                        for p in POLICIES
+                    }
                     checks = {p: audit(r) for p, r in results.items()}
-                    rows.append(Row(model, topology, ratio, sync_every, results, checks,
-                                    *swap_only_bound(case)))
+                    rows.append(
+                        Row(
+                            model,
+                            topology,
+                            ratio,
+                            sync_every,
+                            results,
+                            checks,
+                            *swap_only_bound(case),
+                        )
+                    )
                     if log:
                         print(_case_line(rows[-1]), file=sys.stderr, flush=True)
             single.append((model, ratio, *_single_gpu(profile, ratio, grid.time_limit_s)))
     return rows, single, refused
 
 
-def _single_gpu(profile: Profile, ratio: float,
-                time_limit_s: float) -> tuple[PlanResult, PlanResult, PlanResult]:
+def _single_gpu(
+    profile: Profile, ratio: float, time_limit_s: float
+) -> tuple[PlanResult, PlanResult, PlanResult]:
     case = make_case(profile, preset("switch-4"), gpus=1, footprint_ratio=ratio)
     heuristics = [plan_case(case, profile, p) for p in HEURISTICS + ("hybrid",)]
     best = min(heuristics, key=lambda r: r.iteration_s)
@@ -167,10 +194,13 @@ def _single_gpu(profile: Profile, ratio: float,
 
 
 def _case_line(row: Row) -> str:
-    times = " ".join(f"{p}={r.iteration_s:.3f}{'' if r.fits else '(no fit)'}"
-                     for p, r in row.results.items())
-    return (f"{row.model} {row.topology} x{row.ratio} K={row.sync_every} "
-            f"bound={row.best.bound_s:.3f} swap-only={row.swap_only_bound_s:.3f} {times}")
+    times = " ".join(
+        f"{p}={r.iteration_s:.3f}{'' if r.fits else '(no fit)'}" for p, r in row.results.items()
+    )
+    return (
+        f"{row.model} {row.topology} x{row.ratio} K={row.sync_every} "
+        f"bound={row.best.bound_s:.3f} swap-only={row.swap_only_bound_s:.3f} {times}"
+    )
 
 
 def _pct(value: float) -> str:
@@ -198,8 +228,15 @@ def _mean(values: list[float | None]) -> tuple[float | None, int]:
     return (statistics.mean(present) if present else None), len(present)
 
 
-def report(rows: list[Row], single: list[Single], refused: list[str], grid: Grid,
-           command: str, elapsed_s: float, load: tuple[str, str]) -> str:
+def report(
+    rows: list[Row],
+    single: list[Single],
+    refused: list[str],
+    grid: Grid,
+    command: str,
+    elapsed_s: float,
+    load: tuple[str, str],
+) -> str:
     lines = [
         "# Swap policies: contention-aware swapping and recomputation vs. the baselines",
         "",
@@ -210,7 +247,7 @@ def report(rows: list[Row], single: list[Single], refused: list[str], grid: Grid
         "inflate every planning time below)  ",
         f"Date: {datetime.date.today().isoformat()}; wall time {elapsed_s:.0f} s "
         f"({elapsed_s / 60:.1f} min, from the first profile estimate to the last plan)  ",
-        "Profiles: `pipeswap.profiling.estimate(model, gpu=\"v100-32gb\")` (FLOP-count "
+        'Profiles: `pipeswap.profiling.estimate(model, gpu="v100-32gb")` (FLOP-count '
         "estimates, not measurements); budgets: the no-swap peak divided by the footprint "
         f"ratio; PCIe gen3 presets (12 GB/s per direction); time limit of `mip` and `auto` "
         f"{grid.time_limit_s:g} s per case. All times are simulated iteration times; every "
@@ -234,26 +271,33 @@ def report(rows: list[Row], single: list[Single], refused: list[str], grid: Grid
         "`no fit`: the baseline's peak exceeds the budget (its peak / the budget).",
         "",
         "| model | topology | ratio | K | swap-only bound s | best valid bound s | "
-        + " | ".join(POLICIES) + " | best |",
+        + " | ".join(POLICIES)
+        + " | best |",
         "|---|---|---|---|---|---|" + "---|" * len(POLICIES) + "---|",
     ]
     for row in rows:
         lines.append(
             f"| {row.model} | {row.topology} | {row.ratio} | {row.sync_every} | "
             f"{row.swap_only_bound_s:.3f} | {row.best.bound_s:.3f} | "
-            + " | ".join(_cell(row, p) for p in POLICIES) + f" | {row.best.policy} |"
+            + " | ".join(_cell(row, p) for p in POLICIES)
+            + f" | {row.best.policy} |"
         )
-    lines += ["", "## Summary per footprint ratio", "",
-              "Mean speedup of the best plan over each baseline (iteration-time ratio - 1; "
-              "over the cases where the baseline fits, their count in brackets), the mean "
-              "speedup of each policy over `oblivious`, and the mean gap of the best plan to "
-              "the best valid bound; published: the HPCA 2023 averages over a "
-              "contention-oblivious baseline (real servers, their models, swapping only).", "",
-              "| ratio | cases | best over save-on-cpu | best over recompute | best over "
-              "oblivious | best over best swap-only | "
-              + " | ".join(f"{p} over oblivious" for p in POLICIES if p != "oblivious")
-              + " | best gap to best bound | published |",
-              "|---|---|---|---|---|---|" + "---|" * (len(POLICIES) - 1) + "---|---|"]
+    lines += [
+        "",
+        "## Summary per footprint ratio",
+        "",
+        "Mean speedup of the best plan over each baseline (iteration-time ratio - 1; "
+        "over the cases where the baseline fits, their count in brackets), the mean "
+        "speedup of each policy over `oblivious`, and the mean gap of the best plan to "
+        "the best valid bound; published: the HPCA 2023 averages over a "
+        "contention-oblivious baseline (real servers, their models, swapping only).",
+        "",
+        "| ratio | cases | best over save-on-cpu | best over recompute | best over "
+        "oblivious | best over best swap-only | "
+        + " | ".join(f"{p} over oblivious" for p in POLICIES if p != "oblivious")
+        + " | best gap to best bound | published |",
+        "|---|---|---|---|---|---|" + "---|" * (len(POLICIES) - 1) + "---|---|",
+    ]
     for ratio in grid.ratios:
         subset = [r for r in rows if r.ratio == ratio]
         if not subset:
@@ -262,20 +306,28 @@ def report(rows: list[Row], single: list[Single], refused: list[str], grid: Grid
         for baseline in ("save-on-cpu", "recompute", "oblivious"):
             mean, count = _mean([r.best_over(baseline) for r in subset])
             over.append("-" if mean is None else f"{_pct(mean - 1)} ({count})")
-        swap_only = statistics.mean(r.best_swap_only.iteration_s / r.best.iteration_s
-                                    for r in subset) - 1
+        swap_only = (
+            statistics.mean(r.best_swap_only.iteration_s / r.best.iteration_s for r in subset) - 1
+        )
         means = []
         for p in POLICIES:
             if p == "oblivious":
                 continue
             mean, count = _mean([r.speedup(p) if r.results[p].fits else None for r in subset])
-            means.append("-" if mean is None else _pct(mean - 1)
-                         + ("" if count == len(subset) else f" ({count})"))
+            means.append(
+                "-"
+                if mean is None
+                else _pct(mean - 1) + ("" if count == len(subset) else f" ({count})")
+            )
         gap_best = statistics.mean(r.best.gap_to_best_bound for r in subset)
         published = f"{PUBLISHED[ratio]:.1f}%" if ratio in PUBLISHED else "-"
-        lines.append(f"| {ratio} | {len(subset)} | " + " | ".join(over)
-                     + f" | {_pct(swap_only)} | " + " | ".join(means)
-                     + f" | {_pct(gap_best)} | {published} |")
+        lines.append(
+            f"| {ratio} | {len(subset)} | "
+            + " | ".join(over)
+            + f" | {_pct(swap_only)} | "
+            + " | ".join(means)
+            + f" | {_pct(gap_best)} | {published} |"
+        )
     lines.append("")
     for ratio in grid.ratios:
         subset = [r for r in rows if r.ratio == ratio]
@@ -284,16 +336,20 @@ def report(rows: list[Row], single: list[Single], refused: list[str], grid: Grid
         parts = []
         for baseline in ("save-on-cpu", "recompute", "oblivious"):
             mean, count = _mean([r.best_over(baseline) for r in subset])
-            parts.append(f"{baseline} {'-' if mean is None else _pct(mean - 1)}"
-                         + ("" if count == len(subset) else f" ({count} of {len(subset)} "
-                            "cases fit)"))
-        lines.append(f"Ratio {ratio}: the best plan is faster than " + ", ".join(parts)
-                     + " on average.  ")
+            parts.append(
+                f"{baseline} {'-' if mean is None else _pct(mean - 1)}"
+                + ("" if count == len(subset) else f" ({count} of {len(subset)} cases fit)")
+            )
+        lines.append(
+            f"Ratio {ratio}: the best plan is faster than " + ", ".join(parts) + " on average.  "
+        )
     for sync_every in grid.sync_every:
         subset = [r for r in rows if r.sync_every == sync_every]
         best = statistics.mean(r.speedup(r.best.policy) for r in subset) - 1
-        lines.append(f"\nWith --sync-every {sync_every}: best policy {_pct(best)} over oblivious "
-                     f"on average ({len(subset)} cases).")
+        lines.append(
+            f"\nWith --sync-every {sync_every}: best policy {_pct(best)} over oblivious "
+            f"on average ({len(subset)} cases)."
+        )
     lines += _checks(rows)
     lines += _swap_vs_hybrid(rows, grid)
     lines += ["", BOUNDS_NOTE.rstrip()]
@@ -301,10 +357,14 @@ def report(rows: list[Row], single: list[Single], refused: list[str], grid: Grid
     if refused:
         lines += ["", "## Cases the planner refuses", ""]
         lines += [f"- {reason}" for reason in refused]
-    lines += ["", "## One GPU: MIP vs the best heuristic, and auto", "",
-              "| model | ratio | best heuristic | its s | mip s | mip estimate s | mip gap | "
-              "mip kept | auto s | best valid bound s |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## One GPU: MIP vs the best heuristic, and auto",
+        "",
+        "| model | ratio | best heuristic | its s | mip s | mip estimate s | mip gap | "
+        "mip kept | auto s | best valid bound s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for model, ratio, heuristic, mip, auto in single:
         gap = "-" if mip.mip_gap is None else f"{100 * mip.mip_gap:.2f}%"
         lines.append(
@@ -368,25 +428,45 @@ checks above count the benchmark's plans that beat a bound (none may).
 
 
 def _checks(rows: list[Row]) -> list[str]:
-    slower = {p: [r for r in rows
-                  if any(r.results[p].iteration_s > r.results[h].iteration_s + 1e-9
-                         for h in HEURISTICS)] for p in SEARCHED}
-    auto_slower = [r for r in rows
-                   if r.results["auto"].iteration_s > r.results["mip"].iteration_s + 1e-9]
+    slower = {
+        p: [
+            r
+            for r in rows
+            if any(r.results[p].iteration_s > r.results[h].iteration_s + 1e-9 for h in HEURISTICS)
+        ]
+        for p in SEARCHED
+    }
+    auto_slower = [
+        r for r in rows if r.results["auto"].iteration_s > r.results["mip"].iteration_s + 1e-9
+    ]
     # hybrid or auto slower than a baseline that fits, or than any swap-only policy
     rivals = HEURISTICS + BASELINES
-    beaten_by = {p: [r for r in rows
-                     if any(r.results[q].fits
-                            and r.results[p].iteration_s > r.results[q].iteration_s + 1e-9
-                            for q in rivals)] for p in ("hybrid", "auto")}
+    beaten_by = {
+        p: [
+            r
+            for r in rows
+            if any(
+                r.results[q].fits and r.results[p].iteration_s > r.results[q].iteration_s + 1e-9
+                for q in rivals
+            )
+        ]
+        for p in ("hybrid", "auto")
+    }
     link_rows = [r for r in rows if (r.model, r.ratio) in LINK_BOUND]
-    link_gain = [r.best_swap_only.iteration_s / r.results["hybrid"].iteration_s - 1
-                 for r in link_rows]
+    link_gain = [
+        r.best_swap_only.iteration_s / r.results["hybrid"].iteration_s - 1 for r in link_rows
+    ]
     plan_s = max(r.results[h].solve_s for r in rows for h in HEURISTICS + BASELINES)
     hybrid_s = max(r.results["hybrid"].solve_s for r in rows)
     searched_s = {p: max(r.results[p].solve_s for r in rows) for p in SEARCHED}
-    over_budget = [r for r in rows for res in r.results.values() if res.fits
-                   for g in res.gpus if g.peak_bytes > g.budget_bytes]
+    over_budget = [
+        r
+        for r in rows
+        for res in r.results.values()
+        if res.fits
+        for g in res.gpus
+        if g.peak_bytes > g.budget_bytes
+    ]
     not_reproduced = [(r, p) for r in rows for p, (same, _) in r.audit.items() if not same]
     over_again = [(r, p) for r in rows for p, (_, within) in r.audit.items() if not within]
     gap_best = statistics.mean(r.best.gap_to_best_bound for r in rows)
@@ -398,15 +478,24 @@ def _checks(rows: list[Row]) -> list[str]:
         m: statistics.mean(r.best.gap_to_best_bound for r in rows if r.model == m)
         for m in dict.fromkeys(r.model for r in rows)
     }
-    beaten = [r for r in rows for res in r.results.values()
-              if res.fits and res.iteration_s < res.bound_s * (1 - 1e-9)]
-    swap_beaten = [r for r in rows for p in HEURISTICS
-                   if r.results[p].iteration_s < r.swap_only_bound_s * (1 - 1e-9)]
+    beaten = [
+        r
+        for r in rows
+        for res in r.results.values()
+        if res.fits and res.iteration_s < res.bound_s * (1 - 1e-9)
+    ]
+    swap_beaten = [
+        r
+        for r in rows
+        for p in HEURISTICS
+        if r.results[p].iteration_s < r.swap_only_bound_s * (1 - 1e-9)
+    ]
     no_fit = {p: sum(1 for r in rows if not r.results[p].fits) for p in BASELINES}
     recomputing = sum(1 for r in rows if any(g.recompute for g in r.best.plan.gpus))
     mip_kept = sum(1 for r in rows if str(r.results["mip"].notes.get("kept", "")).startswith("mip"))
-    auto_better = sum(1 for r in rows
-                      if r.results["auto"].iteration_s < r.results["mip"].iteration_s - 1e-9)
+    auto_better = sum(
+        1 for r in rows if r.results["auto"].iteration_s < r.results["mip"].iteration_s - 1e-9
+    )
     worst_model = max(by_model, key=lambda m: by_model[m])
     lines = [
         "",
@@ -424,7 +513,8 @@ def _checks(rows: list[Row]) -> list[str]:
             f"- link-bound cases ({', '.join(f'{m} at ratio {q}' for m, q in LINK_BOUND)}, "
             f"every topology, K = 1 and 4; {len(link_rows)} cases): hybrid is "
             f"{_pct(statistics.mean(link_gain))} faster than the best swap-only plan on "
-            f"average, {_pct(min(link_gain))} at least (target >= +10%).")
+            f"average, {_pct(min(link_gain))} at least (target >= +10%)."
+        )
     lines += [
         f"- mip slower than some swap-only heuristic: {len(slower['mip'])} of {len(rows)} "
         f"cases; auto: {len(slower['auto'])}; auto slower than mip: {len(auto_slower)}.",
@@ -432,7 +522,8 @@ def _checks(rows: list[Row]) -> list[str]:
         f"{len(rows)}; auto's local search faster than mip: {auto_better} of {len(rows)}.",
         f"- mean gap of the best plan to the best valid bound: {100 * gap_best:.2f}% "
         "(target <= 2%; K: "
-        + ", ".join(f"K={k}: {100 * v:.2f}%" for k, v in by_k.items()) + "); per model "
+        + ", ".join(f"K={k}: {100 * v:.2f}%" for k, v in by_k.items())
+        + "); per model "
         "(target <= 4%): "
         + ", ".join(f"{m}: {100 * v:.2f}%" for m, v in by_model.items())
         + f"; largest: {worst_model}.",
@@ -471,22 +562,34 @@ def _swap_vs_hybrid(rows: list[Row], grid: Grid) -> list[str]:
             if not subset:
                 continue
             swap_s = statistics.mean(r.best_swap_only.iteration_s for r in subset)
-            swap_gap = statistics.mean(r.best_swap_only.iteration_s / r.swap_only_bound_s - 1
-                                       for r in subset)
+            swap_gap = statistics.mean(
+                r.best_swap_only.iteration_s / r.swap_only_bound_s - 1 for r in subset
+            )
             best_s = statistics.mean(r.best.iteration_s for r in subset)
             best_gap = statistics.mean(r.best.gap_to_best_bound for r in subset)
-            gain = statistics.mean(r.best_swap_only.iteration_s / r.best.iteration_s - 1
-                                   for r in subset)
-            lines.append(f"| {model} | {ratio} | {len(subset)} | {swap_s:.3f} | "
-                         f"{_pct(swap_gap)} | {best_s:.3f} | {_pct(best_gap)} | {_pct(gain)} |")
+            gain = statistics.mean(
+                r.best_swap_only.iteration_s / r.best.iteration_s - 1 for r in subset
+            )
+            lines.append(
+                f"| {model} | {ratio} | {len(subset)} | {swap_s:.3f} | "
+                f"{_pct(swap_gap)} | {best_s:.3f} | {_pct(best_gap)} | {_pct(gain)} |"
+            )
     return lines
 
 
 def _why(rows: list[Row]) -> list[str]:
     """The link-bound case in numbers from this run, and what remains above the bound."""
     lines: list[str] = []
-    sample = next((r for r in rows if (r.model, r.ratio) == LINK_BOUND[0]
-                   and r.sync_every == 1 and r.topology == "switch-4"), None)
+    sample = next(
+        (
+            r
+            for r in rows
+            if (r.model, r.ratio) == LINK_BOUND[0]
+            and r.sync_every == 1
+            and r.topology == "switch-4"
+        ),
+        None,
+    )
     if sample is not None:
         best = sample.best
         swap = sample.best_swap_only
@@ -509,12 +612,12 @@ def _why(rows: list[Row]) -> list[str]:
     by_model: dict[str, list[Row]] = {}
     for r in rows:
         by_model.setdefault(r.model, []).append(r)
-    worst = max(by_model, key=lambda m: statistics.mean(r.best.gap_to_best_bound
-                                                        for r in by_model[m]))
+    worst = max(
+        by_model, key=lambda m: statistics.mean(r.best.gap_to_best_bound for r in by_model[m])
+    )
     worst_row = max(by_model[worst], key=lambda r: r.best.gap_to_best_bound)
     # save-on-cpu swaps every saved tensor: its plan lists them all.
-    largest = max((s.bytes for s in worst_row.results["save-on-cpu"].plan.gpus[0].swaps),
-                  default=0)
+    largest = max((s.bytes for s in worst_row.results["save-on-cpu"].plan.gpus[0].swaps), default=0)
     lines += [
         "",
         f"What remains above the best valid bound is largest for {worst} (worst case: "
@@ -538,8 +641,9 @@ def main(argv: list[str] | None = None) -> int:
     load_start = _load()
     rows, single, refused = run_grid(grid)
     command = "python benchmarks/swap_policies.py" + (" --quick" if args.quick else "")
-    text = report(rows, single, refused, grid, command, time.perf_counter() - started,
-                  (load_start, _load()))
+    text = report(
+        rows, single, refused, grid, command, time.perf_counter() - started, (load_start, _load())
+    )
     if args.no_write:
         print(text)
     else:

@@ -47,7 +47,11 @@ MODELS = {  # name: (batch, shape keyword arguments)
     "resnet18": (8, {"image_size": 32}),
 }
 VARIANTS = (
-    "plain", "hooks only", "hooks + accounting", "swap all, just in time", "swap all, at the turn",
+    "plain",
+    "hooks only",
+    "hooks + accounting",
+    "swap all, just in time",
+    "swap all, at the turn",
 )
 
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -67,13 +71,19 @@ def _plan(model: Any, records: dict[str, list[Any]], kind: str, budget: int) -> 
             decisions.extend(
                 SwapDecision(name, r.index, r.bytes, name, later) for r in records[name]
             )
-    return SwapPlan(kind, model.name, tuple(names), (GpuPlan("gpu0", 0, budget, 0.0, tuple(decisions)),))
+    return SwapPlan(
+        kind, model.name, tuple(names), (GpuPlan("gpu0", 0, budget, 0.0, tuple(decisions)),)
+    )
 
 
 def _runner(name: str, variant: str, device: torch.device) -> Callable[[], None]:
     """One training step of ``name`` under ``variant``, as a closure."""
     batch, shape = MODELS[name]
-    model = build_model(name, device=device, **({"image_size": shape["image_size"]} if "image_size" in shape else {}))
+    model = build_model(
+        name,
+        device=device,
+        **({"image_size": shape["image_size"]} if "image_size" in shape else {}),
+    )
     inputs, targets = model.example_batch(batch, device=device, **shape)
     inputs = inputs.clone(memory_format=torch.contiguous_format)
     targets = targets.clone()
@@ -83,6 +93,7 @@ def _runner(name: str, variant: str, device: torch.device) -> Callable[[], None]
         return model.loss(model(inputs), targets)
 
     if variant == "plain":
+
         def step() -> None:
             forward_loss().backward()
             optimizer.step()
@@ -90,6 +101,7 @@ def _runner(name: str, variant: str, device: torch.device) -> Callable[[], None]
 
         return step
     if variant == "save_on_cpu":
+
         def step_on_cpu() -> None:
             with torch.autograd.graph.save_on_cpu(pin_memory=True):
                 loss = forward_loss()
@@ -100,9 +112,11 @@ def _runner(name: str, variant: str, device: torch.device) -> Callable[[], None]
         return step_on_cpu
     records, _ = capture_records(model, forward_loss)
     kind = {
-        "hooks only": "none", "hooks + accounting": "none", "swap all, just in time": "jit",
+        "hooks only": "none",
+        "hooks + accounting": "none",
+        "swap all, just in time": "jit",
         "swap all, at the turn": "turn",
-    }[variant]  # fmt: skip
+    }[variant]
     # "hooks only" is the production path on CUDA (its allocator counts the bytes); the CPU
     # accounting of every saved tensor is measured separately.
     account = variant != "hooks only"
@@ -128,7 +142,7 @@ def alternate(
     _sync(device)
     times: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(repeats):
-        order = names[rep % len(names):] + names[: rep % len(names)]
+        order = names[rep % len(names) :] + names[: rep % len(names)]
         for name in order:
             _sync(device)
             start = time.perf_counter()
@@ -143,7 +157,9 @@ def cpu_table(repeats: int, warmup: int) -> tuple[str, list[str]]:
     rows = ["| model | variant | median step ms | ratio to plain |", "|---|---|---:|---:|"]
     verdicts = []
     for name in MODELS:
-        medians = alternate({v: _runner(name, v, device) for v in VARIANTS}, repeats, warmup, device)
+        medians = alternate(
+            {v: _runner(name, v, device) for v in VARIANTS}, repeats, warmup, device
+        )
         plain = medians["plain"]
         for variant in VARIANTS:
             ratio = medians[variant] / plain
@@ -171,7 +187,9 @@ def cuda_sections(repeats: int, warmup: int) -> str:
     rows = ["| model | variant | median step ms | ratio to plain |", "|---|---|---:|---:|"]
     for name in MODELS:
         variants = ("plain", "save_on_cpu", "swap all, just in time", "swap all, at the turn")
-        medians = alternate({v: _runner(name, v, device) for v in variants}, repeats, warmup, device)
+        medians = alternate(
+            {v: _runner(name, v, device) for v in variants}, repeats, warmup, device
+        )
         for variant in variants:
             rows.append(
                 f"| {name} | {variant} | {medians[variant] * 1e3:.2f} | "
@@ -224,7 +242,9 @@ def _two_ranks_one_gpu() -> str:
     job = ZooJob(name, batch, seq_len=shape["seq_len"])
     rows = ["| policy | predicted ms | measured ms |", "|---|---:|---:|"]
     for policy in ("oblivious", "disjoint", "bidirectional"):
-        plan = make_plan(profile, preset("switch-4"), policy=policy, gpus=2, footprint_ratio=1.5).plan
+        plan = make_plan(
+            profile, preset("switch-4"), policy=policy, gpus=2, footprint_ratio=1.5
+        ).plan
         launched = spawn(_shared_gpu_rank, 2, job, plan, profile, backend="gloo", timeout_s=120)
         if not launched.ok:
             rows.append(f"| {policy} | failed: exit codes {launched.exit_codes} | |")
@@ -239,8 +259,15 @@ def _shared_gpu_rank(rank: int, world: int, job: Any, plan: SwapPlan, profile: A
     from pipeswap.training.dp_rank import TrainSettings, train_rank
 
     # Both ranks on GPU 0: local_rank 0 for each; gloo carries the all-reduce.
-    return train_rank(job, plan, TrainSettings(steps=12, device="cuda"), rank=rank,
-                      world_size=world, local_rank=0, profile=profile)  # fmt: skip
+    return train_rank(
+        job,
+        plan,
+        TrainSettings(steps=12, device="cuda"),
+        rank=rank,
+        world_size=world,
+        local_rank=0,
+        profile=profile,
+    )
 
 
 def machine() -> str:
@@ -273,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         given = sys.argv[1:] if argv is None else argv
         command = ".venv/bin/python benchmarks/swap_runtime.py " + " ".join(given)
         shapes = ", ".join(
-            f"{name} batch {batch} " + " ".join(f"{k.replace('_', ' ')} {v}" for k, v in shape.items())
+            f"{name} batch {batch} "
+            + " ".join(f"{k.replace('_', ' ')} {v}" for k, v in shape.items())
             for name, (batch, shape) in MODELS.items()
         )
         text = (
@@ -293,7 +321,11 @@ def main(argv: list[str] | None = None) -> int:
             f"variant ran {args.warmup} untimed steps, then {args.repeats} timed steps in "
             "rotating order; the median is shown with its ratio to plain's median, all from "
             "one run. The machine's two cores were shared with other work while it ran, so "
-            "differences of about 1% are within the noise.\n\n" + table + "\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n\n"
+            "differences of about 1% are within the noise.\n\n"
+            + table
+            + "\n\n"
+            + "\n".join(f"- {v}" for v in verdicts)
+            + "\n\n"
             + cuda
         )
         write_atomic(RESULTS, text)

@@ -84,12 +84,15 @@ def step_dir(directory: str | os.PathLike[str], done: int) -> Path:
 
 def write_manifest(plan: CheckpointPlan, done: int) -> None:
     """Name the set of step ``done`` (rank files follow; the set is complete once all exist)."""
-    dump_json(step_dir(plan.directory, done) / "manifest.json", {
-        "format": CHECKPOINT_FORMAT,
-        "step": done,
-        "identity": plan.identity,
-        "files": [f"rank-{r}.pt" for r in range(plan.world_size)],
-    })  # fmt: skip
+    dump_json(
+        step_dir(plan.directory, done) / "manifest.json",
+        {
+            "format": CHECKPOINT_FORMAT,
+            "step": done,
+            "identity": plan.identity,
+            "files": [f"rank-{r}.pt" for r in range(plan.world_size)],
+        },
+    )
 
 
 def save_rank(plan: CheckpointPlan, done: int, rank: int, state: dict[str, Any]) -> None:

@@ -27,9 +27,19 @@ _SKIPPED_DIRS = frozenset(
     {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
 )
 SHAPE_KINDS = (
-    "disk", "square", "triangle", "ring", "cross", "stripes",
-    "checkerboard", "rings", "gradient", "dots", "ellipse", "frame",
-)  # fmt: skip
+    "disk",
+    "square",
+    "triangle",
+    "ring",
+    "cross",
+    "stripes",
+    "checkerboard",
+    "rings",
+    "gradient",
+    "dots",
+    "ellipse",
+    "frame",
+)
 
 
 def _check_split(split: str) -> None:
@@ -277,12 +287,20 @@ def dataset_for(
     if isinstance(model, str):
         spec = model_spec(model)
         name, task, vocab, classes, in_channels = (
-            spec.name, spec.task, spec.vocab_size, spec.num_classes, 3,
-        )  # fmt: skip
+            spec.name,
+            spec.task,
+            spec.vocab_size,
+            spec.num_classes,
+            3,
+        )
     else:
         name, task, vocab, classes, in_channels = (
-            model.name, model.task, model.vocab_size, model.num_classes, model.in_channels,
-        )  # fmt: skip
+            model.name,
+            model.task,
+            model.vocab_size,
+            model.num_classes,
+            model.in_channels,
+        )
         mask_token_id = model.mask_token_id
         fixed = model.fixed_image_size
         if task == "classify" and fixed is not None and image_size not in (None, fixed):

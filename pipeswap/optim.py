@@ -94,4 +94,3 @@ def optimizer_for_mode(
             params, lr=lr, beta1=momentum, weight_decay=weight_decay, decoupled=name != "adam"
         )
     return make_optimizer(name, params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-

@@ -109,8 +109,10 @@ def _text(obj: dict[str, Any], key: str, where: str, default: str | None = None)
 
 def _seconds(obj: dict[str, Any], key: str, where: str) -> float:
     value = _field(obj, key, where)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-        math.isfinite(value) and value >= 0
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value >= 0)
     ):
         raise PipeswapError(
             f"{where}: {key} is {_shown(value)}; write a finite number of seconds >= 0"
@@ -118,8 +120,9 @@ def _seconds(obj: dict[str, Any], key: str, where: str) -> float:
     return float(value)
 
 
-def _count(obj: dict[str, Any], key: str, where: str, default: int | None = None,
-           minimum: int = 0) -> int:
+def _count(
+    obj: dict[str, Any], key: str, where: str, default: int | None = None, minimum: int = 0
+) -> int:
     """A whole number >= ``minimum``; 1e9 written as a float is accepted, 1.5 is not."""
     value = _field(obj, key, where, default)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
@@ -273,7 +276,9 @@ class Profile:
         # Older files have no has_saved_data: they carry saved data when every layer lists it.
         has_saved = obj.get("has_saved_data", all("saved" in la for la in raw_layers))
         if not isinstance(has_saved, bool):
-            raise PipeswapError(f"{where}: has_saved_data is {_shown(has_saved)}; write true or false")
+            raise PipeswapError(
+                f"{where}: has_saved_data is {_shown(has_saved)}; write true or false"
+            )
         notes = obj.get("notes", {})
         if not isinstance(notes, dict):
             raise PipeswapError(f"{where}: notes is {_shown(notes)}; write a JSON object")
@@ -286,9 +291,14 @@ class Profile:
             optimizer=_text(obj, "optimizer", where, "sgd"),
             optimizer_state_bytes=_count(obj, "optimizer_state_bytes", where, default=0),
             layers=layers,
-            seq_len=None if obj.get("seq_len") is None else _count(obj, "seq_len", where, minimum=1),
-            image_size=(None if obj.get("image_size") is None
-                        else _count(obj, "image_size", where, minimum=1)),
+            seq_len=None
+            if obj.get("seq_len") is None
+            else _count(obj, "seq_len", where, minimum=1),
+            image_size=(
+                None
+                if obj.get("image_size") is None
+                else _count(obj, "image_size", where, minimum=1)
+            ),
             has_saved_data=has_saved,
             notes=dict(notes),
         )

@@ -12,17 +12,39 @@ import pytest
 _CONTRACT_GRAPH = {
     "format": "pipeswap.graph/1",
     "tasks": [
-        {"id": "f0", "kind": "compute", "gpu": "gpu0", "duration_s": 1.0,
-         "alloc_bytes": 8000000000},
-        {"id": "out0", "kind": "d2h", "gpu": "gpu0", "bytes": 6000000000, "deps": ["f0"],
-         "free_bytes": 6000000000},
-        {"id": "in0", "kind": "h2d", "gpu": "gpu0", "bytes": 6000000000, "deps": ["out0"],
-         "alloc_bytes": 6000000000},
+        {
+            "id": "f0",
+            "kind": "compute",
+            "gpu": "gpu0",
+            "duration_s": 1.0,
+            "alloc_bytes": 8000000000,
+        },
+        {
+            "id": "out0",
+            "kind": "d2h",
+            "gpu": "gpu0",
+            "bytes": 6000000000,
+            "deps": ["f0"],
+            "free_bytes": 6000000000,
+        },
+        {
+            "id": "in0",
+            "kind": "h2d",
+            "gpu": "gpu0",
+            "bytes": 6000000000,
+            "deps": ["out0"],
+            "alloc_bytes": 6000000000,
+        },
         {"id": "act", "kind": "p2p", "src": "gpu0", "dst": "gpu1", "bytes": 1000000000},
-        {"id": "grads", "kind": "allreduce", "gpus": ["gpu0", "gpu1"], "bytes": 4000000000,
-         "deps": ["in0", "act"]},
+        {
+            "id": "grads",
+            "kind": "allreduce",
+            "gpus": ["gpu0", "gpu1"],
+            "bytes": 4000000000,
+            "deps": ["in0", "act"],
+        },
     ],
-}  # fmt: skip
+}
 
 
 @pytest.fixture

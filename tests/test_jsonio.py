@@ -80,6 +80,7 @@ def test_load_json_refuses_an_unreadable_file(
     path = tmp_path / "secret.json"
     path.write_text("{}")
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # root reads anything: simulate it
+
         def denied(*args: object, **kwargs: object) -> None:
             raise PermissionError(13, "Permission denied", str(path))
 

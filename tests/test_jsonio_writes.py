@@ -194,8 +194,9 @@ def full_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
 
     mount = tmp_path / "small"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
-                          capture_output=True)  # fmt: skip
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True
+    )
     if made.returncode != 0:
         pytest.skip("cannot mount a small tmpfs here (needs root or CAP_SYS_ADMIN)")
     try:
@@ -217,8 +218,18 @@ def test_a_full_disk_keeps_the_old_report_and_no_temporary(full_disk: Path) -> N
                 handle.write(b"x" * 1024)
         except OSError:
             pass
-    argv = ["profile", "--model", "gpt2-micro", "--batch", "2", "--seq-len", "8", "--estimate",
-            "--out", str(report)]  # fmt: skip
+    argv = [
+        "profile",
+        "--model",
+        "gpt2-micro",
+        "--batch",
+        "2",
+        "--seq-len",
+        "8",
+        "--estimate",
+        "--out",
+        str(report),
+    ]
     assert main(argv) == 2
     assert report.read_text() == "old"
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "p.json"]

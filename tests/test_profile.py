@@ -33,12 +33,27 @@ def test_json_round_trip(tmp_path) -> None:
 
 
 def test_contract_example_is_accepted() -> None:
-    obj = {"format": "pipeswap.profile/1", "model": "gpt2-tiny", "batch": 8, "seq_len": 64,
-           "dtype": "float32", "source": "measured", "device": "cpu",
-           "optimizer": "adam", "optimizer_state_bytes": 1048576,
-           "layers": [{"name": "embed", "forward_s": 0.0011, "backward_s": 0.0020,
-                       "param_bytes": 524288, "output_bytes": 131072,
-                       "saved": [{"index": 0, "bytes": 131072}]}]}
+    obj = {
+        "format": "pipeswap.profile/1",
+        "model": "gpt2-tiny",
+        "batch": 8,
+        "seq_len": 64,
+        "dtype": "float32",
+        "source": "measured",
+        "device": "cpu",
+        "optimizer": "adam",
+        "optimizer_state_bytes": 1048576,
+        "layers": [
+            {
+                "name": "embed",
+                "forward_s": 0.0011,
+                "backward_s": 0.0020,
+                "param_bytes": 524288,
+                "output_bytes": 131072,
+                "saved": [{"index": 0, "bytes": 131072}],
+            }
+        ],
+    }
     p = Profile.from_json(obj)
     assert p.layers[0].saved == (SavedTensor(0, 131072),)
 

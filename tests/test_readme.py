@@ -28,16 +28,18 @@ def _quickstart() -> str:
     return _python_blocks()[0]
 
 
-def test_the_quickstart_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_the_quickstart_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     exec(compile(_quickstart(), "README.md", "exec"), {"__name__": "__quickstart__"})
     out = capsys.readouterr().out
     assert "MiB for one training step" in out and "late_fetches=" in out
 
 
-def test_the_own_model_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_the_own_model_block_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("transformers")
     monkeypatch.chdir(tmp_path)
     exec(compile(_python_blocks()[1], "README.md", "exec"), {"__name__": "__own_model__"})

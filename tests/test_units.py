@@ -9,9 +9,18 @@ from pipeswap.units import MAX_BYTES, format_bytes, parse_bytes
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("16GiB", 16 * 2**30), ("16GB", 16 * 10**9), ("1.5e9", 1_500_000_000),
-        ("512MiB", 512 * 2**20), ("4096", 4096), ("1.5 gib", 3 * 2**29), ("2kb", 2000),
-        ("0", 0), (" 7 B ", 7), ("1TiB", 2**40), (12, 12), (2e9, 2 * 10**9),
+        ("16GiB", 16 * 2**30),
+        ("16GB", 16 * 10**9),
+        ("1.5e9", 1_500_000_000),
+        ("512MiB", 512 * 2**20),
+        ("4096", 4096),
+        ("1.5 gib", 3 * 2**29),
+        ("2kb", 2000),
+        ("0", 0),
+        (" 7 B ", 7),
+        ("1TiB", 2**40),
+        (12, 12),
+        (2e9, 2 * 10**9),
     ],
 )
 def test_parse_bytes(text, expected: int) -> None:
@@ -20,8 +29,14 @@ def test_parse_bytes(text, expected: int) -> None:
 
 @pytest.mark.parametrize(
     "text, message",
-    [("lots", "not a byte size"), ("16 gigs", "unknown unit 'gigs'"), ("-1GB", "not a byte size"),
-     ("0.5", "whole number"), ("", "not a byte size"), (float("nan"), "finite")],
+    [
+        ("lots", "not a byte size"),
+        ("16 gigs", "unknown unit 'gigs'"),
+        ("-1GB", "not a byte size"),
+        ("0.5", "whole number"),
+        ("", "not a byte size"),
+        (float("nan"), "finite"),
+    ],
 )
 def test_parse_bytes_refuses_nonsense(text, message: str) -> None:
     with pytest.raises(PipeswapError, match=message):

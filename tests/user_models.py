@@ -35,7 +35,9 @@ class DropoutNet(nn.Module):
         self.block0 = nn.Sequential(
             nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 32), nn.Tanh()
         )
-        self.block1 = nn.Sequential(nn.Linear(32, 32), nn.Dropout(0.1), nn.GELU(), nn.Linear(32, 32))
+        self.block1 = nn.Sequential(
+            nn.Linear(32, 32), nn.Dropout(0.1), nn.GELU(), nn.Linear(32, 32)
+        )
         self.head = nn.Linear(32, 5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

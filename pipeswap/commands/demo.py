@@ -42,32 +42,96 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
         ("Where am I running?", ["env"]),
         (
             "Measure a small GPT layer by layer on this machine",
-            ["profile", "--model", "gpt2-tiny", "--batch", "8", "--seq-len", "64",
-             "--device", "cpu", "--repeats", "3", "--out", str(out / "gpt2-tiny.json")],
+            [
+                "profile",
+                "--model",
+                "gpt2-tiny",
+                "--batch",
+                "8",
+                "--seq-len",
+                "64",
+                "--device",
+                "cpu",
+                "--repeats",
+                "3",
+                "--out",
+                str(out / "gpt2-tiny.json"),
+            ],
         ),
         (
             "Estimate GPT-2 large on a V100 (meta device, no GPU needed)",
-            ["profile", "--model", "gpt2-large", "--batch", "8", "--seq-len", "1024",
-             "--estimate", "--gpu", "v100-32gb", "--out", str(out / "gpt2-large.json")],
+            [
+                "profile",
+                "--model",
+                "gpt2-large",
+                "--batch",
+                "8",
+                "--seq-len",
+                "1024",
+                "--estimate",
+                "--gpu",
+                "v100-32gb",
+                "--out",
+                str(out / "gpt2-large.json"),
+            ],
         ),
         ("The server we plan for", ["topology", "show", "switch-4"]),
         (
             "Plan swapping for 4 data-parallel GPUs at 1.5x their memory, every policy",
-            ["plan", "--profile", str(out / "gpt2-large.json"), "--topology", "switch-4",
-             "--footprint-ratio", "1.5", "--sync-every", "4", "--compare", "--time-limit", "10",
-             "--out", str(out / "plan.json"), "--graph-out", str(out / "plan-graph.json"),
-             "--timeline", str(out / "plan.png")],
+            [
+                "plan",
+                "--profile",
+                str(out / "gpt2-large.json"),
+                "--topology",
+                "switch-4",
+                "--footprint-ratio",
+                "1.5",
+                "--sync-every",
+                "4",
+                "--compare",
+                "--time-limit",
+                "10",
+                "--out",
+                str(out / "plan.json"),
+                "--graph-out",
+                str(out / "plan-graph.json"),
+                "--timeline",
+                str(out / "plan.png"),
+            ],
         ),
         (
             "Audit the chosen plan: re-simulate the exact graph it was scored on",
-            lambda: ["simulate", "--graph", str(out / "plan-graph.json"), "--topology",
-                     "switch-4", "--gpu-memory", _budget_of(out / "plan.json")],
+            lambda: [
+                "simulate",
+                "--graph",
+                str(out / "plan-graph.json"),
+                "--topology",
+                "switch-4",
+                "--gpu-memory",
+                _budget_of(out / "plan.json"),
+            ],
         ),
         (
             "Apply a plan to real training: 2 data-parallel ranks over gloo, swapping",
-            ["train", "--model", "gpt2-tiny", "--batch", "8", "--seq-len", "64", "--steps", "5",
-             "--nproc", "2", "--swap-policy", "disjoint", "--footprint-ratio", "1.5",
-             "--report", str(out / "swap-train.json")],
+            [
+                "train",
+                "--model",
+                "gpt2-tiny",
+                "--batch",
+                "8",
+                "--seq-len",
+                "64",
+                "--steps",
+                "5",
+                "--nproc",
+                "2",
+                "--swap-policy",
+                "disjoint",
+                "--footprint-ratio",
+                "1.5",
+                "--report",
+                str(out / "swap-train.json"),
+            ],
         ),
         (
             "A pipeline that never flushes: 4 stages, one-forward-one-backward",
@@ -75,17 +139,52 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
         ),
         (
             "Train it: 4 processes over gloo, SpecTrain weight prediction",
-            ["train", "--model", "gpt2-tiny", "--batch", "8", "--seq-len", "64",
-             "--pipeline", "4", "--schedule", "async-1f1b", "--weights", "spectrain",
-             "--steps", "20", "--nproc", "4", "--report", str(out / "pipeline.json")],
+            [
+                "train",
+                "--model",
+                "gpt2-tiny",
+                "--batch",
+                "8",
+                "--seq-len",
+                "64",
+                "--pipeline",
+                "4",
+                "--schedule",
+                "async-1f1b",
+                "--weights",
+                "spectrain",
+                "--steps",
+                "20",
+                "--nproc",
+                "4",
+                "--report",
+                str(out / "pipeline.json"),
+            ],
         ),
         (
             "The same run emulated in one process: the same SHA-256, plus prediction error",
-            ["train", "--model", "gpt2-tiny", "--batch", "8", "--seq-len", "64",
-             "--pipeline", "4", "--schedule", "async-1f1b", "--weights", "spectrain",
-             "--steps", "20", "--emulate", "--report", str(out / "pipeline-emulated.json")],
+            [
+                "train",
+                "--model",
+                "gpt2-tiny",
+                "--batch",
+                "8",
+                "--seq-len",
+                "64",
+                "--pipeline",
+                "4",
+                "--schedule",
+                "async-1f1b",
+                "--weights",
+                "spectrain",
+                "--steps",
+                "20",
+                "--emulate",
+                "--report",
+                str(out / "pipeline-emulated.json"),
+            ],
         ),
-    ]  # fmt: skip
+    ]
 
 
 # The options by which the demo's steps name the files they write.
@@ -96,15 +195,18 @@ def _prepare_folder(out: Path, steps: list[tuple[str, Argv]]) -> None:
     """Refuse an --out that is not a folder and cannot be made one, or a file inside it that
     a step could not write, before the first step runs; then create the folder."""
     if out.exists() and not out.is_dir():
-        raise PipeswapError(f"--out {out} is a file, not a folder; give a folder (it is "
-                            "created if missing)")  # fmt: skip
+        raise PipeswapError(
+            f"--out {out} is a file, not a folder; give a folder (it is created if missing)"
+        )
     existing = next(p for p in (out, *out.parents) if p.exists() or p == Path(p.anchor))
     if not existing.is_dir():
-        raise PipeswapError(f"cannot create folder {out}: {existing} is a file, not a folder; "
-                            "choose another --out")  # fmt: skip
+        raise PipeswapError(
+            f"cannot create folder {out}: {existing} is a file, not a folder; choose another --out"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise PipeswapError(f"cannot write in {out}: permission denied in {existing}; "
-                            "choose another --out")  # fmt: skip
+        raise PipeswapError(
+            f"cannot write in {out}: permission denied in {existing}; choose another --out"
+        )
     for _title, step in steps:
         if callable(step):
             continue

@@ -35,33 +35,75 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "to host memory and when, aware of GPUs that share a PCIe channel, and (hybrid, mip, "
         "auto) which layers to recompute instead; score the plan with the simulator.",
     )
-    parser.add_argument("--profile", required=True, metavar="FILE",
-                        help="a pipeswap.profile/1 JSON file (`pipeswap profile ... --out`)")
-    parser.add_argument("--topology", required=True, metavar="NAME|FILE",
-                        help="a preset (switch-4, single-root-8, dual-root-8, ...) or a JSON file")
-    parser.add_argument("--gpus", type=int, default=None, metavar="N",
-                        help="data-parallel degree: the first N GPUs (default: all)")
+    parser.add_argument(
+        "--profile",
+        required=True,
+        metavar="FILE",
+        help="a pipeswap.profile/1 JSON file (`pipeswap profile ... --out`)",
+    )
+    parser.add_argument(
+        "--topology",
+        required=True,
+        metavar="NAME|FILE",
+        help="a preset (switch-4, single-root-8, dual-root-8, ...) or a JSON file",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="data-parallel degree: the first N GPUs (default: all)",
+    )
     budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--gpu-memory", metavar="SIZE",
-                        help="memory budget per GPU, e.g. 16GiB (default: the topology's)")
-    budget.add_argument("--footprint-ratio", type=float, metavar="R",
-                        help="budget = the no-swap peak divided by R (e.g. 1.5)")
-    parser.add_argument("--sync-every", type=int, default=1, metavar="K",
-                        help="micro-batches per gradient all-reduce (default 1)")
-    parser.add_argument("--bucket-size", default=str(DEFAULT_BUCKET_BYTES), metavar="SIZE",
-                        help="gradient all-reduce bucket size (default 25MiB)")
-    parser.add_argument("--policy", choices=POLICIES, default=None,
-                        help="the planning policy (auto keeps the best simulated plan; "
-                        "recompute and save-on-cpu are the PyTorch baselines, hybrid swaps "
-                        "or recomputes)")
-    parser.add_argument("--compare", action="store_true",
-                        help="run every policy and print one table")
-    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
-                        help="time limit of mip and auto in seconds (default 60); auto "
-                        "searches until it or a local optimum")
+    budget.add_argument(
+        "--gpu-memory",
+        metavar="SIZE",
+        help="memory budget per GPU, e.g. 16GiB (default: the topology's)",
+    )
+    budget.add_argument(
+        "--footprint-ratio",
+        type=float,
+        metavar="R",
+        help="budget = the no-swap peak divided by R (e.g. 1.5)",
+    )
+    parser.add_argument(
+        "--sync-every",
+        type=int,
+        default=1,
+        metavar="K",
+        help="micro-batches per gradient all-reduce (default 1)",
+    )
+    parser.add_argument(
+        "--bucket-size",
+        default=str(DEFAULT_BUCKET_BYTES),
+        metavar="SIZE",
+        help="gradient all-reduce bucket size (default 25MiB)",
+    )
+    parser.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default=None,
+        help="the planning policy (auto keeps the best simulated plan; "
+        "recompute and save-on-cpu are the PyTorch baselines, hybrid swaps "
+        "or recomputes)",
+    )
+    parser.add_argument(
+        "--compare", action="store_true", help="run every policy and print one table"
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT_S,
+        metavar="S",
+        help="time limit of mip and auto in seconds (default 60); auto "
+        "searches until it or a local optimum",
+    )
     parser.add_argument("--out", metavar="FILE", help="write the pipeswap.swapplan/2 plan")
-    parser.add_argument("--graph-out", metavar="FILE",
-                        help="write the exact task graph that was scored (pipeswap.graph/1)")
+    parser.add_argument(
+        "--graph-out",
+        metavar="FILE",
+        help="write the exact task graph that was scored (pipeswap.graph/1)",
+    )
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")
     parser.add_argument("--timeline", metavar="FILE", help="write a PNG Gantt chart")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -103,8 +145,11 @@ def run(args: argparse.Namespace) -> int:
         results = compare(case, profile, time_limit_s=args.time_limit)
         chosen = best_fitting(results)
         if args.json:
-            print(json.dumps({"policies": [r.to_json() for r in results],
-                              "best": chosen.policy}, indent=1))
+            print(
+                json.dumps(
+                    {"policies": [r.to_json() for r in results], "best": chosen.policy}, indent=1
+                )
+            )
         else:
             print(compare_table(results))
     else:
@@ -133,14 +178,18 @@ def _check_outputs(args: argparse.Namespace) -> None:
     input, or that is given twice; so no file is written and then another one refused."""
     from pipeswap.jsonio import check_writable
 
-    named = [("--out", args.out), ("--graph-out", args.graph_out), ("--trace", args.trace),
-             ("--timeline", args.timeline)]  # fmt: skip
+    named = [
+        ("--out", args.out),
+        ("--graph-out", args.graph_out),
+        ("--trace", args.trace),
+        ("--timeline", args.timeline),
+    ]
     inputs = (args.profile, topology_file(args.topology))
     for i, (flag, path) in enumerate(named):
         if path == "":
             raise PipeswapError(f"{flag} is empty; give a file name")
         if path is not None:
-            check_writable(path, inputs=inputs, outputs=[other for _, other in named[i + 1:]])
+            check_writable(path, inputs=inputs, outputs=[other for _, other in named[i + 1 :]])
 
 
 def _write_outputs(args: argparse.Namespace, chosen: PlanResult, notes: Any) -> None:
@@ -150,8 +199,11 @@ def _write_outputs(args: argparse.Namespace, chosen: PlanResult, notes: Any) -> 
         print(f"wrote plan{which} {args.out}", file=notes)
     if args.graph_out is not None:
         chosen.graph.save(args.graph_out)
-        print(f"wrote graph{which} {args.graph_out}; reproduce with: "
-              f"{chosen.reproduce_command(args.graph_out, args.topology)}", file=notes)
+        print(
+            f"wrote graph{which} {args.graph_out}; reproduce with: "
+            f"{chosen.reproduce_command(args.graph_out, args.topology)}",
+            file=notes,
+        )
     if args.trace is not None:
         from pipeswap.sim.trace import write_trace
 
@@ -185,8 +237,10 @@ def plan_table(result: PlanResult) -> str:
         if key not in ("mip_gap",):
             lines.append(f"{key:<14} {value}")
     lines.append("")
-    header = (f"{'gpu':<8} {'peak':>11} {'budget':>11} {'swapped':>11} {'stall_s':>9} "
-              f"{'offset_s':>9} {'recomputed':>10} {'recomp_s':>8}")
+    header = (
+        f"{'gpu':<8} {'peak':>11} {'budget':>11} {'swapped':>11} {'stall_s':>9} "
+        f"{'offset_s':>9} {'recomputed':>10} {'recomp_s':>8}"
+    )
     lines.append(header)
     for g in result.gpus:
         lines.append(
@@ -202,13 +256,18 @@ def compare_table(results: list[PlanResult]) -> str:
     baseline = next((r for r in results if r.policy == "oblivious"), None)
     best = best_fitting(results)
     # "vs bound": the gap to the best bound known, max(link bound, turn bound).
-    header = (f"{'policy':<20} {'iteration_s':>11} {'vs oblivious':>12} {'vs bound':>9} "
-              f"{'solve_s':>8} {'mip_gap':>8} {'max peak':>11} {'swapped':>11} {'stall_s':>8} "
-              f"{'recomputed':>10}")
+    header = (
+        f"{'policy':<20} {'iteration_s':>11} {'vs oblivious':>12} {'vs bound':>9} "
+        f"{'solve_s':>8} {'mip_gap':>8} {'max peak':>11} {'swapped':>11} {'stall_s':>8} "
+        f"{'recomputed':>10}"
+    )
     lines = [header]
     for r in results:
-        speedup = "-" if baseline is None or not r.fits else (
-            f"{baseline.iteration_s / r.iteration_s:.3f}x")
+        speedup = (
+            "-"
+            if baseline is None or not r.fits
+            else (f"{baseline.iteration_s / r.iteration_s:.3f}x")
+        )
         name = r.policy + ("" if r.fits else " (no fit)")
         lines.append(
             f"{name:<20} {r.iteration_s:>11.4f} {speedup:>12} {_gap(r.gap_to_best_bound):>9} "
@@ -218,7 +277,9 @@ def compare_table(results: list[PlanResult]) -> str:
             f"{max(g.stall_s for g in r.gpus):>8.4f} "
             f"{max(g.recomputed_layers for g in r.gpus):>10}"
         )
-    lines.append(f"best: {best.policy} ({best.iteration_s:.4f} s); lower bound "
-                 f"{best.lower_bound_s:.4f} s, turn bound {best.turn_bound_s:.4f} s; budget "
-                 f"{format_bytes(best.budget_bytes)} per GPU")
+    lines.append(
+        f"best: {best.policy} ({best.iteration_s:.4f} s); lower bound "
+        f"{best.lower_bound_s:.4f} s, turn bound {best.turn_bound_s:.4f} s; budget "
+        f"{format_bytes(best.budget_bytes)} per GPU"
+    )
     return "\n".join(lines)

@@ -24,21 +24,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="zoo model name (e.g. gpt2-tiny), a local "
-                        "Hugging Face model directory, or module:function returning an nn.Module")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="zoo model name (e.g. gpt2-tiny), a local "
+        "Hugging Face model directory, or module:function returning an nn.Module",
+    )
     parser.add_argument("--batch", type=int, default=None, help="batch size (default: zoo's)")
     shape = parser.add_mutually_exclusive_group()
     shape.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (LMs)")
     shape.add_argument("--image-size", type=int, default=None, help="image side (image models)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                       help="measure on this device (default cpu)")  # fmt: skip
-    where.add_argument("--estimate", action="store_true",
-                       help="estimate on the meta device for --gpu instead of running")  # fmt: skip
+    where.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="measure on this device (default cpu)",
+    )
+    where.add_argument(
+        "--estimate",
+        action="store_true",
+        help="estimate on the meta device for --gpu instead of running",
+    )
     parser.add_argument("--gpu", default=None, help="GPU spec for --estimate (default v100-32gb)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd",
-                        help="sgd means SGD with momentum (state: 1x params; adam(w): 2x)")  # fmt: skip
+    parser.add_argument(
+        "--optimizer",
+        choices=("sgd", "adam", "adamw"),
+        default="sgd",
+        help="sgd means SGD with momentum (state: 1x params; adam(w): 2x)",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps (measure only)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps; median reported")
     parser.add_argument("--out", required=True, help="where to write the profile JSON")
@@ -66,15 +81,26 @@ def run(args: argparse.Namespace) -> int:
         if args.estimate:
             gpu = gpu_spec(args.gpu or "v100-32gb")
             profile = estimate(
-                args.model, batch, seq_len=args.seq_len, image_size=args.image_size,
-                gpu=gpu, dtype=args.dtype, optimizer=args.optimizer,
-            )  # fmt: skip
+                args.model,
+                batch,
+                seq_len=args.seq_len,
+                image_size=args.image_size,
+                gpu=gpu,
+                dtype=args.dtype,
+                optimizer=args.optimizer,
+            )
         else:
             profile = measure(
-                args.model, batch, seq_len=args.seq_len, image_size=args.image_size,
-                device=args.device or "cpu", dtype=args.dtype, optimizer=args.optimizer,
-                warmup=args.warmup, repeats=args.repeats,
-            )  # fmt: skip
+                args.model,
+                batch,
+                seq_len=args.seq_len,
+                image_size=args.image_size,
+                device=args.device or "cpu",
+                dtype=args.dtype,
+                optimizer=args.optimizer,
+                warmup=args.warmup,
+                repeats=args.repeats,
+            )
     except RuntimeError as exc:
         # VGG's max-pools halve the image once per stage; torch refuses an image they
         # shrink below one pixel. Only the model knows its minimum, so name the default.
@@ -112,12 +138,18 @@ def _check_counts(args: argparse.Namespace) -> None:
     Without this, --seq-len 0 wrote a profile of empty sequences and --seq-len -4 failed
     inside torch with a traceback.
     """
-    least = (("--batch", args.batch, 1), ("--seq-len", args.seq_len, 1),
-             ("--image-size", args.image_size, 1), ("--repeats", args.repeats, 1),
-             ("--warmup", args.warmup, 0))  # fmt: skip
+    least = (
+        ("--batch", args.batch, 1),
+        ("--seq-len", args.seq_len, 1),
+        ("--image-size", args.image_size, 1),
+        ("--repeats", args.repeats, 1),
+        ("--warmup", args.warmup, 0),
+    )
     for flag, value, minimum in least:
         if value is not None and value < minimum:
-            hint = "" if flag in ("--repeats", "--warmup") else (
-                " (or leave it out for the zoo's default)"
+            hint = (
+                ""
+                if flag in ("--repeats", "--warmup")
+                else (" (or leave it out for the zoo's default)")
             )
             raise PipeswapError(f"{flag} is {value}; use a whole number >= {minimum}{hint}")

@@ -57,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(schedule.to_json(), indent=1))
     else:
-        print(render_grid(schedule, forward_cost=args.forward_cost,
-                          backward_cost=args.backward_cost))  # fmt: skip
+        print(
+            render_grid(schedule, forward_cost=args.forward_cost, backward_cost=args.backward_cost)
+        )
         if args.actions:
             print()
             print(schedule.to_string())
@@ -86,9 +87,13 @@ def _check_trace(path: str) -> None:
 
 def _check_sizes(args: argparse.Namespace, micro: int) -> None:
     """Refuse counts below 1 and schedules too large to build or print in seconds."""
-    for flag, value in (("--stages", args.stages), ("--steps", args.steps),
-                        ("--micro-batches", micro), ("--forward-cost", args.forward_cost),
-                        ("--backward-cost", args.backward_cost)):
+    for flag, value in (
+        ("--stages", args.stages),
+        ("--steps", args.steps),
+        ("--micro-batches", micro),
+        ("--forward-cost", args.forward_cost),
+        ("--backward-cost", args.backward_cost),
+    ):
         if value < 1:
             raise PipeswapError(f"{flag} is {value}; use a whole number of at least 1")
     actions = estimated_actions(args.stages, args.steps, micro)
@@ -106,8 +111,9 @@ def _check_sizes(args: argparse.Namespace, micro: int) -> None:
             f"{smaller}"
         )
     if not args.json:
-        cells = estimated_grid_cells(args.stages, args.steps, micro,
-                                     args.forward_cost + args.backward_cost)
+        cells = estimated_grid_cells(
+            args.stages, args.steps, micro, args.forward_cost + args.backward_cost
+        )
         if cells > MAX_GRID_CELLS:
             raise PipeswapError(
                 f"the grid of --stages {args.stages} --steps {args.steps} with {micro} "

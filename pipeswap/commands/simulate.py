@@ -31,17 +31,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--graph", required=True, metavar="FILE",
-                        help="task graph JSON (format pipeswap.graph/1)")
-    parser.add_argument("--topology", required=True, metavar="NAME|FILE",
-                        help="a preset (switch-4, single-root-8, dual-root-8, direct-4; "
-                        "append :gen4/:gen5) or a topology JSON file")
-    parser.add_argument("--gpu-memory", metavar="SIZE",
-                        help="every GPU's memory limit, e.g. 16GiB, 16GB, 512MiB, 1.5e9 "
-                        "(default: the topology's memory_bytes; 0 = unlimited)")
+    parser.add_argument(
+        "--graph", required=True, metavar="FILE", help="task graph JSON (format pipeswap.graph/1)"
+    )
+    parser.add_argument(
+        "--topology",
+        required=True,
+        metavar="NAME|FILE",
+        help="a preset (switch-4, single-root-8, dual-root-8, direct-4; "
+        "append :gen4/:gen5) or a topology JSON file",
+    )
+    parser.add_argument(
+        "--gpu-memory",
+        metavar="SIZE",
+        help="every GPU's memory limit, e.g. 16GiB, 16GB, 512MiB, 1.5e9 "
+        "(default: the topology's memory_bytes; 0 = unlimited)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--trace", metavar="FILE",
-                        help="write a Chrome/Perfetto trace (JSON) of the run")
+    parser.add_argument(
+        "--trace", metavar="FILE", help="write a Chrome/Perfetto trace (JSON) of the run"
+    )
     parser.add_argument("--timeline", metavar="FILE", help="write a PNG Gantt chart of the run")
     parser.set_defaults(func=run)
 
@@ -79,8 +88,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
     from pipeswap.jsonio import check_writable
 
     inputs = (args.graph, topology_file(args.topology))
-    for flag, path, others in (("--trace", args.trace, [args.timeline]),
-                               ("--timeline", args.timeline, [])):
+    for flag, path, others in (
+        ("--trace", args.trace, [args.timeline]),
+        ("--timeline", args.timeline, []),
+    ):
         if path == "":
             raise PipeswapError(f"{flag} is empty; give a file name")
         if path is not None:
@@ -93,16 +104,21 @@ def summary(result: SimResult, topology_name: str, task_count: int) -> str:
     lines = [f"topology {topology_name}, {task_count} tasks, makespan {makespan:.6g} s", ""]
     lines.append(f"{'gpu':<8}{'busy s':>12}{'stall s':>12}{'idle s':>12}{'peak memory':>14}")
     for gpu, stats in result.gpus.items():
-        lines.append(f"{gpu:<8}{stats.busy_s:>12.4f}{stats.stall_s:>12.4f}{stats.idle_s:>12.4f}"
-                     f"{format_bytes(stats.peak_bytes):>14}")
+        lines.append(
+            f"{gpu:<8}{stats.busy_s:>12.4f}{stats.stall_s:>12.4f}{stats.idle_s:>12.4f}"
+            f"{format_bytes(stats.peak_bytes):>14}"
+        )
     rows = []
     for link in result.links:
-        for src, dst, nbytes, busy in ((link.a, link.b, link.bytes_ab, link.busy_s_ab),
-                                       (link.b, link.a, link.bytes_ba, link.busy_s_ba)):
+        for src, dst, nbytes, busy in (
+            (link.a, link.b, link.bytes_ab, link.busy_s_ab),
+            (link.b, link.a, link.bytes_ba, link.busy_s_ba),
+        ):
             if nbytes:
                 share = 100 * busy / makespan if makespan > 0 else 0.0
-                rows.append(f"{src + ' -> ' + dst:<22}{format_bytes(nbytes):>12}"
-                            f"{busy:>12.4f}{share:>9.1f}%")
+                rows.append(
+                    f"{src + ' -> ' + dst:<22}{format_bytes(nbytes):>12}{busy:>12.4f}{share:>9.1f}%"
+                )
     lines.append("")
     if rows:
         lines.append(f"{'link':<22}{'bytes':>12}{'busy s':>12}{'busy':>10}")

@@ -52,91 +52,246 @@ _GROUPS = {
 # Mode-specific options default to None (or False) so that giving one in the other mode
 # can be told apart from not giving it, and refused.
 OPTIONS = (
-    _Option(("--model",), "model", None,
-            dict(required=True, help="zoo model name (e.g. gpt2-tiny), a local Hugging Face "
-                 "model directory, or module:function returning an nn.Module")),
-    _Option(("--batch",), "model", None,
-            dict(type=int, help="mini-batch per rank (default: the zoo's)")),
+    _Option(
+        ("--model",),
+        "model",
+        None,
+        dict(
+            required=True,
+            help="zoo model name (e.g. gpt2-tiny), a local Hugging Face "
+            "model directory, or module:function returning an nn.Module",
+        ),
+    ),
+    _Option(
+        ("--batch",), "model", None, dict(type=int, help="mini-batch per rank (default: the zoo's)")
+    ),
     _Option(("--seq-len",), "model", None, dict(type=int, help="tokens per sequence (LMs)")),
     _Option(("--image-size",), "model", None, dict(type=int, help="image side (image models)")),
-    _Option(("--seed",), "model", None,
-            dict(type=int, default=0, help="weight and data seed (default 0)")),
-    _Option(("--profile",), "model", None,
-            dict(metavar="PATH", help="a profile JSON: data parallel plans from it (default: "
-                 "measure here); a pipeline balances its stages with it (default: FLOP counts)")),
+    _Option(
+        ("--seed",),
+        "model",
+        None,
+        dict(type=int, default=0, help="weight and data seed (default 0)"),
+    ),
+    _Option(
+        ("--profile",),
+        "model",
+        None,
+        dict(
+            metavar="PATH",
+            help="a profile JSON: data parallel plans from it (default: "
+            "measure here); a pipeline balances its stages with it (default: FLOP counts)",
+        ),
+    ),
     _Option(("--optimizer",), "optimizer", None, dict(choices=OPTIMIZERS, default="sgd")),
-    _Option(("--lr",), "optimizer", None,
-            dict(type=float, help="learning rate (default 0.05 for sgd, 1e-3 for adam/adamw)")),
-    _Option(("--momentum",), "optimizer", None,
-            dict(type=float, default=0.9, help="SGD momentum (default 0.9)")),
+    _Option(
+        ("--lr",),
+        "optimizer",
+        None,
+        dict(type=float, help="learning rate (default 0.05 for sgd, 1e-3 for adam/adamw)"),
+    ),
+    _Option(
+        ("--momentum",),
+        "optimizer",
+        None,
+        dict(type=float, default=0.9, help="SGD momentum (default 0.9)"),
+    ),
     _Option(("--weight-decay",), "optimizer", None, dict(type=float, default=0.0)),
-    _Option(("--steps",), "run", None,
-            dict(type=int, default=20, help="optimizer steps (default 20)")),
-    _Option(("--nproc",), "run", None,
-            dict(type=int, help="start this many local ranks (a pipeline: one per stage)")),
-    _Option(("--device",), "run", None,
-            dict(choices=("cpu", "cuda"), help="where to train: cpu uses gloo, cuda NCCL (gloo "
-                 "when ranks share a GPU); default cuda when available for data parallelism, "
-                 "cpu for pipelines")),
-    _Option(("--timeout",), "run", None,
-            dict(type=float, default=60.0,
-                 help="seconds a rank waits for a peer before failing (default 60)")),
-    _Option(("--report",), "output", None,
-            dict(metavar="PATH", help="write the pipeswap.train/2 JSON report here")),
-    _Option(("--checkpoint-dir",), "output", None,
-            dict(metavar="DIR", help="write checkpoints here (every --checkpoint-every steps, "
-                 "and on SIGTERM in data-parallel runs)")),
-    _Option(("--checkpoint-every",), "output", None,
-            dict(type=int, default=0, metavar="N", help="steps between checkpoints (default 0: "
-                 "only on SIGTERM)")),
-    _Option(("--resume",), "output", None,
-            dict(metavar="DIR", help="continue from the newest complete checkpoint in DIR")),
-    _Option(("--swap-policy",), DATA_PARALLEL, DATA_PARALLEL,
-            dict(choices=POLICIES, help="which saved tensors go to host memory, and when "
-                 "(default auto)")),
-    _Option(("--sync-every",), DATA_PARALLEL, DATA_PARALLEL,
-            dict(type=int, metavar="K", help="micro-batches per gradient all-reduce (default 1)")),
-    _Option(("--gpu-memory",), DATA_PARALLEL, DATA_PARALLEL,
-            dict(metavar="SIZE", help="memory budget per GPU, e.g. 16GiB (default: the "
-                 "topology's)")),
-    _Option(("--footprint-ratio",), DATA_PARALLEL, DATA_PARALLEL,
-            dict(type=float, metavar="R", help="budget = the no-swap peak divided by R (e.g. 1.5)")),
-    _Option(("--topology",), DATA_PARALLEL, DATA_PARALLEL,
-            dict(metavar="NAME|FILE|detect", help="GPUs and PCIe links to plan for (default: "
-                 "detected on CUDA, preset switch-4 on the CPU)")),
-    _Option(("--time-limit",), DATA_PARALLEL, DATA_PARALLEL,
-            dict(type=float, metavar="S", help=f"MIP solver time limit in seconds (default "
-                 f"{DEFAULT_TIME_LIMIT_S:g})")),
-    _Option(("--pipeline",), PIPELINE, None,
-            dict(type=int, metavar="K", help="cut the model into K stages")),
-    _Option(("--balance",), PIPELINE, PIPELINE,
-            dict(help="layers per stage, e.g. 3,3,2,2 (default: partitioner)")),
-    _Option(("--schedule",), PIPELINE, PIPELINE,
-            dict(choices=SCHEDULE_NAMES, help="default 1f1b")),
-    _Option(("--weights",), PIPELINE, PIPELINE,
-            dict(choices=WEIGHT_MODES, help="weight versions for async-1f1b (default stale)")),
-    _Option(("--distances",), PIPELINE, PIPELINE,
-            dict(choices=DISTANCE_RULES, help="version distances for spectrain/predict-adam: "
-                 "walked from the schedule (default) or the official SpecTrain table")),
-    _Option(("--lr-warmup",), PIPELINE, PIPELINE,
-            dict(type=int, metavar="STEPS", help="ramp the learning rate linearly over the "
-                 "first STEPS mini-batches, in every schedule and mode (default 0: constant)")),
-    _Option(("--micro-batches",), PIPELINE, PIPELINE,
-            dict(type=int, help="units per mini-batch for gpipe/1f1b (default K; async: 1)")),
-    _Option(("--eval-batches",), PIPELINE, PIPELINE,
-            dict(type=int, help="held-out batches (default 2)")),
-    _Option(("--memory-cap",), PIPELINE, PIPELINE,
-            dict(metavar="BYTES", help="per-stage memory cap for the partitioner, e.g. 8GiB "
-                 "(needs --profile)")),
-    _Option(("--error-feedback",), PIPELINE, PIPELINE,
-            dict(action="store_true", default=None, help="the error-feedback correction of "
-                 "delayed gradients (arXiv 2606.30634); not available yet, see docs")),
-    _Option(("--emulate",), PIPELINE, PIPELINE,
-            dict(action="store_true", default=None,
-                 help="run every stage in this process (bit-identical on CPU)")),
-    _Option(("--trace",), PIPELINE, PIPELINE,
-            dict(metavar="PATH", help="write a Chrome trace of the pipeline's passes")),
-)  # fmt: skip
+    _Option(
+        ("--steps",), "run", None, dict(type=int, default=20, help="optimizer steps (default 20)")
+    ),
+    _Option(
+        ("--nproc",),
+        "run",
+        None,
+        dict(type=int, help="start this many local ranks (a pipeline: one per stage)"),
+    ),
+    _Option(
+        ("--device",),
+        "run",
+        None,
+        dict(
+            choices=("cpu", "cuda"),
+            help="where to train: cpu uses gloo, cuda NCCL (gloo "
+            "when ranks share a GPU); default cuda when available for data parallelism, "
+            "cpu for pipelines",
+        ),
+    ),
+    _Option(
+        ("--timeout",),
+        "run",
+        None,
+        dict(
+            type=float,
+            default=60.0,
+            help="seconds a rank waits for a peer before failing (default 60)",
+        ),
+    ),
+    _Option(
+        ("--report",),
+        "output",
+        None,
+        dict(metavar="PATH", help="write the pipeswap.train/2 JSON report here"),
+    ),
+    _Option(
+        ("--checkpoint-dir",),
+        "output",
+        None,
+        dict(
+            metavar="DIR",
+            help="write checkpoints here (every --checkpoint-every steps, "
+            "and on SIGTERM in data-parallel runs)",
+        ),
+    ),
+    _Option(
+        ("--checkpoint-every",),
+        "output",
+        None,
+        dict(
+            type=int,
+            default=0,
+            metavar="N",
+            help="steps between checkpoints (default 0: only on SIGTERM)",
+        ),
+    ),
+    _Option(
+        ("--resume",),
+        "output",
+        None,
+        dict(metavar="DIR", help="continue from the newest complete checkpoint in DIR"),
+    ),
+    _Option(
+        ("--swap-policy",),
+        DATA_PARALLEL,
+        DATA_PARALLEL,
+        dict(
+            choices=POLICIES, help="which saved tensors go to host memory, and when (default auto)"
+        ),
+    ),
+    _Option(
+        ("--sync-every",),
+        DATA_PARALLEL,
+        DATA_PARALLEL,
+        dict(type=int, metavar="K", help="micro-batches per gradient all-reduce (default 1)"),
+    ),
+    _Option(
+        ("--gpu-memory",),
+        DATA_PARALLEL,
+        DATA_PARALLEL,
+        dict(metavar="SIZE", help="memory budget per GPU, e.g. 16GiB (default: the topology's)"),
+    ),
+    _Option(
+        ("--footprint-ratio",),
+        DATA_PARALLEL,
+        DATA_PARALLEL,
+        dict(type=float, metavar="R", help="budget = the no-swap peak divided by R (e.g. 1.5)"),
+    ),
+    _Option(
+        ("--topology",),
+        DATA_PARALLEL,
+        DATA_PARALLEL,
+        dict(
+            metavar="NAME|FILE|detect",
+            help="GPUs and PCIe links to plan for (default: "
+            "detected on CUDA, preset switch-4 on the CPU)",
+        ),
+    ),
+    _Option(
+        ("--time-limit",),
+        DATA_PARALLEL,
+        DATA_PARALLEL,
+        dict(
+            type=float,
+            metavar="S",
+            help=f"MIP solver time limit in seconds (default {DEFAULT_TIME_LIMIT_S:g})",
+        ),
+    ),
+    _Option(
+        ("--pipeline",),
+        PIPELINE,
+        None,
+        dict(type=int, metavar="K", help="cut the model into K stages"),
+    ),
+    _Option(
+        ("--balance",),
+        PIPELINE,
+        PIPELINE,
+        dict(help="layers per stage, e.g. 3,3,2,2 (default: partitioner)"),
+    ),
+    _Option(("--schedule",), PIPELINE, PIPELINE, dict(choices=SCHEDULE_NAMES, help="default 1f1b")),
+    _Option(
+        ("--weights",),
+        PIPELINE,
+        PIPELINE,
+        dict(choices=WEIGHT_MODES, help="weight versions for async-1f1b (default stale)"),
+    ),
+    _Option(
+        ("--distances",),
+        PIPELINE,
+        PIPELINE,
+        dict(
+            choices=DISTANCE_RULES,
+            help="version distances for spectrain/predict-adam: "
+            "walked from the schedule (default) or the official SpecTrain table",
+        ),
+    ),
+    _Option(
+        ("--lr-warmup",),
+        PIPELINE,
+        PIPELINE,
+        dict(
+            type=int,
+            metavar="STEPS",
+            help="ramp the learning rate linearly over the "
+            "first STEPS mini-batches, in every schedule and mode (default 0: constant)",
+        ),
+    ),
+    _Option(
+        ("--micro-batches",),
+        PIPELINE,
+        PIPELINE,
+        dict(type=int, help="units per mini-batch for gpipe/1f1b (default K; async: 1)"),
+    ),
+    _Option(
+        ("--eval-batches",), PIPELINE, PIPELINE, dict(type=int, help="held-out batches (default 2)")
+    ),
+    _Option(
+        ("--memory-cap",),
+        PIPELINE,
+        PIPELINE,
+        dict(
+            metavar="BYTES",
+            help="per-stage memory cap for the partitioner, e.g. 8GiB (needs --profile)",
+        ),
+    ),
+    _Option(
+        ("--error-feedback",),
+        PIPELINE,
+        PIPELINE,
+        dict(
+            action="store_true",
+            default=None,
+            help="the error-feedback correction of "
+            "delayed gradients (arXiv 2606.30634); not available yet, see docs",
+        ),
+    ),
+    _Option(
+        ("--emulate",),
+        PIPELINE,
+        PIPELINE,
+        dict(
+            action="store_true",
+            default=None,
+            help="run every stage in this process (bit-identical on CPU)",
+        ),
+    ),
+    _Option(
+        ("--trace",),
+        PIPELINE,
+        PIPELINE,
+        dict(metavar="PATH", help="write a Chrome trace of the pipeline's passes"),
+    ),
+)
 
 _EXCLUSIVE = (("--seq-len", "--image-size"), ("--gpu-memory", "--footprint-ratio"))
 
@@ -221,13 +376,26 @@ def config_from_args(args: argparse.Namespace) -> Any:
             error_feedback=bool(args.error_feedback),
         )
     return TrainConfig(
-        model=args.model, batch=args.batch, seq_len=args.seq_len, image_size=args.image_size,
-        steps=args.steps, seed=args.seed, optimizer=args.optimizer, lr=args.lr,
-        momentum=args.momentum, weight_decay=args.weight_decay, device=args.device,
-        nproc=args.nproc, timeout_s=args.timeout, profile_path=args.profile,
-        swap=swap, pipeline=pipeline, checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every, resume=args.resume,
-    )  # fmt: skip
+        model=args.model,
+        batch=args.batch,
+        seq_len=args.seq_len,
+        image_size=args.image_size,
+        steps=args.steps,
+        seed=args.seed,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        momentum=args.momentum,
+        weight_decay=args.weight_decay,
+        device=args.device,
+        nproc=args.nproc,
+        timeout_s=args.timeout,
+        profile_path=args.profile,
+        swap=swap,
+        pipeline=pipeline,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -248,8 +416,9 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         from pipeswap.pipeline.chrome import dump_chrome_trace
 
-        dump_chrome_trace(args.trace, list(outcome.timeline), title=report["model"],
-                          seconds_per_unit=1.0)  # fmt: skip
+        dump_chrome_trace(
+            args.trace, list(outcome.timeline), title=report["model"], seconds_per_unit=1.0
+        )
         print(f"trace written to {args.trace}")
     return 0
 

@@ -112,7 +112,7 @@ def run_ranks(
     launched = spawn(
         fn, count, *args, backend=backend_for(device, count), timeout_s=timeout_s,
         stop_grace_s=stop_grace_s,
-    )  # fmt: skip
+    )
     launched.raise_failure()
     return launched.results[0]
 

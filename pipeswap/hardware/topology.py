@@ -104,7 +104,9 @@ class Topology:
             return self._by_id[node_id]
         except KeyError:
             known = ", ".join(n.id for n in self.nodes)
-            raise PipeswapError(f"topology {self.name!r} has no node {node_id!r}; nodes: {known}") from None
+            raise PipeswapError(
+                f"topology {self.name!r} has no node {node_id!r}; nodes: {known}"
+            ) from None
 
     @property
     def gpus(self) -> list[str]:
@@ -136,7 +138,9 @@ class Topology:
         paths = self._paths(src)
         if dst not in paths:
             self.node(dst)
-            raise PipeswapError(f"topology {self.name!r}: no path from {src!r} to {dst!r}; link them")
+            raise PipeswapError(
+                f"topology {self.name!r}: no path from {src!r} to {dst!r}; link them"
+            )
         return list(paths[dst])
 
     def _paths(self, src: str) -> dict[str, tuple[Hop, ...]]:
@@ -240,13 +244,16 @@ def _json_whole(obj: dict[str, Any], key: str, where: str, default: int, what: s
     return value
 
 
-def _json_positive(obj: dict[str, Any], key: str, where: str, default: float | None,
-                   what: str) -> float:
+def _json_positive(
+    obj: dict[str, Any], key: str, where: str, default: float | None, what: str
+) -> float:
     if key not in obj and default is None:
         raise PipeswapError(f"{where}: {key} is missing; add {what}")
     value = obj.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-        math.isfinite(value) and value > 0
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value > 0)
     ):
         raise PipeswapError(f"{where}: {key} is {_shown(value)}; write {what}")
     return float(value)
@@ -259,7 +266,9 @@ def _node_from_json(n: Any, where: str) -> Node:
     where = f"{where} ({node_id!r})"
     spec = n.get("spec")
     if spec is not None and not isinstance(spec, str):
-        raise PipeswapError(f"{where}: spec is {_shown(spec)}; write a GPU spec name or leave it out")
+        raise PipeswapError(
+            f"{where}: spec is {_shown(spec)}; write a GPU spec name or leave it out"
+        )
     return Node(
         id=node_id,
         kind=_json_text(n, "kind", where),
@@ -279,10 +288,12 @@ def _link_from_json(link: Any, where: str) -> Link:
     return Link(
         a=a,
         b=b,
-        gb_per_s=_json_positive(link, "gb_per_s", where, None,
-                                "a finite bandwidth > 0 in GB/s, e.g. 12.0"),
-        duplex_efficiency=_json_positive(link, "duplex_efficiency", where, 1.0,
-                                         "a number in (0, 1], e.g. 0.5"),
+        gb_per_s=_json_positive(
+            link, "gb_per_s", where, None, "a finite bandwidth > 0 in GB/s, e.g. 12.0"
+        ),
+        duplex_efficiency=_json_positive(
+            link, "duplex_efficiency", where, 1.0, "a number in (0, 1], e.g. 0.5"
+        ),
         kind=_json_text(link, "kind", where, "pcie"),
     )
 

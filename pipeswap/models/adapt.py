@@ -89,8 +89,8 @@ class Replay:
         self.calls: list[_BlockCall] = []
         self.num_context = 0
         # Entered around every run of the model's forward (Hugging Face: meta-safe masks).
-        self.run_context: Callable[[torch.Tensor], AbstractContextManager[Any]] = (
-            lambda _inputs: nullcontext()
+        self.run_context: Callable[[torch.Tensor], AbstractContextManager[Any]] = lambda _inputs: (
+            nullcontext()
         )
 
     def run_root(self, inputs: torch.Tensor) -> Any:
@@ -255,9 +255,9 @@ def find_blocks(model: nn.Module) -> list[str]:
     return [f"{best[2]}.{name}" if best[2] else name for name, _ in parent.named_children()]
 
 
-def _owners(root: nn.Module, blocks: list[nn.Module], run: Callable[[], Any]) -> tuple[
-    dict[str, nn.Module], dict[str, nn.Module]
-]:
+def _owners(
+    root: nn.Module, blocks: list[nn.Module], run: Callable[[], Any]
+) -> tuple[dict[str, nn.Module], dict[str, nn.Module]]:
     """Split the modules outside the blocks into those the forward calls before the first
     block (and those it never calls) and those it calls after the last block."""
     inside = {id(m) for block in blocks for m in block.modules()}
@@ -333,9 +333,13 @@ def as_layered(
     if isinstance(model, nn.Sequential) and blocks is None:
         children = list(model.named_children())
         return LayeredModel(
-            name, children, task, vocab_size=vocab_size, num_classes=num_classes,
+            name,
+            children,
+            task,
+            vocab_size=vocab_size,
+            num_classes=num_classes,
             in_channels=in_channels,
-        )  # fmt: skip
+        )
     paths = list(blocks) if blocks is not None else find_blocks(model)
     _check_paths(model, paths)
     replay = Replay(model, paths, input_name, output_fn, extra)
@@ -346,12 +350,18 @@ def as_layered(
         expected = _expected_calls(replay, example)
         _learn_calls(replay, example, expected)
     layers: list[tuple[str, nn.Module]] = [("embed", _Embed(replay, embed_owned))]
-    layers += [(path, _Block(replay, i, b)) for i, (path, b) in enumerate(zip(paths, replay.blocks))]
+    layers += [
+        (path, _Block(replay, i, b)) for i, (path, b) in enumerate(zip(paths, replay.blocks))
+    ]
     layers.append(("head", _Head(replay, head_owned)))
     return LayeredModel(
-        name, layers, task, vocab_size=vocab_size, num_classes=num_classes,
+        name,
+        layers,
+        task,
+        vocab_size=vocab_size,
+        num_classes=num_classes,
         in_channels=in_channels,
-    )  # fmt: skip
+    )
 
 
 def _check_paths(model: nn.Module, paths: list[str]) -> None:
@@ -396,7 +406,9 @@ def _expected_calls(replay: Replay, example: torch.Tensor) -> list[tuple[Any, An
     return seen
 
 
-def _learn_calls(replay: Replay, example: torch.Tensor, expected: list[tuple[Any, Any, Any]]) -> None:
+def _learn_calls(
+    replay: Replay, example: torch.Tensor, expected: list[tuple[Any, Any, Any]]
+) -> None:
     """Record how each block is called, and refuse a model replay splitting would change."""
     for index, (_args, _kwargs, out) in enumerate(expected):
         if isinstance(out, torch.Tensor):

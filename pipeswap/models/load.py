@@ -119,16 +119,25 @@ def adapt(
     if isinstance(first, nn.Embedding) and task in (None, "lm"):
         example = torch.arange(_EXAMPLE_TOKENS, device=device)[None] % first.num_embeddings
         return as_layered(
-            model, example=example, task="lm", name=label, blocks=blocks,
+            model,
+            example=example,
+            task="lm",
+            name=label,
+            blocks=blocks,
             vocab_size=first.num_embeddings,
-        )  # fmt: skip
+        )
     if isinstance(first, nn.Conv2d) and task in (None, "classify"):
         example = torch.zeros(1, first.in_channels, _EXAMPLE_IMAGE, _EXAMPLE_IMAGE, device=device)
         classes = _output_width(model, example)
         return as_layered(
-            model, example=example, task="classify", name=label, blocks=blocks,
-            num_classes=classes, in_channels=first.in_channels,
-        )  # fmt: skip
+            model,
+            example=example,
+            task="classify",
+            name=label,
+            blocks=blocks,
+            num_classes=classes,
+            in_channels=first.in_channels,
+        )
     raise PipeswapError(
         f"cannot tell what {label} ({type(model).__name__}) computes: pipeswap trains language "
         "models (whose first layer is an nn.Embedding over token ids) and image classifiers "
@@ -193,8 +202,8 @@ def _load_hf_directory(
     architectures = raw.get("architectures") if isinstance(raw, dict) else None
     if not architectures:
         raise PipeswapError(
-            f"{config_path} names no architecture; add e.g. \"architectures\": "
-            "[\"GPT2LMHeadModel\"] (save_pretrained() writes it)"
+            f'{config_path} names no architecture; add e.g. "architectures": '
+            '["GPT2LMHeadModel"] (save_pretrained() writes it)'
         )
     transformers = _transformers()
     cls = getattr(transformers, str(architectures[0]), None)
@@ -223,9 +232,7 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
     task = next((t for suffix, t in _HF_HEADS if cls_name.endswith(suffix)), None)
     if task is None:
         heads = ", ".join(f"*{suffix}" for suffix, _ in _HF_HEADS)
-        raise PipeswapError(
-            f"{name}: {cls_name} has no head pipeswap trains; use a {heads} class"
-        )
+        raise PipeswapError(f"{name}: {cls_name} has no head pipeswap trains; use a {heads} class")
     config: Any = model.config
     info: dict[str, Any] = {"task": task, "masked": cls_name.endswith("ForMaskedLM")}
     if task == "lm":
@@ -239,9 +246,14 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
         info["max_positions"] = _max_positions(config)
         mask = getattr(config, "mask_token_id", None)
         info["mask_token_id"] = (
-            None if not info["masked"] else int(mask) if mask is not None
-            else _BYTE_VOCAB if vocab > _BYTE_VOCAB else 0
-        )  # fmt: skip
+            None
+            if not info["masked"]
+            else int(mask)
+            if mask is not None
+            else _BYTE_VOCAB
+            if vocab > _BYTE_VOCAB
+            else 0
+        )
     else:
         labels = int(getattr(config, "num_labels", 0))
         if labels < 2:
@@ -276,19 +288,33 @@ def _adapt_hf(
         length = min(_EXAMPLE_TOKENS, info["max_positions"] or _EXAMPLE_TOKENS)
         example = torch.arange(length, device=device)[None] % info["vocab_size"]
         layered = as_layered(
-            model, example=example, task="lm", name=name, blocks=blocks,
-            input_name="input_ids", output_fn=_logits, call_kwargs=call_kwargs,
-            run_context=_meta_safe_masks, vocab_size=info["vocab_size"],
-        )  # fmt: skip
+            model,
+            example=example,
+            task="lm",
+            name=name,
+            blocks=blocks,
+            input_name="input_ids",
+            output_fn=_logits,
+            call_kwargs=call_kwargs,
+            run_context=_meta_safe_masks,
+            vocab_size=info["vocab_size"],
+        )
         layered.mask_token_id = info["mask_token_id"]
     else:
         size = info["image_size"] or _EXAMPLE_IMAGE
         example = torch.zeros(1, info["in_channels"], size, size, device=device)
         layered = as_layered(
-            model, example=example, task="classify", name=name, blocks=blocks,
-            input_name="pixel_values", output_fn=_logits, call_kwargs=call_kwargs,
-            num_classes=info["num_classes"], in_channels=info["in_channels"],
-        )  # fmt: skip
+            model,
+            example=example,
+            task="classify",
+            name=name,
+            blocks=blocks,
+            input_name="pixel_values",
+            output_fn=_logits,
+            call_kwargs=call_kwargs,
+            num_classes=info["num_classes"],
+            in_channels=info["in_channels"],
+        )
     layered.fixed_image_size = info.get("image_size") if _fixed_size(model) else None
     layered.max_positions = info.get("max_positions")
     return layered

@@ -76,9 +76,18 @@ def _bert(
     name: str, config: BertConfig, batch: int, seq: int, published: int | None, about: str
 ) -> None:
     spec = ModelSpec(
-        name, "bert", "lm", batch, seq, None, config.vocab_size, 0, published, about,
+        name,
+        "bert",
+        "lm",
+        batch,
+        seq,
+        None,
+        config.vocab_size,
+        0,
+        published,
+        about,
         config.max_positions,
-    )  # fmt: skip
+    )
     _ZOO[name] = (
         spec,
         lambda tie, _size, init: build_bert(name, config, tie_embeddings=tie, init=init),
@@ -86,9 +95,14 @@ def _bert(
 
 
 def _image(
-    name: str, family: str, config: ResNetConfig | VGGConfig | ViTConfig, batch: int, size: int,
-    published: int | None, about: str,
-) -> None:  # fmt: skip
+    name: str,
+    family: str,
+    config: ResNetConfig | VGGConfig | ViTConfig,
+    batch: int,
+    size: int,
+    published: int | None,
+    about: str,
+) -> None:
     spec = ModelSpec(
         name, family, "classify", batch, None, size, 0, config.num_classes, published, about
     )

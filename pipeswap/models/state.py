@@ -50,9 +50,16 @@ class ModuleSnapshot:
             for name, param in module._parameters.items():
                 if param is not None:
                     self.params.append(
-                        _ParamState(module, name, f"{prefix}.{name}".lstrip("."), param,
-                                    param.grad, param.requires_grad, param._version)
-                    )  # fmt: skip
+                        _ParamState(
+                            module,
+                            name,
+                            f"{prefix}.{name}".lstrip("."),
+                            param,
+                            param.grad,
+                            param.requires_grad,
+                            param._version,
+                        )
+                    )
             for name, buffer in module._buffers.items():
                 if buffer is not None:
                     self.buffers.append(_BufferState(module, name, buffer, buffer.detach().clone()))

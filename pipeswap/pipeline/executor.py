@@ -282,19 +282,24 @@ class StageExecutor:
         assert self.checkpoint is not None and not self._outbox
         if self.rank == 0:
             write_manifest(self.checkpoint, done)
-        save_rank(self.checkpoint, done, self.rank, {
-            "done": done,
-            "index": self._index,
-            "weights": self.weights.state(),
-            "losses": dict(self.runner.losses),
-            "in_flight": {
-                unit: (self._forward_weights[unit], leaves)
-                for unit, leaves in self.runner.in_flight_inputs().items()
+        save_rank(
+            self.checkpoint,
+            done,
+            self.rank,
+            {
+                "done": done,
+                "index": self._index,
+                "weights": self.weights.state(),
+                "losses": dict(self.runner.losses),
+                "in_flight": {
+                    unit: (self._forward_weights[unit], leaves)
+                    for unit, leaves in self.runner.in_flight_inputs().items()
+                },
+                "sent": self._kept,
+                "rng": rng_state(),
+                "tied": self.tied.state(done) if self.tied is not None else {},
             },
-            "sent": self._kept,
-            "rng": rng_state(),
-            "tied": self.tied.state(done) if self.tied is not None else {},
-        })  # fmt: skip
+        )
         self._last_crossing = set(self._kept)
         self._kept = {}
         self._plan_next_checkpoint(done)

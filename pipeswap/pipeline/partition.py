@@ -219,9 +219,7 @@ def read_balance(text: str) -> tuple[int, ...]:
         raise PipeswapError(f"--balance {text!r}: write layer counts like 3,3,2,2") from None
 
 
-def check_balance(
-    balance: tuple[int, ...], num_layers: int, num_stages: int
-) -> tuple[int, ...]:
+def check_balance(balance: tuple[int, ...], num_layers: int, num_stages: int) -> tuple[int, ...]:
     """``balance`` if it gives every one of ``num_stages`` stages layers and covers them all."""
     text = ",".join(map(str, balance))
     if len(balance) != num_stages:

@@ -227,9 +227,17 @@ def run_rank(
             request = StopRequest(checkpoint.directory, world, config.steps, decider=rank == 0)
         exchange = DistExchange(rank, tied_groups, device)
         executor = StageExecutor(
-            config, rank, schedule, model, infos, transport, device=device,
-            checkpoint=checkpoint, stop=request, exchange=exchange,
-        )  # fmt: skip
+            config,
+            rank,
+            schedule,
+            model,
+            infos,
+            transport,
+            device=device,
+            checkpoint=checkpoint,
+            stop=request,
+            exchange=exchange,
+        )
         first = 0 if resume is None else executor.restore(load_rank(resume[0], resume[1], rank))
         barrier()
         actions = schedule.actions[rank][first:]

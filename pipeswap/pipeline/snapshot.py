@@ -20,7 +20,10 @@ from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import write_atomic
 from pipeswap.pipeline.schedule import Action, ActionKind, Schedule
 
-_SENDS = {ActionKind.SEND_F: ("F", 1, ActionKind.RECV_F), ActionKind.SEND_B: ("B", -1, ActionKind.RECV_B)}
+_SENDS = {
+    ActionKind.SEND_F: ("F", 1, ActionKind.RECV_F),
+    ActionKind.SEND_B: ("B", -1, ActionKind.RECV_B),
+}
 
 
 Positions = dict[tuple[int, str, int], int]
@@ -29,7 +32,9 @@ Positions = dict[tuple[int, str, int], int]
 def positions(schedule: Schedule) -> Positions:
     """Where each (rank, kind, unit) action stands in its rank's list (computed once per run)."""
     return {
-        (r, a.kind, a.unit): i for r, acts in enumerate(schedule.actions) for i, a in enumerate(acts)
+        (r, a.kind, a.unit): i
+        for r, acts in enumerate(schedule.actions)
+        for i, a in enumerate(acts)
     }
 
 

@@ -61,8 +61,11 @@ def pipeline_task_graph(
             in_flight_units(schedule.name, n, k, schedule.micro_batches),
             schedule.name,
         )
-        tasks.append(_task(f"s{k}:init", "compute", gpu=placement[k],
-                           alloc_bytes=(2 + copies) * params + share))  # fmt: skip
+        tasks.append(
+            _task(
+                f"s{k}:init", "compute", gpu=placement[k], alloc_bytes=(2 + copies) * params + share
+            )
+        )
     # Streams run their tasks in listing order, so list them in the order an idealized
     # run starts them (a topological order; ties keep the validator's order).
     timeline = simulate(
@@ -74,8 +77,19 @@ def pipeline_task_graph(
     previous_of = {k: f"s{k}:init" for k in range(n)}
     for i in ordered:
         k, action = timeline[i].rank, timeline[i].action
-        task = _action_task(k, action.kind, action.unit, previous_of[k], placement, n,
-                            forward, backward, saved, out_bytes, update_s)  # fmt: skip
+        task = _action_task(
+            k,
+            action.kind,
+            action.unit,
+            previous_of[k],
+            placement,
+            n,
+            forward,
+            backward,
+            saved,
+            out_bytes,
+            update_s,
+        )
         if task is not None:
             tasks.append(task)
             if task["kind"] == "compute":
@@ -84,29 +98,46 @@ def pipeline_task_graph(
 
 
 def _action_task(
-    k: int, kind: str, unit: int, previous: str, placement: list[str], n: int,
-    forward: list[float], backward: list[float], saved: list[int], out_bytes: list[int],
+    k: int,
+    kind: str,
+    unit: int,
+    previous: str,
+    placement: list[str],
+    n: int,
+    forward: list[float],
+    backward: list[float],
+    saved: list[int],
+    out_bytes: list[int],
     update_s: float,
-) -> dict[str, Any] | None:  # fmt: skip
+) -> dict[str, Any] | None:
     """The task of one action of stage k (None for a RECV: it is the dependency instead)."""
     name = f"s{k}:{kind}{unit}"
     gpu = placement[k]
     if kind == "F":
         deps = [previous] + ([f"s{k - 1}:SEND_F{unit}"] if k > 0 else [])
-        return _task(name, "compute", gpu=gpu, duration_s=forward[k], deps=deps,
-                     alloc_bytes=saved[k])  # fmt: skip
+        return _task(
+            name, "compute", gpu=gpu, duration_s=forward[k], deps=deps, alloc_bytes=saved[k]
+        )
     if kind == "B":
         deps = [previous] + ([f"s{k + 1}:SEND_B{unit}"] if k < n - 1 else [])
-        return _task(name, "compute", gpu=gpu, duration_s=backward[k], deps=deps,
-                     free_bytes=saved[k])  # fmt: skip
+        return _task(
+            name, "compute", gpu=gpu, duration_s=backward[k], deps=deps, free_bytes=saved[k]
+        )
     if kind == "UPDATE":
         return _task(name, "compute", gpu=gpu, duration_s=update_s, deps=[previous])
     if kind == "SEND_F":
-        return _task(name, "p2p", src=gpu, dst=placement[k + 1], bytes=out_bytes[k],
-                     deps=[f"s{k}:F{unit}"])  # fmt: skip
+        return _task(
+            name, "p2p", src=gpu, dst=placement[k + 1], bytes=out_bytes[k], deps=[f"s{k}:F{unit}"]
+        )
     if kind == "SEND_B":
-        return _task(name, "p2p", src=gpu, dst=placement[k - 1], bytes=out_bytes[k - 1],
-                     deps=[f"s{k}:B{unit}"])  # fmt: skip
+        return _task(
+            name,
+            "p2p",
+            src=gpu,
+            dst=placement[k - 1],
+            bytes=out_bytes[k - 1],
+            deps=[f"s{k}:B{unit}"],
+        )
     return None
 
 

@@ -86,10 +86,20 @@ _FLOPS: dict[Any, Any] = {
 
 # Ops that only allocate or relabel memory: no kernel worth timing.
 _FREE = {
-    aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided,
-    aten.detach, aten.alias, aten._unsafe_view, aten.lift_fresh, aten.resize_,
-    aten.set_, aten.scalar_tensor, aten._local_scalar_dense,
-}  # fmt: skip
+    aten.empty,
+    aten.empty_strided,
+    aten.empty_like,
+    aten.new_empty,
+    aten.new_empty_strided,
+    aten.detach,
+    aten.alias,
+    aten._unsafe_view,
+    aten.lift_fresh,
+    aten.resize_,
+    aten.set_,
+    aten.scalar_tensor,
+    aten._local_scalar_dense,
+}
 
 
 def _tensor_bytes(tree: Any) -> int:
@@ -289,6 +299,12 @@ def estimate(
     torch_dtype = parse_dtype(dtype)
     model = build_model(model_name, device="meta", dtype=torch_dtype, image_size=image_size)
     return estimate_layered(
-        model, batch, seq_len=seq_len, image_size=image_size, gpu=gpu_spec_obj,
-        dtype=dtype_name(torch_dtype), optimizer=optimizer, efficiency=efficiency,
-    )  # fmt: skip
+        model,
+        batch,
+        seq_len=seq_len,
+        image_size=image_size,
+        gpu=gpu_spec_obj,
+        dtype=dtype_name(torch_dtype),
+        optimizer=optimizer,
+        efficiency=efficiency,
+    )

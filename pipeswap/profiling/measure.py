@@ -100,9 +100,13 @@ class _Timer:
 
 
 def _example(
-    model: LayeredModel, batch: int, seq_len: int | None, image_size: int | None,
-    device: torch.device, dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    model: LayeredModel,
+    batch: int,
+    seq_len: int | None,
+    image_size: int | None,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         inputs, targets = model.example_batch(
             batch, seq_len=seq_len, image_size=image_size, device=device, dtype=dtype
@@ -168,27 +172,47 @@ def measure(
         else:
             target = moved_copy(model, torch_device, torch_dtype)
         try:
-            return _measure(target, batch, seq_len, image_size, torch_device, torch_dtype,
-                            optimizer, warmup, repeats)  # fmt: skip
+            return _measure(
+                target,
+                batch,
+                seq_len,
+                image_size,
+                torch_device,
+                torch_dtype,
+                optimizer,
+                warmup,
+                repeats,
+            )
         except (RuntimeError, MemoryError) as exc:
             if not is_allocation_error(exc):
                 raise
             # Dropping the traceback lets the failed step's tensors (its frames hold them) go.
             failure = exc.with_traceback(None)
-    raise _does_not_fit(target, batch, seq_len, image_size, torch_device, torch_dtype,
-                        optimizer, failure)  # fmt: skip
+    raise _does_not_fit(
+        target, batch, seq_len, image_size, torch_device, torch_dtype, optimizer, failure
+    )
 
 
 def _does_not_fit(
-    model: LayeredModel, batch: int, seq_len: int | None, image_size: int | None,
-    device: torch.device, dtype: torch.dtype, optimizer: str, exc: BaseException,
-) -> PipeswapError:  # fmt: skip
+    model: LayeredModel,
+    batch: int,
+    seq_len: int | None,
+    image_size: int | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    optimizer: str,
+    exc: BaseException,
+) -> PipeswapError:
     """The refusal of a batch whose training step ran out of memory on ``device``."""
     try:
         needed: int | None = estimate_layered(
-            meta_copy(model), batch, seq_len=seq_len, image_size=image_size,
-            dtype=dtype_name(dtype), optimizer=optimizer,
-        ).peak_training_bytes()  # fmt: skip
+            meta_copy(model),
+            batch,
+            seq_len=seq_len,
+            image_size=image_size,
+            dtype=dtype_name(dtype),
+            optimizer=optimizer,
+        ).peak_training_bytes()
     except Exception:  # noqa: BLE001 - the estimate only adds detail to the real error
         needed = None
     text = str(exc).strip()
@@ -231,9 +255,16 @@ def _autocast_dtype(device: torch.device) -> str | None:
 
 
 def _measure(
-    model: LayeredModel, batch: int, seq_len: int | None, image_size: int | None,
-    device: torch.device, dtype: torch.dtype, optimizer: str, warmup: int, repeats: int,
-) -> Profile:  # fmt: skip
+    model: LayeredModel,
+    batch: int,
+    seq_len: int | None,
+    image_size: int | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    optimizer: str,
+    warmup: int,
+    repeats: int,
+) -> Profile:
     model.train()
     inputs, targets = _example(model, batch, seq_len, image_size, device, dtype)
 

@@ -277,9 +277,14 @@ class _CpuAttentionOnMeta(TorchFunctionMode):
                 )
                 if choice == SDPBackend.FLASH_ATTENTION.value:
                     out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                        q, k, v, dropout_p, is_causal,
-                        attn_mask=_additive_mask(mask, q.dtype), scale=scale,
-                    )  # fmt: skip
+                        q,
+                        k,
+                        v,
+                        dropout_p,
+                        is_causal,
+                        attn_mask=_additive_mask(mask, q.dtype),
+                        scale=scale,
+                    )
                     return out
         return func(*args, **kwargs)
 

@@ -137,8 +137,11 @@ def run_step(
                 assert loss is not None
                 loss.backward()
             elif produced is not None:
-                pairs = [(o, g) for o, g in zip(_tensors(produced), grads)
-                         if g is not None and o.requires_grad]  # fmt: skip
+                pairs = [
+                    (o, g)
+                    for o, g in zip(_tensors(produced), grads)
+                    if g is not None and o.requires_grad
+                ]
                 if pairs:
                     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         grads = tuple(None if leaf is None else leaf.grad for leaf in leaves[position])

@@ -29,9 +29,15 @@ def _title(profile: Profile) -> str:
         shape.append(f"image_size {profile.image_size}")
     how = "measured on" if profile.source == "measured" else "estimated for"
     return ", ".join(
-        [f"{profile.model}", f"batch {profile.batch}", *shape, profile.dtype,
-         f"{how} {profile.device}", f"optimizer {profile.optimizer}"]
-    )  # fmt: skip
+        [
+            f"{profile.model}",
+            f"batch {profile.batch}",
+            *shape,
+            profile.dtype,
+            f"{how} {profile.device}",
+            f"optimizer {profile.optimizer}",
+        ]
+    )
 
 
 def fit_warning(profile: Profile, spec: GpuSpec) -> str | None:
@@ -51,13 +57,25 @@ def format_profile(profile: Profile, spec: GpuSpec | None = None) -> str:
     rows = [list(_HEADER)]
     for layer in profile.layers:
         rows.append(
-            _row(layer.name, layer.forward_s, layer.backward_s, layer.param_bytes,
-                 layer.saved_bytes, layer.output_bytes)
-        )  # fmt: skip
+            _row(
+                layer.name,
+                layer.forward_s,
+                layer.backward_s,
+                layer.param_bytes,
+                layer.saved_bytes,
+                layer.output_bytes,
+            )
+        )
     rows.append(
-        _row("total", profile.forward_s, profile.backward_s, profile.param_bytes,
-             profile.saved_bytes, sum(layer.output_bytes for layer in profile.layers))
-    )  # fmt: skip
+        _row(
+            "total",
+            profile.forward_s,
+            profile.backward_s,
+            profile.param_bytes,
+            profile.saved_bytes,
+            sum(layer.output_bytes for layer in profile.layers),
+        )
+    )
     widths = [max(len(row[col]) for row in rows) for col in range(len(_HEADER))]
 
     def line(row: list[str]) -> str:

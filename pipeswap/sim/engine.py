@@ -29,8 +29,14 @@ __all__ = [
 ]
 
 _COMPUTE, _D2H, _H2D, _P2P, _ALLREDUCE, _BARRIER = range(6)
-_KIND_CODES = {"compute": _COMPUTE, "d2h": _D2H, "h2d": _H2D, "p2p": _P2P,
-               "allreduce": _ALLREDUCE, "barrier": _BARRIER}
+_KIND_CODES = {
+    "compute": _COMPUTE,
+    "d2h": _D2H,
+    "h2d": _H2D,
+    "p2p": _P2P,
+    "allreduce": _ALLREDUCE,
+    "barrier": _BARRIER,
+}
 
 
 class OutOfMemoryError(PipeswapError):
@@ -71,8 +77,9 @@ def simulate(
 class _Simulation:
     """The state of one run; tasks, GPUs and streams are integers for speed."""
 
-    def __init__(self, graph: TaskGraph, topology: Topology, gpu_memory_bytes: int | None,
-                 record_rates: bool) -> None:
+    def __init__(
+        self, graph: TaskGraph, topology: Topology, gpu_memory_bytes: int | None, record_rates: bool
+    ) -> None:
         self.graph, self.topology = graph, topology
         gpu_names = topology.gpus
         gpu_index = {g: i for i, g in enumerate(gpu_names)}
@@ -325,8 +332,14 @@ class _Simulation:
             )
         net = self.net
         links = [
-            LinkStats(link.a, link.b, round(net.bytes[2 * u]), round(net.bytes[2 * u + 1]),
-                      net.busy_s[2 * u], net.busy_s[2 * u + 1])
+            LinkStats(
+                link.a,
+                link.b,
+                round(net.bytes[2 * u]),
+                round(net.bytes[2 * u + 1]),
+                net.busy_s[2 * u],
+                net.busy_s[2 * u + 1],
+            )
             for u, link in enumerate(self.topology.links)
         ]
         rates: dict[tuple[str, str], list[tuple[float, float]]] = {}
@@ -336,4 +349,3 @@ class _Simulation:
                 rates[(link.a, link.b) if dl % 2 == 0 else (link.b, link.a)] = series
         timings = {t.id: TaskTiming(self.start_s[i], self.end_s[i]) for i, t in enumerate(tasks)}
         return SimResult(makespan, timings, gpus, links, rates)
-

@@ -234,37 +234,115 @@ class GraphBuilder:
         id: str | None = None,
     ) -> str:
         return self.add(
-            Task(self._next_id("compute", id), "compute", gpu=gpu, duration_s=duration_s,
-                 deps=tuple(deps), alloc_bytes=alloc_bytes, free_bytes=free_bytes)
+            Task(
+                self._next_id("compute", id),
+                "compute",
+                gpu=gpu,
+                duration_s=duration_s,
+                deps=tuple(deps),
+                alloc_bytes=alloc_bytes,
+                free_bytes=free_bytes,
+            )
         )
 
-    def d2h(self, gpu: str, nbytes: int, *, deps: Iterable[str] = (), alloc_bytes: int = 0,
-            free_bytes: int = 0, id: str | None = None) -> str:
-        return self.add(Task(self._next_id("d2h", id), "d2h", gpu=gpu, bytes=nbytes,
-                             deps=tuple(deps), alloc_bytes=alloc_bytes, free_bytes=free_bytes))
+    def d2h(
+        self,
+        gpu: str,
+        nbytes: int,
+        *,
+        deps: Iterable[str] = (),
+        alloc_bytes: int = 0,
+        free_bytes: int = 0,
+        id: str | None = None,
+    ) -> str:
+        return self.add(
+            Task(
+                self._next_id("d2h", id),
+                "d2h",
+                gpu=gpu,
+                bytes=nbytes,
+                deps=tuple(deps),
+                alloc_bytes=alloc_bytes,
+                free_bytes=free_bytes,
+            )
+        )
 
-    def h2d(self, gpu: str, nbytes: int, *, deps: Iterable[str] = (), alloc_bytes: int = 0,
-            free_bytes: int = 0, id: str | None = None) -> str:
-        return self.add(Task(self._next_id("h2d", id), "h2d", gpu=gpu, bytes=nbytes,
-                             deps=tuple(deps), alloc_bytes=alloc_bytes, free_bytes=free_bytes))
+    def h2d(
+        self,
+        gpu: str,
+        nbytes: int,
+        *,
+        deps: Iterable[str] = (),
+        alloc_bytes: int = 0,
+        free_bytes: int = 0,
+        id: str | None = None,
+    ) -> str:
+        return self.add(
+            Task(
+                self._next_id("h2d", id),
+                "h2d",
+                gpu=gpu,
+                bytes=nbytes,
+                deps=tuple(deps),
+                alloc_bytes=alloc_bytes,
+                free_bytes=free_bytes,
+            )
+        )
 
-    def p2p(self, src: str, dst: str, nbytes: int, *, deps: Iterable[str] = (),
-            alloc_bytes: int = 0, free_bytes: int = 0, gpu: str | None = None,
-            id: str | None = None) -> str:
-        return self.add(Task(self._next_id("p2p", id), "p2p", src=src, dst=dst, bytes=nbytes,
-                             gpu=gpu, deps=tuple(deps), alloc_bytes=alloc_bytes,
-                             free_bytes=free_bytes))
+    def p2p(
+        self,
+        src: str,
+        dst: str,
+        nbytes: int,
+        *,
+        deps: Iterable[str] = (),
+        alloc_bytes: int = 0,
+        free_bytes: int = 0,
+        gpu: str | None = None,
+        id: str | None = None,
+    ) -> str:
+        return self.add(
+            Task(
+                self._next_id("p2p", id),
+                "p2p",
+                src=src,
+                dst=dst,
+                bytes=nbytes,
+                gpu=gpu,
+                deps=tuple(deps),
+                alloc_bytes=alloc_bytes,
+                free_bytes=free_bytes,
+            )
+        )
 
-    def allreduce(self, gpus: Sequence[str], nbytes: int, *, deps: Iterable[str] = (),
-                  alloc_bytes: int = 0, free_bytes: int = 0, id: str | None = None) -> str:
-        return self.add(Task(self._next_id("allreduce", id), "allreduce", gpus=tuple(gpus),
-                             bytes=nbytes, deps=tuple(deps), alloc_bytes=alloc_bytes,
-                             free_bytes=free_bytes))
+    def allreduce(
+        self,
+        gpus: Sequence[str],
+        nbytes: int,
+        *,
+        deps: Iterable[str] = (),
+        alloc_bytes: int = 0,
+        free_bytes: int = 0,
+        id: str | None = None,
+    ) -> str:
+        return self.add(
+            Task(
+                self._next_id("allreduce", id),
+                "allreduce",
+                gpus=tuple(gpus),
+                bytes=nbytes,
+                deps=tuple(deps),
+                alloc_bytes=alloc_bytes,
+                free_bytes=free_bytes,
+            )
+        )
 
-    def barrier(self, gpus: Sequence[str], *, deps: Iterable[str] = (),
-                id: str | None = None) -> str:
-        return self.add(Task(self._next_id("barrier", id), "barrier", gpus=tuple(gpus),
-                             deps=tuple(deps)))
+    def barrier(
+        self, gpus: Sequence[str], *, deps: Iterable[str] = (), id: str | None = None
+    ) -> str:
+        return self.add(
+            Task(self._next_id("barrier", id), "barrier", gpus=tuple(gpus), deps=tuple(deps))
+        )
 
     def build(self) -> TaskGraph:
         return TaskGraph(tuple(self._tasks))
@@ -309,9 +387,7 @@ def _whole(value: Any, key: str, where: str) -> int:
 def _validate_task(task: Task) -> None:
     name = f"task {task.id!r}"
     if task.kind not in TASK_KINDS:
-        raise PipeswapError(
-            f"{name} has kind {task.kind!r}; use one of {', '.join(TASK_KINDS)}"
-        )
+        raise PipeswapError(f"{name} has kind {task.kind!r}; use one of {', '.join(TASK_KINDS)}")
     for key in ("bytes", "alloc_bytes", "free_bytes"):
         if getattr(task, key) < 0:
             raise PipeswapError(f"{name} has negative {key} ({getattr(task, key)})")
@@ -371,7 +447,7 @@ def _refuse_cycles(tasks: Sequence[Task], index: dict[str, int]) -> None:
         seen[here] = len(walk)
         walk.append(here)
         here = next(index[d] for d in tasks[here].deps if pending[index[d]] > 0)
-    cycle = [tasks[i].id for i in walk[seen[here]:]][::-1]
+    cycle = [tasks[i].id for i in walk[seen[here] :]][::-1]
     raise PipeswapError(
         f"task {cycle[0]!r} is on a dependency cycle: {' -> '.join(cycle + [cycle[0]])}; "
         "remove one of these deps"

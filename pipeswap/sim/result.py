@@ -40,8 +40,12 @@ class GpuStats:
     idle_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"busy_s": self.busy_s, "stall_s": self.stall_s, "peak_bytes": self.peak_bytes,
-                "idle_s": self.idle_s}
+        return {
+            "busy_s": self.busy_s,
+            "stall_s": self.stall_s,
+            "peak_bytes": self.peak_bytes,
+            "idle_s": self.idle_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,14 @@ class LinkStats:
     busy_s_ba: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"a": self.a, "b": self.b, "bytes_ab": self.bytes_ab, "bytes_ba": self.bytes_ba,
-                "busy_s_ab": self.busy_s_ab, "busy_s_ba": self.busy_s_ba}
+        return {
+            "a": self.a,
+            "b": self.b,
+            "bytes_ab": self.bytes_ab,
+            "bytes_ba": self.bytes_ba,
+            "busy_s_ab": self.busy_s_ab,
+            "busy_s_ba": self.busy_s_ba,
+        }
 
 
 @dataclass(frozen=True)
@@ -87,14 +97,30 @@ class SimResult:
         check_format(obj, RESULT_FORMAT, where)
         return cls(
             makespan_s=float(obj["makespan_s"]),
-            tasks={k: TaskTiming(float(v["start_s"]), float(v["end_s"]))
-                   for k, v in obj["tasks"].items()},
-            gpus={k: GpuStats(float(v["busy_s"]), float(v["stall_s"]), int(v["peak_bytes"]),
-                              float(v.get("idle_s", 0.0)))
-                  for k, v in obj["gpus"].items()},
-            links=[LinkStats(str(x["a"]), str(x["b"]), int(x["bytes_ab"]), int(x["bytes_ba"]),
-                             float(x["busy_s_ab"]), float(x["busy_s_ba"]))
-                   for x in obj["links"]],
+            tasks={
+                k: TaskTiming(float(v["start_s"]), float(v["end_s"]))
+                for k, v in obj["tasks"].items()
+            },
+            gpus={
+                k: GpuStats(
+                    float(v["busy_s"]),
+                    float(v["stall_s"]),
+                    int(v["peak_bytes"]),
+                    float(v.get("idle_s", 0.0)),
+                )
+                for k, v in obj["gpus"].items()
+            },
+            links=[
+                LinkStats(
+                    str(x["a"]),
+                    str(x["b"]),
+                    int(x["bytes_ab"]),
+                    int(x["bytes_ba"]),
+                    float(x["busy_s_ab"]),
+                    float(x["busy_s_ba"]),
+                )
+                for x in obj["links"]
+            ],
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:

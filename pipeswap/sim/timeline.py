@@ -29,8 +29,14 @@ KIND_COLORS = {
 LINK_COLOR = "#937860"
 
 
-def plot_timeline(path: str | os.PathLike[str], graph: TaskGraph, result: SimResult,
-                  topology: Topology, *, title: str | None = None) -> list[str]:
+def plot_timeline(
+    path: str | os.PathLike[str],
+    graph: TaskGraph,
+    result: SimResult,
+    topology: Topology,
+    *,
+    title: str | None = None,
+) -> list[str]:
     """Draw the Gantt chart to ``path`` (PNG).
 
     Task bars are coloured by kind; barriers (zero length) are thin ticks. Each busy
@@ -55,7 +61,8 @@ def plot_timeline(path: str | os.PathLike[str], graph: TaskGraph, result: SimRes
                 ticks.setdefault(row_of[key], []).append(timing.start_s)
             else:
                 bars.setdefault((row_of[key], task.kind), []).append(
-                    (timing.start_s, timing.end_s - timing.start_s))
+                    (timing.start_s, timing.end_s - timing.start_s)
+                )
     capacity = {}
     for link in topology.links:
         capacity[(link.a, link.b)] = capacity[(link.b, link.a)] = link.bytes_per_s
@@ -70,11 +77,17 @@ def plot_timeline(path: str | os.PathLike[str], graph: TaskGraph, result: SimRes
     total_rows = len(rows) + len(link_rows)
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.32 * max(total_rows, 1)))
     for (row, kind), spans in bars.items():
-        ax.broken_barh(spans, (row - height / 2, height), facecolors=KIND_COLORS[kind],
-                       edgecolor="white", linewidth=0.3)
+        ax.broken_barh(
+            spans,
+            (row - height / 2, height),
+            facecolors=KIND_COLORS[kind],
+            edgecolor="white",
+            linewidth=0.3,
+        )
     for row, times in ticks.items():
-        ax.vlines(times, row - height / 2, row + height / 2, colors=KIND_COLORS["barrier"],
-                  linewidth=1.0)
+        ax.vlines(
+            times, row - height / 2, row + height / 2, colors=KIND_COLORS["barrier"], linewidth=1.0
+        )
     for (src, dst), series in link_rows:
         row = len(rows)
         rows.append(f"{src}\u2192{dst}")
@@ -82,10 +95,17 @@ def plot_timeline(path: str | os.PathLike[str], graph: TaskGraph, result: SimRes
         fractions = [rate / capacity[(src, dst)] for _, rate in series]
         fractions.append(fractions[-1])
         base = row + height / 2  # rows grow downwards (inverted axis): fill upwards from base
-        ax.broken_barh([(0, result.makespan_s)], (row - height / 2, height),
-                       facecolors="#f0ebe6", linewidth=0)
-        ax.fill_between(times, base, [base - height * f for f in fractions], step="post",
-                        color=LINK_COLOR, linewidth=0)
+        ax.broken_barh(
+            [(0, result.makespan_s)], (row - height / 2, height), facecolors="#f0ebe6", linewidth=0
+        )
+        ax.fill_between(
+            times,
+            base,
+            [base - height * f for f in fractions],
+            step="post",
+            color=LINK_COLOR,
+            linewidth=0,
+        )
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, max(result.makespan_s, 1e-9))
@@ -95,8 +115,9 @@ def plot_timeline(path: str | os.PathLike[str], graph: TaskGraph, result: SimRes
     handles = [Patch(color=KIND_COLORS[k], label=k) for k in TASK_KINDS if k in present]
     if link_rows:
         handles.append(Patch(color=LINK_COLOR, label="link throughput / bandwidth"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
-              frameon=False)
+    ax.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False
+    )
     ax.set_title(title or f"{topology.name}: makespan {result.makespan_s:.4g} s", fontsize=10)
     fig.tight_layout()
     buffer = io.BytesIO()

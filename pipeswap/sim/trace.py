@@ -54,8 +54,9 @@ def chrome_trace(graph: TaskGraph, result: SimResult, topology: Topology) -> dic
     return trace_document(simulation_events(graph, result, topology), _metadata(result, topology))
 
 
-def write_trace(path: str | os.PathLike[str], graph: TaskGraph, result: SimResult,
-                topology: Topology) -> None:
+def write_trace(
+    path: str | os.PathLike[str], graph: TaskGraph, result: SimResult, topology: Topology
+) -> None:
     """Write :func:`chrome_trace` as JSON to ``path``, atomically."""
     write_chrome_trace(
         path, simulation_events(graph, result, topology), _metadata(result, topology)
@@ -82,11 +83,18 @@ def simulation_events(
         timing = result.tasks[task.id]
         args = _task_args(task)
         for gpu, stream in task_streams(task, topology):
-            events.append({
-                "name": task.id, "cat": task.kind, "ph": "X",
-                "ts": timing.start_s * _US, "dur": max(timing.end_s - timing.start_s, 0.0) * _US,
-                "pid": pids[gpu], "tid": tids[(gpu, stream)], "args": args,
-            })
+            events.append(
+                {
+                    "name": task.id,
+                    "cat": task.kind,
+                    "ph": "X",
+                    "ts": timing.start_s * _US,
+                    "dur": max(timing.end_s - timing.start_s, 0.0) * _US,
+                    "pid": pids[gpu],
+                    "tid": tids[(gpu, stream)],
+                    "args": args,
+                }
+            )
     if result.link_rates:
         link_pid = len(pids) + 1
         events.append(metadata_event("process_name", link_pid, None, {"name": LINKS_PROCESS}))
@@ -95,8 +103,16 @@ def simulation_events(
         )
         for (src, dst), series in result.link_rates.items():
             for time_s, bytes_per_s in series:
-                events.append({"name": f"{src}->{dst}", "ph": "C", "ts": time_s * _US,
-                               "pid": link_pid, "tid": 0, "args": {"GB/s": bytes_per_s / 1e9}})
+                events.append(
+                    {
+                        "name": f"{src}->{dst}",
+                        "ph": "C",
+                        "ts": time_s * _US,
+                        "pid": link_pid,
+                        "tid": 0,
+                        "args": {"GB/s": bytes_per_s / 1e9},
+                    }
+                )
     return events
 
 

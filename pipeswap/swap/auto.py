@@ -65,8 +65,11 @@ def plan_auto(case: Case, *, time_limit_s: float = 60.0) -> tuple[Scored, dict[s
         scored = case.score(assignment)
         if scored.iteration_s < best.iteration_s:
             best = scored
-            notes["kept"] = "one-GPU plan with offsets" if assignment is starts.get(name) \
+            notes["kept"] = (
+                "one-GPU plan with offsets"
+                if assignment is starts.get(name)
                 else f"local search from {name}"
+            )
     return best, notes
 
 
@@ -90,8 +93,11 @@ def _solo_start(case: Case, deadline: float) -> Assignment | None:
     layers = chosen.recomputed(case.gpus[0])
     recompute = {gpu: layers for gpu in case.gpus} if layers else {}
     late = late_members(case)
-    return with_best_offset(case, swaps, late, recompute) if late \
+    return (
+        with_best_offset(case, swaps, late, recompute)
+        if late
         else Assignment(swaps, recompute=recompute)
+    )
 
 
 def local_search(
@@ -117,16 +123,24 @@ def local_search(
 
     def simulate_s(candidate: State) -> float:
         candidate_swaps, candidate_offsets, candidate_recompute = candidate
-        key = (tuple(candidate_swaps[g] for g in members),
-               tuple(round(candidate_offsets.get(g, 0.0), 9) for g in members),
-               tuple(tuple(sorted(candidate_recompute[g])) for g in members))
+        key = (
+            tuple(candidate_swaps[g] for g in members),
+            tuple(round(candidate_offsets.get(g, 0.0), 9) for g in members),
+            tuple(tuple(sorted(candidate_recompute[g])) for g in members),
+        )
         if key not in seen:
             try:
                 seen[key] = score(
-                    case.workload, ranking.topology, members,
-                    Assignment(candidate_swaps, {g: o for g, o in candidate_offsets.items() if o},
-                               {g: r for g, r in candidate_recompute.items() if r}),
-                    sync_every=ranking.sync_every, bucket_bytes=ranking.bucket_bytes,
+                    case.workload,
+                    ranking.topology,
+                    members,
+                    Assignment(
+                        candidate_swaps,
+                        {g: o for g, o in candidate_offsets.items() if o},
+                        {g: r for g, r in candidate_recompute.items() if r},
+                    ),
+                    sync_every=ranking.sync_every,
+                    bucket_bytes=ranking.bucket_bytes,
                 ).result.makespan_s
             except PipeswapError:  # an allocation that can never fit: not a plan
                 seen[key] = math.inf
@@ -174,13 +188,17 @@ def _ordered(swaps: Iterable[Swap]) -> tuple[Swap, ...]:
     return tuple(sorted(swaps, key=lambda s: (s.layer, s.index)))
 
 
-def _expand(case: Case, members: Sequence[str], swaps: Swaps, offsets: Offsets,
-            recompute: Recomputes) -> Assignment:
+def _expand(
+    case: Case, members: Sequence[str], swaps: Swaps, offsets: Offsets, recompute: Recomputes
+) -> Assignment:
     """The whole case's assignment from the ranking group's: position p of every channel
     group gets what member p got (the groups have one shape), its recomputed layers too."""
     if list(members) == list(case.gpus):
-        return Assignment(dict(swaps), {g: o for g, o in offsets.items() if o},
-                          {g: r for g, r in recompute.items() if r})
+        return Assignment(
+            dict(swaps),
+            {g: o for g, o in offsets.items() if o},
+            {g: r for g, r in recompute.items() if r},
+        )
     full_swaps: Swaps = {}
     full_offsets: Offsets = {}
     full_recompute: dict[str, frozenset[int]] = {}
@@ -214,18 +232,31 @@ class _Moves:
         self.n = case.workload.num_layers
         self.forward_s = sum(case.workload.forward_s)
         self.tensors = [
-            (layer, index, nbytes) for layer, saved in enumerate(case.workload.saved)
-            for index, nbytes in saved if nbytes >= _SMALLEST_TENSOR_BYTES
+            (layer, index, nbytes)
+            for layer, saved in enumerate(case.workload.saved)
+            for index, nbytes in saved
+            if nbytes >= _SMALLEST_TENSOR_BYTES
         ]
         # Layers whose recomputation frees memory that matters.
-        self.layers = [i for i, freed in enumerate(case.workload.freed_bytes)
-                       if freed >= _SMALLEST_TENSOR_BYTES]
+        self.layers = [
+            i
+            for i, freed in enumerate(case.workload.freed_bytes)
+            if freed >= _SMALLEST_TENSOR_BYTES
+        ]
         self.recompute: Recomputes = {}  # the plan being moved from (set by ``sample``)
         # Offset moves change offsets, recompute moves layers, the others swaps: one
         # tuple, so each is drawn alike.
         self.kinds: tuple[Callable[[str, Any], Any], ...] = (
-            self._shift_out, self._shift_prefetch, self._drop, self._add, self._replace,
-            self._replace, self._exchange, self._offset, self._recompute)
+            self._shift_out,
+            self._shift_prefetch,
+            self._drop,
+            self._add,
+            self._replace,
+            self._replace,
+            self._exchange,
+            self._offset,
+            self._recompute,
+        )
 
     def view(self, gpu: str) -> Workload:
         return self.workload.recomputing(self.recompute.get(gpu, ()))
@@ -251,8 +282,10 @@ class _Moves:
         if not moved:
             return None
         changed = {g: _ordered(plan) for g, plan in moved.items()}
-        if any(plan == swaps[g] or not self.view(g).fits(plan, self.budget)
-               for g, plan in changed.items()):
+        if any(
+            plan == swaps[g] or not self.view(g).fits(plan, self.budget)
+            for g, plan in changed.items()
+        ):
             return None
         return {**swaps, **changed}, offsets, recompute
 
@@ -270,7 +303,7 @@ class _Moves:
         if not plan:
             return None
         k = self.rng.randrange(len(plan))
-        return plan[k], plan[:k] + plan[k + 1:]
+        return plan[k], plan[:k] + plan[k + 1 :]
 
     def _shift_out(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
         picked = self._pick(swaps, gpu)
@@ -299,8 +332,13 @@ class _Moves:
     def _unswapped(self, swaps: Swaps, gpu: str, near: int | None = None) -> list[Tensor]:
         taken = {(s.layer, s.index) for s in swaps[gpu]}
         recomputed = self.view(gpu).recompute
-        return [t for t in self.tensors if (t[0], t[1]) not in taken
-                and t[0] not in recomputed and (near is None or abs(t[0] - near) <= 2)]
+        return [
+            t
+            for t in self.tensors
+            if (t[0], t[1]) not in taken
+            and t[0] not in recomputed
+            and (near is None or abs(t[0] - near) <= 2)
+        ]
 
     def _add(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
         free = self._unswapped(swaps, gpu)
@@ -324,8 +362,13 @@ class _Moves:
             # The new tensor takes the old one's turn on the copy engine; the old one
             # goes one or two layers later.
             later = min(self.n - 1, s.out + self.rng.choice((1, 2)))
-            return {gpu: [*rest, Swap(layer, index, nbytes, s.out, point),
-                          Swap(s.layer, s.index, s.bytes, later, s.prefetch)]}
+            return {
+                gpu: [
+                    *rest,
+                    Swap(layer, index, nbytes, s.out, point),
+                    Swap(s.layer, s.index, s.bytes, later, s.prefetch),
+                ]
+            }
         return {gpu: [*rest, Swap(layer, index, nbytes, layer, point)]}
 
     def _exchange(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
@@ -339,23 +382,31 @@ class _Moves:
         if not give:
             return None
         s = self.rng.choice(give)
-        take = [t for t in swaps[other]
-                if (t.layer, t.index) not in mine and abs(t.layer - s.layer) <= 2
-                and t.layer not in self.view(gpu).recompute]
+        take = [
+            t
+            for t in swaps[other]
+            if (t.layer, t.index) not in mine
+            and abs(t.layer - s.layer) <= 2
+            and t.layer not in self.view(gpu).recompute
+        ]
         if s.layer in self.view(other).recompute:
             return None
         if not take:
             return None
         t = self.rng.choice(take)
-        return {gpu: [*(x for x in swaps[gpu] if x is not s), t],
-                other: [*(x for x in swaps[other] if x is not t), s]}
+        return {
+            gpu: [*(x for x in swaps[gpu] if x is not s), t],
+            other: [*(x for x in swaps[other] if x is not t), s],
+        }
 
     def _offset(self, gpu: str, offsets: Offsets) -> Offsets | None:
         if offsets.get(gpu):
             if self.rng.random() < 0.5:
                 value = offsets[gpu] * self.rng.choice(_OFFSET_FACTORS)
             else:
-                value = offsets[gpu] + self.rng.choice((-0.02, -0.005, 0.005, 0.02)) * self.forward_s
+                value = (
+                    offsets[gpu] + self.rng.choice((-0.02, -0.005, 0.005, 0.02)) * self.forward_s
+                )
         else:
             value = self.rng.choice((0.05, 0.1, 0.25, 0.5, 1.0)) * self.forward_s
         return {**offsets, gpu: max(0.0, value)}

@@ -188,8 +188,11 @@ class Relief:
             items: list[tuple[float, int]] = []  # (-bytes per second, layer)
             for i in range(n):
                 if freed[i] > 0:
-                    rate = freed[i] / workload.forward_s[i] if workload.forward_s[i] > 0 \
+                    rate = (
+                        freed[i] / workload.forward_s[i]
+                        if workload.forward_s[i] > 0
                         else float("inf")
+                    )
                     bisect.insort(items, (-rate, i))
                 left, total = seconds, 0.0
                 for _, k in items:
@@ -220,8 +223,12 @@ def recompute_limit_s(workload: Workload) -> float:
     return total * (1 + 1e-9) + 1e-12 if total > 0 else 0.0
 
 
-def _min_max(decreasing: Callable[[float], float], increasing: Callable[[float], float],
-             limit: float, steps: int = 40) -> tuple[float, float]:
+def _min_max(
+    decreasing: Callable[[float], float],
+    increasing: Callable[[float], float],
+    limit: float,
+    steps: int = 40,
+) -> tuple[float, float]:
     """A lower bound of min over T >= 0 of max(decreasing(T), increasing(T)), and the T at
     which it was found (module docstring, "With recomputation")."""
     if limit <= 0 or decreasing(0.0) <= increasing(0.0):
@@ -269,8 +276,9 @@ def lower_bound(
     def at(seconds: float) -> LowerBound:
         relief = Relief(base, seconds)
         per_micro = max((need - relief.through[i] for i, need in enumerate(needs)), default=0)
-        return _link_bound(base, topology, gpus, max(0, int(per_micro)) * sync_every,
-                           compute_s, seconds)
+        return _link_bound(
+            base, topology, gpus, max(0, int(per_micro)) * sync_every, compute_s, seconds
+        )
 
     def increasing(seconds: float) -> float:
         return compute_s + sync_every * seconds
@@ -282,8 +290,7 @@ def lower_bound(
     found = at(seconds)
     if bound <= found.bound_s:
         return found
-    binding = "compute + recompute" if increasing(seconds) >= decreasing(seconds) \
-        else found.binding
+    binding = "compute + recompute" if increasing(seconds) >= decreasing(seconds) else found.binding
     return LowerBound(bound, compute_s, found.min_swap_bytes, found.link_s, binding, seconds)
 
 
@@ -342,8 +349,9 @@ def _cumulative_before(workload: Workload) -> list[int]:
     return before
 
 
-def _excess(needs: Sequence[int], before: Sequence[int], relief: Relief | None,
-            k: int, i: int) -> float:
+def _excess(
+    needs: Sequence[int], before: Sequence[int], relief: Relief | None, k: int, i: int
+) -> float:
     """``need[i] - cum(<k)``, less what recomputation may free among layers k..i."""
     excess = needs[i] - before[k]
     return excess if relief is None or excess <= 0 else excess - relief.between(k, i)
@@ -374,7 +382,10 @@ def _forward_ends(
 
 
 def _backward_starts(
-    workload: Workload, needs: Sequence[int], before: Sequence[int], bytes_per_s: float,
+    workload: Workload,
+    needs: Sequence[int],
+    before: Sequence[int],
+    bytes_per_s: float,
     relief: Relief | None = None,
 ) -> list[float]:
     """Earliest start of every backward, counted from the turn (the backward recursion)."""
@@ -392,8 +403,9 @@ def _backward_starts(
     return backward_start
 
 
-def shortest_microbatch_s(workload: Workload, budget_bytes: int, bytes_per_s: float,
-                          relief: Relief | None = None) -> float:
+def shortest_microbatch_s(
+    workload: Workload, budget_bytes: int, bytes_per_s: float, relief: Relief | None = None
+) -> float:
     """The shortest micro-batch any plan without recomputation (or, with ``relief``, any
     plan recomputing at most its seconds, less those seconds) can achieve on a path of
     ``bytes_per_s`` per direction: the forward and backward recursions of the module
@@ -444,8 +456,9 @@ def turn_bound(
     def at(seconds: float) -> TurnBound:
         if seconds not in cache:
             relief = Relief(workload, seconds) if seconds > 0 else None
-            cache[seconds] = _turn_bound(workload, topology, gpus, budget_bytes, sync_every,
-                                         tail, relief, seconds)
+            cache[seconds] = _turn_bound(
+                workload, topology, gpus, budget_bytes, sync_every, tail, relief, seconds
+            )
         return cache[seconds]
 
     def increasing(seconds: float) -> float:
@@ -477,8 +490,9 @@ def _turn_bound(
     slowest = max(micro, key=lambda g: micro[g])
     terms = {slowest: sync_every * micro[slowest] + tail}
     channel = _channel_terms(workload, topology, gpus, budget_bytes, sync_every, tail, relief)
-    channel.update(_sharing_terms(workload, topology, gpus, budget_bytes, sync_every, tail,
-                                  micro, relief))
+    channel.update(
+        _sharing_terms(workload, topology, gpus, budget_bytes, sync_every, tail, micro, relief)
+    )
     terms.update(channel)
     binding = max(terms, key=lambda name: terms[name])
     return TurnBound(
@@ -513,9 +527,7 @@ def _channel_terms(
     # The best layer to cut at, per unit of bytes per second: max over i of
     # head_i + K * users * need[i] / C + rest_i, evaluated per link below.
     up_edges = [(forward[0], sum(forward[i:]) + total_backward + tail) for i in range(n)]
-    down_edges = [
-        (total_forward + sum(backward[j + 1:]), backward[0] + tail) for j in range(n)
-    ]
+    down_edges = [(total_forward + sum(backward[j + 1 :]), backward[0] + tail) for j in range(n)]
     users: dict[int, int] = {}
     for gpu in gpus:
         for link, _ in topology.path(gpu, topology.host_of(gpu)):
@@ -544,8 +556,10 @@ def _channel_terms(
             if excess < 1:
                 continue  # some GPU may move no byte: no term
             base = head + rest + count * excess / per_gpu
-            least = min(base + slope * relief.seconds / per_gpu,  # s = 0
-                        base + relief.seconds)  # s = T
+            least = min(
+                base + slope * relief.seconds / per_gpu,  # s = 0
+                base + relief.seconds,
+            )  # s = T
             best = max(best, least)
         terms[f"{edge.a}<->{edge.b} swap-outs"] = best
     return terms
@@ -585,8 +599,7 @@ def _sharing_terms(
         capacity = topology.links[link].bytes_per_s
         # The fastest member's path and shortest micro-batch: valid for every member.
         own = max(
-            min(topology.links[hop].bytes_per_s for hop, _ in
-                topology.path(g, topology.host_of(g)))
+            min(topology.links[hop].bytes_per_s for hop, _ in topology.path(g, topology.host_of(g)))
             for g in members
         )
         shortest = min(micro[g] for g in members)
@@ -600,27 +613,45 @@ def _sharing_terms(
             first = 0.0
             last = 0.0
             if relief is not None:
-                first = _first_with_recompute(workload, needs, before, own, relief, capacity,
-                                              len(members), forward_end, backward_s,
-                                              shortest, sync_every, tail, budget_bytes)
+                first = _first_with_recompute(
+                    workload,
+                    needs,
+                    before,
+                    own,
+                    relief,
+                    capacity,
+                    len(members),
+                    forward_end,
+                    backward_s,
+                    shortest,
+                    sync_every,
+                    tail,
+                    budget_bytes,
+                )
             for i in range(n):
                 if not needs[i]:
                     continue
                 # The later member reaches forward i of its first micro-batch only once every
                 # member's need[i] bytes (those of layers k..i-1 made after E_k) crossed.
-                floors = [forward_end[k] + share * _excess(needs, before, relief, k, i)
-                          for k in range(i) if _excess(needs, before, relief, k, i) > 0]
+                floors = [
+                    forward_end[k] + share * _excess(needs, before, relief, k, i)
+                    for k in range(i)
+                    if _excess(needs, before, relief, k, i) > 0
+                ]
                 if not floors:
                     continue
                 if relief is None:
-                    delayed = _forward_ends(workload, needs, before, own,
-                                            floor=(i, max(floors)))
+                    delayed = _forward_ends(workload, needs, before, own, floor=(i, max(floors)))
                     first = max(first, delayed[-1] + backward_s + rest)
                 # The earliest member starts backward i of its last micro-batch no sooner
                 # than (K-1) shortest micro-batches and this one's prefix; then every
                 # member's bytes of layers k..i-1 come back before their backward k.
-                prefix = ((sync_every - 1) * shortest + forward_end[-1] + backward_start[i]
-                          + workload.backward_s[i])
+                prefix = (
+                    (sync_every - 1) * shortest
+                    + forward_end[-1]
+                    + backward_start[i]
+                    + workload.backward_s[i]
+                )
                 for k in range(i):
                     excess = _excess(needs, before, relief, k, i)
                     if excess > 0:
@@ -676,21 +707,24 @@ def _first_with_recompute(
                 if raw <= 0:
                     continue
                 excess = raw - relief.between(k, i)
-                crossing = ((members - 1) * max(0.0, excess)
-                            + max(0.0, excess + relief.slope(k, i) * (seconds - s)))
+                crossing = (members - 1) * max(0.0, excess) + max(
+                    0.0, excess + relief.slope(k, i) * (seconds - s)
+                )
                 if crossing > 0:
                     at = forward_end[k] + crossing / capacity
                     floor = at if floor is None else max(floor, at)
             if floor is None:
                 continue
-            delayed = _forward_ends(workload, needs, before, own, floor=(i, floor),
-                                    relief=relief)
+            delayed = _forward_ends(workload, needs, before, own, floor=(i, floor), relief=relief)
             latest = max(latest, delayed[-1])
         return latest
 
     def time_part(s: float) -> float:
-        return (max(backward_s, total_backward + s)
-                + (sync_every - 1) * max(shortest, total_forward + total_backward + s) + tail)
+        return (
+            max(backward_s, total_backward + s)
+            + (sync_every - 1) * max(shortest, total_forward + total_backward + s)
+            + tail
+        )
 
     def alone(s: float) -> float:
         ease = Relief(workload, s) if s > 0 else None

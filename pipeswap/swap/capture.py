@@ -58,9 +58,7 @@ def resolve_layers(model: nn.Module, layers: Sequence[str] | None) -> dict[str, 
     for name in layers:
         if name not in modules or not name:
             known = [n for n in modules if n]
-            raise PipeswapError(
-                f"the model has no submodule {name!r}; {close_names(name, known)}"
-            )
+            raise PipeswapError(f"the model has no submodule {name!r}; {close_names(name, known)}")
         if name in resolved:
             raise PipeswapError(f"layer {name!r} is listed twice; list each layer once")
         resolved[name] = modules[name]
@@ -104,9 +102,10 @@ class InnerSaves:
         """
         inputs = self.inputs.get(layer, set())
         return sum(
-            n for key, n in self.saved.get(layer, {}).items()
+            n
+            for key, n in self.saved.get(layer, {}).items()
             if key not in inputs and (not own or self.owner.get(key) == layer)
-        )  # fmt: skip
+        )
 
 
 class _TaggingCapture(SavedTensorCapture):
@@ -219,9 +218,7 @@ def step_names(
                 sizes[kept_key(layer, r.index)] = r.bytes
                 owner[kept_key(layer, r.index)] = layer
     pack_calls = {
-        layer: [
-            None if c is None else plan_name.get(c, kept_key(*c)) for c in keys
-        ]
+        layer: [None if c is None else plan_name.get(c, kept_key(*c)) for c in keys]
         for layer, keys in c_calls.items()
     }
     # What a recomputed layer holds through the step: the storages its steps still save
@@ -270,17 +267,18 @@ def check_budget(
         optimizer_step_s=0.0,
         # The workload's re-run holds its saved bytes less input_saved: measured here.
         input_bytes=tuple(kept_bytes.get(name, 0) for name in names),
-        input_saved=tuple(
-            all_saved[i] - rerun_bytes.get(name, 0) for i, name in enumerate(names)
-        ),
+        input_saved=tuple(all_saved[i] - rerun_bytes.get(name, 0) for i, name in enumerate(names)),
         recompute=frozenset(i for i, name in enumerate(names) if name in gpu_plan.recompute),
     )
     position = {name: i for i, name in enumerate(names)}
     swaps = [
         Swap(
-            position[d.layer], d.index, d.bytes, position[d.out_after],
+            position[d.layer],
+            d.index,
+            d.bytes,
+            position[d.out_after],
             n if d.prefetch_after is None else position[d.prefetch_after],
-        )  # fmt: skip
+        )
         for d in decisions.values()
     ]
     forward, backward = workload.memory_points(swaps)
@@ -345,8 +343,7 @@ def check_plan_identity(
     mismatch = plan.profile_mismatch(profile)
     if mismatch is not None:
         raise PipeswapError(
-            f"the plan was made for another profile ({mismatch}); plan again from this "
-            "profile"
+            f"the plan was made for another profile ({mismatch}); plan again from this profile"
         )
     if dtypes and profile.dtype not in dtypes:
         raise PipeswapError(
@@ -383,9 +380,7 @@ def checked_decisions(gpu_plan: GpuPlan, names: list[str]) -> dict[SavedKey, Swa
     return decisions
 
 
-def checked_recompute(
-    gpu_plan: GpuPlan, layers: dict[str, nn.Module]
-) -> list[str]:
+def checked_recompute(gpu_plan: GpuPlan, layers: dict[str, nn.Module]) -> list[str]:
     """The rank's recomputed layers, in forward order; refuses unknown and nested ones.
 
     A recomputed layer's forward is re-run as a whole, so no other listed layer may be

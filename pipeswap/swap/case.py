@@ -61,8 +61,12 @@ class Case:
 
 def _assignment_key(assignment: Assignment, gpus: Sequence[str]) -> tuple[Any, ...]:
     return tuple(
-        (gpu, tuple(assignment.swaps.get(gpu, ())), float(assignment.offsets_s.get(gpu, 0.0)),
-         tuple(sorted(assignment.recomputed(gpu))))
+        (
+            gpu,
+            tuple(assignment.swaps.get(gpu, ())),
+            float(assignment.offsets_s.get(gpu, 0.0)),
+            tuple(sorted(assignment.recomputed(gpu))),
+        )
         for gpu in gpus
     )
 

@@ -290,9 +290,7 @@ class SwapExecutor:
         self._sizes = names.sizes
         self.kept_bytes = names.kept_bytes
         self.rerun_bytes = {name: inner.rerun_bytes(name) for name in self.recompute}
-        self._own_rerun_bytes = {
-            name: inner.rerun_bytes(name, own=True) for name in self.recompute
-        }
+        self._own_rerun_bytes = {name: inner.rerun_bytes(name, own=True) for name in self.recompute}
         return plain[0], names.pack_calls
 
     def _check_budget(self, records: dict[str, list[SavedRecord]]) -> None:
@@ -306,10 +304,16 @@ class SwapExecutor:
             # op, owned by the next layer) takes the room its working set has for it.
             rerun = self._own_rerun_bytes
         self.needed_bytes = check_budget(
-            self.gpu_plan, self.decisions, records, self.layer_names,
-            resident_bytes=self.resident_bytes, transient=transient, device=self.device,
-            kept_bytes=self.kept_bytes, rerun_bytes=rerun,
-        )  # fmt: skip
+            self.gpu_plan,
+            self.decisions,
+            records,
+            self.layer_names,
+            resident_bytes=self.resident_bytes,
+            transient=transient,
+            device=self.device,
+            kept_bytes=self.kept_bytes,
+            rerun_bytes=rerun,
+        )
 
     # ---- hooks ----------------------------------------------------------------------
     def _forward_pre_hook(self, name: str) -> Callable[..., None]:
@@ -353,8 +357,9 @@ class SwapExecutor:
                 inner.layer = name
                 inner.inputs[name] = {
                     t.untyped_storage()._cdata
-                    for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)
-                }  # fmt: skip
+                    for t in (*args, *kwargs.values())
+                    if isinstance(t, torch.Tensor)
+                }
                 try:
                     return forward(*args, **kwargs)
                 finally:
@@ -442,7 +447,9 @@ class SwapExecutor:
             self._step_prefetched += entry.nbytes
         assert entry.device is not None
         rebuilt = torch.empty(0, dtype=handle.dtype, device=entry.device.device)
-        return rebuilt.set_(entry.device.untyped_storage(), handle.offset, handle.size, handle.stride)
+        return rebuilt.set_(
+            entry.device.untyped_storage(), handle.offset, handle.size, handle.stride
+        )
 
     # ---- moving bytes -----------------------------------------------------------------
     def _swap_out(self, key: SavedKey) -> None:
@@ -522,7 +529,9 @@ class SwapExecutor:
             recomputed_bytes=sum(self.rerun_bytes.get(name, 0) for name in self._rerun_done),
         )
 
-    def train_step(self, forward_loss: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, StepStats]:
+    def train_step(
+        self, forward_loss: Callable[[], torch.Tensor]
+    ) -> tuple[torch.Tensor, StepStats]:
         """Forward, loss and backward of one micro-batch; prepares on first use."""
         if self._pack_calls is None:
             self.prepare(forward_loss)

@@ -46,8 +46,9 @@ def recompute_order(workload: Workload, budget_bytes: int, order: str = "cheapes
     return sorted(helpful, key=lambda i: (workload.forward_s[i] / freed[i], -i))
 
 
-def recompute_ladder(workload: Workload, budget_bytes: int,
-                     order: str = "cheapest") -> list[frozenset[int]]:
+def recompute_ladder(
+    workload: Workload, budget_bytes: int, order: str = "cheapest"
+) -> list[frozenset[int]]:
     """Nested recompute sets along :func:`recompute_order`: the first prefix whose freed
     bytes reach each fraction of the deficit, and the first prefix that fits with nothing
     swapped (the cheapest recompute-only plan along that order), if any."""
@@ -61,7 +62,7 @@ def recompute_ladder(workload: Workload, budget_bytes: int,
     layers = recompute_order(workload, budget_bytes, order)
     for k, layer in enumerate(layers):
         freed += workload.freed_bytes[layer]
-        chosen = frozenset(layers[:k + 1])
+        chosen = frozenset(layers[: k + 1])
         reached = False
         while targets and freed >= targets[0]:
             targets.pop(0)
@@ -112,8 +113,8 @@ def plan_hybrid(case: Case) -> Assignment:
             # The cheapest recompute-only plan of each ladder, when one fits.
             if steps and not any(case.workload.recomputing(steps[-1]).needs(case.budget_bytes)):
                 candidates[f"recompute{sorted(steps[-1])}"] = Assignment(
-                    {gpu: () for gpu in case.gpus},
-                    recompute={gpu: steps[-1] for gpu in case.gpus})
+                    {gpu: () for gpu in case.gpus}, recompute={gpu: steps[-1] for gpu in case.gpus}
+                )
         for _, rung, assignment in ranked[:_FINALISTS]:
             candidates[f"disjoint+recompute{sorted(ladder[rung])}"] = assignment
         if ranked:

@@ -78,8 +78,9 @@ def solve_group(
         t for t in all_tensors(workload) if t[0] < last_short and t[2] >= _SMALLEST_TENSOR_BYTES
     ]
     # Unclipped needs (a recomputed layer's backward may need memory where none was short).
-    raw = [(workload.resident_bytes + point - case.budget_bytes) / GB
-           for point in _points(workload)]
+    raw = [
+        (workload.resident_bytes + point - case.budget_bytes) / GB for point in _points(workload)
+    ]
     freed = [b / GB for b in workload.freed_bytes]
     inputs = workload.input_saved or (0,) * n
     over = [(k - i) / GB for k, i in zip(workload.kept_bytes, inputs)]
@@ -101,8 +102,10 @@ def solve_group(
     stall = [h.addVariable(lb=0.0, ub=inf) for _ in range(slots)]
     rec = {i: h.addVariable(lb=0.0, ub=1.0, type=highspy.HighsVarType.kInteger) for i in layers}
     phases = 2 * slots
-    x = [[h.addVariable(lb=0.0, ub=1.0, type=highspy.HighsVarType.kInteger) for _ in candidates]
-         for _ in members]
+    x = [
+        [h.addVariable(lb=0.0, ub=1.0, type=highspy.HighsVarType.kInteger) for _ in candidates]
+        for _ in members
+    ]
     out = [[h.addVariable(lb=0.0, ub=inf) for _ in range(phases)] for _ in members]
     inn = [[h.addVariable(lb=0.0, ub=inf) for _ in range(phases)] for _ in members]
     sizes = [t[2] / GB for t in candidates]
@@ -155,8 +158,9 @@ def solve_group(
                 h.addConstr(outs_before[run_f] + freed_through(i) >= raw[i])
             extra = over[i] * rec[i] if i in rec else 0.0
             if raw[i] + (max(over[i], 0.0) if i in rec else 0.0) > 0:
-                h.addConstr(outs_before[run_b] - ins_before[run_b] + freed_through(i - 1)
-                            - extra >= raw[i])
+                h.addConstr(
+                    outs_before[run_b] - ins_before[run_b] + freed_through(i - 1) - extra >= raw[i]
+                )
             later = swapped(m, range(i, n))
             h.addConstr(ins_before[run_b] - later >= 0)
     # Bandwidth per phase: each member's own path, and each link members share.
@@ -177,10 +181,12 @@ def solve_group(
             h.addConstr(h.qsum(inn[m][phase] for m in idx) - capacity * window(phase) <= 0)
     # A tiny price on moved bytes keeps the plan from swapping what it does not need to.
     tiny = 1e-6
-    objective = h.qsum(stall) + h.qsum(workload.forward_s[i] * rec[i] for i in layers) \
-        + tiny * h.qsum(
-            sizes[k] * x[m][k] for m in range(len(members)) for k in range(len(candidates))
-        )
+    objective = (
+        h.qsum(stall)
+        + h.qsum(workload.forward_s[i] * rec[i] for i in layers)
+        + tiny
+        * h.qsum(sizes[k] * x[m][k] for m in range(len(members)) for k in range(len(candidates)))
+    )
     if warm is not None:
         chosen = [{(t[0], t[1]) for t in member} for member in warm]
         index = [x[m][k].index for m in range(len(members)) for k in range(len(candidates))]
@@ -196,20 +202,30 @@ def solve_group(
     status = h.modelStatusToString(h.getModelStatus())
     info = h.getInfo()
     if info.primal_solution_status != 2:  # no feasible solution found in time
-        return GroupSolution([list(w) for w in warm] if warm else [[] for _ in members],
-                             math.inf, math.inf, status, len(members) * len(candidates))
+        return GroupSolution(
+            [list(w) for w in warm] if warm else [[] for _ in members],
+            math.inf,
+            math.inf,
+            status,
+            len(members) * len(candidates),
+        )
     solved = h.vals([v for row in x for v in row])
     choice: list[list[Tensor]] = []
     for m in range(len(members)):
-        row = solved[m * len(candidates):(m + 1) * len(candidates)]
+        row = solved[m * len(candidates) : (m + 1) * len(candidates)]
         choice.append([t for t, v in zip(candidates, row) if v > 0.5])
-    recomputed = frozenset(i for i, v in zip(layers, h.vals([rec[i] for i in layers]))
-                           if v > 0.5)
+    recomputed = frozenset(i for i, v in zip(layers, h.vals([rec[i] for i in layers])) if v > 0.5)
     stall_s = float(sum(h.vals(stall)))
     gap = float(info.mip_gap) if math.isfinite(info.mip_gap) else math.inf
-    return GroupSolution(choice, stall_s, max(0.0, gap), status,
-                         len(members) * len(candidates) + len(layers), recomputed,
-                         sum(workload.forward_s[i] for i in recomputed))
+    return GroupSolution(
+        choice,
+        stall_s,
+        max(0.0, gap),
+        status,
+        len(members) * len(candidates) + len(layers),
+        recomputed,
+        sum(workload.forward_s[i] for i in recomputed),
+    )
 
 
 def _points(workload: Any) -> list[int]:
@@ -265,15 +281,15 @@ def _plan_mip(case: Case, time_limit_s: float) -> MipOutcome:
         key = _group_key(case, group)
         if key not in solved:
             warm_sets = [
-                [sizes[(s.layer, s.index)] for s in warm.assignment.swaps.get(g, ())]
-                for g in group
+                [sizes[(s.layer, s.index)] for s in warm.assignment.swaps.get(g, ())] for g in group
             ]
             # The MIP gives every member of a group one recompute set: start from the
             # first member's.
             warm_recompute = warm.assignment.recomputed(group[0])
             remaining = max(1.0, deadline - time.perf_counter())
-            solved[key] = solve_group(case, group, warm_sets, time_limit_s=remaining,
-                                      warm_recompute=warm_recompute)
+            solved[key] = solve_group(
+                case, group, warm_sets, time_limit_s=remaining, warm_recompute=warm_recompute
+            )
             stalls.append(solved[key].stall_s + solved[key].recompute_s)
             gaps.append(solved[key].mip_gap)
             statuses.append(solved[key].status)
@@ -282,13 +298,16 @@ def _plan_mip(case: Case, time_limit_s: float) -> MipOutcome:
             recompute[gpu] = solved[key].recompute
     candidates: dict[str, Scored] = {}
     if all(_fits(case, choice[g], recompute[g]) for g in case.gpus):
-        swaps = {g: with_prefetch(case.workload.recomputing(recompute[g]), choice[g],
-                                  case.budget_bytes) for g in case.gpus}
+        swaps = {
+            g: with_prefetch(case.workload.recomputing(recompute[g]), choice[g], case.budget_bytes)
+            for g in case.gpus
+        }
         layers = {g: r for g, r in recompute.items() if r}
         candidates["mip"] = case.score(Assignment(swaps, recompute=layers))
         if warm.assignment.offsets_s:
             candidates["mip+offsets"] = case.score(
-                Assignment(swaps, warm.assignment.offsets_s, layers))
+                Assignment(swaps, warm.assignment.offsets_s, layers)
+            )
     stall_per_micro = max(stalls, default=0.0)
     mip_estimate_s = case.workload.compute_s(case.sync_every) + case.sync_every * stall_per_micro
     notes: dict[str, Any] = {

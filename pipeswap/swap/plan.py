@@ -231,8 +231,7 @@ def validate_plan(plan: SwapPlan, profile: Profile) -> None:
     mismatch = plan.profile_mismatch(profile)
     if mismatch is not None:
         raise PipeswapError(
-            f"the plan was made for another profile ({mismatch}); make the plan from this "
-            "profile"
+            f"the plan was made for another profile ({mismatch}); make the plan from this profile"
         )
     if list(plan.layers) != names:
         raise PipeswapError(
@@ -251,9 +250,11 @@ def validate_plan(plan: SwapPlan, profile: Profile) -> None:
             key = (swap.layer, swap.index)
             where = f"{gpu.gpu}: tensor ({swap.layer!r}, {swap.index})"
             if key not in sizes:
-                saved = [t.index for t in profile.layer(swap.layer).saved] if (
-                    swap.layer in position
-                ) else None
+                saved = (
+                    [t.index for t in profile.layer(swap.layer).saved]
+                    if (swap.layer in position)
+                    else None
+                )
                 hint = (
                     f"layer {swap.layer!r} saves indices {saved}"
                     if saved is not None

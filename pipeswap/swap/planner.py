@@ -22,8 +22,17 @@ from pipeswap.swap.scoring import Scored
 from pipeswap.swap.workload import DEFAULT_BUCKET_BYTES, Workload, workload_from_profile
 from pipeswap.units import format_bytes
 
-POLICIES = ("none", "oblivious", "disjoint", "bidirectional", "recompute", "save-on-cpu",
-            "hybrid", "mip", "auto")
+POLICIES = (
+    "none",
+    "oblivious",
+    "disjoint",
+    "bidirectional",
+    "recompute",
+    "save-on-cpu",
+    "hybrid",
+    "mip",
+    "auto",
+)
 # Baselines that plan without looking at the budget: they may not fit it.
 UNCHECKED = ("none", "recompute", "save-on-cpu")
 DEFAULT_TIME_LIMIT_S = 60.0
@@ -214,7 +223,10 @@ def make_case(
     workload = workload_from_profile(profile)
     chosen = select_gpus(topology, gpus)
     budget = resolve_budget(
-        workload, topology, chosen, gpu_memory_bytes=gpu_memory_bytes,
+        workload,
+        topology,
+        chosen,
+        gpu_memory_bytes=gpu_memory_bytes,
         footprint_ratio=footprint_ratio,
     )
     return Case(
@@ -247,8 +259,13 @@ def make_plan(
     if policy not in POLICIES:
         raise PipeswapError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
     case = make_case(
-        profile, topology, gpus=gpus, gpu_memory_bytes=gpu_memory_bytes,
-        footprint_ratio=footprint_ratio, sync_every=sync_every, bucket_bytes=bucket_bytes,
+        profile,
+        topology,
+        gpus=gpus,
+        gpu_memory_bytes=gpu_memory_bytes,
+        footprint_ratio=footprint_ratio,
+        sync_every=sync_every,
+        bucket_bytes=bucket_bytes,
     )
     return plan_case(case, profile, policy, time_limit_s=time_limit_s)
 
@@ -287,20 +304,33 @@ def _score_unchecked(case: Case, profile: Profile, policy: str, started: float) 
         return summarize(case, profile, policy, scored, solve_s=time.perf_counter() - started)
     # It does not fit: score it without a limit so the table can still show its peak.
     unlimited = Case(
-        case.workload, case.topology.with_gpu_memory(0), case.gpus, case.budget_bytes,
-        case.sync_every, case.bucket_bytes,
+        case.workload,
+        case.topology.with_gpu_memory(0),
+        case.gpus,
+        case.budget_bytes,
+        case.sync_every,
+        case.bucket_bytes,
     )
     scored = unlimited.score(assignment)
     peak = max(stats.peak_bytes for stats in scored.result.gpus.values())
-    what = {"none": "the no-swap peak", "recompute": "the peak with every block recomputed",
-            "save-on-cpu": "the peak with every saved tensor on host"}[policy]
+    what = {
+        "none": "the no-swap peak",
+        "recompute": "the peak with every block recomputed",
+        "save-on-cpu": "the peak with every saved tensor on host",
+    }[policy]
     notes = {
         "failure": f"does not fit: {what} {peak} bytes ({format_bytes(peak)}) exceeds "
         f"the budget {case.budget_bytes} bytes ({format_bytes(case.budget_bytes)})"
     }
     return summarize(
-        unlimited, profile, policy, scored, solve_s=time.perf_counter() - started,
-        notes=notes, fits=False, budget_bytes=case.budget_bytes,
+        unlimited,
+        profile,
+        policy,
+        scored,
+        solve_s=time.perf_counter() - started,
+        notes=notes,
+        fits=False,
+        budget_bytes=case.budget_bytes,
     )
 
 
@@ -321,10 +351,17 @@ def summarize(
     key = ("bounds", budget)
     if key not in case.memo:  # the bounds depend on the case only: one computation per case
         case.memo[key] = (
-            lower_bound(case.workload, case.topology, case.gpus, budget,
-                        sync_every=case.sync_every),
-            turn_bound(case.workload, case.topology, case.gpus, budget,
-                       sync_every=case.sync_every, bucket_bytes=case.bucket_bytes),
+            lower_bound(
+                case.workload, case.topology, case.gpus, budget, sync_every=case.sync_every
+            ),
+            turn_bound(
+                case.workload,
+                case.topology,
+                case.gpus,
+                budget,
+                sync_every=case.sync_every,
+                bucket_bytes=case.bucket_bytes,
+            ),
         )
     bound, turn = case.memo[key]
     assignment = scored.assignment
@@ -345,13 +382,21 @@ def summarize(
         )
         offset = float(assignment.offsets_s.get(gpu, 0.0))
         recomputed = sorted(assignment.recomputed(gpu))
-        gpu_plans.append(GpuPlan(gpu, rank, budget, offset, decisions,
-                                 tuple(names[i] for i in recomputed)))
+        gpu_plans.append(
+            GpuPlan(gpu, rank, budget, offset, decisions, tuple(names[i] for i in recomputed))
+        )
         stats = scored.result.gpus[gpu]
         summaries.append(
-            GpuSummary(gpu, stats.peak_bytes, budget, assignment.swapped_bytes(gpu),
-                       stats.stall_s, offset, len(recomputed),
-                       sum(case.workload.forward_s[i] for i in recomputed))
+            GpuSummary(
+                gpu,
+                stats.peak_bytes,
+                budget,
+                assignment.swapped_bytes(gpu),
+                stats.stall_s,
+                offset,
+                len(recomputed),
+                sum(case.workload.forward_s[i] for i in recomputed),
+            )
         )
     iteration_s = scored.iteration_s
     plan = SwapPlan(

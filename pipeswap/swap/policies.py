@@ -59,7 +59,9 @@ class Coverage:
         self._refresh()
 
 
-def with_prefetch(workload: Workload, chosen: Sequence[Tensor], budget_bytes: int) -> tuple[Swap, ...]:
+def with_prefetch(
+    workload: Workload, chosen: Sequence[Tensor], budget_bytes: int
+) -> tuple[Swap, ...]:
     """Swaps issued right after their forward, prefetched as early as memory allows.
 
     Tensors needed first claim memory first; each prefetch moves earlier one backward
@@ -208,9 +210,12 @@ def late_members(case: Case) -> list[str]:
     return [gpu for group in channel_groups(case.topology, case.gpus) for gpu in group[1::2]]
 
 
-def with_best_offset(case: Case, swaps: Mapping[str, tuple[Swap, ...]],
-                     late: Sequence[str],
-                     recompute: Mapping[str, frozenset[int]] | None = None) -> Assignment:
+def with_best_offset(
+    case: Case,
+    swaps: Mapping[str, tuple[Swap, ...]],
+    late: Sequence[str],
+    recompute: Mapping[str, frozenset[int]] | None = None,
+) -> Assignment:
     """``swaps`` with the start offset of the ``late`` GPUs that simulates fastest.
 
     Candidate offsets are ranked by simulating at most two micro-batches of one channel
@@ -223,8 +228,7 @@ def with_best_offset(case: Case, swaps: Mapping[str, tuple[Swap, ...]],
     recompute = dict(recompute or {})
 
     def trial_s(offset: float) -> float:
-        trial = Assignment(swaps, {gpu: offset for gpu in late if gpu in ranking.gpus},
-                           recompute)
+        trial = Assignment(swaps, {gpu: offset for gpu in late if gpu in ranking.gpus}, recompute)
         return ranking.score(trial).iteration_s
 
     view = case.workload.recomputing(recompute.get(late[0], ()))
@@ -247,8 +251,9 @@ def plan_recompute(case: Case) -> Assignment:
     """Activation checkpointing of every block, nothing swapped (the baseline users write
     with ``torch.utils.checkpoint``): each GPU keeps only every layer's input. It may not
     fit the budget (the planner then says so)."""
-    return Assignment({gpu: () for gpu in case.gpus},
-                      recompute=_everywhere(case, range(case.workload.num_layers)))
+    return Assignment(
+        {gpu: () for gpu in case.gpus}, recompute=_everywhere(case, range(case.workload.num_layers))
+    )
 
 
 def plan_save_on_cpu(case: Case) -> Assignment:
@@ -257,8 +262,10 @@ def plan_save_on_cpu(case: Case) -> Assignment:
     after the next layer's backward, so the backward waits for the whole copy); no GPU
     coordinates with another, no offsets. Copies are asynchronous here, which favours the
     baseline: torch's pack hook copies on the compute stream."""
-    swaps = tuple(Swap(layer, index, nbytes, layer, layer + 1)
-                  for layer, index, nbytes in all_tensors(case.workload))
+    swaps = tuple(
+        Swap(layer, index, nbytes, layer, layer + 1)
+        for layer, index, nbytes in all_tensors(case.workload)
+    )
     return Assignment({gpu: swaps for gpu in case.gpus})
 
 
@@ -266,7 +273,8 @@ def fits(case: Case, assignment: Assignment) -> bool:
     """Whether every GPU of ``assignment`` stays within the budget (``Workload.fits``)."""
     return all(
         case.workload.recomputing(assignment.recomputed(gpu)).fits(
-            assignment.swaps.get(gpu, ()), case.budget_bytes)
+            assignment.swaps.get(gpu, ()), case.budget_bytes
+        )
         for gpu in case.gpus
     )
 

@@ -70,5 +70,7 @@ class HostPool:
         """The ``[nbytes]`` uint8 view that holds tensor ``key`` while it is on the host."""
         view = self._views.get(key)
         if view is None:
-            raise PipeswapError(f"the host pool has no slot for {key!r}; it holds {len(self)} slots")
+            raise PipeswapError(
+                f"the host pool has no slot for {key!r}; it holds {len(self)} slots"
+            )
         return view

@@ -152,8 +152,7 @@ class Workload:
         # backward (which holds the re-run's saved tensors too), above resident state.
         points: list[int] = []
         cumulative = 0
-        for saved, transient, again in zip(self.saved_bytes, self.transient,
-                                           self.recompute_bytes):
+        for saved, transient, again in zip(self.saved_bytes, self.transient, self.recompute_bytes):
             cumulative += saved
             points.append(cumulative + transient + again)
         return points
@@ -164,8 +163,9 @@ class Workload:
 
     def min_budget_bytes(self) -> int:
         """What can never be swapped: resident state and the largest layer's working set."""
-        working = max(s + t + r for s, t, r in zip(self.saved_bytes, self.transient,
-                                                    self.recompute_bytes))
+        working = max(
+            s + t + r for s, t, r in zip(self.saved_bytes, self.transient, self.recompute_bytes)
+        )
         return self.resident_bytes + working
 
     def needs(self, budget_bytes: int) -> list[int]:
@@ -202,8 +202,13 @@ class Workload:
             gone += gone_before[i]
             host += on_host[i]
             forward.append(self.resident_bytes + cumulative - gone + self.transient[i])
-            backward.append(self.resident_bytes + cumulative - host + self.transient[i]
-                            + self.recompute_bytes[i])
+            backward.append(
+                self.resident_bytes
+                + cumulative
+                - host
+                + self.transient[i]
+                + self.recompute_bytes[i]
+            )
         return forward, backward
 
     def fits(self, swaps: Sequence[Swap], budget_bytes: int) -> bool:
@@ -425,7 +430,10 @@ def _microbatch(
         )
         for s in outs.get(i, ()):
             out_ids[(s.layer, s.index)] = builder.d2h(
-                gpu, s.bytes, deps=[previous], free_bytes=s.bytes,
+                gpu,
+                s.bytes,
+                deps=[previous],
+                free_bytes=s.bytes,
                 id=f"{prefix}/out{s.layer}.{s.index}",
             )
     in_ids: dict[int, list[str]] = {}

@@ -139,8 +139,11 @@ class TrainConfig:
                 "drop --swap-policy to train a pipeline"
             )
         check_optimizer(self.optimizer)
-        for name, value in (("--batch", self.batch), ("--seq-len", self.seq_len),
-                            ("--image-size", self.image_size)):  # fmt: skip
+        for name, value in (
+            ("--batch", self.batch),
+            ("--seq-len", self.seq_len),
+            ("--image-size", self.image_size),
+        ):
             if value is not None and value < 1:
                 raise PipeswapError(f"{name} is {value}; use 1 or more")
         if self.steps < 1:
@@ -191,7 +194,9 @@ class TrainConfig:
 
         spec = model_spec(self.model)
         if spec.task == "lm" and image_size is not None:
-            raise PipeswapError(f"{self.model} is a language model: pass --seq-len, not --image-size")
+            raise PipeswapError(
+                f"{self.model} is a language model: pass --seq-len, not --image-size"
+            )
         if spec.task == "classify" and seq_len is not None:
             raise PipeswapError(f"{self.model} is an image model: pass --image-size, not --seq-len")
         seq_len, image_size = shape_defaults(self.model, seq_len, image_size)
@@ -222,12 +227,21 @@ class TrainConfig:
         from pipeswap import __version__
 
         return {
-            "pipeswap": __version__, "mode": "data-parallel" if self.pipeline is None else "pipeline",
-            "model": self.model, "world_size": world_size, "batch": self.batch,
-            "seq_len": self.seq_len, "image_size": self.image_size, "seed": self.seed,
-            "steps": self.steps, "optimizer": self.optimizer, "lr": self.lr,
-            "momentum": self.momentum, "weight_decay": self.weight_decay, **extra,
-        }  # fmt: skip
+            "pipeswap": __version__,
+            "mode": "data-parallel" if self.pipeline is None else "pipeline",
+            "model": self.model,
+            "world_size": world_size,
+            "batch": self.batch,
+            "seq_len": self.seq_len,
+            "image_size": self.image_size,
+            "seed": self.seed,
+            "steps": self.steps,
+            "optimizer": self.optimizer,
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "weight_decay": self.weight_decay,
+            **extra,
+        }
 
     def to_json(self) -> dict[str, Any]:
         obj = asdict(self)

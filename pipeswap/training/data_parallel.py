@@ -31,18 +31,28 @@ from pipeswap.training.resume import checkpointing
 def job_of(config: TrainConfig) -> ZooJob:
     """What a resolved config trains: the model (zoo, directory, module:function) and its data."""
     assert config.batch is not None
-    return ZooJob(config.model, config.batch, seq_len=config.seq_len,
-                  image_size=config.image_size, seed=config.seed)  # fmt: skip
+    return ZooJob(
+        config.model,
+        config.batch,
+        seq_len=config.seq_len,
+        image_size=config.image_size,
+        seed=config.seed,
+    )
 
 
 def settings_of(config: TrainConfig) -> TrainSettings:
     """The per-rank loop's settings from a resolved config."""
     assert config.lr is not None and config.device is not None
     settings = TrainSettings(
-        steps=config.steps, sync_every=config.swap_options.sync_every,
-        optimizer=config.optimizer, lr=config.lr, momentum=config.momentum,
-        weight_decay=config.weight_decay, device=config.device, progress=config.progress,
-    )  # fmt: skip
+        steps=config.steps,
+        sync_every=config.swap_options.sync_every,
+        optimizer=config.optimizer,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        device=config.device,
+        progress=config.progress,
+    )
     settings.check()
     return settings
 
@@ -61,9 +71,7 @@ def default_topology(device: str, nproc: int) -> Topology:
         return preset("switch-4")
     if nproc <= 8:
         return preset("single-root-8")
-    raise PipeswapError(
-        f"no preset has {nproc} GPUs; pass --topology FILE describing {nproc} GPUs"
-    )
+    raise PipeswapError(f"no preset has {nproc} GPUs; pass --topology FILE describing {nproc} GPUs")
 
 
 def _topology(config: TrainConfig, nproc: int) -> Topology:
@@ -101,9 +109,14 @@ def _profile(config: TrainConfig, job: ZooJob, device: torch.device) -> Profile:
     from pipeswap.profiling import measure
 
     return measure(
-        job.model, job.batch_size, seq_len=job.seq_len, image_size=job.image_size,
-        device=device, dtype=job.dtype, optimizer=config.optimizer,
-    )  # fmt: skip
+        job.model,
+        job.batch_size,
+        seq_len=job.seq_len,
+        image_size=job.image_size,
+        device=device,
+        dtype=job.dtype,
+        optimizer=config.optimizer,
+    )
 
 
 def check_profile_shape(
@@ -113,8 +126,10 @@ def check_profile_shape(
 
     A side the profile or the run leaves unset (None) is not compared.
     """
-    for key, flag, mine in (("seq_len", "--seq-len", seq_len),
-                            ("image_size", "--image-size", image_size)):  # fmt: skip
+    for key, flag, mine in (
+        ("seq_len", "--seq-len", seq_len),
+        ("image_size", "--image-size", image_size),
+    ):
         theirs = getattr(profile, key)
         if theirs is not None and mine is not None and theirs != mine:
             raise PipeswapError(
@@ -131,10 +146,15 @@ def _plan(config: TrainConfig, world_size: int, device: torch.device) -> dict[st
     profile = _profile(config, job_of(config), device)
     topology = _topology(config, world_size)
     result = make_plan(
-        profile, topology, policy=options.policy, gpus=world_size,
-        gpu_memory_bytes=options.gpu_memory_bytes, footprint_ratio=options.footprint_ratio,
-        sync_every=options.sync_every, time_limit_s=options.time_limit_s,
-    )  # fmt: skip
+        profile,
+        topology,
+        policy=options.policy,
+        gpus=world_size,
+        gpu_memory_bytes=options.gpu_memory_bytes,
+        footprint_ratio=options.footprint_ratio,
+        sync_every=options.sync_every,
+        time_limit_s=options.time_limit_s,
+    )
     return {
         "plan": result.plan.to_json(),
         "profile": profile.to_json(),
@@ -170,9 +190,16 @@ def run_rank(
     profile = Profile.from_json(payload["profile"])
     settings = replace(settings_of(config), progress=config.progress and rank == 0)
     result = train_rank(
-        job_of(config), plan, settings, rank=rank, world_size=world_size,
-        local_rank=local_rank, profile=profile, checkpoint=checkpoint, resume=resume,
-    )  # fmt: skip
+        job_of(config),
+        plan,
+        settings,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        profile=profile,
+        checkpoint=checkpoint,
+        resume=resume,
+    )
     results = all_gather(result, world_size)
     return report(config, plan, payload, results) if rank == 0 else None
 
@@ -188,9 +215,13 @@ def train_data_parallel(config: TrainConfig) -> dict[str, Any] | None:
     # With checkpoints, SIGTERM gives the ranks time to finish their step and write one.
     grace = config.timeout_s + 30.0 if config.checkpoint_target is not None else 5.0
     return run_ranks(
-        _rank_entry, config.nproc, config, device=config.device, timeout_s=config.timeout_s,
+        _rank_entry,
+        config.nproc,
+        config,
+        device=config.device,
+        timeout_s=config.timeout_s,
         stop_grace_s=grace,
-    )  # fmt: skip
+    )
 
 
 def report(
@@ -204,49 +235,51 @@ def report(
     out = base_report(
         config, losses=losses, params_sha256=ordered[0].params_sha256, nproc=len(ordered)
     )
-    out.update({
-        "policy": plan.policy,
-        "sync_every": config.swap_options.sync_every,
-        "losses_per_rank": [list(r.losses) for r in ordered],
-        "step_s": [list(r.step_s) for r in ordered],
-        "params_sha256_per_rank": [r.params_sha256 for r in ordered],
-        "buffers_sha256": ordered[0].buffers_sha256,
-        "peak_resident_bytes": [r.peak_resident_bytes for r in ordered],
-        "peak_saved_bytes": [r.peak_saved_bytes for r in ordered],
-        "budget_bytes": ordered[0].budget_bytes,
-        "saved_budget_bytes": [r.saved_budget_bytes for r in ordered],
-        "swapped_bytes": [r.swapped_bytes for r in ordered],
-        "recompute": [list(g.recompute) for g in plan.gpus],
-        "recomputed_layers": [r.recomputed_layers for r in ordered],
-        "recomputed_bytes": [r.recomputed_bytes for r in ordered],
-        "late_fetches": [r.late_fetches for r in ordered],
-        "offset_s": [r.offset_s for r in ordered],
-        "predicted_step_s": payload["predicted_step_s"],
-        "measured_step_s": measured_step_s(ordered),
-        "lower_bound_s": payload["lower_bound_s"],
-        "topology": payload["topology"],
-        "gpus": [g.gpu for g in plan.gpus],
-        "dtype": job_of(config).dtype,
-        "plan": plan.to_json(),
-        "notes": {
-            "losses": "per step: the mean over ranks of each rank's mean micro-batch loss",
-            "losses_per_rank": "losses_per_rank[rank][step]: mean of the step's micro-batch "
-            "losses on that rank",
-            "peak_resident_bytes": "per rank; CPU: most bytes of saved tensors held on the "
-            "device (executor accounting); CUDA: torch.cuda.max_memory_allocated",
-            "saved_budget_bytes": "budget_bytes minus parameters, gradients and optimizer "
-            "state (the profile's resident bytes): what saved tensors may use",
-            "buffers_sha256": "rank 0's buffers (BatchNorm statistics), digested as "
-            "params_sha256 digests parameters",
-            "swapped_bytes": "per rank, bytes sent to host memory in one iteration",
-            "recompute": "per rank, the layers the plan recomputes (forward run again right "
-            "before their backward)",
-            "recomputed_layers": "per rank, layer forwards run again in one iteration (one "
-            "per recomputed layer and micro-batch)",
-            "recomputed_bytes": "per rank, bytes of saved tensors those re-runs made in one "
-            "iteration (held from the re-run to the end of the layer's backward)",
-            "measured_step_s": "median over steps after the first of the slowest rank's step",
-            "predicted_step_s": "the simulator's iteration time for the plan",
-        },
-    })  # fmt: skip
+    out.update(
+        {
+            "policy": plan.policy,
+            "sync_every": config.swap_options.sync_every,
+            "losses_per_rank": [list(r.losses) for r in ordered],
+            "step_s": [list(r.step_s) for r in ordered],
+            "params_sha256_per_rank": [r.params_sha256 for r in ordered],
+            "buffers_sha256": ordered[0].buffers_sha256,
+            "peak_resident_bytes": [r.peak_resident_bytes for r in ordered],
+            "peak_saved_bytes": [r.peak_saved_bytes for r in ordered],
+            "budget_bytes": ordered[0].budget_bytes,
+            "saved_budget_bytes": [r.saved_budget_bytes for r in ordered],
+            "swapped_bytes": [r.swapped_bytes for r in ordered],
+            "recompute": [list(g.recompute) for g in plan.gpus],
+            "recomputed_layers": [r.recomputed_layers for r in ordered],
+            "recomputed_bytes": [r.recomputed_bytes for r in ordered],
+            "late_fetches": [r.late_fetches for r in ordered],
+            "offset_s": [r.offset_s for r in ordered],
+            "predicted_step_s": payload["predicted_step_s"],
+            "measured_step_s": measured_step_s(ordered),
+            "lower_bound_s": payload["lower_bound_s"],
+            "topology": payload["topology"],
+            "gpus": [g.gpu for g in plan.gpus],
+            "dtype": job_of(config).dtype,
+            "plan": plan.to_json(),
+            "notes": {
+                "losses": "per step: the mean over ranks of each rank's mean micro-batch loss",
+                "losses_per_rank": "losses_per_rank[rank][step]: mean of the step's micro-batch "
+                "losses on that rank",
+                "peak_resident_bytes": "per rank; CPU: most bytes of saved tensors held on the "
+                "device (executor accounting); CUDA: torch.cuda.max_memory_allocated",
+                "saved_budget_bytes": "budget_bytes minus parameters, gradients and optimizer "
+                "state (the profile's resident bytes): what saved tensors may use",
+                "buffers_sha256": "rank 0's buffers (BatchNorm statistics), digested as "
+                "params_sha256 digests parameters",
+                "swapped_bytes": "per rank, bytes sent to host memory in one iteration",
+                "recompute": "per rank, the layers the plan recomputes (forward run again right "
+                "before their backward)",
+                "recomputed_layers": "per rank, layer forwards run again in one iteration (one "
+                "per recomputed layer and micro-batch)",
+                "recomputed_bytes": "per rank, bytes of saved tensors those re-runs made in one "
+                "iteration (held from the re-run to the end of the layer's backward)",
+                "measured_step_s": "median over steps after the first of the slowest rank's step",
+                "predicted_step_s": "the simulator's iteration time for the plan",
+            },
+        }
+    )
     return out

@@ -59,7 +59,9 @@ class Job(Protocol):
 
     def build(self, device: torch.device) -> nn.Module: ...
 
-    def loss(self, model: nn.Module, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
+    def loss(
+        self, model: nn.Module, output: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor: ...
 
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -84,9 +86,12 @@ class ZooJob:
         from pipeswap.profiling.step import parse_dtype
 
         return build_model(
-            self.model, device=device, dtype=parse_dtype(self.dtype),
-            image_size=self.image_size, seed=self.seed,
-        )  # fmt: skip
+            self.model,
+            device=device,
+            dtype=parse_dtype(self.dtype),
+            image_size=self.image_size,
+            seed=self.seed,
+        )
 
     def loss(self, model: nn.Module, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return model.loss(output, targets)  # type: ignore[operator]
@@ -203,8 +208,9 @@ def train_rank(
     failure: str | None = None
     executor: SwapExecutor | None = None
     try:
-        executor = SwapExecutor(model, plan, rank=rank, layers=job.layers, profile=profile,
-                                device=device)  # fmt: skip
+        executor = SwapExecutor(
+            model, plan, rank=rank, layers=job.layers, profile=profile, device=device
+        )
         first_inputs, first_targets = batch(0, 0)
         executor.prepare(lambda: job.loss(model, model(first_inputs), first_targets))
     except PipeswapError as exc:
@@ -216,11 +222,16 @@ def train_rank(
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device.index] if device.type == "cuda" else None
-        network = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=plan.bucket_bytes / 2**20)
+        network = DistributedDataParallel(
+            model, device_ids=ids, bucket_cap_mb=plan.bucket_bytes / 2**20
+        )
     optimizer = make_optimizer(
-        settings.optimizer, model.parameters(), lr=settings.lr, momentum=settings.momentum,
+        settings.optimizer,
+        model.parameters(),
+        lr=settings.lr,
+        momentum=settings.momentum,
         weight_decay=settings.weight_decay,
-    )  # fmt: skip
+    )
     after_step = fault_hook(rank)
     offset = executor.gpu_plan.offset_s
     if device.type == "cuda":
@@ -238,7 +249,9 @@ def train_rank(
         first, losses, step_s, late = state["done"], state["losses"], state["step_s"], state["late"]
         set_rng_state(state["rng"])
     stop = StopOnSigterm() if checkpoint is not None else None
-    bar = progress_bar(settings.steps, f"train {plan.policy}", enabled=settings.progress and rank == 0)
+    bar = progress_bar(
+        settings.steps, f"train {plan.policy}", enabled=settings.progress and rank == 0
+    )
     if bar is not None:
         bar.update(first)
     for step in range(first, settings.steps):
@@ -283,11 +296,20 @@ def train_rank(
             if stopping or checkpoint.due(step + 1, settings.steps):
                 if rank == 0:
                     write_manifest(checkpoint, step + 1)
-                save_rank(checkpoint, step + 1, rank, {
-                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "done": step + 1, "losses": losses, "step_s": step_s, "late": late,
-                    "rng": rng_state(),
-                })  # fmt: skip
+                save_rank(
+                    checkpoint,
+                    step + 1,
+                    rank,
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "done": step + 1,
+                        "losses": losses,
+                        "step_s": step_s,
+                        "late": late,
+                        "rng": rng_state(),
+                    },
+                )
             if stopping:
                 stop.restore()
                 raise RunStopped(checkpoint.directory, step + 1)
@@ -297,9 +319,10 @@ def train_rank(
         bar.close()
     executor.close()
     peak = (
-        torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+        torch.cuda.max_memory_allocated(device)
+        if device.type == "cuda"
         else executor.peak_saved_bytes
-    )  # fmt: skip
+    )
     return RankResult(
         rank=rank,
         losses=tuple(losses),

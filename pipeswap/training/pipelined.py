@@ -119,8 +119,7 @@ def _check_profile(
             )
     if profile.batch != draft.batch:
         raise PipeswapError(
-            f"{path} profiles batch {profile.batch} but this run has --batch {draft.batch}; "
-            f"{redo}"
+            f"{path} profiles batch {profile.batch} but this run has --batch {draft.batch}; {redo}"
         )
     check_profile_shape(path, profile, draft.seq_len, draft.image_size)
 
@@ -134,10 +133,15 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
     assert config.pipeline is not None and config.device is not None
     # The emulator and the runtime read each other's checkpoints: one identity for both.
     checkpoint, resume = checkpointing(
-        config, pipeline.num_stages, balance=list(pipeline.balance), schedule=pipeline.schedule,
-        weights=pipeline.weights, distances=pipeline.distances, lr_warmup=pipeline.lr_warmup,
+        config,
+        pipeline.num_stages,
+        balance=list(pipeline.balance),
+        schedule=pipeline.schedule,
+        weights=pipeline.weights,
+        distances=pipeline.distances,
+        lr_warmup=pipeline.lr_warmup,
         micro_batches=pipeline.micro_batches,
-    )  # fmt: skip
+    )
     if config.pipeline.emulate:
         from pipeswap.pipeline.emulator import Emulator
 
@@ -151,10 +155,17 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
         )
     nproc = None if env is not None and config.nproc is None else pipeline.num_stages
     return run_ranks(
-        _stage_rank, nproc, pipeline, config.device, config.progress, checkpoint, resume,
-        device=config.device, timeout_s=config.timeout_s,
+        _stage_rank,
+        nproc,
+        pipeline,
+        config.device,
+        config.progress,
+        checkpoint,
+        resume,
+        device=config.device,
+        timeout_s=config.timeout_s,
         stop_grace_s=5.0 if checkpoint is None else config.timeout_s + 30.0,
-    )  # fmt: skip
+    )
 
 
 def _stage_rank(

@@ -18,8 +18,11 @@ def _run(script: str, out: Path, *extra: str, timeout: int = 120) -> str:
     before = {p: p.stat().st_mtime_ns for p in RESULTS.glob("*")} if RESULTS.exists() else {}
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--out", str(out), *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     after = {p: p.stat().st_mtime_ns for p in RESULTS.glob("*")} if RESULTS.exists() else {}
     assert after == before, "a --quick run must not touch docs/results"
@@ -82,17 +85,25 @@ def test_convergence_table_and_plots(tmp_path: Path) -> None:
     text = _run("pipeline_convergence.py", tmp_path / "conv.md", "--jobs", "1")
     overview = _rows(text, "setting")
     assert [r[0] for r in overview] == [
-        "image, K = 4", "lm, K = 4",
-        "image, K = 4, official SpecTrain distances", "lm, K = 4, official SpecTrain distances",
+        "image, K = 4",
+        "lm, K = 4",
+        "image, K = 4, official SpecTrain distances",
+        "lm, K = 4, official SpecTrain distances",
         "lm, K = 4, lr warm-up over 1 step",
-    ]  # fmt: skip
+    ]
     for key in ("image_k4", "lm_k4", "lm_k4_official", "lm_k4_warmup1"):
         assert (tmp_path / f"pipeline_convergence_{key}.png").stat().st_size > 1000
     table = _rows(text, "optimizer")  # the first setting's table: 8 modes
     assert [(r[0], r[1]) for r in table] == [
-        ("sgd", "sync 1f1b"), ("sgd", "stale"), ("sgd", "stash"), ("sgd", "spectrain"),
-        ("adam", "sync 1f1b"), ("adam", "stale"), ("adam", "stash"), ("adam", "predict-adam"),
-    ]  # fmt: skip
+        ("sgd", "sync 1f1b"),
+        ("sgd", "stale"),
+        ("sgd", "stash"),
+        ("sgd", "spectrain"),
+        ("adam", "sync 1f1b"),
+        ("adam", "stale"),
+        ("adam", "stash"),
+        ("adam", "predict-adam"),
+    ]
     for row in table:
         assert math.isfinite(_number(row[3])) and _number(row[3]) > 0
     # The official-distance setting retrains only the predicting rows; the others are the
@@ -124,10 +135,22 @@ def test_convergence_page_rebuilds_from_saved_records(tmp_path: Path) -> None:
     _run("pipeline_convergence.py", first, "--jobs", "1", "--save-records", str(records))
     again = tmp_path / "b" / "conv.md"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "pipeline_convergence.py"), "--quick",
-         "--jobs", "1", "--out", str(again), "--load-records", str(records)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "pipeline_convergence.py"),
+            "--quick",
+            "--jobs",
+            "1",
+            "--out",
+            str(again),
+            "--load-records",
+            str(records),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "[1/" not in done.stdout  # nothing trained
     assert again.read_text() == first.read_text()  # the command shown is the one that trained
@@ -148,9 +171,17 @@ def test_stash_is_a_one_step_delayed_gradient(optimizer: str) -> None:
     from pipeswap.pipeline.emulator import Emulator
 
     config = PipelineConfig(
-        "tests.pipeline.pipeline_toys:gpt2_micro_untied", (2, 2), schedule="async-1f1b", weights="stash", optimizer=optimizer,
-        lr=0.05 if optimizer == "sgd" else 1e-3, batch=4, steps=6, seq_len=16, eval_batches=0,
-    )  # fmt: skip
+        "tests.pipeline.pipeline_toys:gpt2_micro_untied",
+        (2, 2),
+        schedule="async-1f1b",
+        weights="stash",
+        optimizer=optimizer,
+        lr=0.05 if optimizer == "sgd" else 1e-3,
+        batch=4,
+        steps=6,
+        seq_len=16,
+        eval_batches=0,
+    )
     emulated = Emulator(config, record=False).run().losses
     with single_threaded():
         model = build_full_model(config)
@@ -184,8 +215,17 @@ def test_stash_is_a_one_step_delayed_gradient(optimizer: str) -> None:
 
 def test_modes_quick_table_has_every_mode_its_memory_and_a_verdict(tmp_path: Path) -> None:
     text = _run("pipeline_modes.py", tmp_path / "modes.md", "--jobs", "1")
-    for label in ("sync 1f1b", "stale", "stash", "spectrain", "predict-adam", "2bw stash",
-                  "2bw spectrain", "2bw predict-adam", "nesterov"):  # fmt: skip
+    for label in (
+        "sync 1f1b",
+        "stale",
+        "stash",
+        "spectrain",
+        "predict-adam",
+        "2bw stash",
+        "2bw spectrain",
+        "2bw predict-adam",
+        "nesterov",
+    ):
         assert f"| {label} |" in text, label
     assert "## Best no-flush mode per setting" in text and "Command: `" in text
     # Weight copies per stage at K = 4: stash keeps N - 1 = 3 versions, 2bw one.

@@ -27,8 +27,17 @@ def test_json_reports_versions_and_backends(capsys: Capture, monkeypatch) -> Non
     _no_topology(monkeypatch)
     assert main(["env", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert set(info) == {"pipeswap", "python", "torch", "cuda_available", "cuda_version",
-                         "nccl_available", "gloo_available", "gpus", "topology"}  # fmt: skip
+    assert set(info) == {
+        "pipeswap",
+        "python",
+        "torch",
+        "cuda_available",
+        "cuda_version",
+        "nccl_available",
+        "gloo_available",
+        "gpus",
+        "topology",
+    }
     assert info["pipeswap"] == pipeswap.__version__
     assert info["python"] == platform.python_version()
     assert info["torch"] == torch.__version__

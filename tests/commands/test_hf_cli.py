@@ -48,17 +48,38 @@ def test_profile_plan_and_swapped_training_equal_plain_training(
     model = model_dirs[family]
     profile = tmp_path / "profile.json"
     common = ["--batch", "4", *_shape(family)]
-    assert main(["profile", "--model", model, *common, "--repeats", "1", "--out", str(profile)]) == 0
+    assert (
+        main(["profile", "--model", model, *common, "--repeats", "1", "--out", str(profile)]) == 0
+    )
     layers = [layer["name"] for layer in json.loads(profile.read_text())["layers"]]
     assert layers[0] == "embed" and layers[-1] == "head" and "." in layers[1]
     plan = tmp_path / "plan.json"
-    assert main(["plan", "--profile", str(profile), "--topology", "switch-4", "--gpus", "1",
-                 "--footprint-ratio", "1.3", "--policy", "disjoint", "--out", str(plan)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "plan",
+                "--profile",
+                str(profile),
+                "--topology",
+                "switch-4",
+                "--gpus",
+                "1",
+                "--footprint-ratio",
+                "1.3",
+                "--policy",
+                "disjoint",
+                "--out",
+                str(plan),
+            ]
+        )
+        == 0
+    )
     swaps = json.loads(plan.read_text())["gpus"][0]["swaps"]
     assert swaps and all(s["layer"] in layers for s in swaps)
     steps = ["--steps", "3", *common]
-    swapped = _train(tmp_path, "swap", model, *steps, "--swap-policy", "disjoint",
-                     "--footprint-ratio", "1.3")  # fmt: skip
+    swapped = _train(
+        tmp_path, "swap", model, *steps, "--swap-policy", "disjoint", "--footprint-ratio", "1.3"
+    )
     plain = _train(tmp_path, "none", model, *steps, "--swap-policy", "none")
     assert swapped["swapped_bytes"][0] > 0
     assert swapped["losses"] == plain["losses"]
@@ -67,14 +88,23 @@ def test_profile_plan_and_swapped_training_equal_plain_training(
 
 @pytest.mark.dist
 @pytest.mark.parametrize(
-    "family", [f if f in ("gpt2", "vit") else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES]
+    "family",
+    [f if f in ("gpt2", "vit") else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES],
 )
 def test_two_ranks_swapped_equal_two_ranks_plain(
     tmp_path: Path, model_dirs: dict[str, str], family: str
 ) -> None:
     steps = ["--steps", "2", "--batch", "4", *_shape(family), "--nproc", "2"]
-    swapped = _train(tmp_path, "swap", model_dirs[family], *steps, "--swap-policy", "disjoint",
-                     "--footprint-ratio", "1.3")  # fmt: skip
+    swapped = _train(
+        tmp_path,
+        "swap",
+        model_dirs[family],
+        *steps,
+        "--swap-policy",
+        "disjoint",
+        "--footprint-ratio",
+        "1.3",
+    )
     plain = _train(tmp_path, "none", model_dirs[family], *steps, "--swap-policy", "none")
     assert swapped["params_sha256"] == plain["params_sha256"]
     assert swapped["losses_per_rank"] == plain["losses_per_rank"]
@@ -87,14 +117,23 @@ _SCHEDULES = (
 )
 # make test runs one schedule per family (every schedule on the tied GPT-2 and BERT);
 # make test-slow runs the whole matrix.
-_FAST = {("gpt2", "async-1f1b"), ("gpt2", "gpipe"), ("bert", "async-1f1b"), ("bert", "1f1b"),
-         ("llama", "1f1b"), ("vit", "gpipe"), ("resnet", "async-1f1b")}  # fmt: skip
+_FAST = {
+    ("gpt2", "async-1f1b"),
+    ("gpt2", "gpipe"),
+    ("bert", "async-1f1b"),
+    ("bert", "1f1b"),
+    ("llama", "1f1b"),
+    ("vit", "gpipe"),
+    ("resnet", "async-1f1b"),
+}
 _MATRIX = [
     pytest.param(
-        family, schedule, weights,
+        family,
+        schedule,
+        weights,
         marks=() if (family, schedule) in _FAST else pytest.mark.slow,
         id=f"{family}-{schedule}",
-    )  # fmt: skip
+    )
     for family in FAMILIES
     for schedule, weights in _SCHEDULES
 ]
@@ -106,8 +145,20 @@ def test_pipeline_runtime_equals_emulator_with_dropout_and_tied_weights(
     tmp_path: Path, model_dirs: dict[str, str], family: str, schedule: str, weights: str
 ) -> None:
     micro = [] if schedule.startswith("async") else ["--micro-batches", "2"]
-    argv = ["--steps", "3", "--batch", "4", *_shape(family), "--pipeline", "2",
-            "--schedule", schedule, "--weights", weights, *micro]  # fmt: skip
+    argv = [
+        "--steps",
+        "3",
+        "--batch",
+        "4",
+        *_shape(family),
+        "--pipeline",
+        "2",
+        "--schedule",
+        schedule,
+        "--weights",
+        weights,
+        *micro,
+    ]
     emulated = _train(tmp_path, "emulate", model_dirs[family], *argv, "--emulate")
     runtime = _train(tmp_path, "runtime", model_dirs[family], *argv, "--nproc", "2")
     assert runtime["losses"] == emulated["losses"]
@@ -125,8 +176,19 @@ def test_synchronous_pipelines_give_the_losses_of_plain_training(
     # training with one micro-batch only (as in GPipe).
     micro = "1" if family == "resnet" else "2"
     plain = _train(tmp_path, "plain", model, *common, "--swap-policy", "none")
-    piped = _train(tmp_path, "piped", model, *common, "--pipeline", "2", "--schedule", schedule,
-                   "--micro-batches", micro, "--emulate")  # fmt: skip
+    piped = _train(
+        tmp_path,
+        "piped",
+        model,
+        *common,
+        "--pipeline",
+        "2",
+        "--schedule",
+        schedule,
+        "--micro-batches",
+        micro,
+        "--emulate",
+    )
     for ours, theirs in zip(piped["losses"], plain["losses"], strict=True):
         assert abs(ours - theirs) <= 1e-5 * abs(theirs)
 
@@ -138,16 +200,41 @@ def test_a_directory_with_weights_trains_from_them(tmp_path: Path) -> None:
     from pipeswap.data import dataset_for
 
     model_dir = save_model(tmp_path / "weights", "gpt2", dropout=0.0)
-    report = _train(tmp_path, "w", model_dir, "--steps", "1", "--batch", "4", "--seq-len", "16",
-                    "--swap-policy", "none")  # fmt: skip
+    report = _train(
+        tmp_path,
+        "w",
+        model_dir,
+        "--steps",
+        "1",
+        "--batch",
+        "4",
+        "--seq-len",
+        "16",
+        "--swap-policy",
+        "none",
+    )
     hf = transformers.GPT2LMHeadModel.from_pretrained(model_dir, local_files_only=True)
     inputs, targets = dataset_for(model_dir, seq_len=16, seed=report["seed"]).batch(4, 0)
     logits = hf(input_ids=inputs).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1))
     assert report["losses"][0] == pytest.approx(loss.item(), rel=1e-6)
     config_only = save_config(tmp_path / "config", "gpt2", dropout=0.0)
-    seeded = [_train(tmp_path, f"s{i}", config_only, "--steps", "1", "--batch", "4", "--seq-len",
-                     "16", "--swap-policy", "none")["losses"][0] for i in range(2)]  # fmt: skip
+    seeded = [
+        _train(
+            tmp_path,
+            f"s{i}",
+            config_only,
+            "--steps",
+            "1",
+            "--batch",
+            "4",
+            "--seq-len",
+            "16",
+            "--swap-policy",
+            "none",
+        )["losses"][0]
+        for i in range(2)
+    ]
     assert seeded[0] == seeded[1] != report["losses"][0]
 
 
@@ -159,16 +246,30 @@ def test_a_directory_with_weights_trains_from_them(tmp_path: Path) -> None:
     ],
 )
 def test_bad_shapes_for_a_directory_exit_2(
-    tmp_path: Path, model_dirs: dict[str, str], capsys: pytest.CaptureFixture[str],
-    argv: list[str], message: str,
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    model_dirs: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
     code = main(["train", "--model", model_dirs["gpt2"], "--device", "cpu", "--steps", "1", *argv])
     assert code == 2 and message in capsys.readouterr().err
 
 
 def test_a_module_function_returning_a_hugging_face_model_pipelines(tmp_path: Path) -> None:
-    argv = ["--steps", "2", "--batch", "4", "--pipeline", "2", "--schedule", "1f1b",
-            "--micro-batches", "2", "--emulate"]  # fmt: skip
+    argv = [
+        "--steps",
+        "2",
+        "--batch",
+        "4",
+        "--pipeline",
+        "2",
+        "--schedule",
+        "1f1b",
+        "--micro-batches",
+        "2",
+        "--emulate",
+    ]
     report = _train(tmp_path, "fn", "tests.models.hf_configs:gpt2_module", *argv)
     assert report["seq_len"] == 64  # its context, when --seq-len is left out
     assert len(report["losses"]) == 2
@@ -177,7 +278,19 @@ def test_a_module_function_returning_a_hugging_face_model_pipelines(tmp_path: Pa
 def test_a_language_model_without_a_default_length_asks_for_seq_len(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(["train", "--model", "tests.models.test_load:tiny_lm", "--device", "cpu",
-                 "--steps", "1", "--pipeline", "2", "--emulate"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--model",
+            "tests.models.test_load:tiny_lm",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+            "--pipeline",
+            "2",
+            "--emulate",
+        ]
+    )
     assert code == 2
     assert "no default sequence length: pass --seq-len N" in capsys.readouterr().err

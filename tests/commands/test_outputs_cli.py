@@ -29,8 +29,23 @@ TWICE = "give each its own file"
 def profile_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real profile, made once per module by the CLI (a micro model, estimated)."""
     path = tmp_path_factory.mktemp("profile") / "p.json"
-    assert main(["profile", "--model", "gpt2-micro", "--batch", "2", "--seq-len", "8",
-                 "--estimate", "--out", str(path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "gpt2-micro",
+                "--batch",
+                "2",
+                "--seq-len",
+                "8",
+                "--estimate",
+                "--out",
+                str(path),
+            ]
+        )
+        == 0
+    )
     return path
 
 
@@ -62,23 +77,41 @@ def refused(capsys: pytest.CaptureFixture[str], argv: list[str], *needles: str) 
 
 def snapshot(folder: Path) -> dict[str, bytes | None]:
     """Every path under ``folder`` with its bytes (None for folders)."""
-    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes()
-            for p in sorted(folder.rglob("*"))}  # fmt: skip
+    return {
+        str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 def plan_argv(w: Path, *extra: str) -> list[str]:
-    return ["plan", "--profile", str(w / "p.json"), "--topology", str(w / "topo.json"),
-            "--policy", "disjoint", *extra]  # fmt: skip
+    return [
+        "plan",
+        "--profile",
+        str(w / "p.json"),
+        "--topology",
+        str(w / "topo.json"),
+        "--policy",
+        "disjoint",
+        *extra,
+    ]
 
 
 def simulate_argv(w: Path, *extra: str) -> list[str]:
-    return ["simulate", "--graph", str(w / "g.json"), "--topology", str(w / "topo.json"),
-            *extra]  # fmt: skip
+    return ["simulate", "--graph", str(w / "g.json"), "--topology", str(w / "topo.json"), *extra]
 
 
 def profile_argv(w: Path, *extra: str) -> list[str]:
-    return ["profile", "--model", "gpt2-micro", "--batch", "2", "--seq-len", "8", "--estimate",
-            *extra]  # fmt: skip
+    return [
+        "profile",
+        "--model",
+        "gpt2-micro",
+        "--batch",
+        "2",
+        "--seq-len",
+        "8",
+        "--estimate",
+        *extra,
+    ]
 
 
 def schedule_argv(w: Path, *extra: str) -> list[str]:
@@ -128,8 +161,11 @@ SAME_AS_INPUT = [
 ]
 
 
-@pytest.mark.parametrize(("command", "argv", "flag", "name"), SAME_AS_INPUT,
-                         ids=[f"{c}{f}={n}" for c, _, f, n in SAME_AS_INPUT])  # fmt: skip
+@pytest.mark.parametrize(
+    ("command", "argv", "flag", "name"),
+    SAME_AS_INPUT,
+    ids=[f"{c}{f}={n}" for c, _, f, n in SAME_AS_INPUT],
+)
 def test_output_that_is_an_input_is_refused(work, capsys, command, argv, flag, name) -> None:
     before = snapshot(work)
     target = str(work / name)
@@ -149,14 +185,18 @@ def test_output_that_is_an_input_through_a_symlink_is_refused(work, capsys) -> N
 TWO_OUTPUTS = [
     ("plan", plan_argv, a, b)
     for i, a in enumerate(("--out", "--graph-out", "--trace", "--timeline"))
-    for b in ("--out", "--graph-out", "--trace", "--timeline")[i + 1:]
+    for b in ("--out", "--graph-out", "--trace", "--timeline")[i + 1 :]
 ] + [("simulate", simulate_argv, "--trace", "--timeline")]
 
 
-@pytest.mark.parametrize(("command", "argv", "first", "second"), TWO_OUTPUTS,
-                         ids=[f"{c}{a}{b}" for c, _, a, b in TWO_OUTPUTS])  # fmt: skip
-def test_one_file_given_as_two_outputs_is_refused(work, capsys, command, argv, first,
-                                                  second) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("command", "argv", "first", "second"),
+    TWO_OUTPUTS,
+    ids=[f"{c}{a}{b}" for c, _, a, b in TWO_OUTPUTS],
+)
+def test_one_file_given_as_two_outputs_is_refused(
+    work, capsys, command, argv, first, second
+) -> None:
     before = snapshot(work)
     target = str(work / "old")
     refused(capsys, argv(work, first, target, second, target), target, TWICE)
@@ -168,8 +208,12 @@ def test_one_file_given_as_two_outputs_is_refused(work, capsys, command, argv, f
 def test_plan_writes_no_output_when_a_later_one_is_refused(work, capsys, bad) -> None:
     """Before: --out was written, then --graph-out (or the trace, the chart) failed."""
     before = snapshot(work)
-    refused(capsys, plan_argv(work, "--out", str(work / "plan.json"), bad, str(work / "dir")),
-            str(work / "dir"), IS_DIRECTORY)  # fmt: skip
+    refused(
+        capsys,
+        plan_argv(work, "--out", str(work / "plan.json"), bad, str(work / "dir")),
+        str(work / "dir"),
+        IS_DIRECTORY,
+    )
     assert snapshot(work) == before
     assert not (work / "plan.json").exists()
 
@@ -180,11 +224,18 @@ def test_empty_output_name_is_refused(work, capsys, flag) -> None:
     refused(capsys, argv, f"{flag} is empty; give a file name")
 
 
-@pytest.mark.parametrize(("argv", "flag"), [(plan_argv, "--trace"), (plan_argv, "--timeline"),
-                                            (simulate_argv, "--trace"),
-                                            (simulate_argv, "--timeline")])  # fmt: skip
-def test_a_write_that_fails_after_the_check_names_the_file(work, capsys, monkeypatch, argv,
-                                                           flag) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (plan_argv, "--trace"),
+        (plan_argv, "--timeline"),
+        (simulate_argv, "--trace"),
+        (simulate_argv, "--timeline"),
+    ],
+)
+def test_a_write_that_fails_after_the_check_names_the_file(
+    work, capsys, monkeypatch, argv, flag
+) -> None:
     """The late writes (the JSON trace, the PNG chart) go through write_atomic, so an OSError
     still becomes one line naming the file, even when the early check is bypassed."""
     monkeypatch.setattr("pipeswap.jsonio.check_writable", lambda *a, **k: None)
@@ -208,16 +259,24 @@ def test_schedule_json_also_writes_the_trace(work, capsys) -> None:
 
 def test_demo_out_that_is_a_file_is_refused(work, capsys) -> None:
     before = snapshot(work)
-    refused(capsys, ["demo", "--out", str(work / "file")], str(work / "file"),
-            "is a file, not a folder; give a folder")  # fmt: skip
+    refused(
+        capsys,
+        ["demo", "--out", str(work / "file")],
+        str(work / "file"),
+        "is a file, not a folder; give a folder",
+    )
     assert snapshot(work) == before
 
 
 def test_demo_out_under_a_file_is_refused(work, capsys) -> None:
     before = snapshot(work)
     target = str(work / "file" / "demo")
-    refused(capsys, ["demo", "--out", target], f"cannot create folder {target}",
-            f"{work / 'file'} is a file, not a folder; choose another --out")  # fmt: skip
+    refused(
+        capsys,
+        ["demo", "--out", target],
+        f"cannot create folder {target}",
+        f"{work / 'file'} is a file, not a folder; choose another --out",
+    )
     assert snapshot(work) == before
 
 
@@ -234,8 +293,12 @@ def test_demo_out_in_a_read_only_folder_is_refused(work, capsys) -> None:
     (work / "ro").mkdir()
     (work / "ro").chmod(0o500)
     try:
-        refused(capsys, ["demo", "--out", str(work / "ro" / "demo")], "permission denied",
-                "choose another --out")  # fmt: skip
+        refused(
+            capsys,
+            ["demo", "--out", str(work / "ro" / "demo")],
+            "permission denied",
+            "choose another --out",
+        )
         assert not (work / "ro" / "demo").exists()
     finally:
         (work / "ro").chmod(0o700)
@@ -248,8 +311,7 @@ INPUTS = {
     "plan--profile": lambda w, x: plan_argv(w)[:1] + ["--profile", x] + plan_argv(w)[3:],
     "plan--topology": lambda w, x: plan_argv(w)[:3] + ["--topology", x] + plan_argv(w)[5:],
     "simulate--graph": lambda w, x: ["simulate", "--graph", x, "--topology", "switch-4"],
-    "simulate--topology": lambda w, x: ["simulate", "--graph", str(w / "g.json"),
-                                        "--topology", x],  # fmt: skip
+    "simulate--topology": lambda w, x: ["simulate", "--graph", str(w / "g.json"), "--topology", x],
     "topology-show": lambda w, x: ["topology", "show", x],
 }
 
@@ -267,8 +329,12 @@ def test_input_that_is_not_utf8_is_refused(work, capsys, case, name) -> None:
     path = work / name
     path.write_bytes(b'{"format": "\xff\xfe"}')
     if case.endswith(("--profile", "--graph")) or name.endswith(".json"):
-        refused(capsys, INPUTS[case](work, str(path)), f"{path} is not UTF-8 text",
-                "give a JSON file written by pipeswap")  # fmt: skip
+        refused(
+            capsys,
+            INPUTS[case](work, str(path)),
+            f"{path} is not UTF-8 text",
+            "give a JSON file written by pipeswap",
+        )
     else:  # a topology not named .json is a file only where it exists: this one does
         refused(capsys, INPUTS[case](work, str(path)), str(path), "not UTF-8")
 

@@ -12,11 +12,18 @@ from pipeswap.profile import LayerProfile, Profile, SavedTensor
 GB = 10**9
 
 
-def toy_profile(sizes_gb: list[tuple[float, ...]], forward_s: float = 1.0,
-                backward_s: float = 2.0) -> Profile:
+def toy_profile(
+    sizes_gb: list[tuple[float, ...]], forward_s: float = 1.0, backward_s: float = 2.0
+) -> Profile:
     layers = tuple(
-        LayerProfile(f"l{i}", forward_s, backward_s, GB // 100, 0,
-                     tuple(SavedTensor(k, int(x * GB)) for k, x in enumerate(sizes)))
+        LayerProfile(
+            f"l{i}",
+            forward_s,
+            backward_s,
+            GB // 100,
+            0,
+            tuple(SavedTensor(k, int(x * GB)) for k, x in enumerate(sizes)),
+        )
         for i, sizes in enumerate(sizes_gb)
     )
     return Profile("toy", 1, "float32", "estimate", "toy-gpu", "sgd", 0, layers)
@@ -31,9 +38,28 @@ def profile_path(tmp_path) -> str:
 
 def test_plan_json_and_graph_reproduced_by_simulate(profile_path, tmp_path, capsys) -> None:
     graph, plan = tmp_path / "g.json", tmp_path / "plan.json"
-    code = main(["plan", "--profile", profile_path, "--topology", "switch-4", "--gpus", "2",
-                 "--footprint-ratio", "2", "--sync-every", "4", "--policy", "bidirectional",
-                 "--graph-out", str(graph), "--out", str(plan), "--json"])
+    code = main(
+        [
+            "plan",
+            "--profile",
+            profile_path,
+            "--topology",
+            "switch-4",
+            "--gpus",
+            "2",
+            "--footprint-ratio",
+            "2",
+            "--sync-every",
+            "4",
+            "--policy",
+            "bidirectional",
+            "--graph-out",
+            str(graph),
+            "--out",
+            str(plan),
+            "--json",
+        ]
+    )
     assert code == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
@@ -53,25 +79,64 @@ def test_plan_json_and_graph_reproduced_by_simulate(profile_path, tmp_path, caps
 
 
 def test_compare_prints_one_row_per_policy(profile_path, capsys) -> None:
-    code = main(["plan", "--profile", profile_path, "--topology", "switch-4", "--gpus", "2",
-                 "--footprint-ratio", "2", "--compare", "--time-limit", "2"])
+    code = main(
+        [
+            "plan",
+            "--profile",
+            profile_path,
+            "--topology",
+            "switch-4",
+            "--gpus",
+            "2",
+            "--footprint-ratio",
+            "2",
+            "--compare",
+            "--time-limit",
+            "2",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
-    for policy in ("none (no fit)", "oblivious", "disjoint", "bidirectional", "recompute",
-                   "save-on-cpu", "hybrid", "mip", "auto"):
+    for policy in (
+        "none (no fit)",
+        "oblivious",
+        "disjoint",
+        "bidirectional",
+        "recompute",
+        "save-on-cpu",
+        "hybrid",
+        "mip",
+        "auto",
+    ):
         assert policy in out
     assert "recomputed" in out.splitlines()[0]
     assert "best: " in out
 
 
-def test_hybrid_plan_round_trips_and_its_graph_reproduces(profile_path, tmp_path,
-                                                          capsys) -> None:
+def test_hybrid_plan_round_trips_and_its_graph_reproduces(profile_path, tmp_path, capsys) -> None:
     from pipeswap.swap.plan import SwapPlan
 
     plan, graph = tmp_path / "plan.json", tmp_path / "graph.json"
-    code = main(["plan", "--profile", profile_path, "--topology", "switch-4", "--gpus", "2",
-                 "--footprint-ratio", "2", "--policy", "hybrid", "--json", "--out", str(plan),
-                 "--graph-out", str(graph)])
+    code = main(
+        [
+            "plan",
+            "--profile",
+            profile_path,
+            "--topology",
+            "switch-4",
+            "--gpus",
+            "2",
+            "--footprint-ratio",
+            "2",
+            "--policy",
+            "hybrid",
+            "--json",
+            "--out",
+            str(plan),
+            "--graph-out",
+            str(graph),
+        ]
+    )
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     loaded = SwapPlan.load(plan)
@@ -79,16 +144,37 @@ def test_hybrid_plan_round_trips_and_its_graph_reproduces(profile_path, tmp_path
     assert SwapPlan.from_json(loaded.to_json()) == loaded
     recomputed = [g["recomputed_layers"] for g in result["gpus"]]
     assert recomputed == [len(g.recompute) for g in loaded.gpus]
-    code = main(["simulate", "--graph", str(graph), "--topology", "switch-4", "--gpu-memory",
-                 str(result["budget_bytes"]), "--json"])
+    code = main(
+        [
+            "simulate",
+            "--graph",
+            str(graph),
+            "--topology",
+            "switch-4",
+            "--gpu-memory",
+            str(result["budget_bytes"]),
+            "--json",
+        ]
+    )
     assert code == 0
     simulated = json.loads(capsys.readouterr().out)
     assert simulated["makespan_s"] == pytest.approx(result["iteration_s"], rel=1e-12)
 
 
 def test_budget_too_small_exits_2_with_the_smallest_budget(profile_path, capsys) -> None:
-    code = main(["plan", "--profile", profile_path, "--topology", "switch-4",
-                 "--gpu-memory", "1GB", "--policy", "disjoint"])
+    code = main(
+        [
+            "plan",
+            "--profile",
+            profile_path,
+            "--topology",
+            "switch-4",
+            "--gpu-memory",
+            "1GB",
+            "--policy",
+            "disjoint",
+        ]
+    )
     assert code == 2
     assert "smallest budget that works is" in capsys.readouterr().err
 
@@ -98,8 +184,19 @@ def test_profile_without_saved_data_exits_2_with_the_command(tmp_path, capsys) -
     obj["has_saved_data"] = False
     path = tmp_path / "bare.json"
     Profile.from_json(obj).save(path)
-    code = main(["plan", "--profile", str(path), "--topology", "switch-4",
-                 "--footprint-ratio", "1.5", "--policy", "oblivious"])
+    code = main(
+        [
+            "plan",
+            "--profile",
+            str(path),
+            "--topology",
+            "switch-4",
+            "--footprint-ratio",
+            "1.5",
+            "--policy",
+            "oblivious",
+        ]
+    )
     assert code == 2
     assert "pipeswap profile --model toy --batch 1 --estimate" in capsys.readouterr().err
 
@@ -119,8 +216,14 @@ def test_policy_or_compare_is_required(profile_path, capsys) -> None:
         (["--policy", "disjoint", "--gpus", "0"], "--gpus is 0; topology 'switch-4' has 4 GPUs"),
         (["--policy", "disjoint", "--gpus", "-1"], "--gpus is -1; topology 'switch-4' has 4 GPUs"),
         (["--policy", "disjoint", "--sync-every", "0"], "--sync-every is 0; use 1 or more"),
-        (["--policy", "disjoint", "--footprint-ratio", "0.5"], "--footprint-ratio is 0.5; use a ratio >= 1"),
-        (["--policy", "disjoint", "--footprint-ratio", "nan"], "--footprint-ratio is nan; use a ratio >= 1"),
+        (
+            ["--policy", "disjoint", "--footprint-ratio", "0.5"],
+            "--footprint-ratio is 0.5; use a ratio >= 1",
+        ),
+        (
+            ["--policy", "disjoint", "--footprint-ratio", "nan"],
+            "--footprint-ratio is nan; use a ratio >= 1",
+        ),
         (["--policy", "mip", "--compare"], "--policy mip and --compare exclude each other"),
         (["--policy", "disjoint", "--gpu-memory", "lots"], "not a byte size: 'lots'"),
     ],
@@ -135,11 +238,20 @@ def test_bad_arguments_exit_2_with_a_message(profile_path, capsys, extra, messag
 
 def test_topology_without_gpus_exits_2(profile_path, tmp_path, capsys) -> None:
     path = tmp_path / "cpu-only.json"
-    path.write_text(json.dumps({
-        "format": "pipeswap.topology/1", "name": "cpu-only",
-        "nodes": [{"id": "cpu0", "kind": "cpu"}], "links": []}))
-    assert main(["plan", "--profile", profile_path, "--topology", str(path),
-                 "--policy", "disjoint"]) == 2
+    path.write_text(
+        json.dumps(
+            {
+                "format": "pipeswap.topology/1",
+                "name": "cpu-only",
+                "nodes": [{"id": "cpu0", "kind": "cpu"}],
+                "links": [],
+            }
+        )
+    )
+    assert (
+        main(["plan", "--profile", profile_path, "--topology", str(path), "--policy", "disjoint"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "topology 'cpu-only'" in err and "has no GPU; add a node with kind gpu" in err
 
@@ -150,8 +262,10 @@ def test_profile_with_negative_bytes_exits_2_naming_the_layer(tmp_path, capsys) 
     obj["layers"][1]["param_bytes"] = -1000
     path = tmp_path / "negative.json"
     path.write_text(json.dumps(obj))
-    assert main(["plan", "--profile", str(path), "--topology", "switch-4",
-                 "--policy", "disjoint"]) == 2
+    assert (
+        main(["plan", "--profile", str(path), "--topology", "switch-4", "--policy", "disjoint"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "layer 1 ('l1'): param_bytes is -1000; write a whole number of bytes" in err
     assert "Traceback" not in err

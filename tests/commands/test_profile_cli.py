@@ -19,23 +19,62 @@ Capture = pytest.CaptureFixture[str]
 
 def test_measure_writes_the_contract_and_prints_a_table(tmp_path: Path, capsys: Capture) -> None:
     out = tmp_path / "p.json"
-    code = main(["profile", "--model", "gpt2-micro", "--batch", "2", "--seq-len", "16",
-                 "--optimizer", "adam", "--warmup", "0", "--repeats", "1", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "profile",
+            "--model",
+            "gpt2-micro",
+            "--batch",
+            "2",
+            "--seq-len",
+            "16",
+            "--optimizer",
+            "adam",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     obj = json.loads(out.read_text())
-    for key in ("format", "model", "batch", "seq_len", "dtype", "source", "device", "optimizer",
-                "optimizer_state_bytes", "layers"):  # fmt: skip
+    for key in (
+        "format",
+        "model",
+        "batch",
+        "seq_len",
+        "dtype",
+        "source",
+        "device",
+        "optimizer",
+        "optimizer_state_bytes",
+        "layers",
+    ):
         assert key in obj, key
     assert (obj["format"], obj["model"], obj["batch"], obj["seq_len"]) == (
-        "pipeswap.profile/1", "gpt2-micro", 2, 16,
-    )  # fmt: skip
+        "pipeswap.profile/1",
+        "gpt2-micro",
+        2,
+        16,
+    )
     assert (obj["dtype"], obj["source"], obj["device"], obj["optimizer"]) == (
-        "float32", "measured", "cpu", "adam",
-    )  # fmt: skip
+        "float32",
+        "measured",
+        "cpu",
+        "adam",
+    )
     assert [layer["name"] for layer in obj["layers"]] == ["embed", "block0", "block1", "head"]
     for layer in obj["layers"]:
-        assert set(layer) >= {"name", "forward_s", "backward_s", "param_bytes", "output_bytes",
-                              "saved"}  # fmt: skip
+        assert set(layer) >= {
+            "name",
+            "forward_s",
+            "backward_s",
+            "param_bytes",
+            "output_bytes",
+            "saved",
+        }
         assert [t["index"] for t in layer["saved"]] == list(range(len(layer["saved"])))
         assert all(set(t) == {"index", "bytes"} for t in layer["saved"])
     profile = Profile.load(out)
@@ -50,14 +89,31 @@ def test_measure_writes_the_contract_and_prints_a_table(tmp_path: Path, capsys: 
 
 def test_json_flag_prints_what_it_writes(tmp_path: Path, capsys: Capture) -> None:
     out = tmp_path / "p.json"
-    code = main(["profile", "--model", "vit-micro", "--batch", "2", "--estimate", "--gpu", "h200",
-                 "--dtype", "bfloat16", "--out", str(out), "--json"])  # fmt: skip
+    code = main(
+        [
+            "profile",
+            "--model",
+            "vit-micro",
+            "--batch",
+            "2",
+            "--estimate",
+            "--gpu",
+            "h200",
+            "--dtype",
+            "bfloat16",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out.read_text())
     assert (printed["source"], printed["device"], printed["dtype"]) == (
-        "estimate", "h200", "bfloat16",
-    )  # fmt: skip
+        "estimate",
+        "h200",
+        "bfloat16",
+    )
     assert printed["image_size"] == model_spec("vit-micro").default_image_size
 
 
@@ -67,8 +123,10 @@ def test_defaults_come_from_the_zoo(tmp_path: Path, capsys: Capture) -> None:
     profile = Profile.load(out)
     spec = model_spec("gpt2-micro")
     assert (profile.batch, profile.seq_len, profile.device) == (
-        spec.default_batch, spec.default_seq_len, "v100-32gb",
-    )  # fmt: skip
+        spec.default_batch,
+        spec.default_seq_len,
+        "v100-32gb",
+    )
     assert capsys.readouterr().out.splitlines()[-2] == (
         "GPU v100-32gb: 32.00 GiB memory; the step fits"
     )
@@ -76,8 +134,22 @@ def test_defaults_come_from_the_zoo(tmp_path: Path, capsys: Capture) -> None:
 
 def test_estimate_that_does_not_fit_warns(tmp_path: Path, capsys: Capture) -> None:
     out = tmp_path / "p.json"
-    code = main(["profile", "--model", "gpt2-small", "--batch", "16", "--seq-len", "1024",
-                 "--estimate", "--gpu", "rtx2080ti", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "profile",
+            "--model",
+            "gpt2-small",
+            "--batch",
+            "16",
+            "--seq-len",
+            "1024",
+            "--estimate",
+            "--gpu",
+            "rtx2080ti",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0  # the profile is written; the warning says it will not fit
     captured = capsys.readouterr()
     needed = Profile.load(out).peak_training_bytes() / 2**30
@@ -100,15 +172,28 @@ def test_unknown_model_lists_the_zoo(tmp_path: Path, capsys: Capture) -> None:
 
 
 def test_bad_gpu_lists_the_specs(tmp_path: Path, capsys: Capture) -> None:
-    err = _fails(["profile", "--model", "gpt2-micro", "--estimate", "--gpu", "a99",
-                  "--out", str(tmp_path / "p.json")], capsys)  # fmt: skip
+    err = _fails(
+        [
+            "profile",
+            "--model",
+            "gpt2-micro",
+            "--estimate",
+            "--gpu",
+            "a99",
+            "--out",
+            str(tmp_path / "p.json"),
+        ],
+        capsys,
+    )
     assert "unknown GPU spec 'a99'" in err
     assert all(name in err for name in gpu_names())
 
 
 def test_gpu_without_estimate_is_refused(tmp_path: Path, capsys: Capture) -> None:
-    err = _fails(["profile", "--model", "gpt2-micro", "--gpu", "h200",
-                  "--out", str(tmp_path / "p.json")], capsys)  # fmt: skip
+    err = _fails(
+        ["profile", "--model", "gpt2-micro", "--gpu", "h200", "--out", str(tmp_path / "p.json")],
+        capsys,
+    )
     assert "--gpu applies to --estimate" in err
 
 
@@ -122,8 +207,10 @@ def test_shape_flag_must_match_the_task(tmp_path: Path, capsys: Capture) -> None
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_cuda_suggests_estimate(tmp_path: Path, capsys: Capture) -> None:
-    err = _fails(["profile", "--model", "gpt2-micro", "--device", "cuda",
-                  "--out", str(tmp_path / "p.json")], capsys)  # fmt: skip
+    err = _fails(
+        ["profile", "--model", "gpt2-micro", "--device", "cuda", "--out", str(tmp_path / "p.json")],
+        capsys,
+    )
     assert "CUDA is not available" in err and "--estimate --gpu SPEC" in err
 
 
@@ -137,8 +224,10 @@ def test_allocation_failure_names_the_memory_needed(
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 TB")
 
     monkeypatch.setattr(measure_module, "run_step", out_of_memory)
-    err = _fails(["profile", "--model", "gpt2-micro", "--batch", "2",
-                  "--out", str(tmp_path / "p.json")], capsys)  # fmt: skip
+    err = _fails(
+        ["profile", "--model", "gpt2-micro", "--batch", "2", "--out", str(tmp_path / "p.json")],
+        capsys,
+    )
     assert "gpt2-micro at batch 2 does not fit on cpu" in err
     assert "(meta estimate)" in err and "iB" in err
     assert "try a smaller --batch or --estimate --gpu SPEC" in err
@@ -146,8 +235,19 @@ def test_allocation_failure_names_the_memory_needed(
 
 
 def test_sequence_longer_than_the_context_is_refused(tmp_path: Path, capsys: Capture) -> None:
-    err = _fails(["profile", "--model", "gpt2-micro", "--seq-len", "4096", "--estimate",
-                  "--out", str(tmp_path / "p.json")], capsys)  # fmt: skip
+    err = _fails(
+        [
+            "profile",
+            "--model",
+            "gpt2-micro",
+            "--seq-len",
+            "4096",
+            "--estimate",
+            "--out",
+            str(tmp_path / "p.json"),
+        ],
+        capsys,
+    )
     assert "exceeds this model's context" in err
 
 
@@ -161,8 +261,10 @@ def test_sequence_longer_than_the_context_is_refused(tmp_path: Path, capsys: Cap
         (["--model", "resnet-micro", "--image-size", "0"], "--image-size is 0"),
         (["--model", "gpt2-micro", "--repeats", "0"], "--repeats is 0; use a whole number >= 1"),
         (["--model", "gpt2-micro", "--warmup", "-1"], "--warmup is -1; use a whole number >= 0"),
-        (["--model", "vgg-micro", "--image-size", "7", "--estimate"],
-         "--image-size 7 is too small for vgg-micro"),
+        (
+            ["--model", "vgg-micro", "--image-size", "7", "--estimate"],
+            "--image-size 7 is too small for vgg-micro",
+        ),
     ],
 )
 def test_bad_sizes_exit_2_with_a_message(

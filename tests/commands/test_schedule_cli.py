@@ -85,8 +85,11 @@ def test_largest_allowed_size_is_built() -> None:
     from pipeswap.pipeline.schedule import build_schedule
 
     # The estimate is an upper bound, so the refusal never turns away a schedule that fits.
-    for name, stages, steps, micro in (("gpipe", 3, 5, 4), ("1f1b", 4, 2, 7),
-                                       ("async-1f1b", 5, 9, 1)):
+    for name, stages, steps, micro in (
+        ("gpipe", 3, 5, 4),
+        ("1f1b", 4, 2, 7),
+        ("async-1f1b", 5, 9, 1),
+    ):
         schedule = build_schedule(name, stages, steps, micro)
         assert sum(map(len, schedule.actions)) <= estimated_actions(stages, steps, micro)
     assert estimated_actions(100, 28, 100) <= MAX_SCHEDULE_ACTIONS

@@ -32,12 +32,27 @@ def test_human_table_lists_gpus_and_busy_links(graph_file, capsys) -> None:
 
 
 def test_gpu_memory_override_and_out_of_memory(graph_file, capsys) -> None:
-    assert main(["simulate", "--graph", graph_file, "--topology", "switch-4",
-                 "--gpu-memory", "7GB"]) == 2
+    assert (
+        main(["simulate", "--graph", graph_file, "--topology", "switch-4", "--gpu-memory", "7GB"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "gpu0 is out of memory" in err and "'f0'" in err and "7000000000" in err
-    assert main(["simulate", "--graph", graph_file, "--topology", "switch-4",
-                 "--gpu-memory", "8GB", "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--graph",
+                graph_file,
+                "--topology",
+                "switch-4",
+                "--gpu-memory",
+                "8GB",
+                "--json",
+            ]
+        )
+        == 0
+    )
     obj = json.loads(capsys.readouterr().out)
     # in0 waits for out0's 6 GB free, as before; 8 GB is exactly enough.
     assert obj["gpus"]["gpu0"]["peak_bytes"] == 8000000000
@@ -45,8 +60,23 @@ def test_gpu_memory_override_and_out_of_memory(graph_file, capsys) -> None:
 
 def test_trace_and_timeline_files(graph_file, tmp_path, capsys) -> None:
     trace, png = tmp_path / "t.json", tmp_path / "t.png"
-    assert main(["simulate", "--graph", graph_file, "--topology", "dual-root-8", "--json",
-                 "--trace", str(trace), "--timeline", str(png)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--graph",
+                graph_file,
+                "--topology",
+                "dual-root-8",
+                "--json",
+                "--trace",
+                str(trace),
+                "--timeline",
+                str(png),
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     json.loads(captured.out)  # stdout stays pure JSON
     assert "wrote trace" in captured.err
@@ -73,20 +103,34 @@ def test_missing_graph_file(tmp_path, capsys) -> None:
 
 def _cpu_only(tmp_path) -> str:
     path = tmp_path / "cpu-only.json"
-    path.write_text(json.dumps({
-        "format": "pipeswap.topology/1", "name": "cpu-only",
-        "nodes": [{"id": "cpu0", "kind": "cpu"}, {"id": "sw0", "kind": "switch"}],
-        "links": [{"a": "sw0", "b": "cpu0", "gb_per_s": 12.0}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "format": "pipeswap.topology/1",
+                "name": "cpu-only",
+                "nodes": [{"id": "cpu0", "kind": "cpu"}, {"id": "sw0", "kind": "switch"}],
+                "links": [{"a": "sw0", "b": "cpu0", "gb_per_s": 12.0}],
+            }
+        )
+    )
     return str(path)
 
 
 def _fractional_memory(tmp_path) -> str:
     path = tmp_path / "fractional.json"
-    path.write_text(json.dumps({
-        "format": "pipeswap.topology/1", "name": "fractional",
-        "nodes": [{"id": "cpu0", "kind": "cpu"},
-                  {"id": "gpu0", "kind": "gpu", "memory_bytes": 1.7}],
-        "links": [{"a": "gpu0", "b": "cpu0", "gb_per_s": 12.0}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "format": "pipeswap.topology/1",
+                "name": "fractional",
+                "nodes": [
+                    {"id": "cpu0", "kind": "cpu"},
+                    {"id": "gpu0", "kind": "gpu", "memory_bytes": 1.7},
+                ],
+                "links": [{"a": "gpu0", "b": "cpu0", "gb_per_s": 12.0}],
+            }
+        )
+    )
     return str(path)
 
 
@@ -101,8 +145,9 @@ def _fractional_memory(tmp_path) -> str:
         (_fractional_memory, "node 1 ('gpu0'): memory_bytes is 1.7; write a whole number"),
     ],
 )
-def test_bad_values_exit_2_without_a_traceback(graph_file, tmp_path, capsys, extra,
-                                               message) -> None:
+def test_bad_values_exit_2_without_a_traceback(
+    graph_file, tmp_path, capsys, extra, message
+) -> None:
     if callable(extra):
         argv = ["--topology", extra(tmp_path)]
     else:

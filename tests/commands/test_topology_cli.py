@@ -104,7 +104,12 @@ def test_no_action_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -
 @pytest.mark.parametrize(
     "where, field, value, message",
     [
-        ("nodes", "memory_bytes", 1.7, "node 1 ('gpu0'): memory_bytes is 1.7; write a whole number"),
+        (
+            "nodes",
+            "memory_bytes",
+            1.7,
+            "node 1 ('gpu0'): memory_bytes is 1.7; write a whole number",
+        ),
         ("nodes", "memory_bytes", -5, "memory_bytes is -5; write a whole number of bytes >= 0"),
         ("nodes", "copy_engines", "two", 'copy_engines is "two"; write 1 or 2'),
         ("links", "gb_per_s", -12, "link 0 (gpu0-cpu0): gb_per_s is -12; write a finite"),
@@ -114,13 +119,20 @@ def test_no_action_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -
     ],
 )
 def test_show_refuses_bad_fields_naming_them(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, field: str, value: object,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+    field: str,
+    value: object,
     message: str,
 ) -> None:
     obj = {
-        "format": "pipeswap.topology/1", "name": "bad",
-        "nodes": [{"id": "cpu0", "kind": "cpu"},
-                  {"id": "gpu0", "kind": "gpu", "memory_bytes": 2**34}],
+        "format": "pipeswap.topology/1",
+        "name": "bad",
+        "nodes": [
+            {"id": "cpu0", "kind": "cpu"},
+            {"id": "gpu0", "kind": "gpu", "memory_bytes": 2**34},
+        ],
         "links": [{"a": "gpu0", "b": "cpu0", "gb_per_s": 12.0}],
     }
     obj[where][1 if where == "nodes" else 0][field] = value

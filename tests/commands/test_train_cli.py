@@ -26,13 +26,35 @@ from pipeswap.training.run import train
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
 COMMON_KEYS = (
-    "format", "mode", "model", "steps", "losses", "params_sha256", "batch", "seq_len",
-    "image_size", "seed", "optimizer", "lr", "device", "nproc", "train_config",
-)  # fmt: skip
+    "format",
+    "mode",
+    "model",
+    "steps",
+    "losses",
+    "params_sha256",
+    "batch",
+    "seq_len",
+    "image_size",
+    "seed",
+    "optimizer",
+    "lr",
+    "device",
+    "nproc",
+    "train_config",
+)
 DP_KEYS = (
-    "losses_per_rank", "step_s", "peak_resident_bytes", "budget_bytes", "swapped_bytes",
-    "late_fetches", "predicted_step_s", "measured_step_s", "plan", "topology", "gpus",
-)  # fmt: skip
+    "losses_per_rank",
+    "step_s",
+    "peak_resident_bytes",
+    "budget_bytes",
+    "swapped_bytes",
+    "late_fetches",
+    "predicted_step_s",
+    "measured_step_s",
+    "plan",
+    "topology",
+    "gpus",
+)
 
 
 def _run(tmp_path: Path, name: str, *argv: str) -> dict[str, Any]:
@@ -100,12 +122,18 @@ def test_no_swapping_under_a_budget_too_small_says_by_how_much(
         ([*GPT, "--pipeline", "2", "--emulate", "--micro-batches", "0"], "--micro-batches is 0"),
         ([*GPT, "--pipeline", "2", "--emulate", "--lr-warmup", "-1"], "--lr-warmup must be 0"),
         ([*GPT, "--pipeline", "0", "--emulate"], "--pipeline is 0"),
-        (["--model", "gpt2-micro", "--batch", "4", "--pipeline", "50", "--emulate"],
-         "fewer than the 50 stages"),
-        (["--model", "gpt2-micro", "--batch", "4", "--pipeline", "3", "--emulate"],
-         "pass --micro-batches M"),
-        (["--model", "json:dumps", "--seq-len", "8", "--pipeline", "2", "--emulate"],
-         "calling dumps() failed"),
+        (
+            ["--model", "gpt2-micro", "--batch", "4", "--pipeline", "50", "--emulate"],
+            "fewer than the 50 stages",
+        ),
+        (
+            ["--model", "gpt2-micro", "--batch", "4", "--pipeline", "3", "--emulate"],
+            "pass --micro-batches M",
+        ),
+        (
+            ["--model", "json:dumps", "--seq-len", "8", "--pipeline", "2", "--emulate"],
+            "calling dumps() failed",
+        ),
         (["--model", "json:loads", "--seq-len", "8"], "calling loads() failed"),
     ],
 )
@@ -126,9 +154,19 @@ def test_an_unwritable_report_is_refused_before_training(
         (["--report", str(tmp_path)], "is a directory"),
         (["--report", str(profile / "r.json")], "is a file, not a folder"),
         (["--report", str(profile), "--profile", str(profile)], "is also an input"),
-        (["--pipeline", "2", "--emulate", "--report", str(tmp_path / "a.json"), "--trace",
-          str(tmp_path / "a.json")], "two outputs"),
-    ]  # fmt: skip
+        (
+            [
+                "--pipeline",
+                "2",
+                "--emulate",
+                "--report",
+                str(tmp_path / "a.json"),
+                "--trace",
+                str(tmp_path / "a.json"),
+            ],
+            "two outputs",
+        ),
+    ]
     for extra, message in cases:
         assert main(["train", *GPT, "--steps", "100000", "--device", "cpu", *extra]) == 2
         err = capsys.readouterr().err
@@ -168,9 +206,15 @@ def test_data_parallel_and_a_one_micro_batch_gpipe_train_alike() -> None:
     assert (a["mode"], b["mode"]) == ("data-parallel", "emulate")
     assert all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(a["losses"], b["losses"]))
     assert len(a["losses"]) == len(b["losses"]) == 3
-    assert {k: a[k] for k in COMMON_KEYS if k not in ("mode", "nproc", "train_config", "losses",
-            "params_sha256")} == {k: b[k] for k in COMMON_KEYS if k not in ("mode", "nproc",
-            "train_config", "losses", "params_sha256")}  # fmt: skip
+    assert {
+        k: a[k]
+        for k in COMMON_KEYS
+        if k not in ("mode", "nproc", "train_config", "losses", "params_sha256")
+    } == {
+        k: b[k]
+        for k in COMMON_KEYS
+        if k not in ("mode", "nproc", "train_config", "losses", "params_sha256")
+    }
 
 
 def test_old_reports_are_refused_with_what_to_do(tmp_path: Path) -> None:
@@ -186,9 +230,21 @@ def test_old_reports_are_refused_with_what_to_do(tmp_path: Path) -> None:
 
 @pytest.mark.dist
 def test_the_issue_command_on_two_ranks(tmp_path: Path) -> None:
-    command = ("--model", "gpt2-tiny", "--batch", "8", "--seq-len", "64", "--steps", "5",
-               "--nproc", "2")  # fmt: skip
-    swapped = _run(tmp_path, "swap", *command, "--swap-policy", "disjoint", "--footprint-ratio", "1.5")
+    command = (
+        "--model",
+        "gpt2-tiny",
+        "--batch",
+        "8",
+        "--seq-len",
+        "64",
+        "--steps",
+        "5",
+        "--nproc",
+        "2",
+    )
+    swapped = _run(
+        tmp_path, "swap", *command, "--swap-policy", "disjoint", "--footprint-ratio", "1.5"
+    )
     plain = _run(tmp_path, "none", *command, "--swap-policy", "none", "--footprint-ratio", "1")
     for key in (*COMMON_KEYS, *DP_KEYS):
         assert key in swapped, key
@@ -219,8 +275,9 @@ def test_a_cuda_rank_binds_its_gpu_before_the_first_collective(
         raise PipeswapError("stop after planning")
 
     monkeypatch.setattr(data_parallel, "_plan", plan)
-    config = TrainConfig("gpt2-tiny", batch=2, seq_len=8, steps=1, device="cpu",
-                         swap=SwapOptions(policy="none"))  # fmt: skip
+    config = TrainConfig(
+        "gpt2-tiny", batch=2, seq_len=8, steps=1, device="cpu", swap=SwapOptions(policy="none")
+    )
     cuda = TrainConfig(**{**config.__dict__, "device": "cuda"})
     with pytest.raises(PipeswapError, match="stop after planning"):
         data_parallel.run_rank(0, 1, cuda, local_rank=1)
@@ -231,22 +288,46 @@ def test_a_cuda_rank_binds_its_gpu_before_the_first_collective(
 def test_recompute_save_on_cpu_and_hybrid_policies_train_like_no_swapping(tmp_path: Path) -> None:
     # Links slow enough that moving a byte costs more than recomputing it: hybrid recomputes.
     topology = tmp_path / "slow.json"
-    topology.write_text(json.dumps({
-        "format": "pipeswap.topology/1", "name": "slow-links",
-        "nodes": [{"id": "cpu0", "kind": "cpu"}, {"id": "sw0", "kind": "switch"},
-                  {"id": "gpu0", "kind": "gpu", "copy_engines": 2, "memory_bytes": 2**35}],
-        "links": [{"a": "gpu0", "b": "sw0", "gb_per_s": 0.05},
-                  {"a": "sw0", "b": "cpu0", "gb_per_s": 0.05}],
-    }))  # fmt: skip
+    topology.write_text(
+        json.dumps(
+            {
+                "format": "pipeswap.topology/1",
+                "name": "slow-links",
+                "nodes": [
+                    {"id": "cpu0", "kind": "cpu"},
+                    {"id": "sw0", "kind": "switch"},
+                    {"id": "gpu0", "kind": "gpu", "copy_engines": 2, "memory_bytes": 2**35},
+                ],
+                "links": [
+                    {"a": "gpu0", "b": "sw0", "gb_per_s": 0.05},
+                    {"a": "sw0", "b": "cpu0", "gb_per_s": 0.05},
+                ],
+            }
+        )
+    )
     # ResNet: BatchNorm statistics must not be updated twice by a recomputed block. One
     # profile for every run (measuring is most of a run's time here).
     profile = tmp_path / "profile.json"
     measure("resnet-micro", 4, image_size=32, warmup=0, repeats=1).save(profile)
-    common = ("--model", "resnet-micro", "--batch", "4", "--image-size", "32", "--steps", "2",
-              "--topology", str(topology), "--profile", str(profile))  # fmt: skip
+    common = (
+        "--model",
+        "resnet-micro",
+        "--batch",
+        "4",
+        "--image-size",
+        "32",
+        "--steps",
+        "2",
+        "--topology",
+        str(topology),
+        "--profile",
+        str(profile),
+    )
     plain = _run(tmp_path, "none", *common, "--swap-policy", "none", "--footprint-ratio", "1")
     for policy, ratio in (("recompute", "1"), ("save-on-cpu", "1"), ("hybrid", "1.5")):
-        report = _run(tmp_path, policy, *common, "--swap-policy", policy, "--footprint-ratio", ratio)
+        report = _run(
+            tmp_path, policy, *common, "--swap-policy", policy, "--footprint-ratio", ratio
+        )
         assert report["policy"] == policy
         assert report["losses"] == plain["losses"], policy
         assert report["params_sha256"] == plain["params_sha256"], policy

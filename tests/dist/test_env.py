@@ -25,7 +25,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def test_a_consistent_environment_is_read(clean_env: pytest.MonkeyPatch) -> None:
     assert torchrun_env() is None
     for name, value in dict(RANK="3", WORLD_SIZE="8", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2",
-                            MASTER_ADDR="10.0.0.1", MASTER_PORT="29400").items():  # fmt: skip
+                            MASTER_ADDR="10.0.0.1", MASTER_PORT="29400").items():
         clean_env.setenv(name, value)
     env = torchrun_env()
     assert env is not None
@@ -72,7 +72,7 @@ def test_train_with_a_stale_environment_exits_2(
     clean_env.setenv("RANK", "5")
     clean_env.setenv("WORLD_SIZE", "2")
     argv = ["train", "--model", "gpt2-micro", "--batch", "2", "--seq-len", "8", "--steps", "1",
-            "--device", "cpu"]  # fmt: skip
+            "--device", "cpu"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "error: RANK=5 but WORLD_SIZE=2: a stale torchrun environment?" in err

@@ -17,7 +17,7 @@ import pytest
 pytestmark = [pytest.mark.dist, pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")]
 
 TRAIN = [sys.executable, "-m", "pipeswap", "train", "--model", "gpt2-micro", "--seq-len", "16",
-         "--batch", "4", "--steps", "1000000", "--device", "cpu", "--timeout", "10"]  # fmt: skip
+         "--batch", "4", "--steps", "1000000", "--device", "cpu", "--timeout", "10"]
 MODES = {
     "data-parallel": ["--nproc", "2", "--swap-policy", "none"],
     "pipeline": ["--pipeline", "2", "--nproc", "2"],
@@ -68,7 +68,7 @@ def test_no_process_of_the_run_survives_its_launcher(
     launcher = subprocess.Popen(
         [*TRAIN, *MODES[mode]], env=env, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    )
     try:
         # The launcher and both ranks are up (a rank is a child of the launcher).
         assert _wait_for(lambda: len(_group(launcher.pid)) >= 3, 90), "ranks never started"
@@ -101,7 +101,7 @@ def test_sigterm_to_the_launcher_leaves_a_complete_checkpoint(mode: str, tmp_pat
          *(["--steps", "3000"] if mode == "pipeline" else [])],
         env=env,
         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    )
     try:
         # A first periodic checkpoint: the ranks are training (and handle SIGTERM).
         assert _wait_for(lambda: folder.is_dir() and latest_complete(folder), 120)
@@ -141,7 +141,7 @@ def test_a_rank_killed_takes_the_whole_run_down(signum: int, tmp_path: Path) -> 
     launcher = subprocess.Popen(
         [*TRAIN, *MODES["data-parallel"]], env=env, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    )
     try:
         assert _wait_for(lambda: len(_children(launcher.pid)) >= 2, 90), "ranks never started"
         time.sleep(3.0)

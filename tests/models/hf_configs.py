@@ -14,31 +14,71 @@ def hf_config(family: str, *, dropout: float = 0.0, **overrides: Any) -> Any:
     """A tiny config of ``family`` (2 blocks, hidden 32); ``dropout`` where it has one."""
     transformers = pytest.importorskip("transformers")
     if family == "gpt2":
-        kwargs = dict(vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                      resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
-                      bos_token_id=0, eos_token_id=0, architectures=["GPT2LMHeadModel"])
+        kwargs = dict(
+            vocab_size=256,
+            n_positions=64,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=dropout,
+            bos_token_id=0,
+            eos_token_id=0,
+            architectures=["GPT2LMHeadModel"],
+        )
         return transformers.GPT2Config(**{**kwargs, **overrides})
     if family == "llama":
-        kwargs = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      attention_dropout=dropout, bos_token_id=0, eos_token_id=0,
-                      architectures=["LlamaForCausalLM"])
+        kwargs = dict(
+            vocab_size=256,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            attention_dropout=dropout,
+            bos_token_id=0,
+            eos_token_id=0,
+            architectures=["LlamaForCausalLM"],
+        )
         return transformers.LlamaConfig(**{**kwargs, **overrides})
     if family == "bert":
-        kwargs = dict(vocab_size=260, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=64,
-                      hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
-                      architectures=["BertForMaskedLM"])
+        kwargs = dict(
+            vocab_size=260,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+            architectures=["BertForMaskedLM"],
+        )
         return transformers.BertConfig(**{**kwargs, **overrides})
     if family == "vit":
-        kwargs = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, intermediate_size=64, num_labels=10,
-                      hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
-                      architectures=["ViTForImageClassification"])
+        kwargs = dict(
+            image_size=32,
+            patch_size=8,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            num_labels=10,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+            architectures=["ViTForImageClassification"],
+        )
         return transformers.ViTConfig(**{**kwargs, **overrides})
     if family == "resnet":
-        kwargs = dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
-                      num_labels=10, architectures=["ResNetForImageClassification"])
+        kwargs = dict(
+            embedding_size=8,
+            hidden_sizes=[8, 16],
+            depths=[1, 1],
+            layer_type="basic",
+            num_labels=10,
+            architectures=["ResNetForImageClassification"],
+        )
         return transformers.ResNetConfig(**{**kwargs, **overrides})
     raise ValueError(family)
 

@@ -27,8 +27,10 @@ def test_stages_share_parameters_and_compose_to_the_whole() -> None:
 def test_loss_is_cross_entropy_for_each_task() -> None:
     logits = torch.tensor([[2.0, 0.0, -1.0]])
     model = _toy()
-    assert torch.allclose(model.loss(logits, torch.tensor([0])),
-                          nn.functional.cross_entropy(logits, torch.tensor([0])))  # fmt: skip
+    assert torch.allclose(
+        model.loss(logits, torch.tensor([0])),
+        nn.functional.cross_entropy(logits, torch.tensor([0])),
+    )
     lm = LayeredModel("lm", [("id", nn.Identity())], "lm", vocab_size=3)
     tokens, targets = lm.example_batch(2, seq_len=4, seed=0)
     assert tokens.shape == targets.shape == (2, 4)

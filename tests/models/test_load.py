@@ -53,7 +53,9 @@ def test_each_family_is_cut_at_its_layer_list_and_computes_what_the_model_does(
     model.train()
     ours = model(x)
     model.loss(ours, target).backward()
-    grads = {name: p.grad.clone() for name, p in _root(model).named_parameters() if p.grad is not None}
+    grads = {
+        name: p.grad.clone() for name, p in _root(model).named_parameters() if p.grad is not None
+    }
     model.zero_grad(set_to_none=True)
     theirs = _own_logits(model, x)
     model.loss(theirs, target).backward()
@@ -69,9 +71,13 @@ def test_every_parameter_belongs_to_one_layer_except_tied_ones(tmp_path: Path, f
     root_params = {id(p) for p in _root(model).parameters()}
     ours = {id(p) for p in model.parameters()}
     assert ours == root_params
-    by_layer = [{id(p) for p in model.get_submodule(n).parameters()} if "." not in n
-                else {id(p) for p in model._modules[n].parameters()} for n in model.layer_names]
-    shared = set.union(*[a & b for i, a in enumerate(by_layer) for b in by_layer[i + 1:]])
+    by_layer = [
+        {id(p) for p in model.get_submodule(n).parameters()}
+        if "." not in n
+        else {id(p) for p in model._modules[n].parameters()}
+        for n in model.layer_names
+    ]
+    shared = set.union(*[a & b for i, a in enumerate(by_layer) for b in by_layer[i + 1 :]])
     tied = family in ("gpt2", "bert")  # their configs tie the output layer to the embedding
     assert (len(shared) == 1) == tied
 

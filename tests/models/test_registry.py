@@ -47,11 +47,28 @@ def test_names_cover_the_zoo() -> None:
     names = model_names()
     assert len(names) == len(set(names))
     for expected in (
-        "gpt2-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl",
-        "bert-tiny", "bert-base", "bert-large", "resnet18", "resnet50", "resnet101",
-        "resnet152", "vgg16", "vit-tiny", "vit-b16", "vit-l16",
-        "gpt2-micro", "bert-micro", "resnet-micro", "vgg-micro", "vit-micro",
-    ):  # fmt: skip
+        "gpt2-tiny",
+        "gpt2-small",
+        "gpt2-medium",
+        "gpt2-large",
+        "gpt2-xl",
+        "bert-tiny",
+        "bert-base",
+        "bert-large",
+        "resnet18",
+        "resnet50",
+        "resnet101",
+        "resnet152",
+        "vgg16",
+        "vit-tiny",
+        "vit-b16",
+        "vit-l16",
+        "gpt2-micro",
+        "bert-micro",
+        "resnet-micro",
+        "vgg-micro",
+        "vit-micro",
+    ):
         assert expected in names
 
 
@@ -138,17 +155,33 @@ def test_every_stage_cut_reproduces_the_whole_model(name: str) -> None:
 
 def test_layer_names_of_each_family() -> None:
     assert build_model("gpt2-tiny", device="meta").layer_names == [
-        "embed", "block0", "block1", "block2", "block3", "head",
-    ]  # fmt: skip
+        "embed",
+        "block0",
+        "block1",
+        "block2",
+        "block3",
+        "head",
+    ]
     assert build_model("bert-micro", device="meta").layer_names == [
-        "embed", "layer0", "layer1", "head",
-    ]  # fmt: skip
+        "embed",
+        "layer0",
+        "layer1",
+        "head",
+    ]
     assert build_model("resnet-micro", device="meta").layer_names == [
-        "stem", "layer1_0", "layer1_1", "layer2_0", "layer2_1", "head",
-    ]  # fmt: skip
+        "stem",
+        "layer1_0",
+        "layer1_1",
+        "layer2_0",
+        "layer2_1",
+        "head",
+    ]
     assert build_model("vit-micro", device="meta").layer_names == [
-        "embed", "block0", "block1", "head",
-    ]  # fmt: skip
+        "embed",
+        "block0",
+        "block1",
+        "head",
+    ]
     assert len(build_model("gpt2-xl", device="meta")) == 50
     assert len(build_model("resnet152", device="meta")) == 1 + 3 + 8 + 36 + 3 + 1
 

@@ -9,9 +9,23 @@ from pipeswap.models import build_model
 def test_vgg16_has_one_layer_per_weight_layer() -> None:
     model = build_model("vgg16", device="meta")
     assert model.layer_names == [
-        "conv1_1", "conv1_2", "conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv3_3",
-        "conv4_1", "conv4_2", "conv4_3", "conv5_1", "conv5_2", "conv5_3", "fc6", "fc7", "fc8",
-    ]  # fmt: skip
+        "conv1_1",
+        "conv1_2",
+        "conv2_1",
+        "conv2_2",
+        "conv3_1",
+        "conv3_2",
+        "conv3_3",
+        "conv4_1",
+        "conv4_2",
+        "conv4_3",
+        "conv5_1",
+        "conv5_2",
+        "conv5_3",
+        "fc6",
+        "fc7",
+        "fc8",
+    ]
     pools = [
         n
         for n, m in model.named_children()

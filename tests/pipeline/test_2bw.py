@@ -101,8 +101,10 @@ def test_validator_refuses_a_forward_two_updates_stale() -> None:
     assert text == "0: 0F0 0B0 0F1 0UPDATE0 0B1 0F2 0UPDATE1 0B2 0UPDATE2"
     bad = Schedule.from_string(
         "0: 0F0 0F1 0F2 0B0 0UPDATE0 0B1 0UPDATE1 0B2 0UPDATE2",
-        name="2bw", num_steps=3, micro_batches=1,
-    )  # fmt: skip
+        name="2bw",
+        num_steps=3,
+        micro_batches=1,
+    )
     with pytest.raises(ScheduleError, match="0F2 comes before 0UPDATE0"):
         validate(bad)
 
@@ -154,9 +156,16 @@ MODES = [("stash", "sgd"), ("stale", "sgd"), ("spectrain", "sgd")]
 @pytest.mark.parametrize("stages", [2, 4])
 def test_2bw_runtime_bitwise_equal_to_emulator(stages: int) -> None:
     base = PipelineConfig(
-        "gpt2-micro", (4 // stages,) * stages, schedule="2bw", batch=8, micro_batches=stages,
-        seq_len=16, steps=4, lr=0.05, momentum=0.9,
-    )  # fmt: skip
+        "gpt2-micro",
+        (4 // stages,) * stages,
+        schedule="2bw",
+        batch=8,
+        micro_batches=stages,
+        seq_len=16,
+        steps=4,
+        lr=0.05,
+        momentum=0.9,
+    )
     configs = [dataclasses.replace(base, weights=w, optimizer=o) for w, o in MODES]
     reports = assert_runtime_matches_emulator(configs, stages)
     # The modes really train differently.

@@ -159,9 +159,17 @@ def test_nesterov_and_2bw_are_their_delays_without_a_pipeline(
     schedule: str, weights: str, optimizer: str, micro: int, delays: tuple[int, ...]
 ) -> None:
     config = PipelineConfig(
-        UNTIED.model, (1, 1, 1, 1), schedule=schedule, weights=weights, optimizer=optimizer,
-        batch=4, seq_len=16, steps=8, micro_batches=micro, lr=0.05 if optimizer == "sgd" else 3e-3,
-    )  # fmt: skip
+        UNTIED.model,
+        (1, 1, 1, 1),
+        schedule=schedule,
+        weights=weights,
+        optimizer=optimizer,
+        batch=4,
+        seq_len=16,
+        steps=8,
+        micro_batches=micro,
+        lr=0.05 if optimizer == "sgd" else 3e-3,
+    )
     assert schedule_delays(config) == delays  # 2bw: one update late at every depth
     assert train_with_delays(config, delays).losses == Emulator(config).run().losses
 
@@ -173,9 +181,15 @@ def test_no_delay_is_the_sync_pipeline_of_a_tied_model_with_dropout_bitwise(
     """Tied embedding, dropout, one micro-batch: the RNG streams and the summed tied
     gradient (g_stage0 + g_last, commutative) are plain training's exactly."""
     config = PipelineConfig(
-        "pipeline_toys:toy_tied_lm", (2, 3), schedule="1f1b", optimizer=optimizer,
-        lr=LR[optimizer], batch=4, steps=5, seq_len=16,
-    )  # fmt: skip
+        "pipeline_toys:toy_tied_lm",
+        (2, 3),
+        schedule="1f1b",
+        optimizer=optimizer,
+        lr=LR[optimizer],
+        batch=4,
+        steps=5,
+        seq_len=16,
+    )
     assert schedule_delays(config) == (0,) * 5
     pipeline = Emulator(config, record=False).run()
     delayed = train_with_delays(config, [0] * 5)
@@ -186,9 +200,15 @@ def test_no_delay_is_the_sync_pipeline_of_a_tied_model_with_dropout_bitwise(
 
 def test_stash_delays_are_the_stash_pipeline_with_dropout_bitwise() -> None:
     config = PipelineConfig(
-        "pipeline_toys:toy_untied_lm", (2, 3), schedule="async-1f1b", weights="stash",
-        batch=4, steps=6, seq_len=16, lr=0.05,
-    )  # fmt: skip
+        "pipeline_toys:toy_untied_lm",
+        (2, 3),
+        schedule="async-1f1b",
+        weights="stash",
+        batch=4,
+        steps=6,
+        seq_len=16,
+        lr=0.05,
+    )
     delays = schedule_delays(config)
     assert delays == (1, 1, 0, 0, 0)
     pipeline = Emulator(config, record=False).run()

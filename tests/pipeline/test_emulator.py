@@ -152,8 +152,11 @@ def test_official_distances_are_reported_and_change_only_prediction() -> None:
 
     official = run("spectrain", "official")
     assert [(d["forward"], d["backward"]) for d in official["version_distances"]] == [
-        (3, 0), (2, 0), (2, 1), (1, 1)
-    ]  # fmt: skip
+        (3, 0),
+        (2, 0),
+        (2, 1),
+        (1, 1),
+    ]
     assert official["params_sha256"] != run("spectrain", "schedule")["params_sha256"]
     # Stale ignores distances; stash depends only on F - B, the same under both rules.
     for weights in ("stale", "stash"):
@@ -166,9 +169,12 @@ def _plain_training_with_warmup(config: PipelineConfig) -> list[torch.Tensor]:
     with single_threaded():
         model = build_full_model(config)
         optimizer = make_optimizer(
-            config.optimizer, list(model.parameters()), lr=config.lr, momentum=config.momentum,
+            config.optimizer,
+            list(model.parameters()),
+            lr=config.lr,
+            momentum=config.momentum,
             weight_decay=config.weight_decay,
-        )  # fmt: skip
+        )
         data = BatchSource(config, model)
         for step in range(config.steps):
             for group in optimizer.param_groups:

@@ -48,7 +48,9 @@ def test_gloo_leaves_the_current_device_alone(monkeypatch: pytest.MonkeyPatch) -
     assert log == [("init", "gloo")]
 
 
-def test_two_nccl_ranks_on_one_gpu_are_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_nccl_ranks_on_one_gpu_are_refused_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     log = _fake_gpus(monkeypatch, 1)
     with pytest.raises(PipeswapError, match="2 ranks on 1 GPU.*gloo"):
         init_process_group(_env(0, 2), backend="nccl")
@@ -61,8 +63,12 @@ def test_two_nccl_ranks_on_one_gpu_are_refused_with_the_fix(monkeypatch: pytest.
 
 
 def test_torchrun_env_reads_the_local_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-                        "LOCAL_WORLD_SIZE": "2"}.items():  # fmt: skip
+    for name, value in {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+    }.items():
         monkeypatch.setenv(name, value)
     env = torchrun_env()
     assert env is not None and (env.rank, env.local_rank, env.local_world_size) == (3, 1, 2)
@@ -82,8 +88,10 @@ def _split_runs(rank: int, world: int, configs: list[PipelineConfig]) -> list[di
 @pytest.mark.dist
 def test_per_direction_groups_train_bit_for_bit_like_the_emulator() -> None:
     base = PipelineConfig("gpt2-micro", (2, 1, 1), batch=8, seq_len=16, steps=3)
-    configs = [dataclasses.replace(base, schedule=s, micro_batches=m)
-               for s, m in (("gpipe", 4), ("1f1b", 4), ("async-1f1b", 1))]  # fmt: skip
+    configs = [
+        dataclasses.replace(base, schedule=s, micro_batches=m)
+        for s, m in (("gpipe", 4), ("1f1b", 4), ("async-1f1b", 1))
+    ]
     launched = spawn(_split_runs, 3, configs, timeout_s=60)
     assert launched.ok, launched.exit_codes
     for config, runtime in zip(configs, launched.results[0]):

@@ -107,9 +107,17 @@ def test_with_delay_the_backward_sees_its_forwards_version_and_the_update_the_li
 
 def _config(**kw: object) -> PipelineConfig:
     base = PipelineConfig(
-        "gpt2-micro", (1, 1, 1, 1), schedule="async-1f1b", weights="nesterov",
-        optimizer="adamw", batch=4, seq_len=16, steps=9, lr=3e-3, momentum=0.99,
-    )  # fmt: skip
+        "gpt2-micro",
+        (1, 1, 1, 1),
+        schedule="async-1f1b",
+        weights="nesterov",
+        optimizer="adamw",
+        batch=4,
+        seq_len=16,
+        steps=9,
+        lr=3e-3,
+        momentum=0.99,
+    )
     return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
 
 

@@ -68,9 +68,14 @@ def test_tied_weights_and_dropout_bitwise_equal_to_emulator() -> None:
     """A tied embedding on both stages and dropout: every stage's copy, update and mask
     match the emulator's; without dropout the sync schedules train like plain training."""
     tied = PipelineConfig(
-        "pipeline_toys:toy_tied_lm", (2, 3), batch=8, seq_len=16, steps=4, lr=0.05,
+        "pipeline_toys:toy_tied_lm",
+        (2, 3),
+        batch=8,
+        seq_len=16,
+        steps=4,
+        lr=0.05,
         eval_batches=1,
-    )  # fmt: skip
+    )
     nodrop = dataclasses.replace(tied, model="pipeline_toys:toy_tied_lm_nodrop")
     configs = [
         dataclasses.replace(tied, schedule="gpipe", micro_batches=2),

@@ -91,5 +91,12 @@ def test_action_kinds_are_an_enum_that_keeps_the_compact_form() -> None:
     action = Action(2, "SEND_F", 5)
     assert action.kind is ActionKind.SEND_F and action == Action(2, ActionKind.SEND_F, 5)
     assert str(action) == "2SEND_F5" and Action.parse("2SEND_F5") == action
-    assert [k.value for k in ActionKind] == ["F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
-                                             "UPDATE"]  # fmt: skip
+    assert [k.value for k in ActionKind] == [
+        "F",
+        "B",
+        "SEND_F",
+        "RECV_F",
+        "SEND_B",
+        "RECV_B",
+        "UPDATE",
+    ]

@@ -27,9 +27,15 @@ from pipeswap.pipeline.runtime import run_rank
 from pipeswap.pipeline.snapshot import crossing_messages, cut_index
 
 BASE = PipelineConfig(
-    "gpt2-micro", (1, 1, 1, 1), schedule="async-1f1b", weights="spectrain", batch=4,
-    seq_len=16, steps=9, lr=0.05,
-)  # fmt: skip
+    "gpt2-micro",
+    (1, 1, 1, 1),
+    schedule="async-1f1b",
+    weights="spectrain",
+    batch=4,
+    seq_len=16,
+    steps=9,
+    lr=0.05,
+)
 MODES = [
     ("async-1f1b", "stale", "sgd", 1),
     ("async-1f1b", "stash", "sgd", 1),
@@ -63,9 +69,13 @@ def test_emulator_resumes_bit_identically(
     tmp_path: Path, schedule: str, weights: str, optimizer: str, micro: int
 ) -> None:
     config = dataclasses.replace(
-        BASE, schedule=schedule, weights=weights, optimizer=optimizer, micro_batches=micro,
+        BASE,
+        schedule=schedule,
+        weights=weights,
+        optimizer=optimizer,
+        micro_batches=micro,
         lr=0.05 if optimizer == "sgd" else 3e-3,
-    )  # fmt: skip
+    )
     alone = Emulator(config).run()
     checkpointed = Emulator(config, checkpoint=_plan(tmp_path, 4)).run()
     assert (checkpointed.losses, checkpointed.params_sha256) == (alone.losses, alone.params_sha256)
@@ -90,8 +100,13 @@ def test_a_half_written_set_is_passed_over_and_another_runs_set_refused(tmp_path
         latest_complete(tmp_path / "missing")
 
 
-def _train(rank: int, world: int, config: PipelineConfig, plan: CheckpointPlan | None,
-           resume: tuple[str, int] | None) -> tuple[tuple[float, ...], str] | None:  # fmt: skip
+def _train(
+    rank: int,
+    world: int,
+    config: PipelineConfig,
+    plan: CheckpointPlan | None,
+    resume: tuple[str, int] | None,
+) -> tuple[tuple[float, ...], str] | None:
     result = run_rank(config, checkpoint=plan, resume=resume)
     return None if result is None else (result.losses, result.params_sha256)
 

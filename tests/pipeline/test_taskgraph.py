@@ -24,13 +24,25 @@ def _topology(gpus: int = 4) -> Topology:
 def _profile(layers: int, micro: int, output_bytes: int = 0) -> Profile:
     # Per mini-batch: each layer 1 s forward, 1 s backward per unit of 1/micro of the batch.
     return Profile(
-        "toy", 8, "float32", "estimate", "cpu", "sgd", 0,
+        "toy",
+        8,
+        "float32",
+        "estimate",
+        "cpu",
+        "sgd",
+        0,
         tuple(
-            LayerProfile(f"l{i}", float(micro), float(micro), 1000, output_bytes,
-                         (SavedTensor(0, 400 * micro),))
+            LayerProfile(
+                f"l{i}",
+                float(micro),
+                float(micro),
+                1000,
+                output_bytes,
+                (SavedTensor(0, 400 * micro),),
+            )
             for i in range(layers)
         ),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])

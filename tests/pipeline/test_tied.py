@@ -98,9 +98,12 @@ def test_async_last_stage_applies_one_update_late() -> None:
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_sync_tied_pipeline_is_plain_training(schedule: str, optimizer: str) -> None:
     config = dataclasses.replace(
-        NODROP, schedule=schedule, micro_batches=2, optimizer=optimizer,
+        NODROP,
+        schedule=schedule,
+        micro_batches=2,
+        optimizer=optimizer,
         lr=0.05 if optimizer == "sgd" else 3e-3,
-    )  # fmt: skip
+    )
     result = Emulator(config, record=False).run()
     reference, _ = plain_losses(config)
     for got, want in zip(result.losses, reference, strict=True):
@@ -128,16 +131,22 @@ def test_every_schedule_and_mode_keeps_tied_copies_bitwise_equal() -> None:
     digests = set()
     for schedule, weights, optimizer, micro in _modes():
         config = dataclasses.replace(
-            TIED, schedule=schedule, weights=weights, optimizer=optimizer, micro_batches=micro,
-            lr=0.05 if optimizer == "sgd" else 3e-3, steps=4,
-        )  # fmt: skip
+            TIED,
+            schedule=schedule,
+            weights=weights,
+            optimizer=optimizer,
+            micro_batches=micro,
+            lr=0.05 if optimizer == "sgd" else 3e-3,
+            steps=4,
+        )
         emulator = Emulator(config, record=False)
         result = emulator.run()
         first, last = (ex.weights.shared["embed.tokens.weight"] for ex in emulator.executors)
         label = f"{schedule}/{weights}"
         assert torch.equal(first, last), label
-        assert all(ex.weights.shared_applied == {"embed.tokens.weight": 4} for ex in
-                   emulator.executors), label  # fmt: skip
+        assert all(
+            ex.weights.shared_applied == {"embed.tokens.weight": 4} for ex in emulator.executors
+        ), label
         assert all(torch.isfinite(torch.tensor(result.losses))), label
         digests.add(result.params_sha256)
     # Not vacuous: the modes train differently (sync schedules share their updates).

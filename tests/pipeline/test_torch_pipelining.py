@@ -81,8 +81,12 @@ def test_torch_pipelining_split_copies_tied_weights_and_fixes_shapes() -> None:
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(hf_config("gpt2"))
     ids = torch.randint(0, 256, (2, 16))
-    split = pipeline(model, mb_args=(), mb_kwargs={"input_ids": ids, "use_cache": False},
-                     split_spec={"transformer.h.1": SplitPoint.BEGINNING})  # fmt: skip
+    split = pipeline(
+        model,
+        mb_args=(),
+        mb_kwargs={"input_ids": ids, "use_cache": False},
+        split_spec={"transformer.h.1": SplitPoint.BEGINNING},
+    )
     first, last = split.get_stage_module(0), split.get_stage_module(1)
     tied = dict(first.named_parameters()).keys() & dict(last.named_parameters()).keys()
     assert tied == {"lm_head.weight"}

@@ -39,8 +39,9 @@ class _Decoder(nn.Module):
         mask = None
         if self.masked:
             mask = torch.ones(seq, seq, dtype=torch.bool, device=hidden.device).tril()[None, None]
-        out = self.layer(hidden, attention_mask=mask,
-                         position_embeddings=self.rotary(hidden, positions))  # fmt: skip
+        out = self.layer(
+            hidden, attention_mask=mask, position_embeddings=self.rotary(hidden, positions)
+        )
         return out[0] if isinstance(out, tuple) else out
 
 
@@ -57,14 +58,21 @@ class _Head(nn.Module):
 def _llama(kv_heads: int, masked: bool = False) -> LayeredModel:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=kv_heads, max_position_embeddings=128,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=128,
+    )
     llama = transformers.LlamaForCausalLM(config)
     inner = llama.model
     blocks: list[tuple[str, nn.Module]] = [("embed", _Embed(inner.embed_tokens))]
-    blocks += [(f"layer{i}", _Decoder(layer, inner.rotary_emb, masked))
-               for i, layer in enumerate(inner.layers)]  # fmt: skip
+    blocks += [
+        (f"layer{i}", _Decoder(layer, inner.rotary_emb, masked))
+        for i, layer in enumerate(inner.layers)
+    ]
     blocks.append(("head", _Head(inner.norm, llama.lm_head)))
     return LayeredModel("llama", blocks, "lm", vocab_size=VOCAB)
 

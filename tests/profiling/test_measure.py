@@ -62,8 +62,11 @@ def test_measure_hand_model() -> None:
     profile = measure(model, 3, image_size=4, optimizer="adam", warmup=0, repeats=2)
     assert profile.layer_names == ["conv", "fc"]
     assert (profile.source, profile.device, profile.dtype, profile.batch) == (
-        "measured", "cpu", "float32", 3,
-    )  # fmt: skip
+        "measured",
+        "cpu",
+        "float32",
+        3,
+    )
     assert profile.image_size == 4 and profile.seq_len is None
     conv, fc = profile.layers
     assert conv.param_bytes == (2 * 3 * 9 + 3) * 4 and fc.param_bytes == (48 * 4 + 4) * 4
@@ -185,7 +188,7 @@ def test_a_zoo_layer_out_of_host_memory_exits_2_naming_the_bytes(
     err = " ".join(capsys.readouterr().err.split())
     needed = estimate_layered(
         meta_copy(build_model("gpt2-micro")), 2, seq_len=8
-    ).peak_training_bytes()  # fmt: skip
+    ).peak_training_bytes()
     assert err.startswith("pipeswap profile: error: gpt2-micro at batch 2 does not fit on cpu: ")
     assert f"one training step needs about {format_bytes(needed)} (meta estimate)" in err
     assert "a single allocation of 64.00 GiB failed: out of memory ([enforce fail" in err
@@ -304,8 +307,14 @@ def test_cuda_timer_syncs_around_each_pass_and_keeps_saved_bytes_out_of_workspac
     # 36 bytes above its start (gradients and workspace; the allocator cannot tell them
     # apart), where "peak minus after" would have said 316.
     assert timer.transient["block"] == 36
-    assert fake.allocated == 1020 and fake.log == ["sync", "reset", "allocated", "sync", "peak",
-                                                   "allocated"]  # fmt: skip
+    assert fake.allocated == 1020 and fake.log == [
+        "sync",
+        "reset",
+        "allocated",
+        "sync",
+        "peak",
+        "allocated",
+    ]
     assert timer.seconds[("block", "backward")] >= 0
 
 

@@ -20,8 +20,19 @@ def _profile(saved_bytes: int = 3 * MiB) -> Profile:
 def test_table_rows_and_totals() -> None:
     lines = format_profile(_profile()).splitlines()
     assert lines[0] == "toy, batch 4, seq_len 8, float32, estimated for v100-32gb, optimizer adam"
-    assert lines[1].split() == ["layer", "fwd", "ms", "bwd", "ms", "params", "MiB", "saved",
-                                "MiB", "output", "MiB"]  # fmt: skip
+    assert lines[1].split() == [
+        "layer",
+        "fwd",
+        "ms",
+        "bwd",
+        "ms",
+        "params",
+        "MiB",
+        "saved",
+        "MiB",
+        "output",
+        "MiB",
+    ]
     assert lines[3].split() == ["embed", "1.000", "2.000", "2.00", "1.00", "1.00"]
     assert lines[4].split() == ["block0", "10.500", "21.000", "4.00", "3.00", "1.00"]
     assert lines[6].split() == ["total", "11.500", "23.000", "6.00", "4.00", "2.00"]
@@ -50,5 +61,3 @@ def test_gpu_verdict_and_warning() -> None:
     assert warning is not None
     needed = big.peak_training_bytes() / GiB
     assert f"needs {needed:.2f} GiB but a v100-32gb has 32.00 GiB" in warning
-
-

@@ -186,8 +186,12 @@ class _Head(nn.Module):
 def _tuple_model(device: str = "cpu") -> LayeredModel:
     torch.manual_seed(0)
     with torch.device(device):
-        blocks = [("tokens", _Tokens(32, 8)), ("mix0", _Mixer(8)), ("mix1", _Mixer(8)),
-                  ("head", _Head(8, 32))]  # fmt: skip
+        blocks = [
+            ("tokens", _Tokens(32, 8)),
+            ("mix0", _Mixer(8)),
+            ("mix1", _Mixer(8)),
+            ("head", _Head(8, 32)),
+        ]
     return LayeredModel("tuples", blocks, "lm", vocab_size=32)
 
 
@@ -255,8 +259,12 @@ class _SeparateQKV(nn.Module):
 
 def _qkv_model() -> LayeredModel:
     torch.manual_seed(0)
-    blocks = [("embed", nn.Embedding(64, 16)), ("attn0", _SeparateQKV(16)),
-              ("attn1", _SeparateQKV(16)), ("head", nn.Linear(16, 64))]  # fmt: skip
+    blocks = [
+        ("embed", nn.Embedding(64, 16)),
+        ("attn0", _SeparateQKV(16)),
+        ("attn1", _SeparateQKV(16)),
+        ("head", nn.Linear(16, 64)),
+    ]
     return LayeredModel("qkv", blocks, "lm", vocab_size=64)
 
 
@@ -273,14 +281,19 @@ def _every_tensor_swapped(profile: Profile) -> SwapPlan:
             saved.bytes,
             layer.name,
             names[i + 1] if i + 1 < len(names) else None,
-        )  # fmt: skip
+        )
         for i, layer in enumerate(profile.layers)
         for saved in layer.saved
     )
     return SwapPlan(
-        "hand", profile.model, tuple(names), (GpuPlan("gpu0", 0, 10**12, 0.0, decisions),),
-        batch=profile.batch, dtype=profile.dtype, seq_len=profile.seq_len,
-    )  # fmt: skip
+        "hand",
+        profile.model,
+        tuple(names),
+        (GpuPlan("gpu0", 0, 10**12, 0.0, decisions),),
+        batch=profile.batch,
+        dtype=profile.dtype,
+        seq_len=profile.seq_len,
+    )
 
 
 def test_autocast_profile_saves_what_a_real_step_saves_and_its_plan_runs() -> None:

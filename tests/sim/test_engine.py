@@ -20,10 +20,17 @@ REL = 1e-9
 
 def _switch(copy_engines: int = 2, duplex: float = 1.0, memory: int = 0) -> Topology:
     """Two GPUs behind one switch; every link 12 GB/s per direction."""
-    nodes = (Node("cpu0", "cpu"), Node("sw0", "switch"),
-             Node("gpu0", "gpu", copy_engines, memory), Node("gpu1", "gpu", copy_engines, memory))
-    links = (Link("sw0", "cpu0", 12.0, duplex), Link("gpu0", "sw0", 12.0, duplex),
-             Link("gpu1", "sw0", 12.0, duplex))
+    nodes = (
+        Node("cpu0", "cpu"),
+        Node("sw0", "switch"),
+        Node("gpu0", "gpu", copy_engines, memory),
+        Node("gpu1", "gpu", copy_engines, memory),
+    )
+    links = (
+        Link("sw0", "cpu0", 12.0, duplex),
+        Link("gpu0", "sw0", 12.0, duplex),
+        Link("gpu1", "sw0", 12.0, duplex),
+    )
     return Topology("switch-2", nodes, links)
 
 
@@ -72,10 +79,21 @@ def test_opposite_directions_do_not_slow_each_other() -> None:
 def test_water_filling_with_different_bottlenecks() -> None:
     # gpu2 sits behind a 3 GB/s link, so it gets 3 of the shared 12 GB/s uplink and the two
     # others 4.5 each. gpu2 (3 GB) ends at 1 s; then gpu0 and gpu1 have 4.5 GB left at 6 GB/s.
-    nodes = (Node("cpu0", "cpu"), Node("sw0", "switch"), Node("sw1", "switch"),
-             Node("gpu0", "gpu"), Node("gpu1", "gpu"), Node("gpu2", "gpu"))
-    links = (Link("sw0", "cpu0", 12.0), Link("gpu0", "sw0", 12.0), Link("gpu1", "sw0", 12.0),
-             Link("sw1", "sw0", 3.0), Link("gpu2", "sw1", 12.0))
+    nodes = (
+        Node("cpu0", "cpu"),
+        Node("sw0", "switch"),
+        Node("sw1", "switch"),
+        Node("gpu0", "gpu"),
+        Node("gpu1", "gpu"),
+        Node("gpu2", "gpu"),
+    )
+    links = (
+        Link("sw0", "cpu0", 12.0),
+        Link("gpu0", "sw0", 12.0),
+        Link("gpu1", "sw0", 12.0),
+        Link("sw1", "sw0", 3.0),
+        Link("gpu2", "sw1", 12.0),
+    )
     b = GraphBuilder()
     b.d2h("gpu0", 9 * GB, id="a")
     b.d2h("gpu1", 9 * GB, id="b")
@@ -221,9 +239,21 @@ def test_out_of_memory_names_gpu_task_and_sizes() -> None:
 
 
 def test_deadlock_from_stream_order_names_the_tasks() -> None:
-    graph = TaskGraph.from_json({"format": "pipeswap.graph/1", "tasks": [
-        {"id": "late", "kind": "compute", "gpu": "gpu0", "duration_s": 1, "deps": ["early"]},
-        {"id": "early", "kind": "compute", "gpu": "gpu0", "duration_s": 1}]})
+    graph = TaskGraph.from_json(
+        {
+            "format": "pipeswap.graph/1",
+            "tasks": [
+                {
+                    "id": "late",
+                    "kind": "compute",
+                    "gpu": "gpu0",
+                    "duration_s": 1,
+                    "deps": ["early"],
+                },
+                {"id": "early", "kind": "compute", "gpu": "gpu0", "duration_s": 1},
+            ],
+        }
+    )
     with pytest.raises(DeadlockError, match="'late' waits for 'early'.*queued behind 'late'"):
         simulate(graph, _switch())
 
@@ -270,16 +300,18 @@ def _random_graph(seed: int, gpus: list[str], count: int = 300) -> TaskGraph:
             free = min(held[gpu], rng.randrange(0, 4) * GB)
             # Frees must follow the allocations they return; a chain on one GPU ensures it.
             held[gpu] += alloc - free
-            ids.append(b.compute(gpu, rng.uniform(0, 0.5), deps=deps, alloc_bytes=alloc,
-                                 free_bytes=free))
+            ids.append(
+                b.compute(gpu, rng.uniform(0, 0.5), deps=deps, alloc_bytes=alloc, free_bytes=free)
+            )
         elif kind in ("d2h", "h2d"):
             ids.append(getattr(b, kind)(gpu, nbytes, deps=deps))
         elif kind == "p2p":
             src, dst = rng.sample(gpus, 2)
             ids.append(b.p2p(src, dst, nbytes, deps=deps))
         elif kind == "allreduce":
-            ids.append(b.allreduce(rng.sample(gpus, rng.randrange(2, len(gpus) + 1)), nbytes,
-                                   deps=deps))
+            ids.append(
+                b.allreduce(rng.sample(gpus, rng.randrange(2, len(gpus) + 1)), nbytes, deps=deps)
+            )
         else:
             ids.append(b.barrier(rng.sample(gpus, 2), deps=deps))
     return b.build()

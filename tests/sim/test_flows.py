@@ -15,10 +15,21 @@ GB = 1e9
 
 def _bottleneck_topology() -> Topology:
     # gpu0, gpu1 under sw0 at 12 GB/s; gpu2 behind a 3 GB/s link sw1-sw0; uplink 12 GB/s.
-    nodes = (Node("cpu0", "cpu"), Node("sw0", "switch"), Node("sw1", "switch"),
-             Node("gpu0", "gpu"), Node("gpu1", "gpu"), Node("gpu2", "gpu"))
-    links = (Link("sw0", "cpu0", 12.0), Link("gpu0", "sw0", 12.0), Link("gpu1", "sw0", 12.0),
-             Link("sw1", "sw0", 3.0), Link("gpu2", "sw1", 12.0))
+    nodes = (
+        Node("cpu0", "cpu"),
+        Node("sw0", "switch"),
+        Node("sw1", "switch"),
+        Node("gpu0", "gpu"),
+        Node("gpu1", "gpu"),
+        Node("gpu2", "gpu"),
+    )
+    links = (
+        Link("sw0", "cpu0", 12.0),
+        Link("gpu0", "sw0", 12.0),
+        Link("gpu1", "sw0", 12.0),
+        Link("sw1", "sw0", 3.0),
+        Link("gpu2", "sw1", 12.0),
+    )
     return Topology("bottleneck", nodes, links)
 
 

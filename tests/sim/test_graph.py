@@ -19,8 +19,9 @@ def _graph(*tasks: dict) -> dict:
 def test_contract_example_is_accepted_as_written(contract_graph) -> None:
     graph = TaskGraph.from_json(contract_graph)
     assert [t.id for t in graph.tasks] == ["f0", "out0", "in0", "act", "grads"]
-    assert graph.task("out0") == Task("out0", "d2h", gpu="gpu0", bytes=6 * 10**9, deps=("f0",),
-                                      free_bytes=6 * 10**9)
+    assert graph.task("out0") == Task(
+        "out0", "d2h", gpu="gpu0", bytes=6 * 10**9, deps=("f0",), free_bytes=6 * 10**9
+    )
     assert graph.task("grads").gpus == ("gpu0", "gpu1")
     assert graph.gpus == ["gpu0", "gpu1"]
 
@@ -40,8 +41,10 @@ def test_json_round_trip(tmp_path, contract_graph) -> None:
         ({"id": "x", "kind": "sleep", "gpu": "gpu0"}, "'x' has kind 'sleep'; use one of compute"),
         ({"id": "x", "kind": "compute", "duration_s": 1}, "compute task 'x' needs a 'gpu'"),
         ({"id": "x", "kind": "d2h", "gpu": "gpu0", "bytes": -1}, "'x' has negative bytes"),
-        ({"id": "x", "kind": "h2d", "gpu": "gpu0", "bytes": 1, "alloc_bytes": -5},
-         "'x' has negative alloc_bytes"),
+        (
+            {"id": "x", "kind": "h2d", "gpu": "gpu0", "bytes": 1, "alloc_bytes": -5},
+            "'x' has negative alloc_bytes",
+        ),
         ({"id": "x", "kind": "compute", "gpu": "gpu0", "duration_s": -1}, "'x' has duration_s -1"),
         ({"id": "x", "kind": "p2p", "src": "gpu0", "bytes": 1}, "'x' needs 'src' and 'dst'"),
         ({"id": "x", "kind": "p2p", "src": "gpu0", "dst": "gpu0", "bytes": 1}, "to itself"),
@@ -64,8 +67,12 @@ def test_duplicate_ids_unknown_deps_and_cycles_are_refused() -> None:
         TaskGraph.from_json(_graph({**a, "deps": ["ghost"]}))
     with pytest.raises(PipeswapError, match="'a' depends on itself"):
         TaskGraph.from_json(_graph({**a, "deps": ["a"]}))
-    cycle = _graph({**a, "deps": ["c"]}, {**a, "id": "b", "deps": ["a"]},
-                   {**a, "id": "c", "deps": ["b"]}, {**a, "id": "d", "deps": ["c"]})
+    cycle = _graph(
+        {**a, "deps": ["c"]},
+        {**a, "id": "b", "deps": ["a"]},
+        {**a, "id": "c", "deps": ["b"]},
+        {**a, "id": "d", "deps": ["c"]},
+    )
     rotations = "a -> b -> c -> a|b -> c -> a -> b|c -> a -> b -> c"
     with pytest.raises(PipeswapError, match=f"dependency cycle: ({rotations})"):
         TaskGraph.from_json(cycle)

@@ -25,10 +25,20 @@ def test_json_has_the_design_shape_and_round_trips(tmp_path) -> None:
     obj = json.loads(json.dumps(result.to_json()))
     assert obj["makespan_s"] == 2.5
     assert obj["tasks"]["b"] == {"start_s": 1.0, "end_s": 2.5}
-    assert obj["gpus"]["gpu0"] == {"busy_s": 1.0, "stall_s": 0.5, "peak_bytes": 10**9,
-                                   "idle_s": 1.0}
-    assert obj["links"][0] == {"a": "gpu0", "b": "cpu0", "bytes_ab": 12 * 10**9, "bytes_ba": 0,
-                               "busy_s_ab": 1.0, "busy_s_ba": 0.0}
+    assert obj["gpus"]["gpu0"] == {
+        "busy_s": 1.0,
+        "stall_s": 0.5,
+        "peak_bytes": 10**9,
+        "idle_s": 1.0,
+    }
+    assert obj["links"][0] == {
+        "a": "gpu0",
+        "b": "cpu0",
+        "bytes_ab": 12 * 10**9,
+        "bytes_ba": 0,
+        "busy_s_ab": 1.0,
+        "busy_s_ba": 0.0,
+    }
     assert SimResult.from_json(obj) == result
     result.save(tmp_path / "r.json")
     assert SimResult.load(tmp_path / "r.json") == result

@@ -19,8 +19,13 @@ def test_copy_engines_decide_the_copy_streams() -> None:
 def test_communication_occupies_every_participant() -> None:
     topo = preset("switch-4")
     assert task_streams(Task("c", "compute", gpu="gpu2", duration_s=1), topo) == [
-        ("gpu2", "compute")]
+        ("gpu2", "compute")
+    ]
     assert task_streams(Task("s", "p2p", src="gpu0", dst="gpu3", bytes=1), topo) == [
-        ("gpu0", "comm"), ("gpu3", "comm")]
+        ("gpu0", "comm"),
+        ("gpu3", "comm"),
+    ]
     assert task_streams(Task("a", "allreduce", gpus=("gpu1", "gpu2"), bytes=1), topo) == [
-        ("gpu1", "comm"), ("gpu2", "comm")]
+        ("gpu1", "comm"),
+        ("gpu2", "comm"),
+    ]

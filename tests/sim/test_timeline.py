@@ -22,8 +22,15 @@ def test_timeline_has_a_row_per_used_stream_and_busy_link(tmp_path) -> None:
     path = tmp_path / "timeline.png"
     rows = plot_timeline(path, graph, result, topology)
     assert rows == [
-        "gpu0 compute", "gpu0 d2h", "gpu0 comm", "gpu1 comm",
-        "sw0\u2192cpu0", "gpu0\u2192sw0", "sw0\u2192gpu0", "gpu1\u2192sw0", "sw0\u2192gpu1",
+        "gpu0 compute",
+        "gpu0 d2h",
+        "gpu0 comm",
+        "gpu1 comm",
+        "sw0\u2192cpu0",
+        "gpu0\u2192sw0",
+        "sw0\u2192gpu0",
+        "gpu1\u2192sw0",
+        "sw0\u2192gpu1",
     ]
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = matplotlib.image.imread(path)

@@ -53,8 +53,12 @@ def test_trace_events_follow_the_chrome_format(tmp_path) -> None:
             assert event["ts"] >= 0
             assert all(isinstance(v, float) and v >= 0 for v in event["args"].values())
         else:
-            assert event["name"] in ("process_name", "thread_name", "process_sort_index",
-                                     "thread_sort_index")
+            assert event["name"] in (
+                "process_name",
+                "thread_name",
+                "process_sort_index",
+                "thread_sort_index",
+            )
             assert "args" in event
     processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert sorted(processes.values()) == sorted(topology.gpus + ["links"])
@@ -97,13 +101,17 @@ def test_link_counters_carry_throughput_in_gb_per_s() -> None:
 
 
 def test_the_writer_round_trips_events_and_metadata(tmp_path) -> None:
-    events = [metadata_event("process_name", 0, None, {"name": "p"}),
-              {"name": "a", "ph": "X", "pid": 0, "tid": 1, "ts": 0.0, "dur": 5.0}]  # fmt: skip
+    events = [
+        metadata_event("process_name", 0, None, {"name": "p"}),
+        {"name": "a", "ph": "X", "pid": 0, "tid": 1, "ts": 0.0, "dur": 5.0},
+    ]
     assert "tid" not in events[0] and metadata_event("thread_name", 0, 1, {})["tid"] == 1
     path = tmp_path / "sub" / "trace.json"
     write_chrome_trace(path, events, {"run": 3})
     assert json.loads(path.read_text()) == {
-        "traceEvents": events, "displayTimeUnit": "ms", "otherData": {"run": 3}
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"run": 3},
     }
     assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
     assert "otherData" not in trace_document(events)
@@ -113,4 +121,6 @@ def test_write_trace_writes_chrome_trace(tmp_path) -> None:
     graph, result, topology = _run()
     path = tmp_path / "trace.json"
     write_trace(path, graph, result, topology)
-    assert json.loads(path.read_text()) == json.loads(json.dumps(chrome_trace(graph, result, topology)))
+    assert json.loads(path.read_text()) == json.loads(
+        json.dumps(chrome_trace(graph, result, topology))
+    )

@@ -21,8 +21,9 @@ def test_all_tensors_lists_every_non_empty_saved_tensor_in_forward_order(make_pr
 
 
 def test_an_assignment_is_simulated_once_and_reproducible(make_profile) -> None:
-    case = make_case(make_profile([(4,), (2,), (3,)]), preset("switch-4"), gpus=2,
-                     gpu_memory_bytes=6 * GB)  # fmt: skip
+    case = make_case(
+        make_profile([(4,), (2,), (3,)]), preset("switch-4"), gpus=2, gpu_memory_bytes=6 * GB
+    )
     assert isinstance(case, Case) and case.topology.node("gpu0").memory_bytes == 6 * GB
     swaps = {gpu: (Swap(0, 0, 4 * GB, 0, 1),) for gpu in case.gpus}
     first = case.score(Assignment(swaps))
@@ -37,6 +38,5 @@ def test_reduced_keeps_one_of_several_equal_channel_groups(make_profile) -> None
     profile = make_profile([(4,), (2,), (3,)])
     case = make_case(profile, preset("switch-4"), gpu_memory_bytes=6 * GB)
     assert case.reduced().gpus == ("gpu0", "gpu1")  # switch-4: two switches of two GPUs
-    alone = make_case(profile, preset("switch-4"), gpus=["gpu0", "gpu1"],
-                      gpu_memory_bytes=6 * GB)  # fmt: skip
+    alone = make_case(profile, preset("switch-4"), gpus=["gpu0", "gpu1"], gpu_memory_bytes=6 * GB)
     assert alone.reduced() is alone  # one group: nothing to reduce

@@ -36,14 +36,18 @@ def _setup(name: str) -> tuple[nn.Module, list[str] | None, Callable[[int], Any]
     if name == "user":
         model: nn.Module = UserNet()
         gen = torch.Generator().manual_seed(1)
-        data = [(torch.randn(8, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen))
-                for _ in range(STEPS)]  # fmt: skip
+        data = [
+            (torch.randn(8, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen))
+            for _ in range(STEPS)
+        ]
         return model, USER_LAYERS, lambda step: data[step]
     if name == "dropout":
         model = DropoutNet()
         gen = torch.Generator().manual_seed(1)
-        data = [(torch.randn(8, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen))
-                for _ in range(STEPS)]  # fmt: skip
+        data = [
+            (torch.randn(8, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen))
+            for _ in range(STEPS)
+        ]
         return model, DROPOUT_LAYERS, lambda step: data[step]
     if name.startswith("resnet"):
         zoo = build_model(name, image_size=32)
@@ -90,7 +94,9 @@ def _hand_plan(
                 prefetch = {"turn": None, "late": layer}.get(kind, later)
                 if kind == "half" and record.index % 2:
                     continue
-                decisions.append(SwapDecision(layer, record.index, record.bytes, out_after, prefetch))
+                decisions.append(
+                    SwapDecision(layer, record.index, record.bytes, out_after, prefetch)
+                )
     name = getattr(model, "name", "user")
     return SwapPlan(kind, name, tuple(layers), (GpuPlan("gpu0", 0, budget, 0.0, tuple(decisions)),))
 
@@ -181,9 +187,10 @@ def _recompute_plan(
     recompute = {"recompute": layers, "mixed": layers[::2]}.get(kind, [])
     decisions = [
         SwapDecision(layer, r.index, r.bytes, layer, layers[i + 1] if i + 1 < len(layers) else None)
-        for i, layer in enumerate(layers) if layer not in recompute and kind != "none"
+        for i, layer in enumerate(layers)
+        if layer not in recompute and kind != "none"
         for r in records[layer]
-    ]  # fmt: skip
+    ]
     name = getattr(model, "name", "user")
     gpu = GpuPlan("gpu0", 0, budget, 0.0, tuple(decisions), tuple(recompute))
     return SwapPlan(kind, name, tuple(layers), (gpu,))
@@ -247,15 +254,17 @@ def test_a_recompute_plan_keeps_the_tightest_budget_it_is_checked_against(name: 
     first = batches(0)
     batch = first[0].shape[0]
     profile = (
-        measure(name, batch, image_size=32, warmup=0, repeats=1) if name.startswith("resnet")
+        measure(name, batch, image_size=32, warmup=0, repeats=1)
+        if name.startswith("resnet")
         else measure(name, batch, seq_len=32, warmup=0, repeats=1)
-    )  # fmt: skip
+    )
     expected = _reference(name)
 
     def executor_for(kind: str, budget: int) -> SwapExecutor:
         model, _, batches = _setup(name)
-        executor = SwapExecutor(model, _recompute_plan(model, names, records, kind, budget),
-                                profile=profile)  # fmt: skip
+        executor = SwapExecutor(
+            model, _recompute_plan(model, names, records, kind, budget), profile=profile
+        )
         executor.prepare(lambda: _loss_fn(model)(model(first[0]), first[1]))
         return executor
 
@@ -292,11 +301,15 @@ def test_recompute_refusals_name_the_fix() -> None:
     with pytest.raises(PipeswapError, match="made for another profile"):
         executor.prepare(lambda: model.loss(model(x[:2]), y[:2]))
     executor.close()
-    nested = SwapPlan("hand", "user", ("encoder", "head"),
-                      (GpuPlan("gpu0", 0, HUGE, 0.0, (), ("encoder",)),))  # fmt: skip
+    nested = SwapPlan(
+        "hand", "user", ("encoder", "head"), (GpuPlan("gpu0", 0, HUGE, 0.0, (), ("encoder",)),)
+    )
     with pytest.raises(PipeswapError, match="contains layer 'encoder.0'"):
-        SwapExecutor(UserNet(), replace(nested, layers=("encoder", "encoder.0", "head")),
-                     layers=["encoder", "encoder.0", "head"])  # fmt: skip
+        SwapExecutor(
+            UserNet(),
+            replace(nested, layers=("encoder", "encoder.0", "head")),
+            layers=["encoder", "encoder.0", "head"],
+        )
 
 
 def _profile_and_plans(footprint_ratio: float) -> tuple[Any, dict[str, SwapPlan]]:
@@ -450,8 +463,13 @@ def test_cuda_swapping_is_transparent_and_saves_memory() -> None:
         model.to(device)
         layers = [str(i) for i in range(8)]
         gen = torch.Generator().manual_seed(3)
-        data = [(torch.randn(2048, 1024, generator=gen).to(device),
-                 torch.randint(0, 1024, (2048,), generator=gen).to(device)) for _ in range(3)]  # fmt: skip
+        data = [
+            (
+                torch.randn(2048, 1024, generator=gen).to(device),
+                torch.randint(0, 1024, (2048,), generator=gen).to(device),
+            )
+            for _ in range(3)
+        ]
         executor = None
         if kind is not None:
             x0, y0 = data[0]
@@ -469,6 +487,7 @@ def test_cuda_swapping_is_transparent_and_saves_memory() -> None:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         for x, y in data:
+
             def forward_loss(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
                 return nn.functional.cross_entropy(model(x), y)
 
@@ -502,16 +521,22 @@ def test_cuda_recompute_redraws_dropout_masks_and_saves_memory() -> None:
 
     def run(recompute: tuple[str, ...]) -> tuple[list[float], str, int]:
         torch.manual_seed(0)
-        model = nn.Sequential(*[
-            nn.Sequential(nn.Linear(1024, 1024), nn.Dropout(0.1), nn.GELU()) for _ in range(8)
-        ]).to(device)  # fmt: skip
+        model = nn.Sequential(
+            *[nn.Sequential(nn.Linear(1024, 1024), nn.Dropout(0.1), nn.GELU()) for _ in range(8)]
+        ).to(device)
         gen = torch.Generator().manual_seed(3)
-        data = [(torch.randn(2048, 1024, generator=gen).to(device),
-                 torch.randint(0, 1024, (2048,), generator=gen).to(device)) for _ in range(3)]  # fmt: skip
+        data = [
+            (
+                torch.randn(2048, 1024, generator=gen).to(device),
+                torch.randint(0, 1024, (2048,), generator=gen).to(device),
+            )
+            for _ in range(3)
+        ]
         total = torch.cuda.get_device_properties(device).total_memory
         gpu = GpuPlan("gpu0", 0, total, 0.0, (), recompute)
-        executor = SwapExecutor(model, SwapPlan("hand", "user", tuple(layers), (gpu,)),
-                                layers=layers)  # fmt: skip
+        executor = SwapExecutor(
+            model, SwapPlan("hand", "user", tuple(layers), (gpu,)), layers=layers
+        )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         losses = []
         torch.cuda.synchronize()

@@ -38,19 +38,28 @@ def test_footprint_ratio_divides_the_no_swap_peak(make_profile) -> None:
 
 
 def test_none_reports_the_failure_when_the_peak_does_not_fit(make_profile) -> None:
-    result = make_plan(make_profile([(4,), (2,), (3,)]), preset("switch-4"), policy="none",
-                       footprint_ratio=1.5)
+    result = make_plan(
+        make_profile([(4,), (2,), (3,)]), preset("switch-4"), policy="none", footprint_ratio=1.5
+    )
     assert not result.fits
     assert "does not fit" in result.notes["failure"]
     assert result.gpus[0].peak_bytes > result.budget_bytes
 
 
-@pytest.mark.parametrize("policy", ["oblivious", "disjoint", "bidirectional", "recompute",
-                                    "save-on-cpu", "hybrid", "mip", "auto"])
+@pytest.mark.parametrize(
+    "policy",
+    ["oblivious", "disjoint", "bidirectional", "recompute", "save-on-cpu", "hybrid", "mip", "auto"],
+)
 def test_exported_graph_reproduces_iteration_and_budget(make_profile, policy) -> None:
     profile = make_profile([(3, 1), (2,), (4, 2), (1,), (2, 2)], 0.1, 0.2, output_gb=0.5)
-    result = make_plan(profile, preset("switch-4"), policy=policy, footprint_ratio=1.7,
-                       sync_every=2, time_limit_s=5)
+    result = make_plan(
+        profile,
+        preset("switch-4"),
+        policy=policy,
+        footprint_ratio=1.7,
+        sync_every=2,
+        time_limit_s=5,
+    )
     graph = TaskGraph.from_json(result.graph.to_json())
     again = simulate(graph, preset("switch-4"), gpu_memory_bytes=result.budget_bytes)
     assert again.makespan_s == result.iteration_s
@@ -58,10 +67,14 @@ def test_exported_graph_reproduces_iteration_and_budget(make_profile, policy) ->
     result.plan.validate(profile)
     assert result.plan.predicted_iteration_s == result.iteration_s
     # The plan's recomputed layers are the graph's re-run tasks.
-    reruns = {t.id.split("/")[-1] for t in result.graph.tasks
-              if re.fullmatch(r"r\d+", t.id.split("/")[-1])}
-    assert reruns == {f"r{profile.layer_names.index(name)}" for g in result.plan.gpus
-                      for name in g.recompute}
+    reruns = {
+        t.id.split("/")[-1]
+        for t in result.graph.tasks
+        if re.fullmatch(r"r\d+", t.id.split("/")[-1])
+    }
+    assert reruns == {
+        f"r{profile.layer_names.index(name)}" for g in result.plan.gpus for name in g.recompute
+    }
     assert SwapPlan.from_json(result.plan.to_json()) == result.plan
 
 
@@ -69,13 +82,11 @@ def test_baselines_that_do_not_fit_say_so(make_profile) -> None:
     # Each layer keeps a 3 GB input for 3 GB of saved tensors: checkpointing every block
     # frees nothing, so it cannot fit a budget below the no-swap peak.
     profile = make_profile([()] + [(3,)] * 4, 0.1, 0.2, output_gb=3)
-    result = make_plan(profile, preset("switch-4"), policy="recompute", footprint_ratio=1.2,
-                       gpus=2)
+    result = make_plan(profile, preset("switch-4"), policy="recompute", footprint_ratio=1.2, gpus=2)
     assert not result.fits
     assert "every block recomputed" in result.notes["failure"]
     assert result.gpus[0].recomputed_layers == 5
-    hybrid = make_plan(profile, preset("switch-4"), policy="hybrid", footprint_ratio=1.2,
-                       gpus=2)
+    hybrid = make_plan(profile, preset("switch-4"), policy="hybrid", footprint_ratio=1.2, gpus=2)
     assert hybrid.fits and not any(g.recompute for g in hybrid.plan.gpus)
 
 
@@ -89,8 +100,9 @@ def test_unknown_policy_and_gpu_count_are_refused(make_profile) -> None:
 
 def test_plan_reports_both_bounds_and_records_its_profile(make_profile) -> None:
     profile = make_profile([(6,)] * 6, 0.25, 0.5)
-    result = make_plan(profile, preset("single-root-8"), policy="bidirectional",
-                       footprint_ratio=2.0)
+    result = make_plan(
+        profile, preset("single-root-8"), policy="bidirectional", footprint_ratio=2.0
+    )
     assert result.bound_s == max(result.lower_bound_s, result.turn_bound_s)
     assert result.turn_bound_s > result.lower_bound_s  # K=1: the turn bound is tighter here
     assert result.iteration_s >= result.bound_s

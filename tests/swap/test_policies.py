@@ -66,8 +66,9 @@ def test_bidirectional_beats_both_when_the_channel_is_saturated(make_profile) ->
 def test_every_plan_stays_within_its_budget(make_profile, policy, topology) -> None:
     profile = make_profile([(3, 1), (2,), (4, 2), (1,), (2, 2)], 0.1, 0.2, workspace_bytes=GB)
     ratio = 1.0 if policy == "none" else 1.6
-    result = make_plan(profile, preset(topology), policy=policy, footprint_ratio=ratio,
-                       sync_every=2)
+    result = make_plan(
+        profile, preset(topology), policy=policy, footprint_ratio=ratio, sync_every=2
+    )
     assert result.fits
     for gpu in result.gpus:
         assert gpu.peak_bytes <= gpu.budget_bytes
@@ -89,12 +90,18 @@ def test_save_on_cpu_swaps_every_tensor_after_its_layer_and_fetches_it_when_need
     make_profile,
 ) -> None:
     profile = make_profile([(3, 1), (2,), (4, 2)], 0.1, 0.2)
-    result = make_plan(profile, preset("switch-4"), policy="save-on-cpu", gpus=2,
-                       footprint_ratio=1.5)
+    result = make_plan(
+        profile, preset("switch-4"), policy="save-on-cpu", gpus=2, footprint_ratio=1.5
+    )
     assert result.fits
     for gpu in result.plan.gpus:
         assert {(s.layer, s.index) for s in gpu.swaps} == {
-            ("l0", 0), ("l0", 1), ("l1", 0), ("l2", 0), ("l2", 1)}
+            ("l0", 0),
+            ("l0", 1),
+            ("l1", 0),
+            ("l2", 0),
+            ("l2", 1),
+        }
         assert all(s.out_after == s.layer for s in gpu.swaps)
         following = {"l0": "l1", "l1": "l2", "l2": None}  # the last layer: at the turn
         assert all(s.prefetch_after == following[s.layer] for s in gpu.swaps)
@@ -103,8 +110,7 @@ def test_save_on_cpu_swaps_every_tensor_after_its_layer_and_fetches_it_when_need
 
 def test_recompute_checkpoints_every_block(make_profile) -> None:
     profile = make_profile([(3, 1), (2,), (4, 2)], 0.1, 0.2)
-    result = make_plan(profile, preset("switch-4"), policy="recompute", gpus=2,
-                       footprint_ratio=1.5)
+    result = make_plan(profile, preset("switch-4"), policy="recompute", gpus=2, footprint_ratio=1.5)
     assert result.fits
     assert all(g.recompute == ("l0", "l1", "l2") and not g.swaps for g in result.plan.gpus)
     # Three forwards again per micro-batch, nothing on the link: the unlimited no-swap
@@ -118,8 +124,9 @@ def test_hybrid_recomputes_where_the_link_is_the_bottleneck(make_profile) -> Non
     # bounds every swap-only plan; recomputing a forward of 0.25 s frees 6 GB.
     profile = make_profile([(6,)] * 6, 0.25, 0.5)
     common = dict(gpus=2, footprint_ratio=2.0, sync_every=4)
-    swap_only = min(make_plan(profile, preset("switch-4"), policy=p, **common).iteration_s
-                    for p in HEURISTICS)
+    swap_only = min(
+        make_plan(profile, preset("switch-4"), policy=p, **common).iteration_s for p in HEURISTICS
+    )
     hybrid = make_plan(profile, preset("switch-4"), policy="hybrid", **common)
     assert hybrid.iteration_s < swap_only / 1.1
     assert any(g.recompute for g in hybrid.plan.gpus)
@@ -127,15 +134,21 @@ def test_hybrid_recomputes_where_the_link_is_the_bottleneck(make_profile) -> Non
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_hybrid_never_slower_than_recompute_save_on_cpu_or_swap_only(make_profile,
-                                                                     seed) -> None:
+def test_hybrid_never_slower_than_recompute_save_on_cpu_or_swap_only(make_profile, seed) -> None:
     import random
 
     rng = random.Random(seed)
-    sizes = [tuple(rng.choice((0.5, 1, 2, 3)) for _ in range(rng.randint(1, 2)))
-             for _ in range(rng.randint(3, 6))]
-    profile = make_profile(sizes, rng.uniform(0.02, 0.3), rng.uniform(0.04, 0.6),
-                           workspace_bytes=GB // 4, output_gb=rng.choice((0.0, 0.5)))
+    sizes = [
+        tuple(rng.choice((0.5, 1, 2, 3)) for _ in range(rng.randint(1, 2)))
+        for _ in range(rng.randint(3, 6))
+    ]
+    profile = make_profile(
+        sizes,
+        rng.uniform(0.02, 0.3),
+        rng.uniform(0.04, 0.6),
+        workspace_bytes=GB // 4,
+        output_gb=rng.choice((0.0, 0.5)),
+    )
     topology = preset(rng.choice(("switch-4", "dual-root-8")))
     common = dict(footprint_ratio=rng.uniform(1.1, 1.6), sync_every=rng.randint(1, 3))
     hybrid = make_plan(profile, topology, policy="hybrid", **common)

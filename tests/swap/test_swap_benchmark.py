@@ -19,8 +19,10 @@ def test_quick_grid_report(tmp_path) -> None:
     assert bench.main(["--quick", "--out", str(out)]) == 0
     text = out.read_text()
     assert "mip slower than some swap-only heuristic: 0 of 4 cases" in text
-    assert "hybrid slower than recompute, save-on-cpu (where they fit) or any swap-only " \
+    assert (
+        "hybrid slower than recompute, save-on-cpu (where they fit) or any swap-only "
         "policy: 0 of 4 cases; auto: 0 (target 0)." in text
+    )
     assert "plans faster than a bound (would mean a bound is wrong): 0;" in text
     assert "GPUs over budget in simulation (plans that fit): 0." in text
     assert "0 of 32 give another iteration time, 0 put a GPU over its budget" in text

@@ -16,14 +16,21 @@ from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 
 def _plan(swaps: tuple[SwapDecision, ...]) -> SwapPlan:
     return SwapPlan(
-        policy="disjoint", model="toy", layers=("l0", "l1", "l2"),
-        gpus=(GpuPlan("gpu0", 0, 10**9, 0.5, swaps),), sync_every=2,
-        predicted_iteration_s=3.0, lower_bound_s=2.5, notes={"k": 1},
+        policy="disjoint",
+        model="toy",
+        layers=("l0", "l1", "l2"),
+        gpus=(GpuPlan("gpu0", 0, 10**9, 0.5, swaps),),
+        sync_every=2,
+        predicted_iteration_s=3.0,
+        lower_bound_s=2.5,
+        notes={"k": 1},
     )
 
 
 def test_round_trip_is_exact(make_profile, tmp_path) -> None:
-    plan = _plan((SwapDecision("l0", 1, 2 * 10**9, "l0", "l2"), SwapDecision("l1", 0, 10**9, "l1", None)))
+    plan = _plan(
+        (SwapDecision("l0", 1, 2 * 10**9, "l0", "l2"), SwapDecision("l1", 0, 10**9, "l1", None))
+    )
     path = tmp_path / "plan.json"
     plan.save(path)
     again = SwapPlan.load(path)
@@ -85,14 +92,18 @@ def test_a_plan_for_another_profile_is_refused_even_when_it_swaps_nothing(make_p
         check_plan_identity(plan, model, list(plan.layers), bigger)
     check_plan_identity(plan, model, list(plan.layers), dataclasses.replace(profile, seq_len=64))
     half = model.to(torch.float16)
-    with pytest.raises(PipeswapError, match="float32 profile but the model's parameters are float16"):
+    with pytest.raises(
+        PipeswapError, match="float32 profile but the model's parameters are float16"
+    ):
         check_plan_identity(plan, half, list(plan.layers), None)
 
 
 def test_recompute_round_trips_and_version_1_plans_still_load(make_profile) -> None:
     plan = dataclasses.replace(
         _plan((SwapDecision("l0", 0, 10**9, "l0", None),)),
-        gpus=(GpuPlan("gpu0", 0, 10**9, 0.0, (SwapDecision("l0", 0, 10**9, "l0", None),), ("l1",)),),
+        gpus=(
+            GpuPlan("gpu0", 0, 10**9, 0.0, (SwapDecision("l0", 0, 10**9, "l0", None),), ("l1",)),
+        ),
     )
     obj = plan.to_json()
     assert obj["gpus"][0]["recompute"] == ["l1"]
@@ -105,7 +116,11 @@ def test_recompute_round_trips_and_version_1_plans_still_load(make_profile) -> N
 
 @pytest.mark.parametrize(
     ("recompute", "message"),
-    [(("l7",), "the profile does not have"), (("l1", "l1"), "listed twice"), (("l0",), "drop the swap")],
+    [
+        (("l7",), "the profile does not have"),
+        (("l1", "l1"), "listed twice"),
+        (("l0",), "drop the swap"),
+    ],
 )
 def test_bad_recompute_is_refused(make_profile, recompute, message) -> None:
     gpu = GpuPlan("gpu0", 0, 10**9, 0.0, (SwapDecision("l0", 0, 10**9, "l0", None),), recompute)

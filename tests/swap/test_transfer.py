@@ -76,8 +76,14 @@ class FakeCuda:
         self.host_storages: set[int] = set()  # data pointers of host pool buffers
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for name in ("current_stream", "new_stream", "record_event", "use_stream",
-                     "wait_event", "wait_stream"):  # fmt: skip
+        for name in (
+            "current_stream",
+            "new_stream",
+            "record_event",
+            "use_stream",
+            "wait_event",
+            "wait_stream",
+        ):
             monkeypatch.setattr(transfer, name, getattr(self, name))
         monkeypatch.setattr(transfer, "_copy", self.copy)
         real_init = HostPool.__init__
@@ -152,7 +158,9 @@ def _events(fake: FakeCuda, stream: FakeStream) -> list[FakeEvent]:
     return [item[2] for item in fake.log if item[0] == "record" and item[1] is stream]
 
 
-def test_swap_out_waits_for_the_producer_and_keeps_the_bytes_until_its_event(fake: FakeCuda) -> None:
+def test_swap_out_waits_for_the_producer_and_keeps_the_bytes_until_its_event(
+    fake: FakeCuda,
+) -> None:
     moved, ledger, entries, tensors = _setup(fake, {"a": 256})
     entry = entries["a"]
     device_bytes = entry.device
@@ -316,12 +324,19 @@ def _train(kind: str | None) -> tuple[list[float], str, list[Any]]:
         records, _ = capture_records(model, lambda: model.loss(model(x0), y0))
         names = list(model.layer_names)
         decisions = [
-            SwapDecision(name, r.index, r.bytes, name,
-                         None if kind == "turn" else names[min(i + 1, len(names) - 1)])
-            for i, name in enumerate(names) for r in records[name]
-        ]  # fmt: skip
-        plan = SwapPlan(kind, model.name, tuple(names),
-                        (GpuPlan("gpu0", 0, 10**12, 0.0, tuple(decisions)),))  # fmt: skip
+            SwapDecision(
+                name,
+                r.index,
+                r.bytes,
+                name,
+                None if kind == "turn" else names[min(i + 1, len(names) - 1)],
+            )
+            for i, name in enumerate(names)
+            for r in records[name]
+        ]
+        plan = SwapPlan(
+            kind, model.name, tuple(names), (GpuPlan("gpu0", 0, 10**12, 0.0, tuple(decisions)),)
+        )
         executor = SwapExecutor(model, plan)
     losses, stats = [], []
     for x, y in batches:
@@ -358,7 +373,7 @@ def test_a_training_step_keeps_the_stream_rules_and_the_bits(
             assert stream is out and non_blocking
             before = [item for item in log[:i] if item[1] is out][-1:]
             assert before and before[0][0] in ("wait_stream", "wait_event")
-            assert ("wait_stream", out, cuda.compute) in log[max(0, i - 2):i]
+            assert ("wait_stream", out, cuda.compute) in log[max(0, i - 2) : i]
         elif non_blocking:  # a prefetch: ordered after compute, waited on before use
             assert stream is into and log[i - 1] == ("wait_stream", into, cuda.compute)
             assert log[i + 1][0] == "record" and id(log[i + 1][2]) in waited

@@ -116,12 +116,18 @@ def _dp_workload(
 ) -> Workload:
     # SGD with momentum: resident = weights, gradients and momentum = 3 * sum(params).
     profile = Profile(
-        "toy", 8, "float32", "estimate", "cpu", "sgd", sum(params),
+        "toy",
+        8,
+        "float32",
+        "estimate",
+        "cpu",
+        "sgd",
+        sum(params),
         tuple(
             LayerProfile(f"l{i}", forward, backward, p, 0, (SavedTensor(0, 100 * (i + 1)),))
             for i, p in enumerate(params)
         ),
-    )  # fmt: skip
+    )
     return workload_from_profile(profile, optimizer_step_s=update_s)
 
 

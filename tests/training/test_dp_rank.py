@@ -53,7 +53,9 @@ class UserJob:
 
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(1000 + index)
-        return torch.randn(self.batch_size, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen)
+        return torch.randn(self.batch_size, 16, generator=gen), torch.randint(
+            0, 5, (8,), generator=gen
+        )
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,14 @@ def _profile(name: str) -> Profile:
     job = JOBS.get(name) or RECOMPUTE_JOBS[name]
     if isinstance(job, UserJob):
         return _user_profile(job)
-    return measure(job.model, job.batch_size, seq_len=job.seq_len, image_size=job.image_size,
-                   warmup=0, repeats=1)  # fmt: skip
+    return measure(
+        job.model,
+        job.batch_size,
+        seq_len=job.seq_len,
+        image_size=job.image_size,
+        warmup=0,
+        repeats=1,
+    )
 
 
 def _plans(name: str, gpus: int, sync_every: int = 1) -> dict[str, SwapPlan]:
@@ -134,9 +142,14 @@ def _plans(name: str, gpus: int, sync_every: int = 1) -> dict[str, SwapPlan]:
     for policy in POLICIES:
         budget = peak if policy == "none" else (peak + smallest) // 2
         result = make_plan(
-            _profile(name), preset("switch-4"), policy=policy, gpus=gpus,
-            gpu_memory_bytes=budget, sync_every=sync_every, time_limit_s=10,
-        )  # fmt: skip
+            _profile(name),
+            preset("switch-4"),
+            policy=policy,
+            gpus=gpus,
+            gpu_memory_bytes=budget,
+            sync_every=sync_every,
+            time_limit_s=10,
+        )
         if result.fits and (name, policy) not in KNOWN_REFUSED:
             plans[policy] = result.plan  # a baseline that ignores the budget may not fit it
     return plans
@@ -152,8 +165,9 @@ KNOWN_REFUSED = {("user", "recompute")}
 def test_a_recompute_plan_whose_layers_keep_what_they_save_is_refused() -> None:
     workload = workload_from_profile(_profile("user"))
     budget = (workload.no_swap_peak_bytes() + workload.min_budget_bytes()) // 2
-    plan = make_plan(_profile("user"), preset("switch-4"), policy="recompute", gpus=1,
-                     gpu_memory_bytes=budget).plan  # fmt: skip
+    plan = make_plan(
+        _profile("user"), preset("switch-4"), policy="recompute", gpus=1, gpu_memory_bytes=budget
+    ).plan
     assert plan.gpus[0].recompute
     with pytest.raises(PipeswapError, match="with its swaps and recomputation a step needs"):
         train_rank(JOBS["user"], plan, SETTINGS, profile=_profile("user"))
@@ -194,14 +208,28 @@ def test_single_process_every_policy_matches_no_swapping(name: str) -> None:
 
 def test_single_process_report_has_every_field() -> None:
     plan = _plans("gpt2-tiny", 1)["disjoint"]
-    result = train_rank(JOBS["gpt2-tiny"], plan, replace(SETTINGS, steps=3), profile=_profile("gpt2-tiny"))
+    result = train_rank(
+        JOBS["gpt2-tiny"], plan, replace(SETTINGS, steps=3), profile=_profile("gpt2-tiny")
+    )
     config = TrainConfig("gpt2-tiny", batch=4, seq_len=32, steps=3).resolved()
-    payload = {"predicted_step_s": plan.predicted_iteration_s, "lower_bound_s": 0.0,
-               "topology": "switch-4"}  # fmt: skip
+    payload = {
+        "predicted_step_s": plan.predicted_iteration_s,
+        "lower_bound_s": 0.0,
+        "topology": "switch-4",
+    }
     report = build_report(config, plan, payload, [result])
     assert report["format"] == "pipeswap.train/2" and report["mode"] == "data-parallel"
-    for key in ("losses", "step_s", "params_sha256", "peak_resident_bytes", "budget_bytes",
-                "swapped_bytes", "late_fetches", "predicted_step_s", "measured_step_s"):  # fmt: skip
+    for key in (
+        "losses",
+        "step_s",
+        "params_sha256",
+        "peak_resident_bytes",
+        "budget_bytes",
+        "swapped_bytes",
+        "late_fetches",
+        "predicted_step_s",
+        "measured_step_s",
+    ):
         assert key in report
     assert report["losses"] == list(result.losses) == report["losses_per_rank"][0]
     assert report["predicted_step_s"] == plan.predicted_iteration_s > 0
@@ -212,10 +240,13 @@ def test_accumulation_changes_the_data_not_the_transparency() -> None:
     settings = replace(SETTINGS, sync_every=2)
     plans = _plans("gpt2-tiny", 1, sync_every=2)
     none = train_rank(JOBS["gpt2-tiny"], plans["none"], settings, profile=_profile("gpt2-tiny"))
-    swapped = train_rank(JOBS["gpt2-tiny"], plans["disjoint"], settings, profile=_profile("gpt2-tiny"))
+    swapped = train_rank(
+        JOBS["gpt2-tiny"], plans["disjoint"], settings, profile=_profile("gpt2-tiny")
+    )
     assert (none.losses, none.params_sha256) == (swapped.losses, swapped.params_sha256)
-    single = train_rank(JOBS["gpt2-tiny"], _plans("gpt2-tiny", 1)["none"], SETTINGS,
-                        profile=_profile("gpt2-tiny"))  # fmt: skip
+    single = train_rank(
+        JOBS["gpt2-tiny"], _plans("gpt2-tiny", 1)["none"], SETTINGS, profile=_profile("gpt2-tiny")
+    )
     assert single.params_sha256 != none.params_sha256  # two micro-batches per step: other data
     assert swapped.swapped_bytes == 2 * plans["disjoint"].gpus[0].swapped_bytes
 
@@ -233,18 +264,24 @@ def _hand_plan(name: str, kinds: Sequence[str]) -> SwapPlan:
     for rank, kind in enumerate(kinds):
         recompute = {"recompute": layers, "mixed": layers[::2]}.get(kind, [])
         swaps = tuple(
-            SwapDecision(layer.name, t.index, t.bytes, layer.name,
-                         layers[i + 1] if i + 1 < len(layers) else None)
+            SwapDecision(
+                layer.name,
+                t.index,
+                t.bytes,
+                layer.name,
+                layers[i + 1] if i + 1 < len(layers) else None,
+            )
             for i, layer in enumerate(profile.layers)
             if kind != "none" and layer.name not in recompute
             for t in layer.saved
-        )  # fmt: skip
+        )
         gpus.append(GpuPlan(f"gpu{rank}", rank, 10**12, 0.0, swaps, tuple(recompute)))
     return SwapPlan("+".join(kinds), profile.model, tuple(layers), tuple(gpus))
 
 
-def _check_recompute_results(by_case: dict[str, list[RankResult]], plans: dict[str, SwapPlan]
-                             ) -> None:  # fmt: skip
+def _check_recompute_results(
+    by_case: dict[str, list[RankResult]], plans: dict[str, SwapPlan]
+) -> None:
     """Every plan ends with the no-swap run's weights, buffers and losses, on every rank."""
     for label, ranks in by_case.items():
         name = label.split("/")[0]
@@ -275,12 +312,16 @@ def test_single_process_recompute_plans_match_no_swapping(name: str) -> None:
 
 def test_the_report_records_what_was_recomputed() -> None:
     plan = _hand_plan("gpt2-micro", ["mixed"])
-    result = train_rank(RECOMPUTE_JOBS["gpt2-micro"], plan, SETTINGS, profile=_profile("gpt2-micro"))
+    result = train_rank(
+        RECOMPUTE_JOBS["gpt2-micro"], plan, SETTINGS, profile=_profile("gpt2-micro")
+    )
     config = TrainConfig("gpt2-micro", batch=4, seq_len=32, steps=2).resolved()
     payload = {"predicted_step_s": 0.0, "lower_bound_s": 0.0, "topology": "switch-4"}
     report = build_report(config, plan, payload, [result])
     assert report["recompute"] == [list(plan.gpus[0].recompute)]
-    assert report["recomputed_layers"] == [len(plan.gpus[0].recompute)] == [result.recomputed_layers]
+    assert (
+        report["recomputed_layers"] == [len(plan.gpus[0].recompute)] == [result.recomputed_layers]
+    )
     assert report["recomputed_bytes"] == [result.recomputed_bytes] and result.recomputed_bytes > 0
     assert report["swapped_bytes"] == [plan.gpus[0].swapped_bytes]
 
@@ -292,8 +333,9 @@ def test_two_ranks_recompute_plans_match_no_swapping() -> None:
     kinds = [[k, k] for k in RECOMPUTE_KINDS] + [["recompute", "mixed"], ["save-on-cpu", "mixed"]]
     plans = {
         f"{name}/{'+'.join(pair) if pair[0] != pair[1] else pair[0]}": _hand_plan(name, pair)
-        for name in RECOMPUTE_JOBS for pair in kinds
-    }  # fmt: skip
+        for name in RECOMPUTE_JOBS
+        for pair in kinds
+    }
     cases = [
         (label, RECOMPUTE_JOBS[label.split("/")[0]], plan, SETTINGS, _profile(label.split("/")[0]))
         for label, plan in plans.items()
@@ -309,8 +351,9 @@ def test_two_ranks_recompute_plans_match_no_swapping() -> None:
 
 
 # ---- several ranks (gloo) ---------------------------------------------------------------
-def _rank_cases(rank: int, nproc: int, cases: list[tuple[str, Any, SwapPlan, TrainSettings, Profile]]
-                ) -> list[tuple[str, RankResult]]:  # fmt: skip
+def _rank_cases(
+    rank: int, nproc: int, cases: list[tuple[str, Any, SwapPlan, TrainSettings, Profile]]
+) -> list[tuple[str, RankResult]]:
     torch.set_num_threads(1)
     return [
         (label, train_rank(job, plan, settings, rank=rank, world_size=nproc, profile=profile))
@@ -331,7 +374,9 @@ def test_two_ranks_every_policy_every_model_match_no_swapping() -> None:
     accumulate = replace(SETTINGS, sync_every=2)
     for policy, plan in _plans("gpt2-tiny", 2, sync_every=2).items():
         if policy in ("none", "bidirectional"):
-            cases.append((f"k2/{policy}", JOBS["gpt2-tiny"], plan, accumulate, _profile("gpt2-tiny")))
+            cases.append(
+                (f"k2/{policy}", JOBS["gpt2-tiny"], plan, accumulate, _profile("gpt2-tiny"))
+            )
     launched = spawn(_rank_cases, 2, cases, timeout_s=60)
     assert launched.ok, launched.exit_codes
     by_case: dict[str, list[RankResult]] = {}
@@ -359,8 +404,9 @@ def test_a_plan_one_rank_cannot_keep_fails_every_rank_without_a_hang() -> None:
     plan = _plans("gpt2-tiny", 2)["disjoint"]
     squeezed = GpuPlan(plan.gpus[1].gpu, 1, 1000, 0.0, plan.gpus[1].swaps)  # rank 1 only
     bad = replace(plan, gpus=(plan.gpus[0], squeezed))
-    launched = spawn(_failing_rank, 2, JOBS["gpt2-tiny"], bad, _profile("gpt2-tiny"),
-                     timeout_s=30, grace_s=20)  # fmt: skip
+    launched = spawn(
+        _failing_rank, 2, JOBS["gpt2-tiny"], bad, _profile("gpt2-tiny"), timeout_s=30, grace_s=20
+    )
     assert launched.exit_codes == (2, 2)  # both raised PipeswapError
     assert not launched.killed and launched.elapsed_s < 30
 
@@ -370,14 +416,21 @@ def test_a_plan_one_rank_cannot_keep_fails_every_rank_without_a_hang() -> None:
 def test_cuda_single_rank_matches_no_swapping_and_reports_allocator_peak() -> None:
     # Activations well above the weights, so the step's peak is where swapping acts.
     job = ZooJob("gpt2-tiny", 16, seq_len=256)
-    profile = measure("gpt2-tiny", job.batch_size, seq_len=job.seq_len, device="cuda",
-                      warmup=0, repeats=1)  # fmt: skip
+    profile = measure(
+        "gpt2-tiny", job.batch_size, seq_len=job.seq_len, device="cuda", warmup=0, repeats=1
+    )
     settings = TrainSettings(steps=3, device="cuda")
     results = {}
     for policy in ("none", "oblivious"):
         ratio = 1.0 if policy == "none" else 2.0
-        plan = make_plan(profile, preset("switch-4"), policy=policy, gpus=1,
-                         footprint_ratio=ratio, time_limit_s=20).plan  # fmt: skip
+        plan = make_plan(
+            profile,
+            preset("switch-4"),
+            policy=policy,
+            gpus=1,
+            footprint_ratio=ratio,
+            time_limit_s=20,
+        ).plan
         results[policy] = train_rank(job, plan, settings, profile=profile)
     plain, swapped = results["none"], results["oblivious"]
     assert (swapped.losses, swapped.params_sha256) == (plain.losses, plain.params_sha256)

@@ -64,31 +64,59 @@ def test_data_parallel_still_refuses_another_model_or_batch(
 def test_data_parallel_trains_with_a_matching_profile(tmp_path: Path) -> None:
     path = _profile(tmp_path, "gpt2-micro", 4, seq_len=64)
     report = tmp_path / "r.json"
-    argv = ["train", *GPT_DP, "--device", "cpu", "--steps", "1", "--profile", path,
-            "--report", str(report)]  # fmt: skip
+    argv = [
+        "train",
+        *GPT_DP,
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--profile",
+        path,
+        "--report",
+        str(report),
+    ]
     assert main(argv) == 0
     assert json.loads(report.read_text())["seq_len"] == 64
 
 
-PIPE = ["--model", "gpt2-micro", "--batch", "4", "--seq-len", "16", "--pipeline", "2",
-        "--emulate"]  # fmt: skip
+PIPE = ["--model", "gpt2-micro", "--batch", "4", "--seq-len", "16", "--pipeline", "2", "--emulate"]
 
 
 @pytest.mark.parametrize(
     "model, batch, seq_len, message",
     [
-        ("bert-micro", 4, 16, "{path} profiles bert-micro but this run trains gpt2-micro; "
-         "profile this run or drop --profile"),
-        ("gpt2-micro", 8, 16, "{path} profiles batch 8 but this run has --batch 4; "
-         "profile this run or drop --profile"),
-        ("gpt2-micro", 4, 64, "{path} profiles seq_len 64 but this run has --seq-len 16; "
-         "profile this run or drop --profile"),
+        (
+            "bert-micro",
+            4,
+            16,
+            "{path} profiles bert-micro but this run trains gpt2-micro; "
+            "profile this run or drop --profile",
+        ),
+        (
+            "gpt2-micro",
+            8,
+            16,
+            "{path} profiles batch 8 but this run has --batch 4; "
+            "profile this run or drop --profile",
+        ),
+        (
+            "gpt2-micro",
+            4,
+            64,
+            "{path} profiles seq_len 64 but this run has --seq-len 16; "
+            "profile this run or drop --profile",
+        ),
     ],
 )
 def test_pipeline_refuses_a_profile_of_another_model_batch_or_shape(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], model: str, batch: int, seq_len: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    model: str,
+    batch: int,
+    seq_len: int,
     message: str,
-) -> None:  # fmt: skip
+) -> None:
     path = _profile(tmp_path, model, batch, seq_len=seq_len)
     assert message.format(path=path) in _refused([*PIPE, "--profile", path], capsys)
 
@@ -124,8 +152,12 @@ def test_pipeline_partitions_with_a_matching_profile(tmp_path: Path) -> None:
 
     path = _profile(tmp_path, "gpt2-micro", 4, seq_len=16)
     config = TrainConfig(
-        model="gpt2-micro", batch=4, seq_len=16, device="cpu", profile_path=path,
+        model="gpt2-micro",
+        batch=4,
+        seq_len=16,
+        device="cpu",
+        profile_path=path,
         pipeline=PipelineOptions(stages=2, emulate=True),
-    ).resolved()  # fmt: skip
+    ).resolved()
     pipeline = pipeline_config(config)
     assert sum(pipeline.balance) == 4 and len(pipeline.balance) == 2

@@ -20,10 +20,36 @@ from pipeswap.dist.faults import FAULT_ENV
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
-DP = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--device", "cpu",
-      "--swap-policy", "disjoint", "--footprint-ratio", "1.2"]  # fmt: skip
-PIPE = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--pipeline", "4",
-        "--schedule", "async-1f1b", "--weights", "spectrain"]  # fmt: skip
+DP = [
+    "train",
+    "--model",
+    "gpt2-micro",
+    "--seq-len",
+    "16",
+    "--batch",
+    "4",
+    "--device",
+    "cpu",
+    "--swap-policy",
+    "disjoint",
+    "--footprint-ratio",
+    "1.2",
+]
+PIPE = [
+    "train",
+    "--model",
+    "gpt2-micro",
+    "--seq-len",
+    "16",
+    "--batch",
+    "4",
+    "--pipeline",
+    "4",
+    "--schedule",
+    "async-1f1b",
+    "--weights",
+    "spectrain",
+]
 
 
 def _report(path: Path) -> dict[str, Any]:
@@ -45,7 +71,9 @@ def test_data_parallel_rank_killed_then_resumed_ends_as_if_left_alone(
     assert main([*run, *ckpt]) == 1
     assert "rank 1 was killed by SIGKILL" in capsys.readouterr().err
     monkeypatch.delenv(FAULT_ENV)
-    assert main([*run, "--resume", str(tmp_path / "ckpt"), "--report", str(tmp_path / "r.json")]) == 0
+    assert (
+        main([*run, "--resume", str(tmp_path / "ckpt"), "--report", str(tmp_path / "r.json")]) == 0
+    )
     _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
     # Another world size, or another model, is refused with the field that differs.
     assert main([*DP, "--steps", "8", "--resume", str(tmp_path / "ckpt")]) == 2
@@ -61,13 +89,17 @@ def test_sigterm_writes_a_checkpoint_and_the_resumed_run_ends_as_if_left_alone(
     env[FAULT_ENV] = "0:4:SIGTERM"  # SIGTERM arrives during step 4 (counted from 0)
     done = subprocess.run(
         [sys.executable, "-m", "pipeswap", *run, "--checkpoint-dir", str(tmp_path / "ckpt")],
-        env=env, capture_output=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
     err = done.stderr.decode()
     assert done.returncode == 143, err[-2000:]
     assert "stopped by SIGTERM after step 5" in err and "Traceback" not in err
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-00000005"]
-    assert main([*run, "--resume", str(tmp_path / "ckpt"), "--report", str(tmp_path / "r.json")]) == 0
+    assert (
+        main([*run, "--resume", str(tmp_path / "ckpt"), "--report", str(tmp_path / "r.json")]) == 0
+    )
     _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
 
 
@@ -76,7 +108,9 @@ def test_emulated_async_pipeline_resumes_from_its_checkpoint(tmp_path: Path) -> 
     assert main([*run, "--report", str(tmp_path / "alone.json")]) == 0
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "4"]
     assert main([*run, *ckpt]) == 0
-    assert main([*run, "--resume", str(tmp_path / "ckpt"), "--report", str(tmp_path / "r.json")]) == 0
+    assert (
+        main([*run, "--resume", str(tmp_path / "ckpt"), "--report", str(tmp_path / "r.json")]) == 0
+    )
     _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
 
 
