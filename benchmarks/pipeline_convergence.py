@@ -17,7 +17,7 @@ runtime): all stages in one process, one thread. Two tasks, each at K = 4 and 8 
   ResNet of 6 basic blocks (widths 8-16-32; stem + 6 blocks + head = 8 layers).
 
 The zoo's small models have 6 layers or fewer, too few for 8 stages, so these two are
-built here (``PipelineConfig.model`` takes ``module:function``). Modes: synchronous
+built here (``TrainConfig.model`` takes ``module:function``). Modes: synchronous
 ``1f1b`` (the reference), and ``async-1f1b`` with ``stale``, ``stash`` and the optimizer's
 prediction (``spectrain`` for SGD with momentum, ``predict-adam`` for Adam). Every run
 trains the same samples (``steps x batch``), and seeds 0, 1, 2 change both the initial
@@ -56,7 +56,7 @@ MODULE = "pipeline_convergence"
 PLATEAU_MARGIN = 0.05
 
 
-# ---- models (module:function factories for PipelineConfig.model) -----------------------
+# ---- models (module:function factories for TrainConfig.model) --------------------------
 def gpt_8_blocks() -> Any:
     """A GPT of 8 blocks, hidden 64, byte vocabulary, untied head (10 layers)."""
     from pipeswap.models.gpt import GPTConfig, build_gpt
@@ -195,27 +195,34 @@ def even_balance(layers: int, stages: int) -> tuple[int, ...]:
 
 
 def _config(setting: Setting, mode: Mode, seed: int) -> Any:
+    from pipeswap.optim import OptimizerConfig
     from pipeswap.pipeline.config import PipelineConfig
+    from pipeswap.train_config import TrainConfig
 
     task = setting.task
-    return PipelineConfig(
-        task.model,
-        even_balance(task.layers, setting.stages),
-        schedule=mode.schedule,
-        weights=mode.weights,
+    optim = OptimizerConfig(
         optimizer=mode.optimizer,
         lr=setting.lr(mode.optimizer),
         momentum=0.9,
-        batch=task.batch,
+        lr_warmup=setting.lr_warmup,
+    )
+    pipeline = PipelineConfig(
+        balance=even_balance(task.layers, setting.stages),
+        schedule=mode.schedule,
+        weights=mode.weights,
         micro_batches=1,
+        eval_batches=task.eval_batches,
+        distances=setting.distances,
+    )
+    return TrainConfig(
+        task.model,
+        batch=task.batch,
         steps=task.steps,
         seq_len=task.seq_len,
         image_size=task.image_size,
         seed=seed,
-        data_seed=seed,
-        eval_batches=task.eval_batches,
-        distances=setting.distances,
-        lr_warmup=setting.lr_warmup,
+        optim=optim,
+        pipeline=pipeline,
     )
 
 

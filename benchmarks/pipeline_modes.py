@@ -66,10 +66,12 @@ ROWS = (
 
 
 def config_of(setting: Setting, row: Row, seed: int) -> Any:
+    from pipeswap.config import replace_fields
+
     config = _config(setting, row.mode, seed)
     # Adam's learning rate for AdamW too (nesterov): the same step size as the Adam rows.
     lr = setting.lr("adam" if row.mode.optimizer == "adamw" else row.mode.optimizer)
-    return dataclasses.replace(config, momentum=row.momentum, lr=lr)
+    return replace_fields(config, momentum=row.momentum, lr=lr)
 
 
 def run_one(job: tuple[Setting, Row, int]) -> dict[str, Any]:
@@ -93,9 +95,10 @@ def run_one(job: tuple[Setting, Row, int]) -> dict[str, Any]:
 
 def weight_copies(row: Row, stages: int) -> int:
     from pipeswap.pipeline.partition import extra_weight_copies
+    from pipeswap.pipeline.schedule_kinds import schedule_kind
 
     in_flight = stages - 1 if row.mode.schedule == "async-1f1b" else 1
-    if row.mode.schedule == "1f1b":
+    if not schedule_kind(row.mode.schedule).asynchronous:
         return 0
     return extra_weight_copies(row.mode.weights, in_flight, row.mode.schedule)
 

@@ -9,7 +9,7 @@ Two ranks start once (pipeswap.dist.launch.spawn); inside them every variant tra
 the same model on the same data with SGD with momentum, one intra-op thread per process:
 
 - ours: ``async-1f1b`` (SpecTrain prediction, and stale weights), ``1f1b`` and ``gpipe``
-  through pipeswap.pipeline.runtime.run_rank;
+  through pipeswap.pipeline.runtime.run_stage_rank;
 - torch.distributed.pipelining ``Schedule1F1B`` and ``ScheduleGPipe`` (PipelineStage
   built with explicit shapes, as gloo needs);
 - one process (rank 0 alone; rank 1 waits): the whole model, 1 thread and 2 threads.
@@ -67,26 +67,29 @@ VARIANTS = (
 
 
 def _config(setting: Setting, variant: str) -> Any:
+    from pipeswap.config import replace_fields
+    from pipeswap.optim import OptimizerConfig
     from pipeswap.pipeline.config import PipelineConfig
+    from pipeswap.train_config import TrainConfig
 
-    sync = PipelineConfig(
+    sync = TrainConfig(
         setting.model,
-        setting.balance,
-        schedule="1f1b",
-        weights="stale",
-        optimizer="sgd",
-        lr=0.05,
-        momentum=0.9,
         batch=setting.unit * setting.micro,
-        micro_batches=setting.micro,
         steps=setting.steps,
         seq_len=setting.seq_len,
-        eval_batches=0,
         timeout_s=120.0,
+        optim=OptimizerConfig(optimizer="sgd", lr=0.05, momentum=0.9),
+        pipeline=PipelineConfig(
+            balance=setting.balance,
+            schedule="1f1b",
+            weights="stale",
+            micro_batches=setting.micro,
+            eval_batches=0,
+        ),
     )
     if "async" in variant:
         weights = "spectrain" if "spectrain" in variant else "stale"
-        return dataclasses.replace(
+        return replace_fields(
             sync,
             schedule="async-1f1b",
             weights=weights,
@@ -95,14 +98,14 @@ def _config(setting: Setting, variant: str) -> Any:
             steps=setting.steps * setting.micro,
         )
     if "gpipe" in variant.lower():
-        return dataclasses.replace(sync, schedule="gpipe")
+        return replace_fields(sync, schedule="gpipe")
     return sync
 
 
 def _ours(setting: Setting, variant: str) -> float | None:
-    from pipeswap.pipeline.runtime import run_rank
+    from pipeswap.pipeline.runtime import run_stage_rank
 
-    result = run_rank(_config(setting, variant))
+    result = run_stage_rank(_config(setting, variant))
     return None if result is None else result.samples_per_s
 
 
@@ -112,20 +115,21 @@ def _torch_schedule(setting: Setting, variant: str, rank: int, world: int) -> fl
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from pipeswap.dist.group import single_threaded
-    from pipeswap.pipeline.config import BatchSource, build_full_model
+    from pipeswap.pipeline.job import BatchSource, build_full_model
 
     config = _config(setting, variant)
     with single_threaded():
         model = build_full_model(config)
-        start = sum(config.balance[:rank])
-        module = model.stage(start, start + config.balance[rank])
+        balance = config.require_pipeline().stage_balance
+        start = sum(balance[:rank])
+        module = model.stage(start, start + balance[rank])
         data = BatchSource(config, model)
         x, _ = data.batch(0)
         micro = x[: config.micro_batch_size]
         # Shapes up front: gloo cannot complete the shape-inference exchange (notes.md);
         # the later stage's example input must require grad or no input gradient is sent.
         with torch.no_grad():
-            boundary = model.stage(0, config.balance[0])(micro)
+            boundary = model.stage(0, balance[0])(micro)
             logits = model(micro)
         boundary.requires_grad_(True)
         stage = PipelineStage(
@@ -137,10 +141,8 @@ def _torch_schedule(setting: Setting, variant: str, rank: int, world: int) -> fl
             output_args=boundary if rank == 0 else logits,
         )
         kind = Schedule1F1B if "1F1B" in variant else ScheduleGPipe
-        schedule = kind(stage, config.micro_batches, loss_fn=model.loss)
-        optimizer = torch.optim.SGD(
-            module.parameters(), lr=config.lr, momentum=config.momentum, foreach=False
-        )
+        schedule = kind(stage, config.require_pipeline().micro_batch_count, loss_fn=model.loss)
+        optimizer = config.optim.build(module.parameters())
         dist.barrier()
         started = time.perf_counter()
         for step in range(config.steps):
@@ -159,7 +161,7 @@ def _torch_schedule(setting: Setting, variant: str, rank: int, world: int) -> fl
 def _single(setting: Setting, threads: int) -> float:
     import torch
 
-    from pipeswap.pipeline.config import BatchSource, build_full_model
+    from pipeswap.pipeline.job import BatchSource, build_full_model
 
     config = _config(setting, "1f1b")
     previous = torch.get_num_threads()
@@ -167,16 +169,15 @@ def _single(setting: Setting, threads: int) -> float:
     try:
         model = build_full_model(config)
         data = BatchSource(config, model)
-        optimizer = torch.optim.SGD(
-            model.parameters(), lr=config.lr, momentum=config.momentum, foreach=False
-        )
+        optimizer = config.optim.build(model.parameters())
+        micro_batches = config.require_pipeline().micro_batch_count
         size = config.micro_batch_size
         started = time.perf_counter()
         for step in range(config.steps):
             inputs, targets = data.batch(step)
-            for m in range(config.micro_batches):
+            for m in range(micro_batches):
                 chunk = slice(m * size, (m + 1) * size)
-                loss = model.loss(model(inputs[chunk]), targets[chunk]) / config.micro_batches
+                loss = model.loss(model(inputs[chunk]), targets[chunk]) / micro_batches
                 loss.backward()
             optimizer.step()
             optimizer.zero_grad()

@@ -42,6 +42,7 @@ from pipeswap.hardware.topology import Topology
 from pipeswap.jsonio import write_atomic
 from pipeswap.pipeline.partition import partition
 from pipeswap.pipeline.schedule import build_schedule
+from pipeswap.pipeline.schedule_kinds import SCHEDULE_NAMES, schedule_kind
 from pipeswap.pipeline.taskgraph import pipeline_graph
 from pipeswap.profile import Profile, SavedTensor
 from pipeswap.profiling import estimate
@@ -57,7 +58,7 @@ RESULTS = RESULTS_DIR / "pipeline_throughput_sim.md"
 MODELS = ("vgg16", "resnet152", "gpt2-medium")
 GPUS = ("v100-32gb", "rtx2080ti")
 TOPOLOGIES = ("switch-4", "single-root-8")
-PIPELINES = ("gpipe", "1f1b", "async-1f1b", "2bw")
+PIPELINES = SCHEDULE_NAMES
 # Weight mode each schedule runs with here (its extra weight memory follows from it).
 WEIGHT_MODES = {"gpipe": "stale", "1f1b": "stale", "async-1f1b": "spectrain", "2bw": "stash"}
 # SGD with momentum reads weight, gradient and momentum and writes weight and momentum.
@@ -156,7 +157,7 @@ def pipeline_rate(
     """A schedule over every GPU of ``topology`` at ``batch`` samples per unit, halving the
     batch until some cut fits every stage in memory; also the balance the partitioner chose."""
     n = len(topology.gpus)
-    micro = 1 if schedule_name == "async-1f1b" else n
+    micro = schedule_kind(schedule_name).default_micro_batches(n)
     weights = WEIGHT_MODES[schedule_name]
     while batch >= 1:
         profile = scaled(estimate(model, batch, gpu=gpu), micro)

@@ -9,8 +9,9 @@ The names a user trains with, from one import (each is documented where it lives
     plan = pipeswap.make_plan(profile, pipeswap.preset("switch-4"), policy="auto", gpus=2,
                               footprint_ratio=1.5).plan
     with pipeswap.SwapExecutor(model, plan) as executor: ...         # swap in your own loop
-    result = pipeswap.Emulator(pipeswap.PipelineConfig("gpt2-tiny", (3, 3), seq_len=64)).run()
     outcome = pipeswap.train(pipeswap.TrainConfig("gpt2-tiny", steps=5))   # what the CLI runs
+    pipe = pipeswap.PipelineConfig(stages=2, schedule="async-1f1b", weights="spectrain")
+    outcome = pipeswap.train(pipeswap.TrainConfig("gpt2-tiny", steps=5, pipeline=pipe))
 
 Everything else lives in its subpackage (``pipeswap.sim``, ``pipeswap.swap``,
 ``pipeswap.pipeline``, ``pipeswap.profiling``, ``pipeswap.hardware``, ``pipeswap.dist``).
@@ -36,16 +37,20 @@ _PUBLIC = {
     "make_plan": "pipeswap.swap.planner",
     "SwapExecutor": "pipeswap.swap.executor",
     "PipelineConfig": "pipeswap.pipeline.config",
-    "Emulator": "pipeswap.pipeline.emulator",
-    "TrainConfig": "pipeswap.training.config",
+    "SwapConfig": "pipeswap.swap.config",
+    "OptimizerConfig": "pipeswap.optim",
+    "CheckpointConfig": "pipeswap.checkpoint",
+    "TrainConfig": "pipeswap.train_config",
     "train": "pipeswap.training.run",
 }
 
 __all__ = [
-    "Emulator",
+    "CheckpointConfig",
+    "OptimizerConfig",
     "PipelineConfig",
     "PipeswapError",
     "Profile",
+    "SwapConfig",
     "SwapExecutor",
     "TrainConfig",
     "__version__",
@@ -59,17 +64,19 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from pipeswap.checkpoint import CheckpointConfig
     from pipeswap.hardware.presets import preset
     from pipeswap.models.load import adapt
     from pipeswap.models.registry import build_model
+    from pipeswap.optim import OptimizerConfig
     from pipeswap.pipeline.config import PipelineConfig
-    from pipeswap.pipeline.emulator import Emulator
     from pipeswap.profile import Profile
     from pipeswap.profiling.estimate import estimate
     from pipeswap.profiling.measure import measure
+    from pipeswap.swap.config import SwapConfig
     from pipeswap.swap.executor import SwapExecutor
     from pipeswap.swap.planner import make_plan
-    from pipeswap.training.config import TrainConfig
+    from pipeswap.train_config import TrainConfig
     from pipeswap.training.run import train
 
 

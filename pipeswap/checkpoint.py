@@ -1,7 +1,8 @@
 """Checkpoints: one file per rank and a manifest, written atomically; the newest complete set wins.
 
-Layout of ``--checkpoint-dir DIR``::
+Layout of a checkpoint directory ``DIR``::
 
+    DIR/.lock                         # held by the live run writing here (flock)
     DIR/step-00000010/manifest.json   # written first: identity and the files that make the set
     DIR/step-00000010/rank-0.pt       # each rank's state after optimizer step 10 (torch.save)
     DIR/step-00000010/rank-1.pt
@@ -11,27 +12,74 @@ file is written to a temporary name and renamed, so a rank killed while writing 
 the set incomplete and :func:`latest_complete` passes it over. The manifest's
 ``identity`` (model, mode, world size, schedule, ... and the pipeswap version) must
 equal the resuming run's, or :func:`check_identity` names the difference.
+
+A checkpoint is input, never code: rank files are read with ``torch.load(...,
+weights_only=True)`` (tensors and plain data only). Every rank file carries the run's id,
+its rank, its step and the run's identity, and is refused unless they match its
+manifest's, so a set mixed from two runs, or one run's files moved under another's step,
+is never resumed. Only one live run writes to a directory: :func:`hold_directory` takes
+an exclusive lock that the kernel releases when the run ends, however it ends.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import os
+import pickle
 import random
 import re
 import signal
 import threading
-from dataclasses import dataclass
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pipeswap.config import option, require
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import dump_json, load_json, write_atomic
 
-CHECKPOINT_FORMAT = "pipeswap.checkpoint/1"
+CHECKPOINT_FORMAT = "pipeswap.checkpoint/2"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Where a run writes checkpoints, how often, and which one it continues from."""
+
+    checkpoint_dir: str | None = option(
+        None,
+        metavar="DIR",
+        help="write checkpoints here (every {checkpoint_every} steps, and on SIGTERM)",
+    )
+    checkpoint_every: int = option(
+        0, metavar="N", help="steps between checkpoints (0: only when stopped by SIGTERM)"
+    )
+    resume: str | None = option(
+        None, metavar="DIR", help="continue from the newest complete checkpoint in DIR"
+    )
+
+    def __post_init__(self) -> None:
+        require(
+            self.checkpoint_every >= 0,
+            f"{{checkpoint_every}} is {self.checkpoint_every}; use a number of steps (0: only "
+            "when stopped by SIGTERM)",
+        )
+        for name, value in (("checkpoint_dir", self.checkpoint_dir), ("resume", self.resume)):
+            require(value != "", f"{{{name}}} is empty; name a directory")
+
+    @property
+    def target(self) -> str | None:
+        """Where the run writes checkpoints: ``checkpoint_dir``, else the ``resume`` folder
+        when ``checkpoint_every`` asks for more."""
+        if self.checkpoint_dir is not None:
+            return self.checkpoint_dir
+        return self.resume if self.checkpoint_every else None
 
 
 @dataclass(frozen=True)
@@ -42,6 +90,8 @@ class CheckpointPlan:
     every: int  # optimizer steps between checkpoints (0: only when stopped by SIGTERM)
     identity: dict[str, Any]
     world_size: int
+    # One id per run, the same on every rank (pipeswap.training agrees on rank 0's).
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def due(self, done: int, steps: int) -> bool:
         """Checkpoint after ``done`` optimizer steps? (Never after the last one.)"""
@@ -89,6 +139,7 @@ def write_manifest(plan: CheckpointPlan, done: int) -> None:
         {
             "format": CHECKPOINT_FORMAT,
             "step": done,
+            "run": plan.run_id,
             "identity": plan.identity,
             "files": [f"rank-{r}.pt" for r in range(plan.world_size)],
         },
@@ -96,17 +147,20 @@ def write_manifest(plan: CheckpointPlan, done: int) -> None:
 
 
 def save_rank(plan: CheckpointPlan, done: int, rank: int, state: dict[str, Any]) -> None:
-    """Write this rank's ``state`` after ``done`` steps, atomically."""
+    """Write this rank's ``state`` after ``done`` steps, atomically, stamped with the run."""
+    stamped = {"run": plan.run_id, "rank": rank, "step": done, "identity": plan.identity}
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    torch.save({**stamped, "state": state}, buffer)
     write_atomic(step_dir(plan.directory, done) / f"rank-{rank}.pt", buffer.getvalue())
 
 
 def latest_complete(directory: str | os.PathLike[str]) -> tuple[int, dict[str, Any]] | None:
     """The newest step whose manifest and rank files all exist, with its manifest."""
     root = Path(directory)
-    if not root.is_dir():
-        raise PipeswapError(f"--resume {directory}: no such directory; give a --checkpoint-dir")
+    require(
+        root.is_dir(),
+        f"{{resume}} {directory}: no such directory; give a {{checkpoint_dir}} a run wrote",
+    )
     steps = sorted(
         (int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))),
         reverse=True,
@@ -115,10 +169,15 @@ def latest_complete(directory: str | os.PathLike[str]) -> tuple[int, dict[str, A
         folder = step_dir(root, done)
         if not (folder / "manifest.json").is_file():
             continue
-        manifest = load_json(folder / "manifest.json", CHECKPOINT_FORMAT)
+        manifest = _manifest(folder)
         if all((folder / name).is_file() for name in manifest.get("files", [])):
             return done, manifest
     return None
+
+
+def _manifest(folder: Path) -> dict[str, Any]:
+    manifest: dict[str, Any] = load_json(folder / "manifest.json", CHECKPOINT_FORMAT)
+    return manifest
 
 
 def check_identity(manifest: dict[str, Any], identity: dict[str, Any], where: str) -> None:
@@ -133,13 +192,71 @@ def check_identity(manifest: dict[str, Any], identity: dict[str, Any], where: st
 
 
 def load_rank(directory: str | os.PathLike[str], done: int, rank: int) -> dict[str, Any]:
-    """This rank's state from the set of step ``done``."""
-    path = step_dir(directory, done) / f"rank-{rank}.pt"
+    """This rank's state from the set of step ``done``, refused unless it is that set's.
+
+    Only tensors and plain data are read (``weights_only``): a file crafted to run code
+    fails to load instead.
+    """
+    folder = step_dir(directory, done)
+    path = folder / f"rank-{rank}.pt"
     try:
-        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise PipeswapError(f"cannot read checkpoint {path}: {exc}") from None
+        stamped = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PipeswapError(
+            f"cannot read checkpoint {path} ({first}); it holds more than tensors and plain "
+            "data, or is damaged: resume from another checkpoint or start afresh"
+        ) from None
+    manifest = _manifest(folder)
+    expected = {"run": manifest.get("run"), "rank": rank, "step": done}
+    found = {key: stamped.get(key) if isinstance(stamped, dict) else None for key in expected}
+    if found != expected or stamped.get("identity") != manifest.get("identity"):
+        raise PipeswapError(
+            f"checkpoint {path} does not belong to the set of {folder} (its run, rank, step "
+            f"or settings differ from the manifest's: {found} vs {expected}); a set mixed "
+            "from two runs cannot resume: resume from a set one run wrote, or start afresh"
+        )
+    state: dict[str, Any] = stamped["state"]
     return state
+
+
+@contextlib.contextmanager
+def hold_directory(directory: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Hold ``directory`` for this run: refuse it while another live run writes there.
+
+    The lock is an ``flock`` on ``DIR/.lock``, released by the kernel when this process
+    ends, so a crashed or killed run never leaves the directory locked. None: no lock.
+    """
+    if directory is None:
+        yield
+        return
+    root = Path(directory)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        handle = open(root / ".lock", "a+")  # held until the run ends
+    except OSError as exc:
+        raise PipeswapError(
+            f"cannot write checkpoints to {directory}: {exc.strerror or exc}; choose another "
+            "directory"
+        ) from None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise PipeswapError(
+                f"{directory} is in use by a live run ({holder}); wait for it to end, or "
+                "write checkpoints to another directory"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def rng_state() -> dict[str, Any]:

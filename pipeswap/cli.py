@@ -7,6 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from pipeswap.commands.options import message
 from pipeswap.errors import PipeswapError
 
 # Each module defines register(subparsers), which adds its parser with func=run(args) -> int.
@@ -43,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except PipeswapError as exc:
-        print(f"pipeswap {args.command}: error: {exc}", file=sys.stderr)
+        print(f"pipeswap {args.command}: error: {message(exc)}", file=sys.stderr)
         # 2: bad input (the message names the fix); a crashed rank sets its own status.
         return int(getattr(exc, "exit_status", 2))
     except KeyboardInterrupt as exc:

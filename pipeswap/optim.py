@@ -1,44 +1,105 @@
-"""The optimizers pipeswap trains with, their default learning rates, and how they are built."""
+"""OptimizerConfig and the optimizers pipeswap trains with: defaults, checks, construction."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from pipeswap.errors import PipeswapError
+from pipeswap.config import option, require
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DEFAULT_LR = {"sgd": 0.05, "adam": 1e-3, "adamw": 1e-3}
 
 
-def check_optimizer(name: str) -> None:
-    if name not in OPTIMIZERS:
-        raise PipeswapError(f"unknown optimizer {name!r}; valid: {', '.join(OPTIMIZERS)}")
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """The optimizer every mode updates with, and its learning rate over the steps.
 
-
-def make_optimizer(
-    name: str,
-    params: Iterable[nn.Parameter],
-    *,
-    lr: float,
-    momentum: float = 0.9,
-    weight_decay: float = 0.0,
-) -> torch.optim.Optimizer:
-    """SGD (with momentum), Adam or AdamW with the single-tensor (foreach=False) kernels.
-
-    Every mode builds its optimizer here, so a data-parallel run and a pipeline stage
-    apply the same arithmetic to the same parameter.
+    ``lr`` None takes the optimizer's default (:data:`DEFAULT_LR`). ``lr_warmup`` ramps
+    the rate linearly: the update of mini-batch t uses ``lr * min(1, (t + 1) / lr_warmup)``
+    (:meth:`lr_at`), the same in every mode; 0 keeps it constant.
     """
-    check_optimizer(name)
-    if name == "sgd":
-        return torch.optim.SGD(
-            params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False
+
+    optimizer: str = option("sgd", choices=OPTIMIZERS, help="the optimizer")
+    lr: float | None = option(
+        None, help="learning rate (default 0.05 for sgd, 1e-3 for adam and adamw)"
+    )
+    momentum: float = option(
+        0.9, help="SGD momentum (the nesterov weight mode's beta1: the smoothing of NAdam)"
+    )
+    weight_decay: float = option(0.0, help="weight decay (decoupled for adamw)")
+    lr_warmup: int = option(
+        0,
+        metavar="STEPS",
+        help="ramp the learning rate linearly over the first STEPS mini-batches, in every "
+        "mode (0: constant)",
+    )
+
+    def __post_init__(self) -> None:
+        require(
+            self.optimizer in OPTIMIZERS,
+            f"unknown optimizer {self.optimizer!r} for {{optimizer}}; valid: "
+            + ", ".join(OPTIMIZERS),
         )
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, foreach=False)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
+        require(
+            self.lr is None or (math.isfinite(self.lr) and self.lr > 0),
+            f"{{lr}} is {self.lr}; use a positive number such as {DEFAULT_LR[self.optimizer]:g}",
+        )
+        require(
+            math.isfinite(self.momentum) and 0 <= self.momentum < 1,
+            f"{{momentum}} is {self.momentum}; use a number in [0, 1) (SGD's momentum, the "
+            "nesterov weight mode's beta1)",
+        )
+        require(
+            math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+            f"{{weight_decay}} is {self.weight_decay}; use 0 or more",
+        )
+        require(
+            self.lr_warmup >= 0,
+            f"{{lr_warmup}} must be 0 (no warm-up) or a number of steps, not {self.lr_warmup}",
+        )
+
+    @property
+    def base_lr(self) -> float:
+        """The learning rate after warm-up: ``lr``, or the optimizer's default."""
+        return DEFAULT_LR[self.optimizer] if self.lr is None else self.lr
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of the update of mini-batch ``step`` (after linear warm-up)."""
+        if self.lr_warmup <= 0:
+            return self.base_lr
+        return self.base_lr * min(1.0, (step + 1) / self.lr_warmup)
+
+    def build(
+        self, params: Iterable[nn.Parameter], *, nadam: bool = False
+    ) -> torch.optim.Optimizer:
+        """This optimizer over ``params`` with the single-tensor (foreach=False) kernels.
+
+        Every mode builds its optimizer here, so a data-parallel run and a pipeline stage
+        apply the same arithmetic to the same parameter. ``nadam`` gives NAdam with
+        ``momentum`` as beta1 (:func:`make_nadam`; AdamW-style decay unless ``optimizer``
+        is adam), what the nesterov weight mode updates with.
+        """
+        lr, decay = self.base_lr, self.weight_decay
+        if nadam:
+            return make_nadam(
+                params,
+                lr=lr,
+                beta1=self.momentum,
+                weight_decay=decay,
+                decoupled=self.optimizer != "adam",
+            )
+        if self.optimizer == "sgd":
+            return torch.optim.SGD(
+                params, lr=lr, momentum=self.momentum, weight_decay=decay, foreach=False
+            )
+        if self.optimizer == "adam":
+            return torch.optim.Adam(params, lr=lr, weight_decay=decay, foreach=False)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=decay, foreach=False)
 
 
 # NAdam's momentum-decay schedule psi (torch.optim.NAdam's default, which the Nesterov
@@ -76,21 +137,3 @@ def make_nadam(
         decoupled_weight_decay=decoupled,
         foreach=False,
     )
-
-
-def optimizer_for_mode(
-    weights: str,
-    name: str,
-    params: Iterable[nn.Parameter],
-    *,
-    lr: float,
-    momentum: float,
-    weight_decay: float,
-) -> torch.optim.Optimizer:
-    """The optimizer a pipeline weight mode updates with: NAdam for ``nesterov`` (with
-    ``momentum`` as beta1, AdamW-style decay unless ``name`` is adam), else ``name``'s."""
-    if weights == "nesterov":
-        return make_nadam(
-            params, lr=lr, beta1=momentum, weight_decay=weight_decay, decoupled=name != "adam"
-        )
-    return make_optimizer(name, params, lr=lr, momentum=momentum, weight_decay=weight_decay)

@@ -61,7 +61,8 @@ def test_the_quickstart_uses_only_public_names() -> None:
 
 
 def test_every_public_name_resolves_and_is_documented() -> None:
-    assert 10 <= len(pipeswap.__all__) <= 14
+    # Few: the run's five configs (TrainConfig and its components) and the mechanisms.
+    assert 10 <= len(pipeswap.__all__) <= 16
     for name in pipeswap.__all__:
         if name.startswith("__"):
             continue

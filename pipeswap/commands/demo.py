@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pipeswap.cli import main
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_writable, load_json
 
@@ -222,7 +223,6 @@ def _prepare_folder(out: Path, steps: list[tuple[str, Argv]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeswap.cli import main
 
     out = Path(args.out)
     steps = demo_commands(out)

@@ -4,26 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import Any
 
+from pipeswap.commands.options import add_options, given
 from pipeswap.commands.topology import load_topology, topology_file
 from pipeswap.errors import PipeswapError
+from pipeswap.jsonio import check_writable
 from pipeswap.profile import Profile
-from pipeswap.swap.planner import (
-    DEFAULT_TIME_LIMIT_S,
-    POLICIES,
-    PlanResult,
-    make_case,
-    plan_case,
-)
-from pipeswap.swap.workload import DEFAULT_BUCKET_BYTES
-from pipeswap.units import format_bytes, parse_bytes
+from pipeswap.sim.trace import write_trace
+from pipeswap.swap.config import POLICY_NAMES, SwapConfig
+from pipeswap.swap.planner import PlanResult, make_case, plan_case
+from pipeswap.units import format_bytes
 
 # Every policy: the swap heuristics, the two PyTorch baselines (checkpoint every block,
 # save_on_cpu), hybrid (swap or recompute), the MIP and auto.
-COMPARED = POLICIES
+COMPARED = POLICY_NAMES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,49 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="data-parallel degree: the first N GPUs (default: all)",
     )
-    budget = parser.add_mutually_exclusive_group()
-    budget.add_argument(
-        "--gpu-memory",
-        metavar="SIZE",
-        help="memory budget per GPU, e.g. 16GiB (default: the topology's)",
-    )
-    budget.add_argument(
-        "--footprint-ratio",
-        type=float,
-        metavar="R",
-        help="budget = the no-swap peak divided by R (e.g. 1.5)",
-    )
-    parser.add_argument(
-        "--sync-every",
-        type=int,
-        default=1,
-        metavar="K",
-        help="micro-batches per gradient all-reduce (default 1)",
-    )
-    parser.add_argument(
-        "--bucket-size",
-        default=str(DEFAULT_BUCKET_BYTES),
-        metavar="SIZE",
-        help="gradient all-reduce bucket size (default 25MiB)",
-    )
-    parser.add_argument(
-        "--policy",
-        choices=POLICIES,
-        default=None,
-        help="the planning policy (auto keeps the best simulated plan; "
-        "recompute and save-on-cpu are the PyTorch baselines, hybrid swaps "
-        "or recomputes)",
-    )
+    add_options(parser, SwapConfig, skip=("topology",))
     parser.add_argument(
         "--compare", action="store_true", help="run every policy and print one table"
-    )
-    parser.add_argument(
-        "--time-limit",
-        type=float,
-        default=DEFAULT_TIME_LIMIT_S,
-        metavar="S",
-        help="time limit of mip and auto in seconds (default 60); auto "
-        "searches until it or a local optimum",
     )
     parser.add_argument("--out", metavar="FILE", help="write the pipeswap.swapplan/2 plan")
     parser.add_argument(
@@ -118,15 +74,9 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.policy is None and not args.compare:
         raise PipeswapError(
-            f"give --policy NAME ({', '.join(POLICIES)}) or --compare (every policy)"
+            f"give --policy NAME ({', '.join(POLICY_NAMES)}) or --compare (every policy)"
         )
-    # argparse's float() takes "nan", "inf" and negatives; the MIP solver would take a
-    # negative or NaN limit as "stop now" or fail deep inside, so refuse them here.
-    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
-        raise PipeswapError(
-            f"--time-limit is {args.time_limit}; use a positive finite number of seconds, "
-            f"e.g. --time-limit {DEFAULT_TIME_LIMIT_S:g}"
-        )
+    config = SwapConfig(**given(args, SwapConfig))
     _check_outputs(args)
     profile = Profile.load(args.profile)
     topology = load_topology(args.topology)
@@ -135,14 +85,14 @@ def run(args: argparse.Namespace) -> int:
         profile,
         topology,
         gpus=args.gpus,
-        gpu_memory_bytes=None if args.gpu_memory is None else parse_bytes(args.gpu_memory),
-        footprint_ratio=args.footprint_ratio,
-        sync_every=args.sync_every,
-        bucket_bytes=parse_bytes(args.bucket_size),
+        gpu_memory_bytes=config.gpu_memory_bytes,
+        footprint_ratio=config.footprint_ratio,
+        sync_every=config.sync_every,
+        bucket_bytes=config.bucket_bytes,
     )
     notes = sys.stderr if args.json else sys.stdout
     if args.compare:
-        results = compare(case, profile, time_limit_s=args.time_limit)
+        results = compare(case, profile, time_limit_s=config.time_limit_s)
         chosen = best_fitting(results)
         if args.json:
             print(
@@ -153,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(compare_table(results))
     else:
-        chosen = plan_case(case, profile, args.policy, time_limit_s=args.time_limit)
+        chosen = plan_case(case, profile, config.policy, time_limit_s=config.time_limit_s)
         if args.json:
             print(json.dumps(chosen.to_json(), indent=1))
         else:
@@ -176,7 +126,6 @@ def best_fitting(results: list[PlanResult]) -> PlanResult:
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse, before planning, any output that cannot be written, that would overwrite an
     input, or that is given twice; so no file is written and then another one refused."""
-    from pipeswap.jsonio import check_writable
 
     named = [
         ("--out", args.out),
@@ -205,11 +154,10 @@ def _write_outputs(args: argparse.Namespace, chosen: PlanResult, notes: Any) -> 
             file=notes,
         )
     if args.trace is not None:
-        from pipeswap.sim.trace import write_trace
-
         write_trace(args.trace, chosen.graph, chosen.result, chosen.topology)
         print(f"wrote trace {args.trace}", file=notes)
     if args.timeline is not None:
+        # matplotlib loads only when a timeline is asked for.
         from pipeswap.sim.timeline import plot_timeline
 
         plot_timeline(args.timeline, chosen.graph, chosen.result, chosen.topology)

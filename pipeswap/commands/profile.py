@@ -7,6 +7,10 @@ import json
 import sys
 
 from pipeswap.errors import PipeswapError
+from pipeswap.hardware.gpus import gpu_spec
+from pipeswap.jsonio import check_writable
+from pipeswap.models import model_spec
+from pipeswap.profiling import estimate, fit_warning, format_profile, measure
 
 _EXAMPLES = """examples:
   pipeswap profile --model gpt2-tiny --batch 8 --device cpu --out gpt2-tiny.json
@@ -62,9 +66,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeswap.hardware.gpus import gpu_spec
-    from pipeswap.models import model_spec
-    from pipeswap.profiling import estimate, fit_warning, format_profile, measure
 
     _check_counts(args)
     _check_out(args.out)
@@ -125,7 +126,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_out(path: str) -> None:
     """Refuse an --out that cannot be written before profiling, not after it."""
-    from pipeswap.jsonio import check_writable
 
     if path == "":
         raise PipeswapError("--out is empty; give a file name")

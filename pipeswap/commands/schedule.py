@@ -7,10 +7,12 @@ import json
 import sys
 
 from pipeswap.errors import PipeswapError
+from pipeswap.jsonio import check_writable
 from pipeswap.pipeline.chrome import dump_chrome_trace
 from pipeswap.pipeline.grid import render_grid
-from pipeswap.pipeline.schedule import SCHEDULE_NAMES, build_schedule
-from pipeswap.pipeline.validate import simulate, validate
+from pipeswap.pipeline.schedule import SCHEDULE_NAMES, build_schedule, unit_time_order
+from pipeswap.pipeline.schedule_kinds import schedule_kind
+from pipeswap.pipeline.validate import validate
 
 # Every (stage, unit) pair costs up to six actions (RECV, F, SEND for the forward and again
 # for the backward) plus an UPDATE per step; building, validating and printing them is
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise PipeswapError("say what to do: `pipeswap schedule show --schedule 1f1b --stages 4`")
     micro = args.micro_batches
     if micro is None:
-        micro = 1 if args.schedule == "async-1f1b" else args.stages
+        micro = schedule_kind(args.schedule).default_micro_batches(args.stages)
     _check_sizes(args, micro)
     if args.trace is not None:
         _check_trace(args.trace)
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             print()
             print(schedule.to_string())
     if args.trace is not None:
-        timeline = simulate(
+        timeline = unit_time_order(
             schedule, forward_cost=args.forward_cost, backward_cost=args.backward_cost
         )
         dump_chrome_trace(args.trace, timeline, title=f"{schedule.name} ({args.stages} stages)")
@@ -78,7 +80,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_trace(path: str) -> None:
     """Refuse a --trace that cannot be written before building the schedule."""
-    from pipeswap.jsonio import check_writable
 
     if path == "":
         raise PipeswapError("--trace is empty; give a file name")

@@ -8,9 +8,11 @@ import sys
 
 from pipeswap.commands.topology import load_topology, topology_file
 from pipeswap.errors import PipeswapError
+from pipeswap.jsonio import check_writable
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
+from pipeswap.sim.trace import write_trace
 from pipeswap.units import format_bytes, parse_bytes
 
 EXAMPLES = """examples:
@@ -70,11 +72,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary(result, topology.name, len(graph)))
     if args.trace is not None:
-        from pipeswap.sim.trace import write_trace
-
         write_trace(args.trace, graph, result, topology)
         print(f"wrote trace {args.trace} (open in ui.perfetto.dev or chrome://tracing)", file=notes)
     if args.timeline is not None:
+        # matplotlib loads only when a timeline is asked for.
         from pipeswap.sim.timeline import plot_timeline
 
         plot_timeline(args.timeline, graph, result, topology)
@@ -85,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse, before simulating, an output that cannot be written, that would overwrite the
     graph or topology file, or that is given twice."""
-    from pipeswap.jsonio import check_writable
 
     inputs = (args.graph, topology_file(args.topology))
     for flag, path, others in (

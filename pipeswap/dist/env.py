@@ -6,7 +6,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from pipeswap.errors import PipeswapError
+from pipeswap.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ def torchrun_env() -> RankEnv | None:
     Values that are not whole numbers or do not fit together (RANK >= WORLD_SIZE, a
     negative rank, a port outside 1..65535) are refused with a PipeswapError naming the
     variables: most often a stale environment left over from an earlier torchrun job.
+    It is a ConfigError: its fix names the ``nproc`` setting.
     """
     env = os.environ
     if "RANK" not in env or "WORLD_SIZE" not in env:
@@ -71,13 +72,13 @@ def _whole(name: str) -> int:
         raise _stale(f"{name}={text!r} is not a whole number") from None
 
 
-def _stale(problem: str) -> PipeswapError:
+def _stale(problem: str) -> ConfigError:
     """The refusal of a torchrun environment that cannot be a real job's."""
     names = ["RANK", "WORLD_SIZE"]
     names += [n for n in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if n in os.environ]
-    return PipeswapError(
+    return ConfigError(
         f"{problem}: a stale torchrun environment? unset {', '.join(names)}, MASTER_ADDR "
-        "and MASTER_PORT to launch with --nproc"
+        "and MASTER_PORT to launch with {nproc}"
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeswap.config import ConfigError
 from pipeswap.dist.env import RankEnv
 from pipeswap.errors import PipeswapError
 
@@ -36,9 +37,9 @@ def bind_nccl_device(env: RankEnv) -> None:
     """Make GPU ``local_rank`` current, or say why NCCL cannot give this rank a GPU."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
-        raise PipeswapError(
+        raise ConfigError(
             "the NCCL backend needs CUDA GPUs, and PyTorch sees none here; train on the CPU "
-            "(--device cpu), which uses gloo"
+            "({device} cpu), which uses gloo"
         )
     if env.local_ranks > count or env.local_rank >= count:
         raise PipeswapError(
@@ -73,36 +74,36 @@ def init_process_group(env: RankEnv, *, backend: str = "gloo", timeout_s: float 
         raise rendezvous_error(exc, env, timeout_s) from None
 
 
-_UNSET = "unset RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT to launch with --nproc"
+_UNSET = "unset RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT to launch with {nproc}"
 
 
 def rendezvous_error(exc: RuntimeError, env: RankEnv, timeout_s: float) -> Exception:
     """What to tell the user when joining the job at MASTER_ADDR:MASTER_PORT failed.
 
     A port in use (DistNetworkError, EADDRINUSE) and nobody answering (DistStoreError,
-    or a client that timed out connecting) become PipeswapErrors naming the address and
-    what to do; any other error is returned as it is.
+    or a client that timed out connecting) become ConfigErrors naming the address and
+    what to do (the fix names the ``nproc`` setting); any other error is returned as it is.
     """
     text = str(exc).strip()
     first_line = text.splitlines()[0] if text else type(exc).__name__
     lowered = text.lower()
     where = f"{env.master_addr}:{env.master_port}"
     if "eaddrinuse" in lowered or "address already in use" in lowered:
-        return PipeswapError(
+        return ConfigError(
             f"rank {env.rank} cannot open the job's rendezvous at {where}: port "
             f"{env.master_port} is already in use (another job, or one left over, holds it); "
             f"pick another MASTER_PORT, or {_UNSET}, which picks a free port"
         )
     timed_out = "timed out" in lowered or "timeout" in lowered
     if isinstance(exc, dist.DistStoreError) or timed_out or "connection refused" in lowered:
-        return PipeswapError(
+        return ConfigError(
             f"rank {env.rank} of {env.world_size} found no complete job at {where} within "
             f"{timeout_s:g} s ({first_line}); check that MASTER_ADDR and MASTER_PORT name "
             f"rank 0's machine and port and that all {env.world_size} ranks were started, "
             f"or {_UNSET}"
         )
     if isinstance(exc, dist.DistError):
-        return PipeswapError(
+        return ConfigError(
             f"rank {env.rank} could not join the job at {where} ({first_line}); check "
             f"MASTER_ADDR and MASTER_PORT, or {_UNSET}"
         )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
+from pipeswap.config import ConfigError
 from pipeswap.dist.env import free_port, torchrun_env
 from pipeswap.dist.group import backend_for, barrier, init_process_group, leave_process_group
 from pipeswap.errors import PipeswapError
@@ -25,6 +26,7 @@ from pipeswap.errors import PipeswapError
 # A rank that failed with a PipeswapError (bad input found on the rank) exits with this
 # status and leaves its message for the launcher; any other failure is a crash.
 _BAD_INPUT_STATUS = 2
+_CONFIG_ERROR = "config-error:"
 
 
 class RankFailedError(PipeswapError):
@@ -41,7 +43,9 @@ class LaunchResult:
     killed: tuple[int, ...]
     elapsed_s: float
     results: tuple[Any, ...]
-    messages: tuple[str | None, ...] = ()  # a failed rank's PipeswapError message
+    # A failed rank's PipeswapError message; a ConfigError's keeps its {field} placeholders
+    # (marked by the prefix below), so the launcher raises it as one again.
+    messages: tuple[str | None, ...] = ()
     first_failed: int | None = None  # the rank seen failing first
 
     @property
@@ -64,6 +68,8 @@ class LaunchResult:
         if first is None:
             first = next(r for r, code in enumerate(self.exit_codes) if code != 0)
         message = self.messages[first] if self.messages else None
+        if message and message.startswith(_CONFIG_ERROR):
+            raise ConfigError(_named(first, message.removeprefix(_CONFIG_ERROR)))
         if message:
             raise PipeswapError(_named(first, message))
         others = [r for r, code in enumerate(self.exit_codes) if code != 0 and r != first]
@@ -97,20 +103,22 @@ def run_ranks(
     """
     env = torchrun_env()
     if env is not None and nproc is None:
-        init_process_group(
-            env, backend=backend_for(device, env.local_ranks), timeout_s=timeout_s
-        )
+        init_process_group(env, backend=backend_for(device, env.local_ranks), timeout_s=timeout_s)
         try:
             return fn(env.rank, env.world_size, *args)
         finally:
             leave_process_group()
     count = 1 if nproc is None else nproc
     if count < 1:
-        raise PipeswapError(f"--nproc is {count}; use 1 or more")
+        raise ConfigError(f"{{nproc}} is {count}; use 1 or more")
     if count == 1:
         return fn(0, 1, *args)
     launched = spawn(
-        fn, count, *args, backend=backend_for(device, count), timeout_s=timeout_s,
+        fn,
+        count,
+        *args,
+        backend=backend_for(device, count),
+        timeout_s=timeout_s,
         stop_grace_s=stop_grace_s,
     )
     launched.raise_failure()
@@ -298,7 +306,8 @@ def _rank_main(
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank non-zero
         if isinstance(exc, PipeswapError):
             with contextlib.suppress(OSError):
-                _send(reply, ("error", str(exc)))
+                text = _CONFIG_ERROR + exc.message if isinstance(exc, ConfigError) else str(exc)
+                _send(reply, ("error", text))
             print(f"rank {rank}: error: {exc}", file=sys.stderr)
         else:
             print(f"rank {rank}: failed:", file=sys.stderr)
@@ -323,6 +332,7 @@ def _die_with(launcher_pid: int) -> None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     else:
+
         def watch() -> None:
             while os.getppid() == launcher_pid:
                 time.sleep(1.0)

@@ -1,19 +1,7 @@
-"""Pipelined model parallelism with weight prediction: schedules, partitioner, runtime, emulator."""
+"""Pipelined model parallelism with weight prediction: schedules, partitioner, runtime, emulator.
 
-from pipeswap.pipeline.config import WEIGHT_MODES, PipelineConfig
-from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.partition import partition
-from pipeswap.pipeline.result import PipelineResult
-from pipeswap.pipeline.schedule import SCHEDULE_NAMES, Action, Schedule, build_schedule
-
-__all__ = [
-    "SCHEDULE_NAMES",
-    "WEIGHT_MODES",
-    "Action",
-    "Emulator",
-    "PipelineConfig",
-    "PipelineResult",
-    "Schedule",
-    "build_schedule",
-    "partition",
-]
+The package imports nothing heavy itself: ``pipeswap.pipeline.config`` is read by every
+config, with the tables it takes its choices from (``modes``: the weight modes,
+``schedule_kinds``: the schedules), and the mechanisms live in their modules
+(``emulator``, ``runtime``, ...).
+"""

@@ -6,10 +6,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from pipeswap.pipeline.validate import TimedAction
+from pipeswap.pipeline.actions import ActionKind
+from pipeswap.pipeline.schedule import TimedAction
 from pipeswap.sim.trace import metadata_event, trace_document, write_chrome_trace
 
-_NAMES = {"F": "forward", "B": "backward", "UPDATE": "update"}
+_NAMES = {ActionKind.F: "forward", ActionKind.B: "backward", ActionKind.UPDATE: "update"}
 
 
 def chrome_trace(

@@ -13,18 +13,16 @@ import torch
 from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
-from pipeswap.optim import optimizer_for_mode
-from pipeswap.pipeline.config import (
-    BatchSource,
-    PipelineConfig,
-    build_full_model,
-    build_meta_model,
-)
+from pipeswap.pipeline.actions import ActionKind
+from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.job import BatchSource, build_full_model, build_meta_model
+from pipeswap.pipeline.modes import weight_mode
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import version_distances
 from pipeswap.pipeline.rng import EVAL, TRAIN, rng_stream
 from pipeswap.pipeline.schedule import Schedule, build_schedule
 from pipeswap.pipeline.shared import find_shared
+from pipeswap.train_config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -35,14 +33,14 @@ class DelayedResult:
     ``eval_batches`` > 0) and ``accuracy`` (image models).
     """
 
-    config: PipelineConfig
+    config: TrainConfig
     delays: tuple[float, ...]
     losses: tuple[float, ...]
     eval: dict[str, float | int]
     wall_s: float
 
 
-def schedule_delays(config: PipelineConfig) -> tuple[int, ...]:
+def schedule_delays(config: TrainConfig) -> tuple[int, ...]:
     """The per-layer delays under which :func:`train_with_delays` reproduces ``config``'s pipeline.
 
     Version v of a stage is its weights after v updates, and the update of mini-batch t
@@ -59,60 +57,54 @@ def schedule_delays(config: PipelineConfig) -> tuple[int, ...]:
     schedule with delays: its copies apply their updates when the schedule lets them
     (:mod:`pipeswap.pipeline.shared`), not at any one layer's delay.
     """
-    config.check()
-    n, m = config.num_stages, config.micro_batches
-    schedule = build_schedule(config.schedule, n, config.steps, m)
-    tied = find_shared(build_meta_model(config), config.balance)
+    pipeline = config.require_pipeline()
+    n, m = pipeline.num_stages, pipeline.micro_batch_count
+    schedule = build_schedule(pipeline.schedule, n, config.steps, m)
+    tied = find_shared(build_meta_model(config), pipeline.stage_balance)
     # Every stage reaches its steady state within N mini-batches.
-    steady = build_schedule(config.schedule, n, config.steps + n, m)
+    steady = build_schedule(pipeline.schedule, n, config.steps + n, m)
     out: list[int] = []
-    for stage, layers in enumerate(config.balance):
-        late = _gradient_delays(config, schedule, stage)
-        d = max(_gradient_delays(config, steady, stage).values(), default=0)
+    for stage, layers in enumerate(pipeline.stage_balance):
+        late = _gradient_delays(pipeline, schedule, stage)
+        d = max(_gradient_delays(pipeline, steady, stage).values(), default=0)
         for unit, s in late.items():
             step = schedule.step_of(unit)
             if s != min(step, d):
                 raise PipeswapError(
-                    f"{config.schedule}: stage {stage} takes the gradient of mini-batch {step} "
+                    f"{pipeline.schedule}: stage {stage} takes the gradient of mini-batch {step} "
                     f"{s} updates late, not min({step}, {d}): no constant delay reproduces it"
                 )
         out.extend([d] * layers)
     if tied and any(out):
         raise PipeswapError(
             f"{config.model} ties {tied[0].name} across stages {list(tied[0].holders)}: on "
-            f"{config.schedule} its copies apply their updates when the schedule lets them, "
+            f"{pipeline.schedule} its copies apply their updates when the schedule lets them, "
             "not at one layer's delay, so no per-layer delays reproduce the pipeline; "
             "compare with the emulator instead, or use a synchronous schedule"
         )
     return tuple(out)
 
 
-def _gradient_delays(config: PipelineConfig, schedule: Schedule, stage: int) -> dict[int, int]:
+def _gradient_delays(pipeline: PipelineConfig, schedule: Schedule, stage: int) -> dict[int, int]:
     """unit -> how many updates late ``stage`` takes its gradient; raises for non-delays."""
     # The versions a pass runs on do not depend on the prediction rule: walk them.
     walked = version_distances(schedule, stage, "schedule")
-    used = version_distances(schedule, stage, config.distances)
+    used = version_distances(schedule, stage, pipeline.distances)
+    mode = weight_mode(pipeline.weights)
     late: dict[int, int] = {}
     for unit in range(schedule.num_units):
-        forward, backward = walked[("F", unit)], walked[("B", unit)]
-        if config.weights == "stale" and forward != backward:
-            raise PipeswapError(
-                f"{config.schedule} with --weights stale runs stage {stage}'s forward of "
-                f"unit {unit} {forward} updates behind but its backward {backward}: a "
-                "gradient taken at two versions is no single delay; use --weights stash"
-            )
-        if config.weights in ("spectrain", "predict-adam") and (
-            used[("F", unit)] or used[("B", unit)]
-        ):
-            raise PipeswapError(
-                f"{config.schedule} with --weights {config.weights} predicts the weights "
-                f"of stage {stage}: a prediction is no delay; use --weights stash"
-            )
-        late[unit] = forward
+        forward, backward = (ActionKind.F, unit), (ActionKind.B, unit)
+        late[unit] = mode.gradient_delay(
+            pipeline.schedule,
+            stage,
+            unit,
+            walked=(walked[forward], walked[backward]),
+            used=(used[forward], used[backward]),
+        )
     return late
 
 
-def train_with_delays(config: PipelineConfig, delays: Sequence[float]) -> DelayedResult:
+def train_with_delays(config: TrainConfig, delays: Sequence[float]) -> DelayedResult:
     """Train ``config``'s model in one process; layer i takes its gradient ``delays[i]`` late.
 
     Version v is the weights after v updates. Update t (of mini-batch t) is applied to
@@ -125,12 +117,12 @@ def train_with_delays(config: PipelineConfig, delays: Sequence[float]) -> Delaye
     Everything else is the emulator's: the model (``build_full_model``), the batches
     and micro-batches (``BatchSource``, loss scaled by 1/micro_batches), the optimizer
     and its settings, the learning-rate warm-up, the held-out evaluation, and the RNG
-    stream each stage's layers run under (``config.balance`` says which layers form a
+    stream each stage's layers run under (the pipeline's balance says which layers form a
     stage, :mod:`pipeswap.pipeline.rng`), so dropout draws the emulator's masks. The config's
     ``schedule``, ``weights`` and ``distances`` are ignored: the delays replace them
     (:func:`schedule_delays` gives those of a pipeline).
     """
-    config.check()
+    pipeline = config.require_pipeline()
     delays = tuple(float(d) for d in delays)
     bad = [d for d in delays if not math.isfinite(d) or d < 0]
     if bad:
@@ -149,19 +141,12 @@ def train_with_delays(config: PipelineConfig, delays: Sequence[float]) -> Delaye
         _check_tied_delays(model, layers, delays)
         # A tied parameter is one parameter here: the optimizer steps it once.
         params = list({id(p): p for group in layers for p in group}.values())
-        stages = [model.stage(a, b) for a, b in stage_bounds(config.balance)]
-        optimizer = optimizer_for_mode(
-            config.weights,
-            config.optimizer,
-            params,
-            lr=config.lr,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-        )
+        stages = [model.stage(a, b) for a, b in stage_bounds(pipeline.stage_balance)]
+        optimizer = config.optim.build(params, nadam=weight_mode(pipeline.weights).nadam)
         depth = math.ceil(max(delays, default=0.0))
         history: list[list[list[torch.Tensor]]] = []  # [version][layer][param], newest last
         data = BatchSource(config, model)
-        m = config.micro_batches
+        m = pipeline.micro_batch_count
         losses = []
         for step in range(config.steps):
             live = [[p.detach().clone() for p in group] for group in layers]
@@ -181,9 +166,9 @@ def train_with_delays(config: PipelineConfig, delays: Sequence[float]) -> Delaye
                         # The pipeline's stages step parameters without a gradient too.
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
-            if config.lr_warmup:
+            if config.optim.lr_warmup:
                 for param_group in optimizer.param_groups:
-                    param_group["lr"] = config.lr * min(1.0, (step + 1) / config.lr_warmup)
+                    param_group["lr"] = config.optim.lr_at(step)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         evaluation = _evaluate(config, model, stages)
@@ -208,7 +193,7 @@ def _check_tied_delays(
 
 
 def _forward(
-    config: PipelineConfig,
+    config: TrainConfig,
     stages: list[torch.nn.Sequential],
     x: torch.Tensor,
     split: str,
@@ -242,20 +227,21 @@ def _set_delayed(
 
 @torch.no_grad()
 def _evaluate(
-    config: PipelineConfig, model: LayeredModel, stages: list[torch.nn.Sequential]
+    config: TrainConfig, model: LayeredModel, stages: list[torch.nn.Sequential]
 ) -> dict[str, float | int]:
     """Held-out loss (and accuracy) over the emulator's units: mean loss per micro-batch."""
     held_out = BatchSource(config, model, "val")
     loss_sum, correct, samples, units = 0.0, 0, 0, 0
-    for step in range(config.eval_batches):
-        for micro in range(config.micro_batches):
+    pipeline = config.require_pipeline()
+    for step in range(pipeline.eval_batches):
+        for micro in range(pipeline.micro_batch_count):
             x, y = held_out.micro(step, micro)
             out = _forward(config, stages, x, EVAL, step, micro)
             loss_sum += model.loss(out, y).item()
             correct += int((out.argmax(-1) == y).sum().item())
             samples += int(y.shape[0])
             units += 1
-    evaluation: dict[str, float | int] = {"batches": config.eval_batches}
+    evaluation: dict[str, float | int] = {"batches": pipeline.eval_batches}
     if units:
         evaluation["loss"] = loss_sum / units
         if model.task == "classify":

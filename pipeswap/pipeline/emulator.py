@@ -9,34 +9,37 @@ import torch
 from pipeswap.checkpoint import CheckpointPlan, RunStopped, load_rank
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import single_threaded
-from pipeswap.pipeline.config import PipelineConfig, build_full_model
+from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.executor import StageExecutor
+from pipeswap.pipeline.job import build_full_model
+from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult, combine
-from pipeswap.pipeline.schedule import Schedule, build_schedule
+from pipeswap.pipeline.schedule import Schedule, build_schedule, unit_time_order
 from pipeswap.pipeline.shared import MailboxExchange
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import Packed, inspect_layers
-from pipeswap.pipeline.validate import simulate, validate
+from pipeswap.pipeline.validate import validate
 from pipeswap.progress import progress_bar
+from pipeswap.train_config import TrainConfig
 
 
 class MailboxTransport:
     """Transfers as copies through a dict shared by all stages (what a wire would deliver)."""
 
-    def __init__(self, rank: int, mailbox: dict[tuple[str, int, int], Packed]) -> None:
+    def __init__(self, rank: int, mailbox: dict[tuple[ActionKind, int, int], Packed]) -> None:
         self.rank = rank
         self.mailbox = mailbox
 
-    def post(self, kind: str, unit: int) -> None:
+    def post(self, direction: ActionKind, unit: int) -> None:
         pass
 
-    def take(self, kind: str, unit: int) -> Packed:
-        return self.mailbox.pop((kind, self.rank, unit))
+    def take(self, direction: ActionKind, unit: int) -> Packed:
+        return self.mailbox.pop((direction, self.rank, unit))
 
-    def send(self, kind: str, unit: int, tensors: Packed) -> None:
-        dst = self.rank + 1 if kind == "F" else self.rank - 1
+    def send(self, direction: ActionKind, unit: int, tensors: Packed) -> None:
+        dst = self.rank + direction.step
         copies = tuple(t.detach().clone(memory_format=torch.contiguous_format) for t in tensors)
-        self.mailbox[(kind, dst, unit)] = copies
+        self.mailbox[(direction, dst, unit)] = copies
 
     def progress(self) -> None:
         pass
@@ -45,9 +48,11 @@ class MailboxTransport:
         pass
 
 
-def pipeline_schedule(config: PipelineConfig) -> Schedule:
+def pipeline_schedule(config: TrainConfig) -> Schedule:
+    """The validated schedule of a resolved pipeline run."""
+    pipeline = config.require_pipeline()
     schedule = build_schedule(
-        config.schedule, config.num_stages, config.steps, config.micro_batches
+        pipeline.schedule, pipeline.num_stages, config.steps, pipeline.micro_batch_count
     )
     validate(schedule)
     return schedule
@@ -56,6 +61,9 @@ def pipeline_schedule(config: PipelineConfig) -> Schedule:
 class Emulator:
     """Run a pipeline config in this process; ``record`` keeps the weights each pass saw.
 
+    The config is resolved first (:func:`pipeswap.pipeline.resolve.resolve_pipeline`):
+    the model's default shapes, the micro-batch count and the partitioner's balance.
+
     The result is bit-identical to the distributed runtime's on CPU: same model
     construction, same schedule, same weight versions, same transfers (as copies), one
     intra-op thread.
@@ -63,7 +71,7 @@ class Emulator:
 
     def __init__(
         self,
-        config: PipelineConfig,
+        config: TrainConfig,
         *,
         record: bool = True,
         keep_gradients: bool = False,
@@ -73,8 +81,7 @@ class Emulator:
         """``checkpoint`` writes every stage's state at its cut (pipeswap.pipeline.snapshot);
         ``resume`` (directory, steps done) continues from such a checkpoint, which the
         multi-process runtime may have written too (the files are the same)."""
-        config.check()
-        self.config = config
+        self.config = resolve_pipeline(config)
         self.record = record
         self.keep_gradients = keep_gradients
         self.checkpoint = checkpoint
@@ -83,16 +90,17 @@ class Emulator:
 
     def run(self, progress: bool = False) -> PipelineResult:
         config = self.config
+        pipeline = config.require_pipeline()
         with single_threaded():
             infos = inspect_layers(config)
             schedule = pipeline_schedule(config)
             model = build_full_model(config)
-            mailbox: dict[tuple[str, int, int], Packed] = {}
+            mailbox: dict[tuple[ActionKind, int, int], Packed] = {}
             tied_mailbox: dict[tuple[int, int, int, int], list[torch.Tensor]] = {}
             request = None
             if self.checkpoint is not None:
                 request = StopRequest(
-                    self.checkpoint.directory, config.num_stages, config.steps, decider=True
+                    self.checkpoint.directory, pipeline.num_stages, config.steps, decider=True
                 )
             self.executors = [
                 StageExecutor(
@@ -108,9 +116,9 @@ class Emulator:
                     stop=request,
                     exchange=MailboxExchange(rank, tied_mailbox),
                 )
-                for rank in range(config.num_stages)
+                for rank in range(pipeline.num_stages)
             ]
-            starts = [0] * config.num_stages
+            starts = [0] * pipeline.num_stages
             if self.resume is not None:
                 folder, done = self.resume
                 starts = [ex.restore(load_rank(folder, done, ex.rank)) for ex in self.executors]
@@ -121,24 +129,28 @@ class Emulator:
             for ex in self.executors:
                 ex.start_clock()
             at_cut: set[int] = set()
-            faults = [fault_hook(rank) for rank in range(config.num_stages)]
+            faults = [fault_hook(rank) for rank in range(pipeline.num_stages)]
             try:
-                for timed in simulate(schedule):
+                for timed in unit_time_order(schedule):
                     if timed.index < starts[timed.rank] or timed.rank in at_cut:
                         continue
                     try:
                         self.executors[timed.rank].run(timed.action)
                     except StageAtCut as cut:
                         at_cut.add(timed.rank)
-                        if len(at_cut) == config.num_stages:
+                        if len(at_cut) == pipeline.num_stages:
                             assert self.checkpoint is not None
                             raise RunStopped(self.checkpoint.directory, cut.args[0]) from None
                     fault = faults[timed.rank]
-                    if fault is not None and timed.action.kind == "UPDATE":
+                    if timed.action.kind is not ActionKind.UPDATE:
+                        continue
+                    if fault is not None:
                         fault(timed.action.unit)
-                    if timed.rank == 0 and timed.action.kind == "UPDATE" and bar is not None:
+                    if timed.rank == 0 and bar is not None:
                         last = self.executors[-1].runner.losses
-                        step_loss = last.get((timed.action.unit + 1) * config.micro_batches - 1)
+                        step_loss = last.get(
+                            (timed.action.unit + 1) * pipeline.micro_batch_count - 1
+                        )
                         bar.set_postfix(loss=f"{step_loss:.4f}" if step_loss is not None else "-")
                         bar.update(1)
             finally:

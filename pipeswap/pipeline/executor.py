@@ -11,24 +11,28 @@ import torch
 
 from pipeswap.checkpoint import CheckpointPlan, rng_state, save_rank, set_rng_state, write_manifest
 from pipeswap.dist.digest import combine_digests, tensor_sha256
-from pipeswap.pipeline.config import BatchSource, PipelineConfig
+from pipeswap.pipeline.actions import Action, ActionKind
+from pipeswap.pipeline.job import BatchSource
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import steady_distances, version_distances
 from pipeswap.pipeline.rng import EVAL, TRAIN, rng_stream
-from pipeswap.pipeline.schedule import Action, Schedule
+from pipeswap.pipeline.schedule import Schedule, TimedAction
 from pipeswap.pipeline.shared import Exchange, TiedParameters, find_shared, stage_module
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest, crossing_messages, positions
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
-from pipeswap.pipeline.validate import TimedAction
 from pipeswap.pipeline.weights import StageWeights
+from pipeswap.train_config import TrainConfig
 
 
 class Transport(Protocol):
-    """Moves packed activations ("F") and gradients ("B") of a unit between stages."""
+    """Moves packed activations (direction F) and gradients (B) of a unit between stages.
 
-    def post(self, kind: str, unit: int) -> None: ...
-    def take(self, kind: str, unit: int) -> Packed: ...
-    def send(self, kind: str, unit: int, tensors: Packed) -> None: ...
+    ``direction`` is ``ActionKind.F`` or ``ActionKind.B`` (:attr:`ActionKind.direction`).
+    """
+
+    def post(self, direction: ActionKind, unit: int) -> None: ...
+    def take(self, direction: ActionKind, unit: int) -> Packed: ...
+    def send(self, direction: ActionKind, unit: int, tensors: Packed) -> None: ...
     def progress(self) -> None: ...
     def finish(self) -> None: ...
 
@@ -63,7 +67,7 @@ class StageExecutor:
 
     def __init__(
         self,
-        config: PipelineConfig,
+        config: TrainConfig,
         rank: int,
         schedule: Schedule,
         model: torch.nn.Module,
@@ -78,15 +82,17 @@ class StageExecutor:
         exchange: Exchange | None = None,
     ) -> None:
         self.config = config
+        self.pipeline = pipeline = config.require_pipeline()
+        self.micro_batches = pipeline.micro_batch_count
         self.rank = rank
         self.schedule = schedule
         self.transport = transport
         self.device = torch.device(device)
-        first, end = stage_bounds(config.balance)[rank]
-        n = config.num_stages
+        first, end = stage_bounds(pipeline.stage_balance)[rank]
+        n = pipeline.num_stages
         input_spec: BoundarySpec | None = infos[first - 1].output if rank > 0 else None
         output_spec: BoundarySpec | None = infos[end - 1].output if rank < n - 1 else None
-        shared = find_shared(model, config.balance)
+        shared = find_shared(model, pipeline.stage_balance)
         self.module, copies = stage_module(model, first, end, shared)
         # Digests name a tied copy as the whole model does, so they combine to its digest.
         self._canonical = {id(p): name for name, p in copies.items()}
@@ -95,23 +101,19 @@ class StageExecutor:
             n,
             self.module,
             model.loss,  # type: ignore[arg-type]
-            micro_batches=config.micro_batches,
+            micro_batches=self.micro_batches,
             input_spec=input_spec,
             output_spec=output_spec,
         )
         units = range(schedule.num_units)
         self.weights = StageWeights(
             self.module,
-            config.weights,
-            version_distances(schedule, rank, config.distances),
+            pipeline.weights,
+            version_distances(schedule, rank, pipeline.distances),
             {u: schedule.step_of(u) for u in units},
-            optimizer_name=config.optimizer,
-            lr=config.lr,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
+            optimizer_config=config.optim,
             record=record,
             keep_gradients=keep_gradients,
-            warmup_steps=config.lr_warmup,
             shared=copies,
         )
         self.tied: TiedParameters | None = None
@@ -123,9 +125,9 @@ class StageExecutor:
         self.train_data = BatchSource(config, model, "train") if needs_data else None  # type: ignore[arg-type]
         self.eval_data = BatchSource(config, model, "val") if needs_data else None  # type: ignore[arg-type]
         self.result = StageResult(
-            rank, distances=steady_distances(schedule, rank, config.distances)
+            rank, distances=steady_distances(schedule, rank, pipeline.distances)
         )
-        self._outbox: dict[tuple[str, int], Packed] = {}
+        self._outbox: dict[tuple[ActionKind, int], Packed] = {}
         self._t0 = time.perf_counter()
         self._index = 0
         # Checkpoints: the weights each in-flight forward used, and the messages sent
@@ -133,10 +135,11 @@ class StageExecutor:
         self.checkpoint = checkpoint
         self.stop = stop
         self._forward_weights: dict[int, list[torch.Tensor]] = {}
-        self._keep: set[tuple[str, int]] = set()
+        self._keep: set[tuple[ActionKind, int]] = set()
+        # Keyed ("F", unit) with plain strings: a checkpoint holds plain data only.
         self._kept: dict[tuple[str, int], Packed] = {}
-        self._cut_keep: set[tuple[str, int]] | None = None
-        self._last_crossing: set[tuple[str, int]] = set()
+        self._cut_keep: set[tuple[ActionKind, int]] | None = None
+        self._last_crossing: set[tuple[ActionKind, int]] = set()
         self._positions = positions(schedule) if checkpoint is not None else None
         self._plan_next_checkpoint(0)
 
@@ -147,20 +150,22 @@ class StageExecutor:
     def run(self, action: Action) -> None:
         """Execute one action of this rank (in schedule order)."""
         kind, unit = action.kind, action.unit
-        if kind in ("RECV_F", "RECV_B"):
-            self.transport.post(kind[-1], unit)
-        elif kind in ("SEND_F", "SEND_B"):
-            message = self._outbox.pop((kind[-1], unit))
-            if (kind[-1], unit) in self._keep:
-                self._kept[(kind[-1], unit)] = tuple(t.detach().clone() for t in message)
-            self.transport.send(kind[-1], unit, message)
+        if kind.is_receive:
+            self.transport.post(kind.direction, unit)
+        elif kind.is_send:
+            message = self._outbox.pop((kind.direction, unit))
+            if (kind.direction, unit) in self._keep:
+                self._kept[(kind.direction.value, unit)] = tuple(
+                    t.detach().clone() for t in message
+                )
+            self.transport.send(kind.direction, unit, message)
         else:
             start = time.perf_counter()
-            if kind in ("F", "B") and self.tied is not None:
+            if kind.is_pass and self.tied is not None:
                 self.tied.before_pass(self._index)
-            if kind == "F":
+            if kind is ActionKind.F:
                 self._forward(unit)
-            elif kind == "B":
+            elif kind is ActionKind.B:
                 self._backward(unit)
                 if self.tied is not None:
                     self.tied.after_backward(self._index)
@@ -175,7 +180,7 @@ class StageExecutor:
             )
         self._index += 1
         self.transport.progress()
-        if kind == "UPDATE" and self.checkpoint is not None:
+        if kind is ActionKind.UPDATE and self.checkpoint is not None:
             done = unit + 1
             cut = self.stop.cut_after(self.rank, done) if self.stop is not None else None
             if done == cut or self.checkpoint.due(done, self.config.steps):
@@ -202,7 +207,7 @@ class StageExecutor:
             x, y = source.micro(step, micro)
             inputs, target = self._to_device(x), self._to_device(y)
         if self.rank > 0:
-            inputs = self.transport.take("F", unit)
+            inputs = self.transport.take(ActionKind.F, unit)
         return inputs, target
 
     def _stream(self, split: str, step: int, micro: int) -> AbstractContextManager[None]:
@@ -210,25 +215,25 @@ class StageExecutor:
         return rng_stream(self.config.seed, split, step, micro, self.rank, self.device)
 
     def _forward(self, unit: int) -> None:
-        step, micro = divmod(unit, self.config.micro_batches)
+        step, micro = divmod(unit, self.micro_batches)
         inputs, target = self._inputs(self.train_data, step, micro, unit)
-        self.weights.before("F", unit)
+        self.weights.before(ActionKind.F, unit)
         if self.checkpoint is not None:
             self._forward_weights[unit] = [p.detach().clone() for p in self.weights.params]
         with self._stream(TRAIN, step, micro):
             out = self.runner.forward(unit, inputs, target if self.runner.is_last else None)
-        self.weights.after("F", unit)
+        self.weights.after(ActionKind.F, unit)
         if out is not None:
-            self._outbox[("F", unit)] = out
+            self._outbox[(ActionKind.F, unit)] = out
 
     def _backward(self, unit: int) -> None:
-        grads = None if self.runner.is_last else self.transport.take("B", unit)
+        grads = None if self.runner.is_last else self.transport.take(ActionKind.B, unit)
         self._forward_weights.pop(unit, None)
-        self.weights.before("B", unit)
+        self.weights.before(ActionKind.B, unit)
         out = self.runner.backward(unit, grads)
-        self.weights.after("B", unit)
+        self.weights.after(ActionKind.B, unit)
         if out is not None:
-            self._outbox[("B", unit)] = out
+            self._outbox[(ActionKind.B, unit)] = out
 
     def finish_training(self) -> None:
         if self.tied is not None:
@@ -245,11 +250,11 @@ class StageExecutor:
     # ---- evaluation ---------------------------------------------------------------
     def eval_units(self) -> list[int]:
         base = self.schedule.num_units
-        return list(range(base, base + self.config.eval_batches * self.config.micro_batches))
+        return list(range(base, base + self.pipeline.eval_batches * self.micro_batches))
 
     def evaluate(self, unit: int) -> None:
         """Forward one held-out unit (no gradients) and pass it on or score it."""
-        step, micro = divmod(unit - self.schedule.num_units, self.config.micro_batches)
+        step, micro = divmod(unit - self.schedule.num_units, self.micro_batches)
         inputs, target = self._inputs(self.eval_data, step, micro, unit)
         with self._stream(EVAL, step, micro):
             out = self.runner.evaluate(inputs, target)
@@ -260,11 +265,11 @@ class StageExecutor:
             self.result.eval_units += 1
             self.result.eval_samples += int(target.shape[0])  # type: ignore[union-attr]
         else:
-            self.transport.send("F", unit, out)  # type: ignore[arg-type]
+            self.transport.send(ActionKind.F, unit, out)  # type: ignore[arg-type]
 
     # ---- checkpoints ----------------------------------------------------------------
     @property
-    def crossing_keys(self) -> set[tuple[str, int]]:
+    def crossing_keys(self) -> set[tuple[ActionKind, int]]:
         """Messages this stage sent that cross the latest cut (saved in its checkpoint)."""
         return self._last_crossing
 
@@ -300,7 +305,7 @@ class StageExecutor:
                 "tied": self.tied.state(done) if self.tied is not None else {},
             },
         )
-        self._last_crossing = set(self._kept)
+        self._last_crossing = {(ActionKind(d), unit) for d, unit in self._kept}
         self._kept = {}
         self._plan_next_checkpoint(done)
 
@@ -320,16 +325,16 @@ class StageExecutor:
                 p.data.copy_(saved)
             data: tuple[Any, Any] = (None, None)
             if self.train_data is not None:
-                x, y = self.train_data.micro(*divmod(unit, self.config.micro_batches))
+                x, y = self.train_data.micro(*divmod(unit, self.micro_batches))
                 data = (self._to_device(x), self._to_device(y))
             inputs = leaves if self.rank > 0 else data[0]
-            with torch.enable_grad(), self._stream(TRAIN, *divmod(unit, self.config.micro_batches)):
+            with torch.enable_grad(), self._stream(TRAIN, *divmod(unit, self.micro_batches)):
                 self.runner.forward(unit, inputs, data[1] if self.runner.is_last else None)
             self._forward_weights[unit] = used
         for p, saved in zip(self.weights.params, live, strict=True):
             p.data.copy_(saved)
         for (direction, unit), message in sorted(state["sent"].items()):
-            self.transport.send(direction, unit, message)
+            self.transport.send(ActionKind(direction), unit, message)
         if self.tied is not None:
             self.tied.load_state(state.get("tied", {}), state["done"])
         set_rng_state(state["rng"])

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.schedule import Action, Schedule
-from pipeswap.pipeline.validate import TimedAction, simulate
+from pipeswap.pipeline.actions import ActionKind
+from pipeswap.pipeline.schedule import Schedule, TimedAction, unit_time_order
 
 IDLE = "."
 
@@ -26,7 +26,7 @@ def render_grid(
     """
     if forward_cost < 1 or backward_cost < 1:
         raise PipeswapError("grid costs must be whole time slots of at least 1")
-    timeline = simulate(schedule, forward_cost=forward_cost, backward_cost=backward_cost)
+    timeline = unit_time_order(schedule, forward_cost=forward_cost, backward_cost=backward_cost)
     makespan = int(max((t.end for t in timeline), default=0))
     cells = [[IDLE] * makespan for _ in range(schedule.num_stages)]
     last_slot: dict[int, int] = {}
@@ -54,12 +54,12 @@ def render_grid(
 
 def _place(row: list[str], timed: TimedAction, last_slot: dict[int, int]) -> None:
     act = timed.action
-    if act.kind == "UPDATE":
+    if act.kind is ActionKind.UPDATE:
         slot = last_slot.get(timed.rank)
         if slot is not None:
             row[slot] += f"/U{act.unit}"
         return
-    if act.kind not in ("F", "B"):
+    if not act.kind.is_pass:
         return
     start, end = int(timed.start), int(timed.end)
     row[start] = f"{act.kind}{act.unit}"
@@ -69,33 +69,12 @@ def _place(row: list[str], timed: TimedAction, last_slot: dict[int, int]) -> Non
 
 
 def phase_summary(schedule: Schedule, rank: int, row: list[str]) -> str:
-    """``stage 1: warm-up 2F, steady 2x(F,B), cool-down 2B, flush+UPDATE; bubble 33%``."""
-    passes = [a for a in schedule.compute_actions(rank) if a.kind in ("F", "B")]
-    if schedule.name == "gpipe":
-        m = schedule.micro_batches
-        body = f"per step {m}F then {m}B, then flush + UPDATE"
-    elif schedule.synchronous:
-        first_step = [a for a in passes if schedule.step_of(a.unit) == 0]
-        body = "per step " + _phases(first_step) + ", then flush + UPDATE"
-    elif schedule.name == "2bw":
-        m = schedule.micro_batches
-        every = "every B" if m == 1 else f"every {m} B (a mini-batch)"
-        body = _phases(passes) + f", no flush, UPDATE after {every}"
-    else:
-        body = _phases(passes) + ", UPDATE after every B"
+    """``stage 1: warm-up 2F, steady 2x(F,B), cool-down 2B, flush+UPDATE; bubble 33%``.
+
+    The phases are the schedule's own caption (ScheduleKind.caption); the bubble is the
+    idle share of the stage's ``row`` of grid cells.
+    """
+    body = schedule.kind.caption(schedule, rank)
     idle = sum(1 for c in row if c == IDLE)
     bubble = idle / len(row) if row else 0.0
     return f"stage {rank}: {body}; bubble {bubble:.0%}"
-
-
-def _phases(passes: list[Action]) -> str:
-    kinds: list[str] = [a.kind for a in passes]
-    if "B" not in kinds:
-        return f"warm-up {len(kinds)}F"
-    # The F right before the first B opens the first steady (F,B) pair, and the B right
-    # after the last F closes the last one.
-    warm = max(kinds.index("B") - 1, 0)
-    last_f = max((i for i, k in enumerate(kinds) if k == "F"), default=-1)
-    cool = max(len(kinds) - last_f - 2, 0)
-    steady = (len(kinds) - warm - cool) // 2
-    return f"warm-up {warm}F, steady {steady}x(F,B), cool-down {cool}B"

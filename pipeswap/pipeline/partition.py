@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeswap.errors import PipeswapError
+from pipeswap.config import ConfigError, require
 from pipeswap.jsonio import check_format
-from pipeswap.pipeline.schedule import two_bw_orders
+from pipeswap.pipeline.config import read_balance
+from pipeswap.pipeline.modes import weight_mode
+from pipeswap.pipeline.schedule_kinds import schedule_kind
 from pipeswap.profile import Profile
 
 PARTITION_FORMAT = "pipeswap.partition/1"
@@ -62,42 +63,13 @@ class Partition:
 
 def in_flight_units(schedule: str, num_stages: int, stage: int, micro_batches: int = 1) -> int:
     """How many units (micro- or mini-batches) keep activations on ``stage`` at once."""
-    if schedule == "gpipe":
-        return micro_batches
-    if schedule == "1f1b":
-        return min(num_stages - stage, micro_batches)
-    if schedule == "2bw":
-        return _two_bw_in_flight(num_stages, micro_batches)[stage]
-    return num_stages - stage
+    return schedule_kind(schedule).in_flight_units(num_stages, stage, micro_batches)
 
 
-@functools.lru_cache(maxsize=64)
-def _two_bw_in_flight(num_stages: int, micro_batches: int) -> tuple[int, ...]:
-    # The peak of (forwards - backwards) over the builder's order; 4 mini-batches reach
-    # the steady state (mini-batch t's forwards overlap only t - 1's backwards).
-    orders = two_bw_orders(num_stages, 4, micro_batches)
-    peaks = []
-    for order in orders:
-        live = peak = 0
-        for action in order:
-            live += {"F": 1, "B": -1}.get(action.kind, 0)
-            peak = max(peak, live)
-        peaks.append(peak)
-    return tuple(peaks)
-
-
-def extra_weight_copies(weights: str, in_flight: int, schedule: str | None = None) -> int:
-    """Weight copies beyond the live one: a stash per in-flight mini-batch, or one backup.
-
-    On ``2bw`` every in-flight micro-batch of a stage ran its forward on one of two
-    versions (double buffering, PipeDream-2BW), so ``stash`` keeps one copy whatever the
-    number in flight (``pipeline/weights.py`` shares one clone per version).
-    """
-    if weights in ("stash", "nesterov"):  # nesterov stashes as stash does
-        return min(in_flight, 1) if schedule == "2bw" else in_flight
-    if weights in ("spectrain", "predict-adam"):
-        return 1
-    return 0
+def extra_weight_copies(weights: str, in_flight: int, schedule: str) -> int:
+    """Weight copies beyond the live one that mode ``weights`` keeps on ``schedule``
+    with ``in_flight`` units (WeightMode.extra_weight_copies)."""
+    return weight_mode(weights).extra_weight_copies(in_flight, schedule_kind(schedule))
 
 
 def stage_memory_bytes(
@@ -171,10 +143,11 @@ def partition(
         smallest = _min_max_cut(len(layers), num_stages, lambda a, b, k: float(memory(a, b, k)))
         assert smallest is not None
         need = max(memory(a, b, k) for k, (a, b) in enumerate(stage_bounds(smallest)))
-        raise PipeswapError(
-            f"no cut of {profile.model} into {num_stages} stages fits {memory_cap_bytes} bytes "
-            f"per stage under {schedule}/{weights}; the smallest possible is {need} bytes "
-            f"(balance {','.join(map(str, smallest))}): raise the cap or add stages"
+        raise ConfigError(
+            f"no cut of {profile.model} into {num_stages} stages fits {{memory_cap_bytes}} "
+            f"{memory_cap_bytes} bytes per stage under {schedule}/{weights}; the smallest "
+            f"possible is {need} bytes (balance {','.join(map(str, smallest))}): raise the cap "
+            "or add stages"
         )
     return describe(
         profile, balance, schedule=schedule, micro_batches=micro_batches, weights=weights
@@ -189,7 +162,7 @@ def describe(
     micro_batches: int = 1,
     weights: str = "stale",
 ) -> Partition:
-    """The :class:`Partition` of a given balance (e.g. a manual ``--balance``)."""
+    """The :class:`Partition` of a given balance (e.g. one the user gave)."""
     bounds = stage_bounds(balance)
     n = len(balance)
     return Partition(
@@ -207,41 +180,32 @@ def describe(
 
 
 def parse_balance(text: str, num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """Read ``--balance 3,3,2,2`` and check it covers every layer with ``num_stages`` stages."""
+    """Read a balance written ``3,3,2,2`` and check it covers ``num_layers`` in ``num_stages``."""
     return check_balance(read_balance(text), num_layers, num_stages)
-
-
-def read_balance(text: str) -> tuple[int, ...]:
-    """The layer counts of ``--balance 3,3,2,2`` (not yet checked against a model)."""
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise PipeswapError(f"--balance {text!r}: write layer counts like 3,3,2,2") from None
 
 
 def check_balance(balance: tuple[int, ...], num_layers: int, num_stages: int) -> tuple[int, ...]:
     """``balance`` if it gives every one of ``num_stages`` stages layers and covers them all."""
     text = ",".join(map(str, balance))
-    if len(balance) != num_stages:
-        raise PipeswapError(
-            f"--balance {text} has {len(balance)} stages but --pipeline is {num_stages}"
-        )
-    if any(b < 1 for b in balance) or sum(balance) != num_layers:
-        raise PipeswapError(
-            f"--balance {text}: every stage needs at least one layer and the counts must add "
-            f"up to the model's {num_layers} layers (they add up to {sum(balance)})"
-        )
+    require(
+        len(balance) == num_stages,
+        f"{{balance}} {text} has {len(balance)} stages but {{stages}} is {num_stages}",
+    )
+    require(
+        all(b >= 1 for b in balance) and sum(balance) == num_layers,
+        f"{{balance}} {text}: every stage needs at least one layer and the counts must add "
+        f"up to the model's {num_layers} layers (they add up to {sum(balance)})",
+    )
     return balance
 
 
 def check_stage_count(num_layers: int, num_stages: int, names: list[str], model: str) -> None:
-    if num_stages < 1:
-        raise PipeswapError(f"a pipeline needs at least 1 stage, not {num_stages}")
-    if num_layers < num_stages:
-        raise PipeswapError(
-            f"{model} has {num_layers} layers ({', '.join(names)}), fewer than the "
-            f"{num_stages} stages asked for: use --pipeline {num_layers} or fewer"
-        )
+    """Refuse more stages than the model has layers, naming the layers."""
+    require(
+        num_layers >= num_stages,
+        f"{model} has {num_layers} layers ({', '.join(names)}), fewer than the {num_stages} "
+        f"stages asked for: use {{stages}} {num_layers} or fewer",
+    )
 
 
 def _min_max_cut(num_layers: int, num_stages: int, cost: Any) -> tuple[int, ...] | None:

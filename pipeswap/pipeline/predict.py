@@ -42,13 +42,23 @@ from collections import Counter
 
 import torch
 
+from pipeswap.pipeline.actions import ActionKind
+from pipeswap.pipeline.config import DISTANCE_RULES
 from pipeswap.pipeline.schedule import Schedule, build_schedule
 
-# (kind, unit) -> s for every forward and backward of one stage.
-Distances = dict[tuple[str, int], int]
+__all__ = [
+    "DISTANCE_RULES",
+    "Distances",
+    "delay_free_schedule",
+    "official_distances",
+    "steady_distances",
+    "step_direction",
+    "version_distances",
+]
 
-# How s is chosen: walked from the schedule (default) or the official SpecTrain table.
-DISTANCE_RULES = ("schedule", "official")
+# (kind, unit) -> s for every forward and backward of one stage. DISTANCE_RULES: how s is
+# chosen, walked from the schedule (default) or the official SpecTrain table.
+Distances = dict[tuple[ActionKind, int], int]
 
 
 def version_distances(schedule: Schedule, stage: int, rule: str = "schedule") -> Distances:
@@ -59,22 +69,22 @@ def version_distances(schedule: Schedule, stage: int, rule: str = "schedule") ->
     if rule not in DISTANCE_RULES:
         raise ValueError(f"unknown distance rule {rule!r}; valid: {', '.join(DISTANCE_RULES)}")
     walked = _walked_distances(schedule, stage)
-    if rule == "official" and schedule.name == "async-1f1b":
+    if rule == "official" and schedule.kind.spectrain_table:
         return {key: s + stage // 2 for key, s in walked.items()}
     return walked
 
 
 def _walked_distances(schedule: Schedule, stage: int) -> Distances:
     actions = schedule.compute_actions(stage)
-    update_at = {a.unit: i for i, a in enumerate(actions) if a.kind == "UPDATE"}
+    update_at = {a.unit: i for i, a in enumerate(actions) if a.kind is ActionKind.UPDATE}
     updates_before = []
     count = 0
     for action in actions:
         updates_before.append(count)
-        count += action.kind == "UPDATE"
+        count += action.kind is ActionKind.UPDATE
     distances: Distances = {}
     for i, action in enumerate(actions):
-        if action.kind in ("F", "B"):
+        if action.kind.is_pass:
             own = update_at[schedule.step_of(action.unit)]
             # Updates at positions i+1 .. own-1.
             distances[(action.kind, action.unit)] = updates_before[own] - updates_before[i + 1]
@@ -87,22 +97,27 @@ def delay_free_schedule(schedule: Schedule) -> Schedule | None:
     ``2bw`` with ``delay=0``: each mini-batch's forwards wait for the previous update, so
     training is synchronous gradient accumulation (the updates of ``1f1b``). Synchronous
     schedules are their own delay-free form; ``async-1f1b`` has none (its delay is the
-    pipeline's depth).
+    pipeline's depth). The entry's ``delay_free`` says which (ScheduleKind).
     """
-    if schedule.synchronous:
+    kind = schedule.kind
+    if not kind.asynchronous:
         return schedule
-    if schedule.name == "2bw":
-        return build_schedule(
-            "2bw", schedule.num_stages, schedule.num_steps, schedule.micro_batches, delay=0
-        )
-    return None
+    if kind.delay_free is None:
+        return None
+    return build_schedule(
+        kind.name,
+        schedule.num_stages,
+        schedule.num_steps,
+        schedule.micro_batches,
+        delay=kind.delay_free,
+    )
 
 
 def steady_distances(schedule: Schedule, stage: int, rule: str = "schedule") -> tuple[int, int]:
     """The (forward, backward) distance most units of ``stage`` get (the steady state)."""
     distances = version_distances(schedule, stage, rule)
     result = []
-    for kind in ("F", "B"):
+    for kind in (ActionKind.F, ActionKind.B):
         values = Counter(s for (k, _), s in distances.items() if k == kind)
         result.append(max(values.items(), key=lambda kv: (kv[1], kv[0]))[0])
     return result[0], result[1]

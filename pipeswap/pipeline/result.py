@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeswap.dist.digest import combine_digests
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.executor import StageResult
-from pipeswap.pipeline.validate import TimedAction
+from pipeswap.pipeline.schedule import TimedAction
+from pipeswap.train_config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class PipelineResult:
     (None where the live weights were never stale, i.e. s = 0 for every pass).
     """
 
-    config: PipelineConfig
+    config: TrainConfig
     mode: str
     losses: tuple[float, ...]
     eval: dict[str, float | int]
@@ -45,7 +45,7 @@ class PipelineResult:
         """The pipeline keys of a ``pipeswap.train/2`` report (pipeswap.training.report)."""
         report: dict[str, Any] = {
             "mode": self.mode,
-            "config": self.config.to_json(),
+            "config": pipeline_summary(self.config),
             "losses": list(self.losses),
             "eval": self.eval,
             "samples_per_s": self.samples_per_s,
@@ -65,16 +65,41 @@ class PipelineResult:
         return report
 
 
+def pipeline_summary(config: TrainConfig) -> dict[str, Any]:
+    """The ``config`` key of a pipeline report: the run's settings in one flat object."""
+    pipeline, optimizer = config.require_pipeline(), config.optim
+    return {
+        "model": config.model,
+        "balance": list(pipeline.stage_balance),
+        "schedule": pipeline.schedule,
+        "weights": pipeline.weights,
+        "optimizer": optimizer.optimizer,
+        "lr": optimizer.base_lr,
+        "momentum": optimizer.momentum,
+        "weight_decay": optimizer.weight_decay,
+        "batch": config.batch,
+        "micro_batches": pipeline.micro_batch_count,
+        "steps": config.steps,
+        "seq_len": config.seq_len,
+        "image_size": config.image_size,
+        "seed": config.seed,
+        "eval_batches": pipeline.eval_batches,
+        "distances": pipeline.distances,
+        "lr_warmup": optimizer.lr_warmup,
+    }
+
+
 def combine(
-    config: PipelineConfig, stages: Sequence[StageResult], *, mode: str, task: str, wall_s: float
+    config: TrainConfig, stages: Sequence[StageResult], *, mode: str, task: str, wall_s: float
 ) -> PipelineResult:
     """One result from the per-stage results (in stage order)."""
     last = stages[-1]
-    m = config.micro_batches
+    pipeline = config.require_pipeline()
+    m = pipeline.micro_batch_count
     losses = tuple(
         sum(last.losses[step * m + i] for i in range(m)) / m for step in range(config.steps)
     )
-    evaluation: dict[str, float | int] = {"batches": config.eval_batches}
+    evaluation: dict[str, float | int] = {"batches": pipeline.eval_batches}
     if last.eval_units:
         evaluation["loss"] = last.eval_loss_sum / last.eval_units
         if task == "classify":
@@ -86,7 +111,7 @@ def combine(
         mode=mode,
         losses=losses,
         eval=evaluation,
-        samples_per_s=config.steps * config.batch / wall_s if wall_s > 0 else 0.0,
+        samples_per_s=config.steps * (config.batch or 0) / wall_s if wall_s > 0 else 0.0,
         wall_s=wall_s,
         stage_busy_s=tuple(s.busy_s for s in stages),
         stage_sha256=digests,

@@ -1,6 +1,7 @@
-"""One process per stage over torch.distributed: non-blocking transfers, same compute.
+"""One process per stage: the emulator's compute, with transfers between processes.
 
-The process group is made by :mod:`pipeswap.dist`; this module only sends and receives.
+The process groups and the transfers themselves belong to :mod:`pipeswap.dist`
+(:mod:`pipeswap.dist.p2p`); this module says which buffers go where, under which tags, when.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from pipeswap.checkpoint import CheckpointPlan, RunStopped, load_rank
+from pipeswap.config import ConfigError, require
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import (
     backend_name,
@@ -24,35 +25,38 @@ from pipeswap.dist.group import (
     rank_and_world,
     single_threaded,
 )
+from pipeswap.dist.p2p import Receive, Sends, pack_tag, post_receives
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig, build_full_model, build_meta_model
+from pipeswap.pipeline.actions import Action, ActionKind
 from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.executor import StageExecutor, StageResult
+from pipeswap.pipeline.job import build_full_model, build_meta_model
 from pipeswap.pipeline.partition import stage_bounds
+from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult, combine
-from pipeswap.pipeline.schedule import Action
 from pipeswap.pipeline.shared import find_shared
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import BoundarySpec, Packed, inspect_layers
 from pipeswap.progress import progress_bar
+from pipeswap.train_config import TrainConfig
 
 # Each transfer of a unit is tagged (unit, direction, tensor index): at most this many
 # tensors cross one cut.
 MAX_TENSORS_PER_CUT = 16
 
 
-def _tag(kind: str, unit: int, index: int) -> int:
-    return (unit * 2 + (kind == "B")) * MAX_TENSORS_PER_CUT + index
+def _tag(direction: ActionKind, unit: int, index: int) -> int:
+    return pack_tag(unit, (int(direction == ActionKind.B), 2), (index, MAX_TENSORS_PER_CUT))
 
 
 class DistTransport:
-    """isend/irecv between neighbouring ranks; receives are posted ahead of the compute.
+    """Transfers between neighbouring ranks (pipeswap.dist.p2p); receives posted ahead.
 
     Sends are never waited for until the end (only polled), so a rank is never blocked
     by a transfer its peer has not yet asked for: the schedule validator's model of a
     non-blocking SEND. Transfers are tagged, and posted in schedule order (what NCCL,
     which ignores tags, relies on). ``groups`` (forward, backward), when given, carries
-    each direction's transfers in a process group of its own; see :func:`run_rank`.
+    each direction's transfers in a process group of its own; see :func:`run_stage_rank`.
     """
 
     def __init__(
@@ -67,76 +71,75 @@ class DistTransport:
         self.input_spec = input_spec
         self.output_spec = output_spec
         self.device = device
-        self._groups = {"F": groups[0], "B": groups[1]} if groups is not None else {}
-        self._posted: dict[tuple[str, int], tuple[Packed, list[Any]]] = {}
-        self._sending: list[tuple[Any, torch.Tensor, tuple[str, int]]] = []
+        self._groups = (
+            {ActionKind.F: groups[0], ActionKind.B: groups[1]} if groups is not None else {}
+        )
+        self._posted: dict[tuple[ActionKind, int], Receive] = {}
+        self._sends: Sends[tuple[ActionKind, int]] = Sends()
 
-    def post(self, kind: str, unit: int) -> None:
-        if (kind, unit) in self._posted:
+    def post(self, direction: ActionKind, unit: int) -> None:
+        if (direction, unit) in self._posted:
             return
-        spec = self.input_spec if kind == "F" else self.output_spec
-        if spec is not None and len(spec.tensors) > MAX_TENSORS_PER_CUT:
-            raise PipeswapError(
-                f"{len(spec.tensors)} tensors cross a cut of stage {self.rank}, more than the "
-                f"{MAX_TENSORS_PER_CUT} the runtime tags: cut the model where fewer tensors "
-                "pass between layers (--balance)"
-            )
-        assert spec is not None, f"rank {self.rank} receives no {kind} transfers"
-        src = self.rank - 1 if kind == "F" else self.rank + 1
-        buffers = spec.empty(self.device, grads=kind == "B")
-        group = self._groups.get(kind)
-        works = [
-            dist.irecv(buf, src=src, tag=_tag(kind, unit, i), group=group)
-            for i, buf in enumerate(buffers)
-        ]
-        self._posted[(kind, unit)] = (buffers, works)
+        # Activations come from the previous stage, gradients from the next.
+        spec = self.input_spec if direction is ActionKind.F else self.output_spec
+        if spec is not None:
+            self._check_count(len(spec.tensors))
+        assert spec is not None, f"rank {self.rank} receives no {direction} transfers"
+        buffers = spec.empty(self.device, grads=direction is ActionKind.B)
+        tags = [_tag(direction, unit, i) for i in range(len(buffers))]
+        src = self.rank - direction.step
+        receive = post_receives(buffers, src, tags, self._groups.get(direction))
+        self._posted[(direction, unit)] = receive
 
-    def take(self, kind: str, unit: int) -> Packed:
-        self.post(kind, unit)
-        buffers, works = self._posted.pop((kind, unit))
-        for work in works:
-            work.wait()
-        return buffers
+    def take(self, direction: ActionKind, unit: int) -> Packed:
+        self.post(direction, unit)
+        return self._posted.pop((direction, unit)).wait()
 
-    def send(self, kind: str, unit: int, tensors: Packed) -> None:
-        dst = self.rank + 1 if kind == "F" else self.rank - 1
-        group = self._groups.get(kind)
-        for i, tensor in enumerate(tensors):
-            payload = tensor.detach().contiguous()
-            work = dist.isend(payload, dst=dst, tag=_tag(kind, unit, i), group=group)
-            self._sending.append((work, payload, (kind, unit)))
+    def send(self, direction: ActionKind, unit: int, tensors: Packed) -> None:
+        self._check_count(len(tensors))
+        tags = [_tag(direction, unit, i) for i in range(len(tensors))]
+        dst = self.rank + direction.step
+        self._sends.start((direction, unit), tensors, dst, tags, self._groups.get(direction))
 
     def progress(self) -> None:
-        self._sending = [s for s in self._sending if not s[0].is_completed()]
+        self._sends.poll()
 
-    def finish(self, abandon: Collection[tuple[str, int]] = ()) -> None:
+    def _check_count(self, tensors: int) -> None:
+        if tensors > MAX_TENSORS_PER_CUT:
+            raise ConfigError(
+                f"{tensors} tensors cross a cut of stage {self.rank}, more than the "
+                f"{MAX_TENSORS_PER_CUT} the runtime tags: cut the model where fewer tensors "
+                "pass between layers ({balance})"
+            )
+
+    def finish(self, abandon: Collection[tuple[ActionKind, int]] = ()) -> None:
         """Wait for every send but those in ``abandon`` (saved in a checkpoint instead)."""
-        for work, _, key in self._sending:
-            if key in abandon:
-                continue
-            work.wait()
-        self._sending = []
+        self._sends.wait(abandon)
 
 
 class DistExchange:
-    """Tied parameters' gradients between holding ranks: isend/irecv in a group per pair.
+    """Tied parameters' gradients between holding ranks, in a process group per pair.
 
     ``groups[(src, dst)]`` carries src's gradients to dst only, so each group's stream
     sees one direction in mini-batch order (what NCCL needs); the tag tells the mini-batch,
     group and tensor apart (what gloo needs).
     """
 
-    # At most this many tied tensors per group of holders (the tag packs the index).
+    # At most this many tied tensors per group of holders (the tag packs the index), and
+    # this many groups of holders.
     MAX_TENSORS = 64
+    MAX_GROUPS = 1024
 
     def __init__(self, rank: int, groups: dict[tuple[int, int], Any], device: torch.device):
         self.rank = rank
         self.groups = groups
         self.device = device
-        self._sending: list[tuple[Any, torch.Tensor, tuple[int, int, int]]] = []
+        self._sends: Sends[tuple[int, int, int]] = Sends()
 
-    def _tag(self, group: int, step: int, index: int) -> int:
-        return ((step * 1024) + group) * self.MAX_TENSORS + index
+    def _tags(self, group: int, step: int, count: int) -> list[int]:
+        return [
+            pack_tag(step, (group, self.MAX_GROUPS), (i, self.MAX_TENSORS)) for i in range(count)
+        ]
 
     def send(self, group: int, step: int, dst: int, tensors: list[torch.Tensor]) -> None:
         if len(tensors) > self.MAX_TENSORS:
@@ -144,34 +147,23 @@ class DistExchange:
                 f"{len(tensors)} parameters are tied between the same stages, more than the "
                 f"{self.MAX_TENSORS} the runtime tags: tie fewer parameters across stages"
             )
-        pg = self.groups[(self.rank, dst)]
-        for i, tensor in enumerate(tensors):
-            payload = tensor.detach().contiguous()
-            work = dist.isend(payload, dst=dst, tag=self._tag(group, step, i), group=pg)
-            self._sending.append((work, payload, (group, step, dst)))
+        tags = self._tags(group, step, len(tensors))
+        self._sends.start((group, step, dst), tensors, dst, tags, self.groups[(self.rank, dst)])
 
     def take(self, group: int, step: int, src: int, like: list[torch.Tensor]) -> list[torch.Tensor]:
-        pg = self.groups[(src, self.rank)]
         buffers = [torch.empty_like(t, device=self.device) for t in like]
-        works: list[Any] = [
-            dist.irecv(buf, src=src, tag=self._tag(group, step, i), group=pg)
-            for i, buf in enumerate(buffers)
-        ]
-        for work in works:
-            work.wait()
-        self._sending = [s for s in self._sending if not s[0].is_completed()]
-        return buffers
+        tags = self._tags(group, step, len(buffers))
+        received = post_receives(buffers, src, tags, self.groups[(src, self.rank)]).wait()
+        self._sends.poll()
+        return list(received)
 
     def finish(self, abandon: Collection[tuple[int, int, int]] = ()) -> None:
         """Wait for every send but those in ``abandon`` (saved in a checkpoint instead)."""
-        for work, _, key in self._sending:
-            if key not in abandon:
-                work.wait()
-        self._sending = []
+        self._sends.wait(abandon)
 
 
-def run_rank(
-    config: PipelineConfig,
+def run_stage_rank(
+    config: TrainConfig,
     *,
     device: torch.device | str = "cpu",
     progress: bool = False,
@@ -190,13 +182,14 @@ def run_rank(
     before a RECV the peer issues first) could deadlock the pair. One group per
     direction gives each stream one kind of transfer, in unit order on both ends.
     """
-    config.check()
+    config = resolve_pipeline(config)
+    pipeline = config.require_pipeline()
     rank, world = rank_and_world()
-    if world != config.num_stages:
-        raise PipeswapError(
-            f"{world} ranks joined a {config.num_stages}-stage pipeline: start one rank per "
-            f"stage (--nproc {config.num_stages})"
-        )
+    require(
+        world == pipeline.num_stages,
+        f"{world} ranks joined a {pipeline.num_stages}-stage pipeline: start one rank per "
+        f"stage ({{nproc}} {pipeline.num_stages})",
+    )
     device = torch.device(device)
     if device.type == "cuda":
         # NCCL sends, receives and object gathers run on the current device: make it ours.
@@ -206,7 +199,7 @@ def run_rank(
     groups = direction_groups(split_directions)
     # Every rank builds the full model: every rank finds the same tied parameters and
     # joins the same pair groups (creating a group is collective).
-    holders = {s.holders for s in find_shared(build_meta_model(config), config.balance)}
+    holders = {s.holders for s in find_shared(build_meta_model(config), pipeline.stage_balance)}
     pairs = sorted({(a, b) for hs in holders for a in hs for b in hs if a != b})
     tied_groups = pair_groups(pairs)
     threads = single_threaded() if device.type == "cpu" else nullcontext()
@@ -214,7 +207,7 @@ def run_rank(
         infos = inspect_layers(config)
         schedule = pipeline_schedule(config)
         model = build_full_model(config, device)
-        start, stop = stage_bounds(config.balance)[rank]
+        start, stop = stage_bounds(pipeline.stage_balance)[rank]
         transport = DistTransport(
             rank,
             infos[start - 1].output if rank > 0 else None,
@@ -288,11 +281,11 @@ def _run_actions(
                 next_compute += 1
             horizon = compute[min(next_compute + 1, len(compute) - 1)]
             for j in range(posted_upto, horizon):
-                if actions[j].kind.startswith("RECV"):
-                    transport.post(actions[j].kind[-1], actions[j].unit)
+                if actions[j].kind.is_receive:
+                    transport.post(actions[j].kind.direction, actions[j].unit)
             posted_upto = max(posted_upto, horizon)
         executor.run(action)
-        if action.kind == "UPDATE":
+        if action.kind is ActionKind.UPDATE:
             if bar is not None:
                 bar.update(1)
             if after_step is not None:

@@ -30,9 +30,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.partition import stage_bounds
-from pipeswap.pipeline.schedule import ActionKind, Schedule
-from pipeswap.pipeline.validate import simulate
+from pipeswap.pipeline.schedule import Schedule, unit_time_order
 from pipeswap.pipeline.weights import StageWeights
 
 
@@ -135,33 +135,33 @@ def plan_sharing(schedule: Schedule, holders: tuple[int, ...]) -> SharePlan:
     """
     n = schedule.num_stages
     clocks = [[0] * n for _ in range(n)]
-    at_send: dict[tuple[str, int, int], list[int]] = {}
+    # (direction, sending rank, unit) -> the sender's clock when it sent.
+    at_send: dict[tuple[ActionKind, int, int], list[int]] = {}
     pass_clock: dict[tuple[int, int], list[int]] = {}
-    for timed in simulate(schedule):
+    for timed in unit_time_order(schedule):
         rank, index, action = timed.rank, timed.index, timed.action
         clock = clocks[rank]
-        if action.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
-            src = rank - 1 if action.kind == ActionKind.RECV_F else rank + 1
-            sent = at_send[(action.kind[-1], src, action.unit)]
+        if action.kind.is_receive:
+            sent = at_send[(action.kind.direction, action.kind.peer(rank), action.unit)]
             clock[:] = [max(a, b) for a, b in zip(clock, sent)]
         clock[rank] = index + 1
-        if action.kind in (ActionKind.SEND_F, ActionKind.SEND_B):
-            at_send[(action.kind[-1], rank, action.unit)] = list(clock)
-        elif action.kind in (ActionKind.F, ActionKind.B) and rank in holders:
+        if action.kind.is_send:
+            at_send[(action.kind.direction, rank, action.unit)] = list(clock)
+        elif action.kind.is_pass and rank in holders:
             pass_clock[(rank, index)] = list(clock)
     plan = SharePlan(holders)
     last_backward: dict[int, list[int]] = {}
     for h in holders:
         last = [0] * schedule.num_steps
         for i, action in enumerate(schedule.actions[h]):
-            if action.kind == ActionKind.B:
+            if action.kind is ActionKind.B:
                 last[schedule.step_of(action.unit)] = i
         last_backward[h] = last
         plan.send_after[h] = {i: t for t, i in enumerate(last)}
     for h in holders:
         actions = schedule.actions[h]
-        passes = [i for i, a in enumerate(actions) if a.kind in (ActionKind.F, ActionKind.B)]
-        updates = {a.unit: i for i, a in enumerate(actions) if a.kind == ActionKind.UPDATE}
+        passes = [i for i, a in enumerate(actions) if a.kind.is_pass]
+        updates = {a.unit: i for i, a in enumerate(actions) if a.kind is ActionKind.UPDATE}
         apply_at: list[int] = []
         j = 0
         for t in range(schedule.num_steps):

@@ -16,17 +16,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeswap.checkpoint import StopOnSigterm
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import write_atomic
-from pipeswap.pipeline.schedule import Action, ActionKind, Schedule
+from pipeswap.pipeline.actions import Action, ActionKind
+from pipeswap.pipeline.schedule import Schedule
 
-_SENDS = {
-    ActionKind.SEND_F: ("F", 1, ActionKind.RECV_F),
-    ActionKind.SEND_B: ("B", -1, ActionKind.RECV_B),
-}
+_SENDS = (ActionKind.SEND_F, ActionKind.SEND_B)
 
-
-Positions = dict[tuple[int, str, int], int]
+Positions = dict[tuple[int, ActionKind, int], int]
 
 
 def positions(schedule: Schedule) -> Positions:
@@ -45,7 +43,7 @@ def cut_index(schedule: Schedule, rank: int, done: int) -> int:
 
 def crossing_messages(
     schedule: Schedule, done: int, where: Positions | None = None
-) -> dict[int, set[tuple[str, int]]]:
+) -> dict[int, set[tuple[ActionKind, int]]]:
     """Per rank, the (direction, unit) messages it sends before the cut that arrive after.
 
     Only units within N + 1 steps of the cut can cross it: no stage runs further ahead
@@ -55,22 +53,22 @@ def crossing_messages(
     n, micro = schedule.num_stages, schedule.micro_batches
     cuts = [where[(r, ActionKind.UPDATE, done - 1)] for r in range(n)]
     window = range(max(0, (done - n - 1) * micro), min(schedule.num_units, (done + n + 1) * micro))
-    keep: dict[int, set[tuple[str, int]]] = {r: set() for r in range(n)}
+    keep: dict[int, set[tuple[ActionKind, int]]] = {r: set() for r in range(n)}
     for rank, kind, unit in (
         (r, k, u) for r in range(n) for k in _SENDS for u in window if (r, k, u) in where
     ):
         i = where[(rank, kind, unit)]
-        direction, step, receive = _SENDS[kind]
-        j = where[(rank + step, receive, unit)]
-        sent, received = i <= cuts[rank], j <= cuts[rank + step]
+        peer = kind.peer(rank)
+        j = where[(peer, kind.receive, unit)]
+        sent, received = i <= cuts[rank], j <= cuts[peer]
         if received and not sent:
             raise PipeswapError(
                 f"{schedule.name} cannot be checkpointed after step {done}: stage "
-                f"{rank + step} receives unit {unit} before its cut but stage {rank} sends it "
+                f"{peer} receives unit {unit} before its cut but stage {rank} sends it "
                 "after; checkpoint at another step"
             )
         if sent and not received:
-            keep[rank].add((direction, unit))
+            keep[rank].add((kind.direction, unit))
     return keep
 
 
@@ -91,8 +89,6 @@ class StopRequest:
     """
 
     def __init__(self, directory: str, num_stages: int, steps: int, *, decider: bool) -> None:
-        from pipeswap.checkpoint import StopOnSigterm
-
         self.num_stages = num_stages
         self.steps = steps
         self.target: int | None = None

@@ -11,8 +11,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig, build_meta_model
+from pipeswap.pipeline.job import build_meta_model
+from pipeswap.pipeline.partition import check_stage_count
 from pipeswap.profile import LayerProfile, Profile
+from pipeswap.train_config import TrainConfig
 
 # What travels between stages: a tensor, or a tuple of tensors, packed as a tuple.
 Packed = tuple[torch.Tensor, ...]
@@ -83,16 +85,16 @@ def unpack(tensors: Packed, spec: BoundarySpec) -> Any:
     return tensors if spec.is_tuple else tensors[0]
 
 
-def inspect_layers(config: PipelineConfig) -> list[LayerInfo]:
+def inspect_layers(config: TrainConfig) -> list[LayerInfo]:
     """Run the model on the meta device one layer at a time: output specs and FLOPs.
 
     Raises PipeswapError naming the first layer whose output is not a tensor or a tuple
     of tensors, and when the model has fewer layers than the pipeline has stages.
     """
-    from pipeswap.pipeline.partition import check_stage_count
-
     model = build_meta_model(config)
-    check_stage_count(len(model), config.num_stages, model.layer_names, config.model)
+    check_stage_count(
+        len(model), config.require_pipeline().num_stages, model.layer_names, config.model
+    )
     value, _ = model.example_batch(
         config.micro_batch_size, seq_len=config.seq_len, image_size=config.image_size, device="meta"
     )
@@ -110,31 +112,32 @@ def inspect_layers(config: PipelineConfig) -> list[LayerInfo]:
     return infos
 
 
-def flop_profile(config: PipelineConfig, infos: list[LayerInfo]) -> Profile:
+def flop_profile(config: TrainConfig, infos: list[LayerInfo]) -> Profile:
     """A deterministic Profile from FLOP counts (at a nominal 1 TFLOP/s, backward = 2x forward).
 
     Used to pick the default balance: unlike timings it is the same on every rank and run.
     """
-    scale = config.micro_batches * 1e-12
+    micro_batches = config.require_pipeline().micro_batch_count
+    scale = micro_batches * 1e-12
     layers = tuple(
         LayerProfile(
             info.name,
             info.forward_flops * scale,
             2 * info.forward_flops * scale,
             info.param_bytes,
-            info.output.nbytes * config.micro_batches,
-            forward_flops=info.forward_flops * config.micro_batches,
-            backward_flops=2 * info.forward_flops * config.micro_batches,
+            info.output.nbytes * micro_batches,
+            forward_flops=info.forward_flops * micro_batches,
+            backward_flops=2 * info.forward_flops * micro_batches,
         )
         for info in infos
     )
     return Profile(
         config.model,
-        config.batch,
+        config.batch or 1,
         "float32",
         "estimate",
         "flops",
-        config.optimizer,
+        config.optim.optimizer,
         0,
         layers,
         seq_len=config.seq_len,

@@ -7,11 +7,12 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
-from pipeswap.pipeline.partition import extra_weight_copies, in_flight_units, stage_bounds
-from pipeswap.pipeline.schedule import Schedule
-from pipeswap.pipeline.validate import simulate
+from pipeswap.pipeline.actions import ActionKind
+from pipeswap.pipeline.modes import weight_mode
+from pipeswap.pipeline.partition import stage_bounds
+from pipeswap.pipeline.schedule import Schedule, unit_time_order
 from pipeswap.profile import Profile
-from pipeswap.sim.graph import GRAPH_FORMAT
+from pipeswap.sim.graph import GRAPH_FORMAT, TaskGraph
 
 
 def pipeline_task_graph(
@@ -53,14 +54,11 @@ def pipeline_task_graph(
     saved = [int(sum(la.saved_bytes for la in s) * scale) for s in stages]
     out_bytes = [int(s[-1].output_bytes * scale) for s in stages]
     tasks: list[dict[str, Any]] = []
+    mode, kind = weight_mode(weights), schedule.kind
     for k in range(n):
         params = sum(la.param_bytes for la in stages[k])
         share = profile.optimizer_state_bytes * params // (profile.param_bytes or 1)
-        copies = extra_weight_copies(
-            weights,
-            in_flight_units(schedule.name, n, k, schedule.micro_batches),
-            schedule.name,
-        )
+        copies = mode.extra_weight_copies(kind.in_flight_units(n, k, schedule.micro_batches), kind)
         tasks.append(
             _task(
                 f"s{k}:init", "compute", gpu=placement[k], alloc_bytes=(2 + copies) * params + share
@@ -68,7 +66,7 @@ def pipeline_task_graph(
         )
     # Streams run their tasks in listing order, so list them in the order an idealized
     # run starts them (a topological order; ties keep the validator's order).
-    timeline = simulate(
+    timeline = unit_time_order(
         schedule,
         forward_cost=max(sum(forward) / n, 1e-9),
         backward_cost=max(sum(backward) / n, 1e-9),
@@ -99,7 +97,7 @@ def pipeline_task_graph(
 
 def _action_task(
     k: int,
-    kind: str,
+    kind: ActionKind,
     unit: int,
     previous: str,
     placement: list[str],
@@ -113,23 +111,23 @@ def _action_task(
     """The task of one action of stage k (None for a RECV: it is the dependency instead)."""
     name = f"s{k}:{kind}{unit}"
     gpu = placement[k]
-    if kind == "F":
+    if kind is ActionKind.F:
         deps = [previous] + ([f"s{k - 1}:SEND_F{unit}"] if k > 0 else [])
         return _task(
             name, "compute", gpu=gpu, duration_s=forward[k], deps=deps, alloc_bytes=saved[k]
         )
-    if kind == "B":
+    if kind is ActionKind.B:
         deps = [previous] + ([f"s{k + 1}:SEND_B{unit}"] if k < n - 1 else [])
         return _task(
             name, "compute", gpu=gpu, duration_s=backward[k], deps=deps, free_bytes=saved[k]
         )
-    if kind == "UPDATE":
+    if kind is ActionKind.UPDATE:
         return _task(name, "compute", gpu=gpu, duration_s=update_s, deps=[previous])
-    if kind == "SEND_F":
+    if kind is ActionKind.SEND_F:
         return _task(
             name, "p2p", src=gpu, dst=placement[k + 1], bytes=out_bytes[k], deps=[f"s{k}:F{unit}"]
         )
-    if kind == "SEND_B":
+    if kind is ActionKind.SEND_B:
         return _task(
             name,
             "p2p",
@@ -141,10 +139,8 @@ def _action_task(
     return None
 
 
-def pipeline_graph(*args: Any, **kwargs: Any) -> Any:
+def pipeline_graph(*args: Any, **kwargs: Any) -> TaskGraph:
     """:func:`pipeline_task_graph` as a ``pipeswap.sim.graph.TaskGraph``."""
-    from pipeswap.sim.graph import TaskGraph
-
     return TaskGraph.from_json(pipeline_task_graph(*args, **kwargs))
 
 

@@ -29,7 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeswap.optim import optimizer_for_mode
+from pipeswap.optim import OptimizerConfig
+from pipeswap.pipeline.actions import ActionKind
+from pipeswap.pipeline.modes import WeightMode, weight_mode
 from pipeswap.pipeline.predict import Distances, step_direction
 
 
@@ -61,9 +63,8 @@ class StageWeights:
     :func:`pipeswap.pipeline.predict.version_distances`; ``step_of`` maps a unit to its
     mini-batch. With ``record``, every pass keeps the weights it saw so that, at the
     mini-batch's own update, the prediction error against the realized weights is known.
-    ``warmup_steps`` > 0 ramps the learning rate linearly: the update of mini-batch t uses
-    ``lr * min(1, (t + 1) / warmup_steps)``, and a prediction over ``s`` updates sums the
-    rates those updates will use.
+    The learning rate of each update follows ``optimizer_config.lr_at`` (linear warm-up), and a
+    prediction over ``s`` updates sums the rates those updates will use.
 
     ``shared`` names this stage's copies of parameters tied across stages
     (:mod:`pipeswap.pipeline.shared`). Their gradients leave the stage instead of being
@@ -78,19 +79,16 @@ class StageWeights:
     mode: str
     distances: Distances
     step_of: dict[int, int]
-    optimizer_name: str = "sgd"
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 0.0
+    optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
     record: bool = False
     keep_gradients: bool = False
-    warmup_steps: int = 0
     updates: int = 0
     errors: dict[str, PredictionError] = field(default_factory=dict)
     last_gradients: list[torch.Tensor] | None = None
     shared: dict[str, nn.Parameter] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.entry: WeightMode = weight_mode(self.mode)
         self.params = [p for p in self.module.parameters()]
         self.masters = [nn.Parameter(p.data) for p in self.params]
         where = {id(p): i for i, p in enumerate(self.params)}
@@ -106,48 +104,43 @@ class StageWeights:
             name: self._make_optimizer([self.masters[i]]) for name, i in self.shared_at.items()
         }
         self.shared_applied = {name: 0 for name in self.shared_at}
-        self.errors = {"F": PredictionError(), "B": PredictionError()}
+        self.errors = {ActionKind.F.value: PredictionError(), ActionKind.B.value: PredictionError()}
         self._stash: dict[int, list[torch.Tensor]] = {}
         self._latest_stash: tuple[int, list[torch.Tensor] | None] = (-1, None)
         self._backup: list[torch.Tensor] | None = None
+        # Keys are plain strings ("F", unit): a checkpoint holds plain data only.
         self._records: dict[tuple[str, int], _Record] = {}
 
     def _make_optimizer(self, masters: list[nn.Parameter]) -> torch.optim.Optimizer:
-        return optimizer_for_mode(
-            self.mode,
-            self.optimizer_name,
-            masters,
-            lr=self.lr,
-            momentum=self.momentum,
-            weight_decay=self.weight_decay,
-        )
+        return self.optimizer_config.build(masters, nadam=self.entry.nadam)
 
     # ---- passes -------------------------------------------------------------------
     @torch.no_grad()
-    def before(self, kind: str, unit: int) -> None:
+    def before(self, kind: ActionKind, unit: int) -> None:
         """Put the version the mode chooses for this pass in place (remember the live one)."""
         now = self._flat() if self.record else None
         s = self.distances.get((kind, unit), 0)
-        if self.mode in ("stash", "nesterov"):
-            self._before_stash(kind, unit, s)
-        elif self.mode in ("spectrain", "predict-adam") and (s > 0 or self._lagging()):
+        if self.entry.stashes:
+            self._before_stash(kind, unit)
+        elif self.entry.predicts and (s > 0 or self._lagging()):
             self._predict(s)
         if now is not None:
             used = self._flat() if self._backup is not None else now
-            self._records[(kind, unit)] = _Record(now, used)
+            self._records[(ActionKind(kind).value, unit)] = _Record(now, used)
 
     @torch.no_grad()
-    def after(self, kind: str, unit: int) -> None:
+    def after(self, kind: ActionKind, unit: int) -> None:
         """Restore the live weights after the pass."""
         if self._backup is not None:
             for p, saved in zip(self.params, self._backup):
                 p.data.copy_(saved)
             self._backup = None
 
-    def _before_stash(self, kind: str, unit: int, s: int) -> None:
+    def _before_stash(self, kind: ActionKind, unit: int) -> None:
         # Updates between F and B of the unit: only then does the backward need a stash.
-        gap = self.distances.get(("F", unit), 0) - self.distances.get(("B", unit), 0)
-        if kind == "F" and gap > 0:
+        forward = self.distances.get((ActionKind.F, unit), 0)
+        gap = forward - self.distances.get((ActionKind.B, unit), 0)
+        if kind == ActionKind.F and gap > 0:
             # Forwards between two updates see one version: they share one copy of it
             # (PipeDream-2BW's double buffer holds 2 versions however many micro-batches).
             version, copy = self._latest_stash
@@ -155,7 +148,7 @@ class StageWeights:
                 copy = [p.detach().clone() for p in self.params]
                 self._latest_stash = (self.updates, copy)
             self._stash[unit] = copy
-        elif kind == "B" and unit in self._stash:
+        elif kind == ActionKind.B and unit in self._stash:
             self._backup = [p.detach().clone() for p in self.params]
             for p, stashed in zip(self.params, self._stash.pop(unit)):
                 p.data.copy_(stashed)
@@ -179,9 +172,9 @@ class StageWeights:
             d = step_direction(optimizer, m)
             if d is None:
                 continue
-            if self.warmup_steps:
+            if self.optimizer_config.lr_warmup:
                 # The next updates are those of mini-batches done .. done + ahead - 1.
-                distance = sum(self.lr_at(done + j) for j in range(ahead))
+                distance = sum(self.optimizer_config.lr_at(done + j) for j in range(ahead))
             else:
                 distance = ahead * optimizer.param_groups[0]["lr"]
             moves.append((p, d, distance))
@@ -190,12 +183,6 @@ class StageWeights:
         self._backup = [p.detach().clone() for p in self.params]
         for p, d, distance in moves:
             p.data.add_(d, alpha=-distance)
-
-    def lr_at(self, step: int) -> float:
-        """The learning rate of the update of mini-batch ``step`` (after linear warm-up)."""
-        if self.warmup_steps <= 0:
-            return self.lr
-        return self.lr * min(1.0, (step + 1) / self.warmup_steps)
 
     # ---- updates ------------------------------------------------------------------
     @torch.no_grad()
@@ -209,9 +196,9 @@ class StageWeights:
             if i not in tied:
                 m.grad = p.grad if p.grad is not None else torch.zeros_like(p)
         if self.optimizer is not None:
-            if self.warmup_steps:
+            if self.optimizer_config.lr_warmup:
                 for group in self.optimizer.param_groups:
-                    group["lr"] = self.lr_at(step)
+                    group["lr"] = self.optimizer_config.lr_at(step)
             self.optimizer.step()
         if self.keep_gradients:
             # What this stage computed: a tied copy's own gradient, before the holders' sum.
@@ -241,9 +228,9 @@ class StageWeights:
         master = self.masters[self.shared_at[name]]
         optimizer = self.shared_optimizers[name]
         master.grad = grad
-        if self.warmup_steps:
+        if self.optimizer_config.lr_warmup:
             for group in optimizer.param_groups:
-                group["lr"] = self.lr_at(step)
+                group["lr"] = self.optimizer_config.lr_at(step)
         optimizer.step()
         master.grad = None
         self.shared_applied[name] += 1
@@ -298,8 +285,8 @@ class StageWeights:
     def prediction_error(self) -> dict[str, float | None]:
         """Per pass kind: ||W_hat - W_future|| / ||W_now - W_future|| summed over passes."""
         return {
-            "forward": _finite(self.errors["F"].ratio),
-            "backward": _finite(self.errors["B"].ratio),
+            "forward": _finite(self.errors[ActionKind.F.value].ratio),
+            "backward": _finite(self.errors[ActionKind.B.value].ratio),
         }
 
 

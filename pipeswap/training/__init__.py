@@ -1,15 +1,6 @@
 """Training in every mode from one typed config: data parallel with swapping, pipelines, emulation."""
 
-from pipeswap.training.config import PipelineOptions, SwapOptions, TrainConfig
 from pipeswap.training.report import REPORT_FORMAT, load_report
 from pipeswap.training.run import TrainOutcome, train
 
-__all__ = [
-    "REPORT_FORMAT",
-    "PipelineOptions",
-    "SwapOptions",
-    "TrainConfig",
-    "TrainOutcome",
-    "load_report",
-    "train",
-]
+__all__ = ["REPORT_FORMAT", "TrainOutcome", "load_report", "train"]

@@ -1,20 +1,23 @@
-"""The training report, ``pipeswap.train/2``: the same core keys in every mode, written atomically.
+"""The training report, ``pipeswap.train/2``: one typed report in every mode, written atomically.
 
 Every report has ``format``, ``mode`` (``data-parallel``, ``pipeline`` or ``emulate``),
 ``model``, ``steps``, ``losses`` (one per optimizer step), ``params_sha256`` (the digest
 of :func:`pipeswap.dist.digest.params_sha256`, the same definition in every mode), the
-run's shape and optimizer, and ``train_config``; then the keys of its mode.
+run's shape and optimizer, and ``train_config``; then the keys of its mode
+(:class:`DataParallelDetails` or :class:`PipelineDetails`), at the top level of the JSON.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pipeswap.errors import PipeswapError
-from pipeswap.jsonio import dump_json, load_json
-from pipeswap.training.config import TrainConfig
+from pipeswap.jsonio import check_format, dump_json, load_json
+from pipeswap.train_config import TrainConfig
 
 REPORT_FORMAT = "pipeswap.train/2"
 # What pipeswap 0.1 wrote, before one report served every mode.
@@ -24,37 +27,153 @@ OLD_FORMATS = {
 }
 
 
-def base_report(
-    config: TrainConfig, *, losses: Sequence[float], params_sha256: str, nproc: int
-) -> dict[str, Any]:
-    """The keys every mode reports, from the resolved config and what the run measured."""
-    return {
-        "format": REPORT_FORMAT,
-        "mode": config.mode,
-        "model": config.model,
-        "steps": config.steps,
-        "losses": [float(x) for x in losses],
-        "params_sha256": params_sha256,
-        "batch": config.batch,
-        "seq_len": config.seq_len,
-        "image_size": config.image_size,
-        "seed": config.seed,
-        "optimizer": config.optimizer,
-        "lr": config.lr,
-        "momentum": config.momentum,
-        "weight_decay": config.weight_decay,
-        "device": config.device,
-        "nproc": nproc,
-        "train_config": config.to_json(),
-    }
+@dataclass(frozen=True, kw_only=True)
+class DataParallelDetails:
+    """What a data-parallel run reports beyond the common keys (per-rank lists in rank order)."""
+
+    policy: str
+    sync_every: int
+    losses_per_rank: list[list[float]]
+    step_s: list[list[float]]
+    params_sha256_per_rank: list[str]
+    buffers_sha256: str
+    peak_resident_bytes: list[int]
+    peak_saved_bytes: list[int]
+    budget_bytes: int
+    saved_budget_bytes: list[int]
+    swapped_bytes: list[int]
+    recompute: list[list[str]]
+    recomputed_layers: list[int]
+    recomputed_bytes: list[int]
+    late_fetches: list[int]
+    offset_s: list[float]
+    predicted_step_s: float
+    measured_step_s: float
+    lower_bound_s: float
+    topology: str
+    gpus: list[str]
+    dtype: str
+    plan: dict[str, Any]
+    notes: dict[str, str]
 
 
-def write_report(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
+@dataclass(frozen=True, kw_only=True)
+class PipelineDetails:
+    """What a pipeline run reports beyond the common keys (pipeswap.pipeline.result)."""
+
+    config: dict[str, Any]
+    eval: dict[str, float | int]
+    samples_per_s: float
+    wall_s: float
+    stage_busy: list[float]
+    stage_busy_s: list[float]
+    stage_sha256: list[str]
+    version_distances: list[dict[str, int]]
+    prediction_error: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainReport:
+    """One run's report; ``data_parallel`` or ``pipeline`` holds the keys of its mode."""
+
+    mode: str
+    model: str
+    steps: int
+    losses: list[float]
+    params_sha256: str
+    batch: int | None
+    seq_len: int | None
+    image_size: int | None
+    seed: int
+    optimizer: str
+    lr: float
+    momentum: float
+    weight_decay: float
+    device: str | None
+    nproc: int
+    train_config: dict[str, Any]
+    data_parallel: DataParallelDetails | None = None
+    pipeline: PipelineDetails | None = None
+
+    @classmethod
+    def of(
+        cls,
+        config: TrainConfig,
+        *,
+        losses: Sequence[float],
+        params_sha256: str,
+        nproc: int,
+        data_parallel: DataParallelDetails | None = None,
+        pipeline: PipelineDetails | None = None,
+    ) -> TrainReport:
+        """The report of a run of the resolved ``config``, from what it measured."""
+        optim = config.optim
+        return cls(
+            mode=config.mode,
+            model=config.model,
+            steps=config.steps,
+            losses=[float(x) for x in losses],
+            params_sha256=params_sha256,
+            batch=config.batch,
+            seq_len=config.seq_len,
+            image_size=config.image_size,
+            seed=config.seed,
+            optimizer=optim.optimizer,
+            lr=optim.base_lr,
+            momentum=optim.momentum,
+            weight_decay=optim.weight_decay,
+            device=config.device,
+            nproc=nproc,
+            train_config=config.to_json(),
+            data_parallel=data_parallel,
+            pipeline=pipeline,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON: the common keys, then its mode's keys at the same level."""
+        out: dict[str, Any] = {"format": REPORT_FORMAT}
+        for f in dataclasses.fields(self):
+            if f.name not in ("data_parallel", "pipeline"):
+                out[f.name] = getattr(self, f.name)
+        details = self.data_parallel or self.pipeline
+        if details is not None:
+            out.update((k, v) for k, v in dataclasses.asdict(details).items() if v is not None)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], where: str = "report") -> TrainReport:
+        """The report :meth:`to_json` wrote (older ``pipeswap.train/2`` files too)."""
+        check_format(obj, REPORT_FORMAT, where)
+        common = {f.name for f in dataclasses.fields(cls)} - {"data_parallel", "pipeline"}
+        try:
+            details: dict[str, Any] = {}
+            if obj["mode"] == "data-parallel":
+                details["data_parallel"] = details_from_json(DataParallelDetails, obj)
+            else:
+                details["pipeline"] = details_from_json(PipelineDetails, obj)
+            return cls(**{k: obj[k] for k in common}, **details)
+        except (KeyError, TypeError) as exc:
+            raise PipeswapError(f"{where}: malformed training report ({exc!r})") from None
+
+
+def details_from_json(kind: type, obj: dict[str, Any]) -> Any:
+    """The ``kind`` details (DataParallelDetails, PipelineDetails) among a report's keys."""
+    names = {f.name: f for f in dataclasses.fields(kind)}
+    return kind(
+        **{
+            name: obj[name]
+            for name, f in names.items()
+            if name in obj or f.default is dataclasses.MISSING
+        }
+    )
+
+
+def write_report(path: str | os.PathLike[str], report: TrainReport) -> None:
     """Write ``report`` to ``path`` atomically (a temporary file and a rename)."""
-    dump_json(path, report)
+    dump_json(path, report.to_json())
 
 
-def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_report(path: str | os.PathLike[str]) -> TrainReport:
     """Read a ``pipeswap.train/2`` report; an older report is refused with what to do."""
     obj = load_json(path)
     found = obj.get("format")
@@ -69,4 +188,4 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path}: expected format {REPORT_FORMAT!r}, found {found!r}; this file is not a "
             "pipeswap training report"
         )
-    return obj
+    return TrainReport.from_json(obj, str(path))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from pipeswap import __version__
 from pipeswap.checkpoint import CheckpointPlan, check_identity, latest_complete, step_dir
-from pipeswap.errors import PipeswapError
-from pipeswap.training.config import TrainConfig
+from pipeswap.config import require
+from pipeswap.dist.group import broadcast_from_rank0
+from pipeswap.train_config import TrainConfig
 
 
 def checkpointing(
@@ -16,20 +19,53 @@ def checkpointing(
 
     ``extra`` adds mode-specific fields to the identity a checkpoint must match.
     """
-    identity = config.identity(world_size, **extra)
+    identity = run_identity(config, world_size, **extra)
+    settings = config.checkpoint
     resume = None
-    if config.resume is not None:
-        found = latest_complete(config.resume)
-        if found is None:
-            raise PipeswapError(
-                f"--resume {config.resume}: no complete checkpoint there (a step folder whose "
-                "manifest and rank files all exist); drop --resume to start afresh"
-            )
+    if settings.resume is not None:
+        found = latest_complete(settings.resume)
+        require(
+            found is not None,
+            f"{{resume}} {settings.resume}: no complete checkpoint there (a step folder whose "
+            "manifest and rank files all exist); drop {resume} to start afresh",
+        )
+        assert found is not None
         done, manifest = found
-        check_identity(manifest, identity, f"the checkpoint {step_dir(config.resume, done)}")
-        resume = (config.resume, done)
-    target = config.checkpoint_target
+        check_identity(manifest, identity, f"the checkpoint {step_dir(settings.resume, done)}")
+        resume = (settings.resume, done)
+    target = settings.target
     plan = None
     if target is not None:
-        plan = CheckpointPlan(target, config.checkpoint_every, identity, world_size)
+        plan = CheckpointPlan(target, settings.checkpoint_every, identity, world_size)
     return plan, resume
+
+
+def agree_on_run(plan: CheckpointPlan | None, world_size: int) -> CheckpointPlan | None:
+    """``plan`` with rank 0's run id, so every rank stamps its files with the same run.
+
+    (Under torchrun each process made its own plan; spawned ranks got the launcher's.)
+    """
+    if plan is None:
+        return None
+    return replace(plan, run_id=broadcast_from_rank0(plan.run_id, world_size))
+
+
+def run_identity(config: TrainConfig, world_size: int, **extra: Any) -> dict[str, Any]:
+    """What a checkpoint of this run must agree on to be resumed by another one."""
+    optimizer = config.optim
+    return {
+        "pipeswap": __version__,
+        "mode": "data-parallel" if config.pipeline is None else "pipeline",
+        "model": config.model,
+        "world_size": world_size,
+        "batch": config.batch,
+        "seq_len": config.seq_len,
+        "image_size": config.image_size,
+        "seed": config.seed,
+        "steps": config.steps,
+        "optimizer": optimizer.optimizer,
+        "lr": optimizer.base_lr,
+        "momentum": optimizer.momentum,
+        "weight_decay": optimizer.weight_decay,
+        **extra,
+    }

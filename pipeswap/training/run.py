@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from pipeswap.pipeline.validate import TimedAction
-from pipeswap.training.config import TrainConfig
+from pipeswap.checkpoint import hold_directory
+from pipeswap.dist.env import torchrun_env
+from pipeswap.pipeline.schedule import TimedAction
+from pipeswap.train_config import TrainConfig
+from pipeswap.training.data_parallel import train_data_parallel
+from pipeswap.training.pipelined import report as pipeline_report
+from pipeswap.training.pipelined import run_pipeline
+from pipeswap.training.report import TrainReport
 
 
 @dataclass(frozen=True)
@@ -15,7 +20,7 @@ class TrainOutcome:
     the timeline of every stage's passes (for a Chrome trace)."""
 
     config: TrainConfig
-    report: dict[str, Any]
+    report: TrainReport
     timeline: tuple[TimedAction, ...] = field(default=(), repr=False)
 
 
@@ -26,17 +31,20 @@ def train(config: TrainConfig) -> TrainOutcome | None:
 
         from pipeswap import TrainConfig, train
         outcome = train(TrainConfig("gpt2-micro", batch=4, seq_len=16, steps=3))
-        print(outcome.report["losses"], outcome.report["params_sha256"])
+        print(outcome.report.losses, outcome.report.params_sha256)
     """
     resolved = config.resolved()
-    if resolved.pipeline is None:
-        from pipeswap.training.data_parallel import train_data_parallel
+    env = torchrun_env()
+    launcher = env is None or env.rank == 0  # one process holds the checkpoint directory
+    with hold_directory(resolved.checkpoint.target if launcher else None):
+        return _train(resolved)
 
+
+def _train(resolved: TrainConfig) -> TrainOutcome | None:
+    if resolved.pipeline is None:
         report = train_data_parallel(resolved)
         return None if report is None else TrainOutcome(resolved, report)
-    from pipeswap.training import pipelined
-
-    result = pipelined.run_pipeline(resolved)
+    result = run_pipeline(resolved)
     if result is None:
         return None
-    return TrainOutcome(resolved, pipelined.report(resolved, result), result.timeline)
+    return TrainOutcome(result.config, pipeline_report(result), result.timeline)

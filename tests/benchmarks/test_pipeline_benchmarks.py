@@ -165,12 +165,13 @@ def test_stash_is_a_one_step_delayed_gradient(optimizer: str) -> None:
     import copy
 
     import torch
+    from support import pipeline_run
 
     from pipeswap.dist.group import single_threaded
-    from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
     from pipeswap.pipeline.emulator import Emulator
+    from pipeswap.pipeline.job import BatchSource, build_full_model
 
-    config = PipelineConfig(
+    config = pipeline_run(
         "tests.pipeline.pipeline_toys:gpt2_micro_untied",
         (2, 2),
         schedule="async-1f1b",
@@ -191,8 +192,8 @@ def test_stash_is_a_one_step_delayed_gradient(optimizer: str) -> None:
 
         def make(params: object) -> torch.optim.Optimizer:
             if optimizer == "sgd":
-                return torch.optim.SGD(params, lr=config.lr, momentum=0.9, foreach=False)  # type: ignore[arg-type]
-            return torch.optim.Adam(params, lr=config.lr, foreach=False)  # type: ignore[arg-type]
+                return torch.optim.SGD(params, lr=config.optim.base_lr, momentum=0.9, foreach=False)  # type: ignore[arg-type]
+            return torch.optim.Adam(params, lr=config.optim.base_lr, foreach=False)  # type: ignore[arg-type]
 
         optimizers = [make(front.parameters()), make(back.parameters())]
         losses = []

@@ -38,7 +38,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def _train(tmp_path: Path, name: str, model: str, *argv: str) -> dict[str, Any]:
     report = tmp_path / f"{name}.json"
     assert main(["train", "--model", model, "--device", "cpu", "--report", str(report), *argv]) == 0
-    return load_report(report)
+    return load_report(report).to_json()  # the file's keys, read back through TrainReport
 
 
 @pytest.mark.parametrize("family", FAMILIES)

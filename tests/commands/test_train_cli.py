@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,11 @@ import torch
 
 from pipeswap.cli import build_parser, main
 from pipeswap.errors import PipeswapError
+from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.profiling import measure
+from pipeswap.swap.config import SwapConfig
+from pipeswap.train_config import TrainConfig
 from pipeswap.training import data_parallel
-from pipeswap.training.config import PipelineOptions, SwapOptions, TrainConfig
 from pipeswap.training.data_parallel import default_topology
 from pipeswap.training.report import load_report
 from pipeswap.training.run import train
@@ -60,7 +63,7 @@ DP_KEYS = (
 def _run(tmp_path: Path, name: str, *argv: str) -> dict[str, Any]:
     report = tmp_path / f"{name}.json"
     assert main(["train", *argv, "--device", "cpu", "--report", str(report)]) == 0
-    return load_report(report)
+    return load_report(report).to_json()  # the file's keys, read back through TrainReport
 
 
 GPT = ("--model", "gpt2-tiny", "--batch", "4", "--seq-len", "32", "--steps", "3")
@@ -191,18 +194,18 @@ def test_help_groups_every_option_under_the_mode_it_belongs_to() -> None:
 def test_default_topology_on_cpu_is_a_preset_with_enough_gpus() -> None:
     assert default_topology("cpu", 2).name == "switch-4"
     assert len(default_topology("cpu", 6).gpus) == 8
-    with pytest.raises(PipeswapError, match="--topology FILE"):
+    with pytest.raises(PipeswapError, match="topology FILE"):
         default_topology("cpu", 9)
 
 
 def test_data_parallel_and_a_one_micro_batch_gpipe_train_alike() -> None:
     """The same synchronous training in two modes: the same losses, one digest definition."""
     base = TrainConfig("resnet-micro", batch=4, steps=3, device="cpu", progress=False)
-    dp = train(TrainConfig(**{**base.__dict__, "swap": SwapOptions(policy="none")}))
-    pipe = PipelineOptions(2, schedule="gpipe", micro_batches=1, emulate=True)
-    gpipe = train(TrainConfig(**{**base.__dict__, "pipeline": pipe}))
+    dp = train(replace(base, swap=SwapConfig(policy="none")))
+    pipe = PipelineConfig(stages=2, schedule="gpipe", micro_batches=1, emulate=True)
+    gpipe = train(replace(base, pipeline=pipe))
     assert dp is not None and gpipe is not None
-    a, b = dp.report, gpipe.report
+    a, b = dp.report.to_json(), gpipe.report.to_json()
     assert (a["mode"], b["mode"]) == ("data-parallel", "emulate")
     assert all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(a["losses"], b["losses"]))
     assert len(a["losses"]) == len(b["losses"]) == 3
@@ -276,11 +279,11 @@ def test_a_cuda_rank_binds_its_gpu_before_the_first_collective(
 
     monkeypatch.setattr(data_parallel, "_plan", plan)
     config = TrainConfig(
-        "gpt2-tiny", batch=2, seq_len=8, steps=1, device="cpu", swap=SwapOptions(policy="none")
+        "gpt2-tiny", batch=2, seq_len=8, steps=1, device="cpu", swap=SwapConfig(policy="none")
     )
-    cuda = TrainConfig(**{**config.__dict__, "device": "cuda"})
+    cuda = replace(config, device="cuda")
     with pytest.raises(PipeswapError, match="stop after planning"):
-        data_parallel.run_rank(0, 1, cuda, local_rank=1)
+        data_parallel.data_parallel_rank(0, 1, cuda, local_rank=1)
     gpu = torch.device("cuda", 1)
     assert log == [("bind", gpu), ("plan", gpu)]
 

@@ -26,10 +26,13 @@ from pipeswap.dist.group import (
     rendezvous_error,
     single_threaded,
 )
+from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
 
 
-def test_nccl_only_when_each_local_rank_has_a_gpu_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nccl_only_when_each_local_rank_has_a_gpu_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert backend_for("cuda", 1) == "nccl"
     assert backend_for("cuda", 2) == "gloo"  # two ranks on one GPU: NCCL would refuse them
@@ -121,8 +124,6 @@ def _pair_exchange(rank: int, world: int) -> tuple[list[tuple[int, int]], float 
 
 @pytest.mark.dist
 def test_pair_groups_carry_one_direction_between_two_ranks() -> None:
-    from pipeswap.dist.launch import spawn
-
     launched = spawn(_pair_exchange, 3, timeout_s=60)
     assert launched.ok, launched.exit_codes
     assert launched.results[0] == ([(0, 2), (2, 0)], 9.0)  # rank 2 sent 3 x 3.0

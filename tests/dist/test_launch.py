@@ -8,16 +8,17 @@ from __future__ import annotations
 import signal
 
 import pytest
+from support import pipeline_run
 
 from pipeswap.dist.faults import FAULT_ENV, fault_hook
 from pipeswap.dist.launch import RankFailedError, run_ranks, spawn
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig
-from pipeswap.pipeline.runtime import run_rank
+from pipeswap.pipeline.runtime import run_stage_rank
+from pipeswap.train_config import TrainConfig
 
 
-def _train(rank: int, world: int, config: PipelineConfig) -> float | None:
-    result = run_rank(config)
+def _train(rank: int, world: int, config: TrainConfig) -> float | None:
+    result = run_stage_rank(config)
     return None if result is None else result.losses[-1]
 
 
@@ -35,7 +36,7 @@ def _refuse_on_rank_1(rank: int, world: int) -> int:
 def test_dead_rank_makes_the_others_exit_non_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     timeout = 10.0
     monkeypatch.setenv(FAULT_ENV, "2:3")  # rank 2 kills itself after its step 3
-    config = PipelineConfig(
+    config = pipeline_run(
         "gpt2-micro",
         (1, 1, 1, 1),
         batch=4,
@@ -63,7 +64,7 @@ def test_run_ranks_returns_rank_0s_value_and_names_a_refusing_rank() -> None:
     with pytest.raises(PipeswapError, match=r"^rank 1: the budget is too small") as info:
         run_ranks(_refuse_on_rank_1, 2)
     assert not isinstance(info.value, RankFailedError)  # bad input: the CLI exits 2
-    with pytest.raises(PipeswapError, match="--nproc is 0"):
+    with pytest.raises(PipeswapError, match="nproc is 0"):
         run_ranks(_echo, 0, 7)
 
 

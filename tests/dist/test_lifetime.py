@@ -14,10 +14,28 @@ from pathlib import Path
 
 import pytest
 
+from pipeswap.checkpoint import latest_complete
+
 pytestmark = [pytest.mark.dist, pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")]
 
-TRAIN = [sys.executable, "-m", "pipeswap", "train", "--model", "gpt2-micro", "--seq-len", "16",
-         "--batch", "4", "--steps", "1000000", "--device", "cpu", "--timeout", "10"]
+TRAIN = [
+    sys.executable,
+    "-m",
+    "pipeswap",
+    "train",
+    "--model",
+    "gpt2-micro",
+    "--seq-len",
+    "16",
+    "--batch",
+    "4",
+    "--steps",
+    "1000000",
+    "--device",
+    "cpu",
+    "--timeout",
+    "10",
+]
 MODES = {
     "data-parallel": ["--nproc", "2", "--swap-policy", "none"],
     "pipeline": ["--pipeline", "2", "--nproc", "2"],
@@ -66,8 +84,11 @@ def test_no_process_of_the_run_survives_its_launcher(
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     launcher = subprocess.Popen(
-        [*TRAIN, *MODES[mode]], env=env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [*TRAIN, *MODES[mode]],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         # The launcher and both ranks are up (a rank is a child of the launcher).
@@ -91,16 +112,23 @@ def test_no_process_of_the_run_survives_its_launcher(
 
 @pytest.mark.parametrize("mode", ["data-parallel", "pipeline"])
 def test_sigterm_to_the_launcher_leaves_a_complete_checkpoint(mode: str, tmp_path: Path) -> None:
-    from pipeswap.checkpoint import latest_complete
-
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     folder = tmp_path / "ckpt"
     launcher = subprocess.Popen(
         # A pipeline's schedule is data: a few thousand steps build quickly and last long enough.
-        [*TRAIN, *MODES[mode], "--checkpoint-dir", str(folder), "--checkpoint-every", "5",
-         *(["--steps", "3000"] if mode == "pipeline" else [])],
+        [
+            *TRAIN,
+            *MODES[mode],
+            "--checkpoint-dir",
+            str(folder),
+            "--checkpoint-every",
+            "5",
+            *(["--steps", "3000"] if mode == "pipeline" else []),
+        ],
         env=env,
-        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         # A first periodic checkpoint: the ranks are training (and handle SIGTERM).
@@ -139,8 +167,11 @@ def test_a_rank_killed_takes_the_whole_run_down(signum: int, tmp_path: Path) -> 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env["TMPDIR"] = str(tmp_path)
     launcher = subprocess.Popen(
-        [*TRAIN, *MODES["data-parallel"]], env=env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [*TRAIN, *MODES["data-parallel"]],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         assert _wait_for(lambda: len(_children(launcher.pid)) >= 2, 90), "ranks never started"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pipeswap.models import build_model
 from pipeswap.models.base import LayeredModel
 
 
@@ -125,6 +126,4 @@ def toy_untied_lm() -> LayeredModel:
 
 def gpt2_micro_untied() -> LayeredModel:
     """gpt2-micro with its head untied from the embedding (they start equal)."""
-    from pipeswap.models import build_model
-
     return build_model("gpt2-micro", tie_embeddings=False, seed=None)

@@ -5,23 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from pipeswap.dist.launch import spawn
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.runtime import run_rank
+from pipeswap.pipeline.runtime import run_stage_rank
+from pipeswap.train_config import TrainConfig
 
 
-def run_all(rank: int, world: int, configs: list[PipelineConfig]) -> list[dict[str, Any] | None]:
+def run_all(rank: int, world: int, configs: list[TrainConfig]) -> list[dict[str, Any] | None]:
     """Every config in turn on this rank; rank 0's reports (None elsewhere)."""
     out = []
     for config in configs:
-        result = run_rank(config)
+        result = run_stage_rank(config)
         out.append(None if result is None else result.to_report())
     return out
 
 
-def assert_runtime_matches_emulator(
-    configs: list[PipelineConfig], nproc: int
-) -> list[dict[str, Any]]:
+def assert_runtime_matches_emulator(configs: list[TrainConfig], nproc: int) -> list[dict[str, Any]]:
     """Losses, held-out score and every digest equal; returns the runtime's reports."""
     launched = spawn(run_all, nproc, configs, timeout_s=60)
     assert launched.ok, launched.exit_codes
@@ -29,7 +27,10 @@ def assert_runtime_matches_emulator(
     for config, runtime in zip(configs, reports, strict=True):
         emulated = Emulator(config).run().to_report()
         assert runtime["mode"] == "pipeline" and emulated["mode"] == "emulate"
-        label = f"{config.schedule}/{config.weights}/{config.optimizer}/{config.num_stages}"
+        pipeline = config.require_pipeline()
+        label = (
+            f"{pipeline.schedule}/{pipeline.weights}/{config.optim.optimizer}/{pipeline.num_stages}"
+        )
         for key in ("losses", "eval", "stage_sha256", "params_sha256"):
             assert runtime[key] == emulated[key], (label, key)
     return reports

@@ -6,21 +6,22 @@ Covers: pipeswap/pipeline/schedule.py (two_bw_orders), pipeswap/pipeline/predict
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 from runtime_check import assert_runtime_matches_emulator
+from support import pipeline_run
 
 import pipeswap.pipeline.emulator as emulator_module
+from pipeswap.config import replace_fields
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.grid import render_grid
 from pipeswap.pipeline.partition import extra_weight_copies, in_flight_units
 from pipeswap.pipeline.predict import delay_free_schedule, version_distances
-from pipeswap.pipeline.schedule import Schedule, build_schedule
-from pipeswap.pipeline.validate import ScheduleError, simulate, validate
+from pipeswap.pipeline.schedule import Schedule, build_schedule, unit_time_order
+from pipeswap.pipeline.validate import ScheduleError, validate
+from pipeswap.train_config import TrainConfig
 
 SHAPES = [(1, 3), (2, 1), (2, 2), (3, 2), (4, 4), (4, 2), (3, 5)]
 
@@ -64,7 +65,7 @@ def test_version_distance_is_one_at_every_stage(stages: int, micro: int) -> None
 
 def test_2bw_has_no_flush_and_beats_1f1b() -> None:
     def makespan(schedule: Schedule) -> float:
-        return max(t.end for t in simulate(schedule, forward_cost=1, backward_cost=2))
+        return max(t.end for t in unit_time_order(schedule, forward_cost=1, backward_cost=2))
 
     for stages, micro in [(2, 2), (4, 4), (4, 8)]:
         two_bw = makespan(build_schedule("2bw", stages, 8, micro))
@@ -118,7 +119,7 @@ def test_memory_model_counts_two_versions() -> None:
     assert [in_flight_units("2bw", 4, k, 4) for k in range(4)] == [8, 8, 7, 4]
 
 
-def _emulate(config: PipelineConfig) -> dict[str, Any]:
+def _emulate(config: TrainConfig) -> dict[str, Any]:
     return Emulator(config).run().to_report()
 
 
@@ -128,10 +129,10 @@ def test_2bw_with_delay_disabled_equals_synchronous_gradient_accumulation(
     """delay=0: 2bw's forwards wait for the previous update, so every pass runs on the
     weights its mini-batch's update is applied to: 1f1b's training, bit for bit (the same
     micro-batch gradients summed in the same order; only the pass interleaving differs)."""
-    base = PipelineConfig(
+    base = pipeline_run(
         "gpt2-micro", (2, 1, 1), batch=8, micro_batches=4, seq_len=16, steps=4, lr=0.05
     )
-    reference = _emulate(dataclasses.replace(base, schedule="1f1b"))
+    reference = _emulate(replace_fields(base, schedule="1f1b"))
     real_build = emulator_module.build_schedule
 
     def delay_zero(name: str, *args: Any, **kwargs: Any) -> Schedule:
@@ -139,12 +140,12 @@ def test_2bw_with_delay_disabled_equals_synchronous_gradient_accumulation(
 
     monkeypatch.setattr(emulator_module, "build_schedule", delay_zero)
     for weights in ("stale", "stash"):
-        free = _emulate(dataclasses.replace(base, schedule="2bw", weights=weights))
+        free = _emulate(replace_fields(base, schedule="2bw", weights=weights))
         assert free["losses"] == reference["losses"], weights
         assert free["params_sha256"] == reference["params_sha256"], weights
     monkeypatch.undo()
     # With the delay (the default) training differs: the comparison is not vacuous.
-    delayed = _emulate(dataclasses.replace(base, schedule="2bw", weights="stash"))
+    delayed = _emulate(replace_fields(base, schedule="2bw", weights="stash"))
     assert delayed["losses"][0] == reference["losses"][0]
     assert delayed["params_sha256"] != reference["params_sha256"]
 
@@ -155,7 +156,7 @@ MODES = [("stash", "sgd"), ("stale", "sgd"), ("spectrain", "sgd")]
 @pytest.mark.dist
 @pytest.mark.parametrize("stages", [2, 4])
 def test_2bw_runtime_bitwise_equal_to_emulator(stages: int) -> None:
-    base = PipelineConfig(
+    base = pipeline_run(
         "gpt2-micro",
         (4 // stages,) * stages,
         schedule="2bw",
@@ -166,7 +167,7 @@ def test_2bw_runtime_bitwise_equal_to_emulator(stages: int) -> None:
         lr=0.05,
         momentum=0.9,
     )
-    configs = [dataclasses.replace(base, weights=w, optimizer=o) for w, o in MODES]
+    configs = [replace_fields(base, weights=w, optimizer=o) for w, o in MODES]
     reports = assert_runtime_matches_emulator(configs, stages)
     # The modes really train differently.
     assert len({r["params_sha256"] for r in reports}) == len(MODES)

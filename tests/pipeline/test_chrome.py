@@ -9,13 +9,12 @@ import json
 from pathlib import Path
 
 from pipeswap.pipeline.chrome import chrome_trace, dump_chrome_trace, timeline_events
-from pipeswap.pipeline.schedule import build_schedule
-from pipeswap.pipeline.validate import simulate
+from pipeswap.pipeline.schedule import build_schedule, unit_time_order
 
 
 def test_trace_has_one_complete_event_per_pass(tmp_path: Path) -> None:
     schedule = build_schedule("1f1b", 3, 2, 3)
-    timeline = simulate(schedule, backward_cost=2)
+    timeline = unit_time_order(schedule, backward_cost=2)
     trace = chrome_trace(timeline, seconds_per_unit=1e-3)
     assert trace["traceEvents"] == timeline_events(timeline, seconds_per_unit=1e-3)
     complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]

@@ -9,30 +9,30 @@ Covers: pipeswap/pipeline/delayed.py.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 import torch
+from support import pipeline_run
 
+from pipeswap.config import replace_fields
 from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
 from pipeswap.pipeline.delayed import schedule_delays, train_with_delays
 from pipeswap.pipeline.emulator import Emulator
+from pipeswap.pipeline.job import BatchSource, build_full_model
+from pipeswap.train_config import TrainConfig
 
 LR = {"sgd": 0.05, "adam": 1e-3}
-GPT = PipelineConfig("gpt2-micro", (2, 2), batch=4, steps=8, seq_len=16, eval_batches=2)
-UNTIED = dataclasses.replace(GPT, model="pipeline_toys:gpt2_micro_untied")
-IMAGE = PipelineConfig(
+GPT = pipeline_run("gpt2-micro", (2, 2), batch=4, steps=8, seq_len=16, eval_batches=2)
+UNTIED = replace_fields(GPT, model="pipeline_toys:gpt2_micro_untied")
+IMAGE = pipeline_run(
     "resnet-micro", (2, 2, 1, 1), optimizer="adam", lr=3e-3, batch=8, steps=6, image_size=32
 )
 
 
-def _gpt(balance: tuple[int, ...], optimizer: str, **changes: Any) -> PipelineConfig:
-    return dataclasses.replace(
-        UNTIED, balance=balance, optimizer=optimizer, lr=LR[optimizer], **changes
-    )
+def _gpt(balance: tuple[int, ...], optimizer: str, **changes: Any) -> TrainConfig:
+    return replace_fields(UNTIED, balance=balance, optimizer=optimizer, lr=LR[optimizer], **changes)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -84,7 +84,7 @@ def test_runs_shorter_than_the_pipeline_get_the_steady_delays(steps: int) -> Non
 )
 def test_stash_image_model_with_warmup_and_distance_rules(changes: dict[str, Any]) -> None:
     """Accuracy too; the warm-up ramps both; the distance rule does not touch stash."""
-    config = dataclasses.replace(IMAGE, schedule="async-1f1b", weights="stash", **changes)
+    config = replace_fields(IMAGE, schedule="async-1f1b", weights="stash", **changes)
     delays = schedule_delays(config)
     assert delays == (3, 3, 2, 2, 1, 0)
     pipeline = Emulator(config, record=False).run()
@@ -130,9 +130,9 @@ def test_bad_delays_are_refused(delays: list[float], message: str) -> None:
 @pytest.mark.parametrize(
     ("weights", "optimizer", "message"),
     [
-        ("stale", "sgd", "two versions is no single delay; use --weights stash"),
-        ("spectrain", "sgd", "a prediction is no delay; use --weights stash"),
-        ("predict-adam", "adam", "a prediction is no delay; use --weights stash"),
+        ("stale", "sgd", "two versions is no single delay; use weights stash"),
+        ("spectrain", "sgd", "a prediction is no delay; use weights stash"),
+        ("predict-adam", "adam", "a prediction is no delay; use weights stash"),
     ],
 )
 def test_modes_that_are_no_delay_are_refused(weights: str, optimizer: str, message: str) -> None:
@@ -158,7 +158,7 @@ def test_synchronous_schedules_have_no_delay_in_any_mode(weights: str) -> None:
 def test_nesterov_and_2bw_are_their_delays_without_a_pipeline(
     schedule: str, weights: str, optimizer: str, micro: int, delays: tuple[int, ...]
 ) -> None:
-    config = PipelineConfig(
+    config = pipeline_run(
         UNTIED.model,
         (1, 1, 1, 1),
         schedule=schedule,
@@ -180,7 +180,7 @@ def test_no_delay_is_the_sync_pipeline_of_a_tied_model_with_dropout_bitwise(
 ) -> None:
     """Tied embedding, dropout, one micro-batch: the RNG streams and the summed tied
     gradient (g_stage0 + g_last, commutative) are plain training's exactly."""
-    config = PipelineConfig(
+    config = pipeline_run(
         "pipeline_toys:toy_tied_lm",
         (2, 3),
         schedule="1f1b",
@@ -194,12 +194,12 @@ def test_no_delay_is_the_sync_pipeline_of_a_tied_model_with_dropout_bitwise(
     pipeline = Emulator(config, record=False).run()
     delayed = train_with_delays(config, [0] * 5)
     assert delayed.losses == pipeline.losses and delayed.eval == pipeline.eval
-    no_dropout = dataclasses.replace(config, model="pipeline_toys:toy_tied_lm_nodrop")
+    no_dropout = replace_fields(config, model="pipeline_toys:toy_tied_lm_nodrop")
     assert train_with_delays(no_dropout, [0] * 5).losses != delayed.losses
 
 
 def test_stash_delays_are_the_stash_pipeline_with_dropout_bitwise() -> None:
-    config = PipelineConfig(
+    config = pipeline_run(
         "pipeline_toys:toy_untied_lm",
         (2, 3),
         schedule="async-1f1b",
@@ -221,7 +221,7 @@ def test_tied_layers_need_one_delay_and_async_tied_pipelines_have_none() -> None
         PipeswapError, match="'embed' and 'head' share a parameter but have delays 1 and 0"
     ):
         train_with_delays(GPT, [1, 1, 0, 0])
-    config = dataclasses.replace(GPT, schedule="async-1f1b", weights="stash")
+    config = replace_fields(GPT, schedule="async-1f1b", weights="stash")
     with pytest.raises(
         PipeswapError, match=r"ties embed.tokens.weight across stages \[0, 1\].*no per-layer"
     ):

@@ -5,43 +5,37 @@ Covers: pipeswap/pipeline/result.py, pipeswap/pipeline/weights.py, pipeswap/pipe
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
+from support import pipeline_run
 
+from pipeswap.config import replace_fields
 from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
-from pipeswap.optim import make_optimizer
-from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
 from pipeswap.pipeline.emulator import Emulator
+from pipeswap.pipeline.job import BatchSource, build_full_model
+from pipeswap.train_config import TrainConfig
 
-GPT = PipelineConfig("gpt2-micro", (1, 1, 1, 1), batch=8, seq_len=16, steps=3, lr=0.05)
-MLP = PipelineConfig("pipeline_toys:toy_mlp", (1, 1, 2, 1), batch=8, image_size=8, steps=3, lr=0.05)
+GPT = pipeline_run("gpt2-micro", (1, 1, 1, 1), batch=8, seq_len=16, steps=3, lr=0.05)
+MLP = pipeline_run("pipeline_toys:toy_mlp", (1, 1, 2, 1), batch=8, image_size=8, steps=3, lr=0.05)
 
 
-def _plain_training(config: PipelineConfig) -> list[torch.Tensor]:
+def _plain_training(config: TrainConfig) -> list[torch.Tensor]:
     """Single-process training with gradient accumulation over the same micro-batches."""
     with single_threaded():
         model = build_full_model(config)
-        optimizer = make_optimizer(
-            config.optimizer,
-            list(model.parameters()),
-            lr=config.lr,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-        )
+        optimizer = config.optim.build(list(model.parameters()))
         data = BatchSource(config, model)
         for step in range(config.steps):
-            for micro in range(config.micro_batches):
+            for micro in range(config.require_pipeline().micro_batch_count):
                 x, y = data.micro(step, micro)
-                (model.loss(model(x), y) / config.micro_batches).backward()
+                (model.loss(model(x), y) / config.require_pipeline().micro_batch_count).backward()
             optimizer.step()
             optimizer.zero_grad()
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _emulated(config: PipelineConfig) -> tuple[Emulator, list[torch.Tensor]]:
+def _emulated(config: TrainConfig) -> tuple[Emulator, list[torch.Tensor]]:
     """The stages' parameters in the whole model's order; a tied weight once (copies equal)."""
     emulator = Emulator(config)
     emulator.run()
@@ -60,11 +54,14 @@ def _emulated(config: PipelineConfig) -> tuple[Emulator, list[torch.Tensor]]:
 @pytest.mark.parametrize("balance", [(2, 2), (1, 1, 1, 1)], ids=["2-stages", "4-stages"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_sync_schedules_equal_plain_gradient_accumulation(
-    base: PipelineConfig, schedule: str, balance: tuple[int, ...], optimizer: str
+    base: TrainConfig, schedule: str, balance: tuple[int, ...], optimizer: str
 ) -> None:
-    if sum(balance) != sum(base.balance):
-        balance = (*balance[:-1], balance[-1] + sum(base.balance) - sum(balance))
-    config = dataclasses.replace(
+    if sum(balance) != sum(base.require_pipeline().stage_balance):
+        balance = (
+            *balance[:-1],
+            balance[-1] + sum(base.require_pipeline().stage_balance) - sum(balance),
+        )
+    config = replace_fields(
         base,
         schedule=schedule,
         balance=balance,
@@ -89,17 +86,17 @@ def test_sync_schedules_equal_plain_gradient_accumulation(
 
 
 def test_gpipe_and_1f1b_are_bit_identical() -> None:
-    a = Emulator(dataclasses.replace(GPT, schedule="gpipe", micro_batches=4)).run()
-    b = Emulator(dataclasses.replace(GPT, schedule="1f1b", micro_batches=4)).run()
+    a = Emulator(replace_fields(GPT, schedule="gpipe", micro_batches=4)).run()
+    b = Emulator(replace_fields(GPT, schedule="1f1b", micro_batches=4)).run()
     assert a.params_sha256 == b.params_sha256 and a.losses == b.losses
 
 
-ASYNC = dataclasses.replace(GPT, schedule="async-1f1b", steps=8)
+ASYNC = replace_fields(GPT, schedule="async-1f1b", steps=8)
 
 
 def _async(weights: str, optimizer: str = "sgd") -> dict:
     lr = 0.05 if optimizer == "sgd" else 0.003
-    config = dataclasses.replace(ASYNC, weights=weights, optimizer=optimizer, lr=lr)
+    config = replace_fields(ASYNC, weights=weights, optimizer=optimizer, lr=lr)
     return Emulator(config).run().to_report()
 
 
@@ -129,16 +126,16 @@ def test_predict_adam_beats_stale_weights() -> None:
 
 
 def test_weight_mode_needs_the_right_optimizer() -> None:
-    with pytest.raises(PipeswapError, match="--optimizer sgd --momentum 0.9"):
-        Emulator(dataclasses.replace(ASYNC, weights="spectrain", momentum=0.0))
-    with pytest.raises(PipeswapError, match="--weights predict-adam"):
-        Emulator(dataclasses.replace(ASYNC, weights="spectrain", optimizer="adam"))
-    with pytest.raises(PipeswapError, match="use --optimizer adam or adamw"):
-        Emulator(dataclasses.replace(ASYNC, weights="predict-adam"))
+    with pytest.raises(PipeswapError, match="optimizer sgd momentum 0.9"):
+        Emulator(replace_fields(ASYNC, weights="spectrain", momentum=0.0))
+    with pytest.raises(PipeswapError, match="weights predict-adam"):
+        Emulator(replace_fields(ASYNC, weights="spectrain", optimizer="adam"))
+    with pytest.raises(PipeswapError, match="use optimizer adam or adamw"):
+        Emulator(replace_fields(ASYNC, weights="predict-adam"))
 
 
 def test_emulator_reports_eval_and_busy() -> None:
-    report = Emulator(dataclasses.replace(MLP, eval_batches=3)).run().to_report()
+    report = Emulator(replace_fields(MLP, eval_batches=3)).run().to_report()
     assert report["eval"]["batches"] == 3
     assert 0.0 <= report["eval"]["accuracy"] <= 1.0 and report["eval"]["loss"] > 0
     assert len(report["stage_busy"]) == 4 and 0 < sum(report["stage_busy"]) <= 1.0
@@ -147,7 +144,7 @@ def test_emulator_reports_eval_and_busy() -> None:
 
 def test_official_distances_are_reported_and_change_only_prediction() -> None:
     def run(weights: str, distances: str) -> dict:
-        config = dataclasses.replace(ASYNC, weights=weights, distances=distances)
+        config = replace_fields(ASYNC, weights=weights, distances=distances)
         return Emulator(config).run().to_report()
 
     official = run("spectrain", "official")
@@ -165,20 +162,14 @@ def test_official_distances_are_reported_and_change_only_prediction() -> None:
         )
 
 
-def _plain_training_with_warmup(config: PipelineConfig) -> list[torch.Tensor]:
+def _plain_training_with_warmup(config: TrainConfig) -> list[torch.Tensor]:
     with single_threaded():
         model = build_full_model(config)
-        optimizer = make_optimizer(
-            config.optimizer,
-            list(model.parameters()),
-            lr=config.lr,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-        )
+        optimizer = config.optim.build(list(model.parameters()))
         data = BatchSource(config, model)
         for step in range(config.steps):
             for group in optimizer.param_groups:
-                group["lr"] = config.lr * min(1.0, (step + 1) / config.lr_warmup)
+                group["lr"] = config.optim.base_lr * min(1.0, (step + 1) / config.optim.lr_warmup)
             x, y = data.micro(step, 0)
             model.loss(model(x), y).backward()
             optimizer.step()
@@ -188,19 +179,19 @@ def _plain_training_with_warmup(config: PipelineConfig) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_lr_warmup_ramps_every_stage_like_a_plain_loop(optimizer: str) -> None:
-    config = dataclasses.replace(
+    config = replace_fields(
         GPT, steps=4, lr_warmup=3, optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 0.003
     )
     reference = _plain_training_with_warmup(config)
     _, pipelined = _emulated(config)
     for ref, got in zip(reference, pipelined):
         assert (got - ref).abs().max() <= 1e-6 * ref.abs().max()
-    _, constant = _emulated(dataclasses.replace(config, lr_warmup=0))
+    _, constant = _emulated(replace_fields(config, lr_warmup=0))
     assert any(not torch.equal(p, q) for p, q in zip(constant, pipelined))
 
 
 def test_lr_warmup_must_not_be_negative() -> None:
-    with pytest.raises(PipeswapError, match="--lr-warmup"):
-        Emulator(dataclasses.replace(GPT, lr_warmup=-1))
+    with pytest.raises(PipeswapError, match="lr_warmup"):
+        Emulator(replace_fields(GPT, lr_warmup=-1))
     with pytest.raises(PipeswapError, match="schedule, official"):
-        Emulator(dataclasses.replace(GPT, distances="table"))
+        Emulator(replace_fields(GPT, distances="table"))

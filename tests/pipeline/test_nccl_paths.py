@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from support import pipeline_run
 
+from pipeswap.config import replace_fields
 from pipeswap.dist import group
 from pipeswap.dist.env import RankEnv, torchrun_env
 from pipeswap.dist.group import init_process_group
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.runtime import run_rank
+from pipeswap.pipeline.runtime import run_stage_rank
+from pipeswap.train_config import TrainConfig
 
 
 def _env(rank: int, world: int, local_world: int | None = None) -> RankEnv:
@@ -77,24 +78,26 @@ def test_torchrun_env_reads_the_local_world_size(monkeypatch: pytest.MonkeyPatch
 
 
 # ---- per-direction process groups (what NCCL uses), run over gloo -------------------------
-def _split_runs(rank: int, world: int, configs: list[PipelineConfig]) -> list[dict | None]:
+def _split_runs(rank: int, world: int, configs: list[TrainConfig]) -> list[dict | None]:
     out = []
     for config in configs:
-        result = run_rank(config, split_directions=True)
+        result = run_stage_rank(config, split_directions=True)
         out.append(None if result is None else result.to_report())
     return out
 
 
 @pytest.mark.dist
 def test_per_direction_groups_train_bit_for_bit_like_the_emulator() -> None:
-    base = PipelineConfig("gpt2-micro", (2, 1, 1), batch=8, seq_len=16, steps=3)
+    base = pipeline_run("gpt2-micro", (2, 1, 1), batch=8, seq_len=16, steps=3)
     configs = [
-        dataclasses.replace(base, schedule=s, micro_batches=m)
+        replace_fields(base, schedule=s, micro_batches=m)
         for s, m in (("gpipe", 4), ("1f1b", 4), ("async-1f1b", 1))
     ]
     launched = spawn(_split_runs, 3, configs, timeout_s=60)
     assert launched.ok, launched.exit_codes
     for config, runtime in zip(configs, launched.results[0]):
         emulated = Emulator(config).run().to_report()
-        assert runtime["losses"] == emulated["losses"], config.schedule
-        assert runtime["params_sha256"] == emulated["params_sha256"], config.schedule
+        assert runtime["losses"] == emulated["losses"], config.require_pipeline().schedule
+        assert runtime["params_sha256"] == emulated["params_sha256"], (
+            config.require_pipeline().schedule
+        )

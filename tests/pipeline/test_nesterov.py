@@ -6,20 +6,23 @@ pipeswap/pipeline/config.py (what is refused).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 import torch
 from runtime_check import assert_runtime_matches_emulator
+from support import pipeline_run
 from torch import nn
 
 from pipeswap.checkpoint import CheckpointPlan
+from pipeswap.config import replace_fields
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import WEIGHT_MODES, PipelineConfig
+from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.emulator import Emulator
+from pipeswap.pipeline.modes import WEIGHT_MODES
 from pipeswap.pipeline.weights import StageWeights
+from pipeswap.train_config import TrainConfig
 
 PSI = 0.004  # NAdam's momentum decay
 
@@ -61,9 +64,8 @@ def test_without_delay_nesterov_is_plain_nadam(optimizer: str) -> None:
     grads = [0.3, -1.2, 0.7, 0.05, 2.0]
     lr, beta1, wd = 0.01, 0.99, 0.1
     distances = {(k, u): 0 for u in range(len(grads)) for k in ("F", "B")}
-    weights = _one_weight(
-        "nesterov", distances, optimizer_name=optimizer, lr=lr, momentum=beta1, weight_decay=wd
-    )
+    config = OptimizerConfig(optimizer=optimizer, lr=lr, momentum=beta1, weight_decay=wd)
+    weights = _one_weight("nesterov", distances, optimizer_config=config)
     expected = _nadam_by_hand(0.5, grads, lr, beta1, wd, decoupled=optimizer == "adamw")
     for t, g in enumerate(grads):
         weights.before("F", t)
@@ -80,7 +82,8 @@ def test_without_delay_nesterov_is_plain_nadam(optimizer: str) -> None:
 def test_with_delay_the_backward_sees_its_forwards_version_and_the_update_the_live_one() -> None:
     # Stage with forward distance 2: units 0, 1, 2 run F before the update of unit 0.
     distances = {("F", u): 2 for u in range(3)} | {("B", u): 0 for u in range(3)}
-    weights = _one_weight("nesterov", distances, optimizer_name="adamw", lr=0.1, momentum=0.9)
+    config = OptimizerConfig(optimizer="adamw", lr=0.1, momentum=0.9)
+    weights = _one_weight("nesterov", distances, optimizer_config=config)
     w = weights.params[0]
     seen = []
     weights.before("F", 0)
@@ -105,8 +108,8 @@ def test_with_delay_the_backward_sees_its_forwards_version_and_the_update_the_li
     assert w.item() == newest  # ... and the live weights come back.
 
 
-def _config(**kw: object) -> PipelineConfig:
-    base = PipelineConfig(
+def _config(**kw: object) -> TrainConfig:
+    base = pipeline_run(
         "gpt2-micro",
         (1, 1, 1, 1),
         schedule="async-1f1b",
@@ -118,33 +121,33 @@ def _config(**kw: object) -> PipelineConfig:
         lr=3e-3,
         momentum=0.99,
     )
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+    return replace_fields(base, **kw)  # type: ignore[arg-type]
 
 
 def test_config_refuses_what_the_paper_does_not_define() -> None:
     assert "nesterov" in WEIGHT_MODES
-    _config().check()
-    with pytest.raises(PipeswapError, match="no SGD variant.*--optimizer adamw"):
-        _config(optimizer="sgd").check()
+    _config()
+    with pytest.raises(PipeswapError, match="no SGD variant.*optimizer adamw"):
+        _config(optimizer="sgd")
     with pytest.raises(PipeswapError, match="beta1"):
-        _config(momentum=1.0).check()
-    assert PipelineConfig("gpt2-micro", (1, 1)).error_feedback is False
-    with pytest.raises(PipeswapError, match="synchronous.*--schedule async-1f1b"):
-        _config(schedule="1f1b", weights="stash", error_feedback=True).check()
+        _config(momentum=1.0)
+    assert pipeline_run("gpt2-micro", (1, 1)).require_pipeline().error_feedback is False
+    with pytest.raises(PipeswapError, match="synchronous.*schedule async-1f1b"):
+        _config(schedule="1f1b", weights="stash", error_feedback=True)
     with pytest.raises(PipeswapError, match="not available"):
-        _config(weights="stash", optimizer="sgd", lr=0.05, error_feedback=True).check()
+        _config(weights="stash", optimizer="sgd", lr=0.05, error_feedback=True)
 
 
 def test_nesterov_resumes_bit_identically(tmp_path: Path) -> None:
     config = _config()
     alone = Emulator(config).run()
-    plan = CheckpointPlan(str(tmp_path), 4, {"t": 1}, config.num_stages)
+    plan = CheckpointPlan(str(tmp_path), 4, {"t": 1}, config.require_pipeline().num_stages)
     checkpointed = Emulator(config, checkpoint=plan).run()
     assert (checkpointed.losses, checkpointed.params_sha256) == (alone.losses, alone.params_sha256)
     resumed = Emulator(config, resume=(str(tmp_path), 4)).run()
     assert resumed.losses == alone.losses and resumed.params_sha256 == alone.params_sha256
     # Not vacuous: the mode trains differently from stash with Adam(W).
-    stash = Emulator(dataclasses.replace(config, weights="stash")).run()
+    stash = Emulator(replace_fields(config, weights="stash")).run()
     assert stash.params_sha256 != alone.params_sha256
 
 

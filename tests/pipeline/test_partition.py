@@ -94,7 +94,7 @@ def test_infeasible_cap_names_the_smallest_possible() -> None:
 
 
 def test_fewer_layers_than_stages() -> None:
-    with pytest.raises(PipeswapError, match="--pipeline 3 or fewer"):
+    with pytest.raises(PipeswapError, match="stages 3 or fewer"):
         partition(_profile([1.0] * 3), 4)
 
 

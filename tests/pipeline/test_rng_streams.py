@@ -5,16 +5,16 @@ Covers: pipeswap/pipeline/rng.py (and its use in pipeswap/pipeline/executor.py).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import torch
+from support import pipeline_run
 
-from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.config import replace_fields
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.rng import EVAL, TRAIN, rng_stream, stream_seed
 
-TIED = PipelineConfig(
+TIED = pipeline_run(
     "pipeline_toys:toy_tied_lm", (2, 3), batch=8, seq_len=16, steps=4, lr=0.05, eval_batches=1
 )
 
@@ -44,10 +44,10 @@ def test_a_stream_repeats_its_draws_and_restores_the_callers_state() -> None:
 
 def test_dropout_masks_do_not_depend_on_the_execution_order() -> None:
     """gpipe and 1f1b run the same micro-batches in different orders: bit-identical."""
-    gpipe = Emulator(dataclasses.replace(TIED, schedule="gpipe", micro_batches=4)).run()
-    one_f_one_b = Emulator(dataclasses.replace(TIED, schedule="1f1b", micro_batches=4)).run()
+    gpipe = Emulator(replace_fields(TIED, schedule="gpipe", micro_batches=4)).run()
+    one_f_one_b = Emulator(replace_fields(TIED, schedule="1f1b", micro_batches=4)).run()
     assert gpipe.losses == one_f_one_b.losses and gpipe.eval == one_f_one_b.eval
     assert gpipe.params_sha256 == one_f_one_b.params_sha256
     # Dropout is on: without it the same run trains differently (the test is not vacuous).
-    nodrop = dataclasses.replace(TIED, model="pipeline_toys:toy_tied_lm_nodrop", micro_batches=4)
+    nodrop = replace_fields(TIED, model="pipeline_toys:toy_tied_lm_nodrop", micro_batches=4)
     assert Emulator(nodrop).run().losses != gpipe.losses

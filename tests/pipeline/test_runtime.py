@@ -5,13 +5,13 @@ Covers: pipeswap/pipeline/runtime.py, pipeswap/pipeline/executor.py.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from runtime_check import assert_runtime_matches_emulator
+from support import pipeline_run
 from test_tied import plain_losses
 
-from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.config import replace_fields
+from pipeswap.train_config import TrainConfig
 
 pytestmark = pytest.mark.dist
 
@@ -25,9 +25,9 @@ MODES = [
 ]
 
 
-def _configs(base: PipelineConfig) -> list[PipelineConfig]:
+def _configs(base: TrainConfig) -> list[TrainConfig]:
     return [
-        dataclasses.replace(
+        replace_fields(
             base,
             schedule=s,
             weights=w,
@@ -39,15 +39,15 @@ def _configs(base: PipelineConfig) -> list[PipelineConfig]:
     ]
 
 
-def _check(configs: list[PipelineConfig], nproc: int) -> None:
+def _check(configs: list[TrainConfig], nproc: int) -> None:
     reports = assert_runtime_matches_emulator(configs, nproc)
     # Different modes really train differently (the comparison is not vacuous).
     assert len({r["params_sha256"] for r in reports[2:6]}) == 4
 
 
 def test_two_stages_bitwise_equal_to_emulator() -> None:
-    gpt = PipelineConfig("gpt2-micro", (2, 2), batch=8, seq_len=16, steps=4)
-    tuple_model = PipelineConfig(
+    gpt = pipeline_run("gpt2-micro", (2, 2), batch=8, seq_len=16, steps=4)
+    tuple_model = pipeline_run(
         "pipeline_toys:toy_tuple",
         (2, 2),
         batch=8,
@@ -60,14 +60,14 @@ def test_two_stages_bitwise_equal_to_emulator() -> None:
 
 
 def test_four_stages_bitwise_equal_to_emulator() -> None:
-    gpt = PipelineConfig("gpt2-micro", (1, 1, 1, 1), batch=8, seq_len=16, steps=5)
+    gpt = pipeline_run("gpt2-micro", (1, 1, 1, 1), batch=8, seq_len=16, steps=5)
     _check(_configs(gpt), 4)
 
 
 def test_tied_weights_and_dropout_bitwise_equal_to_emulator() -> None:
     """A tied embedding on both stages and dropout: every stage's copy, update and mask
     match the emulator's; without dropout the sync schedules train like plain training."""
-    tied = PipelineConfig(
+    tied = pipeline_run(
         "pipeline_toys:toy_tied_lm",
         (2, 3),
         batch=8,
@@ -76,16 +76,16 @@ def test_tied_weights_and_dropout_bitwise_equal_to_emulator() -> None:
         lr=0.05,
         eval_batches=1,
     )
-    nodrop = dataclasses.replace(tied, model="pipeline_toys:toy_tied_lm_nodrop")
+    nodrop = replace_fields(tied, model="pipeline_toys:toy_tied_lm_nodrop")
     configs = [
-        dataclasses.replace(tied, schedule="gpipe", micro_batches=2),
-        dataclasses.replace(tied, schedule="1f1b", micro_batches=2, optimizer="adamw", lr=3e-3),
-        dataclasses.replace(tied, schedule="async-1f1b", weights="spectrain"),
-        dataclasses.replace(
+        replace_fields(tied, schedule="gpipe", micro_batches=2),
+        replace_fields(tied, schedule="1f1b", micro_batches=2, optimizer="adamw", lr=3e-3),
+        replace_fields(tied, schedule="async-1f1b", weights="spectrain"),
+        replace_fields(
             tied, schedule="2bw", weights="nesterov", optimizer="adamw", micro_batches=2, lr=3e-3
         ),
-        dataclasses.replace(nodrop, schedule="gpipe", micro_batches=2),
-        dataclasses.replace(nodrop, schedule="1f1b", micro_batches=2),
+        replace_fields(nodrop, schedule="gpipe", micro_batches=2),
+        replace_fields(nodrop, schedule="1f1b", micro_batches=2),
     ]
     reports = assert_runtime_matches_emulator(configs, 2)
     assert len({r["params_sha256"] for r in reports[:4]}) == 4

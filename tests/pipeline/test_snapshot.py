@@ -5,11 +5,11 @@ Covers: pipeswap/pipeline/snapshot.py, pipeswap/checkpoint.py (the pipeline side
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from pathlib import Path
 
 import pytest
+from support import pipeline_run
 
 from pipeswap.checkpoint import (
     CheckpointPlan,
@@ -18,15 +18,16 @@ from pipeswap.checkpoint import (
     latest_complete,
     step_dir,
 )
+from pipeswap.config import replace_fields
 from pipeswap.dist.faults import FAULT_ENV
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import Emulator, pipeline_schedule
-from pipeswap.pipeline.runtime import run_rank
+from pipeswap.pipeline.runtime import run_stage_rank
 from pipeswap.pipeline.snapshot import crossing_messages, cut_index
+from pipeswap.train_config import TrainConfig
 
-BASE = PipelineConfig(
+BASE = pipeline_run(
     "gpt2-micro",
     (1, 1, 1, 1),
     schedule="async-1f1b",
@@ -60,7 +61,7 @@ def test_async_cut_keeps_the_activations_the_next_stage_has_not_received() -> No
         schedule.actions[r].index(next(a for a in schedule.actions[r] if str(a) == f"{r}UPDATE3"))
         for r in range(4)
     ]
-    sync = pipeline_schedule(dataclasses.replace(BASE, schedule="gpipe", micro_batches=2))
+    sync = pipeline_schedule(replace_fields(BASE, schedule="gpipe", micro_batches=2))
     assert crossing_messages(sync, 4) == {r: set() for r in range(4)}  # nothing in flight
 
 
@@ -68,7 +69,7 @@ def test_async_cut_keeps_the_activations_the_next_stage_has_not_received() -> No
 def test_emulator_resumes_bit_identically(
     tmp_path: Path, schedule: str, weights: str, optimizer: str, micro: int
 ) -> None:
-    config = dataclasses.replace(
+    config = replace_fields(
         BASE,
         schedule=schedule,
         weights=weights,
@@ -103,11 +104,11 @@ def test_a_half_written_set_is_passed_over_and_another_runs_set_refused(tmp_path
 def _train(
     rank: int,
     world: int,
-    config: PipelineConfig,
+    config: TrainConfig,
     plan: CheckpointPlan | None,
     resume: tuple[str, int] | None,
 ) -> tuple[tuple[float, ...], str] | None:
-    result = run_rank(config, checkpoint=plan, resume=resume)
+    result = run_stage_rank(config, checkpoint=plan, resume=resume)
     return None if result is None else (result.losses, result.params_sha256)
 
 
@@ -115,7 +116,7 @@ def _train(
 def test_runtime_killed_mid_run_resumes_bit_identically_in_runtime_and_emulator(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = dataclasses.replace(BASE, steps=12, timeout_s=10)
+    config = replace_fields(BASE, steps=12, timeout_s=10)
     alone = Emulator(config).run()
     monkeypatch.setenv(FAULT_ENV, "1:6")  # stage 1 is SIGKILLed after its step 6
     killed = spawn(_train, 4, config, _plan(tmp_path, 4, every=3), None, timeout_s=10)
@@ -133,7 +134,7 @@ def test_runtime_killed_mid_run_resumes_bit_identically_in_runtime_and_emulator(
 def test_sigterm_to_the_emulator_checkpoints_at_a_cut_all_stages_agree_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = dataclasses.replace(BASE, steps=14)
+    config = replace_fields(BASE, steps=14)
     alone = Emulator(config).run()
     monkeypatch.setenv(FAULT_ENV, "0:3:SIGTERM")  # stage 0 gets SIGTERM after its 4th step
     # Stage 0 sees it at its next update (5 steps done) and picks the cut after 5 + N + 2.
@@ -150,7 +151,7 @@ def test_sigterm_to_the_emulator_checkpoints_at_a_cut_all_stages_agree_on(
 def test_sigterm_to_a_runtime_rank_checkpoints_every_stage_then_resumes_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = dataclasses.replace(BASE, steps=14, timeout_s=10)
+    config = replace_fields(BASE, steps=14, timeout_s=10)
     alone = Emulator(config).run()
     monkeypatch.setenv(FAULT_ENV, "0:3:SIGTERM")
     stopped = spawn(_train, 4, config, _plan(tmp_path, 4, every=0), None, timeout_s=10)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import pipeline_run
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.stage import inspect_layers
 
 
 def test_gpt_boundaries_and_flops() -> None:
-    config = PipelineConfig("gpt2-micro", (1, 1, 1, 1), batch=4, seq_len=16)
+    config = pipeline_run("gpt2-micro", (1, 1, 1, 1), batch=4, seq_len=16)
     infos = inspect_layers(config)
     assert [i.name for i in infos] == ["embed", "block0", "block1", "head"]
     assert infos[0].output.tensors[0].shape == (4, 16, 32)
@@ -22,7 +22,7 @@ def test_gpt_boundaries_and_flops() -> None:
 
 
 def test_tuple_boundary_carries_an_integer_mask() -> None:
-    config = PipelineConfig("pipeline_toys:toy_tuple", (2, 2), batch=4, image_size=8)
+    config = pipeline_run("pipeline_toys:toy_tuple", (2, 2), batch=4, image_size=8)
     infos = inspect_layers(config)
     spec = infos[1].output
     assert spec.is_tuple and [t.dtype for t in spec.tensors] == [torch.float32, torch.int64]
@@ -32,7 +32,7 @@ def test_tuple_boundary_carries_an_integer_mask() -> None:
 
 
 def test_layer_returning_a_dict_is_named() -> None:
-    config = PipelineConfig("pipeline_toys:toy_dict", (1, 2), batch=4, image_size=8)
+    config = pipeline_run("pipeline_toys:toy_dict", (1, 2), batch=4, image_size=8)
     with pytest.raises(
         PipeswapError, match="layer 'as_dict' of pipeline_toys:toy_dict returns dict"
     ):
@@ -40,6 +40,6 @@ def test_layer_returning_a_dict_is_named() -> None:
 
 
 def test_fewer_layers_than_stages() -> None:
-    config = PipelineConfig("gpt2-micro", (1, 1, 1, 1, 1), batch=4, seq_len=16)
+    config = pipeline_run("gpt2-micro", (1, 1, 1, 1, 1), batch=4, seq_len=16)
     with pytest.raises(PipeswapError, match="4 layers .* fewer than the 5 stages"):
         inspect_layers(config)

@@ -5,45 +5,47 @@ Covers: pipeswap/pipeline/shared.py, pipeswap/pipeline/weights.py (tied copies).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 import torch
+from support import pipeline_run
 
+from pipeswap.config import replace_fields
 from pipeswap.dist.digest import params_sha256
 from pipeswap.dist.group import single_threaded
-from pipeswap.optim import make_optimizer
-from pipeswap.pipeline.config import WEIGHT_MODES, BatchSource, PipelineConfig, build_full_model
+from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.schedule import SCHEDULE_NAMES, ActionKind, build_schedule
+from pipeswap.pipeline.job import BatchSource, build_full_model
+from pipeswap.pipeline.modes import WEIGHT_MODES
+from pipeswap.pipeline.schedule import build_schedule
+from pipeswap.pipeline.schedule_kinds import SCHEDULE_NAMES
 from pipeswap.pipeline.shared import find_shared, plan_sharing, stage_module
 from pipeswap.pipeline.stage import StageRunner
+from pipeswap.train_config import TrainConfig
 
-TIED = PipelineConfig(
+TIED = pipeline_run(
     "pipeline_toys:toy_tied_lm", (2, 3), batch=8, seq_len=16, steps=5, lr=0.05, eval_batches=1
 )
-NODROP = dataclasses.replace(TIED, model="pipeline_toys:toy_tied_lm_nodrop")
+NODROP = replace_fields(TIED, model="pipeline_toys:toy_tied_lm_nodrop")
 OPTIMIZER = {"stale": "sgd", "stash": "sgd", "spectrain": "sgd", "predict-adam": "adam"}
 
 
-def plain_losses(config: PipelineConfig) -> tuple[list[float], str]:
+def plain_losses(config: TrainConfig) -> tuple[list[float], str]:
     """One process, the whole tied model, the same batches and optimizer: (losses, digest)."""
     with single_threaded():
         model = build_full_model(config)
-        optimizer = make_optimizer(
-            config.optimizer, list(model.parameters()), lr=config.lr, momentum=config.momentum
-        )
+        optimizer = config.optim.build(list(model.parameters()))
         data = BatchSource(config, model)
         losses = []
         for step in range(config.steps):
             total = 0.0
-            for micro in range(config.micro_batches):
+            for micro in range(config.require_pipeline().micro_batch_count):
                 x, y = data.micro(step, micro)
                 loss = model.loss(model(x), y)
-                (loss / config.micro_batches).backward()
+                (loss / config.require_pipeline().micro_batch_count).backward()
                 total += loss.item()
-            losses.append(total / config.micro_batches)
+            losses.append(total / config.require_pipeline().micro_batch_count)
             optimizer.step()
             optimizer.zero_grad()
     return losses, params_sha256(model)
@@ -51,7 +53,7 @@ def plain_losses(config: PipelineConfig) -> tuple[list[float], str]:
 
 def test_tied_parameters_are_found_by_name_and_copied_per_stage() -> None:
     model = build_full_model(TIED)
-    shared = find_shared(model, TIED.balance)
+    shared = find_shared(model, TIED.require_pipeline().stage_balance)
     assert [(s.name, s.holders) for s in shared] == [("embed.tokens.weight", (0, 1))]
     assert find_shared(model, (5,)) == []  # one stage holds both ends: nothing to share
     first, copies0 = stage_module(model, 0, 2, shared)
@@ -97,7 +99,7 @@ def test_async_last_stage_applies_one_update_late() -> None:
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_sync_tied_pipeline_is_plain_training(schedule: str, optimizer: str) -> None:
-    config = dataclasses.replace(
+    config = replace_fields(
         NODROP,
         schedule=schedule,
         micro_batches=2,
@@ -112,7 +114,7 @@ def test_sync_tied_pipeline_is_plain_training(schedule: str, optimizer: str) -> 
 
 
 def test_one_micro_batch_sync_tied_pipeline_is_plain_training_bitwise() -> None:
-    config = dataclasses.replace(NODROP, schedule="1f1b")
+    config = replace_fields(NODROP, schedule="1f1b")
     result = Emulator(config, record=False).run()
     losses, digest = plain_losses(config)
     assert list(result.losses) == losses and result.params_sha256 == digest
@@ -130,7 +132,7 @@ def _modes() -> list[tuple[str, str, str, int]]:
 def test_every_schedule_and_mode_keeps_tied_copies_bitwise_equal() -> None:
     digests = set()
     for schedule, weights, optimizer, micro in _modes():
-        config = dataclasses.replace(
+        config = replace_fields(
             TIED,
             schedule=schedule,
             weights=weights,
@@ -158,7 +160,7 @@ def test_spectrain_predicts_the_same_weights_on_every_copy(
 ) -> None:
     """async-1f1b: stage 0's forward of t (s = 1) and the last stage's (s = 0, but its copy
     one update behind) both predict the tied weight at version t, bit for bit."""
-    config = dataclasses.replace(TIED, schedule="async-1f1b", weights="spectrain", steps=6)
+    config = replace_fields(TIED, schedule="async-1f1b", weights="spectrain", steps=6)
     seen: dict[tuple[int, int], torch.Tensor] = {}
     forward = StageRunner.forward
 
@@ -179,7 +181,7 @@ def test_spectrain_predicts_the_same_weights_on_every_copy(
 def test_a_pipeline_leaves_the_callers_rng_alone() -> None:
     torch.manual_seed(1234)
     state = torch.get_rng_state()
-    config = dataclasses.replace(TIED, schedule="async-1f1b", weights="spectrain")
+    config = replace_fields(TIED, schedule="async-1f1b", weights="spectrain")
     first = Emulator(config, record=False).run()
     assert torch.equal(torch.get_rng_state(), state)
     torch.manual_seed(99)  # the caller's seed does not reach the stages' streams

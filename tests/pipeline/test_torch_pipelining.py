@@ -2,37 +2,43 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
+from support import pipeline_run
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    SplitPoint,
+    pipeline,
+)
 
+from pipeswap.config import replace_fields
 from pipeswap.dist.group import single_threaded
 from pipeswap.dist.launch import spawn
-from pipeswap.pipeline.config import BatchSource, PipelineConfig, build_full_model
 from pipeswap.pipeline.emulator import Emulator
+from pipeswap.pipeline.job import BatchSource, build_full_model
+from tests.models.hf_configs import hf_config
 
 pytestmark = pytest.mark.dist
 
-CONFIG = PipelineConfig("gpt2-micro", (2, 2), batch=8, seq_len=16, steps=1, micro_batches=4)
+CONFIG = pipeline_run("gpt2-micro", (2, 2), batch=8, seq_len=16, steps=1, micro_batches=4)
 
 
 def _torch_gradients(rank: int, world: int, schedules: list[str]) -> dict[str, list[torch.Tensor]]:
     """Gradients of this rank's stage after one step of each torch schedule."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
     classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
     out = {}
     with single_threaded():
         for name in schedules:
             model = build_full_model(CONFIG)
-            start = sum(CONFIG.balance[:rank])
-            stage_module = model.stage(start, start + CONFIG.balance[rank])
+            start = sum(CONFIG.require_pipeline().stage_balance[:rank])
+            stage_module = model.stage(start, start + CONFIG.require_pipeline().stage_balance[rank])
             x, y = BatchSource(CONFIG, model).batch(0)
             micro = CONFIG.micro_batch_size
             # Shapes up front: gloo cannot complete the shape inference exchange (notes.md).
             with torch.no_grad():
-                boundary = model.stage(0, CONFIG.balance[0])(x[:micro])
+                boundary = model.stage(0, CONFIG.require_pipeline().stage_balance[0])(x[:micro])
                 logits = model(x[:micro])
             # The example input must require grad, or stage 1 sends no input gradients.
             boundary.requires_grad_(True)
@@ -44,7 +50,9 @@ def _torch_gradients(rank: int, world: int, schedules: list[str]) -> dict[str, l
                 input_args=(x[:micro],) if rank == 0 else (boundary,),
                 output_args=boundary if rank == 0 else logits,
             )
-            schedule = classes[name](stage, CONFIG.micro_batches, loss_fn=model.loss)
+            schedule = classes[name](
+                stage, CONFIG.require_pipeline().micro_batch_count, loss_fn=model.loss
+            )
             if rank == 0:
                 schedule.step(x.contiguous())
             else:
@@ -58,7 +66,7 @@ def test_same_gradients_as_torch_schedules() -> None:
     launched = spawn(_torch_gradients, 2, schedules, timeout_s=60)
     assert launched.ok, launched.exit_codes
     for name in schedules:
-        emulator = Emulator(dataclasses.replace(CONFIG, schedule=name), keep_gradients=True)
+        emulator = Emulator(replace_fields(CONFIG, schedule=name), keep_gradients=True)
         emulator.run()
         for rank, executor in enumerate(emulator.executors):
             ours = executor.weights.last_gradients
@@ -74,10 +82,6 @@ def test_torch_pipelining_split_copies_tied_weights_and_fixes_shapes() -> None:
     (docs/concepts.md, "Your model, as it is"): the traced stages hold their own copy of
     a weight tied across them, and run only the shapes they were traced at."""
     transformers = pytest.importorskip("transformers")
-    from torch.distributed.pipelining import SplitPoint, pipeline
-
-    from tests.models.hf_configs import hf_config
-
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(hf_config("gpt2"))
     ids = torch.randint(0, 256, (2, 16))

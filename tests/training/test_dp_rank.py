@@ -16,22 +16,33 @@ import torch
 from torch import nn
 from user_models import DROPOUT_LAYERS, USER_LAYERS, DropoutNet, UserNet
 
+from pipeswap.config import replace_fields
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling import measure
+from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.executor import capture_records
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.planner import POLICIES, make_plan
 from pipeswap.swap.workload import workload_from_profile
-from pipeswap.training.config import TrainConfig
+from pipeswap.train_config import TrainConfig
+from pipeswap.training.data_parallel import PlanPayload
 from pipeswap.training.data_parallel import report as build_report
-from pipeswap.training.dp_rank import RankResult, TrainSettings, ZooJob, train_rank
+from pipeswap.training.dp_rank import RankResult
+from pipeswap.training.dp_rank import train_rank as _train_rank
+from pipeswap.training.job import ModelJob
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
-SETTINGS = TrainSettings(steps=2, threads=1)
+# What the rank loop reads of a config: steps, sync_every, the optimizer and the device.
+SETTINGS = TrainConfig("rank-loop", steps=2, device="cpu", swap=SwapConfig())
+
+
+def train_rank(*args: Any, **kwargs: Any) -> RankResult:
+    """One CPU thread per rank, so runs on this machine are comparable bit for bit."""
+    return _train_rank(*args, threads=1, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -105,14 +116,14 @@ def _user_profile(job: UserJob) -> Profile:
 
 
 JOBS: dict[str, Any] = {
-    "gpt2-tiny": ZooJob("gpt2-tiny", 4, seq_len=32),
-    "resnet18": ZooJob("resnet18", 2, image_size=32),
+    "gpt2-tiny": ModelJob("gpt2-tiny", 4, seq_len=32),
+    "resnet18": ModelJob("resnet18", 2, image_size=32),
     "user": UserJob(),
 }
 # Hand-made recompute plans run on these (small: every kind of plan on each, 1 and 2 ranks).
 RECOMPUTE_JOBS: dict[str, Any] = {
-    "gpt2-micro": ZooJob("gpt2-micro", 4, seq_len=32),
-    "resnet-micro": ZooJob("resnet-micro", 4, image_size=32),
+    "gpt2-micro": ModelJob("gpt2-micro", 4, seq_len=32),
+    "resnet-micro": ModelJob("resnet-micro", 4, image_size=32),
     "user": UserJob(),
     "dropout": DropoutJob(),
 }
@@ -209,15 +220,13 @@ def test_single_process_every_policy_matches_no_swapping(name: str) -> None:
 def test_single_process_report_has_every_field() -> None:
     plan = _plans("gpt2-tiny", 1)["disjoint"]
     result = train_rank(
-        JOBS["gpt2-tiny"], plan, replace(SETTINGS, steps=3), profile=_profile("gpt2-tiny")
+        JOBS["gpt2-tiny"], plan, replace_fields(SETTINGS, steps=3), profile=_profile("gpt2-tiny")
     )
     config = TrainConfig("gpt2-tiny", batch=4, seq_len=32, steps=3).resolved()
-    payload = {
-        "predicted_step_s": plan.predicted_iteration_s,
-        "lower_bound_s": 0.0,
-        "topology": "switch-4",
-    }
-    report = build_report(config, plan, payload, [result])
+    payload = PlanPayload(
+        predicted_step_s=plan.predicted_iteration_s, lower_bound_s=0.0, topology="switch-4"
+    )
+    report = build_report(config, plan, payload, [result]).to_json()
     assert report["format"] == "pipeswap.train/2" and report["mode"] == "data-parallel"
     for key in (
         "losses",
@@ -237,7 +246,7 @@ def test_single_process_report_has_every_field() -> None:
 
 
 def test_accumulation_changes_the_data_not_the_transparency() -> None:
-    settings = replace(SETTINGS, sync_every=2)
+    settings = replace_fields(SETTINGS, sync_every=2)
     plans = _plans("gpt2-tiny", 1, sync_every=2)
     none = train_rank(JOBS["gpt2-tiny"], plans["none"], settings, profile=_profile("gpt2-tiny"))
     swapped = train_rank(
@@ -316,8 +325,8 @@ def test_the_report_records_what_was_recomputed() -> None:
         RECOMPUTE_JOBS["gpt2-micro"], plan, SETTINGS, profile=_profile("gpt2-micro")
     )
     config = TrainConfig("gpt2-micro", batch=4, seq_len=32, steps=2).resolved()
-    payload = {"predicted_step_s": 0.0, "lower_bound_s": 0.0, "topology": "switch-4"}
-    report = build_report(config, plan, payload, [result])
+    payload = PlanPayload(predicted_step_s=0.0, lower_bound_s=0.0, topology="switch-4")
+    report = build_report(config, plan, payload, [result]).to_json()
     assert report["recompute"] == [list(plan.gpus[0].recompute)]
     assert (
         report["recomputed_layers"] == [len(plan.gpus[0].recompute)] == [result.recomputed_layers]
@@ -352,7 +361,7 @@ def test_two_ranks_recompute_plans_match_no_swapping() -> None:
 
 # ---- several ranks (gloo) ---------------------------------------------------------------
 def _rank_cases(
-    rank: int, nproc: int, cases: list[tuple[str, Any, SwapPlan, TrainSettings, Profile]]
+    rank: int, nproc: int, cases: list[tuple[str, Any, SwapPlan, TrainConfig, Profile]]
 ) -> list[tuple[str, RankResult]]:
     torch.set_num_threads(1)
     return [
@@ -371,7 +380,7 @@ def test_two_ranks_every_policy_every_model_match_no_swapping() -> None:
     for name, job in JOBS.items():
         for policy, plan in _plans(name, 2).items():
             cases.append((f"{name}/{policy}", job, plan, SETTINGS, _profile(name)))
-    accumulate = replace(SETTINGS, sync_every=2)
+    accumulate = replace_fields(SETTINGS, sync_every=2)
     for policy, plan in _plans("gpt2-tiny", 2, sync_every=2).items():
         if policy in ("none", "bidirectional"):
             cases.append(
@@ -415,11 +424,11 @@ def test_a_plan_one_rank_cannot_keep_fails_every_rank_without_a_hang() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_single_rank_matches_no_swapping_and_reports_allocator_peak() -> None:
     # Activations well above the weights, so the step's peak is where swapping acts.
-    job = ZooJob("gpt2-tiny", 16, seq_len=256)
+    job = ModelJob("gpt2-tiny", 16, seq_len=256)
     profile = measure(
         "gpt2-tiny", job.batch_size, seq_len=job.seq_len, device="cuda", warmup=0, repeats=1
     )
-    settings = TrainSettings(steps=3, device="cuda")
+    settings = TrainConfig("rank-loop", steps=3, device="cuda", swap=SwapConfig())
     results = {}
     for policy in ("none", "oblivious"):
         ratio = 1.0 if policy == "none" else 2.0

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from pipeswap.cli import main
+from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.profiling import estimate
+from pipeswap.train_config import TrainConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
@@ -147,17 +150,14 @@ def test_pipeline_refuses_a_profile_with_another_layer_count(
 
 
 def test_pipeline_partitions_with_a_matching_profile(tmp_path: Path) -> None:
-    from pipeswap.training.config import PipelineOptions, TrainConfig
-    from pipeswap.training.pipelined import pipeline_config
-
     path = _profile(tmp_path, "gpt2-micro", 4, seq_len=16)
     config = TrainConfig(
-        model="gpt2-micro",
+        "gpt2-micro",
         batch=4,
         seq_len=16,
         device="cpu",
         profile_path=path,
-        pipeline=PipelineOptions(stages=2, emulate=True),
-    ).resolved()
-    pipeline = pipeline_config(config)
-    assert sum(pipeline.balance) == 4 and len(pipeline.balance) == 2
+        pipeline=PipelineConfig(stages=2, emulate=True),
+    )
+    balance = resolve_pipeline(config).require_pipeline().stage_balance
+    assert sum(balance) == 4 and len(balance) == 2

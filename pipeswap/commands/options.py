@@ -1,0 +1,106 @@
+"""The CLI made from the configs: one flag per config field, and the one table of flag names.
+
+A field's flag is ``--`` and its name with dashes (``seq_len``: ``--seq-len``) unless
+:data:`FLAGS` names it otherwise. Its help, choices and default come from the field's
+declaration (:func:`pipeswap.config.option`); its check is the config's own. Messages of
+:class:`pipeswap.config.ConfigError` name fields as ``{field}``, which :func:`message`
+spells as flags, so a CLI user reads flags and a Python caller reads field names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from pipeswap.config import ConfigError, field_types, value_type
+from pipeswap.errors import PipeswapError
+
+# Fields whose flag is not their name with dashes; the first flag is the one messages use.
+FLAGS: dict[str, tuple[str, ...]] = {
+    "policy": ("--swap-policy", "--policy"),
+    "gpu_memory_bytes": ("--gpu-memory",),
+    "time_limit_s": ("--time-limit",),
+    "bucket_bytes": ("--bucket-size",),
+    "timeout_s": ("--timeout",),
+    "profile_path": ("--profile",),
+    "memory_cap_bytes": ("--memory-cap",),
+    "stages": ("--pipeline",),
+    # The nested configs, as messages name a whole mode.
+    "swap": ("--swap-policy",),
+    "pipeline": ("--pipeline",),
+}
+
+
+def flags_of(name: str) -> tuple[str, ...]:
+    """Every flag that sets the field ``name``, the one messages use first."""
+    return FLAGS.get(name) or ("--" + name.replace("_", "-"),)
+
+
+def flag_of(name: str) -> str:
+    return flags_of(name)[0]
+
+
+def message(exc: PipeswapError) -> str:
+    """What the CLI prints for ``exc``: a config error's fields spelt as flags."""
+    if isinstance(exc, ConfigError):
+        return exc.render(flag_of)
+    return str(exc)
+
+
+def option_fields(config: type) -> list[dataclasses.Field[Any]]:
+    """The fields of ``config`` declared with :func:`pipeswap.config.option` (not nested)."""
+    return [f for f in dataclasses.fields(config) if "help" in f.metadata]
+
+
+def add_options(
+    target: Any,
+    config: type,
+    *,
+    only: tuple[str, ...] | None = None,
+    skip: tuple[str, ...] = (),
+    required: tuple[str, ...] = (),
+) -> None:
+    """An argument per option field of ``config`` on ``target`` (a parser or a group):
+    those named in ``only`` (default every one), less those in ``skip``.
+
+    Every argument defaults to None, so what was given is known (:func:`given`) and the
+    config's own default applies to the rest.
+    """
+    for f in option_fields(config):
+        if f.name in skip or (only is not None and f.name not in only):
+            continue
+        kind = value_type(field_types(config)[f.name])
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": _help(f)}
+        if kind is bool:
+            kwargs["action"] = "store_true"
+        else:
+            parse = f.metadata["parse"]
+            kwargs["type"] = str if parse is not None else kind
+            if f.metadata["choices"] is not None:
+                kwargs["choices"] = f.metadata["choices"]
+            if f.metadata["metavar"] is not None:
+                kwargs["metavar"] = f.metadata["metavar"]
+        if f.name in required:
+            kwargs["required"] = True
+        target.add_argument(*flags_of(f.name), **kwargs)
+
+
+def _help(f: dataclasses.Field[Any]) -> str:
+    text = ConfigError(f.metadata["help"]).render(flag_of)
+    default = f.default
+    if default is dataclasses.MISSING or default is None or default is False:
+        return text
+    return f"{text} (default {default})"
+
+
+def given(args: argparse.Namespace, config: type) -> dict[str, Any]:
+    """The option fields of ``config`` the command line set, read with their parsers."""
+    values = {}
+    for f in option_fields(config):
+        value = getattr(args, f.name, None)
+        if value is None:
+            continue
+        parse = f.metadata["parse"]
+        values[f.name] = parse(value) if parse is not None else value
+    return values

@@ -1,0 +1,95 @@
+"""The model and the batches every stage of a pipeline run builds identically from its config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pipeswap.data import dataset_for
+from pipeswap.errors import PipeswapError
+from pipeswap.models.base import LayeredModel
+from pipeswap.models.load import is_user_model
+from pipeswap.models.registry import build_model, model_spec
+from pipeswap.train_config import TrainConfig
+
+
+def model_factory(name: str) -> Callable[[torch.device], LayeredModel]:
+    """A function building the full model ``name`` on a device: a zoo name, a Hugging Face
+    directory or ``module:function`` (pipeswap.models.load).
+
+    It draws initial weights from the global RNG, so callers seed it first. Language
+    models keep their tied embeddings: stages holding a tied weight share its updates
+    (pipeswap.pipeline.shared), so a pipeline trains the model data parallelism does.
+    """
+    if not is_user_model(name):
+        model_spec(name)  # an unknown name fails here, before any model is built
+    return lambda device: build_model(name, device=device, seed=None)
+
+
+def build_full_model(config: TrainConfig, device: torch.device | str = "cpu") -> LayeredModel:
+    """The whole model with weights seeded by ``config.seed`` (same on every rank).
+
+    It is built on the CPU and then moved, so CPU and CUDA runs start from the same weights.
+    """
+    factory = model_factory(config.model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = factory(torch.device("cpu"))
+    return model.to(device)
+
+
+def build_meta_model(config: TrainConfig) -> LayeredModel:
+    """The model on the meta device (shapes only), for checks and shape inference."""
+    return model_factory(config.model)(torch.device("meta"))
+
+
+class BatchSource:
+    """The training (or held-out) batches of a run; micro-batch ``m`` of step ``s`` on demand."""
+
+    def __init__(self, config: TrainConfig, model: LayeredModel, split: str = "train") -> None:
+        assert config.batch is not None, "a resolved config has its batch size"
+        self.config = config
+        self.batch_size = config.batch
+        self.micro_batch_size = config.micro_batch_size
+        self.model = model
+        self.split = split
+        self._dataset = _dataset(config, model, split)
+        self._cached: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cached is None or self._cached[0] != step:
+            if self._dataset is None:
+                held_out = 0 if self.split == "train" else 1 << 30
+                pair = self.model.example_batch(
+                    self.batch_size,
+                    seq_len=self.config.seq_len,
+                    image_size=self.config.image_size,
+                    seed=self.config.seed * 1_000_003 + step + held_out,
+                )
+            else:
+                pair = self._dataset.batch(self.batch_size, step)
+            self._cached = (step, pair)
+        return self._cached[1]
+
+    def micro(self, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self.batch(step)
+        size = self.micro_batch_size
+        return inputs[index * size : (index + 1) * size], targets[index * size : (index + 1) * size]
+
+
+def _dataset(config: TrainConfig, model: LayeredModel, split: str) -> Any:
+    """The offline dataset for the model, or None (random example batches) if it has none."""
+    try:
+        return dataset_for(
+            model,
+            seq_len=config.seq_len,
+            image_size=config.image_size,
+            split=split,
+            seed=config.seed,
+        )
+    except PipeswapError:
+        if ":" in config.model:
+            return None
+        raise

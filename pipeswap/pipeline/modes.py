@@ -1,0 +1,140 @@
+"""The weight modes as a table: which version each pass sees, with which optimizer, at what cost.
+
+Every place that depends on the weight mode asks its entry (:func:`weight_mode`): the
+config's choices and its check against the optimizer, the stage's weight versions
+(:class:`pipeswap.pipeline.weights.StageWeights`), the optimizer it builds (NAdam or the
+configured one), the partitioner's memory model and the per-layer delays of
+:func:`pipeswap.pipeline.delayed.schedule_delays`. A new mode is one more entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from string import Template
+from typing import TYPE_CHECKING
+
+from pipeswap.config import ConfigError
+
+if TYPE_CHECKING:
+    from pipeswap.optim import OptimizerConfig
+    from pipeswap.pipeline.schedule_kinds import ScheduleKind
+
+# What a mode needs of the optimizer: nothing, SGD with momentum, or the Adam family.
+ANY_OPTIMIZER = "any"
+SGD_MOMENTUM = "sgd-momentum"
+ADAM_FAMILY = "adam-family"
+
+
+@dataclass(frozen=True)
+class WeightMode:
+    """One weight mode: the version a stage's passes run on, and what the mode needs.
+
+    ``stashes``: the backward runs on the version its forward used (PipeDream's weight
+    stashing); otherwise on the live weights. ``predicts``: a pass ``s`` updates ahead of
+    its own update runs on ``W - s * lr * d``, ``d`` the optimizer's step direction
+    (:func:`pipeswap.pipeline.predict.step_direction`: SGD's momentum buffer, Adam's
+    ``m_hat / (sqrt(v_hat) + eps)``). ``optimizer`` is what it needs: ``any``,
+    ``sgd-momentum`` or ``adam-family``; ``refusal`` says why when the config's optimizer
+    is not that, naming settings as ``{field}`` (a :class:`pipeswap.config.ConfigError`)
+    and the config's values as ``$optimizer`` and ``$momentum``. ``nadam``: the stage
+    updates with NAdam instead of the configured optimizer (:meth:`OptimizerConfig.build`).
+    """
+
+    name: str
+    stashes: bool = False
+    predicts: bool = False
+    optimizer: str = ANY_OPTIMIZER
+    nadam: bool = False
+    refusal: str = ""
+
+    def check_optimizer(self, optim: OptimizerConfig) -> None:
+        """Raise ConfigError unless ``optim`` is an optimizer this mode can run with."""
+        if self.optimizer == SGD_MOMENTUM:
+            fits = optim.optimizer == "sgd" and optim.momentum > 0
+        elif self.optimizer == ADAM_FAMILY:
+            fits = optim.optimizer in ("adam", "adamw")
+        else:
+            fits = True
+        if not fits:
+            values = {"optimizer": optim.optimizer, "momentum": optim.momentum}
+            raise ConfigError(Template(self.refusal).substitute(values))
+
+    def extra_weight_copies(self, in_flight: int, schedule: ScheduleKind) -> int:
+        """Weight copies beyond the live one, for the partitioner's memory model.
+
+        A stash per in-flight unit (at most the schedule's ``stash_versions``: on ``2bw``
+        every in-flight micro-batch ran its forward on one of two versions, so one copy),
+        or one backup of the live weights while a predicted version is in place.
+        """
+        if self.stashes:
+            versions = schedule.stash_versions
+            return in_flight if versions is None else min(in_flight, versions)
+        return 1 if self.predicts else 0
+
+    def gradient_delay(
+        self, schedule: str, stage: int, unit: int, walked: tuple[int, int], used: tuple[int, int]
+    ) -> int:
+        """How many updates late ``stage`` takes the gradient of ``unit``: a plain delay.
+
+        ``walked`` is the (forward, backward) version distance of the unit's passes
+        (:func:`pipeswap.pipeline.predict.version_distances`), ``used`` the one the config's
+        distance rule gives. A mode that stashes takes its gradient at the forward's
+        version; one that runs the backward on newer weights than the forward mixes two
+        versions, and a prediction is no version at all: ConfigError, naming the mode.
+        """
+        forward, backward = walked
+        if self.predicts and any(used):
+            raise ConfigError(
+                f"{schedule} with {{weights}} {self.name} predicts the weights of stage "
+                f"{stage}: a prediction is no delay; use {{weights}} stash"
+            )
+        if not self.stashes and forward != backward:
+            raise ConfigError(
+                f"{schedule} with {{weights}} {self.name} runs stage {stage}'s forward of unit "
+                f"{unit} {forward} updates behind but its backward {backward}: a gradient "
+                "taken at two versions is no single delay; use {weights} stash"
+            )
+        return forward
+
+
+WEIGHT_MODES: dict[str, WeightMode] = {
+    mode.name: mode
+    for mode in (
+        WeightMode("stale"),
+        WeightMode("stash", stashes=True),
+        WeightMode(
+            "spectrain",
+            predicts=True,
+            optimizer=SGD_MOMENTUM,
+            refusal="{weights} spectrain predicts with the SGD momentum buffer, but {optimizer} "
+            "$optimizer {momentum} $momentum has none: use {optimizer} sgd {momentum} 0.9, or "
+            "{weights} predict-adam with {optimizer} adam or adamw",
+        ),
+        WeightMode(
+            "predict-adam",
+            predicts=True,
+            optimizer=ADAM_FAMILY,
+            refusal="{weights} predict-adam predicts with Adam's step direction: use "
+            "{optimizer} adam or adamw, or {weights} spectrain for SGD with momentum",
+        ),
+        # Ajanthan et al. (arXiv 2505.01099) as released: pipeswap.pipeline.weights.
+        WeightMode(
+            "nesterov",
+            stashes=True,
+            optimizer=ADAM_FAMILY,
+            nadam=True,
+            refusal="{weights} nesterov is the method of Ajanthan et al. (arXiv 2505.01099) as "
+            "its authors released it: NAdam with weight stashing. Only that Adam-family "
+            "variant is defined (their code has no SGD variant), so {optimizer} $optimizer "
+            "cannot run it: use {optimizer} adamw (NAdamW, as released) or {optimizer} adam",
+        ),
+    )
+}
+
+
+def weight_mode(name: str) -> WeightMode:
+    """The entry of the weight mode ``name``; a ConfigError naming the valid ones otherwise."""
+    mode = WEIGHT_MODES.get(name)
+    if mode is None:
+        raise ConfigError(f"unknown {{weights}} {name!r}; valid: " + ", ".join(WEIGHT_MODES))
+    return mode

@@ -1,0 +1,113 @@
+"""A pipeline run made concrete: the model's defaults, the micro-batches and the stage balance."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pipeswap.config import ConfigError, require
+from pipeswap.pipeline.job import build_meta_model
+from pipeswap.pipeline.partition import check_balance, check_stage_count, partition
+from pipeswap.pipeline.stage import LayerInfo, flop_profile, inspect_layers
+from pipeswap.profile import Profile
+from pipeswap.train_config import TrainConfig
+
+
+def resolve_pipeline(config: TrainConfig) -> TrainConfig:
+    """``config`` resolved (:meth:`TrainConfig.resolved`) with its micro-batch count and its
+    balance known: the given one checked against the model, else the partitioner's.
+
+    Idempotent: every rank and the emulator call it on the same config and get the same
+    balance (FLOP counts, or the profile at ``profile_path``; never timings of this run).
+    """
+    config = config.resolved()
+    pipeline = config.require_pipeline()
+    assert config.batch is not None
+    model = build_meta_model(config)
+    # Before the batch split: too many stages is the real problem when K also sets it.
+    check_stage_count(len(model), pipeline.num_stages, model.layer_names, config.model)
+    micro_batches = pipeline.micro_batch_count
+    if pipeline.micro_batches is not None:
+        require(
+            config.batch % micro_batches == 0,
+            f"{{batch}} {config.batch} must split into {{micro_batches}} {micro_batches} equal "
+            "parts: pick a batch that is a multiple of the micro-batch count",
+        )
+    require(
+        config.batch % micro_batches == 0,
+        f"{{batch}} {config.batch} does not split into the {micro_batches} micro-batches "
+        f"{pipeline.schedule} uses by default (one per stage): pass {{micro_batches}} M with M "
+        f"dividing {config.batch}, or a batch that is a multiple of {micro_batches}",
+    )
+    pipeline = replace(pipeline, micro_batches=micro_batches)
+    config = replace(config, pipeline=pipeline)
+    infos = inspect_layers(config)
+    if pipeline.balance is not None:
+        balance = check_balance(pipeline.balance, len(infos), pipeline.num_stages)
+    else:
+        balance = _partition(config, infos, model.name)
+    return replace(config, pipeline=replace(pipeline, stages=len(balance), balance=balance))
+
+
+def _partition(config: TrainConfig, infos: list[LayerInfo], model_name: str) -> tuple[int, ...]:
+    pipeline = config.require_pipeline()
+    if config.profile_path is not None:
+        profile = Profile.load(config.profile_path)
+        check_profile_layers(config, profile, infos, model_name)
+    else:
+        profile = flop_profile(config, infos)
+    found = partition(
+        profile,
+        pipeline.num_stages,
+        memory_cap_bytes=pipeline.memory_cap_bytes,
+        schedule=pipeline.schedule,
+        micro_batches=pipeline.micro_batch_count,
+        weights=pipeline.weights,
+    )
+    return found.balance
+
+
+def check_profile_layers(
+    config: TrainConfig, profile: Profile, infos: list[LayerInfo], model_name: str
+) -> None:
+    """Refuse a profile of another model, batch or input shape than this pipeline run's.
+
+    ``model_name`` is the built model's own name, which a measured profile of a
+    module:function model carries instead of the spec.
+    """
+    path, redo = config.profile_path, "profile this run or drop {profile_path}"
+    require(
+        profile.model in (config.model, model_name),
+        f"{path} profiles {profile.model} but this run trains {config.model}; {redo}",
+    )
+    require(
+        len(profile.layers) == len(infos),
+        f"{path} profiles {len(profile.layers)} layers but {config.model} has {len(infos)}: "
+        "profile the same model or drop {profile_path}",
+    )
+    for position, (theirs, info) in enumerate(zip(profile.layer_names, infos, strict=True)):
+        require(
+            theirs == info.name,
+            f"{path} names layer {position} {theirs!r} but {config.model}'s layer {position} "
+            f"is {info.name!r}: profile the same model or drop {{profile_path}}",
+        )
+    require(
+        profile.batch == config.batch,
+        f"{path} profiles batch {profile.batch} but this run has {{batch}} {config.batch}; " + redo,
+    )
+    check_profile_shape(str(path), profile, config.seq_len, config.image_size)
+
+
+def check_profile_shape(
+    path: str, profile: Profile, seq_len: int | None, image_size: int | None
+) -> None:
+    """Refuse a profile made at another sequence length or image size than this run's.
+
+    A side the profile or the run leaves unset (None) is not compared.
+    """
+    for key, mine in (("seq_len", seq_len), ("image_size", image_size)):
+        theirs = getattr(profile, key)
+        if theirs is not None and mine is not None and theirs != mine:
+            raise ConfigError(
+                f"{path} profiles {key} {theirs} but this run has {{{key}}} {mine}; profile "
+                "this run or drop {profile_path}"
+            )

@@ -1,0 +1,92 @@
+"""SwapConfig: how data-parallel training swaps, declared and checked once."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pipeswap.config import option, require
+from pipeswap.units import parse_bytes
+
+POLICY_NAMES = (
+    "none",
+    "oblivious",
+    "disjoint",
+    "bidirectional",
+    "recompute",
+    "save-on-cpu",
+    "hybrid",
+    "mip",
+    "auto",
+)
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwapConfig:
+    """Which saved tensors go to host memory, within which budget, planned for which GPUs.
+
+    The budget per GPU is ``gpu_memory_bytes``, or the no-swap peak divided by
+    ``footprint_ratio``, or else the topology's GPU memory.
+    """
+
+    policy: str = option(
+        "auto",
+        choices=POLICY_NAMES,
+        help="which saved tensors go to host memory, and when: auto keeps the best simulated "
+        "plan; recompute and save-on-cpu are PyTorch's baselines, hybrid swaps or recomputes",
+    )
+    sync_every: int = option(1, metavar="K", help="micro-batches per gradient all-reduce")
+    gpu_memory_bytes: int | None = option(
+        None,
+        parse=parse_bytes,
+        metavar="SIZE",
+        help="memory budget per GPU, e.g. 16GiB (default: the topology's)",
+    )
+    footprint_ratio: float | None = option(
+        None,
+        metavar="R",
+        help="the budget is the no-swap peak divided by R: 1.5 plans for a GPU with two "
+        "thirds of the memory training would take without swapping",
+    )
+    topology: str | None = option(
+        None,
+        metavar="NAME|FILE|detect",
+        help="GPUs and PCIe links to plan for: a preset, a topology JSON file or detect "
+        "(default: detected on CUDA, preset switch-4 on the CPU)",
+    )
+    time_limit_s: float = option(
+        60.0, metavar="S", help="time limit of the mip and auto policies, in seconds"
+    )
+    bucket_bytes: int = option(
+        DEFAULT_BUCKET_BYTES,
+        parse=parse_bytes,
+        metavar="SIZE",
+        help="gradient all-reduce bucket size (DDP's bucket_cap_mb)",
+    )
+
+    def __post_init__(self) -> None:
+        require(
+            self.policy in POLICY_NAMES,
+            f"unknown swap policy {self.policy!r} for {{policy}}; valid: "
+            + ", ".join(POLICY_NAMES),
+        )
+        require(self.sync_every >= 1, f"{{sync_every}} is {self.sync_every}; use 1 or more")
+        require(
+            self.gpu_memory_bytes is None or self.footprint_ratio is None,
+            "give {gpu_memory_bytes} or {footprint_ratio}, not both",
+        )
+        require(
+            self.footprint_ratio is None
+            or (math.isfinite(self.footprint_ratio) and self.footprint_ratio >= 1),
+            f"{{footprint_ratio}} is {self.footprint_ratio}; use a ratio >= 1 (1.5: the budget "
+            "is two thirds of the no-swap peak)",
+        )
+        require(
+            math.isfinite(self.time_limit_s) and self.time_limit_s > 0,
+            f"{{time_limit_s}} is {self.time_limit_s}; use a positive finite number of seconds",
+        )
+        require(
+            self.bucket_bytes > 0,
+            f"{{bucket_bytes}} is {self.bucket_bytes} bytes; use a positive size such as 25MiB",
+        )

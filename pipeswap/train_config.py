@@ -1,0 +1,202 @@
+"""TrainConfig: one training run, whatever its mode, composed of its components' configs.
+
+The run's own fields (model, batch shape, steps, seed, where it runs) sit at the top;
+``optim``, ``swap``, ``pipeline`` and ``checkpoint`` are the configs of the
+components that own them (each declares, defaults and checks its fields once). At most
+one of ``swap`` and ``pipeline`` is set, and it says the mode: data parallelism with
+swapping (the default) or a pipeline. Checks that need two components (a weight mode
+and its optimizer, a memory cap and a profile) live here; checks that need the model
+(its layers, its default shapes) run when the run is resolved (pipeswap.training.resolve).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import KW_ONLY, asdict, dataclass, field, replace
+from typing import Any
+
+from pipeswap.checkpoint import CheckpointConfig
+from pipeswap.config import option, require
+from pipeswap.optim import OptimizerConfig
+from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.modes import weight_mode
+from pipeswap.swap.config import SwapConfig
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run (``model`` positional, the rest by keyword). ``model`` is a zoo name, a local Hugging Face directory or
+    ``package.module:function`` returning an nn.Module.
+
+    ``batch`` is the mini-batch of one rank (data parallel: each rank's micro-batch;
+    pipeline: the mini-batch the stages split into micro-batches); None takes the model's
+    default, as do ``seq_len`` and ``image_size``. ``seed`` seeds the initial weights, the
+    data order and dropout. ``device`` None: CUDA when available for data parallelism,
+    the CPU for pipelines.
+    """
+
+    model: str = option(
+        help="zoo model name (e.g. gpt2-tiny), a local Hugging Face model directory, or "
+        "module:function returning an nn.Module"
+    )
+    _: KW_ONLY
+    batch: int | None = option(None, help="mini-batch per rank (default: the model's)")
+    seq_len: int | None = option(None, help="tokens per sequence (language models)")
+    image_size: int | None = option(None, help="image side in pixels (image models)")
+    steps: int = option(20, help="optimizer steps")
+    seed: int = option(0, help="seed of the initial weights, the data order and dropout")
+    device: str | None = option(
+        None,
+        choices=DEVICES,
+        help="where to train: cpu uses gloo, cuda NCCL (gloo when ranks share a GPU); "
+        "default cuda when available for data parallelism, cpu for pipelines",
+    )
+    nproc: int | None = option(None, help="start this many local ranks (a pipeline: one per stage)")
+    timeout_s: float = option(60.0, help="seconds a rank waits for a peer before failing")
+    profile_path: str | None = option(
+        None,
+        metavar="PATH",
+        help="a profile JSON: data parallelism plans from it (default: measure here); a "
+        "pipeline balances its stages with it (default: FLOP counts)",
+    )
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    swap: SwapConfig | None = None
+    pipeline: PipelineConfig | None = None
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    progress: bool = field(default=True, compare=False)
+
+    def __post_init__(self) -> None:
+        require(
+            self.swap is None or self.pipeline is None,
+            "a run swaps (data parallelism) or is a pipeline, not both: drop {swap} or {pipeline}",
+        )
+        for name, value in (
+            ("batch", self.batch),
+            ("seq_len", self.seq_len),
+            ("image_size", self.image_size),
+            ("nproc", self.nproc),
+        ):
+            require(value is None or value >= 1, f"{{{name}}} is {value}; use 1 or more")
+        require(self.steps >= 1, f"{{steps}} must be at least 1, not {self.steps}")
+        require(
+            0 <= self.seed < 2**63, f"{{seed}} is {self.seed}; use a whole number in [0, 2**63)"
+        )
+        require(
+            math.isfinite(self.timeout_s) and self.timeout_s > 0,
+            f"{{timeout_s}} is {self.timeout_s}; use a positive number of seconds",
+        )
+        require(
+            self.device in (None, *DEVICES),
+            f"unknown {{device}} {self.device!r}; use cpu or cuda",
+        )
+        require(
+            not self.checkpoint.checkpoint_every
+            or self.checkpoint.checkpoint_dir is not None
+            or self.checkpoint.resume is not None,
+            "{checkpoint_every} needs {checkpoint_dir} DIR to write into",
+        )
+        if self.pipeline is not None:
+            self._check_pipeline(self.pipeline)
+
+    def _check_pipeline(self, pipeline: PipelineConfig) -> None:
+        require(
+            self.nproc is None or self.nproc == pipeline.num_stages,
+            f"{{nproc}} {self.nproc} does not match {{stages}} {pipeline.num_stages}: one "
+            "rank per stage",
+        )
+        require(
+            not (pipeline.emulate and self.nproc is not None),
+            "{emulate} runs every stage in this process: drop {nproc}, or drop {emulate} to "
+            "run one process per stage",
+        )
+        require(
+            pipeline.memory_cap_bytes is None or self.profile_path is not None,
+            "{memory_cap_bytes} needs {profile_path} (a measured or estimated profile)",
+        )
+        # What the weight mode needs of the optimizer, as its table entry says.
+        weight_mode(pipeline.weights).check_optimizer(self.optim)
+
+    @property
+    def mode(self) -> str:
+        """``data-parallel``, ``pipeline`` (one process per stage) or ``emulate``."""
+        if self.pipeline is None:
+            return "data-parallel"
+        return "emulate" if self.pipeline.emulate else "pipeline"
+
+    def require_pipeline(self) -> PipelineConfig:
+        """The pipeline settings of a pipeline run."""
+        require(self.pipeline is not None, "this run is not a pipeline: set {pipeline}")
+        assert self.pipeline is not None
+        return self.pipeline
+
+    def require_swap(self) -> SwapConfig:
+        """The swap settings of a data-parallel run (the defaults when none were given)."""
+        require(self.pipeline is None, "a pipeline run does not swap: drop {pipeline}")
+        return self.swap or SwapConfig()
+
+    def resolved(self) -> TrainConfig:
+        """This config with the model's defaults filled in: batch, sequence length or image
+        size, the device, and the swap settings of a data-parallel run. Idempotent."""
+        # The zoo (and torch) load when a run is resolved, not when a config is declared.
+        import torch
+
+        from pipeswap.models.registry import model_spec, shape_defaults
+
+        spec = model_spec(self.model)
+        require(
+            spec.task != "lm" or self.image_size is None,
+            f"{self.model} is a language model: pass {{seq_len}}, not {{image_size}}",
+        )
+        require(
+            spec.task != "classify" or self.seq_len is None,
+            f"{self.model} is an image model: pass {{image_size}}, not {{seq_len}}",
+        )
+        require(
+            self.device != "cuda" or torch.cuda.is_available(),
+            "{device} cuda, but PyTorch sees no GPU here; use {device} cpu",
+        )
+        seq_len, image_size = shape_defaults(self.model, self.seq_len, self.image_size)
+        device = self.device
+        if device is None:
+            device = "cuda" if self.pipeline is None and torch.cuda.is_available() else "cpu"
+        return replace(
+            self,
+            batch=self.batch or spec.default_batch or 8,
+            seq_len=seq_len,
+            image_size=image_size,
+            device=device,
+            swap=self.require_swap() if self.pipeline is None else None,
+        )
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples per pipeline unit: the mini-batch split into the schedule's micro-batches."""
+        assert self.batch is not None
+        return self.batch // self.require_pipeline().micro_batch_count
+
+    def to_json(self) -> dict[str, Any]:
+        obj = asdict(self)
+        obj.pop("progress")
+        obj["mode"] = self.mode
+        if self.pipeline is not None and self.pipeline.balance is not None:
+            obj["pipeline"]["balance"] = list(self.pipeline.balance)
+        return obj
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TrainConfig:
+        """The config :meth:`to_json` wrote."""
+        values = {k: v for k, v in obj.items() if k != "mode"}
+        pipeline = values.get("pipeline")
+        if pipeline is not None and pipeline.get("balance") is not None:
+            pipeline = {**pipeline, "balance": tuple(pipeline["balance"])}
+        return cls(
+            **{
+                **values,
+                "optim": OptimizerConfig(**values.get("optim", {})),
+                "swap": None if values.get("swap") is None else SwapConfig(**values["swap"]),
+                "pipeline": None if pipeline is None else PipelineConfig(**pipeline),
+                "checkpoint": CheckpointConfig(**values.get("checkpoint", {})),
+            }
+        )

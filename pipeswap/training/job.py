@@ -1,0 +1,80 @@
+"""What a data-parallel rank trains: a model, its loss and its batches, built on each rank."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from pipeswap.data import dataset_for
+from pipeswap.models.registry import build_model
+from pipeswap.profiling.step import parse_dtype
+from pipeswap.train_config import TrainConfig
+
+
+class Job(Protocol):
+    """What to train; must pickle (it travels to spawned ranks).
+
+    ``seed`` seeds the random streams of training (dropout); a job without one uses 0.
+    """
+
+    @property
+    def layers(self) -> Sequence[str] | None: ...
+
+    def build(self, device: torch.device) -> nn.Module: ...
+
+    def loss(
+        self, model: nn.Module, output: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor: ...
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass(frozen=True)
+class ModelJob:
+    """A model by name (zoo, Hugging Face directory, module:function) on its offline data."""
+
+    model: str
+    batch_size: int
+    seq_len: int | None = None
+    image_size: int | None = None
+    seed: int = 0
+    dtype: str = "float32"
+
+    @classmethod
+    def of(cls, config: TrainConfig) -> ModelJob:
+        """What a resolved config trains."""
+        assert config.batch is not None, "a resolved config has its batch size"
+        return cls(config.model, config.batch, config.seq_len, config.image_size, config.seed)
+
+    @property
+    def layers(self) -> Sequence[str] | None:
+        return None  # the model's own blocks
+
+    def build(self, device: torch.device) -> nn.Module:
+        return build_model(
+            self.model,
+            device=device,
+            dtype=parse_dtype(self.dtype),
+            image_size=self.image_size,
+            seed=self.seed,
+        )
+
+    def loss(self, model: nn.Module, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return model.loss(output, targets)  # type: ignore[operator]
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        dataset = _dataset(self.model, self.seq_len, self.image_size, self.seed)
+        inputs, targets = dataset.batch(self.batch_size, index)
+        if inputs.is_floating_point():
+            inputs = inputs.to(parse_dtype(self.dtype))
+        return inputs, targets
+
+
+@functools.lru_cache(maxsize=8)
+def _dataset(model: str, seq_len: int | None, image_size: int | None, seed: int) -> Any:
+    return dataset_for(model, seq_len=seq_len, image_size=image_size, seed=seed)

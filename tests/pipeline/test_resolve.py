@@ -1,0 +1,37 @@
+"""pipeswap/pipeline/resolve.py: a pipeline run made concrete, the same on every rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeswap.config import ConfigError
+from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.resolve import resolve_pipeline
+from pipeswap.train_config import TrainConfig
+
+
+def test_the_partitioner_balances_the_stages_and_resolving_again_changes_nothing() -> None:
+    config = TrainConfig("gpt2-micro", batch=4, pipeline=PipelineConfig(stages=2))
+    resolved = resolve_pipeline(config)
+    pipeline = resolved.require_pipeline()
+    assert sum(pipeline.stage_balance) == 4 and pipeline.micro_batches == 2
+    assert (resolved.seq_len, resolved.device) == (32, "cpu")
+    assert resolve_pipeline(resolved) == resolved
+
+
+def test_a_given_balance_is_checked_against_the_model() -> None:
+    config = TrainConfig("gpt2-micro", batch=4, pipeline=PipelineConfig(balance=(3, 2)))
+    with pytest.raises(ConfigError, match="add up to the model's 4 layers"):
+        resolve_pipeline(config)
+    many = TrainConfig("gpt2-micro", batch=4, pipeline=PipelineConfig(stages=9))
+    with pytest.raises(ConfigError, match="fewer than the 9 stages"):
+        resolve_pipeline(many)
+
+
+def test_the_batch_must_split_into_the_micro_batches() -> None:
+    default = TrainConfig("gpt2-micro", batch=3, pipeline=PipelineConfig(stages=2))
+    with pytest.raises(ConfigError, match="pass micro_batches M with M dividing 3"):
+        resolve_pipeline(default)
+    given = TrainConfig("gpt2-micro", batch=4, pipeline=PipelineConfig(stages=2, micro_batches=3))
+    with pytest.raises(ConfigError, match="equal parts"):
+        resolve_pipeline(given)

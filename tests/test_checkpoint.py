@@ -1,0 +1,104 @@
+"""pipeswap/checkpoint.py: where a run writes, and checkpoints that are input, never code."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeswap.checkpoint import (
+    CheckpointConfig,
+    CheckpointPlan,
+    hold_directory,
+    latest_complete,
+    load_rank,
+    save_rank,
+    step_dir,
+    write_manifest,
+)
+from pipeswap.config import ConfigError
+from pipeswap.errors import PipeswapError
+
+
+def test_where_a_run_writes_its_checkpoints() -> None:
+    assert CheckpointConfig().target is None
+    assert CheckpointConfig(checkpoint_dir="a", resume="b").target == "a"
+    assert CheckpointConfig(resume="b").target is None  # resumes, writes nothing more
+    assert CheckpointConfig(resume="b", checkpoint_every=3).target == "b"
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"checkpoint_every": -1}, "checkpoint_every is -1"),
+        ({"checkpoint_dir": ""}, "checkpoint_dir is empty"),
+        ({"resume": ""}, "resume is empty"),
+    ],
+)
+def test_bad_settings_are_refused(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        CheckpointConfig(**fields)  # type: ignore[arg-type]
+
+
+def _set(tmp_path: Path, run_id: str, identity: dict[str, object]) -> CheckpointPlan:
+    plan = CheckpointPlan(str(tmp_path), 2, identity, 2, run_id=run_id)
+    write_manifest(plan, 2)
+    for rank in range(2):
+        save_rank(plan, 2, rank, {"weights": torch.full((2,), float(rank)), "done": 2})
+    return plan
+
+
+def test_a_set_loads_back_as_written(tmp_path: Path) -> None:
+    _set(tmp_path, "a" * 32, {"seed": 0})
+    found = latest_complete(tmp_path)
+    assert found is not None and found[0] == 2
+    state = load_rank(tmp_path, 2, 1)
+    assert torch.equal(state["weights"], torch.ones(2)) and state["done"] == 2
+
+
+class _Payload:
+    """Unpickling this runs code: it writes a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Path.write_text, (self.marker, "ran"))
+
+
+def test_a_crafted_checkpoint_runs_no_code(tmp_path: Path) -> None:
+    _set(tmp_path, "a" * 32, {"seed": 0})
+    marker = tmp_path / "marker"
+    crafted = {"run": "a" * 32, "rank": 0, "step": 2, "identity": {"seed": 0}}
+    torch.save({**crafted, "state": {"x": _Payload(marker)}}, step_dir(tmp_path, 2) / "rank-0.pt")
+    with pytest.raises(PipeswapError, match="cannot read checkpoint .*rank-0.pt"):
+        load_rank(tmp_path, 2, 0)
+    assert not marker.exists()
+
+
+def test_a_set_mixed_from_two_runs_is_refused(tmp_path: Path) -> None:
+    _set(tmp_path / "other", "b" * 32, {"seed": 1})
+    _set(tmp_path / "mine", "a" * 32, {"seed": 0})
+    mine, other = step_dir(tmp_path / "mine", 2), step_dir(tmp_path / "other", 2)
+    shutil.copy(other / "rank-1.pt", mine / "rank-1.pt")
+    load_rank(tmp_path / "mine", 2, 0)
+    with pytest.raises(PipeswapError, match="does not belong to the set"):
+        load_rank(tmp_path / "mine", 2, 1)
+    # The same run's file under another step, or another rank's file, is refused too.
+    _set(tmp_path / "mine", "a" * 32, {"seed": 0})
+    shutil.copy(mine / "rank-0.pt", mine / "rank-1.pt")
+    with pytest.raises(PipeswapError, match="does not belong to the set"):
+        load_rank(tmp_path / "mine", 2, 1)
+
+
+def test_one_live_run_holds_a_directory(tmp_path: Path) -> None:
+    with hold_directory(tmp_path / "ck"):
+        with pytest.raises(PipeswapError, match="in use by a live run \\(pid \\d+\\)"):
+            with hold_directory(tmp_path / "ck"):
+                pass
+    with hold_directory(tmp_path / "ck"):  # released when the first run ended
+        pass
+    with hold_directory(None):
+        pass

@@ -1,0 +1,48 @@
+"""pipeswap/optim.py: OptimizerConfig's defaults and checks, the rate schedule, construction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeswap.config import ConfigError
+from pipeswap.optim import DEFAULT_LR, OptimizerConfig
+
+
+def test_the_default_rate_is_the_optimizers() -> None:
+    for name, rate in DEFAULT_LR.items():
+        assert OptimizerConfig(optimizer=name).base_lr == rate
+    assert OptimizerConfig(optimizer="adam", lr=0.2).base_lr == 0.2
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"optimizer": "lion"}, "unknown optimizer 'lion'"),
+        ({"lr": 0.0}, "lr is 0.0"),
+        ({"lr": float("inf")}, "lr is inf"),
+        ({"momentum": 1.0}, "momentum is 1.0; use a number in \\[0, 1\\)"),
+        ({"weight_decay": -1.0}, "weight_decay is -1.0"),
+        ({"lr_warmup": -1}, "lr_warmup must be 0"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_field(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        OptimizerConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_warm_up_ramps_linearly_then_holds() -> None:
+    config = OptimizerConfig(lr=0.3, lr_warmup=3)
+    assert [config.lr_at(t) for t in range(5)] == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])
+    assert OptimizerConfig(lr=0.3).lr_at(0) == 0.3
+
+
+def test_build_makes_the_named_optimizer_with_single_tensor_kernels() -> None:
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    sgd = OptimizerConfig(momentum=0.5).build(params)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.5
+    assert sgd.defaults["foreach"] is False and sgd.defaults["lr"] == DEFAULT_LR["sgd"]
+    assert isinstance(OptimizerConfig(optimizer="adamw").build(params), torch.optim.AdamW)
+    nadam = OptimizerConfig(optimizer="adamw", momentum=0.99).build(params, nadam=True)
+    assert isinstance(nadam, torch.optim.NAdam)
+    assert nadam.defaults["betas"][0] == 0.99 and nadam.defaults["decoupled_weight_decay"]
