@@ -47,12 +47,8 @@ from pipeswap.pipeline.taskgraph import pipeline_graph
 from pipeswap.profile import Profile, SavedTensor
 from pipeswap.profiling import estimate
 from pipeswap.sim.engine import simulate
-from pipeswap.swap.workload import (
-    DEFAULT_BUCKET_BYTES,
-    Workload,
-    build_iteration_graph,
-    workload_from_profile,
-)
+from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
+from pipeswap.swap.plan.workload import Workload, build_iteration_graph, workload_from_profile
 
 RESULTS = RESULTS_DIR / "pipeline_throughput_sim.md"
 MODELS = ("vgg16", "resnet152", "gpt2-medium")
@@ -355,7 +351,7 @@ def _explanation(batch_of: dict[str, int]) -> str:
         "- **DP**: each GPU runs the whole model on `b` samples; gradients are "
         "ring-allreduced in 25 MiB buckets as the backward produces them, overlapped with "
         "the rest of the backward (PyTorch DDP's default), then each GPU applies a "
-        "memory-bound SGD update (`pipeswap.swap.workload`). **DP no overlap**: one "
+        "memory-bound SGD update (`pipeswap.swap.plan.workload`). **DP no overlap**: one "
         "allreduce of all gradients after the backward.\n"
         "- **gpipe / 1f1b**: mini-batch `N*b` (the global batch of DP on N GPUs) in N "
         "micro-batches of `b`, flush and update every mini-batch.\n"

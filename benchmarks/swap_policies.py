@@ -37,9 +37,9 @@ from pipeswap.profile import Profile
 from pipeswap.profiling import estimate
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
-from pipeswap.swap.bounds import lower_bound, turn_bound
-from pipeswap.swap.case import Case
-from pipeswap.swap.planner import PlanResult, make_case, plan_case
+from pipeswap.swap.plan.bounds import lower_bound, turn_bound
+from pipeswap.swap.plan.case import Case
+from pipeswap.swap.plan.planner import PlanResult, make_case, plan_case
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "swap_policies.md"
 HEURISTICS = ("oblivious", "disjoint", "bidirectional")  # the swap-only heuristics
@@ -187,7 +187,8 @@ def _single_gpu(
     profile: Profile, ratio: float, time_limit_s: float
 ) -> tuple[PlanResult, PlanResult, PlanResult]:
     case = make_case(profile, preset("switch-4"), gpus=1, footprint_ratio=ratio)
-    heuristics = [plan_case(case, profile, p) for p in HEURISTICS + ("hybrid",)]
+    rules = HEURISTICS + ("hybrid",)
+    heuristics = [plan_case(case, profile, p, time_limit_s=time_limit_s) for p in rules]
     best = min(heuristics, key=lambda r: r.iteration_s)
     mip, auto = (plan_case(case, profile, p, time_limit_s=time_limit_s) for p in SEARCHED)
     return best, mip, auto
@@ -384,7 +385,7 @@ directed link the bytes that must cross it / its bandwidth), where each GPU move
 D = peak - budget bytes each way per micro-batch. It lets the bytes move at any moment of
 the iteration, which no plan can do.
 
-**Turn bound** (`turn_bound_s`, derivation in `pipeswap/swap/bounds.py`), the largest of:
+**Turn bound** (`turn_bound_s`, derivation in docs/concepts.md, "Why the swap bounds are valid"), the largest of:
 
 - *Per GPU*: the bytes off the GPU at a layer must have *finished* their swap-out before
   that layer's forward starts, and could only leave after the forward that made them; they
@@ -422,7 +423,7 @@ Every term holds for every plan the iteration graph can express (any tensors, po
 offsets, any recomputed layers per GPU, any sync-every, one or two copy engines): the
 tests check closed forms (with and without recomputation), random plans with random
 recomputed layers and offsets, and plans driven as low as the local search of `auto` can
-take them from `bidirectional` and from `hybrid` (`tests/swap/test_bounds.py`); the
+take them from `bidirectional` and from `hybrid` (`tests/swap/plan/test_bounds.py`); the
 checks above count the benchmark's plans that beat a bound (none may).
 """
 

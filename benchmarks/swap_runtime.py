@@ -37,8 +37,8 @@ import torch
 
 from pipeswap.jsonio import write_atomic
 from pipeswap.models import build_model
-from pipeswap.swap.executor import SwapExecutor, capture_records
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
+from pipeswap.swap.runtime.executor import SwapExecutor, capture_records
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "swap_runtime.md"
 HOOK_OVERHEAD_LIMIT = 0.03  # the bound: hooks cost at most 3% of a step
@@ -208,17 +208,27 @@ def _predicted_vs_measured() -> str:
     from pipeswap.hardware.detect import detect_topology
     from pipeswap.hardware.presets import preset
     from pipeswap.profiling import measure
-    from pipeswap.swap.planner import make_plan
-    from pipeswap.training.dp_rank import TrainSettings, ZooJob, train_rank
+    from pipeswap.swap.config import SwapConfig
+    from pipeswap.swap.plan.planner import make_plan
+    from pipeswap.train_config import TrainConfig
+    from pipeswap.training.dp_rank import train_rank
+    from pipeswap.training.job import ModelJob
 
     rows = ["| model | policy | predicted ms | measured ms | error % |", "|---|---|---:|---:|---:|"]
     topology = detect_topology() or preset("switch-4")
     for name, (batch, shape) in MODELS.items():
         profile = measure(name, batch, device="cuda", **shape)
-        job = ZooJob(name, batch, seq_len=shape.get("seq_len"), image_size=shape.get("image_size"))
+        job = ModelJob(
+            name, batch, seq_len=shape.get("seq_len"), image_size=shape.get("image_size")
+        )
         for policy in ("oblivious", "disjoint", "auto"):
             plan = make_plan(profile, topology, policy=policy, gpus=1, footprint_ratio=1.5).plan
-            result = train_rank(job, plan, TrainSettings(steps=12, device="cuda"), profile=profile)
+            result = train_rank(
+                job,
+                plan,
+                TrainConfig(job.model, steps=12, device="cuda", swap=SwapConfig()),
+                profile=profile,
+            )
             measured = statistics.median(result.step_s[2:])
             predicted = plan.predicted_iteration_s
             rows.append(
@@ -233,13 +243,14 @@ def _two_ranks_one_gpu() -> str:
     from pipeswap.dist.launch import spawn
     from pipeswap.hardware.presets import preset
     from pipeswap.profiling import measure
-    from pipeswap.swap.planner import make_plan
-    from pipeswap.training.dp_rank import ZooJob, measured_step_s
+    from pipeswap.swap.plan.planner import make_plan
+    from pipeswap.training.dp_rank import measured_step_s
+    from pipeswap.training.job import ModelJob
 
     name = "gpt2-tiny"
     batch, shape = MODELS[name]
     profile = measure(name, batch, device="cuda", **shape)
-    job = ZooJob(name, batch, seq_len=shape["seq_len"])
+    job = ModelJob(name, batch, seq_len=shape["seq_len"])
     rows = ["| policy | predicted ms | measured ms |", "|---|---:|---:|"]
     for policy in ("oblivious", "disjoint", "bidirectional"):
         plan = make_plan(
@@ -256,13 +267,15 @@ def _two_ranks_one_gpu() -> str:
 
 
 def _shared_gpu_rank(rank: int, world: int, job: Any, plan: SwapPlan, profile: Any) -> Any:
-    from pipeswap.training.dp_rank import TrainSettings, train_rank
+    from pipeswap.swap.config import SwapConfig
+    from pipeswap.train_config import TrainConfig
+    from pipeswap.training.dp_rank import train_rank
 
     # Both ranks on GPU 0: local_rank 0 for each; gloo carries the all-reduce.
     return train_rank(
         job,
         plan,
-        TrainSettings(steps=12, device="cuda"),
+        TrainConfig(job.model, steps=12, device="cuda", swap=SwapConfig()),
         rank=rank,
         world_size=world,
         local_rank=0,

@@ -34,8 +34,8 @@ _PUBLIC = {
     "estimate": "pipeswap.profiling.estimate",
     "Profile": "pipeswap.profile",
     "preset": "pipeswap.hardware.presets",
-    "make_plan": "pipeswap.swap.planner",
-    "SwapExecutor": "pipeswap.swap.executor",
+    "make_plan": "pipeswap.swap.plan.planner",
+    "SwapExecutor": "pipeswap.swap.runtime.executor",
     "PipelineConfig": "pipeswap.pipeline.config",
     "SwapConfig": "pipeswap.swap.config",
     "OptimizerConfig": "pipeswap.optim",
@@ -74,8 +74,8 @@ if TYPE_CHECKING:
     from pipeswap.profiling.estimate import estimate
     from pipeswap.profiling.measure import measure
     from pipeswap.swap.config import SwapConfig
-    from pipeswap.swap.executor import SwapExecutor
-    from pipeswap.swap.planner import make_plan
+    from pipeswap.swap.plan.planner import make_plan
+    from pipeswap.swap.runtime.executor import SwapExecutor
     from pipeswap.train_config import TrainConfig
     from pipeswap.training.run import train
 

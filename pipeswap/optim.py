@@ -42,7 +42,7 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         require(
             self.optimizer in OPTIMIZERS,
-            f"unknown optimizer {self.optimizer!r} for {{optimizer}}; valid: "
+            f"{{optimizer}} {self.optimizer!r} is not an optimizer pipeswap has; valid: "
             + ", ".join(OPTIMIZERS),
         )
         require(

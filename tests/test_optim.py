@@ -18,7 +18,7 @@ def test_the_default_rate_is_the_optimizers() -> None:
 @pytest.mark.parametrize(
     "fields,message",
     [
-        ({"optimizer": "lion"}, "unknown optimizer 'lion'"),
+        ({"optimizer": "lion"}, "optimizer 'lion' is not an optimizer"),
         ({"lr": 0.0}, "lr is 0.0"),
         ({"lr": float("inf")}, "lr is inf"),
         ({"momentum": 1.0}, "momentum is 1.0; use a number in \\[0, 1\\)"),

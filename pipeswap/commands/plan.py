@@ -14,7 +14,7 @@ from pipeswap.jsonio import check_writable
 from pipeswap.profile import Profile
 from pipeswap.sim.trace import write_trace
 from pipeswap.swap.config import POLICY_NAMES, SwapConfig
-from pipeswap.swap.planner import PlanResult, make_case, plan_case
+from pipeswap.swap.plan.planner import PlanResult, make_case, plan_case
 from pipeswap.units import format_bytes
 
 # Every policy: the swap heuristics, the two PyTorch baselines (checkpoint every block,
@@ -81,15 +81,7 @@ def run(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile)
     topology = load_topology(args.topology)
     topology.require_gpus(args.topology)
-    case = make_case(
-        profile,
-        topology,
-        gpus=args.gpus,
-        gpu_memory_bytes=config.gpu_memory_bytes,
-        footprint_ratio=config.footprint_ratio,
-        sync_every=config.sync_every,
-        bucket_bytes=config.bucket_bytes,
-    )
+    case = make_case(profile, topology, config, gpus=args.gpus)
     notes = sys.stderr if args.json else sys.stdout
     if args.compare:
         results = compare(case, profile, time_limit_s=config.time_limit_s)
@@ -149,8 +141,9 @@ def _write_outputs(args: argparse.Namespace, chosen: PlanResult, notes: Any) -> 
     if args.graph_out is not None:
         chosen.graph.save(args.graph_out)
         print(
-            f"wrote graph{which} {args.graph_out}; reproduce with: "
-            f"{chosen.reproduce_command(args.graph_out, args.topology)}",
+            f"wrote graph{which} {args.graph_out}; reproduce with: pipeswap simulate --graph "
+            f"{args.graph_out} --topology {args.topology or chosen.topology.name} --gpu-memory "
+            f"{chosen.simulated_memory_bytes}",
             file=notes,
         )
     if args.trace is not None:

@@ -1,15 +1,5 @@
-"""Contention-aware tensor swapping for data-parallel training: plans, policies, workloads."""
+"""Contention-aware tensor swapping for data-parallel training: plans, policies, the executor.
 
-from pipeswap.swap.plan import SWAPPLAN_FORMAT, GpuPlan, SwapDecision, SwapPlan
-from pipeswap.swap.planner import POLICIES, GpuSummary, PlanResult, make_plan
-
-__all__ = [
-    "POLICIES",
-    "SWAPPLAN_FORMAT",
-    "GpuPlan",
-    "GpuSummary",
-    "PlanResult",
-    "SwapDecision",
-    "SwapPlan",
-    "make_plan",
-]
+The package imports nothing itself: ``pipeswap.swap.config`` is read by every config, and
+the mechanisms live in their modules (``planner``, ``executor``, ...).
+"""

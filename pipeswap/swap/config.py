@@ -68,7 +68,7 @@ class SwapConfig:
     def __post_init__(self) -> None:
         require(
             self.policy in POLICY_NAMES,
-            f"unknown swap policy {self.policy!r} for {{policy}}; valid: "
+            f"{{policy}} {self.policy!r} is not a swap policy; use one of "
             + ", ".join(POLICY_NAMES),
         )
         require(self.sync_every >= 1, f"{{sync_every}} is {self.sync_every}; use 1 or more")

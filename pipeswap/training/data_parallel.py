@@ -27,7 +27,7 @@ from pipeswap.pipeline.resolve import check_profile_shape
 from pipeswap.profile import Profile
 from pipeswap.profiling.measure import measure
 from pipeswap.swap.plan import SwapPlan
-from pipeswap.swap.planner import make_plan
+from pipeswap.swap.plan.planner import make_plan
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.dp_rank import RankResult, measured_step_s, train_rank
 from pipeswap.training.job import ModelJob
@@ -105,18 +105,7 @@ def _plan(config: TrainConfig, world_size: int, device: torch.device) -> PlanPay
     """Rank 0's work before training: profile, plan."""
     profile = _profile(config, ModelJob.of(config), device)
     topology = _topology(config, world_size)
-    swap = config.require_swap()
-    result = make_plan(
-        profile,
-        topology,
-        policy=swap.policy,
-        gpus=world_size,
-        gpu_memory_bytes=swap.gpu_memory_bytes,
-        footprint_ratio=swap.footprint_ratio,
-        sync_every=swap.sync_every,
-        bucket_bytes=swap.bucket_bytes,
-        time_limit_s=swap.time_limit_s,
-    )
+    result = make_plan(profile, topology, config.require_swap(), gpus=world_size)
     return PlanPayload(
         plan=result.plan.to_json(),
         profile=profile.to_json(),

@@ -39,8 +39,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.profile import Profile
 from pipeswap.progress import progress_bar
-from pipeswap.swap.executor import SwapExecutor
 from pipeswap.swap.plan import SwapPlan
+from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.job import Job
 

@@ -14,8 +14,8 @@ from pipeswap.models.base import LayeredModel
 from pipeswap.profile import Profile
 from pipeswap.profiling import estimate_layered, measure, meta_copy
 from pipeswap.profiling.step import run_step
-from pipeswap.swap.executor import SwapExecutor, capture_records
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
+from pipeswap.swap.runtime.executor import SwapExecutor, capture_records
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 

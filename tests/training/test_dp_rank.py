@@ -22,11 +22,12 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling import measure
+from pipeswap.swap.config import POLICY_NAMES as POLICIES
 from pipeswap.swap.config import SwapConfig
-from pipeswap.swap.executor import capture_records
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
-from pipeswap.swap.planner import POLICIES, make_plan
-from pipeswap.swap.workload import workload_from_profile
+from pipeswap.swap.plan.planner import make_plan
+from pipeswap.swap.plan.workload import workload_from_profile
+from pipeswap.swap.runtime.executor import capture_records
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import PlanPayload
 from pipeswap.training.data_parallel import report as build_report

@@ -7,11 +7,11 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import NamedTuple
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.profile import Profile
 from pipeswap.sim.graph import GraphBuilder, TaskGraph
-
-DEFAULT_BUCKET_BYTES = 25 * 2**20
+from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
 
 
 @dataclass(frozen=True)
@@ -222,11 +222,11 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
     if not profile.layers:
         raise PipeswapError(f"the profile of {profile.model} has no layers")
     if not profile.has_saved_data or len(missing) == len(profile.layers):
-        raise PipeswapError(
+        raise ConfigError(
             f"the profile of {profile.model} has no saved-tensor data, which swap planning "
-            "needs; make one with `pipeswap profile --model "
-            f"{profile.model} --batch {profile.batch} --estimate --gpu v100-32gb --out p.json` "
-            "(or measure it without --estimate)"
+            f"needs; measure it (pipeswap.measure) or estimate it (pipeswap.estimate, or "
+            f"`pipeswap profile {{model}} {profile.model} {{batch}} {profile.batch} {{estimate}} "
+            "{gpu} v100-32gb`)"
         )
     if optimizer_step_s is None:
         optimizer_step_s = _optimizer_step_s(profile)
@@ -353,8 +353,6 @@ def build_iteration_graph(
     Iterations after the first repeat these ids with ``s{step}/`` after the GPU
     (``gpu0/s1/m0/f0``, ``gpu0/s1/step``; ``s1/allreduce0``).
     """
-    if sync_every < 1:
-        raise PipeswapError(f"--sync-every is {sync_every}; use 1 or more")
     if steps < 1:
         raise PipeswapError(f"steps must be at least 1, not {steps}")
     swaps = swaps or {}

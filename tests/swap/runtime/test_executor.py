@@ -1,7 +1,7 @@
 """SwapExecutor on CPU: bitwise-transparent training (swapped or recomputed), the budget kept,
 errors that name the fix.
 
-Covers: pipeswap/swap/executor.py, pipeswap/swap/capture.py.
+Covers: pipeswap/swap/runtime/executor.py, pipeswap/swap/runtime/capture.py.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.models import build_model
 from pipeswap.profiling import measure
-from pipeswap.swap.executor import StepStats, SwapExecutor, capture_records
+from pipeswap.swap.config import POLICY_NAMES as POLICIES
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
-from pipeswap.swap.planner import POLICIES, make_plan
+from pipeswap.swap.plan.planner import make_plan
+from pipeswap.swap.runtime.executor import StepStats, SwapExecutor, capture_records
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 

@@ -18,7 +18,7 @@ Prefetches run on their own stream from module full backward hooks; the backward
 their events, and a tensor unpacked before its prefetch was issued is fetched there and
 then and counted as a late fetch. On the CPU the streams are no-ops and the executor
 counts the bytes of saved tensors held on the "device", so tests can check the budget.
-This module decides when to move what (hooks, steps); :mod:`pipeswap.swap.transfer` moves
+This module decides when to move what (hooks, steps); :mod:`pipeswap.swap.runtime.transfer` moves
 the bytes and keeps the stream and event rules.
 
 Layers the plan recomputes run their forward under non-reentrant
@@ -48,7 +48,8 @@ from torch.utils.checkpoint import checkpoint
 from pipeswap.errors import PipeswapError
 from pipeswap.profile import Profile
 from pipeswap.profiling.saved import SavedRecord
-from pipeswap.swap.capture import (
+from pipeswap.swap.plan import SwapPlan
+from pipeswap.swap.runtime.capture import (
     InnerSaves,
     SavedKey,
     capture_inner,
@@ -63,9 +64,8 @@ from pipeswap.swap.capture import (
     resolve_layers,
     step_names,
 )
-from pipeswap.swap.plan import SwapPlan
-from pipeswap.swap.pool import HostPool
-from pipeswap.swap.transfer import (
+from pipeswap.swap.runtime.pool import HostPool
+from pipeswap.swap.runtime.transfer import (
     ON_DEVICE,
     DeviceLedger,
     HeldTensor,
@@ -251,7 +251,7 @@ class SwapExecutor:
         """Name the saved tensors with one forward of ``forward_loss`` and check the plan.
 
         ``forward_loss`` must run the same forward and loss as the training steps (same
-        shapes); call it on the bare model, not a DistributedDataParallel wrapper.
+        shapes); call it on the bare model, not its DDP replica (pipeswap.dist.ddp).
         """
         if self.recompute:
             records, pack_calls = self._capture_recomputed(forward_loss)

@@ -1,16 +1,16 @@
 """The planning problem: scores remembered per assignment, one channel group standing for all.
 
-Covers: pipeswap/swap/case.py.
+Covers: pipeswap/swap/plan/case.py.
 """
 
 from __future__ import annotations
 
 from pipeswap.hardware.presets import preset
 from pipeswap.sim.engine import simulate
-from pipeswap.swap.case import Case, all_tensors
-from pipeswap.swap.planner import make_case
-from pipeswap.swap.scoring import Assignment
-from pipeswap.swap.workload import Swap, workload_from_profile
+from pipeswap.swap.plan.case import Case, all_tensors
+from pipeswap.swap.plan.planner import make_case
+from pipeswap.swap.plan.scoring import Assignment
+from pipeswap.swap.plan.workload import Swap, workload_from_profile
 
 GB = 10**9
 

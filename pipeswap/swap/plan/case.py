@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeswap.hardware.topology import Topology
-from pipeswap.swap.channels import representative_group
-from pipeswap.swap.scoring import Assignment, Scored, score
-from pipeswap.swap.workload import Workload
+from pipeswap.swap.plan.channels import representative_group
+from pipeswap.swap.plan.scoring import Assignment, Scored, score
+from pipeswap.swap.plan.workload import Workload
+
+T = TypeVar("T")
 
 # A tensor in index form: (layer, saved index, bytes).
 Tensor = tuple[int, int, int]
@@ -51,6 +53,13 @@ class Case:
                 bucket_bytes=self.bucket_bytes,
             )
         return self._scored[key]
+
+    def remembered(self, key: Any, make: Callable[[], T]) -> T:
+        """``make()``, made once per case and ``key`` (a policy's plan, the bounds, ...)."""
+        if key not in self.memo:
+            self.memo[key] = make()
+        value: T = self.memo[key]
+        return value
 
     def reduced(self) -> Case:
         """The same problem on one channel group when every group has one shape: ranking

@@ -13,12 +13,13 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models.state import untouched
 from pipeswap.profile import Profile
 from pipeswap.profiling.saved import SavedRecord, SavedTensorCapture, storage_key
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan, close_names
-from pipeswap.swap.workload import Swap, Workload
+from pipeswap.swap.plan.workload import Swap, Workload
 
 SavedKey = tuple[str, int]  # (owner layer, saved index), the profiler's name of a tensor
 
@@ -47,7 +48,7 @@ def resolve_layers(model: nn.Module, layers: Sequence[str] | None) -> dict[str, 
         names = getattr(model, "layer_names", None)
         if names is None:
             raise PipeswapError(
-                f"{type(model).__name__} is not a zoo model: pass its layers as a list of "
+                f"{type(model).__name__} names no layers of its own: pass its layers as a list of "
                 "submodule names in forward order, e.g. layers=['encoder.0', 'encoder.1', 'head']"
             )
         layers = list(names)
@@ -285,19 +286,19 @@ def check_budget(
     needed = max(max(forward), max(backward))
     budget = gpu_plan.budget_bytes
     if needed > budget:
-        raise PipeswapError(
+        raise ConfigError(
             f"rank {gpu_plan.rank}: the plan cannot keep its budget of {budget} bytes on this "
             f"device: with its swaps{' and recomputation' if gpu_plan.recompute else ''} a "
             f"step needs {needed} bytes, {needed - budget} bytes "
-            f"({(needed - budget) / 2**20:.2f} MiB) more; give a larger --gpu-memory (or a "
-            "smaller --footprint-ratio) or a policy that swaps or recomputes"
+            f"({(needed - budget) / 2**20:.2f} MiB) more; give a larger {{gpu_memory_bytes}} (or "
+            "a smaller {footprint_ratio}) or a policy that swaps or recomputes"
         )
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         if budget > total:
-            raise PipeswapError(
+            raise ConfigError(
                 f"the plan's budget of {budget} bytes is {budget - total} bytes more than "
-                f"this GPU's {total}; plan with --gpu-memory {total} or less"
+                f"this GPU's {total}; plan with {{gpu_memory_bytes}} {total} or less"
             )
     return needed
 

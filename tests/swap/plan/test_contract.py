@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError
-from pipeswap.swap.capture import check_plan_identity
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
+from pipeswap.swap.runtime.capture import check_plan_identity
 
 
 def _plan(swaps: tuple[SwapDecision, ...]) -> SwapPlan:

@@ -1,4 +1,4 @@
-"""The heuristic policies: none, oblivious, disjoint, bidirectional, recompute, save-on-cpu, hybrid."""
+"""The rule-based policies: none, oblivious, disjoint, bidirectional, recompute, save-on-cpu."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 from pipeswap.errors import PipeswapError
-from pipeswap.swap.case import Case, Tensor, all_tensors
-from pipeswap.swap.channels import channel_groups, path_bytes_per_s
-from pipeswap.swap.scoring import Assignment
-from pipeswap.swap.workload import Swap, Workload
+from pipeswap.swap.plan.case import Case, Tensor, all_tensors
+from pipeswap.swap.plan.channels import channel_groups, path_bytes_per_s
+from pipeswap.swap.plan.scoring import Assignment
+from pipeswap.swap.plan.workload import Swap, Workload
 
 
 # ---- building blocks ---------------------------------------------------------------------
@@ -280,21 +280,12 @@ def fits(case: Case, assignment: Assignment) -> bool:
 
 
 def heuristic(case: Case, name: str) -> Assignment:
-    """The assignment of heuristic ``name`` on ``case``, made once per case."""
-    key = ("heuristic", name)
-    if key not in case.memo:
-        case.memo[key] = HEURISTICS[name](case)
-    assignment: Assignment = case.memo[key]
-    return assignment
+    """The assignment of the heuristic ``name`` (one of :data:`HEURISTICS`) on ``case``,
+    made once per case."""
+    return case.remembered(("heuristic", name), lambda: HEURISTICS[name](case))
 
 
-def plan_hybrid(case: Case) -> Assignment:
-    """Swap or recompute, whichever frees memory more cheaply (see ``pipeswap.swap.hybrid``)."""
-    from pipeswap.swap.hybrid import plan_hybrid as hybrid
-
-    return hybrid(case)
-
-
+# The heuristics that plan by rule alone (hybrid builds on them: pipeswap.swap.plan.hybrid).
 HEURISTICS: dict[str, Callable[[Case], Assignment]] = {
     "none": plan_none,
     "oblivious": plan_oblivious,
@@ -302,7 +293,6 @@ HEURISTICS: dict[str, Callable[[Case], Assignment]] = {
     "bidirectional": plan_bidirectional,
     "recompute": plan_recompute,
     "save-on-cpu": plan_save_on_cpu,
-    "hybrid": plan_hybrid,
 }
 # The policies that only swap (what hybrid must beat or match).
 SWAP_ONLY = ("oblivious", "disjoint", "bidirectional")

@@ -1,6 +1,6 @@
 """The iteration task graph: memory, compute, swaps, buckets and steps, against closed forms.
 
-Covers: pipeswap/swap/workload.py.
+Covers: pipeswap/swap/plan/workload.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pipeswap.hardware.topology import Link, Node, Topology
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.sim.collectives import ring_allreduce_time_s
 from pipeswap.sim.engine import simulate
-from pipeswap.swap.workload import (
+from pipeswap.swap.plan.workload import (
     Swap,
     Workload,
     build_iteration_graph,
@@ -78,7 +78,7 @@ def test_allreduce_buckets_follow_backward_order(make_profile) -> None:
 
 def test_profile_without_saved_data_is_refused_with_the_command(make_profile) -> None:
     profile = dataclasses.replace(make_profile([(1,)] * 2), has_saved_data=False)
-    with pytest.raises(PipeswapError, match="pipeswap profile --model toy --batch 1 --estimate"):
+    with pytest.raises(PipeswapError, match="pipeswap profile model toy batch 1 estimate"):
         workload_from_profile(profile)
 
 

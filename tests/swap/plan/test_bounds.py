@@ -1,7 +1,7 @@
 """The lower bounds: design.md's link bound and the turn bound, closed form and by property,
 for plans that only swap (``recompute=False``) and for plans that also recompute.
 
-Covers: pipeswap/swap/bounds.py.
+Covers: pipeswap/swap/plan/bounds/ (link, turn, sharing, recursion, relief, inputs).
 """
 
 from __future__ import annotations
@@ -13,18 +13,21 @@ import pytest
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
-from pipeswap.swap.auto import local_search
-from pipeswap.swap.bounds import (
-    Relief,
-    _turn_bound,
-    lower_bound,
-    shortest_microbatch_s,
-    turn_bound,
-)
-from pipeswap.swap.planner import make_case
-from pipeswap.swap.policies import HEURISTICS, fits
-from pipeswap.swap.scoring import Assignment
-from pipeswap.swap.workload import Swap, Workload, workload_from_profile
+from pipeswap.swap.plan.auto import local_search
+from pipeswap.swap.plan.bounds.inputs import BoundInputs
+from pipeswap.swap.plan.bounds.link import lower_bound
+from pipeswap.swap.plan.bounds.recursion import shortest_microbatch_s
+from pipeswap.swap.plan.bounds.relief import Relief
+from pipeswap.swap.plan.bounds.sharing import channel_terms
+from pipeswap.swap.plan.bounds.turn import _turn_bound, turn_bound
+from pipeswap.swap.plan.planner import make_case
+from pipeswap.swap.plan.policies import fits
+from pipeswap.swap.plan.policy_table import POLICIES
+from pipeswap.swap.plan.scoring import Assignment
+from pipeswap.swap.plan.workload import Swap, Workload, workload_from_profile
+
+# Every policy that plans by rule (hybrid too), by name.
+RULES = {name: p.assign for name, p in POLICIES.items() if p.assign is not None}
 
 GB = 10**9
 
@@ -207,7 +210,7 @@ def test_no_plan_beats_either_bound(make_profile, seed) -> None:
     )
     times = {
         name: case.score(plan(case)).iteration_s
-        for name, plan in HEURISTICS.items()
+        for name, plan in RULES.items()
         if name != "none" and fits(case, plan(case))
     }
     for trial in range(4):  # random plans with random offsets, not only the heuristics'
@@ -244,7 +247,7 @@ def test_bidirectional_reaches_the_sharing_bound(make_profile, sync_every, expec
     )
     bound = turn_bound(w, case.topology, case.gpus, budget, sync_every=sync_every, recompute=False)
     assert bound.bound_s == pytest.approx(expected)
-    plan = HEURISTICS["bidirectional"](case)
+    plan = RULES["bidirectional"](case)
     assert case.score(plan).iteration_s == pytest.approx(expected)
 
 
@@ -291,7 +294,7 @@ def test_local_search_never_beats_either_bound(make_profile, seed) -> None:
         ).bound_s,
     )
     for name in ("bidirectional", "hybrid"):  # hybrid's starts recompute layers
-        start = HEURISTICS[name](case)
+        start = RULES[name](case)
         refined, _ = local_search(case, start, deadline=time.perf_counter() + 0.3, seed=seed)
         for plan in (start, refined or start):
             assert case.score(plan).iteration_s >= bound * (1 - 1e-9), name
@@ -353,10 +356,9 @@ def test_shared_uplink_with_recompute_closed_form(make_profile) -> None:
     # later GPU still re-runs s seconds after its forward 3: 1/16 + (24 - 96 (T + s)) / 12
     # + 9/16 + s, least at s = T: 2.625 - 15 T (not 2.625 - 16 T: the re-run is counted).
     w, budget = _four_layers(make_profile)
-    relief = Relief(w, 0.05)
-    terms = _turn_bound(
-        w, preset("switch-4"), ["gpu0", "gpu1"], budget, 1, 0.0, relief, 0.05
-    ).channel_s
+    inputs = BoundInputs.of(w, preset("switch-4"), ["gpu0", "gpu1"], budget, 1).allowing(0.05)
+    terms = _turn_bound(inputs, 0.05).channel_s
+    assert channel_terms(inputs).items() <= terms.items()  # the shared-channel family
     assert terms["sw0<->cpu0 swap-outs"] == pytest.approx(2.625 - 15 * 0.05)
     # It meets the compute of a GPU recomputing T, 0.75 + T, at T = 15/128.
     bound = turn_bound(w, preset("switch-4"), ["gpu0", "gpu1"], budget)

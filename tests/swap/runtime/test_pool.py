@@ -1,6 +1,6 @@
 """HostPool: one allocation, aligned disjoint slots, reusable views.
 
-Covers: pipeswap/swap/pool.py.
+Covers: pipeswap/swap/runtime/pool.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeswap.errors import PipeswapError
-from pipeswap.swap.pool import SLOT_ALIGNMENT, HostPool
+from pipeswap.swap.runtime.pool import SLOT_ALIGNMENT, HostPool
 
 
 def test_slots_are_disjoint_aligned_views_of_one_buffer() -> None:

@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from pipeswap.swap.case import Case, Tensor, all_tensors
-from pipeswap.swap.channels import group_shape, path_bytes_per_s, shared_links
-from pipeswap.swap.policies import fits, heuristic, with_prefetch
-from pipeswap.swap.scoring import Assignment, Scored
-from pipeswap.swap.workload import Swap
+from pipeswap.swap.plan.case import Case, Tensor, all_tensors
+from pipeswap.swap.plan.channels import channel_groups, group_shape, path_bytes_per_s, shared_links
+from pipeswap.swap.plan.hybrid import hybrid
+from pipeswap.swap.plan.policies import SWAP_ONLY, fits, heuristic, with_prefetch
+from pipeswap.swap.plan.scoring import Assignment, Scored
+from pipeswap.swap.plan.workload import Swap
 
 GB = 1e9  # the model counts bytes in GB and time in seconds, so coefficients stay near 1
 _SMALLEST_TENSOR_BYTES = 2**20  # smaller tensors cannot change a plan measurably
@@ -68,7 +69,7 @@ def solve_group(
     before its backward; each direction of every link carries at most bandwidth x (slot
     time + stall) per slot. Objective: the sum of the slots' stalls and recompute times.
     """
-    import highspy
+    import highspy  # here, not at the top: HiGHS loads only when a MIP is solved
 
     workload = case.workload
     n = workload.num_layers
@@ -249,20 +250,13 @@ def plan_mip(case: Case, *, time_limit_s: float = 60.0) -> MipOutcome:
     start, the warm start is returned. Both estimates are in the notes. The outcome is
     remembered on ``case`` (``auto`` starts from it).
     """
-    key = ("mip", time_limit_s)
-    if key not in case.memo:
-        case.memo[key] = _plan_mip(case, time_limit_s)
-    return case.memo[key]
+    return case.remembered(("mip", time_limit_s), lambda: _plan_mip(case, time_limit_s))
 
 
 def _plan_mip(case: Case, time_limit_s: float) -> MipOutcome:
-    from pipeswap.swap.channels import channel_groups
-
     started = time.perf_counter()
-    heuristics = {
-        name: case.score(heuristic(case, name))
-        for name in ("oblivious", "disjoint", "bidirectional", "hybrid")
-    }
+    heuristics = {name: case.score(heuristic(case, name)) for name in SWAP_ONLY}
+    heuristics["hybrid"] = case.score(hybrid(case))
     for name in ("recompute", "save-on-cpu"):  # baselines that may not fit
         if fits(case, heuristic(case, name)):
             heuristics[name] = case.score(heuristic(case, name))

@@ -115,7 +115,7 @@ class SwapPlan:
 
     ``predicted_iteration_s`` is the simulated iteration time of the plan,
     ``lower_bound_s`` the bound of design.md and ``turn_bound_s`` the turn bound
-    (pipeswap.swap.bounds); ``notes`` holds policy-specific numbers (e.g. the MIP's own
+    (pipeswap.swap.plan.bounds); ``notes`` holds policy-specific numbers (e.g. the MIP's own
     estimate and gap). ``batch``, ``dtype``, ``seq_len`` and ``image_size`` record the
     profile the plan was made for, so a runtime can refuse it for another profile even
     when it swaps nothing; plans written before these fields existed load with None.

@@ -1,6 +1,6 @@
 """Each heuristic on hand-made workloads where the winner is known in advance.
 
-Covers: pipeswap/swap/policies.py, pipeswap/swap/channels.py, pipeswap/swap/scoring.py.
+Covers: pipeswap/swap/plan/policies.py, pipeswap/swap/plan/channels.py, pipeswap/swap/plan/scoring.py.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pipeswap.hardware.presets import preset
-from pipeswap.swap.planner import make_plan
+from pipeswap.swap.plan.planner import make_plan
 
 GB = 10**9
 HEURISTICS = ("oblivious", "disjoint", "bidirectional")
@@ -76,8 +76,8 @@ def test_every_plan_stays_within_its_budget(make_profile, policy, topology) -> N
 
 
 def test_late_members_are_every_second_gpu_of_each_channel(make_profile) -> None:
-    from pipeswap.swap.planner import make_case
-    from pipeswap.swap.policies import late_members
+    from pipeswap.swap.plan.planner import make_case
+    from pipeswap.swap.plan.policies import late_members
 
     case = make_case(make_profile([(6,)] * 4), preset("single-root-8"), footprint_ratio=1.5)
     assert late_members(case) == ["gpu1", "gpu3", "gpu5", "gpu7"]

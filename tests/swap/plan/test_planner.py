@@ -1,6 +1,6 @@
 """make_plan: budgets, error messages, and that the exported graph reproduces the numbers.
 
-Covers: pipeswap/swap/planner.py.
+Covers: pipeswap/swap/plan/planner.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pipeswap.hardware.presets import preset
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.swap.plan import SwapPlan
-from pipeswap.swap.planner import make_plan
-from pipeswap.swap.workload import workload_from_profile
+from pipeswap.swap.plan.planner import make_plan
+from pipeswap.swap.plan.workload import workload_from_profile
 
 GB = 10**9
 

@@ -10,12 +10,12 @@ from dataclasses import replace
 from typing import Any
 
 from pipeswap.errors import PipeswapError
-from pipeswap.swap.case import Case, Tensor
-from pipeswap.swap.channels import channel_groups
-from pipeswap.swap.mip import plan_mip
-from pipeswap.swap.policies import HEURISTICS, late_members, with_best_offset
-from pipeswap.swap.scoring import Assignment, Scored, score
-from pipeswap.swap.workload import Swap, Workload
+from pipeswap.swap.plan.case import Case, Tensor
+from pipeswap.swap.plan.channels import channel_groups
+from pipeswap.swap.plan.mip import plan_mip
+from pipeswap.swap.plan.policies import HEURISTICS, late_members, with_best_offset
+from pipeswap.swap.plan.scoring import Assignment, Scored, score
+from pipeswap.swap.plan.workload import Swap, Workload
 
 # A plan in search form: per member its swaps, its start offset and its recomputed layers.
 Swaps = dict[str, tuple[Swap, ...]]

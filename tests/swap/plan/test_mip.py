@@ -7,10 +7,10 @@ import time
 import pytest
 
 from pipeswap.hardware.presets import preset
-from pipeswap.swap.auto import local_search
-from pipeswap.swap.channels import channel_groups
-from pipeswap.swap.planner import make_case, make_plan, plan_case
-from pipeswap.swap.policies import HEURISTICS as POLICY_FUNCTIONS
+from pipeswap.swap.plan.auto import local_search
+from pipeswap.swap.plan.channels import channel_groups
+from pipeswap.swap.plan.planner import make_case, make_plan, plan_case
+from pipeswap.swap.plan.policies import HEURISTICS as POLICY_FUNCTIONS
 
 HEURISTICS = ("oblivious", "disjoint", "bidirectional")
 

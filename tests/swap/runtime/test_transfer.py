@@ -1,6 +1,6 @@
 """SwapTransfer's stream and event discipline, checked on the CPU with a recording fake of CUDA.
 
-The fake stands in for pipeswap.streams inside pipeswap.swap.transfer: it logs every stream
+The fake stands in for pipeswap.streams inside pipeswap.swap.runtime.transfer: it logs every stream
 wait, event record, event synchronize and byte copy (with the stream it was issued on),
 and its events complete only when a test says so (or after a set number of queries). So the
 ordering rules a GPU relies on, which CPU no-op streams can never break, are asserted here.
@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from pipeswap.models import build_model
-from pipeswap.swap import transfer
-from pipeswap.swap.executor import SwapExecutor, capture_records
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
-from pipeswap.swap.pool import HostPool
-from pipeswap.swap.transfer import (
+from pipeswap.swap.runtime import transfer
+from pipeswap.swap.runtime.executor import SwapExecutor, capture_records
+from pipeswap.swap.runtime.pool import HostPool
+from pipeswap.swap.runtime.transfer import (
     BACK,
     COPYING_OUT,
     FETCHING,

@@ -35,7 +35,7 @@ from pipeswap.streams import (
     wait_event,
     wait_stream,
 )
-from pipeswap.swap.pool import HostPool
+from pipeswap.swap.runtime.pool import HostPool
 
 # Where a saved storage is: its life through one step.
 ON_DEVICE, COPYING_OUT, ON_HOST, FETCHING, BACK, GONE = range(6)

@@ -2,40 +2,26 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeswap.config import require
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
 from pipeswap.profile import Profile
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
-from pipeswap.swap.bounds import LowerBound, TurnBound, lower_bound, turn_bound
-from pipeswap.swap.case import Case
+from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
-from pipeswap.swap.policies import fits as assignment_fits
-from pipeswap.swap.policies import heuristic
-from pipeswap.swap.scoring import Scored
-from pipeswap.swap.workload import DEFAULT_BUCKET_BYTES, Workload, workload_from_profile
+from pipeswap.swap.plan.bounds import LowerBound, TurnBound, lower_bound, turn_bound
+from pipeswap.swap.plan.case import Case
+from pipeswap.swap.plan.policies import fits as assignment_fits
+from pipeswap.swap.plan.policy_table import POLICIES, Policy
+from pipeswap.swap.plan.scoring import Scored
+from pipeswap.swap.plan.workload import Workload, workload_from_profile
 from pipeswap.units import format_bytes
-
-POLICIES = (
-    "none",
-    "oblivious",
-    "disjoint",
-    "bidirectional",
-    "recompute",
-    "save-on-cpu",
-    "hybrid",
-    "mip",
-    "auto",
-)
-# Baselines that plan without looking at the budget: they may not fit it.
-UNCHECKED = ("none", "recompute", "save-on-cpu")
-DEFAULT_TIME_LIMIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -70,7 +56,8 @@ class PlanResult:
 
     ``topology`` carries the budget as every GPU's memory: simulating ``graph`` on it
     (``pipeswap simulate --graph G --topology T --gpu-memory BUDGET``) gives
-    ``iteration_s`` again. ``fits`` is False only for the baselines that ignore the budget
+    ``iteration_s`` again (``simulated_memory_bytes`` says which memory). ``fits`` is False
+    only for the baselines that ignore the budget
     (``none``, ``recompute``, ``save-on-cpu``) when their peak exceeds it; their graph is
     then scored without a memory limit.
     """
@@ -98,7 +85,7 @@ class PlanResult:
 
     @property
     def turn_bound_s(self) -> float:
-        """The turn bound (pipeswap.swap.bounds): each GPU's bytes leave during its forward
+        """The turn bound (pipeswap.swap.plan.bounds): each GPU's bytes leave during its forward
         and come back during its backward, at most at its own path's bandwidth."""
         return self.turn.bound_s
 
@@ -117,13 +104,11 @@ class PlanResult:
         """How far above the best known bound (``bound_s``) the plan runs."""
         return self.iteration_s / self.bound_s - 1.0
 
-    def reproduce_command(self, graph_path: str = "graph.json", topology: str | None = None) -> str:
-        """The command that re-simulates the exported graph to the same iteration time."""
-        memory = self.budget_bytes if self.fits else 0
-        return (
-            f"pipeswap simulate --graph {graph_path} --topology {topology or self.topology.name} "
-            f"--gpu-memory {memory}"
-        )
+    @property
+    def simulated_memory_bytes(self) -> int:
+        """The GPU memory that re-simulating ``graph`` on ``topology`` gives ``iteration_s``
+        with: the budget, or 0 (no limit) for a baseline that does not fit it."""
+        return self.budget_bytes if self.fits else 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -147,42 +132,30 @@ class PlanResult:
 
 
 def resolve_budget(
-    workload: Workload,
-    topology: Topology,
-    gpus: Sequence[str],
-    *,
-    gpu_memory_bytes: int | None,
-    footprint_ratio: float | None,
+    workload: Workload, topology: Topology, gpus: Sequence[str], config: SwapConfig
 ) -> int:
     """The per-GPU budget in bytes; refuses budgets below what can never be swapped."""
-    if gpu_memory_bytes is not None and footprint_ratio is not None:
-        raise PipeswapError("give either --gpu-memory or --footprint-ratio, not both")
     peak = workload.no_swap_peak_bytes()
-    if footprint_ratio is not None:
-        if not footprint_ratio >= 1.0 or math.isinf(footprint_ratio):
-            raise PipeswapError(
-                f"--footprint-ratio is {footprint_ratio}; use a ratio >= 1 (1.5 = the no-swap "
-                "peak is 1.5 times the GPU memory)"
-            )
-        budget = int(peak / footprint_ratio)
-    elif gpu_memory_bytes is not None:
-        budget = gpu_memory_bytes
+    if config.footprint_ratio is not None:
+        budget = int(peak / config.footprint_ratio)
+    elif config.gpu_memory_bytes is not None:
+        budget = config.gpu_memory_bytes
     else:
         budget = min(topology.node(g).memory_bytes for g in gpus)
-        if budget <= 0:
-            raise PipeswapError(
-                f"topology {topology.name!r} gives no GPU memory; pass --gpu-memory or "
-                "--footprint-ratio"
-            )
-    smallest = workload.min_budget_bytes()
-    if budget < smallest:
-        raise PipeswapError(
-            f"a budget of {budget} bytes ({format_bytes(budget)}) per GPU is below what "
-            f"{workload.model} can never swap (parameters, gradients, optimizer state and "
-            f"its largest layer's working set); the smallest budget that works is {smallest} "
-            f"bytes ({format_bytes(smallest)}), a footprint ratio of at most "
-            f"{peak / smallest:.3f}: pass --gpu-memory {smallest} or more"
+        require(
+            budget > 0,
+            f"topology {topology.name!r} gives no GPU memory; pass {{gpu_memory_bytes}} or "
+            "{footprint_ratio}",
         )
+    smallest = workload.min_budget_bytes()
+    require(
+        budget >= smallest,
+        f"a budget of {budget} bytes ({format_bytes(budget)}) per GPU is below what "
+        f"{workload.model} can never swap (parameters, gradients, optimizer state and "
+        f"its largest layer's working set); the smallest budget that works is {smallest} "
+        f"bytes ({format_bytes(smallest)}), a footprint ratio of at most "
+        f"{peak / smallest:.3f}: pass {{gpu_memory_bytes}} {smallest} or more",
+    )
     return budget
 
 
@@ -192,116 +165,91 @@ def select_gpus(topology: Topology, gpus: int | Sequence[str] | None) -> tuple[s
     if gpus is None:
         return tuple(available)
     if isinstance(gpus, int):
-        if not 1 <= gpus <= len(available):
-            raise PipeswapError(
-                f"--gpus is {gpus}; topology {topology.name!r} has {len(available)} GPUs "
-                f"({', '.join(available)}): use 1 to {len(available)}"
-            )
+        require(
+            1 <= gpus <= len(available),
+            f"{{gpus}} is {gpus}; topology {topology.name!r} has {len(available)} GPUs "
+            f"({', '.join(available)}): use 1 to {len(available)}",
+        )
         return tuple(available[:gpus])
     for gpu in gpus:
-        topology.node(gpu)
         if topology.node(gpu).kind != "gpu":
             raise PipeswapError(f"{gpu!r} is not a GPU of topology {topology.name!r}")
     return tuple(gpus)
 
 
+def swap_config(config: SwapConfig | None, settings: dict[str, Any]) -> SwapConfig:
+    """``config``, or one made of ``settings`` (SwapConfig's field names); not both."""
+    if config is None:
+        return SwapConfig(**settings)
+    if settings:
+        raise TypeError(f"pass a SwapConfig or its fields, not both (got {sorted(settings)})")
+    return config
+
+
 def make_case(
     profile: Profile,
     topology: Topology,
+    config: SwapConfig | None = None,
     *,
     gpus: int | Sequence[str] | None = None,
-    gpu_memory_bytes: int | None = None,
-    footprint_ratio: float | None = None,
-    sync_every: int = 1,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    **settings: Any,
 ) -> Case:
-    """The planning problem, with the budget checked and written into the topology."""
-    if sync_every < 1:
-        raise PipeswapError(f"--sync-every is {sync_every}; use 1 or more")
-    if bucket_bytes <= 0:
-        raise PipeswapError(f"bucket size is {bucket_bytes} bytes; use a positive size")
+    """The planning problem, with the budget checked and written into the topology.
+
+    ``config`` holds the budget, ``sync_every`` and the bucket size; or give those as
+    keyword arguments (SwapConfig's field names).
+    """
+    config = swap_config(config, settings)
     workload = workload_from_profile(profile)
     chosen = select_gpus(topology, gpus)
-    budget = resolve_budget(
-        workload,
-        topology,
-        chosen,
-        gpu_memory_bytes=gpu_memory_bytes,
-        footprint_ratio=footprint_ratio,
-    )
+    budget = resolve_budget(workload, topology, chosen, config)
     return Case(
         workload=workload,
         topology=topology.with_gpu_memory(budget),
         gpus=chosen,
         budget_bytes=budget,
-        sync_every=sync_every,
-        bucket_bytes=bucket_bytes,
+        sync_every=config.sync_every,
+        bucket_bytes=config.bucket_bytes,
     )
 
 
 def make_plan(
     profile: Profile,
     topology: Topology,
+    config: SwapConfig | None = None,
     *,
-    policy: str,
     gpus: int | Sequence[str] | None = None,
-    gpu_memory_bytes: int | None = None,
-    footprint_ratio: float | None = None,
-    sync_every: int = 1,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    **settings: Any,
 ) -> PlanResult:
     """Plan one iteration of data-parallel training of ``profile`` on ``topology``.
 
-    ``policy`` is one of POLICIES. The budget is ``gpu_memory_bytes``, the no-swap peak
-    divided by ``footprint_ratio``, or else the topology's GPU memory.
+    ``config`` (or its fields as keyword arguments: ``policy="auto", footprint_ratio=1.5``)
+    says the policy and the budget: ``gpu_memory_bytes``, the no-swap peak divided by
+    ``footprint_ratio``, or else the topology's GPU memory.
     """
-    if policy not in POLICIES:
-        raise PipeswapError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
-    case = make_case(
-        profile,
-        topology,
-        gpus=gpus,
-        gpu_memory_bytes=gpu_memory_bytes,
-        footprint_ratio=footprint_ratio,
-        sync_every=sync_every,
-        bucket_bytes=bucket_bytes,
-    )
-    return plan_case(case, profile, policy, time_limit_s=time_limit_s)
+    config = swap_config(config, settings)
+    case = make_case(profile, topology, config, gpus=gpus)
+    return plan_case(case, profile, config.policy, time_limit_s=config.time_limit_s)
 
 
-def plan_case(
-    case: Case, profile: Profile, policy: str, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S
-) -> PlanResult:
+def plan_case(case: Case, profile: Profile, policy: str, *, time_limit_s: float) -> PlanResult:
     """Run ``policy`` on an already checked ``case``."""
     started = time.perf_counter()
-    notes: dict[str, Any] = {}
-    mip_gap: float | None = None
-    if policy in UNCHECKED:
-        return _score_unchecked(case, profile, policy, started)
-    if policy in ("oblivious", "disjoint", "bidirectional", "hybrid"):
-        scored = case.score(heuristic(case, policy))
-    elif policy == "mip":
-        from pipeswap.swap.mip import plan_mip
-
-        outcome = plan_mip(case, time_limit_s=time_limit_s)
-        scored, mip_gap, notes = outcome.scored, outcome.mip_gap, outcome.notes
-    elif policy == "auto":
-        from pipeswap.swap.auto import plan_auto
-
-        scored, notes = plan_auto(case, time_limit_s=time_limit_s)
-        mip_gap = notes.get("mip_gap")
-    else:  # pragma: no cover - guarded by make_plan
-        raise PipeswapError(f"unknown policy {policy!r}")
+    entry = POLICIES[policy]
+    if not entry.respects_budget:
+        return _score_unchecked(case, profile, entry, started)
+    scored, notes = entry.plan(case, time_limit_s)
     solve_s = time.perf_counter() - started
+    mip_gap = notes.get("mip_gap")
     return summarize(case, profile, policy, scored, solve_s=solve_s, mip_gap=mip_gap, notes=notes)
 
 
-def _score_unchecked(case: Case, profile: Profile, policy: str, started: float) -> PlanResult:
-    assignment = heuristic(case, policy)
+def _score_unchecked(case: Case, profile: Profile, policy: Policy, started: float) -> PlanResult:
+    assert policy.assign is not None, "a baseline that ignores the budget plans by rule"
+    assignment = policy.assign(case)
     if assignment_fits(case, assignment):
         scored = case.score(assignment)
-        return summarize(case, profile, policy, scored, solve_s=time.perf_counter() - started)
+        return summarize(case, profile, policy.name, scored, solve_s=time.perf_counter() - started)
     # It does not fit: score it without a limit so the table can still show its peak.
     unlimited = Case(
         case.workload,
@@ -313,19 +261,14 @@ def _score_unchecked(case: Case, profile: Profile, policy: str, started: float) 
     )
     scored = unlimited.score(assignment)
     peak = max(stats.peak_bytes for stats in scored.result.gpus.values())
-    what = {
-        "none": "the no-swap peak",
-        "recompute": "the peak with every block recomputed",
-        "save-on-cpu": "the peak with every saved tensor on host",
-    }[policy]
     notes = {
-        "failure": f"does not fit: {what} {peak} bytes ({format_bytes(peak)}) exceeds "
+        "failure": f"does not fit: {policy.peak} {peak} bytes ({format_bytes(peak)}) exceeds "
         f"the budget {case.budget_bytes} bytes ({format_bytes(case.budget_bytes)})"
     }
     return summarize(
         unlimited,
         profile,
-        policy,
+        policy.name,
         scored,
         solve_s=time.perf_counter() - started,
         notes=notes,

@@ -5,16 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pipeswap.errors import PipeswapError
-from pipeswap.swap.case import Case
-from pipeswap.swap.policies import (
+from pipeswap.swap.plan.case import Case
+from pipeswap.swap.plan.policies import (
     SWAP_ONLY,
     fits,
     heuristic,
     plan_bidirectional,
     plan_disjoint,
 )
-from pipeswap.swap.scoring import Assignment
-from pipeswap.swap.workload import Workload
+from pipeswap.swap.plan.scoring import Assignment
+from pipeswap.swap.plan.workload import Workload
 
 # Rungs of the ladder: recompute until the freed bytes reach these fractions of the
 # deficit (the rest is swapped), and the first set that fits with nothing swapped.
@@ -73,6 +73,11 @@ def recompute_ladder(
         if reached:
             rungs.append(chosen)
     return rungs
+
+
+def hybrid(case: Case) -> Assignment:
+    """:func:`plan_hybrid` on ``case``, made once per case."""
+    return case.remembered(("heuristic", "hybrid"), lambda: plan_hybrid(case))
 
 
 def plan_hybrid(case: Case) -> Assignment:

@@ -1,0 +1,63 @@
+"""The forward and backward recursions: the shortest micro-batch a path to host allows.
+
+docs/concepts.md, "Why the swap bounds are valid", derives them ("Turn bound").
+"""
+
+from __future__ import annotations
+
+from pipeswap.swap.plan.bounds.inputs import MicroBatch
+from pipeswap.swap.plan.bounds.relief import Relief
+from pipeswap.swap.plan.workload import Workload
+
+
+def forward_ends(
+    micro: MicroBatch, bytes_per_s: float, floor: tuple[int, float] | None = None
+) -> list[float]:
+    """Earliest end of every forward of a micro-batch starting at 0 (the forward
+    recursion); ``floor = (i, t)`` adds ``T_i >= t``."""
+    workload = micro.workload
+    ends: list[float] = []
+    start = 0.0
+    for i in range(workload.num_layers):
+        for k in range(i):
+            excess = micro.excess(k, i)
+            if excess > 0:
+                start = max(start, ends[k] + excess / bytes_per_s)
+        if floor is not None and floor[0] == i:
+            start = max(start, floor[1])
+        ends.append(start + workload.forward_s[i])
+        start = ends[-1]
+    return ends
+
+
+def backward_starts(micro: MicroBatch, bytes_per_s: float) -> list[float]:
+    """Earliest start of every backward, counted from the turn (the backward recursion)."""
+    workload = micro.workload
+    n = workload.num_layers
+    starts = [0.0] * n
+    for k in reversed(range(n - 1)):
+        at = starts[k + 1] + workload.backward_s[k + 1]
+        for j in range(k + 1, n):
+            excess = micro.excess(k, j)
+            if excess > 0:
+                # need[j] stays off the GPU until backward j ends (it holds its memory).
+                ends = starts[j] + workload.backward_s[j]
+                at = max(at, ends + excess / bytes_per_s)
+        starts[k] = at
+    return starts
+
+
+def micro_batch_s(micro: MicroBatch, bytes_per_s: float) -> float:
+    """The shortest ``micro`` can run on a path of ``bytes_per_s`` per direction."""
+    ends = forward_ends(micro, bytes_per_s)
+    starts = backward_starts(micro, bytes_per_s)
+    return ends[-1] + starts[0] + micro.workload.backward_s[0]
+
+
+def shortest_microbatch_s(
+    workload: Workload, budget_bytes: int, bytes_per_s: float, relief: Relief | None = None
+) -> float:
+    """The shortest micro-batch any plan without recomputation (or, with ``relief``, any
+    plan recomputing at most its seconds, less those seconds) can achieve on a path of
+    ``bytes_per_s`` per direction: the forward and backward recursions."""
+    return micro_batch_s(MicroBatch(workload, budget_bytes, relief), bytes_per_s)

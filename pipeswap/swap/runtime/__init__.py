@@ -1,0 +1,1 @@
+"""The swap runtime: a SwapPlan applied to a real model's training steps (CPU or CUDA)."""
