@@ -164,3 +164,23 @@ class RecordCache:
                     "records": self.records,
                 },
             )
+
+
+def emulate(config: Any, *, record: bool) -> dict[str, Any]:
+    """One emulated pipeline run as a record: its losses, held-out scores and prediction
+    error. pipeswap stops a run whose loss stops being finite (a ConfigError saying the
+    training diverged); the benchmarks count such a run as diverged, with NaN scores."""
+    from pipeswap.config import ConfigError
+    from pipeswap.pipeline.emulator import Emulator
+
+    try:
+        result = Emulator(config, record=record).run()
+    except ConfigError as exc:
+        if "training diverged" not in str(exc):
+            raise
+        return {"losses": [math.nan], "eval": {"loss": math.nan}, "prediction_error": None}
+    return {
+        "losses": list(result.losses),
+        "eval": dict(result.eval),
+        "prediction_error": result.prediction_error,
+    }

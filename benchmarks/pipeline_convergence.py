@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS_DIR, RecordCache, header, mean_std, run_jobs
+from _common import RESULTS_DIR, RecordCache, emulate, header, mean_std, run_jobs
 
 from pipeswap.jsonio import write_atomic
 
@@ -228,18 +228,14 @@ def _config(setting: Setting, mode: Mode, seed: int) -> Any:
 
 def _run(job: tuple[Setting, Mode, int]) -> dict[str, Any]:
     """One emulated training run: losses, held-out scores, prediction error, wall time."""
-    from pipeswap.pipeline.emulator import Emulator
-
     setting, mode, seed = job
     started = time.perf_counter()
-    result = Emulator(_config(setting, mode, seed), record=True).run()
+    run = emulate(_config(setting, mode, seed), record=True)
     return {
         "setting": setting.key,
         "mode": asdict(mode),
         "seed": seed,
-        "losses": list(result.losses),
-        "eval": dict(result.eval),
-        "prediction_error": result.prediction_error,
+        **run,
         "wall_s": time.perf_counter() - started,
     }
 

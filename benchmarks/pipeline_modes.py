@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS_DIR, header, mean_std, run_jobs
+from _common import RESULTS_DIR, emulate, header, mean_std, run_jobs
 from pipeline_convergence import TASKS, Mode, Setting, _config
 
 from pipeswap.jsonio import dump_json, write_atomic
@@ -77,18 +77,16 @@ def config_of(setting: Setting, row: Row, seed: int) -> Any:
 def run_one(job: tuple[Setting, Row, int]) -> dict[str, Any]:
     import time
 
-    from pipeswap.pipeline.emulator import Emulator
-
     setting, row, seed = job
     started = time.perf_counter()
-    result = Emulator(config_of(setting, row, seed), record=False).run()
+    run = emulate(config_of(setting, row, seed), record=False)
     return {
         "setting": setting.key,
         "label": row.mode.label,
         "optimizer": row.mode.optimizer,
         "seed": seed,
-        "losses": list(result.losses),
-        "eval": dict(result.eval),
+        "losses": run["losses"],
+        "eval": run["eval"],
         "wall_s": time.perf_counter() - started,
     }
 

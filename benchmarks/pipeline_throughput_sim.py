@@ -48,7 +48,8 @@ from pipeswap.profile import Profile, SavedTensor
 from pipeswap.profiling import estimate
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
-from pipeswap.swap.plan.workload import Workload, build_iteration_graph, workload_from_profile
+from pipeswap.swap.plan.iteration import build_iteration_graph
+from pipeswap.swap.plan.workload import Workload, workload_from_profile
 
 RESULTS = RESULTS_DIR / "pipeline_throughput_sim.md"
 MODELS = ("vgg16", "resnet152", "gpt2-medium")

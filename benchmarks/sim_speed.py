@@ -23,8 +23,9 @@ from pathlib import Path
 
 from pipeswap.hardware.presets import preset
 from pipeswap.jsonio import write_atomic
+from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.engine import simulate
-from pipeswap.sim.graph import GraphBuilder, TaskGraph
+from pipeswap.sim.graph import TaskGraph
 
 TOPOLOGY = "dual-root-8"
 # Tight enough that prefetches wait for memory (peak is 2.96 GiB without a limit).

@@ -9,7 +9,7 @@ Quick grid: resnet50 (batch 64) at ratios 1.33 and 2.0 on switch-4, time limit 2
 Full grid: gpt2-large, bert-large, resnet152, vit-l16, vgg16 (batch sizes where
 activations dominate) x footprint ratios 1.33, 1.5, 2.0 x topologies switch-4,
 single-root-8, dual-root-8 x --sync-every 1 and 4, every policy (the swap heuristics,
-the PyTorch baselines `recompute` = checkpoint every block and `save-on-cpu`, `hybrid`,
+the PyTorch baselines `recompute` = recompute every block and `save-on-cpu`, `hybrid`,
 `mip`, `auto`); then the single-GPU comparison of the MIP and auto with the best
 heuristic. The MIP and auto run with a 10 s time limit per case (not the CLI's 60 s) to
 keep the grid near half an hour; auto starts from the MIP's answer on the same case and
@@ -43,7 +43,8 @@ from pipeswap.swap.plan.planner import PlanResult, make_case, plan_case
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "swap_policies.md"
 HEURISTICS = ("oblivious", "disjoint", "bidirectional")  # the swap-only heuristics
-BASELINES = ("recompute", "save-on-cpu")  # what PyTorch users write: checkpoint, save_on_cpu
+# What PyTorch users write: torch.utils.checkpoint on every block, save_on_cpu.
+BASELINES = ("recompute", "save-on-cpu")
 POLICIES = HEURISTICS + BASELINES + ("hybrid", "mip", "auto")
 SEARCHED = ("mip", "auto")
 # Cases where the PCIe link, not compute, bounds every swap-only plan.

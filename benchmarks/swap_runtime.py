@@ -38,7 +38,8 @@ import torch
 from pipeswap.jsonio import write_atomic
 from pipeswap.models import build_model
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
-from pipeswap.swap.runtime.executor import SwapExecutor, capture_records
+from pipeswap.swap.runtime.capture import capture_records
+from pipeswap.swap.runtime.executor import SwapExecutor
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "swap_runtime.md"
 HOOK_OVERHEAD_LIMIT = 0.03  # the bound: hooks cost at most 3% of a step

@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 # Imported on first use, so that `import pipeswap` (and the CLI's start) stays quick.
 _PUBLIC = {
-    "adapt": "pipeswap.models.load",
+    "adapt": "pipeswap.models.adapt",
     "build_model": "pipeswap.models.registry",
     "measure": "pipeswap.profiling.measure",
     "estimate": "pipeswap.profiling.estimate",
@@ -66,7 +66,7 @@ __all__ = [
 if TYPE_CHECKING:
     from pipeswap.checkpoint import CheckpointConfig
     from pipeswap.hardware.presets import preset
-    from pipeswap.models.load import adapt
+    from pipeswap.models.adapt import adapt
     from pipeswap.models.registry import build_model
     from pipeswap.optim import OptimizerConfig
     from pipeswap.pipeline.config import PipelineConfig

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from pipeswap.commands.options import message
-from pipeswap.errors import PipeswapError
+from pipeswap.dist.peers import LOST_PEERS, lost_peers
+from pipeswap.errors import PipeswapError, crash_line, debugging
 
 # Each module defines register(subparsers), which adds its parser with func=run(args) -> int.
 _COMMANDS = (
@@ -47,6 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pipeswap {args.command}: error: {message(exc)}", file=sys.stderr)
         # 2: bad input (the message names the fix); a crashed rank sets its own status.
         return int(getattr(exc, "exit_status", 2))
+    except Exception as exc:  # a crash: one line; the traceback only when asked for
+        if debugging():
+            raise
+        if lost_peers(exc):
+            print(f"pipeswap {args.command}: stopped: this rank {LOST_PEERS}", file=sys.stderr)
+        else:
+            print(f"pipeswap {args.command}: crashed: {crash_line(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:
         # 128 + the signal, as a shell reports it: 130 for SIGINT, 143 for SIGTERM.
         return 128 + int(getattr(exc, "signum", 2))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import IGNORE_INDEX, LayeredModel
 from pipeswap.models.load import is_user_model
@@ -119,12 +120,12 @@ class LMDataset:
     ) -> None:
         _check_split(split)
         if seq_len < 1:
-            raise PipeswapError(f"seq_len must be at least 1, not {seq_len}")
+            raise ConfigError(f"{{seq_len}} must be at least 1, not {seq_len}")
         text = stdlib_corpus(max_bytes, split)
         if len(text) < seq_len + 2:
-            raise PipeswapError(
-                f"the {split} corpus has {len(text)} bytes, too few for seq_len {seq_len}; "
-                f"raise max_bytes or lower seq_len"
+            raise ConfigError(
+                f"the {split} corpus has {len(text)} bytes, too few for {{seq_len}} {seq_len}; "
+                "raise max_bytes or lower {seq_len}"
             )
         self.seq_len = seq_len
         self.split = split
@@ -226,7 +227,7 @@ class ImageDataset:
                 f"{', '.join(SHAPE_KINDS)}), not {num_classes}"
             )
         if image_size < 8:
-            raise PipeswapError(f"image_size must be at least 8 pixels, not {image_size}")
+            raise ConfigError(f"{{image_size}} must be at least 8 pixels, not {image_size}")
         if channels < 1:
             raise PipeswapError(f"channels must be at least 1, not {channels}")
         self.image_size = image_size
@@ -304,20 +305,20 @@ def dataset_for(
         mask_token_id = model.mask_token_id
         fixed = model.fixed_image_size
         if task == "classify" and fixed is not None and image_size not in (None, fixed):
-            raise PipeswapError(
+            raise ConfigError(
                 f"{name} takes {fixed}x{fixed} images (its config's image_size); pass "
-                f"--image-size {fixed}"
+                f"{{image_size}} {fixed}"
             )
     if task == "lm":
         if image_size is not None:
-            raise PipeswapError(f"{name} is a language model: pass seq_len, not image_size")
+            raise ConfigError(f"{name} is a language model: pass {{seq_len}}, not {{image_size}}")
         if vocab < LMDataset.vocab_size:
             raise PipeswapError(f"{name} has a vocabulary of {vocab} < 256 byte values")
         seq_len = seq_len if seq_len is not None else _default(name, "default_seq_len")
         text = LMDataset(seq_len, split=split, seed=seed)
         return text if mask_token_id is None else MaskedLMDataset(text, mask_token_id)
     if seq_len is not None:
-        raise PipeswapError(f"{name} is an image model: pass image_size, not seq_len")
+        raise ConfigError(f"{name} is an image model: pass {{image_size}}, not {{seq_len}}")
     image_size = image_size if image_size is not None else _default(name, "default_image_size")
     num_classes = min(classes, len(SHAPE_KINDS))
     return ImageDataset(image_size, num_classes, split=split, seed=seed, channels=in_channels)
@@ -330,7 +331,5 @@ def _default(name: str, field: str) -> int:
         value = None
     if value is None:
         what = field.removeprefix("default_")
-        raise PipeswapError(
-            f"{name} has no default {what}: pass {what} (--{what.replace('_', '-')} on the CLI)"
-        )
+        raise ConfigError(f"{name} has no default {what}: pass {{{what}}}")
     return int(value)

@@ -33,6 +33,21 @@ def _blocking_file(folder: Path) -> Path | None:
     return None
 
 
+def _not_regular(path: PathArg, target: Path) -> PipeswapError | None:
+    """The refusal of an existing output that is no regular file (a device, a pipe, a
+    socket): the rename would replace the node itself with a file."""
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return PipeswapError(
+        f"cannot write {path}: it is not a regular file (a device, pipe or socket); "
+        "give a file name"
+    )
+
+
 def _write_error(path: PathArg, target: Path, exc: OSError) -> PipeswapError:
     """Turn an OSError from writing ``target`` (the resolved ``path``) into advice."""
     if isinstance(exc, IsADirectoryError) or target.is_dir():
@@ -71,6 +86,9 @@ def write_atomic(path: PathArg, text: str | bytes) -> None:
     target = Path(os.path.realpath(path))
     if target.is_symlink():  # realpath gave up: a symlink loop
         raise PipeswapError(f"cannot write {path}: it is a symlink loop; choose another path")
+    special = _not_regular(path, target)
+    if special is not None:
+        raise special
     data = text.encode() if isinstance(text, str) else text
     tmp: str | None = None
     try:
@@ -124,6 +142,9 @@ def check_writable(
     target = Path(os.path.realpath(path))
     if target.is_dir():
         raise PipeswapError(f"{path} is a directory; give a file name")
+    special = _not_regular(path, target)
+    if special is not None:
+        raise special
     blocker = _blocking_file(target.parent)
     if blocker is not None:
         raise PipeswapError(

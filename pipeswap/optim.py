@@ -9,9 +9,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pipeswap.config import option, require
+from pipeswap.config import ConfigError, option, require
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
+# Parameter-sized buffers each optimizer keeps: momentum SGD one, Adam(W) two.
+STATE_BUFFERS = {"sgd": 1, "adam": 2, "adamw": 2}
+OPTIMIZERS = tuple(STATE_BUFFERS)
 DEFAULT_LR = {"sgd": 0.05, "adam": 1e-3, "adamw": 1e-3}
 
 
@@ -74,6 +76,16 @@ class OptimizerConfig:
             return self.base_lr
         return self.base_lr * min(1.0, (step + 1) / self.lr_warmup)
 
+    def check_loss(self, loss: float, step: int) -> None:
+        """Stop a run whose loss at mini-batch ``step`` is no longer finite: every later
+        step would train on NaN weights and report NaN, which must not end as a success."""
+        if not math.isfinite(loss):
+            raise ConfigError(
+                f"the loss is {loss} at mini-batch {step}: training diverged with "
+                f"{{optimizer}} {self.optimizer} at learning rate {self.lr_at(step):g}; lower "
+                "{lr}, or ramp it up with {lr_warmup}"
+            )
+
     def build(
         self, params: Iterable[nn.Parameter], *, nadam: bool = False
     ) -> torch.optim.Optimizer:
@@ -112,7 +124,7 @@ def make_nadam(
     *,
     lr: float,
     beta1: float,
-    weight_decay: float = 0.0,
+    weight_decay: float,
     decoupled: bool = True,
 ) -> torch.optim.Optimizer:
     """NAdam (Nesterov-accelerated Adam) with the single-tensor (foreach=False) kernel.

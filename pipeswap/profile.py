@@ -273,6 +273,14 @@ class Profile:
             LayerProfile.from_json(layer, f"{where}: layer {i}")
             for i, layer in enumerate(raw_layers)
         )
+        names = [layer.name for layer in layers]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise PipeswapError(
+                f"{where}: layer names repeat ({', '.join(map(repr, repeated))}); a plan names "
+                "layers, so each needs its own name: write the profile again with "
+                "`pipeswap profile`"
+            )
         # Older files have no has_saved_data: they carry saved data when every layer lists it.
         has_saved = obj.get("has_saved_data", all("saved" in la for la in raw_layers))
         if not isinstance(has_saved, bool):

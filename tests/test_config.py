@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +78,36 @@ def test_replace_fields_reaches_nested_configs_and_checks_them_again() -> None:
 def test_value_type_drops_none() -> None:
     assert value_type(int | None) is int
     assert value_type(str) is str
+
+
+# Parameters named like a setting that are arguments of a model or data call, not the
+# setting: which seed or device to build on, which batch or length to run.
+_ARGUMENTS = {"seed", "device", "batch", "seq_len", "image_size", "steps", "model"}
+
+
+def test_every_settings_default_is_declared_once() -> None:
+    """No function re-declares a setting's default: one that takes a parameter named like a
+    setting either requires it or refers to the config's own default (``SwapConfig.sync_every``)."""
+    defaults = {
+        f.name: f.default
+        for _, f in leaf_fields(TrainConfig)
+        if f.default not in (None, dataclasses.MISSING) and f.name not in _ARGUMENTS
+    }
+    root = Path(__file__).resolve().parents[1] / "pipeswap"
+    again = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            args = node.args
+            positional = args.posonlyargs + args.args
+            pairs = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults))
+            pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+            for arg, default in pairs:
+                if arg.arg not in defaults or not isinstance(default, ast.Constant):
+                    continue
+                if default.value == defaults[arg.arg]:
+                    again.append(
+                        f"{path.name}:{node.lineno} {node.name}({arg.arg}={default.value!r})"
+                    )
+    assert again == []

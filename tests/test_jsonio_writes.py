@@ -233,3 +233,20 @@ def test_a_full_disk_keeps_the_old_report_and_no_temporary(full_disk: Path) -> N
     assert main(argv) == 2
     assert report.read_text() == "old"
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "p.json"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_an_output_that_is_no_regular_file_is_refused_and_kept(tmp_path: Path, kind: str) -> None:
+    if kind == "fifo":
+        node = tmp_path / "pipe"
+        os.mkfifo(node)
+    else:
+        node = Path("/dev/null")  # a character device every POSIX machine has
+    for attempt in (lambda: check_writable(node), lambda: write_atomic(node, "{}")):
+        with pytest.raises(PipeswapError, match="it is not a regular file"):
+            attempt()
+    assert not node.is_file()  # still the node, not replaced by a file
+    if kind == "fifo":
+        assert stat.S_ISFIFO(os.stat(node).st_mode)
+    else:
+        assert stat.S_ISCHR(os.stat(node).st_mode)

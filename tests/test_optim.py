@@ -46,3 +46,14 @@ def test_build_makes_the_named_optimizer_with_single_tensor_kernels() -> None:
     nadam = OptimizerConfig(optimizer="adamw", momentum=0.99).build(params, nadam=True)
     assert isinstance(nadam, torch.optim.NAdam)
     assert nadam.defaults["betas"][0] == 0.99 and nadam.defaults["decoupled_weight_decay"]
+
+
+def test_a_loss_that_is_no_longer_finite_stops_the_run_naming_the_fix() -> None:
+    config = OptimizerConfig(optimizer="sgd", lr=1e5, lr_warmup=4)
+    config.check_loss(5.4, 0)  # a finite loss passes
+    for loss in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ConfigError, match="training diverged") as info:
+            config.check_loss(loss, 1)
+        # the learning rate of that mini-batch (warm-up counted) and the settings to change
+        assert "at learning rate 50000;" in str(info.value)
+        assert info.value.message.endswith("lower {lr}, or ramp it up with {lr_warmup}")

@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from pipeswap.commands.options import add_options, given
-from pipeswap.commands.topology import load_topology, topology_file
 from pipeswap.errors import PipeswapError
+from pipeswap.hardware.presets import resolve_topology, topology_file
 from pipeswap.jsonio import check_writable
 from pipeswap.profile import Profile
 from pipeswap.sim.trace import write_trace
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     config = SwapConfig(**given(args, SwapConfig))
     _check_outputs(args)
     profile = Profile.load(args.profile)
-    topology = load_topology(args.topology)
+    topology = resolve_topology(args.topology)
     topology.require_gpus(args.topology)
     case = make_case(profile, topology, config, gpus=args.gpus)
     notes = sys.stderr if args.json else sys.stdout

@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="zoo model name (e.g. gpt2-tiny), a local "
         "Hugging Face model directory, or module:function returning an nn.Module",
     )
-    parser.add_argument("--batch", type=int, default=None, help="batch size (default: zoo's)")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (default: the model's)")
     shape = parser.add_mutually_exclusive_group()
     shape.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (LMs)")
     shape.add_argument("--image-size", type=int, default=None, help="image side (image models)")
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             raise
         raise PipeswapError(
             f"--image-size {args.image_size} is too small for {args.model}: its pooling "
-            f"shrinks the image below one pixel; use a larger --image-size (the zoo's "
+            f"shrinks the image below one pixel; use a larger --image-size (the model's "
             f"default is {spec.default_image_size})"
         ) from None
     profile.save(args.out)
@@ -150,6 +150,6 @@ def _check_counts(args: argparse.Namespace) -> None:
             hint = (
                 ""
                 if flag in ("--repeats", "--warmup")
-                else (" (or leave it out for the zoo's default)")
+                else (" (or leave it out for the model's default)")
             )
             raise PipeswapError(f"{flag} is {value}; use a whole number >= {minimum}{hint}")

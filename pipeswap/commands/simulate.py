@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from pipeswap.commands.topology import load_topology, topology_file
 from pipeswap.errors import PipeswapError
+from pipeswap.hardware.presets import resolve_topology, topology_file
 from pipeswap.jsonio import check_writable
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_outputs(args)
     graph = TaskGraph.load(args.graph)
-    topology = load_topology(args.topology)
+    topology = resolve_topology(args.topology)
     topology.require_gpus(args.topology)
     memory = None if args.gpu_memory is None else parse_bytes(args.gpu_memory)
     wants_rates = args.trace is not None or args.timeline is not None

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
-from pipeswap.errors import PipeswapError
 from pipeswap.hardware.detect import detect_topology
 from pipeswap.hardware.presets import (
     PCIE_GB_PER_S,
@@ -46,24 +44,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     detect.set_defaults(topology_action=_detect)
 
 
-def topology_file(name_or_path: str) -> str | None:
-    """The file a ``--topology`` value names, or None for a preset (a preset wins, as in
-    resolve_topology), so commands can refuse an output that would overwrite it."""
-    if name_or_path.partition(":")[0] in preset_names():
-        return None
-    return name_or_path
-
-
-def load_topology(name_or_path: str, *, pcie: str | None = None) -> Topology:
-    """resolve_topology, refusing a folder with advice rather than "unknown topology"."""
-    if topology_file(name_or_path) is not None and os.path.isdir(name_or_path):
-        raise PipeswapError(
-            f"{name_or_path} is a directory; give a topology JSON file or a preset name "
-            f"({', '.join(preset_names())})"
-        )
-    return resolve_topology(name_or_path, pcie=pcie)
-
-
 def run(args: argparse.Namespace) -> int:
     action = getattr(args, "topology_action", None)
     if action is None:
@@ -80,7 +60,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    _print(load_topology(args.topology, pcie=args.pcie), as_json=args.json)
+    _print(resolve_topology(args.topology, pcie=args.pcie), as_json=args.json)
     return 0
 
 

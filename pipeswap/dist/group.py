@@ -51,7 +51,7 @@ def bind_nccl_device(env: RankEnv) -> None:
     torch.cuda.set_device(env.local_rank)
 
 
-def init_process_group(env: RankEnv, *, backend: str = "gloo", timeout_s: float = 60.0) -> None:
+def init_process_group(env: RankEnv, *, backend: str = "gloo", timeout_s: float) -> None:
     """Join the job; every collective and transfer then fails after ``timeout_s`` of silence.
 
     With NCCL each rank first makes its own GPU (``local_rank``) the current device: NCCL

@@ -21,11 +21,16 @@ from typing import Any
 from pipeswap.config import ConfigError
 from pipeswap.dist.env import free_port, torchrun_env
 from pipeswap.dist.group import backend_for, barrier, init_process_group, leave_process_group
-from pipeswap.errors import PipeswapError
+from pipeswap.dist.peers import LOST_PEERS, lost_peers
+from pipeswap.errors import PipeswapError, crash_line, debugging
 
 # A rank that failed with a PipeswapError (bad input found on the rank) exits with this
 # status and leaves its message for the launcher; any other failure is a crash.
 _BAD_INPUT_STATUS = 2
+# A rank whose collective failed because a peer had gone: never the cause of a failure.
+_LOST_PEERS_STATUS = 3
+# How long the other ranks get to end on their own once one has failed (see spawn).
+_NOTICE_S = 15.0
 _CONFIG_ERROR = "config-error:"
 
 
@@ -58,6 +63,8 @@ class LaunchResult:
             return f"rank {rank} was killed after the others had failed"
         if code < 0:
             return f"rank {rank} was killed by {signal.Signals(-code).name}"
+        if code == _LOST_PEERS_STATUS:
+            return f"rank {rank} {LOST_PEERS}"
         return f"rank {rank} exited with status {code}"
 
     def raise_failure(self) -> None:
@@ -85,8 +92,8 @@ def run_ranks(
     fn: Callable[..., Any],
     nproc: int | None,
     *args: Any,
-    device: str = "cpu",
-    timeout_s: float = 60.0,
+    device: str,
+    timeout_s: float,
     stop_grace_s: float = 5.0,
 ) -> Any:
     """Run ``fn(rank, world_size, *args)`` on every rank of the job; return this process's value.
@@ -138,16 +145,18 @@ def spawn(
     nproc: int,
     *args: Any,
     backend: str = "gloo",
-    timeout_s: float = 60.0,
+    timeout_s: float,
     grace_s: float | None = None,
     stop_grace_s: float = 5.0,
 ) -> LaunchResult:
     """Run ``fn(rank, nproc, *args)`` in ``nproc`` fresh processes joined in one process group.
 
     Every rank's return value comes back through a pipe. When a rank exits non-zero, the
-    others get ``grace_s`` (default ``timeout_s + 15``) to notice and exit on their own
-    (they fail once a transfer with the dead rank errors or times out); any still running
-    after that are killed and listed in ``killed``.
+    others get ``grace_s`` (default 15 s) to notice and exit on their own, then any still
+    running are killed and listed in ``killed``. A rank that exits closes its connections,
+    so peers blocked on it fail within moments; one still running after that is stuck (a
+    stopped or hung process, or a peer of one) and would end only at its own timeout, so
+    waiting for it would delay the report and change nothing in it.
 
     No rank outlives this process: on SIGINT or SIGTERM it passes the signal on to every
     rank as SIGTERM, gives them ``stop_grace_s`` to exit (time to write a checkpoint), kills the rest and raises
@@ -155,7 +164,7 @@ def spawn(
     SIGKILL from the kernel (Linux's parent-death signal) or, elsewhere, from its own
     watchdog. Nothing is written to disk.
     """
-    grace = timeout_s + 15.0 if grace_s is None else grace_s
+    grace = _NOTICE_S if grace_s is None else grace_s
     port = free_port()
     context = multiprocessing.get_context("spawn")
     pipes = [context.Pipe(duplex=False) for _ in range(nproc)]
@@ -266,10 +275,11 @@ def _signals_raise_interrupt() -> Iterator[None]:
 
 
 def _cause_order(code: int | None) -> int:
-    """Among ranks seen failing at once, the likeliest cause first: a signal, then bad input."""
-    if code is not None and code < 0:
+    """Among ranks seen failing at once, the likeliest cause first: a signal, then bad
+    input, then a crash; a rank that only lost its peers last."""
+    if code is None or code < 0:
         return 0
-    return 1 if code == _BAD_INPUT_STATUS else 2
+    return {_BAD_INPUT_STATUS: 1, _LOST_PEERS_STATUS: 3}.get(code, 2)
 
 
 def _rank_main(
@@ -305,13 +315,20 @@ def _rank_main(
         leave_process_group()
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank non-zero
         if isinstance(exc, PipeswapError):
+            text = _CONFIG_ERROR + exc.message if isinstance(exc, ConfigError) else str(exc)
             with contextlib.suppress(OSError):
-                text = _CONFIG_ERROR + exc.message if isinstance(exc, ConfigError) else str(exc)
                 _send(reply, ("error", text))
+            # Also here: a launcher stopped by a signal reads no message (a SIGTERM cut).
             print(f"rank {rank}: error: {exc}", file=sys.stderr)
-        else:
+        elif debugging():
             print(f"rank {rank}: failed:", file=sys.stderr)
             traceback.print_exc()
+        elif lost_peers(exc):
+            print(f"rank {rank}: stopped: it {LOST_PEERS}", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(_LOST_PEERS_STATUS)
+        else:
+            print(f"rank {rank}: crashed: {crash_line(exc)}", file=sys.stderr)
         sys.stderr.flush()
         os._exit(_BAD_INPUT_STATUS if isinstance(exc, PipeswapError) else 1)
     sys.stdout.flush()

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import INTER_SOCKET_GB_PER_S, INTER_SOCKET_KIND, PCIE_GB_PER_S
 from pipeswap.hardware.topology import Link, Node, Topology
@@ -47,6 +48,15 @@ _X16_GB_PER_S = {
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
+# nvidia-smi's GPU query: one CSV line per GPU with these fields, memory in MiB.
+_GPU_QUERY_FIELDS = ("index", "name", "memory.total", "pcie.link.gen.max", "pcie.link.width.max")
+_NVIDIA_SMI_QUERY = (
+    "--query-gpu=" + ",".join(_GPU_QUERY_FIELDS),
+    "--format=csv,noheader,nounits",
+)
+# nvidia-smi's topology matrix: how each pair of GPUs is connected.
+_NVIDIA_SMI_TOPOLOGY = ("topo", "-m")
+
 
 @dataclass(frozen=True)
 class DetectedGpu:
@@ -84,7 +94,9 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
     lines = [_ANSI_ESCAPE.sub("", line) for line in text.splitlines()]
     header_index = next((i for i, line in enumerate(lines) if re.match(r"^\s+GPU0\b", line)), None)
     if header_index is None:
-        raise PipeswapError("nvidia-smi topo -m: no header row starting with GPU0 was found")
+        raise PipeswapError(
+            "nvidia-smi's topology matrix: no header row starting with GPU0 was found"
+        )
     header = lines[header_index].split()
     columns = header[: header.index("CPU")] if "CPU" in header else header
     rows: dict[str, list[str]] = {}
@@ -95,7 +107,9 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
             continue
         cells = tokens[1 : 1 + len(columns)]
         if len(cells) < len(columns):
-            raise PipeswapError(f"nvidia-smi topo -m: row {tokens[0]} has too few columns")
+            raise PipeswapError(
+                f"nvidia-smi's topology matrix: row {tokens[0]} has too few columns"
+            )
         rows[tokens[0]] = cells
         rest = tokens[1 + len(columns) :]
         # After the matrix come CPU affinity, then NUMA affinity (a number or N/A).
@@ -103,7 +117,7 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
     gpus = tuple(c for c in columns if re.fullmatch(r"GPU\d+", c))
     missing = [g for g in gpus if g not in rows]
     if missing:
-        raise PipeswapError(f"nvidia-smi topo -m: no row for {', '.join(missing)}")
+        raise PipeswapError(f"nvidia-smi's topology matrix: no row for {', '.join(missing)}")
     positions = [columns.index(g) for g in gpus]
     codes = tuple(tuple(rows[g][p] for p in positions) for g in gpus)
     return TopoMatrix(gpus, codes, tuple(numa[g] for g in gpus))
@@ -126,29 +140,30 @@ def matrix_levels(matrix: TopoMatrix) -> list[list[int]]:
                 level_row.append(LEVEL_NUMA_NODE if same_numa else LEVEL_SYSTEM)
             else:
                 raise PipeswapError(
-                    f"nvidia-smi topo -m: unknown code {code!r} between {matrix.gpus[i]} and "
-                    f"{matrix.gpus[j]}; expected one of {', '.join(_MATRIX_LEVELS)} or NV#"
+                    f"nvidia-smi's topology matrix: unknown code {code!r} between "
+                    f"{matrix.gpus[i]} and {matrix.gpus[j]}; expected one of "
+                    f"{', '.join(_MATRIX_LEVELS)} or NV#"
                 )
         levels.append(level_row)
     return levels
 
 
 def parse_gpu_query(text: str) -> list[DetectedGpu]:
-    """Parse `nvidia-smi --query-gpu=index,name,memory.total,pcie.link.gen.max,
-    pcie.link.width.max --format=csv,noheader,nounits` (memory in MiB)."""
+    """Parse the output of nvidia-smi's GPU query (``_NVIDIA_SMI_QUERY``): per GPU a CSV line
+    of ``_GPU_QUERY_FIELDS`` without header or units (memory in MiB)."""
     gpus: list[tuple[int, DetectedGpu]] = []
     for line in text.splitlines():
         if not line.strip():
             continue
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 5:
-            raise PipeswapError(f"nvidia-smi --query-gpu: cannot read line {line!r}")
+        if len(fields) != len(_GPU_QUERY_FIELDS):
+            raise PipeswapError(f"nvidia-smi's GPU query: cannot read line {line!r}")
         index, name, memory_mib, generation, width = fields
         try:
             gpu = DetectedGpu(name, int(memory_mib) * 2**20, int(generation), int(width))
             gpus.append((int(index), gpu))
         except ValueError:
-            raise PipeswapError(f"nvidia-smi --query-gpu: cannot read line {line!r}") from None
+            raise PipeswapError(f"nvidia-smi's GPU query: cannot read line {line!r}") from None
     return [gpu for _, gpu in sorted(gpus, key=lambda pair: pair[0])]
 
 
@@ -235,7 +250,8 @@ def _groups(members: Sequence[int] | range, related: Callable[[int, int], bool])
 
 def _query_nvml() -> tuple[list[DetectedGpu], list[list[int]]] | None:
     try:
-        import pynvml  # optional: pip install nvidia-ml-py
+        # Here, not at the top: NVML's bindings are optional (pip install nvidia-ml-py).
+        import pynvml
     except ImportError:
         return None
     try:
@@ -285,10 +301,9 @@ def _query_nvidia_smi() -> tuple[list[DetectedGpu], list[list[int]]] | None:
     executable = shutil.which("nvidia-smi")
     if executable is None:
         return None
-    query = "index,name,memory.total,pcie.link.gen.max,pcie.link.width.max"
     try:
         listing = subprocess.run(
-            [executable, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            [executable, *_NVIDIA_SMI_QUERY],
             capture_output=True,
             text=True,
             timeout=60,
@@ -297,7 +312,11 @@ def _query_nvidia_smi() -> tuple[list[DetectedGpu], list[list[int]]] | None:
         if not listing.strip():
             return None
         matrix = subprocess.run(
-            [executable, "topo", "-m"], capture_output=True, text=True, timeout=60, check=True
+            [executable, *_NVIDIA_SMI_TOPOLOGY],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         # nvidia-smi without a loaded driver or without devices exits non-zero.
@@ -305,8 +324,8 @@ def _query_nvidia_smi() -> tuple[list[DetectedGpu], list[list[int]]] | None:
     gpus = parse_gpu_query(listing)
     levels = matrix_levels(parse_topo_matrix(matrix))
     if len(levels) != len(gpus):
-        raise PipeswapError(
+        raise ConfigError(
             f"nvidia-smi lists {len(gpus)} GPUs but its topology matrix has {len(levels)}; "
-            "write the topology as JSON by hand (see `pipeswap topology show switch-4 --json`)"
+            "write the topology as JSON by hand (see `pipeswap topology show switch-4 {json}`)"
         )
     return gpus, levels

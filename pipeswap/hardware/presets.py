@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Link, Node, Topology
 
@@ -152,6 +153,11 @@ def resolve_topology(
             duplex_efficiency=1.0 if duplex_efficiency is None else duplex_efficiency,
             spec=spec,
         )
+    if os.path.isdir(name_or_path):
+        raise PipeswapError(
+            f"{name_or_path} is a directory; give a topology JSON file or a preset name "
+            f"({', '.join(_SHAPES)})"
+        )
     if os.path.isfile(name_or_path) or name_or_path.endswith(".json"):
         given = {
             "pcie": pcie,
@@ -169,11 +175,19 @@ def resolve_topology(
         if gpu_memory_bytes is not None:
             topology = topology.with_gpu_memory(gpu_memory_bytes)
         return topology
-    raise PipeswapError(
+    raise ConfigError(
         f"unknown topology {name_or_path!r}: use a preset ({', '.join(_SHAPES)}; "
         "append :gen4 or :gen5 for faster PCIe) or the path of a topology JSON file "
-        "(see `pipeswap topology show NAME --json`)"
+        "(see `pipeswap topology show NAME {json}`)"
     )
+
+
+def topology_file(name_or_path: str) -> str | None:
+    """The file a topology name or path names, or None for a preset (a preset wins, as in
+    resolve_topology), so callers can refuse an output that would overwrite it."""
+    if name_or_path.partition(":")[0] in _SHAPES:
+        return None
+    return name_or_path
 
 
 def _shape(name: str) -> _Shape:

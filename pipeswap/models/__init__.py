@@ -1,4 +1,4 @@
-"""The model zoo: every network as a LayeredModel of named blocks, built by name."""
+"""Models as LayeredModels of named blocks: the zoo, a user's model by name, any nn.Module."""
 
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.registry import (

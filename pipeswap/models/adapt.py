@@ -1,478 +1,221 @@
-"""Any nn.Module as a LayeredModel: its repeated blocks, and what runs before and after them.
-
-A user's model (a Hugging Face model, or any ``nn.Module``) is cut at *block boundaries*
-without re-implementing its forward. The blocks are the model's repeated layer list (the
-``nn.ModuleList`` or ``nn.Sequential`` of same-class modules holding the most parameters)
-or dotted module paths the user names. The LayeredModel then has:
-
-- ``embed``: runs the model's own forward up to the first block (embeddings, position
-  ids, rotary tables, attention masks: whatever its code computes there) and hands on the
-  first block's input, the tensors the blocks take besides it (the *context*) and the
-  model's input;
-- one layer per block, named by its module path (``transformer.h.0``), calling the block
-  with its hidden state and the context, exactly as the model's forward called it;
-- ``head``: runs the model's own forward again with every block replaced by a
-  pass-through that returns the last block's output, so the code after the blocks (final
-  norm, output projection, pooling) is the model's own.
-
-This is *replay splitting*: the model's forward code runs unchanged, blocks are skipped by
-stubbing them. It needs two things of the model, both checked when the adapter is built
-(a refusal names the block and what to do): the blocks feed each other directly (the code
-between two blocks does not transform the hidden state), and what the blocks receive
-besides the hidden state does not depend on earlier blocks' outputs. Hugging Face's
-GPT-2, Llama, BERT, ViT and ResNet satisfy both; a plain ``nn.Sequential`` is cut at its
-children directly.
-"""
+"""Any nn.Module (a Hugging Face model too) as a LayeredModel, its task read off the model."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+import importlib
+import inspect
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
-from torch.utils.hooks import RemovableHandle
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
-from pipeswap.models.state import untouched
+from pipeswap.models.replay import inspecting, split_at_blocks
 
-# Non-tensor values a block may receive; anything else (a cache object) would be shared
-# between calls, so it is refused.
-_CONSTANT_TYPES = (type(None), bool, int, float, str)
-
-
-class _Stop(Exception):
-    """Raised by a hook to end the model's forward once the wanted values are captured."""
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """Where a block's argument leaf comes from: the hidden state, a context tensor, a constant."""
-
-    kind: str  # "hidden" | "context" | "constant"
-    value: Any = None  # context index, or the constant
+# The head classes pipeswap can train, by the end of their class name, and the task.
+_HF_HEADS = (
+    ("ForCausalLM", "lm"),
+    ("LMHeadModel", "lm"),
+    ("ForMaskedLM", "lm"),
+    ("ForImageClassification", "classify"),
+)
+# Byte-level LM data uses token ids 0..255; a masked LM without a mask token of its own
+# uses the first id past them, or NUL (absent from source text) when there is none.
+_BYTE_VOCAB = 256
+_EXAMPLE_TOKENS = 8
+_EXAMPLE_IMAGE = 32
 
 
-@dataclass
-class _BlockCall:
-    """How the model calls one block: its arguments as a tree whose leaves are slots."""
-
-    spec: pytree.TreeSpec
-    slots: list[_Slot]
-    output_arity: int  # 0: the block returns a tensor; n: a tuple of n, hidden first
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _BlockCall:
-        return self  # immutable in use: a meta copy of the model shares it
-
-
-class Replay:
-    """The wrapped model and the facts the embed/block/head layers share about it."""
-
-    def __init__(
-        self,
-        root: nn.Module,
-        paths: Sequence[str],
-        input_name: str | None,
-        output_fn: Callable[[Any], torch.Tensor],
-        call_kwargs: dict[str, Any],
-    ) -> None:
-        self.root = root
-        self.paths = list(paths)
-        self.blocks = [root.get_submodule(p) for p in self.paths]
-        self.input_name = input_name
-        self.output_fn = output_fn
-        self.call_kwargs = call_kwargs
-        self.calls: list[_BlockCall] = []
-        self.num_context = 0
-        # Entered around every run of the model's forward (Hugging Face: meta-safe masks).
-        self.run_context: Callable[[torch.Tensor], AbstractContextManager[Any]] = lambda _inputs: (
-            nullcontext()
-        )
-
-    def run_root(self, inputs: torch.Tensor) -> Any:
-        with self.run_context(inputs):
-            if self.input_name is None:
-                return self.root(inputs, **self.call_kwargs)
-            return self.root(**{self.input_name: inputs}, **self.call_kwargs)
-
-    @contextmanager
-    def stubbed(self, returns: Callable[[int, Any], Any]) -> Iterator[None]:
-        """Replace every block's forward by ``returns(index, hidden)`` for the duration."""
-        for index, block in enumerate(self.blocks):
-
-            def stub(*args: Any, _index: int = index, **kwargs: Any) -> Any:
-                return returns(_index, _hidden_of(args, kwargs))
-
-            block.forward = stub
-        try:
-            yield
-        finally:
-            for block in self.blocks:
-                del block.forward
-
-    def shaped_like_output(self, index: int, hidden: Any) -> Any:
-        arity = self.calls[index].output_arity
-        return hidden if arity == 0 else (hidden, *([None] * (arity - 1)))
-
-    def capture(self, inputs: torch.Tensor) -> tuple[Any, list[tuple[Any, ...]]]:
-        """Run the model up to its last block with the blocks stubbed; return the first
-        block's hidden input and every block's (args, kwargs)."""
-        received: list[tuple[Any, ...]] = []
-        last = self.blocks[-1]
-
-        def record(module: nn.Module, args: Any, kwargs: Any) -> None:
-            received.append((args, kwargs))
-            if module is last:
-                raise _Stop
-
-        hooks = [b.register_forward_pre_hook(record, with_kwargs=True) for b in self.blocks]
-        try:
-            with _removed_after(hooks), self.stubbed(self.shaped_like_output):
-                self.run_root(inputs)
-        except _Stop:
-            pass
-        if len(received) != len(self.blocks):
-            raise PipeswapError(
-                f"the model's forward called {len(received)} of its {len(self.blocks)} blocks "
-                f"({', '.join(self.paths[:3])}...); name blocks its forward calls every time"
-            )
-        return _hidden_of(*received[0]), received
-
-
-@contextmanager
-def _removed_after(hooks: list[RemovableHandle]) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        for hook in hooks:
-            hook.remove()
-
-
-def _context_of(hidden: Any, received: list[tuple[Any, ...]]) -> dict[int, torch.Tensor]:
-    """The tensors the blocks receive besides the hidden state, by id, in first-use order."""
-    context: dict[int, torch.Tensor] = {}
-    for args, kwargs in received:
-        for leaf in pytree.tree_leaves((args, kwargs)):
-            if isinstance(leaf, torch.Tensor) and leaf is not hidden:
-                context.setdefault(id(leaf), leaf)
-    return context
-
-
-def _hidden_of(args: Any, kwargs: Any) -> Any:
-    if args:
-        return args[0]
-    if "hidden_states" in kwargs:
-        return kwargs["hidden_states"]
-    raise PipeswapError(
-        "a block was called without a positional input or hidden_states=...; pipeswap "
-        "passes the first positional argument from block to block"
-    )
-
-
-class _Embed(nn.Module):
-    def __init__(self, replay: Replay, owned: dict[str, nn.Module]) -> None:
-        super().__init__()
-        object.__setattr__(self, "replay", replay)  # not a child: it holds every block
-        for path, module in owned.items():
-            self._modules[path] = module
-
-    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        replay: Replay = self.replay  # type: ignore[assignment]
-        hidden, received = replay.capture(inputs)
-        context = list(_context_of(hidden, received).values())
-        if len(context) != replay.num_context:
-            raise PipeswapError(
-                f"the model passed its blocks {len(context)} tensors besides the hidden state, "
-                f"but {replay.num_context} when pipeswap inspected it; its forward must call "
-                "the blocks the same way every time"
-            )
-        return (hidden, *context, inputs)
-
-
-class _Block(nn.Module):
-    def __init__(self, replay: Replay, index: int, block: nn.Module) -> None:
-        super().__init__()
-        object.__setattr__(self, "replay", replay)
-        self.index = index
-        self._modules["block"] = block
-
-    def forward(self, packed: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        replay: Replay = self.replay  # type: ignore[assignment]
-        call = replay.calls[self.index]
-        hidden, context = packed[0], packed[1 : 1 + replay.num_context]
-        leaves = [
-            hidden if s.kind == "hidden" else context[s.value] if s.kind == "context" else s.value
-            for s in call.slots
-        ]
-        args, kwargs = pytree.tree_unflatten(leaves, call.spec)
-        output = self.get_submodule("block")(*args, **kwargs)
-        new_hidden = output if call.output_arity == 0 else output[0]
-        return (new_hidden, *packed[1:])
-
-
-class _Head(nn.Module):
-    def __init__(self, replay: Replay, owned: dict[str, nn.Module]) -> None:
-        super().__init__()
-        object.__setattr__(self, "replay", replay)
-        for path, module in owned.items():
-            self._modules[path] = module
-
-    def forward(self, packed: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        replay: Replay = self.replay  # type: ignore[assignment]
-        hidden, inputs = packed[0], packed[-1]
-        last = len(replay.blocks) - 1
-
-        def returns(index: int, passed: Any) -> Any:
-            return replay.shaped_like_output(index, hidden if index == last else passed)
-
-        with replay.stubbed(returns):
-            return replay.output_fn(replay.run_root(inputs))
-
-
-def find_blocks(model: nn.Module) -> list[str]:
-    """The dotted paths of the model's repeated layer list: of the ``ModuleList`` and
-    ``Sequential`` modules whose 2+ children share one class, the one with most parameters."""
-    best: tuple[int, int, str] | None = None
-    for path, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList | nn.Sequential) or len(module) < 2:
-            continue
-        if len({type(child) for child in module}) != 1:
-            continue
-        count = sum(p.numel() for p in module.parameters())
-        key = (count, -path.count("."), path)
-        if best is None or key[:2] > best[:2]:
-            best = key
-    if best is None:
-        raise PipeswapError(
-            f"{type(model).__name__} has no list of 2 or more layers of one class to cut at; "
-            "name its blocks (blocks=['encoder.0', 'encoder.1', ...], or --blocks on the CLI)"
-        )
-    parent = model.get_submodule(best[2])
-    return [f"{best[2]}.{name}" if best[2] else name for name, _ in parent.named_children()]
-
-
-def _owners(
-    root: nn.Module, blocks: list[nn.Module], run: Callable[[], Any]
-) -> tuple[dict[str, nn.Module], dict[str, nn.Module]]:
-    """Split the modules outside the blocks into those the forward calls before the first
-    block (and those it never calls) and those it calls after the last block."""
-    inside = {id(m) for block in blocks for m in block.modules()}
-    holders = [
-        (path, m)
-        for path, m in root.named_modules()
-        if path and id(m) not in inside and _holds_state(m)
-    ]
-    order: list[str] = []
-    phase = {"now": "before"}
-    where: dict[str, str] = {}
-    handles = []
-    for path, module in holders:
-
-        def seen(_m: nn.Module, _args: Any, _path: str = path) -> None:
-            where.setdefault(_path, phase["now"])
-            order.append(_path)
-
-        handles.append(module.register_forward_pre_hook(seen))
-    first, last = blocks[0], blocks[-1]
-    handles.append(first.register_forward_pre_hook(lambda *_: phase.update(now="between")))
-    handles.append(last.register_forward_hook(lambda *_: phase.update(now="after")))
-    with _removed_after(handles):
-        run()
-    between = [p for p, w in where.items() if w == "between"]
-    if between:
-        raise PipeswapError(
-            f"the model's forward runs {', '.join(between)} between its blocks; pipeswap cuts "
-            "only where blocks feed each other directly: name blocks that include them"
-        )
-    before = {p: m for p, m in holders if where.get(p, "before") == "before"}
-    after = {p: m for p, m in holders if where.get(p) == "after"}
-    return _outermost(before), _outermost(after)
-
-
-def _holds_state(module: nn.Module) -> bool:
-    return any(True for _ in module.parameters(recurse=False)) or any(
-        True for _ in module.buffers(recurse=False)
-    )
-
-
-def _outermost(modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
-    # Registering a module and its parent would list the parent's parameters twice.
-    return {p: m for p, m in modules.items() if not any(p.startswith(q + ".") for q in modules)}
-
-
-def as_layered(
+def adapt(
     model: nn.Module,
     *,
-    example: torch.Tensor,
-    task: str,
-    name: str,
+    name: str | None = None,
     blocks: Sequence[str] | None = None,
-    input_name: str | None = None,
-    output_fn: Callable[[Any], torch.Tensor] = lambda out: out,
-    call_kwargs: dict[str, Any] | None = None,
-    run_context: Callable[[torch.Tensor], AbstractContextManager[Any]] | None = None,
-    vocab_size: int = 0,
-    num_classes: int = 0,
-    in_channels: int = 3,
+    task: str | None = None,
 ) -> LayeredModel:
-    """``model`` as a LayeredModel cut at ``blocks`` (default: ``find_blocks(model)``).
+    """Any ``nn.Module`` (or Hugging Face model) as a LayeredModel cut at ``blocks``.
 
-    ``example`` is a small input the model takes (token ids or images): the adapter runs
-    the model on it once, in eval mode, without gradients and with the RNG forked, to learn
-    how the forward calls the blocks, and checks that replay splitting reproduces the model
-    (see the module docstring). ``input_name`` passes the input as that keyword argument
-    (``input_ids``); ``output_fn`` maps the model's output to the logits.
+    ``blocks`` are dotted module paths (default: the model's repeated layer list, see
+    pipeswap.models.blocks, or a plain ``nn.Sequential``'s children); the layers share the
+    model's own modules (replay splitting, pipeswap.models.replay). A LayeredModel is
+    returned as it is. The task is read off the model when not given: a Hugging Face head
+    class says it; a plain module whose first layer is an ``nn.Embedding`` is a language
+    model, one whose first layer is an ``nn.Conv2d`` an image classifier.
     """
     if isinstance(model, LayeredModel):
         return model
-    extra = {} if call_kwargs is None else dict(call_kwargs)
-    if isinstance(model, nn.Sequential) and blocks is None:
-        children = list(model.named_children())
-        return LayeredModel(
-            name,
-            children,
-            task,
-            vocab_size=vocab_size,
-            num_classes=num_classes,
-            in_channels=in_channels,
+    label = name or type(model).__name__
+    if _is_hf(model):
+        return _adapt_hf(model, label, _hf_info(model, label), blocks)
+    first = next((m for m in model.modules() if isinstance(m, nn.Embedding | nn.Conv2d)), None)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if isinstance(first, nn.Embedding) and task in (None, "lm"):
+        example = torch.arange(_EXAMPLE_TOKENS, device=device)[None] % first.num_embeddings
+        return split_at_blocks(
+            model,
+            example=example,
+            task="lm",
+            name=label,
+            blocks=blocks,
+            vocab_size=first.num_embeddings,
         )
-    paths = list(blocks) if blocks is not None else find_blocks(model)
-    _check_paths(model, paths)
-    replay = Replay(model, paths, input_name, output_fn, extra)
-    if run_context is not None:
-        replay.run_context = run_context
-    with _inspecting(model):
-        embed_owned, head_owned = _owners(model, replay.blocks, lambda: replay.run_root(example))
-        expected = _expected_calls(replay, example)
-        _learn_calls(replay, example, expected)
-    layers: list[tuple[str, nn.Module]] = [("embed", _Embed(replay, embed_owned))]
-    layers += [
-        (path, _Block(replay, i, b)) for i, (path, b) in enumerate(zip(paths, replay.blocks))
-    ]
-    layers.append(("head", _Head(replay, head_owned)))
-    return LayeredModel(
-        name,
-        layers,
-        task,
-        vocab_size=vocab_size,
-        num_classes=num_classes,
-        in_channels=in_channels,
+    if isinstance(first, nn.Conv2d) and task in (None, "classify"):
+        example = torch.zeros(1, first.in_channels, _EXAMPLE_IMAGE, _EXAMPLE_IMAGE, device=device)
+        classes = _output_width(model, example)
+        return split_at_blocks(
+            model,
+            example=example,
+            task="classify",
+            name=label,
+            blocks=blocks,
+            num_classes=classes,
+            in_channels=first.in_channels,
+        )
+    raise PipeswapError(
+        f"cannot tell what {label} ({type(model).__name__}) computes: pipeswap trains language "
+        "models (whose first layer is an nn.Embedding over token ids) and image classifiers "
+        "(whose first layer is an nn.Conv2d); wrap other models in a LayeredModel"
     )
 
 
-def _check_paths(model: nn.Module, paths: list[str]) -> None:
-    if not paths:
-        raise PipeswapError("name at least one block")
-    modules = dict(model.named_modules())
-    for path in paths:
-        if path not in modules or not path:
+def _output_width(model: nn.Module, example: torch.Tensor) -> int:
+    with inspecting(model):
+        out = model(example)
+    if not isinstance(out, torch.Tensor) or out.dim() != 2:
+        raise PipeswapError(
+            f"{type(model).__name__} returns {type(out).__name__} for images; an image "
+            "classifier returns logits [batch, classes]"
+        )
+    return int(out.shape[1])
+
+
+def _is_hf(model: nn.Module) -> bool:
+    return any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__)
+
+
+def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
+    cls_name = type(model).__name__
+    task = next((t for suffix, t in _HF_HEADS if cls_name.endswith(suffix)), None)
+    if task is None:
+        heads = ", ".join(f"*{suffix}" for suffix, _ in _HF_HEADS)
+        raise PipeswapError(f"{name}: {cls_name} has no head pipeswap trains; use a {heads} class")
+    config: Any = model.config
+    info: dict[str, Any] = {"task": task, "masked": cls_name.endswith("ForMaskedLM")}
+    if task == "lm":
+        vocab = int(config.vocab_size)
+        if vocab < _BYTE_VOCAB:
             raise PipeswapError(
-                f"{type(model).__name__} has no module {path!r}; blocks are dotted module "
-                f"paths such as {next(iter(p for p in modules if p), '?')!r}"
+                f"{name} has a vocabulary of {vocab} tokens, but the byte-level LM data needs "
+                f"{_BYTE_VOCAB} (token ids 0-255); set vocab_size to {_BYTE_VOCAB} or more"
             )
-    for a, b in zip(paths, paths[1:]):
-        if a == b or b.startswith(a + ".") or a.startswith(b + "."):
-            raise PipeswapError(f"blocks {a!r} and {b!r} overlap; name disjoint modules")
+        info["vocab_size"] = vocab
+        info["max_positions"] = _max_positions(config)
+        mask = getattr(config, "mask_token_id", None)
+        info["mask_token_id"] = (
+            None
+            if not info["masked"]
+            else int(mask)
+            if mask is not None
+            else _BYTE_VOCAB
+            if vocab > _BYTE_VOCAB
+            else 0
+        )
+    else:
+        labels = int(getattr(config, "num_labels", 0))
+        if labels < 2:
+            raise PipeswapError(
+                f"{name} has num_labels={labels}; the procedural image data needs a "
+                "classifier of 2 or more labels: set num_labels in its config"
+            )
+        info["num_classes"] = labels
+        info["in_channels"] = int(getattr(config, "num_channels", 3))
+        size = getattr(config, "image_size", None)
+        info["image_size"] = int(size) if isinstance(size, int) else None
+    return info
+
+
+def _max_positions(config: Any) -> int | None:
+    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _adapt_hf(
+    model: nn.Module, name: str, info: dict[str, Any], blocks: Sequence[str] | None
+) -> LayeredModel:
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    accepts = inspect.signature(model.forward).parameters
+    call_kwargs: dict[str, Any] = {"return_dict": True} if "return_dict" in accepts else {}
+    if "use_cache" in accepts:
+        call_kwargs["use_cache"] = False
+    if info["task"] == "lm":
+        length = min(_EXAMPLE_TOKENS, info["max_positions"] or _EXAMPLE_TOKENS)
+        example = torch.arange(length, device=device)[None] % info["vocab_size"]
+        layered = split_at_blocks(
+            model,
+            example=example,
+            task="lm",
+            name=name,
+            blocks=blocks,
+            input_name="input_ids",
+            output_fn=_logits,
+            call_kwargs=call_kwargs,
+            run_context=_meta_safe_masks,
+            vocab_size=info["vocab_size"],
+        )
+        layered.mask_token_id = info["mask_token_id"]
+    else:
+        size = info["image_size"] or _EXAMPLE_IMAGE
+        example = torch.zeros(1, info["in_channels"], size, size, device=device)
+        layered = split_at_blocks(
+            model,
+            example=example,
+            task="classify",
+            name=name,
+            blocks=blocks,
+            input_name="pixel_values",
+            output_fn=_logits,
+            call_kwargs=call_kwargs,
+            num_classes=info["num_classes"],
+            in_channels=info["in_channels"],
+        )
+    layered.fixed_image_size = info.get("image_size") if _fixed_size(model) else None
+    layered.max_positions = info.get("max_positions")
+    return layered
+
+
+def _fixed_size(model: nn.Module) -> bool:
+    # ViT-style models learn one position embedding per patch of their configured size.
+    return "vit" in type(model).__name__.lower()
 
 
 @contextmanager
-def _inspecting(model: nn.Module) -> Iterator[None]:
-    """Eval mode, no gradients: inspecting the model leaves it and the RNG as they were."""
-    with untouched(model, check=False), torch.no_grad():
-        model.eval()
+def _meta_safe_masks(inputs: torch.Tensor) -> Iterator[None]:
+    """On the meta device, skip transformers' check for packed sequences.
+
+    The check reads position ids (``.item()``), which meta tensors cannot; pipeswap's
+    batches are never packed, which is what the check finds on a real device.
+    """
+    if not inputs.is_meta:
         yield
+        return
+    # Imported by name: transformers is optional, and loaded already for a Hugging Face model.
+    masking: Any = importlib.import_module("transformers.masking_utils")
+    original = getattr(masking, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+    masking.find_packed_sequence_indices = lambda ids: None if ids.is_meta else original(ids)
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original
 
 
-def _expected_calls(replay: Replay, example: torch.Tensor) -> list[tuple[Any, Any, Any]]:
-    """Each block's (args, kwargs, output) in a plain run of the model."""
-    seen: list[tuple[Any, Any, Any]] = []
-    hooks = [
-        block.register_forward_hook(
-            lambda _m, args, kwargs, out: seen.append((args, kwargs, out)), with_kwargs=True
-        )
-        for block in replay.blocks
-    ]
-    with _removed_after(hooks):
-        replay.run_root(example)
-    if len(seen) != len(replay.blocks):
-        raise PipeswapError(
-            f"the model's forward called its {len(replay.blocks)} blocks {len(seen)} times; "
-            "name blocks it calls exactly once each"
-        )
-    return seen
-
-
-def _learn_calls(
-    replay: Replay, example: torch.Tensor, expected: list[tuple[Any, Any, Any]]
-) -> None:
-    """Record how each block is called, and refuse a model replay splitting would change."""
-    for index, (_args, _kwargs, out) in enumerate(expected):
-        if isinstance(out, torch.Tensor):
-            arity = 0
-        elif isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
-            if any(isinstance(rest, torch.Tensor) for rest in out[1:]):
-                raise PipeswapError(
-                    f"block {replay.paths[index]!r} returns several tensors; pipeswap passes "
-                    "one hidden state between blocks (turn off attention or cache outputs)"
-                )
-            arity = len(out)
-        else:
-            raise PipeswapError(
-                f"block {replay.paths[index]!r} returns {type(out).__name__}; blocks must "
-                "return a tensor or a tuple whose first item is the hidden state"
-            )
-        replay.calls.append(_BlockCall(pytree.tree_flatten(((), {}))[1], [], arity))
-    for index in range(1, len(expected)):
-        previous_out = expected[index - 1][2]
-        previous = previous_out if isinstance(previous_out, torch.Tensor) else previous_out[0]
-        if _hidden_of(expected[index][0], expected[index][1]) is not previous:
-            raise PipeswapError(
-                f"the model's forward transforms the output of block "
-                f"{replay.paths[index - 1]!r} before block {replay.paths[index]!r} gets it; "
-                "pipeswap cuts only where blocks feed each other directly: name blocks that "
-                "include that code"
-            )
-    hidden, received = replay.capture(example)
-    context_index = {key: i for i, key in enumerate(_context_of(hidden, received))}
-    for index, ((args, kwargs), (want_args, want_kwargs, _out)) in enumerate(
-        zip(received, expected)
-    ):
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        want_leaves, want_spec = pytree.tree_flatten((want_args, want_kwargs))
-        where = f"block {replay.paths[index]!r}"
-        if spec != want_spec:
-            raise PipeswapError(
-                f"{where} is called differently when earlier blocks are skipped; its "
-                "arguments depend on their outputs, so pipeswap cannot cut there"
-            )
-        slots: list[_Slot] = []
-        for position, (leaf, want) in enumerate(zip(leaves, want_leaves)):
-            if isinstance(leaf, torch.Tensor):
-                if leaf is hidden:
-                    slots.append(_Slot("hidden"))
-                    continue
-                if not isinstance(want, torch.Tensor) or not _same(leaf, want):
-                    raise PipeswapError(
-                        f"{where} receives a tensor that depends on earlier blocks' outputs "
-                        f"(argument leaf {position}); pipeswap cannot cut there"
-                    )
-                slots.append(_Slot("context", context_index[id(leaf)]))
-            elif isinstance(leaf, _CONSTANT_TYPES):
-                slots.append(_Slot("constant", leaf))
-            else:
-                raise PipeswapError(
-                    f"{where} receives a {type(leaf).__name__}; pipeswap passes tensors and "
-                    "constants between stages (for Hugging Face models it sets use_cache=False)"
-                )
-        replay.calls[index] = _BlockCall(spec, slots, replay.calls[index].output_arity)
-    replay.num_context = len(context_index)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.device.type == "meta" or b.device.type == "meta":
-        return a.shape == b.shape and a.dtype == b.dtype
-    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+def _logits(output: Any) -> torch.Tensor:
+    return output.logits if hasattr(output, "logits") else output

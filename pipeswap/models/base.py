@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeswap.errors import PipeswapError
+from pipeswap.config import ConfigError
 
 TASKS = ("lm", "classify")
 # Targets equal to this are not scored (the unmasked positions of a masked LM).
@@ -31,8 +31,10 @@ def _add_layers(sequential: nn.Sequential, layers: Sequence[tuple[str, nn.Module
 class LayeredModel(nn.Sequential):
     """A model whose forward is its blocks applied in order, one tensor passed between them.
 
-    Every zoo model is one, so the profiler can time each block and the pipeline can cut
-    contiguous stages (``model.stage(3, 7)``). ``task`` says what the output means:
+    Every model pipeswap trains is one (zoo models are built as one; a user's module is
+    cut into one by pipeswap.models.adapt), so the profiler can time each block and the
+    pipeline can cut contiguous stages (``model.stage(3, 7)``). ``task`` says what the
+    output means:
 
     - ``"lm"``: input token ids ``[B, T]`` (int64), output logits ``[B, T, V]``,
       target the next tokens ``[B, T]``; with ``mask_token_id`` set it is a masked LM:
@@ -101,7 +103,7 @@ class LayeredModel(nn.Sequential):
         device = torch.device(device)
         if self.task == "lm":
             if seq_len is None:
-                raise PipeswapError(f"{self.name} is a language model: pass seq_len")
+                raise ConfigError(f"{self.name} is a language model: pass {{seq_len}}")
             if device.type == "meta":
                 tokens = torch.empty(batch, seq_len, dtype=torch.long, device=device)
                 return tokens, torch.empty(batch, seq_len, dtype=torch.long, device=device)
@@ -109,7 +111,7 @@ class LayeredModel(nn.Sequential):
             data = torch.randint(0, self.vocab_size, (batch, seq_len + 1), generator=gen)
             return data[:, :-1].to(device), data[:, 1:].to(device)
         if image_size is None:
-            raise PipeswapError(f"{self.name} is an image model: pass image_size")
+            raise ConfigError(f"{self.name} is an image model: pass {{image_size}}")
         shape = (batch, self.in_channels, image_size, image_size)
         if device.type == "meta":
             images = torch.empty(shape, dtype=dtype, device=device)

@@ -1,42 +1,33 @@
-"""A user's model by name: ``module:function`` or a local Hugging Face directory, as a LayeredModel."""
+"""A user's model by name: ``module:function`` or a local Hugging Face directory, as a LayeredModel.
+
+Loading only: what the name names is built here, then cut into layers by
+pipeswap.models.adapt. Zoo names are built by pipeswap.models.registry.
+"""
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from pipeswap.errors import PipeswapError
-from pipeswap.models.adapt import as_layered
+from pipeswap.errors import PipeswapError, first_line
+from pipeswap.models.adapt import adapt
 from pipeswap.models.base import LayeredModel
+from pipeswap.models.fits import check_fits, meta_build, parameter_count
 from pipeswap.models.seeding import seeded
 
-# The head classes pipeswap can train, by the end of their class name, and the task.
-_HF_HEADS = (
-    ("ForCausalLM", "lm"),
-    ("LMHeadModel", "lm"),
-    ("ForMaskedLM", "lm"),
-    ("ForImageClassification", "classify"),
-)
 _WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
-# Byte-level LM data uses token ids 0..255; a masked LM without a mask token of its own
-# uses the first id past them, or NUL (absent from source text) when there is none.
-_BYTE_VOCAB = 256
-_EXAMPLE_TOKENS = 8
-_EXAMPLE_IMAGE = 32
 
 
 def is_user_model(name: str) -> bool:
@@ -66,8 +57,7 @@ def load_user_model(
     """
     device = torch.device(device)
     if os.path.isdir(name):
-        model, info = _load_hf_directory(name, device, seed)
-        return _adapt_hf(model, name, info, blocks)
+        return adapt(_load_hf_directory(name, device, seed), name=name, blocks=blocks)
     if ":" not in name:
         raise PipeswapError(
             f"{name!r} is neither a zoo model, a directory nor module:function; pass a zoo "
@@ -91,71 +81,7 @@ def load_user_model(
         raise PipeswapError(
             f"{name} returned {type(model).__name__}, not an nn.Module; return the model"
         )
-    if _is_hf(model):
-        return _adapt_hf(model, name, _hf_info(model, name), blocks)
     return adapt(model, name=name, blocks=blocks)
-
-
-def adapt(
-    model: nn.Module,
-    *,
-    name: str | None = None,
-    blocks: Sequence[str] | None = None,
-    task: str | None = None,
-) -> LayeredModel:
-    """Any ``nn.Module`` (or Hugging Face model) as a LayeredModel, for the Python API.
-
-    The task is read off the model when not given: a Hugging Face head class says it; a
-    plain module whose first layer is an ``nn.Embedding`` is a language model, one whose
-    first layer is an ``nn.Conv2d`` an image classifier.
-    """
-    if isinstance(model, LayeredModel):
-        return model
-    label = name or type(model).__name__
-    if _is_hf(model):
-        return _adapt_hf(model, label, _hf_info(model, label), blocks)
-    first = next((m for m in model.modules() if isinstance(m, nn.Embedding | nn.Conv2d)), None)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    if isinstance(first, nn.Embedding) and task in (None, "lm"):
-        example = torch.arange(_EXAMPLE_TOKENS, device=device)[None] % first.num_embeddings
-        return as_layered(
-            model,
-            example=example,
-            task="lm",
-            name=label,
-            blocks=blocks,
-            vocab_size=first.num_embeddings,
-        )
-    if isinstance(first, nn.Conv2d) and task in (None, "classify"):
-        example = torch.zeros(1, first.in_channels, _EXAMPLE_IMAGE, _EXAMPLE_IMAGE, device=device)
-        classes = _output_width(model, example)
-        return as_layered(
-            model,
-            example=example,
-            task="classify",
-            name=label,
-            blocks=blocks,
-            num_classes=classes,
-            in_channels=first.in_channels,
-        )
-    raise PipeswapError(
-        f"cannot tell what {label} ({type(model).__name__}) computes: pipeswap trains language "
-        "models (whose first layer is an nn.Embedding over token ids) and image classifiers "
-        "(whose first layer is an nn.Conv2d); wrap other models in a LayeredModel"
-    )
-
-
-def _output_width(model: nn.Module, example: torch.Tensor) -> int:
-    from pipeswap.models.adapt import _inspecting
-
-    with _inspecting(model):
-        out = model(example)
-    if not isinstance(out, torch.Tensor) or out.dim() != 2:
-        raise PipeswapError(
-            f"{type(model).__name__} returns {type(out).__name__} for images; an image "
-            "classifier returns logits [batch, classes]"
-        )
-    return int(out.shape[1])
 
 
 def _import_function(name: str) -> Callable[[], Any]:
@@ -174,6 +100,7 @@ def _import_function(name: str) -> Callable[[], Any]:
 
 def _transformers() -> Any:
     try:
+        # Here, not at the top: transformers is optional and slow to import.
         import transformers
     except ImportError:
         raise PipeswapError(
@@ -182,13 +109,7 @@ def _transformers() -> Any:
     return transformers
 
 
-def _is_hf(model: nn.Module) -> bool:
-    return any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__)
-
-
-def _load_hf_directory(
-    directory: str, device: torch.device, seed: int | None
-) -> tuple[nn.Module, dict[str, Any]]:
+def _load_hf_directory(directory: str, device: torch.device, seed: int | None) -> nn.Module:
     config_path = Path(directory) / "config.json"
     if not config_path.is_file():
         raise PipeswapError(
@@ -212,140 +133,30 @@ def _load_hf_directory(
             f"{config_path}: transformers {transformers.__version__} has no class "
             f"{architectures[0]!r}; upgrade transformers or fix the architecture name"
         )
-    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+        count = parameter_count(cls, config)
+    except Exception as exc:  # noqa: BLE001 - any config transformers cannot build from
+        raise PipeswapError(
+            f"{config_path}: transformers cannot build {architectures[0]} from it "
+            f"({first_line(exc)}); fix the config's fields (save_pretrained() writes a valid one)"
+        ) from None
     if device.type == "meta":
-        with torch.device("meta"):
-            model = cls(config)
-    elif hf_directory_has_weights(directory):
-        load = cls.from_pretrained
-        model = load(directory, local_files_only=True, config=config, dtype=torch.float32)
+        return meta_build(cls, config).train()
+    check_fits(directory, count, torch.float32.itemsize, device)
+    if hf_directory_has_weights(directory):
+        try:
+            load = cls.from_pretrained
+            model = load(directory, local_files_only=True, config=config, dtype=torch.float32)
+        except Exception as exc:  # noqa: BLE001 - damaged, truncated or mismatched weights
+            raise PipeswapError(
+                f"cannot load the weights in {directory} ({first_line(exc)}); the weight "
+                "files are damaged or belong to another config: write them again with "
+                "save_pretrained(), or remove them to start from random weights"
+            ) from None
         model = model.to(device)
     else:
         with seeded(device, seed), device:
             model = cls(config)
     model.train()
-    return model, _hf_info(model, directory)
-
-
-def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
-    cls_name = type(model).__name__
-    task = next((t for suffix, t in _HF_HEADS if cls_name.endswith(suffix)), None)
-    if task is None:
-        heads = ", ".join(f"*{suffix}" for suffix, _ in _HF_HEADS)
-        raise PipeswapError(f"{name}: {cls_name} has no head pipeswap trains; use a {heads} class")
-    config: Any = model.config
-    info: dict[str, Any] = {"task": task, "masked": cls_name.endswith("ForMaskedLM")}
-    if task == "lm":
-        vocab = int(config.vocab_size)
-        if vocab < _BYTE_VOCAB:
-            raise PipeswapError(
-                f"{name} has a vocabulary of {vocab} tokens, but the byte-level LM data needs "
-                f"{_BYTE_VOCAB} (token ids 0-255); set vocab_size to {_BYTE_VOCAB} or more"
-            )
-        info["vocab_size"] = vocab
-        info["max_positions"] = _max_positions(config)
-        mask = getattr(config, "mask_token_id", None)
-        info["mask_token_id"] = (
-            None
-            if not info["masked"]
-            else int(mask)
-            if mask is not None
-            else _BYTE_VOCAB
-            if vocab > _BYTE_VOCAB
-            else 0
-        )
-    else:
-        labels = int(getattr(config, "num_labels", 0))
-        if labels < 2:
-            raise PipeswapError(
-                f"{name} has num_labels={labels}; the procedural image data needs a "
-                "classifier of 2 or more labels: set num_labels in its config"
-            )
-        info["num_classes"] = labels
-        info["in_channels"] = int(getattr(config, "num_channels", 3))
-        size = getattr(config, "image_size", None)
-        info["image_size"] = int(size) if isinstance(size, int) else None
-    return info
-
-
-def _max_positions(config: Any) -> int | None:
-    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
-        value = getattr(config, key, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
-def _adapt_hf(
-    model: nn.Module, name: str, info: dict[str, Any], blocks: Sequence[str] | None
-) -> LayeredModel:
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    accepts = inspect.signature(model.forward).parameters
-    call_kwargs: dict[str, Any] = {"return_dict": True} if "return_dict" in accepts else {}
-    if "use_cache" in accepts:
-        call_kwargs["use_cache"] = False
-    if info["task"] == "lm":
-        length = min(_EXAMPLE_TOKENS, info["max_positions"] or _EXAMPLE_TOKENS)
-        example = torch.arange(length, device=device)[None] % info["vocab_size"]
-        layered = as_layered(
-            model,
-            example=example,
-            task="lm",
-            name=name,
-            blocks=blocks,
-            input_name="input_ids",
-            output_fn=_logits,
-            call_kwargs=call_kwargs,
-            run_context=_meta_safe_masks,
-            vocab_size=info["vocab_size"],
-        )
-        layered.mask_token_id = info["mask_token_id"]
-    else:
-        size = info["image_size"] or _EXAMPLE_IMAGE
-        example = torch.zeros(1, info["in_channels"], size, size, device=device)
-        layered = as_layered(
-            model,
-            example=example,
-            task="classify",
-            name=name,
-            blocks=blocks,
-            input_name="pixel_values",
-            output_fn=_logits,
-            call_kwargs=call_kwargs,
-            num_classes=info["num_classes"],
-            in_channels=info["in_channels"],
-        )
-    layered.fixed_image_size = info.get("image_size") if _fixed_size(model) else None
-    layered.max_positions = info.get("max_positions")
-    return layered
-
-
-def _fixed_size(model: nn.Module) -> bool:
-    # ViT-style models learn one position embedding per patch of their configured size.
-    return "vit" in type(model).__name__.lower()
-
-
-@contextmanager
-def _meta_safe_masks(inputs: torch.Tensor) -> Iterator[None]:
-    """On the meta device, skip transformers' check for packed sequences.
-
-    The check reads position ids (``.item()``), which meta tensors cannot; pipeswap's
-    batches are never packed, which is what the check finds on a real device.
-    """
-    if not inputs.is_meta:
-        yield
-        return
-    masking: Any = importlib.import_module("transformers.masking_utils")
-    original = getattr(masking, "find_packed_sequence_indices", None)
-    if original is None:
-        yield
-        return
-    masking.find_packed_sequence_indices = lambda ids: None if ids.is_meta else original(ids)
-    try:
-        yield
-    finally:
-        masking.find_packed_sequence_indices = original
-
-
-def _logits(output: Any) -> torch.Tensor:
-    return output.logits if hasattr(output, "logits") else output
+    return model

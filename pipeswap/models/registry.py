@@ -1,4 +1,4 @@
-"""The model zoo: names -> ModelSpec and a builder; ``build_model`` makes one on any device."""
+"""Models by name: the zoo's ModelSpecs and builders, a user's model, ``build_model`` for any."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format
 from pipeswap.models.base import LayeredModel
@@ -26,7 +27,8 @@ MODEL_SPEC_FORMAT = "pipeswap.modelspec/1"
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What a zoo name builds and how it is usually trained.
+    """What a model name builds (a zoo name, a Hugging Face directory or ``module:function``)
+    and how it is usually trained.
 
     ``default_seq_len`` / ``max_seq_len`` are set for language models (``task == "lm"``),
     ``default_image_size`` for image classifiers. ``published_params`` is the parameter
@@ -151,7 +153,8 @@ _image("vit-l16", "vit", ViTConfig(224, 16, 1024, 24, 16, 4096, 1000), 64, 224, 
 
 
 def model_names() -> list[str]:
-    """Every name ``build_model`` accepts, in zoo order (family by family, small to large)."""
+    """Every zoo name, in zoo order (family by family, small to large); ``build_model`` also
+    takes a local Hugging Face directory or ``module:function``."""
     return list(_ZOO)
 
 
@@ -204,7 +207,7 @@ def shape_defaults(
     """(seq_len, image_size) for a model: the given one, else the model's default.
 
     A sequence longer than the model's context, or a language model with no default and
-    no ``seq_len``, is refused naming the flag to pass.
+    no ``seq_len``, is refused naming the setting to pass (a ConfigError).
     """
     spec = model_spec(model_name)
     if spec.task == "lm":
@@ -212,14 +215,14 @@ def shape_defaults(
         longest = spec.max_seq_len
         if chosen is None:
             most = f" (at most {longest})" if longest else ""
-            raise PipeswapError(
+            raise ConfigError(
                 f"{model_name} is a language model with no default sequence length: pass "
-                f"--seq-len N{most}"
+                f"{{seq_len}} N{most}"
             )
         if longest is not None and chosen > longest:
-            raise PipeswapError(
-                f"--seq-len {chosen} exceeds this model's context ({model_name}: {longest} "
-                f"tokens); pass --seq-len {longest} or less"
+            raise ConfigError(
+                f"{{seq_len}} {chosen} exceeds this model's context ({model_name}: {longest} "
+                f"tokens); pass {{seq_len}} {longest} or less"
             )
         return chosen, None
     return None, image_size or spec.default_image_size
@@ -239,11 +242,12 @@ def build_model(
     image_size: int | None = None,
     seed: int | None = 0,
 ) -> LayeredModel:
-    """Build zoo model ``name`` directly on ``device`` with parameters of ``dtype``.
+    """Build the model ``name`` names directly on ``device`` with parameters of ``dtype``.
 
-    On ``"meta"`` no memory is allocated and no initialisation runs (fast for any size).
-    Elsewhere the weights are a deterministic function of ``seed`` (None: the global RNG),
-    drawn in float32 and rounded to ``dtype``.
+    ``name`` is a zoo name, a local Hugging Face directory or ``module:function``
+    (pipeswap.models.load). On ``"meta"`` no memory is allocated and no initialisation
+    runs (fast for any size). Elsewhere the weights are a deterministic function of
+    ``seed`` (None: the global RNG), drawn in float32 and rounded to ``dtype``.
     ``tie_embeddings`` (language models; default True) shares the output projection with
     the token embedding; pipelines pass False so each stage owns its weights.
     ``image_size`` (image models) sizes ViT's position embeddings; ResNet and VGG pool
@@ -251,25 +255,25 @@ def build_model(
     """
     device = torch.device(device)
     if not dtype.is_floating_point:
-        raise PipeswapError(f"dtype must be a floating-point type such as float32, not {dtype}")
+        raise ConfigError(f"{{dtype}} must be a floating-point type such as float32, not {dtype}")
     if name not in _ZOO and is_user_model(name):
         model = load_user_model(name, device=device, seed=seed)
         if tie_embeddings is False:
             raise PipeswapError(f"{name} is your model: pipeswap does not untie its weights")
         fixed = model.fixed_image_size
         if image_size is not None and fixed is not None and image_size != fixed:
-            raise PipeswapError(
+            raise ConfigError(
                 f"{name} takes {fixed}x{fixed} images (its config's image_size); pass "
-                f"--image-size {fixed}"
+                f"{{image_size}} {fixed}"
             )
         return model.to(dtype=dtype)
     spec, builder = _entry(name)
     if tie_embeddings is not None and spec.task != "lm":
         raise PipeswapError(f"{name} has no token embeddings to tie; leave tie_embeddings unset")
     if image_size is not None and (spec.task != "classify" or image_size < 1):
-        raise PipeswapError(
-            f"image_size={image_size} does not apply to {name}: pass a positive image_size "
-            f"to image models only"
+        raise ConfigError(
+            f"{{image_size}}={image_size} does not apply to {name}: pass a positive "
+            "{image_size} to image models only"
         )
     tie = True if tie_embeddings is None else tie_embeddings
     init = device.type != "meta"

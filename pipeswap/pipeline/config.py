@@ -90,7 +90,7 @@ class PipelineConfig:
                 f"{{balance}} {text}: every stage needs at least one layer",
             )
         kind = schedule_kind(self.schedule)
-        weight_mode(self.weights)
+        mode = weight_mode(self.weights)
         require(
             self.distances in DISTANCE_RULES,
             f"unknown {{distances}} {self.distances!r}; valid: " + ", ".join(DISTANCE_RULES),
@@ -112,6 +112,13 @@ class PipelineConfig:
             "{error_feedback} is not available yet: the correction formula of Zmushko et al. "
             "(arXiv 2606.30634, Section 3) could not be checked against the paper, and "
             "pipeswap does not ship a guessed version; drop {error_feedback}",
+        )
+        require(
+            mode.live or kind.asynchronous,
+            f"{{weights}} {self.weights} chooses the weight versions of a schedule with no "
+            f"flush, but {{schedule}} {self.schedule} is synchronous (every pass runs on the "
+            "weights of its own update, so nothing is stale): use {schedule} async-1f1b, or "
+            "drop {weights}",
         )
 
     @property

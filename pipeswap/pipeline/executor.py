@@ -222,6 +222,8 @@ class StageExecutor:
             self._forward_weights[unit] = [p.detach().clone() for p in self.weights.params]
         with self._stream(TRAIN, step, micro):
             out = self.runner.forward(unit, inputs, target if self.runner.is_last else None)
+        if self.runner.is_last:
+            self.config.optim.check_loss(self.runner.losses[unit], step)
         self.weights.after(ActionKind.F, unit)
         if out is not None:
             self._outbox[(ActionKind.F, unit)] = out

@@ -15,9 +15,12 @@ from pipeswap.models.registry import build_model, model_spec
 from pipeswap.train_config import TrainConfig
 
 
-def model_factory(name: str) -> Callable[[torch.device], LayeredModel]:
+def model_factory(
+    name: str, image_size: int | None = None
+) -> Callable[[torch.device], LayeredModel]:
     """A function building the full model ``name`` on a device: a zoo name, a Hugging Face
-    directory or ``module:function`` (pipeswap.models.load).
+    directory or ``module:function`` (pipeswap.models.load), for images of ``image_size``
+    (image models; build_model refuses a size the model cannot take, as in data parallelism).
 
     It draws initial weights from the global RNG, so callers seed it first. Language
     models keep their tied embeddings: stages holding a tied weight share its updates
@@ -25,7 +28,7 @@ def model_factory(name: str) -> Callable[[torch.device], LayeredModel]:
     """
     if not is_user_model(name):
         model_spec(name)  # an unknown name fails here, before any model is built
-    return lambda device: build_model(name, device=device, seed=None)
+    return lambda device: build_model(name, device=device, seed=None, image_size=image_size)
 
 
 def build_full_model(config: TrainConfig, device: torch.device | str = "cpu") -> LayeredModel:
@@ -33,7 +36,7 @@ def build_full_model(config: TrainConfig, device: torch.device | str = "cpu") ->
 
     It is built on the CPU and then moved, so CPU and CUDA runs start from the same weights.
     """
-    factory = model_factory(config.model)
+    factory = model_factory(config.model, config.image_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = factory(torch.device("cpu"))
@@ -42,7 +45,7 @@ def build_full_model(config: TrainConfig, device: torch.device | str = "cpu") ->
 
 def build_meta_model(config: TrainConfig) -> LayeredModel:
     """The model on the meta device (shapes only), for checks and shape inference."""
-    return model_factory(config.model)(torch.device("meta"))
+    return model_factory(config.model, config.image_size)(torch.device("meta"))
 
 
 class BatchSource:

@@ -47,6 +47,12 @@ class WeightMode:
     nadam: bool = False
     refusal: str = ""
 
+    @property
+    def live(self) -> bool:
+        """Every pass runs on the live weights with the configured optimizer: the only
+        thing a mode can mean on a synchronous schedule, where nothing is stale."""
+        return not (self.stashes or self.predicts or self.nadam)
+
     def check_optimizer(self, optim: OptimizerConfig) -> None:
         """Raise ConfigError unless ``optim`` is an optimizer this mode can run with."""
         if self.optimizer == SGD_MOMENTUM:

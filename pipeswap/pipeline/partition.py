@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeswap.config import ConfigError, require
 from pipeswap.jsonio import check_format
-from pipeswap.pipeline.config import read_balance
+from pipeswap.pipeline.config import PipelineConfig, read_balance
 from pipeswap.pipeline.modes import weight_mode
 from pipeswap.pipeline.schedule_kinds import schedule_kind
 from pipeswap.profile import Profile
@@ -79,9 +79,9 @@ def stage_memory_bytes(
     stage: int,
     num_stages: int,
     *,
-    schedule: str = "1f1b",
+    schedule: str = PipelineConfig.schedule,
     micro_batches: int = 1,
-    weights: str = "stale",
+    weights: str = PipelineConfig.weights,
 ) -> int:
     """Weights, gradients, optimizer state, weight versions and in-flight activations.
 
@@ -104,9 +104,9 @@ def partition(
     num_stages: int,
     *,
     memory_cap_bytes: int | None = None,
-    schedule: str = "1f1b",
+    schedule: str = PipelineConfig.schedule,
     micro_batches: int = 1,
-    weights: str = "stale",
+    weights: str = PipelineConfig.weights,
 ) -> Partition:
     """The contiguous cut into ``num_stages`` stages with the smallest slowest-stage time.
 
@@ -158,9 +158,9 @@ def describe(
     profile: Profile,
     balance: tuple[int, ...],
     *,
-    schedule: str = "1f1b",
+    schedule: str = PipelineConfig.schedule,
     micro_batches: int = 1,
-    weights: str = "stale",
+    weights: str = PipelineConfig.weights,
 ) -> Partition:
     """The :class:`Partition` of a given balance (e.g. one the user gave)."""
     bounds = stage_bounds(balance)

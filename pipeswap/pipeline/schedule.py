@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format
 from pipeswap.pipeline.actions import ACTION_KINDS, COMPUTE_KINDS, Action, ActionKind
@@ -104,6 +105,12 @@ class Schedule:
             raise PipeswapError(f"{where}: malformed schedule ({exc!r})") from None
 
 
+# A forward and a backward per stage and unit, each with the receive and the send around
+# it (the last stage's sends and the first's receives are absent; counted anyway).
+ACTIONS_PER_PASS_PAIR = 6
+MAX_ACTIONS = 5_000_000
+
+
 def build_schedule(
     name: str, num_stages: int, num_steps: int, micro_batches: int = 1, *, delay: int = 1
 ) -> Schedule:
@@ -120,9 +127,24 @@ def build_schedule(
             f"({micro_batches}) must all be at least 1"
         )
     kind.check_micro_batches(micro_batches)
+    _check_size(name, num_stages, num_steps, micro_batches)
     orders = kind.build(num_stages, num_steps, micro_batches, delay)
     rows = tuple(_with_transfers(order, num_stages) for order in orders)
     return Schedule(name, num_stages, num_steps, micro_batches, rows)
+
+
+def _check_size(name: str, num_stages: int, num_steps: int, micro_batches: int) -> None:
+    """Refuse, before building it, a schedule too large to hold: the schedule is built in
+    memory before the run (about 120 bytes and 12 us to build and check per action)."""
+    per_step = num_stages * micro_batches * ACTIONS_PER_PASS_PAIR + num_stages
+    if num_steps * per_step <= MAX_ACTIONS:
+        return
+    raise ConfigError(
+        f"{{steps}} {num_steps:,} on {name} with {num_stages} stages and {micro_batches} "
+        f"micro-batches is {num_steps * per_step:,} scheduled actions, more than the "
+        f"{MAX_ACTIONS:,} a run may build up front; use at most {MAX_ACTIONS // per_step:,} "
+        "{steps} per run"
+    )
 
 
 def _with_transfers(order: list[Action], n: int) -> tuple[Action, ...]:

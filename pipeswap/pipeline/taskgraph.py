@@ -8,6 +8,7 @@ from typing import Any
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
 from pipeswap.pipeline.actions import ActionKind
+from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.modes import weight_mode
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.schedule import Schedule, unit_time_order
@@ -24,7 +25,7 @@ def pipeline_task_graph(
     gpus: Sequence[str] | None = None,
     unit_scale: float | None = None,
     update_s: float = 0.0,
-    weights: str = "stale",
+    weights: str = PipelineConfig.weights,
 ) -> dict[str, Any]:
     """The task graph of ``schedule`` with stage k on ``gpus[k]`` (default: topology order).
 

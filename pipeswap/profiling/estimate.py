@@ -23,20 +23,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import GpuSpec, gpu_spec
 from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
+from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.saved import SavedTensorCapture, meta_attention_like_cpu
 from pipeswap.profiling.step import (
-    as_layered,
     dtype_name,
+    ensure_layered,
     optimizer_state_bytes,
     param_bytes_by_layer,
     parse_dtype,
@@ -197,29 +200,30 @@ def on_device(model: LayeredModel, device: torch.device, dtype: torch.dtype) -> 
 
 
 def estimate_layered(
-    model: LayeredModel,
+    model: nn.Module,
     batch: int,
     *,
     seq_len: int | None = None,
     image_size: int | None = None,
     gpu: str | GpuSpec = "v100-32gb",
     dtype: str = "float32",
-    optimizer: str = "sgd",
+    optimizer: str = OptimizerConfig.optimizer,
     efficiency: Efficiency | None = None,
 ) -> Profile:
     """Estimate a training step of ``model`` on ``gpu``, running it on the meta device.
 
-    A model already on meta in ``dtype`` runs in place (and is left as it was found);
+    ``model`` is a LayeredModel, or any ``nn.Module``, which pipeswap.models.adapt cuts at
+    its blocks. A model already on meta in ``dtype`` runs in place (and is left as it was found);
     any other runs as a meta copy in ``dtype`` (which allocates nothing).
     """
-    model = as_layered(model, "estimate_layered")
+    model = ensure_layered(model, "estimate_layered")
     spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
     torch_dtype = parse_dtype(dtype)
     name_of_dtype = dtype_name(torch_dtype)
     optimizer_state_bytes(optimizer, 0)  # refuse an unknown optimizer before any work
     efficiency = efficiency or Efficiency()
     if batch < 1:
-        raise PipeswapError(f"batch must be at least 1, not {batch}")
+        raise ConfigError(f"{{batch}} must be at least 1, not {batch}")
     if not on_device(model, torch.device("meta"), torch_dtype):
         model = moved_copy(model, "meta", torch_dtype)
     try:
@@ -286,12 +290,13 @@ def estimate(
     image_size: int | None = None,
     gpu: str | GpuSpec = "v100-32gb",
     dtype: str = "float32",
-    optimizer: str = "sgd",
+    optimizer: str = OptimizerConfig.optimizer,
     efficiency: Efficiency | None = None,
 ) -> Profile:
-    """Estimate one training step of zoo model ``model_name`` on ``gpu`` without running it.
+    """Estimate one training step of the model named ``model_name`` (a zoo name, a Hugging
+    Face directory or ``module:function``) on ``gpu`` without running it.
 
-    ``seq_len`` / ``image_size`` default to the zoo's values. float32 uses the GPU's FP32
+    ``seq_len`` / ``image_size`` default to the model's defaults. float32 uses the GPU's FP32
     peak (no TF32), bfloat16/float16 its tensor-core peak.
     """
     seq_len, image_size = shape_defaults(model_name, seq_len, image_size)

@@ -11,16 +11,18 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
+from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.estimate import estimate_layered, meta_copy, moved_copy, on_device
 from pipeswap.profiling.saved import SavedTensorCapture
 from pipeswap.profiling.step import (
-    as_layered,
     dtype_name,
+    ensure_layered,
     optimizer_state_bytes,
     param_bytes_by_layer,
     parse_dtype,
@@ -45,12 +47,12 @@ _ALLOCATION_MARKERS = ("out of memory", "can't allocate", "cannot allocate", "no
 
 def _check_device(device: torch.device) -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise PipeswapError(
+        raise ConfigError(
             "CUDA is not available on this machine (PyTorch sees no GPU); measure on "
-            "--device cpu, or estimate a GPU run with --estimate --gpu SPEC"
+            "{device} cpu, or estimate a GPU run with {estimate} {gpu} SPEC"
         )
     if device.type not in ("cpu", "cuda"):
-        raise PipeswapError(f"cannot measure on device {device}; use cpu or cuda")
+        raise ConfigError(f"cannot measure on {{device}} {device}; use cpu or cuda")
 
 
 def _sync(device: torch.device) -> None:
@@ -127,39 +129,43 @@ def is_allocation_error(exc: BaseException) -> bool:
 
 
 def measure(
-    model: LayeredModel | str,
+    model: nn.Module | str,
     batch: int,
     *,
     seq_len: int | None = None,
     image_size: int | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | str = torch.float32,
-    optimizer: str = "sgd",
+    optimizer: str = OptimizerConfig.optimizer,
     warmup: int = 1,
     repeats: int = 3,
 ) -> Profile:
-    """Run real training steps of ``model`` (a LayeredModel or a zoo name) and profile them.
+    """Run real training steps of ``model`` and profile them.
 
-    A LayeredModel is left as it was found: parameters (values, gradients, requires_grad),
-    buffers, every submodule's train/eval mode, and the CPU and CUDA random generators.
-    It is measured in place when it is already on ``device`` in ``dtype``, otherwise on a
-    copy moved there. For a zoo name, ``seq_len`` / ``image_size`` default to the zoo's
-    values. Run it inside ``torch.autocast`` to profile mixed precision (the profile's
-    notes say so). An allocation failure becomes a PipeswapError naming the memory a meta
+    ``model`` is an ``nn.Module`` (a LayeredModel, or any module, which
+    pipeswap.models.adapt cuts at its blocks) or a model's name (a zoo name, a Hugging Face
+    directory or ``module:function``). A module is left as it was found: parameters
+    (values, gradients, requires_grad), buffers, every submodule's train/eval mode, and the
+    CPU and CUDA random generators. It is measured in place when it is already on
+    ``device`` in ``dtype``, otherwise on a copy moved there. For a name, ``seq_len`` /
+    ``image_size`` default to the model's defaults. Run it inside ``torch.autocast`` to
+    profile mixed precision (the profile's notes say so). An allocation failure becomes a
+    ConfigError (a PipeswapError) naming the memory a meta
     estimate says the step needs and the allocation that failed (when the allocator
     says), and suggesting a smaller batch.
     """
     if not isinstance(model, str):
-        model = as_layered(model, "measure")
+        model = ensure_layered(model, "measure")
     torch_dtype = parse_dtype(dtype)
     torch_device = torch.device(device)
     _check_device(torch_device)
     optimizer_state_bytes(optimizer, 0)  # refuse an unknown optimizer before any work
     if batch < 1 or repeats < 1 or warmup < 0:
-        raise PipeswapError(
-            f"need batch >= 1, repeats >= 1 and warmup >= 0 (got {batch}, {repeats}, {warmup})"
+        raise ConfigError(
+            f"need {{batch}} >= 1, repeats >= 1 and warmup >= 0 (got {batch}, {repeats}, {warmup})"
         )
-    # A zoo model is ours to change, but the random generators are the user's either way.
+    # A model built here from its name is ours to change, but the random generators are
+    # the user's either way.
     mine = model if isinstance(model, LayeredModel) else nn.Module()
     with untouched(mine, [torch_device]):
         if isinstance(model, str):
@@ -202,7 +208,7 @@ def _does_not_fit(
     dtype: torch.dtype,
     optimizer: str,
     exc: BaseException,
-) -> PipeswapError:
+) -> ConfigError:
     """The refusal of a batch whose training step ran out of memory on ``device``."""
     try:
         needed: int | None = estimate_layered(
@@ -224,10 +230,10 @@ def _does_not_fit(
     if requested is not None:
         parts.append(f"a single allocation of {requested} failed")
     need = f"{' and '.join(parts)}: " if parts else ""
-    return PipeswapError(
+    return ConfigError(
         f"{model.name} at batch {batch} does not fit on {device}: {need}out of memory "
-        f"({first_line}); try a smaller --batch or --estimate --gpu SPEC to profile without "
-        "running"
+        f"({first_line}); try a smaller {{batch}} or {{estimate}} {{gpu}} SPEC to profile "
+        "without running"
     )
 
 

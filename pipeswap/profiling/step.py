@@ -9,8 +9,11 @@ from typing import Any
 
 import torch
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
+from pipeswap.models.adapt import adapt
 from pipeswap.models.base import LayeredModel
+from pipeswap.optim import STATE_BUFFERS
 
 # around(layer_name, phase) wraps each block's pass; phase is "forward" or "backward".
 Around = Callable[[str, str], AbstractContextManager[object]]
@@ -18,25 +21,18 @@ Around = Callable[[str, str], AbstractContextManager[object]]
 # What passes between blocks: a tensor or a tuple of tensors, as in a pipeline stage.
 Boundary = torch.Tensor | tuple[torch.Tensor, ...]
 
-OPTIMIZER_STATE_FACTOR = {"sgd": 1, "adam": 2, "adamw": 2}
 
-
-def as_layered(model: object, caller: str) -> LayeredModel:
-    """The LayeredModel to profile for ``model``: the one place a user's model is converted.
-
-    A LayeredModel is used as it is; any other ``nn.Module`` (a Hugging Face model
-    included) is cut at its blocks by pipeswap.models.load.adapt, whose layers
-    share the model's own modules.
+def ensure_layered(model: object, caller: str) -> LayeredModel:
+    """The LayeredModel to profile for ``model``, any ``nn.Module``, by
+    pipeswap.models.adapt.adapt (a LayeredModel is used as it is; other modules, a Hugging
+    Face model included, are cut at their blocks into layers sharing the model's own
+    modules); anything else is refused naming ``caller``.
     """
-    if isinstance(model, LayeredModel):
-        return model
-    if isinstance(model, torch.nn.Module):
-        from pipeswap.models.load import adapt
-
-        return adapt(model)
-    raise PipeswapError(
-        f"{caller}() needs an nn.Module or a model name, not a {type(model).__name__}"
-    )
+    if not isinstance(model, torch.nn.Module):
+        raise PipeswapError(
+            f"{caller}() needs an nn.Module or a model name, not a {type(model).__name__}"
+        )
+    return adapt(model)
 
 
 @dataclass(frozen=True)
@@ -169,10 +165,10 @@ def param_bytes_by_layer(model: LayeredModel) -> dict[str, int]:
 
 def optimizer_state_bytes(optimizer: str, param_bytes: int) -> int:
     """State an optimizer keeps: momentum SGD one buffer per parameter, Adam(W) two."""
-    factor = OPTIMIZER_STATE_FACTOR.get(optimizer)
+    factor = STATE_BUFFERS.get(optimizer)
     if factor is None:
-        raise PipeswapError(
-            f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZER_STATE_FACTOR)}"
+        raise ConfigError(
+            f"unknown {{optimizer}} {optimizer!r}; choose one of: {', '.join(STATE_BUFFERS)}"
         )
     return factor * param_bytes
 
@@ -184,11 +180,11 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """``torch.float32`` or ``"float32"``; also ``bfloat16`` and ``float16``."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
-            raise PipeswapError(f"unsupported dtype {dtype}; choose one of: {', '.join(_DTYPES)}")
+            raise ConfigError(f"unsupported {{dtype}} {dtype}; choose one of: {', '.join(_DTYPES)}")
         return dtype
     parsed = _DTYPES.get(dtype.removeprefix("torch."))
     if parsed is None:
-        raise PipeswapError(f"unknown dtype {dtype!r}; choose one of: {', '.join(_DTYPES)}")
+        raise ConfigError(f"unknown {{dtype}} {dtype!r}; choose one of: {', '.join(_DTYPES)}")
     return parsed
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
 from pipeswap.sim.collectives import (
@@ -39,7 +40,7 @@ _KIND_CODES = {
 }
 
 
-class OutOfMemoryError(PipeswapError):
+class OutOfMemoryError(ConfigError):
     """An allocation that can never fit: nothing running or pending can free memory."""
 
     def __init__(self, gpu: str, task: str, asked: int, in_use: int, limit: int) -> None:
@@ -48,7 +49,7 @@ class OutOfMemoryError(PipeswapError):
             f"{gpu} is out of memory: task {task!r} asks for {asked} bytes "
             f"({format_bytes(asked)}) while {in_use} bytes ({format_bytes(in_use)}) are in use "
             f"and the limit is {limit} bytes ({format_bytes(limit)}); nothing running or "
-            f"pending can free memory. Raise the limit (--gpu-memory) or free memory "
+            f"pending can free memory. Raise the limit ({{gpu_memory_bytes}}) or free memory "
             f"(free_bytes) in a task that can end before {task!r} starts"
         )
 

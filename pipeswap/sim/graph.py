@@ -1,10 +1,10 @@
-"""The task graph contract (pipeswap.graph/1): what the simulator runs, and a builder for it."""
+"""The task graph contract (pipeswap.graph/1): what the simulator runs, checked and in JSON."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,162 +190,6 @@ class TaskGraph:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TaskGraph:
         return cls.from_json(load_json(path), where=str(path))
-
-
-class GraphBuilder:
-    """Appends tasks in stream order and returns their ids, for planners.
-
-    >>> b = GraphBuilder()
-    >>> f = b.compute("gpu0", 0.5, alloc_bytes=10)
-    >>> out = b.d2h("gpu0", 10, deps=[f], free_bytes=10)
-    >>> graph = b.build()
-    """
-
-    def __init__(self) -> None:
-        self._tasks: list[Task] = []
-        self._ids: set[str] = set()
-
-    def __len__(self) -> int:
-        return len(self._tasks)
-
-    def add(self, task: Task) -> str:
-        if task.id in self._ids:
-            raise PipeswapError(f"task id {task.id!r} is already in the graph")
-        self._ids.add(task.id)
-        self._tasks.append(task)
-        return task.id
-
-    def _next_id(self, kind: str, given: str | None) -> str:
-        if given is not None:
-            return given
-        candidate = f"{kind}{len(self._tasks)}"
-        while candidate in self._ids:
-            candidate += "_"
-        return candidate
-
-    def compute(
-        self,
-        gpu: str,
-        duration_s: float,
-        *,
-        deps: Iterable[str] = (),
-        alloc_bytes: int = 0,
-        free_bytes: int = 0,
-        id: str | None = None,
-    ) -> str:
-        return self.add(
-            Task(
-                self._next_id("compute", id),
-                "compute",
-                gpu=gpu,
-                duration_s=duration_s,
-                deps=tuple(deps),
-                alloc_bytes=alloc_bytes,
-                free_bytes=free_bytes,
-            )
-        )
-
-    def d2h(
-        self,
-        gpu: str,
-        nbytes: int,
-        *,
-        deps: Iterable[str] = (),
-        alloc_bytes: int = 0,
-        free_bytes: int = 0,
-        id: str | None = None,
-    ) -> str:
-        return self.add(
-            Task(
-                self._next_id("d2h", id),
-                "d2h",
-                gpu=gpu,
-                bytes=nbytes,
-                deps=tuple(deps),
-                alloc_bytes=alloc_bytes,
-                free_bytes=free_bytes,
-            )
-        )
-
-    def h2d(
-        self,
-        gpu: str,
-        nbytes: int,
-        *,
-        deps: Iterable[str] = (),
-        alloc_bytes: int = 0,
-        free_bytes: int = 0,
-        id: str | None = None,
-    ) -> str:
-        return self.add(
-            Task(
-                self._next_id("h2d", id),
-                "h2d",
-                gpu=gpu,
-                bytes=nbytes,
-                deps=tuple(deps),
-                alloc_bytes=alloc_bytes,
-                free_bytes=free_bytes,
-            )
-        )
-
-    def p2p(
-        self,
-        src: str,
-        dst: str,
-        nbytes: int,
-        *,
-        deps: Iterable[str] = (),
-        alloc_bytes: int = 0,
-        free_bytes: int = 0,
-        gpu: str | None = None,
-        id: str | None = None,
-    ) -> str:
-        return self.add(
-            Task(
-                self._next_id("p2p", id),
-                "p2p",
-                src=src,
-                dst=dst,
-                bytes=nbytes,
-                gpu=gpu,
-                deps=tuple(deps),
-                alloc_bytes=alloc_bytes,
-                free_bytes=free_bytes,
-            )
-        )
-
-    def allreduce(
-        self,
-        gpus: Sequence[str],
-        nbytes: int,
-        *,
-        deps: Iterable[str] = (),
-        alloc_bytes: int = 0,
-        free_bytes: int = 0,
-        id: str | None = None,
-    ) -> str:
-        return self.add(
-            Task(
-                self._next_id("allreduce", id),
-                "allreduce",
-                gpus=tuple(gpus),
-                bytes=nbytes,
-                deps=tuple(deps),
-                alloc_bytes=alloc_bytes,
-                free_bytes=free_bytes,
-            )
-        )
-
-    def barrier(
-        self, gpus: Sequence[str], *, deps: Iterable[str] = (), id: str | None = None
-    ) -> str:
-        return self.add(
-            Task(self._next_id("barrier", id), "barrier", gpus=tuple(gpus), deps=tuple(deps))
-        )
-
-    def build(self) -> TaskGraph:
-        return TaskGraph(tuple(self._tasks))
 
 
 def _optional_name(obj: dict[str, Any], key: str, where: str) -> str | None:

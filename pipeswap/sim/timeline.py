@@ -7,16 +7,16 @@ import os
 
 import matplotlib
 
-matplotlib.use("Agg")  # files only; never open a window
+from pipeswap.hardware.topology import Topology
+from pipeswap.jsonio import write_atomic
+from pipeswap.sim.graph import TASK_KINDS, TaskGraph
+from pipeswap.sim.result import SimResult
+from pipeswap.sim.streams import gpu_streams, task_streams
+
+matplotlib.use("Agg")  # files only; never open a window; before pyplot is imported
 
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-
-from pipeswap.hardware.topology import Topology  # noqa: E402
-from pipeswap.jsonio import write_atomic  # noqa: E402
-from pipeswap.sim.graph import TASK_KINDS, TaskGraph  # noqa: E402
-from pipeswap.sim.result import SimResult  # noqa: E402
-from pipeswap.sim.streams import gpu_streams, task_streams  # noqa: E402
 
 KIND_COLORS = {
     "compute": "#4c72b0",

@@ -187,6 +187,7 @@ class _Rank:
             record.recomputed_layers += stats.recomputed_layers
             record.recomputed_bytes += stats.recomputed_bytes
             losses.append(loss.item())
+            self.config.optim.check_loss(losses[-1], step)
         if self.config.optim.lr_warmup:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.config.optim.lr_at(step)

@@ -348,3 +348,15 @@ def test_recompute_save_on_cpu_and_hybrid_policies_train_like_no_swapping(tmp_pa
             assert gpu["swaps"] and not gpu["recompute"]
         else:
             assert gpu["recompute"] or gpu["swaps"]
+
+
+@pytest.mark.parametrize(
+    "mode", [[], ["--nproc", "2"], ["--pipeline", "2", "--emulate"], ["--pipeline", "2"]]
+)
+def test_a_diverging_run_exits_2_in_every_mode(mode: list[str], capsys: Any) -> None:
+    # Before: losses [5.42, 9.3e8, nan] and exit 0.
+    argv = ["--model", "gpt2-micro", "--lr", "1e5", "--steps", "5", *mode]
+    assert main(["train", *argv, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "the loss is nan at mini-batch 2: training diverged" in err
+    assert "lower --lr" in err and "Traceback" not in err

@@ -103,3 +103,18 @@ def test_errors_exit_2_and_name_the_fix(
 ) -> None:
     assert main([*BASE, *extra, "--emulate"]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", [["--emulate"], []])
+def test_a_wrong_image_size_is_refused_in_pipelines_as_in_data_parallel(
+    tmp_path: Path, mode: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("transformers")
+    from tests.models.hf_configs import save_config
+
+    vit = save_config(tmp_path / "vit", "vit")  # 32x32 images
+    for extra in (["--pipeline", "2", *mode], []):
+        argv = ["train", "--model", vit, "--image-size", "40", "--steps", "2", *extra]
+        assert main(argv) == 2  # before: a ValueError traceback from transformers, exit 1
+        err = capsys.readouterr().err
+        assert err.endswith("takes 32x32 images (its config's image_size); pass --image-size 32\n")

@@ -5,9 +5,11 @@ Covers: pipeswap/dist/launch.py, pipeswap/dist/faults.py.
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
+import torch
 from support import pipeline_run
 
 from pipeswap.dist.faults import FAULT_ENV, fault_hook
@@ -59,13 +61,17 @@ def test_dead_rank_makes_the_others_exit_non_zero(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.dist
 def test_run_ranks_returns_rank_0s_value_and_names_a_refusing_rank() -> None:
-    assert run_ranks(_echo, 1, 7) == (0, 1, 7)  # one rank: this process, no group
-    assert run_ranks(_echo, 2, 7) == (0, 2, 7)
+    assert run_ranks(_echo, 1, 7, device="cpu", timeout_s=60) == (
+        0,
+        1,
+        7,
+    )  # one rank: this process, no group
+    assert run_ranks(_echo, 2, 7, device="cpu", timeout_s=60) == (0, 2, 7)
     with pytest.raises(PipeswapError, match=r"^rank 1: the budget is too small") as info:
-        run_ranks(_refuse_on_rank_1, 2)
+        run_ranks(_refuse_on_rank_1, 2, device="cpu", timeout_s=60)
     assert not isinstance(info.value, RankFailedError)  # bad input: the CLI exits 2
     with pytest.raises(PipeswapError, match="nproc is 0"):
-        run_ranks(_echo, 0, 7)
+        run_ranks(_echo, 0, 7, device="cpu", timeout_s=60)
 
 
 def test_the_fault_hook_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,3 +82,62 @@ def test_the_fault_hook_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv(FAULT_ENV, "one")
     with pytest.raises(PipeswapError, match="RANK:STEP"):
         fault_hook(0)
+
+
+def _refuse_on_rank_0_while_rank_1_waits(rank: int, world: int) -> int:
+    if rank == 0:
+        raise PipeswapError("cannot read checkpoint ck/rank-0.pt; start afresh")
+    torch.distributed.all_reduce(torch.zeros(1))  # rank 0 never joins: its exit ends this
+    return rank
+
+
+def _crash_on_rank_1(rank: int, world: int) -> int:
+    if rank == 1:
+        raise RuntimeError("boom\nmore detail on a second line")
+    return rank
+
+
+@pytest.mark.dist
+def test_a_rank_that_lost_its_peers_says_so_in_one_line(capfd: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(PipeswapError, match=r"^rank 0: cannot read checkpoint"):
+        run_ranks(_refuse_on_rank_0_while_rank_1_waits, 2, device="cpu", timeout_s=60)
+    err = capfd.readouterr().err
+    # Before: rank 1 printed gloo's RuntimeError ("Connection closed by peer ... GLHF!").
+    assert err == (
+        "rank 0: error: cannot read checkpoint ck/rank-0.pt; start afresh\n"
+        "rank 1: stopped: it lost its peers: another rank ended first\n"
+    )
+
+
+@pytest.mark.dist
+def test_a_crashed_rank_is_one_line_unless_debugging(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(RankFailedError, match=r"^rank 1 exited with status 1"):
+        run_ranks(_crash_on_rank_1, 2, device="cpu", timeout_s=60)
+    lines = set(capfd.readouterr().err.splitlines())
+    crashed = "rank 1: crashed: RuntimeError: boom (set PIPESWAP_DEBUG=1 for the traceback)"
+    lost = "rank 0: stopped: it lost its peers: another rank ended first"
+    # Rank 0 waits for rank 1 at the end, and may see it go before the launcher stops it.
+    assert lines in ({crashed}, {crashed, lost})
+    monkeypatch.setenv("PIPESWAP_DEBUG", "1")
+    with pytest.raises(RankFailedError):
+        run_ranks(_crash_on_rank_1, 2, device="cpu", timeout_s=60)
+    err = capfd.readouterr().err
+    assert "Traceback" in err and "more detail on a second line" in err
+
+
+def _stop_rank_1(rank: int, world: int) -> int:
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # alive but stuck: it never ends on its own
+    torch.distributed.all_reduce(torch.zeros(1))
+    return rank
+
+
+@pytest.mark.dist
+def test_a_stopped_rank_ends_the_run_one_notice_period_after_the_timeout() -> None:
+    timeout = 10.0
+    launched = spawn(_stop_rank_1, 2, timeout_s=timeout)
+    assert launched.exit_codes[0] not in (0, None) and launched.killed == (1,)
+    # Rank 0 times out, then rank 1 gets 15 s (before: the timeout plus 15 s more).
+    assert timeout + 15 <= launched.elapsed_s < timeout + 15 + 6

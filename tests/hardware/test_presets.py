@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import (
     INTER_SOCKET_GB_PER_S,
@@ -18,6 +19,7 @@ from pipeswap.hardware.presets import (
     preset_description,
     preset_names,
     resolve_topology,
+    topology_file,
 )
 from pipeswap.hardware.topology import Topology
 
@@ -170,6 +172,14 @@ def test_resolve_json_file(tmp_path: Path) -> None:
         resolve_topology(str(path), pcie="gen3")
     with pytest.raises(PipeswapError, match="no such file"):
         resolve_topology(str(tmp_path / "missing.json"))
+    with pytest.raises(PipeswapError, match=f"{tmp_path} is a directory; give a topology JSON"):
+        resolve_topology(str(tmp_path))
+
+
+def test_topology_file_is_none_for_presets() -> None:
+    assert topology_file("dual-root-8") is None
+    assert topology_file("switch-4:gen4") is None
+    assert topology_file("server.json") == "server.json"
 
 
 def test_resolve_unknown_lists_presets_and_mentions_files() -> None:
@@ -180,3 +190,7 @@ def test_resolve_unknown_lists_presets_and_mentions_files() -> None:
     for name in preset_names():
         assert name in message
     assert "JSON file" in message
+    # The hint names the setting, not a flag: the CLI spells {json} as --json.
+    assert isinstance(info.value, ConfigError)
+    assert "pipeswap topology show NAME {json}" in info.value.message
+    assert "pipeswap topology show NAME json" in message

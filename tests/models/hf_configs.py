@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 FAMILIES = ("gpt2", "llama", "bert", "vit", "resnet")
 
@@ -92,8 +93,6 @@ def save_config(directory: Path, family: str, **kwargs: Any) -> str:
 
 def save_model(directory: Path, family: str, seed: int = 123, **kwargs: Any) -> str:
     """Write ``family``'s config and seeded random weights to ``directory``."""
-    import torch
-
     transformers = pytest.importorskip("transformers")
     config = hf_config(family, **kwargs)
     torch.manual_seed(seed)

@@ -1,4 +1,4 @@
-"""pipeswap/models/adapt.py: replay splitting of a plain module, its block finder, refusals."""
+"""pipeswap/models/adapt.py: any nn.Module as a LayeredModel, its task read off the model."""
 
 from __future__ import annotations
 
@@ -7,42 +7,40 @@ import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError
-from pipeswap.models.adapt import as_layered, find_blocks
-from tests.models.test_load import TinyLM
+from pipeswap.models.adapt import adapt
+from tests.models.tiny_lm import TinyLM
 
 
-def test_find_blocks_takes_the_largest_repeated_list() -> None:
-    net = TinyLM()
-    assert find_blocks(net) == ["blocks.0", "blocks.1", "blocks.2"]
-    with pytest.raises(PipeswapError, match="no list of 2 or more layers"):
-        find_blocks(nn.Linear(2, 2))
-
-
-def test_replay_passes_the_context_and_the_input_along() -> None:
+def test_a_plain_module_is_cut_at_its_repeated_blocks() -> None:
     torch.manual_seed(0)
     net = TinyLM()
+    model = adapt(net, name="tiny")
+    assert model.layer_names == ["embed", "blocks.0", "blocks.1", "blocks.2", "head"]
     ids = torch.randint(0, 256, (2, 8))
-    model = as_layered(net, example=ids[:1], task="lm", name="tiny", vocab_size=256)
-    packed = model.get_submodule("embed")(ids)
-    # hidden state, the scale tensor every block receives, the input ids
-    assert len(packed) == 3 and packed[2] is ids
-    assert torch.equal(packed[1], (ids[..., None] % 3 + 1).float() / 3)
     assert torch.equal(model(ids), net(ids))
-    assert net.training  # inspection ran in eval mode and put the mode back
+    assert model.task == "lm" and model.vocab_size == 256
+    assert adapt(model) is model  # a LayeredModel is used as it is
 
 
-def test_a_block_called_twice_is_refused() -> None:
-    class Twice(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Embedding(256, 4)
-            self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+def test_user_named_dotted_blocks_work_and_skipped_layers_are_refused() -> None:
+    net = TinyLM()
+    ids = torch.randint(0, 256, (2, 8))
+    named = adapt(net, blocks=["blocks.0", "blocks.1", "blocks.2"])
+    assert named.layer_names[1:4] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert torch.equal(named(ids), net(ids))
+    with pytest.raises(PipeswapError, match="runs blocks.1.mix between its blocks"):
+        adapt(net, blocks=["blocks.0", "blocks.2"])
+    with pytest.raises(PipeswapError, match="has no module 'blocks.7'"):
+        adapt(net, blocks=["blocks.0", "blocks.7"])
 
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            h = self.embed(ids)
-            for block in [*self.blocks, self.blocks[0]]:
-                h = block(h)
-            return h
 
-    with pytest.raises(PipeswapError, match="calls exactly once"):
-        as_layered(Twice(), example=torch.zeros(1, 4, dtype=torch.long), task="lm", name="t")
+def test_a_sequential_is_cut_at_its_children() -> None:
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 30 * 30, 5))
+    model = adapt(net)
+    assert model.layer_names == ["0", "1", "2", "3"]
+    assert model.task == "classify" and model.num_classes == 5
+
+
+def test_models_it_cannot_tell_the_task_of_are_refused() -> None:
+    with pytest.raises(PipeswapError, match="cannot tell what"):
+        adapt(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))

@@ -1,4 +1,4 @@
-"""load_user_model / adapt: Hugging Face directories and plain modules as LayeredModels."""
+"""pipeswap/models/load.py: Hugging Face directories and module:function names as LayeredModels."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import pytest
 import torch
 from torch import nn
 
+from pipeswap.config import ConfigError
+from pipeswap.data import MaskedLMDataset, dataset_for
 from pipeswap.errors import PipeswapError
-from pipeswap.models import build_model, model_spec
-from pipeswap.models.load import adapt, load_user_model
-from tests.models.hf_configs import FAMILIES, hf_config, save_config, save_model
+from pipeswap.models import build_model, model_spec, shape_defaults
+from pipeswap.models.load import load_user_model
+from tests.models.hf_configs import FAMILIES, save_config, save_model
+from tests.models.tiny_lm import tiny_lm
 
 pytest.importorskip("transformers")
 
@@ -112,8 +115,6 @@ def test_weights_load_and_without_them_the_init_is_seeded(tmp_path: Path) -> Non
 
 
 def test_masked_lm_gets_a_mask_token_and_masked_batches(tmp_path: Path) -> None:
-    from pipeswap.data import MaskedLMDataset, dataset_for
-
     model = load_user_model(save_config(tmp_path / "bert", "bert"))
     assert model.mask_token_id == 256  # the first id past the bytes (vocabulary 260)
     data = dataset_for(model, seq_len=16)
@@ -155,80 +156,12 @@ def test_directories_that_are_not_models_are_refused(tmp_path: Path) -> None:
 def test_vit_takes_only_its_image_size(tmp_path: Path) -> None:
     path = save_config(tmp_path / "vit", "vit")
     assert model_spec(path).default_image_size == 32
-    with pytest.raises(PipeswapError, match="pass --image-size 32"):
+    with pytest.raises(ConfigError, match="pass image_size 32") as info:
         build_model(path, image_size=64)
+    assert "pass {image_size} 32" in info.value.message  # the CLI says --image-size 32
 
 
-# ---- plain nn.Modules ---------------------------------------------------------------------
-
-
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.mix = nn.Linear(16, 16)
-
-    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.mix(x)) * scale
-
-
-class TinyLM(nn.Module):
-    """Embedding, repeated blocks given a tensor computed from the input, a head."""
-
-    def __init__(self, skip: bool = False) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(256, 16)
-        self.blocks = nn.ModuleList(_Block() for _ in range(3))
-        self.norm = nn.LayerNorm(16)
-        self.out = nn.Linear(16, 256)
-        self.skip = skip
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed(ids)
-        scale = (ids[..., None] % 3 + 1).float() / 3
-        first = h
-        for block in self.blocks:
-            h = block(h, scale)
-            if self.skip:
-                h = h + first
-        return self.out(self.norm(h))
-
-
-def tiny_lm() -> nn.Module:
-    return TinyLM()
-
-
-def test_a_plain_module_is_cut_at_its_repeated_blocks() -> None:
-    torch.manual_seed(0)
-    net = TinyLM()
-    model = adapt(net, name="tiny")
-    assert model.layer_names == ["embed", "blocks.0", "blocks.1", "blocks.2", "head"]
-    ids = torch.randint(0, 256, (2, 8))
-    assert torch.equal(model(ids), net(ids))
-    assert model.task == "lm" and model.vocab_size == 256
-
-
-def test_user_named_dotted_blocks_work_and_skipped_layers_are_refused() -> None:
-    net = TinyLM()
-    ids = torch.randint(0, 256, (2, 8))
-    named = adapt(net, blocks=["blocks.0", "blocks.1", "blocks.2"])
-    assert named.layer_names[1:4] == ["blocks.0", "blocks.1", "blocks.2"]
-    assert torch.equal(named(ids), net(ids))
-    with pytest.raises(PipeswapError, match="runs blocks.1.mix between its blocks"):
-        adapt(net, blocks=["blocks.0", "blocks.2"])
-    with pytest.raises(PipeswapError, match="has no module 'blocks.7'"):
-        adapt(net, blocks=["blocks.0", "blocks.7"])
-
-
-def test_code_that_transforms_the_hidden_state_between_blocks_is_refused() -> None:
-    with pytest.raises(PipeswapError, match="feed each other directly"):
-        adapt(TinyLM(skip=True))
-
-
-def test_a_sequential_is_cut_at_its_children() -> None:
-    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 30 * 30, 5))
-    model = adapt(net)
-    assert model.layer_names == ["0", "1", "2", "3"]
-    assert model.task == "classify" and model.num_classes == 5
+# ---- module:function ----------------------------------------------------------------------
 
 
 def test_module_function_names_load_through_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -237,12 +170,42 @@ def test_module_function_names_load_through_the_registry(monkeypatch: pytest.Mon
     model = build_model("tiny_lm_module:build", seed=3)
     assert model.layer_names[1:4] == ["blocks.0", "blocks.1", "blocks.2"]
     with pytest.raises(PipeswapError, match="no default sequence length"):
-        from pipeswap.models import shape_defaults
-
         shape_defaults("tiny_lm_module:build", None, None)
 
 
-def test_models_it_cannot_tell_the_task_of_are_refused() -> None:
-    with pytest.raises(PipeswapError, match="cannot tell what"):
-        adapt(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
-    _ = hf_config  # the helper module is shared with the CLI tests
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"n_head": 5},  # heads that do not divide the width (64)
+        {"n_embd": "wide"},  # a string where a number goes
+        {"vocab_size": -5},  # a negative size
+    ],
+)
+def test_configs_transformers_cannot_build_are_one_clear_error(
+    tmp_path: Path, overrides: dict
+) -> None:
+    path = save_config(tmp_path / "bad", "gpt2")
+    raw = json.loads((Path(path) / "config.json").read_text())
+    (Path(path) / "config.json").write_text(json.dumps({**raw, **overrides}))
+    with pytest.raises(
+        PipeswapError, match=r"config.json: transformers cannot build GPT2LMHeadModel"
+    ):
+        load_user_model(path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "other config"])
+def test_damaged_or_mismatched_weights_are_one_clear_error(tmp_path: Path, damage: str) -> None:
+    path = Path(save_model(tmp_path / "model", "gpt2"))
+    weights = path / "model.safetensors"
+    data = weights.read_bytes()
+    if damage == "truncated":
+        weights.write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        weights.write_bytes(b"")
+    elif damage == "garbage":
+        weights.write_bytes(b"\x00" * 64)
+    else:
+        save_model(tmp_path / "wider", "gpt2", n_embd=128)
+        weights.write_bytes((tmp_path / "wider" / "model.safetensors").read_bytes())
+    with pytest.raises(PipeswapError, match=f"cannot load the weights in {path}"):
+        load_user_model(str(path))

@@ -39,13 +39,13 @@ def _fake_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> list[tuple[str, A
 
 def test_nccl_binds_each_rank_to_its_gpu_before_joining(monkeypatch: pytest.MonkeyPatch) -> None:
     log = _fake_gpus(monkeypatch, 2)
-    init_process_group(_env(1, 2), backend="nccl")
+    init_process_group(_env(1, 2), backend="nccl", timeout_s=60)
     assert log == [("set_device", 1), ("init", "nccl")]
 
 
 def test_gloo_leaves_the_current_device_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     log = _fake_gpus(monkeypatch, 1)
-    init_process_group(_env(1, 2), backend="gloo")
+    init_process_group(_env(1, 2), backend="gloo", timeout_s=60)
     assert log == [("init", "gloo")]
 
 
@@ -54,12 +54,12 @@ def test_two_nccl_ranks_on_one_gpu_are_refused_with_the_fix(
 ) -> None:
     log = _fake_gpus(monkeypatch, 1)
     with pytest.raises(PipeswapError, match="2 ranks on 1 GPU.*gloo"):
-        init_process_group(_env(0, 2), backend="nccl")
+        init_process_group(_env(0, 2), backend="nccl", timeout_s=60)
     # On a multi-machine job only this machine's ranks need GPUs here.
-    init_process_group(_env(0, 4, local_world=1), backend="nccl")
+    init_process_group(_env(0, 4, local_world=1), backend="nccl", timeout_s=60)
     with pytest.raises(PipeswapError, match="needs CUDA GPUs"):
         _fake_gpus(monkeypatch, 0)
-        init_process_group(_env(0, 1), backend="nccl")
+        init_process_group(_env(0, 1), backend="nccl", timeout_s=60)
     assert log == [("set_device", 0), ("init", "nccl")]
 
 

@@ -5,9 +5,13 @@ Covers: pipeswap/pipeline/schedule.py (the compute orders: tests/pipeline/test_o
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
+from pipeswap.pipeline import schedule as schedule_module
 from pipeswap.pipeline.schedule import (
     Schedule,
     ScheduleError,
@@ -78,3 +82,18 @@ def test_a_schedule_knows_its_table_entry() -> None:
     odd = Schedule.from_string("0: 0F0 0B0 0UPDATE0", name="zb", num_steps=1, micro_batches=1)
     with pytest.raises(PipeswapError, match="unknown schedule 'zb'"):
         odd.kind  # noqa: B018
+
+
+def test_a_schedule_too_large_to_hold_is_refused_before_it_is_built() -> None:
+    # Before: 10^12 steps built actions until memory ran out (MemoryError after 76 s).
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"more than the 5,000,000 a run may build up front"):
+        build_schedule("async-1f1b", 4, 10**12, 1)
+    assert time.perf_counter() - started < 1
+    per_step = 4 * 1 * schedule_module.ACTIONS_PER_PASS_PAIR + 4
+    most = schedule_module.MAX_ACTIONS // per_step
+    schedule_module._check_size("async-1f1b", 4, most, 1)  # the largest allowed passes
+    with pytest.raises(ConfigError, match=f"use at most {most:,} steps per run"):
+        schedule_module._check_size("async-1f1b", 4, most + 1, 1)
+    built = build_schedule("async-1f1b", 4, 50, 1)
+    assert sum(len(row) for row in built.actions) <= 50 * per_step  # the count is an upper bound

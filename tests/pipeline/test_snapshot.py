@@ -61,7 +61,9 @@ def test_async_cut_keeps_the_activations_the_next_stage_has_not_received() -> No
         schedule.actions[r].index(next(a for a in schedule.actions[r] if str(a) == f"{r}UPDATE3"))
         for r in range(4)
     ]
-    sync = pipeline_schedule(replace_fields(BASE, schedule="gpipe", micro_batches=2))
+    sync = pipeline_schedule(
+        replace_fields(BASE, schedule="gpipe", micro_batches=2, weights="stale")
+    )
     assert crossing_messages(sync, 4) == {r: set() for r in range(4)}  # nothing in flight
 
 

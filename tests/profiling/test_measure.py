@@ -4,9 +4,12 @@ import pytest
 import torch
 from torch import nn
 
+from pipeswap.cli import main
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, model_spec
 from pipeswap.models.base import LayeredModel
+from pipeswap.models.gpt import GPTHead
 from pipeswap.profiling import estimate_layered, measure, meta_copy
 from pipeswap.profiling.measure import (
     _Timer,
@@ -129,8 +132,10 @@ def test_language_model_without_seq_len_is_refused() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_cuda_suggests_an_estimate() -> None:
-    with pytest.raises(PipeswapError, match="CUDA is not available.*--estimate --gpu"):
+    with pytest.raises(ConfigError, match="CUDA is not available.*estimate gpu") as info:
         measure("gpt2-micro", 2, device="cuda")
+    # The CLI spells the settings as flags: --device cpu, --estimate --gpu SPEC.
+    assert "{device} cpu" in info.value.message and "{estimate} {gpu} SPEC" in info.value.message
 
 
 class _Greedy(nn.Module):
@@ -171,9 +176,6 @@ _CPU_OOM = (
 def test_a_zoo_layer_out_of_host_memory_exits_2_naming_the_bytes(
     monkeypatch: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pipeswap.cli import main
-    from pipeswap.models.gpt import GPTHead
-
     real_forward = GPTHead.forward
 
     def greedy(self: GPTHead, x: torch.Tensor) -> torch.Tensor:
@@ -199,22 +201,19 @@ def test_a_zoo_layer_out_of_host_memory_exits_2_naming_the_bytes(
 def test_an_allocation_failure_is_refused_even_when_the_estimate_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pipeswap.models.gpt import GPTHead
-
     def greedy(self: GPTHead, x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(_CPU_OOM)  # on the meta device too
 
     monkeypatch.setattr(GPTHead, "forward", greedy)
-    with pytest.raises(PipeswapError) as info:
+    with pytest.raises(ConfigError) as info:
         measure("gpt2-micro", 2, seq_len=8)
     message = str(info.value)
     assert "does not fit on cpu: a single allocation of 64.00 GiB failed" in message
-    assert "meta estimate" not in message and "try a smaller --batch" in message
+    assert "meta estimate" not in message and "try a smaller batch" in message
+    assert "try a smaller {batch} or {estimate} {gpu} SPEC" in info.value.message
 
 
 def test_python_memory_errors_are_allocation_failures_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeswap.models.gpt import GPTHead
-
     def greedy(self: GPTHead, x: torch.Tensor) -> torch.Tensor:
         raise MemoryError()
 

@@ -15,7 +15,9 @@ from pipeswap.profile import Profile
 from pipeswap.profiling import estimate_layered, measure, meta_copy
 from pipeswap.profiling.step import run_step
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
-from pipeswap.swap.runtime.executor import SwapExecutor, capture_records
+from pipeswap.swap.runtime.capture import capture_records
+from pipeswap.swap.runtime.executor import SwapExecutor
+from tests.models.tiny_lm import TinyLM
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
@@ -337,8 +339,6 @@ def test_autocast_profile_saves_what_a_real_step_saves_and_its_plan_runs() -> No
 
 
 def test_a_plain_module_is_profiled_at_its_blocks_and_left_as_found() -> None:
-    from tests.models.test_load import TinyLM
-
     torch.manual_seed(0)
     net = TinyLM()
     before = {n: p.detach().clone() for n, p in net.state_dict().items()}

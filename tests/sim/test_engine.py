@@ -3,15 +3,20 @@
 Covers: pipeswap/sim/engine.py.
 """
 
+import importlib.util
+import pathlib
 import random
+import time
 
 import pytest
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.hardware.topology import Link, Node, Topology
+from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.engine import DeadlockError, OutOfMemoryError, simulate
-from pipeswap.sim.graph import GraphBuilder, TaskGraph
+from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.streams import task_streams
 
 GB = 10**9
@@ -233,9 +238,10 @@ def test_out_of_memory_names_gpu_task_and_sizes() -> None:
     found = (err.gpu, err.task, err.asked, err.in_use, err.limit)
     assert found == ("gpu1", "big", 2 * GB, 3 * GB, 4 * GB)
     message = str(err)
-    for part in ("gpu1", "'big'", "2000000000", "3000000000", "4000000000", "--gpu-memory"):
+    for part in ("gpu1", "'big'", "2000000000", "3000000000", "4000000000", "gpu_memory_bytes"):
         assert part in message
-    assert isinstance(err, PipeswapError)
+    assert "Raise the limit ({gpu_memory_bytes})" in err.message  # the CLI says --gpu-memory
+    assert isinstance(err, ConfigError) and isinstance(err, PipeswapError)
 
 
 def test_deadlock_from_stream_order_names_the_tasks() -> None:
@@ -384,10 +390,6 @@ def test_random_graphs_never_exceed_the_memory_limit(seed: int) -> None:
 
 @pytest.mark.slow
 def test_hundred_thousand_tasks_simulate_in_under_ten_seconds() -> None:
-    import importlib.util
-    import pathlib
-    import time
-
     script = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "sim_speed.py"
     spec = importlib.util.spec_from_file_location("sim_speed", script)
     module = importlib.util.module_from_spec(spec)

@@ -3,8 +3,8 @@
 import matplotlib.image
 
 from pipeswap.hardware.presets import preset
+from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.engine import simulate
-from pipeswap.sim.graph import GraphBuilder
 from pipeswap.sim.timeline import plot_timeline
 
 GB = 10**9

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from pipeswap.hardware.presets import preset
+from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.engine import simulate
-from pipeswap.sim.graph import GraphBuilder
 from pipeswap.sim.trace import (
     chrome_trace,
     metadata_event,

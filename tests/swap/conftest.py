@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.swap.plan.workload import Workload, workload_from_profile
 
 GB = 10**9
 
@@ -41,3 +42,11 @@ def toy_profile(
 @pytest.fixture
 def make_profile() -> ProfileFactory:
     return toy_profile
+
+
+@pytest.fixture
+def four_layers() -> tuple[Workload, int]:
+    """Saved 6 GB per layer, forward 1/16 s, backward 1/8 s, no weights: peak 24 GB; and a
+    budget that leaves 12 GB to move (D / B = 1 s at 12 GB/s)."""
+    w = workload_from_profile(toy_profile([(6,)] * 4, 0.0625, 0.125, param_bytes=0))
+    return w, w.no_swap_peak_bytes() - 12 * GB

@@ -27,7 +27,7 @@ from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.plan.planner import make_plan
 from pipeswap.swap.plan.workload import workload_from_profile
-from pipeswap.swap.runtime.executor import capture_records
+from pipeswap.swap.runtime.capture import capture_records
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import PlanPayload
 from pipeswap.training.data_parallel import report as build_report

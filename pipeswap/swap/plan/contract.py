@@ -11,6 +11,7 @@ from typing import Any
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format, dump_json, load_json
 from pipeswap.profile import Profile
+from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
 
 SWAPPLAN_FORMAT = "pipeswap.swapplan/2"
 # Plans written before recomputation existed read as plans that recompute nothing.
@@ -61,7 +62,7 @@ class GpuPlan:
 
     ``recompute`` names the layers whose saved tensors are neither kept nor swapped: only
     the layer's input is kept, and the layer's forward is run again in the backward pass,
-    right before the layer's backward (activation checkpointing of that block).
+    right before the layer's backward (recomputation of that block).
     """
 
     gpu: str
@@ -126,7 +127,7 @@ class SwapPlan:
     layers: tuple[str, ...]
     gpus: tuple[GpuPlan, ...]
     sync_every: int = 1
-    bucket_bytes: int = 25 * 2**20
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
     predicted_iteration_s: float = 0.0
     lower_bound_s: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -193,7 +194,7 @@ class SwapPlan:
                 layers=tuple(str(n) for n in obj["layers"]),
                 gpus=tuple(GpuPlan.from_json(g) for g in obj["gpus"]),
                 sync_every=int(obj.get("sync_every", 1)),
-                bucket_bytes=int(obj.get("bucket_bytes", 25 * 2**20)),
+                bucket_bytes=int(obj.get("bucket_bytes", DEFAULT_BUCKET_BYTES)),
                 predicted_iteration_s=float(obj.get("predicted_iteration_s", 0.0)),
                 lower_bound_s=float(obj.get("lower_bound_s", 0.0)),
                 notes=dict(obj.get("notes", {})),

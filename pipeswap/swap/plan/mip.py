@@ -1,5 +1,7 @@
-"""The offline policy: a mixed-integer program over the GPUs of each channel (HiGHS): which
-tensors each GPU swaps and which layers the channel's GPUs recompute."""
+"""The mip policy: a mixed-integer program (HiGHS) per channel group of GPUs.
+
+It chooses which tensors each GPU swaps and which layers the channel's GPUs recompute.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from pipeswap.swap.plan.case import Case, Tensor, all_tensors
+from pipeswap.swap.plan.case import Case, all_tensors
 from pipeswap.swap.plan.channels import channel_groups, group_shape, path_bytes_per_s, shared_links
 from pipeswap.swap.plan.hybrid import hybrid
 from pipeswap.swap.plan.policies import SWAP_ONLY, fits, heuristic, with_prefetch
 from pipeswap.swap.plan.scoring import Assignment, Scored
-from pipeswap.swap.plan.workload import Swap
+from pipeswap.swap.plan.solver import quiet_highs
+from pipeswap.swap.plan.tensors import SMALLEST_TENSOR_BYTES, Swap, TensorRef
 
 GB = 1e9  # the model counts bytes in GB and time in seconds, so coefficients stay near 1
-_SMALLEST_TENSOR_BYTES = 2**20  # smaller tensors cannot change a plan measurably
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class GroupSolution:
     """The MIP's answer for one channel group: a tensor set per member, the layers every
     member recomputes, and its numbers."""
 
-    choice: list[list[Tensor]]
+    choice: list[list[TensorRef]]
     stall_s: float  # predicted stall per micro-batch
     mip_gap: float
     status: str
@@ -51,7 +53,7 @@ def _group_key(case: Case, group: Sequence[str]) -> tuple[Any, ...]:
 def solve_group(
     case: Case,
     group: Sequence[str],
-    warm: Sequence[Sequence[Tensor]] | None,
+    warm: Sequence[Sequence[TensorRef]] | None,
     *,
     time_limit_s: float,
     warm_recompute: frozenset[int] = frozenset(),
@@ -76,7 +78,9 @@ def solve_group(
     needs = [need / GB for need in workload.needs(case.budget_bytes)]
     last_short = max((i for i, need in enumerate(needs) if need > 0), default=-1)
     candidates = [
-        t for t in all_tensors(workload) if t[0] < last_short and t[2] >= _SMALLEST_TENSOR_BYTES
+        t
+        for t in all_tensors(workload)
+        if t.layer < last_short and t.bytes >= SMALLEST_TENSOR_BYTES
     ]
     # Unclipped needs (a recomputed layer's backward may need memory where none was short).
     raw = [
@@ -85,7 +89,7 @@ def solve_group(
     freed = [b / GB for b in workload.freed_bytes]
     inputs = workload.input_saved or (0,) * n
     over = [(k - i) / GB for k, i in zip(workload.kept_bytes, inputs)]
-    layers = [i for i in range(last_short) if workload.freed_bytes[i] >= _SMALLEST_TENSOR_BYTES]
+    layers = [i for i in range(last_short) if workload.freed_bytes[i] >= SMALLEST_TENSOR_BYTES]
     members = list(group)
     if last_short < 0 or not (candidates or layers):
         return GroupSolution([[] for _ in members], 0.0, 0.0, "nothing to swap", 0)
@@ -93,10 +97,7 @@ def solve_group(
     slots = len(durations)
     backward_slot = {j: 2 * n - 1 - j for j in range(n)}
 
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
-    h.setOptionValue("threads", 1)
+    h = quiet_highs(time_limit_s=time_limit_s)
     inf = highspy.kHighsInf
     # Each slot is a stall (a wait before its compute starts) then its compute: phase 2s
     # lasts stall[s], phase 2s+1 lasts durations[s]. Copies flow in both phases.
@@ -109,10 +110,10 @@ def solve_group(
     ]
     out = [[h.addVariable(lb=0.0, ub=inf) for _ in range(phases)] for _ in members]
     inn = [[h.addVariable(lb=0.0, ub=inf) for _ in range(phases)] for _ in members]
-    sizes = [t[2] / GB for t in candidates]
+    sizes = [t.bytes / GB for t in candidates]
 
     def swapped(m: int, layers: range) -> Any:
-        return h.qsum(sizes[k] * x[m][k] for k, t in enumerate(candidates) if t[0] in layers)
+        return h.qsum(sizes[k] * x[m][k] for k, t in enumerate(candidates) if t.layer in layers)
 
     slot_layer = {backward_slot[j]: j for j in range(n)}
 
@@ -129,9 +130,9 @@ def solve_group(
         return h.qsum(freed[i] * rec[i] for i in layers if i <= last)
 
     for k, t in enumerate(candidates):
-        if t[0] in rec:
+        if t.layer in rec:
             for m in range(len(members)):
-                h.addConstr(x[m][k] + rec[t[0]] <= 1)
+                h.addConstr(x[m][k] + rec[t.layer] <= 1)
 
     for m in range(len(members)):
         total = swapped(m, range(n))
@@ -189,10 +190,10 @@ def solve_group(
         * h.qsum(sizes[k] * x[m][k] for m in range(len(members)) for k in range(len(candidates)))
     )
     if warm is not None:
-        chosen = [{(t[0], t[1]) for t in member} for member in warm]
+        chosen = [{(t.layer, t.index) for t in member} for member in warm]
         index = [x[m][k].index for m in range(len(members)) for k in range(len(candidates))]
         values = [
-            1.0 if (t[0], t[1]) in chosen[m] else 0.0
+            1.0 if (t.layer, t.index) in chosen[m] else 0.0
             for m in range(len(members))
             for t in candidates
         ]
@@ -211,7 +212,7 @@ def solve_group(
             len(members) * len(candidates),
         )
     solved = h.vals([v for row in x for v in row])
-    choice: list[list[Tensor]] = []
+    choice: list[list[TensorRef]] = []
     for m in range(len(members)):
         row = solved[m * len(candidates) : (m + 1) * len(candidates)]
         choice.append([t for t, v in zip(candidates, row) if v > 0.5])
@@ -238,12 +239,12 @@ def _points(workload: Any) -> list[int]:
     return points
 
 
-def _fits(case: Case, tensors: Sequence[Tensor], recompute: frozenset[int]) -> bool:
-    latest = [Swap(t[0], t[1], t[2], t[0], t[0] + 1) for t in tensors]
+def _fits(case: Case, tensors: Sequence[TensorRef], recompute: frozenset[int]) -> bool:
+    latest = [Swap.latest(t) for t in tensors]
     return case.workload.recomputing(recompute).fits(latest, case.budget_bytes)
 
 
-def plan_mip(case: Case, *, time_limit_s: float = 60.0) -> MipOutcome:
+def plan_mip(case: Case, *, time_limit_s: float) -> MipOutcome:
     """Solve the MIP per channel group, warm-started from the best heuristic plan.
 
     The MIP's plan is re-scored by the simulator; when it simulates slower than the warm
@@ -264,12 +265,12 @@ def _plan_mip(case: Case, time_limit_s: float) -> MipOutcome:
     warm = heuristics[warm_name]
     groups = channel_groups(case.topology, case.gpus)
     solved: dict[tuple[Any, ...], GroupSolution] = {}
-    choice: dict[str, list[Tensor]] = {}
+    choice: dict[str, list[TensorRef]] = {}
     recompute: dict[str, frozenset[int]] = {}
     stalls: list[float] = []
     gaps: list[float] = []
     statuses: list[str] = []
-    sizes = {(t[0], t[1]): t for t in all_tensors(case.workload)}  # nothing recomputed
+    sizes = {(t.layer, t.index): t for t in all_tensors(case.workload)}  # nothing recomputed
     deadline = started + time_limit_s
     for group in groups:
         key = _group_key(case, group)

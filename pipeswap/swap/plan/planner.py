@@ -14,7 +14,7 @@ from pipeswap.profile import Profile
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.swap.config import SwapConfig
-from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
+from pipeswap.swap.plan import GpuPlan, SwapPlan
 from pipeswap.swap.plan.bounds import LowerBound, TurnBound, lower_bound, turn_bound
 from pipeswap.swap.plan.case import Case
 from pipeswap.swap.plan.policies import fits as assignment_fits
@@ -238,9 +238,8 @@ def plan_case(case: Case, profile: Profile, policy: str, *, time_limit_s: float)
     entry = POLICIES[policy]
     if not entry.respects_budget:
         return _score_unchecked(case, profile, entry, started)
-    scored, notes = entry.plan(case, time_limit_s)
+    scored, notes, mip_gap = entry.plan(case, time_limit_s)
     solve_s = time.perf_counter() - started
-    mip_gap = notes.get("mip_gap")
     return summarize(case, profile, policy, scored, solve_s=solve_s, mip_gap=mip_gap, notes=notes)
 
 
@@ -313,16 +312,7 @@ def summarize(
     summaries = []
     for rank, gpu in enumerate(case.gpus):
         swaps = assignment.swaps.get(gpu, ())
-        decisions = tuple(
-            SwapDecision(
-                layer=names[s.layer],
-                index=s.index,
-                bytes=s.bytes,
-                out_after=names[s.out],
-                prefetch_after=None if s.prefetch >= len(names) else names[s.prefetch],
-            )
-            for s in swaps
-        )
+        decisions = tuple(s.decision(names) for s in swaps)
         offset = float(assignment.offsets_s.get(gpu, 0.0))
         recomputed = sorted(assignment.recomputed(gpu))
         gpu_plans.append(

@@ -6,10 +6,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 from pipeswap.errors import PipeswapError
-from pipeswap.swap.plan.case import Case, Tensor, all_tensors
+from pipeswap.swap.plan.case import Case, all_tensors
 from pipeswap.swap.plan.channels import channel_groups, path_bytes_per_s
 from pipeswap.swap.plan.scoring import Assignment
-from pipeswap.swap.plan.workload import Swap, Workload
+from pipeswap.swap.plan.tensors import Swap, TensorRef
+from pipeswap.swap.plan.workload import Workload
 
 
 # ---- building blocks ---------------------------------------------------------------------
@@ -60,7 +61,7 @@ class Coverage:
 
 
 def with_prefetch(
-    workload: Workload, chosen: Sequence[Tensor], budget_bytes: int
+    workload: Workload, chosen: Sequence[TensorRef], budget_bytes: int
 ) -> tuple[Swap, ...]:
     """Swaps issued right after their forward, prefetched as early as memory allows.
 
@@ -68,7 +69,7 @@ def with_prefetch(
     step at a time while every backward point it would overlap stays within budget.
     """
     n = workload.num_layers
-    latest = [Swap(layer, index, nbytes, layer, layer + 1) for layer, index, nbytes in chosen]
+    latest = [Swap.latest(t) for t in chosen]
     _, backward = workload.memory_points(latest)
     if max(backward, default=0) > budget_bytes:
         raise PipeswapError("internal: chosen swaps do not fit the budget")  # pragma: no cover
@@ -82,13 +83,13 @@ def with_prefetch(
     return tuple(sorted(swaps, key=lambda s: (s.layer, s.index)))
 
 
-def _fill(coverage: Coverage, order: Sequence[Tensor], chosen: list[Tensor]) -> None:
+def _fill(coverage: Coverage, order: Sequence[TensorRef], chosen: list[TensorRef]) -> None:
     for tensor in order:
         if coverage.met:
             return
-        if coverage.helps(tensor[0]) and tensor not in chosen:
+        if coverage.helps(tensor.layer) and tensor not in chosen:
             chosen.append(tensor)
-            coverage.add(tensor[0], tensor[2])
+            coverage.add(tensor.layer, tensor.bytes)
 
 
 # ---- the policies --------------------------------------------------------------------------
@@ -107,21 +108,21 @@ def plan_oblivious(case: Case) -> Assignment:
     workload = case.workload
     bandwidth = path_bytes_per_s(case.topology, case.gpus[0])
     forward_end, backward_start = timeline(workload)
-    by_size = sorted(all_tensors(workload), key=lambda t: (-t[2], t[0], t[1]))
+    by_size = sorted(all_tensors(workload), key=lambda t: (-t.bytes, t.layer, t.index))
 
-    def hidden(t: Tensor) -> bool:
-        return backward_start[t[0]] - forward_end[t[0]] >= 2 * t[2] / bandwidth
+    def hidden(t: TensorRef) -> bool:
+        return backward_start[t.layer] - forward_end[t.layer] >= 2 * t.bytes / bandwidth
 
     order = [t for t in by_size if hidden(t)] + [t for t in by_size if not hidden(t)]
     coverage = Coverage(workload.needs(case.budget_bytes))
-    chosen: list[Tensor] = []
+    chosen: list[TensorRef] = []
     _fill(coverage, order, chosen)
     swaps = with_prefetch(workload, chosen, case.budget_bytes)
     return Assignment({gpu: swaps for gpu in case.gpus})
 
 
-def disjoint_choice(workload: Workload, members: int, budget_bytes: int) -> list[list[Tensor]]:
-    """Tensor sets for ``members`` GPUs sharing a channel, disjoint where possible.
+def disjoint_choice(workload: Workload, members: int, budget_bytes: int) -> list[list[TensorRef]]:
+    """TensorRef sets for ``members`` GPUs sharing a channel, disjoint where possible.
 
     The tensors produced before memory first gets tight are dealt out one at a time, in
     forward order (longest forward-to-backward distance first), to the member furthest
@@ -131,18 +132,18 @@ def disjoint_choice(workload: Workload, members: int, budget_bytes: int) -> list
     """
     needs = workload.needs(budget_bytes)
     first_tight = next((i for i, need in enumerate(needs) if need > 0), len(needs))
-    order = sorted(all_tensors(workload), key=lambda t: (t[0], -t[2], t[1]))
+    order = sorted(all_tensors(workload), key=lambda t: (t.layer, -t.bytes, t.index))
     coverages = [Coverage(needs) for _ in range(members)]
-    chosen: list[list[Tensor]] = [[] for _ in range(members)]
+    chosen: list[list[TensorRef]] = [[] for _ in range(members)]
     for tensor in order:
-        if tensor[0] >= first_tight:
+        if tensor.layer >= first_tight:
             break
-        open_members = [m for m in range(members) if coverages[m].helps(tensor[0])]
+        open_members = [m for m in range(members) if coverages[m].helps(tensor.layer)]
         if not open_members:
             break
         member = max(open_members, key=lambda m: (coverages[m].shortfall, -m))
         chosen[member].append(tensor)
-        coverages[member].add(tensor[0], tensor[2])
+        coverages[member].add(tensor.layer, tensor.bytes)
     for member in range(members):
         _fill(coverages[member], order, chosen[member])
     return chosen
@@ -248,8 +249,8 @@ def with_best_offset(
 
 
 def plan_recompute(case: Case) -> Assignment:
-    """Activation checkpointing of every block, nothing swapped (the baseline users write
-    with ``torch.utils.checkpoint``): each GPU keeps only every layer's input. It may not
+    """Recomputation of every block, nothing swapped (the baseline users write with
+    ``torch.utils.checkpoint``): each GPU keeps only every layer's input. It may not
     fit the budget (the planner then says so)."""
     return Assignment(
         {gpu: () for gpu in case.gpus}, recompute=_everywhere(case, range(case.workload.num_layers))
@@ -262,10 +263,7 @@ def plan_save_on_cpu(case: Case) -> Assignment:
     after the next layer's backward, so the backward waits for the whole copy); no GPU
     coordinates with another, no offsets. Copies are asynchronous here, which favours the
     baseline: torch's pack hook copies on the compute stream."""
-    swaps = tuple(
-        Swap(layer, index, nbytes, layer, layer + 1)
-        for layer, index, nbytes in all_tensors(case.workload)
-    )
+    swaps = tuple(Swap.latest(t) for t in all_tensors(case.workload))
     return Assignment({gpu: swaps for gpu in case.gpus})
 
 

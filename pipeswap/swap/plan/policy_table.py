@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeswap.swap.config import POLICY_NAMES
 from pipeswap.swap.plan.auto import plan_auto
@@ -14,12 +14,22 @@ from pipeswap.swap.plan.mip import plan_mip
 from pipeswap.swap.plan.policies import HEURISTICS, heuristic
 from pipeswap.swap.plan.scoring import Assignment, Scored
 
-Planner = Callable[[Case, float], tuple[Scored, dict[str, Any]]]
+
+class Planned(NamedTuple):
+    """What a policy gives the planner: its scored plan, its notes (they go into the plan)
+    and, for the MIP and auto, the solver's gap (None for the rules)."""
+
+    scored: Scored
+    notes: dict[str, Any]
+    mip_gap: float | None = None
+
+
+Planner = Callable[[Case, float], Planned]
 
 
 @dataclass(frozen=True)
 class Policy:
-    """One policy. ``plan(case, time_limit_s)`` gives its scored plan and notes.
+    """One policy. ``plan(case, time_limit_s)`` gives its scored plan, notes and gap.
 
     ``respects_budget`` is False for the baselines that plan without looking at the
     budget (they may not fit it; the planner then scores them without a memory limit and
@@ -34,19 +44,20 @@ class Policy:
 
 
 def _rule(name: str, assign: Callable[[Case], Assignment], peak: str = "") -> Policy:
-    def plan(case: Case, time_limit_s: float) -> tuple[Scored, dict[str, Any]]:
-        return case.score(assign(case)), {}
+    def plan(case: Case, time_limit_s: float) -> Planned:
+        return Planned(case.score(assign(case)), {})
 
     return Policy(name, plan, respects_budget=not peak, peak=peak, assign=assign)
 
 
-def _mip(case: Case, time_limit_s: float) -> tuple[Scored, dict[str, Any]]:
+def _mip(case: Case, time_limit_s: float) -> Planned:
     outcome = plan_mip(case, time_limit_s=time_limit_s)
-    return outcome.scored, {**outcome.notes, "mip_gap": outcome.mip_gap}
+    return Planned(outcome.scored, dict(outcome.notes), outcome.mip_gap)
 
 
-def _auto(case: Case, time_limit_s: float) -> tuple[Scored, dict[str, Any]]:
-    return plan_auto(case, time_limit_s=time_limit_s)
+def _auto(case: Case, time_limit_s: float) -> Planned:
+    scored, notes = plan_auto(case, time_limit_s=time_limit_s)
+    return Planned(scored, notes, notes.get("mip_gap"))  # auto's notes carry the MIP's gap
 
 
 _PEAKS = {

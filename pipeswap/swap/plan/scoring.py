@@ -9,7 +9,9 @@ from pipeswap.hardware.topology import Topology
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
-from pipeswap.swap.plan.workload import Swap, Workload, build_iteration_graph
+from pipeswap.swap.plan.iteration import build_iteration_graph
+from pipeswap.swap.plan.tensors import Swap
+from pipeswap.swap.plan.workload import Workload
 
 
 @dataclass(frozen=True)

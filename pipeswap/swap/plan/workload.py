@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import NamedTuple
 
 from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
+from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.profile import Profile
-from pipeswap.sim.graph import GraphBuilder, TaskGraph
-from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
-
-
-@dataclass(frozen=True)
-class Swap:
-    """A swap in index form: layer ``layer``'s saved tensor ``index``.
-
-    The swap-out is issued after forward ``out`` (>= layer); the prefetch after backward
-    ``prefetch`` (in layer+1 .. L-1), or at the turn when ``prefetch == L``.
-    """
-
-    layer: int
-    index: int
-    bytes: int
-    out: int
-    prefetch: int
+from pipeswap.swap.plan.tensors import Swap
 
 
 @dataclass(frozen=True)
@@ -69,7 +53,7 @@ class Workload:
     param_bytes: tuple[int, ...]
     resident_bytes: int  # parameters, gradients, optimizer state
     optimizer_step_s: float
-    # Per layer: what a checkpoint of the layer keeps (its input) and how much of its
+    # Per layer: what recomputing the layer keeps (its input) and how much of its
     # saved bytes is that input; empty means zeros (no layer can then keep anything).
     input_bytes: tuple[int, ...] = ()
     input_saved: tuple[int, ...] = ()
@@ -250,7 +234,7 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
 def _inputs(profile: Profile) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Per layer: the bytes a checkpoint of it keeps (its input) and the bytes of its saved
+    """Per layer: the bytes recomputing it keeps (its input) and the bytes of its saved
     tensor that is that input (0 if it saves no tensor of that size).
 
     Layer i > 0 keeps the previous layer's output. Layer 0 keeps the batch, which the
@@ -277,196 +261,8 @@ def _optimizer_step_s(profile: Profile) -> float:
     # The step streams parameters, gradients and optimizer state through HBM once; without
     # a known GPU (a measured CPU profile) it is left out rather than guessed.
     try:
-        from pipeswap.hardware.gpus import gpu_spec
-
         spec = gpu_spec(profile.device)
-    except (ImportError, PipeswapError):
+    except PipeswapError:
         return 0.0
     touched = 4 * profile.param_bytes + 2 * profile.optimizer_state_bytes
     return touched / spec.hbm_bytes_per_s
-
-
-class Bucket(NamedTuple):
-    """One DDP gradient bucket: its bytes and the layer whose backward completes it."""
-
-    bytes: int
-    layer: int
-
-
-def gradient_buckets(workload: Workload, bucket_bytes: int | None) -> list[Bucket]:
-    """DDP-style buckets in the order backward fills them (last layer first).
-
-    A bucket closes once its gradients reach ``bucket_bytes``; its all-reduce may start
-    after the backward of the last layer it took (its lowest layer with parameters).
-    Layers without parameters join no bucket. ``None`` puts every gradient in one bucket.
-    """
-    if bucket_bytes is not None and bucket_bytes < 1:
-        raise PipeswapError(f"bucket_bytes must be positive (or None), not {bucket_bytes}")
-    buckets: list[Bucket] = []
-    filled = 0
-    closer = -1  # the lowest layer with parameters in the open bucket
-    for layer in reversed(range(workload.num_layers)):
-        size = workload.param_bytes[layer]
-        if size == 0:
-            continue
-        filled += size
-        closer = layer
-        if bucket_bytes is not None and filled >= bucket_bytes:
-            buckets.append(Bucket(filled, layer))
-            filled = 0
-    if filled:
-        buckets.append(Bucket(filled, closer))
-    return buckets
-
-
-def build_iteration_graph(
-    workload: Workload,
-    gpus: Sequence[str],
-    swaps: Mapping[str, Sequence[Swap]] | None = None,
-    *,
-    offsets_s: Mapping[str, float] | None = None,
-    recompute: Mapping[str, Collection[int]] | None = None,
-    sync_every: int = 1,
-    bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
-    steps: int = 1,
-) -> TaskGraph:
-    """``steps`` data-parallel iterations of ``sync_every`` micro-batches on every GPU.
-
-    Each GPU holds the whole model and runs forward and backward of every micro-batch
-    layer by layer, with the ``swaps`` of its plan (none by default); a GPU with an offset
-    in ``offsets_s`` idles that long at the start of every iteration, and a GPU recomputes
-    the layers ``recompute`` names for it (the memory model of :class:`Workload`: a
-    task ``.../r{layer}`` runs the layer's forward again right before its backward).
-    Gradients are summed
-    by ring all-reduces over ``gpus`` (in that ring order), one per
-    :func:`gradient_buckets` bucket, each started on the GPUs' comm streams once every GPU
-    has run the backward that completes it, so communication overlaps the rest of the
-    backward (``bucket_bytes=None``: one all-reduce after the backward). The optimizer
-    step (``workload.optimizer_step_s``) waits for every all-reduce; the next iteration's
-    forward waits for the step.
-
-    Task ids are ``{gpu}/m{micro}/f{layer}`` (forward), ``.../b{layer}`` (backward),
-    ``.../r{layer}`` (a recomputed layer's second forward),
-    ``.../out{layer}.{index}`` and ``.../in{layer}.{index}`` (one copy per saved tensor,
-    as the executor copies them), ``{gpu}/offset``, ``{gpu}/resident`` (zero time; holds
-    parameters, gradients and optimizer state), ``{gpu}/step`` and ``allreduce{k}``.
-    Iterations after the first repeat these ids with ``s{step}/`` after the GPU
-    (``gpu0/s1/m0/f0``, ``gpu0/s1/step``; ``s1/allreduce0``).
-    """
-    if steps < 1:
-        raise PipeswapError(f"steps must be at least 1, not {steps}")
-    swaps = swaps or {}
-    offsets_s = offsets_s or {}
-    recompute = recompute or {}
-    buckets = gradient_buckets(workload, bucket_bytes) if len(gpus) > 1 else []
-    builder = GraphBuilder()
-    previous: dict[str, str] = {}
-    for step in range(steps):
-        tag = f"s{step}/" if step else ""
-        last_backward: dict[str, list[str]] = {}
-        for gpu in gpus:
-            if step == 0:
-                previous[gpu] = builder.compute(
-                    gpu, 0.0, alloc_bytes=workload.resident_bytes, id=f"{gpu}/resident"
-                )
-            plan = list(swaps.get(gpu, ()))
-            offset = offsets_s.get(gpu, 0.0)
-            if offset > 0:
-                # An offset GPU simply starts later; its compute stream idles meanwhile.
-                previous[gpu] = builder.compute(
-                    gpu, offset, deps=[previous[gpu]], id=f"{gpu}/{tag}offset"
-                )
-            view = workload.recomputing(recompute.get(gpu, ()))
-            for micro in range(sync_every):
-                previous[gpu], last_backward[gpu] = _microbatch(
-                    builder, view, f"{gpu}/{tag}m{micro}", gpu, plan, previous[gpu]
-                )
-        reduce_ids = []
-        for k, bucket in enumerate(buckets):
-            deps = [last_backward[gpu][bucket.layer] for gpu in gpus]
-            reduce_ids.append(
-                builder.allreduce(gpus, bucket.bytes, deps=deps, id=f"{tag}allreduce{k}")
-            )
-        last = step == steps - 1
-        for gpu in gpus:
-            previous[gpu] = builder.compute(
-                gpu,
-                workload.optimizer_step_s,
-                deps=[last_backward[gpu][0], *reduce_ids],
-                free_bytes=workload.resident_bytes if last else 0,
-                id=f"{gpu}/{tag}step",
-            )
-    return builder.build()
-
-
-def _microbatch(
-    builder: GraphBuilder,
-    workload: Workload,
-    prefix: str,
-    gpu: str,
-    plan: Sequence[Swap],
-    previous: str,
-) -> tuple[str, list[str]]:
-    n = workload.num_layers
-    # One copy per tensor, as the executor issues them: at each point, later layers first,
-    # then by saved index (the copy engines are FIFO, so this order is part of the plan).
-    outs: dict[int, list[Swap]] = {}
-    ins: dict[int, list[Swap]] = {}
-    for s in sorted(plan, key=lambda s: (-s.layer, s.index)):
-        outs.setdefault(s.out, []).append(s)
-        ins.setdefault(s.prefetch, []).append(s)
-    out_ids: dict[tuple[int, int], str] = {}
-    for i in range(n):
-        transient = workload.transient[i]
-        previous = builder.compute(
-            gpu,
-            workload.forward_s[i],
-            deps=[previous],
-            alloc_bytes=workload.saved_bytes[i] + transient,
-            free_bytes=transient,
-            id=f"{prefix}/f{i}",
-        )
-        for s in outs.get(i, ()):
-            out_ids[(s.layer, s.index)] = builder.d2h(
-                gpu,
-                s.bytes,
-                deps=[previous],
-                free_bytes=s.bytes,
-                id=f"{prefix}/out{s.layer}.{s.index}",
-            )
-    in_ids: dict[int, list[str]] = {}
-    backward_ids = [""] * n
-    for j in reversed(range(n)):
-        # Prefetches issued after backward j+1 (or after the last forward when j+1 == n).
-        for s in ins.get(j + 1, ()):
-            task_id = builder.h2d(
-                gpu,
-                s.bytes,
-                deps=[previous, out_ids[(s.layer, s.index)]],
-                alloc_bytes=s.bytes,
-                id=f"{prefix}/in{s.layer}.{s.index}",
-            )
-            in_ids.setdefault(s.layer, []).append(task_id)
-        transient = workload.transient[j]
-        again = workload.recompute_bytes[j]
-        if j in workload.recompute:
-            # The layer's forward again (checkpoint's re-run): its saved tensors stay for
-            # the backward, its working set goes when it ends.
-            previous = builder.compute(
-                gpu,
-                workload.forward_s[j],
-                deps=[previous],
-                alloc_bytes=again + transient,
-                free_bytes=transient,
-                id=f"{prefix}/r{j}",
-            )
-        previous = builder.compute(
-            gpu,
-            workload.backward_s[j],
-            deps=[previous, *in_ids.get(j, [])],
-            alloc_bytes=transient,
-            free_bytes=transient + workload.saved_bytes[j] + again,
-            id=f"{prefix}/b{j}",
-        )
-        backward_ids[j] = previous
-    return previous, backward_ids

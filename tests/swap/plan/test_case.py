@@ -10,7 +10,8 @@ from pipeswap.sim.engine import simulate
 from pipeswap.swap.plan.case import Case, all_tensors
 from pipeswap.swap.plan.planner import make_case
 from pipeswap.swap.plan.scoring import Assignment
-from pipeswap.swap.plan.workload import Swap, workload_from_profile
+from pipeswap.swap.plan.tensors import Swap
+from pipeswap.swap.plan.workload import workload_from_profile
 
 GB = 10**9
 

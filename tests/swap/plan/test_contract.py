@@ -11,7 +11,7 @@ from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
-from pipeswap.swap.runtime.capture import check_plan_identity
+from pipeswap.swap.runtime.checks import check_plan_identity
 
 
 def _plan(swaps: tuple[SwapDecision, ...]) -> SwapPlan:

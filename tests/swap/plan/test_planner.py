@@ -79,7 +79,7 @@ def test_exported_graph_reproduces_iteration_and_budget(make_profile, policy) ->
 
 
 def test_baselines_that_do_not_fit_say_so(make_profile) -> None:
-    # Each layer keeps a 3 GB input for 3 GB of saved tensors: checkpointing every block
+    # Each layer keeps a 3 GB input for 3 GB of saved tensors: recomputing every block
     # frees nothing, so it cannot fit a budget below the no-swap peak.
     profile = make_profile([()] + [(3,)] * 4, 0.1, 0.2, output_gb=3)
     result = make_plan(profile, preset("switch-4"), policy="recompute", footprint_ratio=1.2, gpus=2)

@@ -1,6 +1,6 @@
 """Each heuristic on hand-made workloads where the winner is known in advance.
 
-Covers: pipeswap/swap/plan/policies.py, pipeswap/swap/plan/channels.py, pipeswap/swap/plan/scoring.py.
+Covers: pipeswap/swap/plan/policies.py (with channels.py and scoring.py underneath).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test_save_on_cpu_swaps_every_tensor_after_its_layer_and_fetches_it_when_need
         assert gpu.offset_s == 0 and gpu.recompute == ()
 
 
-def test_recompute_checkpoints_every_block(make_profile) -> None:
+def test_recompute_recomputes_every_block(make_profile) -> None:
     profile = make_profile([(3, 1), (2,), (4, 2)], 0.1, 0.2)
     result = make_plan(profile, preset("switch-4"), policy="recompute", gpus=2, footprint_ratio=1.5)
     assert result.fits

@@ -1,7 +1,7 @@
 """SwapExecutor on CPU: bitwise-transparent training (swapped or recomputed), the budget kept,
 errors that name the fix.
 
-Covers: pipeswap/swap/runtime/executor.py, pipeswap/swap/runtime/capture.py.
+Covers: pipeswap/swap/runtime/executor.py (its checks and capture: test_checks.py, test_capture.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from pipeswap.profiling import measure
 from pipeswap.swap.config import POLICY_NAMES as POLICIES
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.plan.planner import make_plan
-from pipeswap.swap.runtime.executor import StepStats, SwapExecutor, capture_records
+from pipeswap.swap.runtime.capture import capture_records
+from pipeswap.swap.runtime.executor import SwapExecutor
+from pipeswap.swap.runtime.stats import StepStats
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 

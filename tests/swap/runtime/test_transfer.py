@@ -19,7 +19,8 @@ import torch
 from pipeswap.models import build_model
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.runtime import transfer
-from pipeswap.swap.runtime.executor import SwapExecutor, capture_records
+from pipeswap.swap.runtime.capture import capture_records
+from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.pool import HostPool
 from pipeswap.swap.runtime.transfer import (
     BACK,

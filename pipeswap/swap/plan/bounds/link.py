@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeswap.hardware.topology import Topology
+from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan.bounds.inputs import BoundInputs
 from pipeswap.swap.plan.bounds.relief import Relief, min_max, recompute_limit_s
 from pipeswap.swap.plan.workload import Workload
@@ -36,7 +37,7 @@ def lower_bound(
     gpus: Sequence[str],
     budget_bytes: int,
     *,
-    sync_every: int = 1,
+    sync_every: int = SwapConfig.sync_every,
     recompute: bool = True,
 ) -> LowerBound:
     """No plan can run one iteration faster than this (design.md's formula).

@@ -1,5 +1,7 @@
-"""Recomputation in the bounds: the bytes it can free for a given time, and the minimum over
-that time (docs/concepts.md, "Why the swap bounds are valid": "With recomputation")."""
+"""Recomputation in the bounds: the bytes it can free in a given time, and the minimum over it.
+
+docs/concepts.md, "Why the swap bounds are valid", says why ("With recomputation").
+"""
 
 from __future__ import annotations
 

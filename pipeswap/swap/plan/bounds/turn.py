@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeswap.hardware.topology import Topology
+from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan.bounds.inputs import BoundInputs
 from pipeswap.swap.plan.bounds.recursion import micro_batch_s
 from pipeswap.swap.plan.bounds.relief import min_max, recompute_limit_s
 from pipeswap.swap.plan.bounds.sharing import channel_terms, sharing_terms
-from pipeswap.swap.plan.workload import Workload, gradient_buckets
+from pipeswap.swap.plan.iteration import gradient_buckets
+from pipeswap.swap.plan.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ def turn_bound(
     gpus: Sequence[str],
     budget_bytes: int,
     *,
-    sync_every: int = 1,
+    sync_every: int = SwapConfig.sync_every,
     bucket_bytes: int | None = None,
     recompute: bool = True,
 ) -> TurnBound:

@@ -1,0 +1,111 @@
+"""Where a module is cut: its repeated blocks, and which modules run before and after them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from pipeswap.errors import PipeswapError
+
+
+def find_blocks(model: nn.Module) -> list[str]:
+    """The dotted paths of the model's repeated layer list: of the ``ModuleList`` and
+    ``Sequential`` modules whose 2+ children share one class, the one with most parameters."""
+    best: tuple[int, int, str] | None = None
+    for path, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList | nn.Sequential) or len(module) < 2:
+            continue
+        if len({type(child) for child in module}) != 1:
+            continue
+        count = sum(p.numel() for p in module.parameters())
+        key = (count, -path.count("."), path)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    if best is None:
+        raise PipeswapError(
+            f"{type(model).__name__} has no list of 2 or more layers of one class to cut at; "
+            "name its blocks (blocks=['encoder.0', 'encoder.1', ...]; from the command line, "
+            "with a module:function that returns pipeswap.adapt(model, blocks=[...]))"
+        )
+    parent = model.get_submodule(best[2])
+    return [f"{best[2]}.{name}" if best[2] else name for name, _ in parent.named_children()]
+
+
+def check_block_paths(model: nn.Module, paths: list[str]) -> None:
+    """Refuse block paths that name no module of ``model``, or modules that overlap."""
+    if not paths:
+        raise PipeswapError("name at least one block")
+    modules = dict(model.named_modules())
+    for path in paths:
+        if path not in modules or not path:
+            raise PipeswapError(
+                f"{type(model).__name__} has no module {path!r}; blocks are dotted module "
+                f"paths such as {next(iter(p for p in modules if p), '?')!r}"
+            )
+    for a, b in zip(paths, paths[1:]):
+        if a == b or b.startswith(a + ".") or a.startswith(b + "."):
+            raise PipeswapError(f"blocks {a!r} and {b!r} overlap; name disjoint modules")
+
+
+@contextmanager
+def removed_after(hooks: list[RemovableHandle]) -> Iterator[None]:
+    """Run the body, then remove ``hooks`` (whether the body raised or not)."""
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def modules_around(
+    root: nn.Module, blocks: list[nn.Module], run: Callable[[], Any]
+) -> tuple[dict[str, nn.Module], dict[str, nn.Module]]:
+    """Split the modules outside the blocks into those the forward calls before the first
+    block (and those it never calls) and those it calls after the last block.
+
+    ``run`` runs the model's forward once; a module it calls between two blocks is refused.
+    """
+    inside = {id(m) for block in blocks for m in block.modules()}
+    holders = [
+        (path, m)
+        for path, m in root.named_modules()
+        if path and id(m) not in inside and _holds_state(m)
+    ]
+    phase = {"now": "before"}
+    where: dict[str, str] = {}
+    handles = []
+    for path, module in holders:
+
+        def seen(_m: nn.Module, _args: Any, _path: str = path) -> None:
+            where.setdefault(_path, phase["now"])
+
+        handles.append(module.register_forward_pre_hook(seen))
+    first, last = blocks[0], blocks[-1]
+    handles.append(first.register_forward_pre_hook(lambda *_: phase.update(now="between")))
+    handles.append(last.register_forward_hook(lambda *_: phase.update(now="after")))
+    with removed_after(handles):
+        run()
+    between = [p for p, w in where.items() if w == "between"]
+    if between:
+        raise PipeswapError(
+            f"the model's forward runs {', '.join(between)} between its blocks; pipeswap cuts "
+            "only where blocks feed each other directly: name blocks that include them"
+        )
+    before = {p: m for p, m in holders if where.get(p, "before") == "before"}
+    after = {p: m for p, m in holders if where.get(p) == "after"}
+    return _outermost(before), _outermost(after)
+
+
+def _holds_state(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters(recurse=False)) or any(
+        True for _ in module.buffers(recurse=False)
+    )
+
+
+def _outermost(modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    # Registering a module and its parent would list the parent's parameters twice.
+    return {p: m for p, m in modules.items() if not any(p.startswith(q + ".") for q in modules)}

@@ -1,0 +1,79 @@
+"""One saved tensor in index form and in name form, and the one conversion between them.
+
+Planning counts layers by position (:class:`TensorRef`, :class:`Swap`); plans and the
+executor name them (:class:`~pipeswap.swap.plan.contract.SwapDecision`, ``SavedKey``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from pipeswap.swap.plan.contract import SwapDecision
+
+# Smaller tensors (and recomputations freeing less) cannot change a plan measurably: the
+# mip and auto policies leave them out.
+SMALLEST_TENSOR_BYTES = 2**20
+
+
+class TensorRef(NamedTuple):
+    """A saved tensor in index form: its layer's position, its saved index, its bytes."""
+
+    layer: int
+    # The profiler's name; it shadows tuple.index, which nothing here calls.
+    index: int  # type: ignore[assignment]
+    bytes: int
+
+
+# A saved tensor in name form, as the profiler and the executor name it: (layer, index).
+SavedKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Swap:
+    """A swap in index form: layer ``layer``'s saved tensor ``index``.
+
+    The swap-out is issued after forward ``out`` (>= layer); the prefetch after backward
+    ``prefetch`` (in layer+1 .. L-1), or at the turn when ``prefetch == L``.
+    """
+
+    layer: int
+    index: int
+    bytes: int
+    out: int
+    prefetch: int
+
+    @property
+    def tensor(self) -> TensorRef:
+        return TensorRef(self.layer, self.index, self.bytes)
+
+    @classmethod
+    def latest(cls, tensor: TensorRef) -> Swap:
+        """``tensor`` out right after its layer's forward, back right after the next
+        layer's backward: the latest prefetch that is still issued before it is needed."""
+        return cls(tensor.layer, tensor.index, tensor.bytes, tensor.layer, tensor.layer + 1)
+
+    def decision(self, names: Sequence[str]) -> SwapDecision:
+        """This swap in name form (``names``: the layers in forward order)."""
+        return SwapDecision(
+            layer=names[self.layer],
+            index=self.index,
+            bytes=self.bytes,
+            out_after=names[self.out],
+            prefetch_after=None if self.prefetch >= len(names) else names[self.prefetch],
+        )
+
+    @classmethod
+    def of_decision(cls, decision: SwapDecision, position: Mapping[str, int]) -> Swap:
+        """A decision in index form (``position``: layer name -> its place in forward order);
+        a prefetch at the turn is the position after the last layer."""
+        turn = len(position)
+        prefetch = decision.prefetch_after
+        return cls(
+            position[decision.layer],
+            decision.index,
+            decision.bytes,
+            position[decision.out_after],
+            turn if prefetch is None else position[prefetch],
+        )

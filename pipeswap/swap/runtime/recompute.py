@@ -1,0 +1,160 @@
+"""Recomputed layers in the swap runtime: each forward run again right before its backward.
+
+Each recomputed layer's forward is wrapped for recomputation (non-reentrant
+``torch.utils.checkpoint``) and re-run with its RNG states and buffers as they were.
+
+Inside the wrapper its own saved-tensor hooks are innermost, so what the layer saves
+never reaches the executor's hooks and is never swapped; the wrapper's copy of the
+layer's input is packed by the executor's hooks, as a tensor of the layer. The re-run in
+the backward restores the layer's buffers afterwards (BatchNorm statistics are updated
+once per step, as without recomputation), and on the CPU its saved bytes count from the
+re-run to the end of the layer's backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from pipeswap.profiling.saved import SavedRecord
+from pipeswap.swap.plan.tensors import SavedKey
+from pipeswap.swap.runtime.capture import InnerSaves, capture_inner, capture_records, step_names
+from pipeswap.swap.runtime.transfer import DeviceLedger
+
+Capture = tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]]
+
+
+class Recomputation:
+    """The layers a plan recomputes, on one model.
+
+    ``install`` wraps each layer's forward (an instance attribute shadows the class's, so
+    ``nn.Module.__call__`` and every module hook still run around it); ``remove`` puts
+    them back. ``capture`` names what a step saves and measures, per layer, what it holds
+    from forward to backward (``kept_bytes``) and what its re-run saves
+    (``rerun_bytes``; ``own_rerun_bytes``: only what the layer owns, as the profiler
+    names it). ``active`` is set while a step runs.
+    """
+
+    def __init__(
+        self, layers: dict[str, nn.Module], names: list[str], ledger: DeviceLedger, account: bool
+    ) -> None:
+        self.names = names
+        self.layers = {name: layers[name] for name in names}
+        self._ledger = ledger
+        self._account = account
+        self.kept_bytes: dict[str, int] = {}
+        self.rerun_bytes: dict[str, int] = {}
+        self.own_rerun_bytes: dict[str, int] = {}
+        self.active = False
+        self._inner: InnerSaves | None = None  # set while capture tags their saves
+        self._live: dict[str, int] = {}  # re-run bytes held until the layer's backward ends
+        self._done: set[str] = set()
+        self._forwards: dict[str, Any] = {}  # the layers' own forward attributes
+
+    def install(self) -> None:
+        for name, module in self.layers.items():
+            self._forwards[name] = module.__dict__.get("forward")
+            module.forward = self._wrapped(name, module.forward)
+
+    def remove(self) -> None:
+        for name, previous in self._forwards.items():
+            module = self.layers[name]
+            if previous is None:
+                del module.forward
+            else:
+                module.forward = previous
+        self._forwards.clear()
+
+    def capture(
+        self, model: nn.Module, forward_loss: Callable[[], torch.Tensor], layer_names: list[str]
+    ) -> tuple[Capture, dict[SavedKey, int]]:
+        """Two passes: a plain one names the tensors as the plan does and notes what each
+        recomputed layer saves; one with the layers wrapped for recomputation gives the pack
+        calls of the steps.
+        Returns the plain pass's records with the steps' pack calls, and every name's bytes."""
+        inner = InnerSaves()
+        self._inner = inner
+        try:
+            plain = capture_inner(model, forward_loss, layer_names, inner)
+        finally:
+            self._inner = None
+        self.active = True
+        try:
+            recomputed = capture_records(model, forward_loss, layer_names)
+        finally:
+            self.active = False
+        names = step_names(plain, recomputed, self.names)
+        self.kept_bytes = names.kept_bytes
+        self.rerun_bytes = {name: inner.rerun_bytes(name) for name in self.names}
+        self.own_rerun_bytes = {name: inner.rerun_bytes(name, own=True) for name in self.names}
+        return (plain[0], names.pack_calls), names.sizes
+
+    def start_step(self) -> None:
+        self._done = set()
+
+    def backward_done(self, name: str) -> None:
+        """The layer's backward is done: what its re-run saved is let go of by now."""
+        self._ledger.shrink(self._live.pop(name, 0))
+
+    def finish_step(self) -> tuple[int, int]:
+        """(layers re-run this step, bytes their re-runs saved). A layer whose input needs
+        no gradient may have had its backward hook fire before its re-run: its re-run's
+        bytes are let go of with the backward's end."""
+        for nbytes in self._live.values():
+            self._ledger.shrink(nbytes)
+        self._live.clear()
+        return len(self._done), sum(self.rerun_bytes.get(name, 0) for name in self._done)
+
+    def _wrapped(self, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
+        module = self.layers[name]
+
+        def recomputed(*args: Any, **kwargs: Any) -> Any:
+            inner = self._inner
+            if inner is not None:  # capture's plain pass: note what the forward saves
+                inner.layer = name
+                inner.inputs[name] = {
+                    t.untyped_storage()._cdata
+                    for t in (*args, *kwargs.values())
+                    if isinstance(t, torch.Tensor)
+                }
+                try:
+                    return forward(*args, **kwargs)
+                finally:
+                    inner.layer = None
+            if not (self.active and torch.is_grad_enabled()):
+                return forward(*args, **kwargs)  # outside steps (evaluation): a plain forward
+            runs = 0
+
+            def run(*args: Any, **kwargs: Any) -> Any:
+                nonlocal runs
+                runs += 1
+                if runs == 1:
+                    return forward(*args, **kwargs)
+                return self._rerun(name, module, forward, args, kwargs)
+
+            # preserve_rng_state: the re-run starts from the CPU and CUDA generator states
+            # the forward started from, so dropout draws the same masks.
+            return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+
+        return recomputed
+
+    def _rerun(
+        self, name: str, module: nn.Module, forward: Callable[..., Any], args: Any, kwargs: Any
+    ) -> Any:
+        """The layer's forward again, in the backward; its buffers are left as they were."""
+        if self._account and name not in self._live:
+            self._live[name] = self.rerun_bytes.get(name, 0)
+            self._ledger.grow(self._live[name])
+        self._done.add(name)
+        # A training-mode BatchNorm would update its running statistics a second time.
+        buffers = [(b, b.detach().clone()) for b in module.buffers()]
+        try:
+            return forward(*args, **kwargs)
+        finally:  # also when torch stops the re-run early (all it needs is saved)
+            with torch.no_grad():
+                for buffer, values in buffers:
+                    buffer.copy_(values)

@@ -1,0 +1,124 @@
+"""One step's saved tensors: each pack call named as prepare named it, kept or swapped.
+
+Autograd's pack hook hands every tensor a layer saves to :meth:`StepTensors.pack`, which
+names it by its position among the layer's pack calls (the names prepare learned) and
+wraps it: a :class:`HeldTensor` stays on the device, a :class:`SwappedHandle` is one the
+plan moves to host memory. :meth:`unpack` gives autograd the tensor back, fetching one
+whose prefetch was not issued yet (a late fetch). Parameters and buffers pass through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipeswap.errors import PipeswapError
+from pipeswap.swap.plan import SwapDecision
+from pipeswap.swap.plan.tensors import SavedKey
+from pipeswap.swap.runtime.transfer import (
+    ON_DEVICE,
+    DeviceLedger,
+    HeldTensor,
+    SavedEntry,
+    SwappedHandle,
+    SwapTransfer,
+    bytes_of_storage,
+)
+
+
+class StepTensors:
+    """The saved tensors of one step and what moved: ``swapped``, ``prefetched`` (bytes)
+    and ``late`` (fetches) this step, ``late_total`` and ``swapped_total`` over all steps."""
+
+    def __init__(
+        self,
+        decisions: dict[SavedKey, SwapDecision],
+        transfer: SwapTransfer,
+        ledger: DeviceLedger,
+    ) -> None:
+        self.decisions = decisions
+        self.transfer = transfer
+        self.ledger = ledger
+        self.pack_calls: dict[str, list[SavedKey | None]] = {}
+        self.sizes: dict[SavedKey, int] = {}
+        self.layer: str | None = None  # the layer whose forward is running
+        self._calls: dict[str, int] = {}
+        self._entries: dict[SavedKey, SavedEntry] = {}
+        self.swapped = self.prefetched = self.late = 0
+        self.late_total = self.swapped_total = 0
+
+    def start_step(self, layer_names: list[str]) -> None:
+        self._entries = {}
+        self._calls = dict.fromkeys(layer_names, 0)
+        self.layer = None
+        self.swapped = self.prefetched = self.late = 0
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        layer = self.layer
+        if layer is None:
+            return tensor
+        call = self._calls[layer]
+        self._calls[layer] = call + 1
+        try:
+            key = self.pack_calls[layer][call]
+        except IndexError:
+            raise PipeswapError(
+                f"layer {layer!r} saved more tensors than in the prepare() pass; a step must "
+                "run the same forward and shapes as the one prepare() was given"
+            ) from None
+        if key is None:  # a parameter or buffer: always resident, never swapped
+            return tensor
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._new_entry(key, tensor)
+        if entry.swapped:
+            return SwappedHandle(self.transfer, entry, tensor)
+        return HeldTensor(self.transfer, entry, tensor)
+
+    def _new_entry(self, key: SavedKey, tensor: torch.Tensor) -> SavedEntry:
+        if key in self.decisions:
+            storage = bytes_of_storage(tensor)
+            if storage.numel() != self.decisions[key].bytes:
+                raise PipeswapError(
+                    f"tensor {key} has {storage.numel()} bytes in this step but "
+                    f"{self.decisions[key].bytes} in the plan; steps must keep their shapes"
+                )
+            entry = SavedEntry(key, storage.numel(), True, storage)
+        else:
+            entry = SavedEntry(key, self.sizes[key], False, None)
+        self._entries[key] = entry
+        self.ledger.grow(entry.nbytes)
+        return entry
+
+    def unpack(self, handle: Any) -> torch.Tensor:
+        if type(handle) is HeldTensor:
+            return handle.tensor
+        if type(handle) is not SwappedHandle:
+            return handle
+        entry = handle.entry
+        if self.transfer.ready(entry):
+            self.late_total += 1
+            self.late += 1
+            self.prefetched += entry.nbytes
+        assert entry.device is not None
+        rebuilt = torch.empty(0, dtype=handle.dtype, device=entry.device.device)
+        return rebuilt.set_(
+            entry.device.untyped_storage(), handle.offset, handle.size, handle.stride
+        )
+
+    def swap_out(self, key: SavedKey) -> None:
+        entry = self._entries.get(key)
+        if entry is None or entry.state != ON_DEVICE:
+            raise PipeswapError(
+                f"the plan swaps tensor {key} out but this step did not save it; prepare() "
+                "must see the same forward as the steps"
+            )
+        self.transfer.swap_out(entry)
+        self.swapped_total += entry.nbytes
+        self.swapped += entry.nbytes
+
+    def prefetch(self, key: SavedKey) -> None:
+        entry = self._entries.get(key)
+        if entry is not None and self.transfer.prefetch(entry):
+            self.prefetched += entry.nbytes

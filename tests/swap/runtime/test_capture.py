@@ -1,0 +1,89 @@
+"""Naming a module's saved tensors as the profiler does, with and without recomputed layers.
+
+Covers: pipeswap/swap/runtime/capture.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from user_models import USER_LAYERS, UserNet
+
+from pipeswap.errors import PipeswapError
+from pipeswap.models import build_model
+from pipeswap.profiling.saved import SavedRecord
+from pipeswap.swap.runtime.capture import (
+    InnerSaves,
+    capture_records,
+    kept_key,
+    resolve_layers,
+    step_names,
+)
+
+
+def test_layers_are_named_submodules_in_the_order_given() -> None:
+    model = UserNet()
+    layers = resolve_layers(model, USER_LAYERS)
+    assert list(layers) == USER_LAYERS and layers["head"] is model.head
+    with pytest.raises(PipeswapError, match="names no layers of its own: pass its layers"):
+        resolve_layers(model, None)
+    with pytest.raises(PipeswapError, match="list of layers is empty"):
+        resolve_layers(model, [])
+    with pytest.raises(PipeswapError, match="no submodule 'encoder.9'.*'encoder.0'"):
+        resolve_layers(model, ["encoder.9"])
+    with pytest.raises(PipeswapError, match="'head' is listed twice"):
+        resolve_layers(model, ["head", "head"])
+
+
+def test_every_pack_call_is_named_and_parameters_are_not() -> None:
+    model = UserNet()
+    x = torch.randn(8, 16)
+    records, pack_calls = capture_records(model, lambda: model(x).sum(), USER_LAYERS)
+    assert list(records) == list(pack_calls) == USER_LAYERS
+    named = {key for calls in pack_calls.values() for key in calls if key is not None}
+    assert named == {(layer, r.index) for layer, recs in records.items() for r in recs}
+    # The weights the Linear layers save for their backward are never named.
+    assert all(None in pack_calls[layer] for layer in ("encoder.2", "mixer", "head"))
+
+
+def test_the_capture_leaves_batchnorm_statistics_untouched() -> None:
+    torch.manual_seed(0)
+    model = build_model("resnet18", image_size=32)
+    x, y = model.example_batch(2, image_size=32, seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    capture_records(model, lambda: model.loss(model(x), y))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def _record(layer: str, index: int, nbytes: int) -> SavedRecord:
+    return SavedRecord(layer, index, nbytes, (nbytes // 4,), "float32")
+
+
+def test_a_recomputed_layers_kept_input_gets_its_own_name() -> None:
+    # Layer b is recomputed: its own two tensors vanish; what it still saves (its input,
+    # kept by the recomputation wrapper) is named as b's kept tensor.
+    plain = (
+        {"a": [_record("a", 0, 100)], "b": [_record("b", 0, 200), _record("b", 1, 50)]},
+        {"a": [("a", 0), None], "b": [("b", 0), ("b", 1)]},
+    )
+    recomputing = ({"a": [_record("a", 0, 100)], "b": [_record("b", 0, 100)]},)
+    recomputing += ({"a": [("a", 0), None], "b": [("b", 0)]},)
+    names = step_names(plain, recomputing, ["b"])
+    assert kept_key("b", 0) == ("b (kept)", 0)
+    assert names.pack_calls == {"a": [("a", 0), None], "b": [("b (kept)", 0)]}
+    assert names.sizes[("b (kept)", 0)] == 100 and names.sizes[("b", 1)] == 50
+    assert names.kept_bytes == {"b": 100}
+    changed = (recomputing[0], {"a": [("a", 0)], "b": [("b", 0)]})
+    with pytest.raises(PipeswapError, match="saved 2 tensors in a plain forward but 1"):
+        step_names(plain, changed, ["b"])
+
+
+def test_a_rerun_saves_everything_but_its_inputs() -> None:
+    inner = InnerSaves()
+    inner.inputs = {"b": {1}}
+    inner.saved = {"b": {1: 100, 2: 200, 3: 50}}
+    inner.owner = {1: "a", 2: "b", 3: "c"}  # storage 3 is b's output, owned by c
+    assert inner.rerun_bytes("b") == 250
+    assert inner.rerun_bytes("b", own=True) == 200
+    assert inner.rerun_bytes("a") == 0
