@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import Any
+
+
+def bars_shown() -> bool:
+    """Our rule for every progress bar, a library's too: rank 0 (the RANK variable that
+    torchrun and our launcher set) and a terminal only."""
+    return os.environ.get("RANK", "0") in ("", "0") and sys.stderr.isatty()
+
+
+def thread_lock_for_bars() -> None:
+    """Give tqdm a thread lock: its default is a process-shared semaphore, which a rank
+    ending in os._exit would leak (and the resource tracker would warn about); one
+    process needs only a thread lock."""
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def progress_bar(total: int, desc: str, *, enabled: bool = True) -> Any | None:
@@ -17,8 +33,5 @@ def progress_bar(total: int, desc: str, *, enabled: bool = True) -> Any | None:
         return None
     from tqdm import tqdm
 
-    # tqdm's default lock is a process-shared semaphore, which a rank ending in os._exit
-    # would leak (and the resource tracker would warn about); one process needs only a
-    # thread lock.
-    tqdm.set_lock(threading.RLock())
+    thread_lock_for_bars()
     return tqdm(total=total, desc=desc, unit="step", leave=False)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from pipeswap.models.adapt import adapt
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.fits import check_fits, meta_build, parameter_count
 from pipeswap.models.seeding import seeded
+from pipeswap.progress import bars_shown, thread_lock_for_bars
 
 _WEIGHT_FILES = (
     "model.safetensors",
@@ -109,6 +111,23 @@ def _transformers() -> Any:
     return transformers
 
 
+@contextmanager
+def _library_bars(transformers: Any) -> Iterator[None]:
+    """transformers' progress bars (loading weights) under our rule (pipeswap.progress),
+    with the caller's own setting restored after."""
+    hf_logging = transformers.utils.logging
+    shown = hf_logging.is_progress_bar_enabled()
+    thread_lock_for_bars()
+    if bars_shown():
+        hf_logging.enable_progress_bar()
+    else:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
+
+
 def _load_hf_directory(directory: str, device: torch.device, seed: int | None) -> nn.Module:
     config_path = Path(directory) / "config.json"
     if not config_path.is_file():
@@ -146,8 +165,9 @@ def _load_hf_directory(directory: str, device: torch.device, seed: int | None) -
     check_fits(directory, count, torch.float32.itemsize, device)
     if hf_directory_has_weights(directory):
         try:
-            load = cls.from_pretrained
-            model = load(directory, local_files_only=True, config=config, dtype=torch.float32)
+            with _library_bars(transformers):
+                load = cls.from_pretrained
+                model = load(directory, local_files_only=True, config=config, dtype=torch.float32)
         except Exception as exc:  # noqa: BLE001 - damaged, truncated or mismatched weights
             raise PipeswapError(
                 f"cannot load the weights in {directory} ({first_line(exc)}); the weight "

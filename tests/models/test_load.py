@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -209,3 +211,21 @@ def test_damaged_or_mismatched_weights_are_one_clear_error(tmp_path: Path, damag
         weights.write_bytes((tmp_path / "wider" / "model.safetensors").read_bytes())
     with pytest.raises(PipeswapError, match=f"cannot load the weights in {path}"):
         load_user_model(str(path))
+
+
+def test_loading_weights_on_a_rank_prints_nothing(tmp_path: Path) -> None:
+    # Before: every rank printed transformers' "Loading weights" bar, and a semaphore of
+    # tqdm's leaked at the rank's os._exit (the resource tracker warned).
+    path = save_model(tmp_path / "model", "gpt2")
+    code = (
+        "import os, sys\n"
+        "from pipeswap.models.load import load_user_model\n"
+        f"load_user_model({path!r})\n"
+        "sys.stdout.flush(); sys.stderr.flush(); os._exit(0)\n"
+    )
+    env = {**os.environ, "RANK": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and done.stderr == ""
