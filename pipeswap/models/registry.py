@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -161,6 +163,13 @@ def model_names() -> list[str]:
 def _entry(name: str) -> tuple[ModelSpec, _Builder]:
     if name in _ZOO:
         return _ZOO[name]
+    if os.path.exists(name):  # a file: not a model path, though it looks like one
+        stem = Path(name).stem
+        raise PipeswapError(
+            f"{name} is a file; a model is a zoo name, a Hugging Face model directory (its "
+            "config.json and weights, as save_pretrained() writes them) or module:function "
+            f"(for a Python file, put its folder on PYTHONPATH and write {stem}:FUNCTION)"
+        )
     close = difflib.get_close_matches(name.lower(), list(_ZOO), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise PipeswapError(

@@ -229,3 +229,13 @@ def test_loading_weights_on_a_rank_prints_nothing(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == ""
+
+
+def test_a_file_named_as_a_model_says_what_a_model_path_holds(tmp_path: Path) -> None:
+    script = tmp_path / "my_models.py"
+    script.write_text("import torch\n")
+    for path in (script, tmp_path / "weights.safetensors"):
+        path.touch()
+        with pytest.raises(PipeswapError, match=f"{path} is a file; a model is a zoo name") as info:
+            build_model(str(path))
+        assert f"write {path.stem}:FUNCTION" in str(info.value)

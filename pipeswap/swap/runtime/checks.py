@@ -231,11 +231,19 @@ def check_records(
                 "was made for another profile (model, batch or dtype): plan again"
             )
         if saved[index].bytes != decision.bytes:
+            # A saved tensor moves with its whole storage: a view of a larger tensor (a
+            # slice of a bigger batch) weighs its storage, more than the profile measured.
+            view = (
+                " or an input that is a view of a larger tensor (swapping moves whole "
+                "storages: pass a tensor of its own, e.g. x.clone())"
+                if saved[index].bytes > decision.bytes
+                else ""
+            )
             raise PipeswapError(
                 f"the plan was made for another profile: tensor ({layer!r}, {index}) has "
                 f"{decision.bytes} bytes in the plan but {saved[index].bytes} in this run "
-                "(a different batch, sequence length, image size or dtype?); profile and "
-                "plan again with this run's settings"
+                f"(a different batch, sequence length, image size or dtype{view}?); profile "
+                "and plan again with this run's settings"
             )
 
 

@@ -70,8 +70,13 @@ def test_tensors_this_run_does_not_save_are_refused() -> None:
     check_records({("a", 0): SwapDecision("a", 0, 8, "a", None)}, records)
     with pytest.raises(PipeswapError, match=r"saves 1 tensors \(indices 0..0\)"):
         check_records({("b", 1): SwapDecision("b", 1, 16, "b", None)}, records)
-    with pytest.raises(PipeswapError, match="8 bytes in the plan but 16 in this run"):
+    with pytest.raises(PipeswapError, match="8 bytes in the plan but 16 in this run") as info:
         check_records({("b", 0): SwapDecision("b", 0, 8, "b", None)}, records)
+    # More bytes than planned may be a view of a larger tensor: the message says so.
+    assert "a view of a larger tensor" in str(info.value) and "x.clone()" in str(info.value)
+    with pytest.raises(PipeswapError, match="32 bytes in the plan but 16 in this run") as info:
+        check_records({("b", 0): SwapDecision("b", 0, 32, "b", None)}, records)
+    assert "view" not in str(info.value)
 
 
 def test_copies_are_issued_at_their_points_needed_first() -> None:
