@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -48,6 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pipeswap {args.command}: error: {message(exc)}", file=sys.stderr)
         # 2: bad input (the message names the fix); a crashed rank sets its own status.
         return int(getattr(exc, "exit_status", 2))
+    except BrokenPipeError:
+        # The reader of our output went away (`pipeswap ... | head`): nothing to report.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as exc:  # a crash: one line; the traceback only when asked for
         if debugging():
             raise

@@ -23,3 +23,4 @@ def test_other_failures_are_the_rank_s_own() -> None:
     assert not lost_peers(RuntimeError("CUDA out of memory"))
     assert not lost_peers(ValueError("Connection closed by peer"))  # not a transport error
     assert not lost_peers(KeyboardInterrupt())
+    assert not lost_peers(BrokenPipeError(32, "Broken pipe"))  # our stdout's reader left
