@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,6 +40,9 @@ class OptimizerConfig:
         metavar="STEPS",
         help="ramp the learning rate linearly over the first STEPS mini-batches, in every "
         "mode (0: constant)",
+    )
+    keep_nonfinite: bool = option(
+        False, help="train on when the loss is not finite (by default the run stops there)"
     )
 
     def __post_init__(self) -> None:
@@ -76,15 +80,28 @@ class OptimizerConfig:
             return self.base_lr
         return self.base_lr * min(1.0, (step + 1) / self.lr_warmup)
 
-    def check_loss(self, loss: float, step: int) -> None:
-        """Stop a run whose loss at mini-batch ``step`` is no longer finite: every later
-        step would train on NaN weights and report NaN, which must not end as a success."""
-        if not math.isfinite(loss):
-            raise ConfigError(
-                f"the loss is {loss} at mini-batch {step}: training diverged with "
-                f"{{optimizer}} {self.optimizer} at learning rate {self.lr_at(step):g}; lower "
-                "{lr}, or ramp it up with {lr_warmup}"
+    def check_loss(
+        self, loss: float, step: int, *, model: nn.Module | None = None, inputs: Any = None
+    ) -> None:
+        """Stop a run whose loss at mini-batch ``step`` is no longer finite (unless
+        ``keep_nonfinite``): every later step would train on NaN weights and report NaN,
+        which must not end as a success. The message names the first non-finite parameter
+        of ``model`` or the non-finite ``inputs``, when there is one."""
+        if math.isfinite(loss) or self.keep_nonfinite:
+            return
+        culprit = _first_nonfinite(model, inputs)
+        seen = f" ({culprit} is not finite)" if culprit else ""
+        if step == 0 and culprit:
+            cause = "the model or its data held non-finite values before any update; fix them"
+        else:
+            cause = (
+                f"training diverged with {{optimizer}} {self.optimizer} at learning rate "
+                f"{self.lr_at(step):g}; lower {{lr}}, or ramp it up with {{lr_warmup}}"
             )
+        raise ConfigError(
+            f"the loss is {loss} at mini-batch {step}{seen}: {cause}; {{keep_nonfinite}} "
+            "trains on regardless"
+        )
 
     def build(
         self, params: Iterable[nn.Parameter], *, nadam: bool = False
@@ -112,6 +129,20 @@ class OptimizerConfig:
         if self.optimizer == "adam":
             return torch.optim.Adam(params, lr=lr, weight_decay=decay, foreach=False)
         return torch.optim.AdamW(params, lr=lr, weight_decay=decay, foreach=False)
+
+
+def _first_nonfinite(model: nn.Module | None, inputs: Any) -> str | None:
+    """The first parameter of ``model`` holding NaN or inf, or the inputs if they do."""
+    if model is not None:
+        for name, param in model.named_parameters():
+            if not bool(torch.isfinite(param.detach()).all()):
+                return f"parameter {name!r}"
+    leaves = inputs if isinstance(inputs, tuple | list) else (inputs,)
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            if not bool(torch.isfinite(leaf.detach()).all()):
+                return "the input"
+    return None
 
 
 # NAdam's momentum-decay schedule psi (torch.optim.NAdam's default, which the Nesterov

@@ -56,4 +56,25 @@ def test_a_loss_that_is_no_longer_finite_stops_the_run_naming_the_fix() -> None:
             config.check_loss(loss, 1)
         # the learning rate of that mini-batch (warm-up counted) and the settings to change
         assert "at learning rate 50000;" in str(info.value)
-        assert info.value.message.endswith("lower {lr}, or ramp it up with {lr_warmup}")
+        assert info.value.message.endswith(
+            "lower {lr}, or ramp it up with {lr_warmup}; {keep_nonfinite} trains on regardless"
+        )
+    OptimizerConfig(keep_nonfinite=True).check_loss(float("nan"), 1)  # asked to go on
+
+
+def test_the_first_non_finite_parameter_or_input_is_named() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    with torch.no_grad():
+        model[1].bias[0] = float("inf")
+    config = OptimizerConfig()
+    with pytest.raises(
+        ConfigError,
+        match=r"\(parameter '1.bias' is not finite\): the model or its data held non-finite values before any update",
+    ):
+        config.check_loss(float("nan"), 0, model=model)
+    with pytest.raises(ConfigError, match=r"mini-batch 0 \(the input is not finite\)"):
+        config.check_loss(float("nan"), 0, inputs=(torch.tensor([float("nan")]),))
+    with pytest.raises(
+        ConfigError, match=r"mini-batch 3 \(parameter '1.bias' is not finite\): training diverged"
+    ):
+        config.check_loss(float("nan"), 3, model=model)

@@ -83,6 +83,11 @@ def load_user_model(
         raise PipeswapError(
             f"{name} returned {type(model).__name__}, not an nn.Module; return the model"
         )
+    if device.type != "meta" and any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        raise PipeswapError(
+            f"{name} returned a model on the meta device (shapes, no values), which cannot "
+            "train; build it with real tensors (pipeswap moves it to the device it trains on)"
+        )
     return adapt(model, name=name, blocks=blocks)
 
 
@@ -94,6 +99,11 @@ def _import_function(name: str) -> Callable[[], Any]:
         raise PipeswapError(
             f"cannot import {name!r} ({exc}); write module:function with the module on "
             "PYTHONPATH, e.g. my_models:build"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed as it ran (or parsed)
+        raise PipeswapError(
+            f"importing {module_name} for {name} failed ({first_line(exc)}); fix the module "
+            "so that it imports"
         ) from None
     if not callable(function):
         raise PipeswapError(f"{name} is a {type(function).__name__}, not a function")

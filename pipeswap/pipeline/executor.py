@@ -223,7 +223,9 @@ class StageExecutor:
         with self._stream(TRAIN, step, micro):
             out = self.runner.forward(unit, inputs, target if self.runner.is_last else None)
         if self.runner.is_last:
-            self.config.optim.check_loss(self.runner.losses[unit], step)
+            self.config.optim.check_loss(
+                self.runner.losses[unit], step, model=self.runner.module, inputs=inputs
+            )
         self.weights.after(ActionKind.F, unit)
         if out is not None:
             self._outbox[(ActionKind.F, unit)] = out

@@ -358,5 +358,26 @@ def test_a_diverging_run_exits_2_in_every_mode(mode: list[str], capsys: Any) -> 
     argv = ["--model", "gpt2-micro", "--lr", "1e5", "--steps", "5", *mode]
     assert main(["train", *argv, "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert "the loss is nan at mini-batch 2: training diverged" in err
+    assert "the loss is nan at mini-batch 2" in err and "training diverged" in err
     assert "lower --lr" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("mode", [[], ["--pipeline", "2", "--emulate"]])
+def test_nan_weights_stop_at_once_unless_asked_to_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: list[str], capsys: Any
+) -> None:
+    # Before: losses [nan, nan, ...] and exit 0.
+    (tmp_path / "nan_models.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    m = torch.nn.Sequential(torch.nn.Embedding(300, 8), torch.nn.Linear(8, 300))\n"
+        "    with torch.no_grad():\n"
+        "        m[1].weight[0, 0] = float('nan')\n"
+        "    return m\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["train", "--model", "nan_models:build", "--seq-len", "8", "--steps", "3", *mode]
+    assert main([*argv, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "the loss is nan at mini-batch 0 (" in err and "before any update" in err
+    assert main([*argv, "--device", "cpu", "--keep-nonfinite"]) == 0

@@ -239,3 +239,28 @@ def test_a_file_named_as_a_model_says_what_a_model_path_holds(tmp_path: Path) ->
         with pytest.raises(PipeswapError, match=f"{path} is a file; a model is a zoo name") as info:
             build_model(str(path))
         assert f"write {path.stem}:FUNCTION" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        (
+            'raise RuntimeError("at import")\n',
+            r"importing {mod} for {mod}:build failed \(RuntimeError: at import\)",
+        ),
+        ("def build(:\n", r"importing {mod} for {mod}:build failed \(SyntaxError: "),
+        (
+            "import torch\ndef build():\n    with torch.device('meta'):\n"
+            "        return torch.nn.Sequential(torch.nn.Embedding(300, 8), torch.nn.Linear(8, 300))\n",
+            r"{mod}:build returned a model on the meta device",
+        ),
+    ],
+)
+def test_user_modules_that_cannot_give_a_model_are_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, message: str
+) -> None:
+    mod = f"user_models_{abs(hash(source)) % 10**8}"
+    (tmp_path / f"{mod}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PipeswapError, match=message.format(mod=mod)):
+        load_user_model(f"{mod}:build")
