@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 
 # The task-graph example of design.md, exactly as written there.
 _CONTRACT_GRAPH = {
@@ -82,3 +83,14 @@ def _mutate(obj: object, rng: random.Random) -> object:
 def mutate() -> Mutate:
     """Damage a JSON document at random (seeded by the caller's ``random.Random``)."""
     return _mutate
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Any:
+    """One intra-op thread for the module: its runs are compared bit for bit, and one
+    thread keeps float reductions in one order whatever the machine's core count (and
+    ranks it starts do not oversubscribe the cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -123,3 +123,11 @@ def test_fuzzed_profiles_load_or_raise_pipeswap_error(
         except PipeswapError:
             refused += 1
     assert refused > 50  # the mutations do reach the checks
+
+
+def test_repeated_layer_names_are_refused() -> None:
+    # Before: accepted, and a plan naming "block" could not say which of the two it meant.
+    obj = _profile().to_json()
+    obj["layers"][1]["name"] = "embed"
+    with pytest.raises(PipeswapError, match=r"layer names repeat \('embed'\); a plan names"):
+        Profile.from_json(obj)

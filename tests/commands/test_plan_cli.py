@@ -5,28 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import toy_profile
 
 from pipeswap.cli import main
-from pipeswap.profile import LayerProfile, Profile, SavedTensor
-
-GB = 10**9
-
-
-def toy_profile(
-    sizes_gb: list[tuple[float, ...]], forward_s: float = 1.0, backward_s: float = 2.0
-) -> Profile:
-    layers = tuple(
-        LayerProfile(
-            f"l{i}",
-            forward_s,
-            backward_s,
-            GB // 100,
-            0,
-            tuple(SavedTensor(k, int(x * GB)) for k, x in enumerate(sizes)),
-        )
-        for i, sizes in enumerate(sizes_gb)
-    )
-    return Profile("toy", 1, "float32", "estimate", "toy-gpu", "sgd", 0, layers)
+from pipeswap.profile import Profile
 
 
 @pytest.fixture

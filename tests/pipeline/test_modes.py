@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from support import pipeline_run
+from support import pipeline_run, toy_layer, toy_profile_of
 from torch import nn
 
 from pipeswap.config import ConfigError, replace_fields
@@ -34,7 +34,7 @@ from pipeswap.pipeline.modes import (
 from pipeswap.pipeline.partition import extra_weight_copies, stage_memory_bytes
 from pipeswap.pipeline.schedule_kinds import SCHEDULES
 from pipeswap.pipeline.weights import StageWeights
-from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.profile import Profile
 from pipeswap.train_config import TrainConfig
 
 TWIN = "stale-twin"
@@ -68,10 +68,11 @@ def twin() -> Iterator[WeightMode]:
 
 
 def _profile() -> Profile:
-    layers = tuple(
-        LayerProfile(f"l{i}", 1.0, 2.0, 1000, 10, (SavedTensor(0, 400),)) for i in range(4)
+    layers = (
+        toy_layer(f"l{i}", 1.0, 2.0, param_bytes=1000, output_bytes=10, saved=[400])
+        for i in range(4)
     )
-    return Profile("toy", 8, "float32", "estimate", "cpu", "sgd", 4000, layers)
+    return toy_profile_of(layers, batch=8, device="cpu", optimizer_state_bytes=4000)
 
 
 def _memory(weights: str) -> list[int]:

@@ -9,6 +9,7 @@ import itertools
 import random
 
 import pytest
+from support import toy_layer, toy_profile_of
 
 from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.partition import (
@@ -19,7 +20,7 @@ from pipeswap.pipeline.partition import (
     stage_bounds,
     stage_memory_bytes,
 )
-from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.profile import Profile
 
 
 def _profile(
@@ -27,11 +28,11 @@ def _profile(
 ) -> Profile:
     params = params or [1000] * len(times)
     saved = saved or [400] * len(times)
-    layers = tuple(
-        LayerProfile(f"l{i}", t / 3, 2 * t / 3, p, 10, (SavedTensor(0, s),))
+    layers = (
+        toy_layer(f"l{i}", t / 3, 2 * t / 3, param_bytes=p, output_bytes=10, saved=[s])
         for i, (t, p, s) in enumerate(zip(times, params, saved))
     )
-    return Profile("toy", 8, "float32", "estimate", "cpu", "sgd", sum(params), layers)
+    return toy_profile_of(layers, batch=8, device="cpu", optimizer_state_bytes=sum(params))
 
 
 def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:

@@ -6,11 +6,12 @@ Covers: pipeswap/pipeline/taskgraph.py.
 from __future__ import annotations
 
 import pytest
+from support import toy_layer, toy_profile_of
 
 from pipeswap.hardware.topology import Link, Node, Topology
 from pipeswap.pipeline.schedule import build_schedule
 from pipeswap.pipeline.taskgraph import pipeline_graph, pipeline_task_graph
-from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.profile import Profile
 from pipeswap.sim.engine import simulate
 
 
@@ -23,25 +24,20 @@ def _topology(gpus: int = 4) -> Topology:
 
 def _profile(layers: int, micro: int, output_bytes: int = 0) -> Profile:
     # Per mini-batch: each layer 1 s forward, 1 s backward per unit of 1/micro of the batch.
-    return Profile(
-        "toy",
-        8,
-        "float32",
-        "estimate",
-        "cpu",
-        "sgd",
-        0,
-        tuple(
-            LayerProfile(
+    return toy_profile_of(
+        (
+            toy_layer(
                 f"l{i}",
                 float(micro),
                 float(micro),
-                1000,
-                output_bytes,
-                (SavedTensor(0, 400 * micro),),
+                param_bytes=1000,
+                output_bytes=output_bytes,
+                saved=[400 * micro],
             )
             for i in range(layers)
         ),
+        batch=8,
+        device="cpu",
     )
 
 

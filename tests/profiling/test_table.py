@@ -1,19 +1,32 @@
 """Tests of the readable profile table (pipeswap.profiling.table)."""
 
+from support import toy_layer, toy_profile_of
+
 from pipeswap.hardware.gpus import gpu_spec
-from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.profile import Profile
 from pipeswap.profiling.table import fit_warning, format_profile
 
 MiB, GiB = 2**20, 2**30
 
 
 def _profile(saved_bytes: int = 3 * MiB) -> Profile:
-    layers = (
-        LayerProfile("embed", 0.001, 0.002, 2 * MiB, MiB, (SavedTensor(0, MiB),)),
-        LayerProfile("block0", 0.0105, 0.021, 4 * MiB, MiB, (SavedTensor(0, saved_bytes),), MiB),
+    embed = toy_layer("embed", 0.001, 0.002, param_bytes=2 * MiB, output_bytes=MiB, saved=[MiB])
+    block = toy_layer(
+        "block0",
+        0.0105,
+        0.021,
+        param_bytes=4 * MiB,
+        output_bytes=MiB,
+        saved=[saved_bytes],
+        workspace_bytes=MiB,
     )
-    return Profile(
-        "toy", 4, "float32", "estimate", "v100-32gb", "adam", 12 * MiB, layers, seq_len=8
+    return toy_profile_of(
+        (embed, block),
+        batch=4,
+        device="v100-32gb",
+        optimizer="adam",
+        optimizer_state_bytes=12 * MiB,
+        seq_len=8,
     )
 
 

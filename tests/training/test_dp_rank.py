@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from support import toy_layer, toy_profile_of
 from torch import nn
 from user_models import DROPOUT_LAYERS, USER_LAYERS, DropoutNet, UserNet
 
@@ -20,7 +21,7 @@ from pipeswap.config import replace_fields
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
-from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.profile import Profile, SavedTensor
 from pipeswap.profiling import measure
 from pipeswap.swap.config import POLICY_NAMES as POLICIES
 from pipeswap.swap.config import SwapConfig
@@ -35,7 +36,10 @@ from pipeswap.training.dp_rank import RankResult
 from pipeswap.training.dp_rank import train_rank as _train_rank
 from pipeswap.training.job import ModelJob
 
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 # What the rank loop reads of a config: steps, sync_every, the optimizer and the device.
 SETTINGS = TrainConfig("rank-loop", steps=2, device="cpu", swap=SwapConfig())
@@ -101,19 +105,26 @@ def _user_profile(job: UserJob) -> Profile:
     records, _ = capture_records(model, lambda: job.loss(model, model(x), y), job.layers)
     for hook in hooks:
         hook.remove()
-    layers = tuple(
-        LayerProfile(
-            name=name,
-            forward_s=1e-3,
-            backward_s=2e-3,
+    layers = (
+        toy_layer(
+            name,
+            1e-3,
+            2e-3,
             param_bytes=sum(p.numel() * 4 for p in model.get_submodule(name).parameters()),
             output_bytes=outputs[name],  # what a checkpoint of the next layer keeps
-            saved=tuple(SavedTensor(r.index, r.bytes) for r in records[name]),
+            saved=[SavedTensor(r.index, r.bytes) for r in records[name]],
         )
         for name in job.layers
     )
     params = sum(p.numel() * 4 for p in model.parameters())
-    return Profile("user", job.batch_size, "float32", "measured", "cpu", "sgd", params, layers)
+    return toy_profile_of(
+        layers,
+        model="user",
+        batch=job.batch_size,
+        source="measured",
+        device="cpu",
+        optimizer_state_bytes=params,
+    )
 
 
 JOBS: dict[str, Any] = {
@@ -183,14 +194,6 @@ def test_a_recompute_plan_whose_layers_keep_what_they_save_is_refused() -> None:
     assert plan.gpus[0].recompute
     with pytest.raises(PipeswapError, match="with its swaps and recomputation a step needs"):
         train_rank(JOBS["user"], plan, SETTINGS, profile=_profile("user"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _check_against_none(results: dict[str, Sequence[RankResult]], where: str) -> None:

@@ -6,11 +6,11 @@ Covers: pipeswap/swap/plan/iteration.py.
 from __future__ import annotations
 
 import pytest
+from support import toy_layer, toy_profile_of
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.hardware.topology import Link, Node, Topology
-from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.sim.collectives import ring_allreduce_time_s
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.config import SwapConfig
@@ -72,18 +72,14 @@ def _dp_workload(
     params: list[int], forward: float = 1.0, backward: float = 2.0, update_s: float = 0.0
 ) -> Workload:
     # SGD with momentum: resident = weights, gradients and momentum = 3 * sum(params).
-    profile = Profile(
-        "toy",
-        8,
-        "float32",
-        "estimate",
-        "cpu",
-        "sgd",
-        sum(params),
-        tuple(
-            LayerProfile(f"l{i}", forward, backward, p, 0, (SavedTensor(0, 100 * (i + 1)),))
+    profile = toy_profile_of(
+        (
+            toy_layer(f"l{i}", forward, backward, param_bytes=p, saved=[100 * (i + 1)])
             for i, p in enumerate(params)
         ),
+        batch=8,
+        device="cpu",
+        optimizer_state_bytes=sum(params),
     )
     return workload_from_profile(profile, optimizer_step_s=update_s)
 

@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support import toy_profile
+
 from pipeswap.profile import Profile
-from tests.swap.conftest import toy_profile
 
 _BUILD = """
 import logging, sys

@@ -27,7 +27,10 @@ from pipeswap.swap.runtime.capture import capture_records
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.stats import StepStats
 
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 STEPS = 3
 HUGE = 10**12
@@ -135,14 +138,6 @@ def _reference(name: str) -> tuple[list[float], str]:
     model, _, batches = _setup(name)
     losses, sha, _ = _train(model, batches, None)
     return losses, sha
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 KINDS = ["none", "jit", "turn", "out-late", "half", "late"]
