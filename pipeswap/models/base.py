@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.module import _IncompatibleKeys
 
 from pipeswap.config import ConfigError
 
@@ -74,6 +76,23 @@ class LayeredModel(nn.Sequential):
     @property
     def layer_names(self) -> list[str]:
         return list(self._modules.keys())
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """nn.Module's, with the key check done on whole keys: torch's own check splits a
+        key at its first dot, which a dotted layer name (``transformer.h.0``) breaks, so
+        every key of an adapted model would read as unexpected though all load."""
+        super().load_state_dict(state_dict, strict=False, assign=assign)
+        expected = self.state_dict().keys()
+        missing = [key for key in expected if key not in state_dict]
+        unexpected = [key for key in state_dict if key not in expected]
+        if strict and (missing or unexpected):
+            raise RuntimeError(
+                f"Error(s) in loading state_dict for {type(self).__name__} {self.name}: "
+                f"missing keys {missing[:5]}, unexpected keys {unexpected[:5]}"
+            )
+        return _IncompatibleKeys(missing, unexpected)
 
     def stage(self, start: int, stop: int) -> nn.Sequential:
         """Blocks ``start`` (inclusive) to ``stop`` (exclusive), sharing their parameters."""

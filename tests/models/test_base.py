@@ -1,5 +1,7 @@
 """Tests of pipeswap/models/base.py: LayeredModel's stages, loss and example batches."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -53,3 +55,23 @@ def test_bad_task_and_missing_sizes_are_refused() -> None:
         LayeredModel("x", [("id", nn.Identity())], "segment")
     with pytest.raises(PipeswapError, match="image_size"):
         _toy().example_batch(2)
+
+
+def test_dotted_layer_names_load_their_state_strictly(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from pipeswap.models.load import load_user_model
+    from tests.models.hf_configs import save_config
+
+    model = load_user_model(save_config(tmp_path / "gpt", "gpt2"), seed=0)
+    other = load_user_model(save_config(tmp_path / "gpt", "gpt2"), seed=1)
+    state = model.state_dict()
+    assert any("." in name for name in model.layer_names)  # transformer.h.0, ...
+    keys = other.load_state_dict(state)
+    assert keys.missing_keys == [] and keys.unexpected_keys == []
+    assert all(torch.equal(a, b) for a, b in zip(other.state_dict().values(), state.values()))
+    with pytest.raises(RuntimeError, match=r"unexpected keys \['extra'\]"):
+        other.load_state_dict({**state, "extra": torch.zeros(1)})
+    partial = dict(list(state.items())[1:])
+    with pytest.raises(RuntimeError, match="missing keys"):
+        other.load_state_dict(partial)
+    assert other.load_state_dict(partial, strict=False).missing_keys == [next(iter(state))]

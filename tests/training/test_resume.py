@@ -128,3 +128,24 @@ def test_bad_checkpoint_options_exit_2(
 ) -> None:
     assert main([*DP, "--steps", "2", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("nproc, policy", [("1", "none"), ("2", "disjoint")])
+def test_a_hugging_face_model_resumes_as_if_left_alone(
+    tmp_path: Path, nproc: str, policy: str
+) -> None:
+    # Before: "Unexpected key(s) in state_dict for LayeredModel" on every resume of a
+    # model outside the zoo (its layer names are dotted module paths).
+    pytest.importorskip("transformers")
+    from tests.models.hf_configs import save_model
+
+    model = save_model(tmp_path / "gpt", "gpt2")
+    run = ["train", "--model", model, "--seq-len", "16", "--batch", "4", "--steps", "4"]
+    run += ["--nproc", nproc, "--swap-policy", policy, "--device", "cpu"]
+    assert main([*run, "--report", str(tmp_path / "alone.json")]) == 0
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2"]
+    assert main([*run, *ckpt]) == 0
+    resumed = ["--resume", str(tmp_path / "ckpt"), "--report", str(tmp_path / "r.json")]
+    assert main([*run, *resumed]) == 0
+    _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
