@@ -139,7 +139,8 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
             ["schedule", "show", "--schedule", "async-1f1b", "--stages", "4", "--steps", "6"],
         ),
         (
-            "Train it: 4 processes over gloo, SpecTrain weight prediction",
+            "Train it: 4 processes over gloo, each pass on predicted weights (SpecTrain's "
+            "prediction with Adam's step: predict-adam)",
             [
                 "train",
                 "--model",
@@ -152,8 +153,10 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
                 "4",
                 "--schedule",
                 "async-1f1b",
+                "--optimizer",
+                "adam",
                 "--weights",
-                "spectrain",
+                "predict-adam",
                 "--steps",
                 "20",
                 "--nproc",
@@ -176,8 +179,10 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
                 "4",
                 "--schedule",
                 "async-1f1b",
+                "--optimizer",
+                "adam",
                 "--weights",
-                "spectrain",
+                "predict-adam",
                 "--steps",
                 "20",
                 "--emulate",
