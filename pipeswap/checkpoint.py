@@ -63,6 +63,13 @@ class CheckpointConfig:
     resume: str | None = option(
         None, metavar="DIR", help="continue from the newest complete checkpoint in DIR"
     )
+    save: str | None = option(
+        None,
+        metavar="DIR",
+        help="write the trained model to DIR after the last step, in the format it came in: "
+        "a Hugging Face model as its save_pretrained() directory, any other module as "
+        "model.safetensors of its own state_dict",
+    )
 
     def __post_init__(self) -> None:
         require(
@@ -70,7 +77,12 @@ class CheckpointConfig:
             f"{{checkpoint_every}} is {self.checkpoint_every}; use a number of steps (0: only "
             "when stopped by SIGTERM)",
         )
-        for name, value in (("checkpoint_dir", self.checkpoint_dir), ("resume", self.resume)):
+        named = (
+            ("checkpoint_dir", self.checkpoint_dir),
+            ("resume", self.resume),
+            ("save", self.save),
+        )
+        for name, value in named:
             require(value != "", f"{{{name}}} is empty; name a directory")
 
     @property

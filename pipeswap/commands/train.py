@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     report = outcome.report
     for line in summary_lines(report):
         print(line)
+    if config.checkpoint.save is not None:
+        print(f"trained model written to {config.checkpoint.save}")
     if args.report:
         write_report(args.report, report)
         print(f"report written to {args.report}")

@@ -122,7 +122,7 @@ def _transformers() -> Any:
 
 
 @contextmanager
-def _library_bars(transformers: Any) -> Iterator[None]:
+def library_bars(transformers: Any) -> Iterator[None]:
     """transformers' progress bars (loading weights) under our rule (pipeswap.progress),
     with the caller's own setting restored after."""
     hf_logging = transformers.utils.logging
@@ -175,7 +175,7 @@ def _load_hf_directory(directory: str, device: torch.device, seed: int | None) -
     check_fits(directory, count, torch.float32.itemsize, device)
     if hf_directory_has_weights(directory):
         try:
-            with _library_bars(transformers):
+            with library_bars(transformers):
                 load = cls.from_pretrained
                 model = load(directory, local_files_only=True, config=config, dtype=torch.float32)
         except Exception as exc:  # noqa: BLE001 - damaged, truncated or mismatched weights

@@ -11,7 +11,7 @@ from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import single_threaded
 from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.executor import StageExecutor
-from pipeswap.pipeline.job import build_full_model
+from pipeswap.pipeline.job import build_full_model, save_trained
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.schedule import Schedule, build_schedule, unit_time_order
@@ -165,4 +165,5 @@ class Emulator:
                 for ex in self.executors:
                     ex.evaluate(unit)
             stages = [ex.finish() for ex in self.executors]
+        save_trained(config, [stage.state for stage in stages])
         return combine(config, stages, mode="emulate", task=model.task, wall_s=wall)

@@ -54,6 +54,9 @@ class StageResult:
     prediction_error: dict[str, float | None] | None = None
     distances: tuple[int, int] = (0, 0)
     timeline: list[TimedAction] = field(default_factory=list)
+    # This stage's trained tensors by their names in the whole model (on the CPU), when
+    # the run saves the trained model.
+    state: dict[str, torch.Tensor] | None = None
 
 
 class StageExecutor:
@@ -358,4 +361,7 @@ class StageExecutor:
             name: tensor_sha256(name, p) for name, p in self.named_parameters()
         }
         self.result.sha256 = combine_digests(self.result.param_digests)
+        if self.config.checkpoint.save is not None:
+            named = [*self.named_parameters(), *self.module.named_buffers()]
+            self.result.state = {name: t.detach().to("cpu", copy=True) for name, t in named}
         return self.result

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -10,6 +10,7 @@ import torch
 from pipeswap.data import dataset_for
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
+from pipeswap.models.export import export_model
 from pipeswap.models.load import is_user_model
 from pipeswap.models.registry import build_model, model_spec
 from pipeswap.train_config import TrainConfig
@@ -41,6 +42,26 @@ def build_full_model(config: TrainConfig, device: torch.device | str = "cpu") ->
         torch.manual_seed(config.seed)
         model = factory(torch.device("cpu"))
     return model.to(device)
+
+
+def save_trained(config: TrainConfig, states: Sequence[dict[str, torch.Tensor] | None]) -> None:
+    """Write the trained model to ``config.checkpoint.save`` from every stage's tensors
+    (named as in the whole model), in the format the model came in (models.export)."""
+    if config.checkpoint.save is None:
+        return
+    model = build_full_model(config)
+    merged: dict[str, torch.Tensor] = {}
+    for state in states:
+        assert state is not None, "a saving run's stages report their tensors"
+        merged.update(state)
+    # A tied weight is reported under one of its names: give its aliases the same tensor.
+    full = model.state_dict(keep_vars=True)
+    given = {id(tensor): name for name, tensor in full.items() if name in merged}
+    for name, tensor in full.items():
+        if name not in merged and id(tensor) in given:
+            merged[name] = merged[given[id(tensor)]]
+    model.load_state_dict(merged)  # strict: every tensor of the model came from a stage
+    export_model(model, config.checkpoint.save, source=config.model, steps=config.steps)
 
 
 def build_meta_model(config: TrainConfig) -> LayeredModel:

@@ -30,7 +30,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.actions import Action, ActionKind
 from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.executor import StageExecutor, StageResult
-from pipeswap.pipeline.job import build_full_model, build_meta_model
+from pipeswap.pipeline.job import build_full_model, build_meta_model, save_trained
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult, combine
@@ -260,6 +260,7 @@ def run_stage_rank(
     if rank != 0:
         return None
     assert gathered is not None
+    save_trained(config, [stage.state for stage in gathered])
     wall = max(r.wall_s for r in gathered)
     return combine(config, gathered, mode="pipeline", task=model.task, wall_s=wall)
 

@@ -36,6 +36,7 @@ from pipeswap.dist.digest import combine_digests, params_sha256, tensor_sha256
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import agree, all_gather, rank_and_world, rank_device
 from pipeswap.errors import PipeswapError
+from pipeswap.models.export import export_model
 from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.profile import Profile
 from pipeswap.progress import progress_bar
@@ -310,6 +311,9 @@ def train_rank(
                 stop.restore()
             if bar is not None:
                 bar.close()
+        if rank == 0 and config.checkpoint.save is not None:
+            save = config.checkpoint.save
+            export_model(trainer.model, save, source=config.model, steps=config.steps)
         return trainer.result()
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from pipeswap.checkpoint import hold_directory
 from pipeswap.dist.env import torchrun_env
+from pipeswap.models.export import check_save_target
 from pipeswap.pipeline.schedule import TimedAction
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import train_data_parallel
@@ -36,6 +37,8 @@ def train(config: TrainConfig) -> TrainOutcome | None:
     resolved = config.resolved()
     env = torchrun_env()
     launcher = env is None or env.rank == 0  # one process holds the checkpoint directory
+    if launcher and resolved.checkpoint.save is not None:
+        check_save_target(resolved.checkpoint.save, resolved.model)  # before hours of training
     with hold_directory(resolved.checkpoint.target if launcher else None):
         return _train(resolved)
 
