@@ -41,6 +41,12 @@ class OptimizerConfig:
         help="ramp the learning rate linearly over the first STEPS mini-batches, in every "
         "mode (0: constant)",
     )
+    clip_grad_norm: float | None = option(
+        None,
+        metavar="NORM",
+        help="scale the gradients so their global L2 norm is at most NORM before each update "
+        "(data parallelism; default: no clipping)",
+    )
     keep_nonfinite: bool = option(
         False, help="train on when the loss is not finite (by default the run stops there)"
     )
@@ -63,6 +69,11 @@ class OptimizerConfig:
         require(
             math.isfinite(self.weight_decay) and self.weight_decay >= 0,
             f"{{weight_decay}} is {self.weight_decay}; use 0 or more",
+        )
+        require(
+            self.clip_grad_norm is None
+            or (math.isfinite(self.clip_grad_norm) and self.clip_grad_norm > 0),
+            f"{{clip_grad_norm}} is {self.clip_grad_norm}; use a positive number such as 1.0",
         )
         require(
             self.lr_warmup >= 0,

@@ -115,6 +115,12 @@ class TrainConfig:
             pipeline.memory_cap_bytes is None or self.profile_path is not None,
             "{memory_cap_bytes} needs {profile_path} (a measured or estimated profile)",
         )
+        require(
+            self.optim.clip_grad_norm is None,
+            "{clip_grad_norm} is not available for pipelines yet: each stage updates on its "
+            "own, and the global norm over every stage's gradients is not gathered; drop "
+            "{clip_grad_norm}, or train data parallel",
+        )
         # What the weight mode needs of the optimizer, as its table entry says.
         weight_mode(pipeline.weights).check_optimizer(self.optim)
 

@@ -192,6 +192,10 @@ class _Rank:
         if self.config.optim.lr_warmup:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.config.optim.lr_at(step)
+        if self.config.optim.clip_grad_norm is not None:
+            # After the all-reduce: every rank scales the same averaged gradients alike.
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.config.optim.clip_grad_norm, foreach=False)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":

@@ -9,18 +9,23 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from support import toy_layer, toy_profile_of
 from torch import nn
 from user_models import DROPOUT_LAYERS, USER_LAYERS, DropoutNet, UserNet
 
+from pipeswap.checkpoint import CheckpointConfig
 from pipeswap.config import replace_fields
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
+from pipeswap.models.registry import build_model
+from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import Profile, SavedTensor
 from pipeswap.profiling import measure
 from pipeswap.swap.config import POLICY_NAMES as POLICIES
@@ -35,6 +40,7 @@ from pipeswap.training.data_parallel import report as build_report
 from pipeswap.training.dp_rank import RankResult
 from pipeswap.training.dp_rank import train_rank as _train_rank
 from pipeswap.training.job import ModelJob
+from pipeswap.training.run import train
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
@@ -450,3 +456,18 @@ def test_cuda_single_rank_matches_no_swapping_and_reports_allocator_peak() -> No
     assert swapped.swapped_bytes > 0 and plain.swapped_bytes == 0
     # On CUDA the peak is the allocator's, which swapping lowers.
     assert swapped.peak_resident_bytes < plain.peak_resident_bytes
+
+
+@pytest.mark.parametrize("clip, bound", [(1e-3, True), (None, False)])
+def test_clipping_bounds_the_first_update_by_lr_times_the_norm(
+    tmp_path: Path, clip: float | None, bound: bool
+) -> None:
+    optim = OptimizerConfig(lr=0.05, clip_grad_norm=clip)
+    save = CheckpointConfig(save=str(tmp_path / "out"))
+    config = TrainConfig("gpt2-micro", batch=4, seq_len=16, steps=1, optim=optim, checkpoint=save)
+    train(config)
+    after = load_file(tmp_path / "out" / "model.safetensors")
+    before = build_model("gpt2-micro", seed=0).state_dict()
+    moved = torch.sqrt(sum(((after[k] - before[k]) ** 2).sum() for k in after))
+    # SGD's first step is lr * g: clipped, its norm is at most lr * clip.
+    assert (float(moved) <= 0.05 * 1e-3 * (1 + 1e-5)) is bound
