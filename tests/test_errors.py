@@ -40,3 +40,20 @@ def test_a_crashing_command_exits_1_with_one_line(
     monkeypatch.setenv("PIPESWAP_DEBUG", "1")
     with pytest.raises(RuntimeError, match="boom"):
         main(["env"])
+
+
+def test_a_rank_under_torchrun_that_lost_its_peers_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: the surviving node of a 2-node torchrun run printed gloo's traceback.
+    def lose_peers(args: object) -> int:
+        raise RuntimeError(
+            "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:4711"
+        )
+
+    monkeypatch.setattr(env, "run", lose_peers)
+    monkeypatch.delenv("PIPESWAP_DEBUG", raising=False)
+    assert main(["env"]) == 1
+    assert capsys.readouterr().err == (
+        "pipeswap env: stopped: this rank lost its peers: another rank ended first\n"
+    )

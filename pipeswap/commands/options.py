@@ -60,9 +60,11 @@ def add_options(
     only: tuple[str, ...] | None = None,
     skip: tuple[str, ...] = (),
     required: tuple[str, ...] = (),
+    no_default: tuple[str, ...] = (),
 ) -> None:
     """An argument per option field of ``config`` on ``target`` (a parser or a group):
-    those named in ``only`` (default every one), less those in ``skip``.
+    those named in ``only`` (default every one), less those in ``skip``. The help of those
+    in ``no_default`` shows no default (the command asks for them, or for another flag).
 
     Every argument defaults to None, so what was given is known (:func:`given`) and the
     config's own default applies to the rest.
@@ -71,7 +73,11 @@ def add_options(
         if f.name in skip or (only is not None and f.name not in only):
             continue
         kind = value_type(field_types(config)[f.name])
-        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": _help(f)}
+        kwargs: dict[str, Any] = {
+            "dest": f.name,
+            "default": None,
+            "help": _help(f, show_default=f.name not in no_default),
+        }
         if kind is bool:
             kwargs["action"] = "store_true"
         else:
@@ -86,10 +92,10 @@ def add_options(
         target.add_argument(*flags_of(f.name), **kwargs)
 
 
-def _help(f: dataclasses.Field[Any]) -> str:
+def _help(f: dataclasses.Field[Any], *, show_default: bool = True) -> str:
     text = ConfigError(f.metadata["help"]).render(flag_of)
     default = f.default
-    if default is dataclasses.MISSING or default is None or default is False:
+    if not show_default or default is dataclasses.MISSING or default is None or default is False:
         return text
     return f"{text} (default {default})"
 

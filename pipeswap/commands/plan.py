@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="data-parallel degree: the first N GPUs (default: all)",
     )
-    add_options(parser, SwapConfig, skip=("topology",))
+    # plan asks for a policy (or --compare): its help shows no default.
+    add_options(parser, SwapConfig, skip=("topology",), no_default=("policy",))
     parser.add_argument(
         "--compare", action="store_true", help="run every policy and print one table"
     )

@@ -251,3 +251,10 @@ def test_profile_with_negative_bytes_exits_2_naming_the_layer(tmp_path, capsys) 
     err = capsys.readouterr().err
     assert "layer 1 ('l1'): param_bytes is -1000; write a whole number of bytes" in err
     assert "Traceback" not in err
+
+
+def test_plan_help_shows_no_default_policy_since_it_asks_for_one(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "hybrid swaps or recomputes --sync-every" in text  # no "(default auto)" between

@@ -181,6 +181,7 @@ def test_module_function_names_load_through_the_registry(monkeypatch: pytest.Mon
         {"n_head": 5},  # heads that do not divide the width (64)
         {"n_embd": "wide"},  # a string where a number goes
         {"vocab_size": -5},  # a negative size
+        {"model_type": None},  # no model_type: transformers cannot tell the family
     ],
 )
 def test_configs_transformers_cannot_build_are_one_clear_error(
@@ -195,7 +196,7 @@ def test_configs_transformers_cannot_build_are_one_clear_error(
         load_user_model(path)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "other config"])
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "other config", "no shard"])
 def test_damaged_or_mismatched_weights_are_one_clear_error(tmp_path: Path, damage: str) -> None:
     path = Path(save_model(tmp_path / "model", "gpt2"))
     weights = path / "model.safetensors"
@@ -206,6 +207,13 @@ def test_damaged_or_mismatched_weights_are_one_clear_error(tmp_path: Path, damag
         weights.write_bytes(b"")
     elif damage == "garbage":
         weights.write_bytes(b"\x00" * 64)
+    elif damage == "no shard":  # an index naming a shard that is not there
+        weights.unlink()
+        index = {
+            "metadata": {},
+            "weight_map": {"lm_head.weight": "model-00001-of-00002.safetensors"},
+        }
+        (path / "model.safetensors.index.json").write_text(json.dumps(index))
     else:
         save_model(tmp_path / "wider", "gpt2", n_embd=128)
         weights.write_bytes((tmp_path / "wider" / "model.safetensors").read_bytes())
