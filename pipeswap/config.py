@@ -52,6 +52,10 @@ class ConfigError(PipeswapError):
         self.message = message
         super().__init__(self.render(lambda name: name))
 
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str]]:
+        # Crossing a process boundary keeps the {field} placeholders, not their rendering.
+        return (type(self), (self.message,))
+
     def render(self, name_of: Callable[[str], str]) -> str:
         """The message with each ``{field}`` replaced by ``name_of(field)``."""
         return _PLACEHOLDER.sub(lambda m: name_of(m.group(1)), self.message)

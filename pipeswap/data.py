@@ -12,6 +12,7 @@ import math
 import os
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,6 +21,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models.base import IGNORE_INDEX, LayeredModel
 from pipeswap.models.load import is_user_model
 from pipeswap.models.registry import build_model, model_names, model_spec
+from pipeswap.user_data import TextDataset, load_tokenizer, read_tokens
 
 DEFAULT_CORPUS_BYTES = 8 * 2**20
 SPLITS = ("train", "val")
@@ -151,7 +153,7 @@ class MaskedLMDataset:
 
     mask_fraction = 0.15
 
-    def __init__(self, text: LMDataset, mask_token_id: int) -> None:
+    def __init__(self, text: LMDataset | TextDataset, mask_token_id: int) -> None:
         self.text = text
         self.mask_token_id = mask_token_id
         self.seq_len = text.seq_len
@@ -273,13 +275,15 @@ def dataset_for(
     image_size: int | None = None,
     split: str = "train",
     seed: int = 0,
-) -> LMDataset | MaskedLMDataset | ImageDataset:
+    data: tuple[str, str] | None = None,
+) -> LMDataset | MaskedLMDataset | ImageDataset | TextDataset:
     """The offline dataset that trains ``model`` (a LayeredModel or a model name).
 
     Language models get LMDataset (bytes; needs a vocabulary of at least 256), masked ones
     (``mask_token_id`` set) MaskedLMDataset; image models get ImageDataset with
     ``min(model classes, len(SHAPE_KINDS))`` classes. Unset sizes default to the model's
-    ``default_seq_len`` / ``default_image_size``.
+    ``default_seq_len`` / ``default_image_size``. ``data`` (path, text field) trains a
+    language model on the user's own tokens or text instead (pipeswap.user_data).
     """
     if isinstance(model, str) and is_user_model(model) and model not in model_names():
         # A user's model: its task, vocabulary and mask token are read off the model.
@@ -309,9 +313,21 @@ def dataset_for(
                 f"{name} takes {fixed}x{fixed} images (its config's image_size); pass "
                 f"{{image_size}} {fixed}"
             )
+    if data is not None and task != "lm":
+        raise ConfigError(
+            f"{{data}} trains language models, and {name} is an image model: reading images "
+            "from a folder is not available yet; drop {data} to train on the built-in images"
+        )
     if task == "lm":
         if image_size is not None:
             raise ConfigError(f"{name} is a language model: pass {{seq_len}}, not {{image_size}}")
+        if data is not None:
+            seq_len = seq_len if seq_len is not None else _default(name, "default_seq_len")
+            tokens = _user_tokens(data[0], data[1], name)
+            own = TextDataset(
+                tokens, seq_len, vocab_size=vocab, split=split, seed=seed, where=data[0]
+            )
+            return own if mask_token_id is None else MaskedLMDataset(own, mask_token_id)
         if vocab < LMDataset.vocab_size:
             raise PipeswapError(f"{name} has a vocabulary of {vocab} < 256 byte values")
         seq_len = seq_len if seq_len is not None else _default(name, "default_seq_len")
@@ -322,6 +338,12 @@ def dataset_for(
     image_size = image_size if image_size is not None else _default(name, "default_image_size")
     num_classes = min(classes, len(SHAPE_KINDS))
     return ImageDataset(image_size, num_classes, split=split, seed=seed, channels=in_channels)
+
+
+@functools.lru_cache(maxsize=4)
+def _user_tokens(path: str, text_field: str, model: str) -> Any:
+    """The user's tokens, read once per run (training and held-out splits share them)."""
+    return read_tokens(path, text_field, load_tokenizer(model))
 
 
 def _default(name: str, field: str) -> int:

@@ -1,7 +1,7 @@
 """TrainConfig: one training run, whatever its mode, composed of its components' configs.
 
 The run's own fields (model, batch shape, steps, seed, where it runs) sit at the top;
-``optim``, ``swap``, ``pipeline`` and ``checkpoint`` are the configs of the
+``optim``, ``swap``, ``pipeline``, ``checkpoint`` and ``dataset`` are the configs of the
 components that own them (each declares, defaults and checks its fields once). At most
 one of ``swap`` and ``pipeline`` is set, and it says the mode: data parallelism with
 swapping (the default) or a pipeline. Checks that need two components (a weight mode
@@ -17,6 +17,7 @@ from typing import Any
 
 from pipeswap.checkpoint import CheckpointConfig
 from pipeswap.config import option, require
+from pipeswap.data_config import DataConfig
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.modes import weight_mode
@@ -65,6 +66,7 @@ class TrainConfig:
     swap: SwapConfig | None = None
     pipeline: PipelineConfig | None = None
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    dataset: DataConfig = field(default_factory=DataConfig)
     progress: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:

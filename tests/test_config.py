@@ -56,6 +56,7 @@ def test_leaf_fields_walk_every_component() -> None:
         "SwapConfig",
         "PipelineConfig",
         "CheckpointConfig",
+        "DataConfig",
     }
     assert all("help" in f.metadata for _, f in leaf_fields(TrainConfig))
 

@@ -6,6 +6,7 @@ import argparse
 
 from pipeswap.checkpoint import CheckpointConfig
 from pipeswap.commands.options import add_options, flag_of, given
+from pipeswap.data_config import DataConfig
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_writable
 from pipeswap.optim import OptimizerConfig
@@ -33,6 +34,7 @@ PIPELINE = "pipeline"
 _WHAT = ("model", "batch", "seq_len", "image_size", "seed", "profile_path")
 _GROUPS: tuple[tuple[str, type, tuple[str, ...] | None], ...] = (
     ("what to train", TrainConfig, _WHAT),
+    ("data", DataConfig, None),
     ("where and how long", TrainConfig, ("steps", "device", "nproc", "timeout_s")),
     ("optimizer", OptimizerConfig, None),
     ("checkpoints", CheckpointConfig, None),
@@ -100,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         swap=None if pipeline is not None else SwapConfig(**given(args, SwapConfig)),
         pipeline=pipeline,
         checkpoint=CheckpointConfig(**given(args, CheckpointConfig)),
+        dataset=DataConfig(**given(args, DataConfig)),
     )
 
 

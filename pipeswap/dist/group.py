@@ -138,16 +138,21 @@ def rank_and_world() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def agree(ok: str | None, world_size: int) -> None:
-    """Fail on every rank if any rank failed, so no rank waits for one that is gone."""
-    messages: list[Any] = [ok]
+def agree(failure: PipeswapError | None, world_size: int) -> None:
+    """Fail on every rank if any rank failed, so no rank waits for one that is gone; the
+    error is the failing rank's own (a ConfigError stays one), named by its rank."""
+    failures: list[Any] = [failure]
     if world_size > 1:
-        messages = [None] * world_size
-        dist.all_gather_object(messages, ok)
-    for rank, message in enumerate(messages):
-        if message is not None:
-            named = world_size == 1 or message.startswith(f"rank {rank}:")
-            raise PipeswapError(message if named else f"rank {rank}: {message}")
+        failures = [None] * world_size
+        dist.all_gather_object(failures, failure)
+    for rank, exc in enumerate(failures):
+        if exc is None:
+            continue
+        if world_size == 1 or str(exc).startswith(f"rank {rank}:"):
+            raise exc
+        if isinstance(exc, ConfigError):
+            raise ConfigError(f"rank {rank}: {exc.message}")
+        raise PipeswapError(f"rank {rank}: {exc}")
 
 
 def broadcast_from_rank0(value: Any, world_size: int) -> Any:

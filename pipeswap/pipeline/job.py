@@ -112,8 +112,9 @@ def _dataset(config: TrainConfig, model: LayeredModel, split: str) -> Any:
             image_size=config.image_size,
             split=split,
             seed=config.seed,
+            data=config.dataset.source,
         )
     except PipeswapError:
-        if ":" in config.model:
+        if ":" in config.model and config.dataset.data is None:
             return None
         raise

@@ -124,7 +124,7 @@ class _Rank:
 
     def _executor(self, plan: SwapPlan, profile: Profile | None) -> SwapExecutor:
         """The plan's executor, prepared on the first batch; every rank fails if one does."""
-        failure: str | None = None
+        failure: PipeswapError | None = None
         executor: SwapExecutor | None = None
         try:
             executor = SwapExecutor(
@@ -138,7 +138,7 @@ class _Rank:
             inputs, targets = self.batch(0, 0)
             executor.prepare(lambda: self.job.loss(self.model, self.model(inputs), targets))
         except PipeswapError as exc:
-            failure = str(exc)
+            failure = exc
             if executor is not None:
                 executor.close()
         agree(failure, self.world_size)

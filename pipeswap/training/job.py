@@ -44,12 +44,20 @@ class ModelJob:
     image_size: int | None = None
     seed: int = 0
     dtype: str = "float32"
+    data: tuple[str, str] | None = None  # the user's (path, text field); None: built-in
 
     @classmethod
     def of(cls, config: TrainConfig) -> ModelJob:
         """What a resolved config trains."""
         assert config.batch is not None, "a resolved config has its batch size"
-        return cls(config.model, config.batch, config.seq_len, config.image_size, config.seed)
+        return cls(
+            config.model,
+            config.batch,
+            config.seq_len,
+            config.image_size,
+            config.seed,
+            data=config.dataset.source,
+        )
 
     @property
     def layers(self) -> Sequence[str] | None:
@@ -68,7 +76,7 @@ class ModelJob:
         return model.loss(output, targets)  # type: ignore[operator]
 
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        dataset = _dataset(self.model, self.seq_len, self.image_size, self.seed)
+        dataset = _dataset(self.model, self.seq_len, self.image_size, self.seed, self.data)
         inputs, targets = dataset.batch(self.batch_size, index)
         if inputs.is_floating_point():
             inputs = inputs.to(parse_dtype(self.dtype))
@@ -76,5 +84,11 @@ class ModelJob:
 
 
 @functools.lru_cache(maxsize=8)
-def _dataset(model: str, seq_len: int | None, image_size: int | None, seed: int) -> Any:
-    return dataset_for(model, seq_len=seq_len, image_size=image_size, seed=seed)
+def _dataset(
+    model: str,
+    seq_len: int | None,
+    image_size: int | None,
+    seed: int,
+    data: tuple[str, str] | None,
+) -> Any:
+    return dataset_for(model, seq_len=seq_len, image_size=image_size, seed=seed, data=data)

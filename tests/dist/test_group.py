@@ -5,6 +5,8 @@ Covers: pipeswap/dist/group.py, pipeswap/dist/env.py.
 
 from __future__ import annotations
 
+import pickle
+
 import socket
 import time
 
@@ -27,6 +29,7 @@ from pipeswap.dist.group import (
     single_threaded,
 )
 from pipeswap.dist.launch import spawn
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 
 
@@ -58,7 +61,12 @@ def test_one_process_collectives_need_no_group() -> None:
     assert all_gather(3, 1) == [3] and gather_to_rank0(3, 0, 1) == [3]
     agree(None, 1)
     with pytest.raises(PipeswapError, match="^bad plan$"):
-        agree("bad plan", 1)
+        agree(PipeswapError("bad plan"), 1)
+    # A config error stays one, its fields still placeholders (the CLI spells them as flags).
+    with pytest.raises(ConfigError) as info:
+        agree(ConfigError("{text_field} is wrong"), 1)
+    assert info.value.message == "{text_field} is wrong"
+    assert pickle.loads(pickle.dumps(info.value)).message == "{text_field} is wrong"
 
 
 def test_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,217 @@
+"""A user's own text or token files as language-modelling batches, read offline.
+
+Sources, by what the path is:
+
+- ``.bin`` (uint16 tokens, as nanoGPT writes them) and ``.npy`` (any integer dtype):
+  memory-mapped, so a corpus larger than memory trains in constant memory;
+- ``.txt`` or a directory of ``.txt`` files, JSON lines (``.jsonl``/``.json``),
+  ``.csv``, ``.parquet``, ``.arrow``, or a directory a Hugging Face ``datasets`` object
+  was saved to with ``save_to_disk``: read with Hugging Face ``datasets`` (offline), the
+  text in field ``text_field``, tokenized with the model directory's own tokenizer when
+  it has one (local files only), byte-level (UTF-8 bytes) otherwise; documents are
+  joined with the tokenizer's end-of-text token (a newline, byte-level).
+
+The tokens are cut into non-overlapping windows of ``seq_len + 1``; the last 5% of the
+windows (at least one) are the held-out split. Each epoch visits the training windows
+in an order drawn from ``(seed, epoch)``; batch ``index`` of the run is windows
+``index * b`` to ``index * b + b - 1`` of that order (data-parallel ranks take
+consecutive indexes, so they see disjoint windows and every window once per epoch).
+Windows left over at the end of an epoch that do not fill a batch are skipped that
+epoch (another order brings them in the next).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeswap.config import ConfigError
+from pipeswap.errors import PipeswapError, first_line
+from pipeswap.progress import thread_lock_for_bars
+
+HELD_OUT_FRACTION = 0.05
+_TABLES = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+Encode = Callable[[str], list[int]]
+
+
+def load_tokenizer(model: str) -> tuple[Encode, int] | None:
+    """The encoder and end-of-text id of the model directory's own tokenizer, or None
+    when ``model`` is no directory holding one (then text is tokenized byte by byte)."""
+    if not os.path.isdir(model) or not any((Path(model) / f).is_file() for f in _TOKENIZER_FILES):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - the user's files: say whose failure it is
+        raise PipeswapError(
+            f"cannot load the tokenizer in {model} ({first_line(exc)}); fix or remove its "
+            "tokenizer files (text is then tokenized byte by byte)"
+        ) from None
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    if eos is None:
+        raise PipeswapError(f"the tokenizer in {model} has no end-of-text token to join documents")
+    return (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]), int(eos)
+
+
+def read_tokens(path: str, text_field: str, tokenizer: tuple[Encode, int] | None) -> np.ndarray:
+    """Every token of ``path`` as a 1-D integer array (memory-mapped for token files)."""
+    if not os.path.exists(path):
+        raise ConfigError(f"{{data}} {path} does not exist; give a token, text or table file")
+    suffix = Path(path).suffix.lower()
+    if suffix == ".bin":
+        if os.path.getsize(path) % 2:
+            raise PipeswapError(f"{path}: {os.path.getsize(path)} bytes is no whole uint16 tokens")
+        return np.memmap(path, dtype=np.uint16, mode="r")
+    if suffix == ".npy":
+        tokens = np.load(path, mmap_mode="r")
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise PipeswapError(
+                f"{path}: a {tokens.dtype} array of shape {tokens.shape}; write a 1-D array "
+                "of integer token ids"
+            )
+        return tokens
+    encode, separator = tokenizer if tokenizer is not None else (_bytes, ord("\n"))
+    pieces: list[int] = []
+    for document in _documents(path, suffix, text_field):
+        if pieces:
+            pieces.append(separator)
+        pieces.extend(encode(document))
+    return np.asarray(pieces, dtype=np.int64)
+
+
+def _bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def _documents(path: str, suffix: str, text_field: str) -> Iterator[str]:
+    if os.path.isdir(path) and not (Path(path) / "dataset_info.json").is_file():
+        files = sorted(Path(path).rglob("*.txt"))
+        if not files:
+            raise ConfigError(
+                f"{{data}} {path} is a directory with no .txt files and no saved dataset; "
+                "give a file, a folder of .txt files or a save_to_disk directory"
+            )
+        for file in files:
+            yield file.read_text(encoding="utf-8", errors="replace")
+        return
+    if suffix == ".txt":
+        yield Path(path).read_text(encoding="utf-8", errors="replace")
+        return
+    if not os.path.isdir(path) and suffix not in _TABLES:
+        raise ConfigError(
+            f"{{data}} {path}: pipeswap reads .bin/.npy tokens, .txt, .jsonl, .csv, .parquet "
+            "and .arrow files, folders of .txt files and save_to_disk directories"
+        )
+    yield from _table_texts(path, suffix, text_field)
+
+
+def _table_texts(path: str, suffix: str, text_field: str) -> Iterator[str]:
+    thread_lock_for_bars()  # before datasets builds tqdm's process-shared lock (see there)
+    try:
+        import datasets
+    except ImportError:
+        raise PipeswapError(
+            f"reading {path} needs the datasets package: pip install 'pipeswap[hf]'"
+        ) from None
+    datasets.disable_progress_bars()
+    try:
+        if os.path.isdir(path):
+            table = datasets.load_from_disk(path)
+            if isinstance(table, datasets.DatasetDict):
+                table = table["train"] if "train" in table else next(iter(table.values()))
+        else:
+            table = datasets.load_dataset(_TABLES[suffix], data_files=path, split="train")
+    except Exception as exc:  # noqa: BLE001 - the user's file: say whose failure it is
+        raise PipeswapError(f"cannot read {path} ({first_line(exc)})") from None
+    if text_field not in table.column_names:
+        raise ConfigError(
+            f"{path} has no field {text_field!r} (its fields: {', '.join(table.column_names)}); "
+            "name the text's field with {text_field}"
+        )
+    for value in table[text_field]:
+        if not isinstance(value, str):
+            raise PipeswapError(
+                f"{path}: field {text_field!r} holds {type(value).__name__}, not text"
+            )
+        yield value
+
+
+class TextDataset:
+    """Windows of a user's tokens: ``batch(b, index)`` returns ``(tokens, targets)``, both
+    ``[b, seq_len]`` int64, targets shifted by one (module docstring: order and splits)."""
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        *,
+        vocab_size: int,
+        split: str = "train",
+        seed: int = 0,
+        where: str = "the data",
+    ) -> None:
+        if seq_len < 1:
+            raise ConfigError(f"{{seq_len}} must be at least 1, not {seq_len}")
+        windows = len(tokens) // (seq_len + 1)
+        if len(tokens) == 0:
+            raise PipeswapError(f"{where} holds no tokens; give a file with text or tokens")
+        if windows < 2:
+            raise ConfigError(
+                f"{where} has {len(tokens)} tokens, too few for two windows of {{seq_len}} "
+                f"{seq_len} plus one (one to train on, one held out); lower {{seq_len}}"
+            )
+        top = int(np.max(tokens))
+        if top >= vocab_size or int(np.min(tokens)) < 0:
+            bad = (
+                int(np.argmax(tokens >= vocab_size))
+                if top >= vocab_size
+                else int(np.argmin(tokens))
+            )
+            raise PipeswapError(
+                f"{where}: token {int(tokens[bad])} at position {bad} is outside the model's "
+                f"vocabulary of {vocab_size}; tokenize with the model's own tokenizer"
+            )
+        held = max(1, round(windows * HELD_OUT_FRACTION))
+        first, count = (0, windows - held) if split == "train" else (windows - held, held)
+        self.tokens, self.seq_len, self.split, self.seed = tokens, seq_len, split, seed
+        self.first, self.count = first, count
+        self._order: tuple[int, torch.Tensor] | None = None
+
+    def _epoch_order(self, epoch: int) -> torch.Tensor:
+        if self._order is None or self._order[0] != epoch:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._order = (epoch, torch.randperm(self.count, generator=gen))
+        return self._order[1]
+
+    def batch(self, batch_size: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if batch_size > self.count:
+            raise ConfigError(
+                f"the {self.split} split of the data has {self.count} windows of {{seq_len}} "
+                f"{self.seq_len}, fewer than a batch of {batch_size}; give more data or lower "
+                "{batch}"
+            )
+        per_epoch = self.count // batch_size
+        epoch, slot = divmod(index, per_epoch)
+        chosen = self._epoch_order(epoch)[slot * batch_size : (slot + 1) * batch_size]
+        width = self.seq_len + 1
+        rows = [
+            np.asarray(
+                self.tokens[(self.first + int(w)) * width : (self.first + int(w) + 1) * width]
+            )
+            for w in chosen
+        ]
+        window = torch.from_numpy(np.stack(rows).astype(np.int64))
+        return window[:, :-1], window[:, 1:]
