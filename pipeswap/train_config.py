@@ -206,5 +206,6 @@ class TrainConfig:
                 "swap": None if values.get("swap") is None else SwapConfig(**values["swap"]),
                 "pipeline": None if pipeline is None else PipelineConfig(**pipeline),
                 "checkpoint": CheckpointConfig(**values.get("checkpoint", {})),
+                "dataset": DataConfig(**values.get("dataset", {})),
             }
         )
