@@ -21,6 +21,7 @@ from pipeswap.data_config import DataConfig
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.modes import weight_mode
+from pipeswap.precision import DEFAULT_PRECISION, PRECISIONS, check_precision
 from pipeswap.swap.config import SwapConfig
 
 DEVICES = ("cpu", "cuda")
@@ -53,6 +54,12 @@ class TrainConfig:
         choices=DEVICES,
         help="where to train: cpu uses gloo, cuda NCCL (gloo when ranks share a GPU); "
         "default cuda when available for data parallelism, cpu for pipelines",
+    )
+    precision: str = option(
+        DEFAULT_PRECISION,
+        choices=PRECISIONS,
+        help="fp32, or mixed precision through torch.autocast: bf16-mixed, fp16-mixed (with "
+        "a dynamic loss scale; data parallelism only); weights stay float32",
     )
     nproc: int | None = option(None, help="start this many local ranks (a pipeline: one per stage)")
     timeout_s: float = option(60.0, help="seconds a rank waits for a peer before failing")
@@ -93,6 +100,7 @@ class TrainConfig:
             self.device in (None, *DEVICES),
             f"unknown {{device}} {self.device!r}; use cpu or cuda",
         )
+        check_precision(self.precision)
         require(
             not self.checkpoint.checkpoint_every
             or self.checkpoint.checkpoint_dir is not None
@@ -122,6 +130,12 @@ class TrainConfig:
             "{clip_grad_norm} is not available for pipelines yet: each stage updates on its "
             "own, and the global norm over every stage's gradients is not gathered; drop "
             "{clip_grad_norm}, or train data parallel",
+        )
+        require(
+            self.precision != "fp16-mixed",
+            "{precision} fp16-mixed is not available for pipelines: its loss scale must skip "
+            "the same steps on every stage, and stages update at different times; use "
+            "{precision} bf16-mixed (no loss scale needed), or train data parallel",
         )
         # What the weight mode needs of the optimizer, as its table entry says.
         weight_mode(pipeline.weights).check_optimizer(self.optim)

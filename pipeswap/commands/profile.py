@@ -6,11 +6,14 @@ import argparse
 import json
 import sys
 
+from pipeswap.commands.options import add_options
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.jsonio import check_writable
 from pipeswap.models import model_spec
+from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.profiling import estimate, fit_warning, format_profile, measure
+from pipeswap.train_config import TrainConfig
 
 _EXAMPLES = """examples:
   pipeswap profile --model gpt2-tiny --batch 8 --device cpu --out gpt2-tiny.json
@@ -52,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--gpu", default=None, help="GPU spec for --estimate (default v100-32gb)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    add_options(parser, TrainConfig, only=("precision",))
     parser.add_argument(
         "--optimizer",
         choices=("sgd", "adam", "adamw"),
@@ -76,6 +80,13 @@ def run(args: argparse.Namespace) -> int:
         raise PipeswapError(f"{args.model} is a language model: pass --seq-len, not --image-size")
     if args.gpu is not None and not args.estimate:
         raise PipeswapError("--gpu applies to --estimate; add --estimate or drop --gpu")
+    precision = args.precision or DEFAULT_PRECISION
+    if args.estimate and precision != DEFAULT_PRECISION:
+        raise PipeswapError(
+            f"--estimate cannot see what autocast casts in --precision {precision} (the meta "
+            "device does not autocast): measure it (drop --estimate), or estimate pure "
+            "half precision with --dtype bfloat16"
+        )
     batch = spec.default_batch if args.batch is None else args.batch
     gpu = None
     try:
@@ -91,17 +102,18 @@ def run(args: argparse.Namespace) -> int:
                 optimizer=args.optimizer,
             )
         else:
-            profile = measure(
-                args.model,
-                batch,
-                seq_len=args.seq_len,
-                image_size=args.image_size,
-                device=args.device or "cpu",
-                dtype=args.dtype,
-                optimizer=args.optimizer,
-                warmup=args.warmup,
-                repeats=args.repeats,
-            )
+            with autocast(precision, args.device or "cpu"):
+                profile = measure(
+                    args.model,
+                    batch,
+                    seq_len=args.seq_len,
+                    image_size=args.image_size,
+                    device=args.device or "cpu",
+                    dtype=args.dtype,
+                    optimizer=args.optimizer,
+                    warmup=args.warmup,
+                    repeats=args.repeats,
+                )
     except RuntimeError as exc:
         # VGG's max-pools halve the image once per stage; torch refuses an image they
         # shrink below one pixel. Only the model knows its minimum, so name the default.

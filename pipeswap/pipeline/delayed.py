@@ -22,6 +22,7 @@ from pipeswap.pipeline.predict import version_distances
 from pipeswap.pipeline.rng import EVAL, TRAIN, rng_stream
 from pipeswap.pipeline.schedule import Schedule, build_schedule
 from pipeswap.pipeline.shared import find_shared
+from pipeswap.precision import autocast
 from pipeswap.train_config import TrainConfig
 
 
@@ -155,7 +156,8 @@ def train_with_delays(config: TrainConfig, delays: Sequence[float]) -> DelayedRe
             step_loss = 0.0
             for micro in range(m):
                 x, y = data.micro(step, micro)
-                loss = model.loss(_forward(config, stages, x, TRAIN, step, micro), y)
+                with autocast(config.precision, "cpu"):
+                    loss = model.loss(_forward(config, stages, x, TRAIN, step, micro), y)
                 (loss / m).backward()
                 step_loss += loss.item()
             losses.append(step_loss / m)
@@ -236,8 +238,9 @@ def _evaluate(
     for step in range(pipeline.eval_batches):
         for micro in range(pipeline.micro_batch_count):
             x, y = held_out.micro(step, micro)
-            out = _forward(config, stages, x, EVAL, step, micro)
-            loss_sum += model.loss(out, y).item()
+            with autocast(config.precision, "cpu"):
+                out = _forward(config, stages, x, EVAL, step, micro)
+                loss_sum += model.loss(out, y).item()
             correct += int((out.argmax(-1) == y).sum().item())
             samples += int(y.shape[0])
             units += 1

@@ -107,6 +107,8 @@ class StageExecutor:
             micro_batches=self.micro_batches,
             input_spec=input_spec,
             output_spec=output_spec,
+            precision=config.precision,
+            device=self.device,
         )
         units = range(schedule.num_units)
         self.weights = StageWeights(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -11,8 +11,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.job import build_meta_model
+from pipeswap.pipeline.job import build_full_model, build_meta_model
 from pipeswap.pipeline.partition import check_stage_count
+from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.profile import LayerProfile, Profile
 from pipeswap.train_config import TrainConfig
 
@@ -88,6 +89,8 @@ def unpack(tensors: Packed, spec: BoundarySpec) -> Any:
 def inspect_layers(config: TrainConfig) -> list[LayerInfo]:
     """Run the model on the meta device one layer at a time: output specs and FLOPs.
 
+    Under mixed precision the dtypes come from a real forward under autocast (the meta
+    device does not autocast), so receive buffers match what a stage sends.
     Raises PipeswapError naming the first layer whose output is not a tensor or a tuple
     of tensors, and when the model has fewer layers than the pipeline has stages.
     """
@@ -109,7 +112,34 @@ def inspect_layers(config: TrainConfig) -> list[LayerInfo]:
         )
         param_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
         infos.append(LayerInfo(name, spec, int(counter.get_total_flops()), param_bytes))
-    return infos
+    if config.precision == "fp32":
+        return infos
+    return [
+        replace(
+            info,
+            output=replace(
+                info.output,
+                tensors=tuple(replace(t, dtype=d) for t, d in zip(info.output.tensors, dtypes)),
+            ),
+        )
+        for info, dtypes in zip(infos, _autocast_dtypes(config))
+    ]
+
+
+def _autocast_dtypes(config: TrainConfig) -> list[tuple[torch.dtype, ...]]:
+    """The dtypes each layer's outputs have under the run's autocast: one sample through
+    the real model on the run's device, without gradients."""
+    device = torch.device(config.device or "cpu")
+    model = build_full_model(config, device)
+    value, _ = model.example_batch(
+        1, seq_len=config.seq_len, image_size=config.image_size, device=device
+    )
+    found = []
+    with torch.no_grad(), autocast(config.precision, device):
+        for name, layer in model.named_children():
+            value = layer(value)
+            found.append(tuple(t.dtype for t in pack(value, f"layer {name!r}")))
+    return found
 
 
 def flop_profile(config: TrainConfig, infos: list[LayerInfo]) -> Profile:
@@ -167,6 +197,8 @@ class StageRunner:
         input_spec: BoundarySpec | None,
         output_spec: BoundarySpec | None,
         task: str = "lm",
+        precision: str = DEFAULT_PRECISION,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.index = index
         self.num_stages = num_stages
@@ -176,6 +208,8 @@ class StageRunner:
         self.input_spec = input_spec
         self.output_spec = output_spec
         self.task = task
+        self.precision = precision
+        self.device = torch.device(device)
         self.losses: dict[int, float] = {}
         self._pending: dict[int, tuple[Packed, Packed]] = {}
 
@@ -197,10 +231,11 @@ class StageRunner:
     def forward(self, unit: int, inputs: Any, target: torch.Tensor | None = None) -> Packed | None:
         """Run the stage on a unit; returns the packed activations to send (None on the last)."""
         value, leaves = self._input_value(inputs)
-        output = self.module(value)
+        with autocast(self.precision, self.device):
+            output = self.module(value)
+            loss = self.loss_fn(output, target) if self.is_last and target is not None else None
         if self.is_last:
-            assert target is not None
-            loss = self.loss_fn(output, target)
+            assert loss is not None
             self.losses[unit] = loss.item()
             self._pending[unit] = (leaves, (loss / self.micro_batches,))
             return None
@@ -241,10 +276,14 @@ class StageRunner:
     ) -> Packed | tuple[float, int]:
         """Forward without gradients; the last stage returns (loss, correct predictions)."""
         value = inputs if self.is_first else unpack(inputs, self.input_spec)  # type: ignore[arg-type]
-        output = self.module(value)
+        with autocast(self.precision, self.device):
+            output = self.module(value)
+            loss_tensor = (
+                self.loss_fn(output, target) if self.is_last and target is not None else None
+            )
         if not self.is_last:
             return pack(output, f"stage {self.index}")
-        assert target is not None
-        loss = self.loss_fn(output, target).item()
+        assert loss_tensor is not None
+        loss = loss_tensor.item()
         correct = int((output.argmax(-1) == target).sum().item())
         return loss, correct

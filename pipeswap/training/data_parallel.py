@@ -24,6 +24,7 @@ from pipeswap.hardware.detect import detect_topology
 from pipeswap.hardware.presets import preset, resolve_topology
 from pipeswap.hardware.topology import Topology
 from pipeswap.pipeline.resolve import check_profile_shape
+from pipeswap.precision import autocast, autocast_dtype
 from pipeswap.profile import Profile
 from pipeswap.profiling.measure import measure
 from pipeswap.swap.plan import SwapPlan
@@ -89,15 +90,32 @@ def _profile(config: TrainConfig, job: ModelJob, device: torch.device) -> Profil
             f"{mine}; profile this run or drop {{profile_path}}",
         )
         check_profile_shape(config.profile_path, profile, job.seq_len, job.image_size)
+        _check_profile_precision(config.profile_path, profile, config.precision)
         return profile
-    return measure(
-        job.model,
-        job.batch_size,
-        seq_len=job.seq_len,
-        image_size=job.image_size,
-        device=device,
-        dtype=job.dtype,
-        optimizer=config.optim.optimizer,
+    # The profile sees what autocast saves (half the bytes of float32 in bf16).
+    with autocast(config.precision, device):
+        return measure(
+            job.model,
+            job.batch_size,
+            seq_len=job.seq_len,
+            image_size=job.image_size,
+            device=device,
+            dtype=job.dtype,
+            optimizer=config.optim.optimizer,
+        )
+
+
+def _check_profile_precision(path: str, profile: Profile, precision: str) -> None:
+    """Refuse a profile measured in another precision than the run's (its saved bytes
+    differ: autocast saves half-precision copies)."""
+    dtype = autocast_dtype(precision)
+    mine = None if dtype is None else str(dtype).removeprefix("torch.")
+    theirs = profile.notes.get("autocast")
+    require(
+        mine == theirs,
+        f"{path} was profiled with autocast {theirs or 'off'}, but this run's {{precision}} "
+        f"is {precision}; profile it with --precision {precision} (pipeswap profile), or "
+        "drop {profile_path} to measure here",
     )
 
 

@@ -38,6 +38,7 @@ from pipeswap.dist.group import agree, all_gather, rank_and_world, rank_device
 from pipeswap.errors import PipeswapError
 from pipeswap.models.export import export_model
 from pipeswap.pipeline.rng import TRAIN, rng_stream
+from pipeswap.precision import LossScaler, autocast
 from pipeswap.profile import Profile
 from pipeswap.progress import progress_bar
 from pipeswap.swap.plan import SwapPlan
@@ -120,7 +121,16 @@ class _Rank:
         self.executor = self._executor(plan, profile)
         self.network = replicate(self.model, self.device, plan.bucket_bytes, world_size)
         self.optimizer = config.optim.build(self.model.parameters())
+        self.scaler = LossScaler(config.precision, self.device)
         self.record = _Record()
+
+    def loss(
+        self, module: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """The loss of a micro-batch through ``module`` (the model or its replica), the
+        forward in the run's precision."""
+        with autocast(self.config.precision, self.device):
+            return self.job.loss(self.model, module(inputs), targets)
 
     def _executor(self, plan: SwapPlan, profile: Profile | None) -> SwapExecutor:
         """The plan's executor, prepared on the first batch; every rank fails if one does."""
@@ -136,7 +146,7 @@ class _Rank:
                 device=self.device,
             )
             inputs, targets = self.batch(0, 0)
-            executor.prepare(lambda: self.job.loss(self.model, self.model(inputs), targets))
+            executor.prepare(lambda: self.loss(self.model, inputs, targets))
         except PipeswapError as exc:
             failure = exc
             if executor is not None:
@@ -155,6 +165,7 @@ class _Rank:
         state = load_rank(directory, done, self.rank)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state.get("scaler", {}))
         self.record = _Record(state["done"], state["losses"], state["step_s"], state["late"])
         set_rng_state(state["rng"])
 
@@ -180,8 +191,8 @@ class _Rank:
             )
             with accumulating(self.network, sync=m == self.micro - 1), stream:
                 with self.executor.forward():
-                    loss = self.job.loss(self.model, self.network(inputs), targets)
-                (loss / self.micro).backward()
+                    loss = self.loss(self.network, inputs, targets)
+                self.scaler.scale(loss / self.micro).backward()
                 stats = self.executor.finish_step()
             record.late += stats.late_fetches
             record.swapped += stats.swapped_bytes
@@ -192,11 +203,12 @@ class _Rank:
         if self.config.optim.lr_warmup:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.config.optim.lr_at(step)
+        self.scaler.unscale(self.optimizer)
         if self.config.optim.clip_grad_norm is not None:
             # After the all-reduce: every rank scales the same averaged gradients alike.
             params = [p for group in self.optimizer.param_groups for p in group["params"]]
             torch.nn.utils.clip_grad_norm_(params, self.config.optim.clip_grad_norm, foreach=False)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -216,6 +228,7 @@ class _Rank:
             {
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
                 "done": record.done,
                 "losses": record.losses,
                 "step_s": record.step_s,

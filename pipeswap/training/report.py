@@ -17,6 +17,7 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format, dump_json, load_json
+from pipeswap.precision import DEFAULT_PRECISION
 from pipeswap.train_config import TrainConfig
 
 REPORT_FORMAT = "pipeswap.train/2"
@@ -92,6 +93,7 @@ class TrainReport:
     device: str | None
     nproc: int
     train_config: dict[str, Any]
+    precision: str = DEFAULT_PRECISION  # reports written before precisions existed: fp32
     data_parallel: DataParallelDetails | None = None
     pipeline: PipelineDetails | None = None
 
@@ -125,6 +127,7 @@ class TrainReport:
             device=config.device,
             nproc=nproc,
             train_config=config.to_json(),
+            precision=config.precision,
             data_parallel=data_parallel,
             pipeline=pipeline,
         )
@@ -144,28 +147,30 @@ class TrainReport:
     def from_json(cls, obj: dict[str, Any], where: str = "report") -> TrainReport:
         """The report :meth:`to_json` wrote (older ``pipeswap.train/2`` files too)."""
         check_format(obj, REPORT_FORMAT, where)
-        common = {f.name for f in dataclasses.fields(cls)} - {"data_parallel", "pipeline"}
         try:
             details: dict[str, Any] = {}
             if obj["mode"] == "data-parallel":
                 details["data_parallel"] = details_from_json(DataParallelDetails, obj)
             else:
                 details["pipeline"] = details_from_json(PipelineDetails, obj)
-            return cls(**{k: obj[k] for k in common}, **details)
+            return cls(**_values_of(cls, obj, skip=("data_parallel", "pipeline")), **details)
         except (KeyError, TypeError) as exc:
             raise PipeswapError(f"{where}: malformed training report ({exc!r})") from None
 
 
 def details_from_json(kind: type, obj: dict[str, Any]) -> Any:
     """The ``kind`` details (DataParallelDetails, PipelineDetails) among a report's keys."""
-    names = {f.name: f for f in dataclasses.fields(kind)}
-    return kind(
-        **{
-            name: obj[name]
-            for name, f in names.items()
-            if name in obj or f.default is dataclasses.MISSING
-        }
-    )
+    return kind(**_values_of(kind, obj))
+
+
+def _values_of(kind: type, obj: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The keys of ``obj`` that are fields of ``kind`` (one without a default must be
+    there: a KeyError says which is missing)."""
+    return {
+        f.name: obj[f.name]
+        for f in dataclasses.fields(kind)
+        if f.name not in skip and (f.name in obj or f.default is dataclasses.MISSING)
+    }
 
 
 def write_report(path: str | os.PathLike[str], report: TrainReport) -> None:

@@ -62,6 +62,7 @@ def run_identity(config: TrainConfig, world_size: int, **extra: Any) -> dict[str
         "seq_len": config.seq_len,
         "image_size": config.image_size,
         "seed": config.seed,
+        "precision": config.precision,
         "steps": config.steps,
         "optimizer": optimizer.optimizer,
         "lr": optimizer.base_lr,
