@@ -195,6 +195,7 @@ def even_balance(layers: int, stages: int) -> tuple[int, ...]:
 
 
 def _config(setting: Setting, mode: Mode, seed: int) -> Any:
+    from pipeswap.data_config import DataConfig
     from pipeswap.optim import OptimizerConfig
     from pipeswap.pipeline.config import PipelineConfig
     from pipeswap.train_config import TrainConfig
@@ -211,7 +212,6 @@ def _config(setting: Setting, mode: Mode, seed: int) -> Any:
         schedule=mode.schedule,
         weights=mode.weights,
         micro_batches=1,
-        eval_batches=task.eval_batches,
         distances=setting.distances,
     )
     return TrainConfig(
@@ -223,6 +223,7 @@ def _config(setting: Setting, mode: Mode, seed: int) -> Any:
         seed=seed,
         optim=optim,
         pipeline=pipeline,
+        dataset=DataConfig(eval_batches=task.eval_batches),
     )
 
 

@@ -68,6 +68,7 @@ VARIANTS = (
 
 def _config(setting: Setting, variant: str) -> Any:
     from pipeswap.config import replace_fields
+    from pipeswap.data_config import DataConfig
     from pipeswap.optim import OptimizerConfig
     from pipeswap.pipeline.config import PipelineConfig
     from pipeswap.train_config import TrainConfig
@@ -84,8 +85,8 @@ def _config(setting: Setting, variant: str) -> Any:
             schedule="1f1b",
             weights="stale",
             micro_batches=setting.micro,
-            eval_batches=0,
         ),
+        dataset=DataConfig(eval_batches=0),
     )
     if "async" in variant:
         weights = "spectrain" if "spectrain" in variant else "stale"

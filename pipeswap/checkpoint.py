@@ -55,10 +55,13 @@ class CheckpointConfig:
     checkpoint_dir: str | None = option(
         None,
         metavar="DIR",
-        help="write checkpoints here (every {checkpoint_every} steps, and on SIGTERM)",
+        help="write checkpoints here (every {checkpoint_every} steps, after the last step, "
+        "and on SIGTERM)",
     )
     checkpoint_every: int = option(
-        0, metavar="N", help="steps between checkpoints (0: only when stopped by SIGTERM)"
+        0,
+        metavar="N",
+        help="steps between checkpoints (0: only after the last step and when stopped by SIGTERM)",
     )
     resume: str | None = option(
         None, metavar="DIR", help="continue from the newest complete checkpoint in DIR"
@@ -99,15 +102,16 @@ class CheckpointPlan:
     """Where and how often a run checkpoints, and who it is (for the manifest)."""
 
     directory: str
-    every: int  # optimizer steps between checkpoints (0: only when stopped by SIGTERM)
+    every: int  # optimizer steps between checkpoints (0: only the last and SIGTERM's)
     identity: dict[str, Any]
     world_size: int
     # One id per run, the same on every rank (pipeswap.training agrees on rank 0's).
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def due(self, done: int, steps: int) -> bool:
-        """Checkpoint after ``done`` optimizer steps? (Never after the last one.)"""
-        return self.every > 0 and done % self.every == 0 and done < steps
+        """Checkpoint after ``done`` optimizer steps? Every ``every`` steps, and after the
+        last one (the trained state, which `pipeswap export` turns into the model)."""
+        return done == steps or (self.every > 0 and done % self.every == 0 and done < steps)
 
 
 class RunStopped(PipeswapError):

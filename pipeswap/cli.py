@@ -21,6 +21,7 @@ _COMMANDS = (
     "plan",
     "schedule",
     "train",
+    "export",
     "demo",
 )
 

@@ -275,15 +275,16 @@ def dataset_for(
     image_size: int | None = None,
     split: str = "train",
     seed: int = 0,
-    data: tuple[str, str] | None = None,
+    data: tuple[str, str, str] | None = None,
 ) -> LMDataset | MaskedLMDataset | ImageDataset | TextDataset:
     """The offline dataset that trains ``model`` (a LayeredModel or a model name).
 
     Language models get LMDataset (bytes; needs a vocabulary of at least 256), masked ones
     (``mask_token_id`` set) MaskedLMDataset; image models get ImageDataset with
     ``min(model classes, len(SHAPE_KINDS))`` classes. Unset sizes default to the model's
-    ``default_seq_len`` / ``default_image_size``. ``data`` (path, text field) trains a
-    language model on the user's own tokens or text instead (pipeswap.user_data).
+    ``default_seq_len`` / ``default_image_size``. ``data`` (path, text field, part; from
+    DataConfig.source) trains a language model on the user's own tokens or text instead
+    (pipeswap.user_data); it says which part of the file ``split`` reads.
     """
     if isinstance(model, str) and is_user_model(model) and model not in model_names():
         # A user's model: its task, vocabulary and mask token are read off the model.
@@ -323,10 +324,9 @@ def dataset_for(
             raise ConfigError(f"{name} is a language model: pass {{seq_len}}, not {{image_size}}")
         if data is not None:
             seq_len = seq_len if seq_len is not None else _default(name, "default_seq_len")
-            tokens = _user_tokens(data[0], data[1], name)
-            own = TextDataset(
-                tokens, seq_len, vocab_size=vocab, split=split, seed=seed, where=data[0]
-            )
+            path, text_field, part = data
+            tokens = _user_tokens(path, text_field, name)
+            own = TextDataset(tokens, seq_len, vocab_size=vocab, split=part, seed=seed, where=path)
             return own if mask_token_id is None else MaskedLMDataset(own, mask_token_id)
         if vocab < LMDataset.vocab_size:
             raise PipeswapError(f"{name} has a vocabulary of {vocab} < 256 byte values")

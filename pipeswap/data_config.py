@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pipeswap.config import option, require
 
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    """The data of a run: ``data`` None trains on the built-in data (pipeswap.data); a
-    path trains a language model on the user's own tokens or text (pipeswap.user_data)."""
+    """The data of a run and its held-out split: ``data`` None trains on the built-in data
+    (pipeswap.data); a path trains a language model on the user's own tokens or text
+    (pipeswap.user_data), whose last 5% is held out unless ``eval_data`` names the
+    held-out data (then every window of ``data`` trains). ``eval_batches`` held-out
+    batches are scored after training, in every mode."""
 
     data: str | None = option(
         None,
@@ -20,12 +24,40 @@ class DataConfig:
         "last 5%% of it is held out (default: the built-in data)",
     )
     text_field: str = option("text", help="the field holding the text in JSON lines and tables")
+    eval_data: str | None = option(
+        None,
+        metavar="PATH",
+        help="held-out data in any {data} format, scored after training (default: the last "
+        "5%% of {data}; with it, all of {data} trains)",
+    )
+    eval_batches: int = option(
+        2, help="held-out batches (of {batch} samples) scored after training; 0: none"
+    )
 
     def __post_init__(self) -> None:
         require(self.data != "", "{data} is empty; name a file or a directory")
         require(self.text_field != "", "{text_field} is empty; name the field with the text")
+        require(self.eval_data != "", "{eval_data} is empty; name a file or a directory")
+        require(
+            self.eval_data is None or self.data is not None,
+            "{eval_data} is held-out data for {data}: give {data} PATH too, or drop {eval_data}",
+        )
+        require(self.eval_batches >= 0, f"{{eval_batches}} is {self.eval_batches}; use 0 or more")
 
-    @property
-    def source(self) -> tuple[str, str] | None:
-        """(path, text field) of the user's data, or None for the built-in data."""
-        return None if self.data is None else (self.data, self.text_field)
+    def source(self, split: str) -> UserData | None:
+        """Where the user's ``split`` (train or val) comes from, or None for the built-in
+        data: a path, its text field and the part of it (``train``/``val``: the first 95%
+        and the last 5%; ``all``: every window)."""
+        if self.data is None:
+            return None
+        if self.eval_data is None:
+            return UserData(self.data, self.text_field, split)
+        return UserData(self.data if split == "train" else self.eval_data, self.text_field, "all")
+
+
+class UserData(NamedTuple):
+    """A user's data file or directory, the field of its text, and which windows to use."""
+
+    path: str
+    text_field: str
+    part: str

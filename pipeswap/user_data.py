@@ -12,7 +12,9 @@ Sources, by what the path is:
   joined with the tokenizer's end-of-text token (a newline, byte-level).
 
 The tokens are cut into non-overlapping windows of ``seq_len + 1``; the last 5% of the
-windows (at least one) are the held-out split. Each epoch visits the training windows
+windows (at least one) are the held-out split (part ``val``, the rest part ``train``),
+unless the held-out data is a file of its own (then each file is used whole, part
+``all``). Each epoch visits the training windows
 in an order drawn from ``(seed, epoch)``; batch ``index`` of the run is windows
 ``index * b`` to ``index * b + b - 1`` of that order (data-parallel ranks take
 consecutive indexes, so they see disjoint windows and every window once per epoch).
@@ -168,10 +170,11 @@ class TextDataset:
         windows = len(tokens) // (seq_len + 1)
         if len(tokens) == 0:
             raise PipeswapError(f"{where} holds no tokens; give a file with text or tokens")
-        if windows < 2:
+        if windows < (1 if split == "all" else 2):
             raise ConfigError(
-                f"{where} has {len(tokens)} tokens, too few for two windows of {{seq_len}} "
-                f"{seq_len} plus one (one to train on, one held out); lower {{seq_len}}"
+                f"{where} has {len(tokens)} tokens, too few for "
+                + ("a window" if split == "all" else "two windows (one to train on, one held out)")
+                + f" of {{seq_len}} {seq_len} plus one; lower {{seq_len}}"
             )
         top = int(np.max(tokens))
         if top >= vocab_size or int(np.min(tokens)) < 0:
@@ -185,7 +188,11 @@ class TextDataset:
                 f"vocabulary of {vocab_size}; tokenize with the model's own tokenizer"
             )
         held = max(1, round(windows * HELD_OUT_FRACTION))
-        first, count = (0, windows - held) if split == "train" else (windows - held, held)
+        first, count = {
+            "train": (0, windows - held),
+            "val": (windows - held, held),
+            "all": (0, windows),
+        }[split]
         self.tokens, self.seq_len, self.split, self.seed = tokens, seq_len, split, seed
         self.first, self.count = first, count
         self._order: tuple[int, torch.Tensor] | None = None

@@ -12,6 +12,7 @@ import torch
 from pipeswap.cli import main
 from pipeswap.config import ConfigError
 from pipeswap.data import MaskedLMDataset, dataset_for
+from pipeswap.data_config import DataConfig, UserData
 from pipeswap.errors import PipeswapError
 from pipeswap.user_data import TextDataset, read_tokens
 
@@ -87,16 +88,20 @@ def test_the_held_out_split_is_the_last_windows_and_never_trained_on() -> None:
 def test_bad_data_is_refused_naming_what_to_do(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(PipeswapError, match="holds no tokens"):
-        dataset_for("gpt2-micro", seq_len=8, data=(str(tmp_path / "empty.txt"), "text"))
+        dataset_for(
+            "gpt2-micro", seq_len=8, data=UserData(str(tmp_path / "empty.txt"), "text", "train")
+        )
     (tmp_path / "short.txt").write_text("abc")
     with pytest.raises(ConfigError, match="3 tokens, too few for two windows"):
-        dataset_for("gpt2-micro", seq_len=8, data=(str(tmp_path / "short.txt"), "text"))
+        dataset_for(
+            "gpt2-micro", seq_len=8, data=UserData(str(tmp_path / "short.txt"), "text", "train")
+        )
     big = tmp_path / "big.npy"
     np.save(big, np.array([1, 2, 300] + [5] * 100))
     with pytest.raises(
         PipeswapError, match="token 300 at position 2 is outside the model's vocabulary of 256"
     ):
-        dataset_for("gpt2-micro", seq_len=8, data=(str(big), "text"))
+        dataset_for("gpt2-micro", seq_len=8, data=UserData(str(big), "text", "train"))
     paths = _corpus(tmp_path / "c")
     with pytest.raises(ConfigError, match=r"has no field 'body' \(its fields: text, n\)"):
         read_tokens(str(paths["jsonl"]), "body", None)
@@ -106,7 +111,7 @@ def test_bad_data_is_refused_naming_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(PipeswapError, match="no whole uint16 tokens"):
         read_tokens(str(tmp_path / "odd.bin"), "text", None)
     with pytest.raises(ConfigError, match="image model"):
-        dataset_for("resnet-micro", data=(str(paths["bin"]), "text"))
+        dataset_for("resnet-micro", data=UserData(str(paths["bin"]), "text", "train"))
 
 
 def test_a_masked_model_gets_masked_batches_of_the_user_s_text(tmp_path: Path) -> None:
@@ -115,7 +120,7 @@ def test_a_masked_model_gets_masked_batches_of_the_user_s_text(tmp_path: Path) -
 
     paths = _corpus(tmp_path)
     bert = save_config(tmp_path / "bert", "bert")  # a masked LM (its config's mask token)
-    data = dataset_for(bert, seq_len=16, data=(str(paths["txt"]), "text"))
+    data = dataset_for(bert, seq_len=16, data=UserData(str(paths["txt"]), "text", "train"))
     assert isinstance(data, MaskedLMDataset)
     inputs, targets = data.batch(4, 0)
     assert inputs.shape == targets.shape == (4, 16)
@@ -139,3 +144,20 @@ def test_train_on_your_data_in_every_mode(tmp_path: Path, mode: list[str]) -> No
     argv = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--steps", "6"]
     assert main([*argv, "--report", str(builtin), *mode]) == 0
     assert json.loads(builtin.read_text())["losses"] != reports["bin"]["losses"]
+
+
+def test_a_held_out_file_of_its_own_is_scored_whole_and_all_of_data_trains() -> None:
+    config = DataConfig(data="train.bin", eval_data="held.bin")
+    assert config.source("train") == UserData("train.bin", "text", "all")
+    assert config.source("val") == UserData("held.bin", "text", "all")
+    assert DataConfig(data="t.bin").source("val") == UserData("t.bin", "text", "val")
+    assert DataConfig().source("train") is None
+    tokens = np.arange(10 * 17, dtype=np.uint16) % 250
+    whole = TextDataset(tokens, 16, vocab_size=256, split="all")
+    assert (whole.first, whole.count) == (0, 10)
+    one = TextDataset(tokens[:17], 16, vocab_size=256, split="all")  # one window is enough
+    assert one.count == 1
+    with pytest.raises(ConfigError, match="give data PATH too"):
+        DataConfig(eval_data="held.bin")
+    with pytest.raises(ConfigError, match="eval_batches is -1"):
+        DataConfig(eval_batches=-1)

@@ -136,6 +136,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
         check_writable(args.trace, inputs=(args.profile_path,))
 
 
+def _held_out(score: dict[str, float | int]) -> str:
+    return ", ".join(f"{k} {v:.4g}" for k, v in score.items() if k != "batches")
+
+
 def summary_lines(report: TrainReport) -> list[str]:
     """What `pipeswap train` prints about a finished run, from its report."""
     losses = report.losses
@@ -147,13 +151,14 @@ def summary_lines(report: TrainReport) -> list[str]:
             f"{format_bytes(dp.budget_bytes)}/GPU, swapped {swapped} per step; step "
             f"{dp.measured_step_s * 1e3:.1f} ms measured, {dp.predicted_step_s * 1e3:.1f} ms "
             "predicted",
-            f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; params sha256 {report.params_sha256}",
+            f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+            + (f"; held-out {_held_out(dp.eval)}" if dp.eval and "loss" in dp.eval else "")
+            + f"; params sha256 {report.params_sha256}",
         ]
     assert report.pipeline is not None
     pipe = report.pipeline
     config = pipe.config
     busy = " ".join(f"{b:.0%}" for b in pipe.stage_busy)
-    evaluation = ", ".join(f"{k} {v:.4g}" for k, v in pipe.eval.items() if k != "batches")
     lines = [
         f"pipeswap train: {config['model']}, {len(config['balance'])} stages (balance "
         f"{','.join(map(str, config['balance']))}), {config['schedule']}/{config['weights']}, "
@@ -161,7 +166,7 @@ def summary_lines(report: TrainReport) -> list[str]:
         f"({report.mode})"
         + (f", lr warm-up {config['lr_warmup']} steps" if config["lr_warmup"] else "")
         + (f", {config['distances']} distances" if config["distances"] != "schedule" else ""),
-        f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; held-out {evaluation}; "
+        f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; held-out {_held_out(pipe.eval)}; "
         f"{pipe.samples_per_s:.1f} samples/s; stage busy {busy}",
     ]
     if pipe.prediction_error is not None:

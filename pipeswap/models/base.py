@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -15,6 +16,20 @@ from pipeswap.config import ConfigError
 TASKS = ("lm", "classify")
 # Targets equal to this are not scored (the unmasked positions of a masked LM).
 IGNORE_INDEX = -100
+
+
+@contextlib.contextmanager
+def evaluating(module: nn.Module) -> Iterator[None]:
+    """``module`` scoring held-out data: eval mode (no dropout, BatchNorm on its running
+    statistics) and no gradients; every submodule's own mode comes back afterwards."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, mode in modes:
+            m.train(mode)
 
 
 def _add_layers(sequential: nn.Sequential, layers: Sequence[tuple[str, nn.Module]]) -> None:

@@ -162,13 +162,28 @@ def _hidden_of(args: Any, kwargs: Any) -> Any:
     )
 
 
-class _Embed(nn.Module):
+class _AroundBlocks(nn.Module):
+    """The embed or head layer: it runs the model's own code outside the blocks."""
+
     def __init__(self, replay: Replay, owned: dict[str, nn.Module]) -> None:
         super().__init__()
         object.__setattr__(self, "replay", replay)  # not a child: it holds every block
         for path, module in owned.items():
             self._modules[path] = module
 
+    def train(self, mode: bool = True) -> _AroundBlocks:
+        """Also the mode of the model's modules outside its blocks that no layer owns (the
+        root, a parameter-free dropout after the embeddings): ``eval()`` turns them off."""
+        super().train(mode)
+        replay: Replay = self.replay  # type: ignore[assignment]
+        inside = {id(m) for block in replay.blocks for m in block.modules()}
+        for module in replay.root.modules():
+            if id(module) not in inside:
+                module.training = mode
+        return self
+
+
+class _Embed(_AroundBlocks):
     def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         replay: Replay = self.replay  # type: ignore[assignment]
         hidden, received = replay.capture(inputs)
@@ -203,13 +218,7 @@ class _Block(nn.Module):
         return (new_hidden, *packed[1:])
 
 
-class _Head(nn.Module):
-    def __init__(self, replay: Replay, owned: dict[str, nn.Module]) -> None:
-        super().__init__()
-        object.__setattr__(self, "replay", replay)
-        for path, module in owned.items():
-            self._modules[path] = module
-
+class _Head(_AroundBlocks):
     def forward(self, packed: tuple[torch.Tensor, ...]) -> torch.Tensor:
         replay: Replay = self.replay  # type: ignore[assignment]
         hidden, inputs = packed[0], packed[-1]

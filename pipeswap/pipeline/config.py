@@ -55,7 +55,6 @@ class PipelineConfig:
     micro_batches: int | None = option(
         None, help="units per mini-batch (default: one per stage; async-1f1b: 1)"
     )
-    eval_batches: int = option(2, help="held-out batches evaluated after training")
     memory_cap_bytes: int | None = option(
         None,
         parse=parse_bytes,
@@ -100,7 +99,6 @@ class PipelineConfig:
             f"{{micro_batches}} is {self.micro_batches}; use 1 or more",
         )
         kind.check_micro_batches(self.micro_batches)
-        require(self.eval_batches >= 0, f"{{eval_batches}} is {self.eval_batches}; use 0 or more")
         require(
             not self.error_feedback or kind.asynchronous,
             f"{{error_feedback}} corrects delayed gradients, but {{schedule}} {self.schedule} "

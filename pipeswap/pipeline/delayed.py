@@ -12,7 +12,7 @@ import torch
 
 from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
-from pipeswap.models.base import LayeredModel
+from pipeswap.models.base import LayeredModel, evaluating
 from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.job import BatchSource, build_full_model, build_meta_model
@@ -227,7 +227,6 @@ def _set_delayed(
             p.copy_(va if high == low else (1 - frac) * va + frac * vb)
 
 
-@torch.no_grad()
 def _evaluate(
     config: TrainConfig, model: LayeredModel, stages: list[torch.nn.Sequential]
 ) -> dict[str, float | int]:
@@ -235,16 +234,16 @@ def _evaluate(
     held_out = BatchSource(config, model, "val")
     loss_sum, correct, samples, units = 0.0, 0, 0, 0
     pipeline = config.require_pipeline()
-    for step in range(pipeline.eval_batches):
+    for step in range(config.dataset.eval_batches):
         for micro in range(pipeline.micro_batch_count):
             x, y = held_out.micro(step, micro)
-            with autocast(config.precision, "cpu"):
+            with evaluating(model), autocast(config.precision, "cpu"):
                 out = _forward(config, stages, x, EVAL, step, micro)
                 loss_sum += model.loss(out, y).item()
             correct += int((out.argmax(-1) == y).sum().item())
             samples += int(y.shape[0])
             units += 1
-    evaluation: dict[str, float | int] = {"batches": pipeline.eval_batches}
+    evaluation: dict[str, float | int] = {"batches": config.dataset.eval_batches}
     if units:
         evaluation["loss"] = loss_sum / units
         if model.task == "classify":

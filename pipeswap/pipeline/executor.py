@@ -259,7 +259,7 @@ class StageExecutor:
     # ---- evaluation ---------------------------------------------------------------
     def eval_units(self) -> list[int]:
         base = self.schedule.num_units
-        return list(range(base, base + self.pipeline.eval_batches * self.micro_batches))
+        return list(range(base, base + self.config.dataset.eval_batches * self.micro_batches))
 
     def evaluate(self, unit: int) -> None:
         """Forward one held-out unit (no gradients) and pass it on or score it."""
@@ -312,6 +312,9 @@ class StageExecutor:
                 "sent": self._kept,
                 "rng": rng_state(),
                 "tied": self.tied.state(done) if self.tied is not None else {},
+                # What `pipeswap export` reads: the weights' names in the whole model.
+                "names": [name for name, _ in self.named_parameters()],
+                "buffers": {n: b.detach().clone() for n, b in self.module.named_buffers()},
             },
         )
         self._last_crossing = {(ActionKind(d), unit) for d, unit in self._kept}

@@ -50,18 +50,25 @@ def save_trained(config: TrainConfig, states: Sequence[dict[str, torch.Tensor] |
     if config.checkpoint.save is None:
         return
     model = build_full_model(config)
+    assert all(state is not None for state in states), "a saving run's stages report tensors"
+    load_stage_tensors(model, [state for state in states if state is not None])
+    export_model(model, config.checkpoint.save, source=config.model, steps=config.steps)
+
+
+def load_stage_tensors(model: LayeredModel, states: Sequence[dict[str, torch.Tensor]]) -> None:
+    """Load every stage's tensors (named as in the whole model) into ``model``, strictly:
+    each tensor of the model must come from a stage (a tied weight from one of them)."""
+    full = model.state_dict(keep_vars=True)
     merged: dict[str, torch.Tensor] = {}
     for state in states:
-        assert state is not None, "a saving run's stages report their tensors"
-        merged.update(state)
+        # Buffers the model does not persist (rotary frequencies) are no part of its weights.
+        merged.update((name, tensor) for name, tensor in state.items() if name in full)
     # A tied weight is reported under one of its names: give its aliases the same tensor.
-    full = model.state_dict(keep_vars=True)
     given = {id(tensor): name for name, tensor in full.items() if name in merged}
     for name, tensor in full.items():
         if name not in merged and id(tensor) in given:
             merged[name] = merged[given[id(tensor)]]
     model.load_state_dict(merged)  # strict: every tensor of the model came from a stage
-    export_model(model, config.checkpoint.save, source=config.model, steps=config.steps)
 
 
 def build_meta_model(config: TrainConfig) -> LayeredModel:
@@ -112,7 +119,7 @@ def _dataset(config: TrainConfig, model: LayeredModel, split: str) -> Any:
             image_size=config.image_size,
             split=split,
             seed=config.seed,
-            data=config.dataset.source,
+            data=config.dataset.source(split),
         )
     except PipeswapError:
         if ":" in config.model and config.dataset.data is None:

@@ -83,7 +83,7 @@ def pipeline_summary(config: TrainConfig) -> dict[str, Any]:
         "seq_len": config.seq_len,
         "image_size": config.image_size,
         "seed": config.seed,
-        "eval_batches": pipeline.eval_batches,
+        "eval_batches": config.dataset.eval_batches,
         "distances": pipeline.distances,
         "lr_warmup": optimizer.lr_warmup,
     }
@@ -99,7 +99,7 @@ def combine(
     losses = tuple(
         sum(last.losses[step * m + i] for i in range(m)) / m for step in range(config.steps)
     )
-    evaluation: dict[str, float | int] = {"batches": pipeline.eval_batches}
+    evaluation: dict[str, float | int] = {"batches": config.dataset.eval_batches}
     if last.eval_units:
         evaluation["loss"] = last.eval_loss_sum / last.eval_units
         if task == "classify":

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeswap.errors import PipeswapError
+from pipeswap.models.base import evaluating
 from pipeswap.pipeline.job import build_full_model, build_meta_model
 from pipeswap.pipeline.partition import check_stage_count
 from pipeswap.precision import DEFAULT_PRECISION, autocast
@@ -270,13 +271,13 @@ class StageRunner:
             received.append(grad if grad is not None else torch.zeros_like(leaves[i]))
         return tuple(received)
 
-    @torch.no_grad()
     def evaluate(
         self, inputs: Any, target: torch.Tensor | None = None
     ) -> Packed | tuple[float, int]:
-        """Forward without gradients; the last stage returns (loss, correct predictions)."""
+        """Forward in eval mode without gradients; the last stage returns (loss, correct
+        predictions)."""
         value = inputs if self.is_first else unpack(inputs, self.input_spec)  # type: ignore[arg-type]
-        with autocast(self.precision, self.device):
+        with evaluating(self.module), autocast(self.precision, self.device):
             output = self.module(value)
             loss_tensor = (
                 self.loss_fn(output, target) if self.is_last and target is not None else None

@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,6 +36,7 @@ from pipeswap.dist.digest import combine_digests, params_sha256, tensor_sha256
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import agree, all_gather, rank_and_world, rank_device
 from pipeswap.errors import PipeswapError
+from pipeswap.models.base import evaluating
 from pipeswap.models.export import export_model
 from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.precision import LossScaler, autocast
@@ -67,6 +68,17 @@ class RankResult:
     # Buffers (BatchNorm statistics), digested as params_sha256 digests parameters: a
     # recomputed layer's re-run must not update them a second time.
     buffers_sha256: str = ""
+    held_out: HeldOut | None = None  # the held-out score after training, on this rank
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Sums of one rank's held-out batches, combined over ranks into the report's ``eval``."""
+
+    batches: int
+    loss_sum: float  # of each batch's mean loss
+    correct: int  # classifiers: predictions equal to the label
+    samples: int
 
 
 def _to(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
@@ -237,6 +249,22 @@ class _Rank:
             },
         )
 
+    def evaluate(self) -> HeldOut:
+        """Score ``eval_batches`` held-out batches in eval mode (ranks take disjoint ones)."""
+        batches = self.config.dataset.eval_batches
+        loss_sum, correct, samples = 0.0, 0, 0
+        with evaluating(self.model):
+            for i in range(batches):
+                inputs, targets = self.job.batch(i * self.world_size + self.rank, "val")
+                inputs, targets = _to(self.device, inputs), _to(self.device, targets)
+                with autocast(self.config.precision, self.device):
+                    output = self.model(inputs)
+                    loss_sum += self.job.loss(self.model, output, targets).item()
+                if getattr(self.model, "task", None) == "classify":
+                    correct += int((output.argmax(-1) == targets).sum().item())
+                samples += int(targets.shape[0])
+        return HeldOut(batches, loss_sum, correct, samples)
+
     def result(self) -> RankResult:
         executor, record, device = self.executor, self.record, self.device
         peak = (
@@ -328,10 +356,13 @@ def train_rank(
                 stop.restore()
             if bar is not None:
                 bar.close()
-        if rank == 0 and config.checkpoint.save is not None:
-            save = config.checkpoint.save
-            export_model(trainer.model, save, source=config.model, steps=config.steps)
-        return trainer.result()
+        result = trainer.result()
+    # After the executor let go of the model: evaluation saves nothing to swap.
+    result = replace(result, held_out=trainer.evaluate())
+    if rank == 0 and config.checkpoint.save is not None:
+        save = config.checkpoint.save
+        export_model(trainer.model, save, source=config.model, steps=config.steps)
+    return result
 
 
 def measured_step_s(results: Sequence[RankResult]) -> float:

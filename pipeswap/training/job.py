@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from pipeswap.data import dataset_for
+from pipeswap.data_config import DataConfig, UserData
 from pipeswap.models.registry import build_model
 from pipeswap.profiling.step import parse_dtype
 from pipeswap.train_config import TrainConfig
@@ -31,7 +32,9 @@ class Job(Protocol):
         self, model: nn.Module, output: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor: ...
 
-    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def batch(self, index: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch ``index`` of ``split``: train, or val (the held-out data)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class ModelJob:
     image_size: int | None = None
     seed: int = 0
     dtype: str = "float32"
-    data: tuple[str, str] | None = None  # the user's (path, text field); None: built-in
+    data: DataConfig = DataConfig()  # the user's data, or the built-in data
 
     @classmethod
     def of(cls, config: TrainConfig) -> ModelJob:
@@ -56,7 +59,7 @@ class ModelJob:
             config.seq_len,
             config.image_size,
             config.seed,
-            data=config.dataset.source,
+            data=config.dataset,
         )
 
     @property
@@ -75,8 +78,10 @@ class ModelJob:
     def loss(self, model: nn.Module, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return model.loss(output, targets)  # type: ignore[operator]
 
-    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        dataset = _dataset(self.model, self.seq_len, self.image_size, self.seed, self.data)
+    def batch(self, index: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch ``index`` of the ``split`` (train, or val: the held-out data)."""
+        source = self.data.source(split)
+        dataset = _dataset(self.model, self.seq_len, self.image_size, self.seed, split, source)
         inputs, targets = dataset.batch(self.batch_size, index)
         if inputs.is_floating_point():
             inputs = inputs.to(parse_dtype(self.dtype))
@@ -89,6 +94,9 @@ def _dataset(
     seq_len: int | None,
     image_size: int | None,
     seed: int,
-    data: tuple[str, str] | None,
+    split: str,
+    data: UserData | None,
 ) -> Any:
-    return dataset_for(model, seq_len=seq_len, image_size=image_size, seed=seed, data=data)
+    return dataset_for(
+        model, seq_len=seq_len, image_size=image_size, split=split, seed=seed, data=data
+    )

@@ -56,6 +56,7 @@ class DataParallelDetails:
     dtype: str
     plan: dict[str, Any]
     notes: dict[str, str]
+    eval: dict[str, float | int] | None = None  # as a pipeline's: batches, loss, accuracy
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -53,6 +53,7 @@ BAD_INPUT = {
     "simulate": ["simulate", "--graph", "{graph}", "--topology", "no-such-server"],
     "schedule": ["schedule", "show", "--schedule", "1f1b", "--stages", "0", "--steps", "2"],
     "train": ["train", "--model", "gpt2-micro", "--steps", "0"],
+    "export": ["export", "{profile}", "--out", "x"],
     "demo": ["demo", "--out", "{profile}/inside-a-file"],
 }
 
@@ -113,6 +114,7 @@ RUNS = {
     "simulate": ["simulate", "--graph", "{graph}", "--topology", "switch-4"],
     "schedule": ["schedule", "show", "--schedule", "1f1b", "--stages", "2", "--steps", "2"],
     "train": ["train", "--model", "gpt2-micro"],
+    "export": ["export", "ckpt", "--out", "x"],
     "demo": ["demo"],
 }
 

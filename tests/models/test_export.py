@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from pipeswap.cli import main
+from pipeswap.data import dataset_for
+from pipeswap.data_config import UserData
 from pipeswap.dist.digest import params_sha256
 from pipeswap.errors import PipeswapError
 from pipeswap.models.export import MARKER, check_save_target, export_model, source_module
@@ -93,3 +95,63 @@ def test_a_bad_save_target_is_refused_before_training(tmp_path: Path, capsys) ->
     argv = ["train", "--model", "gpt2-micro", "--steps", "100000", "--save", str(tmp_path / "file")]
     assert main(argv) == 2
     assert "it is a file; name a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", [[], ["--pipeline", "2", "--emulate"]])
+def test_a_saved_model_scores_the_held_out_loss_the_report_states(
+    tmp_path: Path, mode: list[str]
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    from tests.models.hf_configs import save_model
+
+    source = save_model(tmp_path / "gpt", "gpt2", dropout=0.1)  # eval mode turns it off
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"line {i}: the quick brown fox, {i * 7 % 13}" for i in range(400)))
+    held_out = tmp_path / "held_out.txt"
+    held_out.write_text("\n".join(f"other {i}: a lazy dog {i % 5}" for i in range(60)))
+    out, report = tmp_path / "trained", tmp_path / "r.json"
+    argv = ["train", "--model", source, "--seq-len", "16", "--batch", "4", "--steps", "3"]
+    argv += ["--data", str(corpus), "--eval-data", str(held_out), "--eval-batches", "3"]
+    assert main([*argv, *mode, "--save", str(out), "--report", str(report)]) == 0
+    stated = json.loads(report.read_text())["eval"]
+    assert stated["batches"] == 3
+    model = transformers.GPT2LMHeadModel.from_pretrained(out, local_files_only=True).eval()
+    held = dataset_for(source, seq_len=16, split="val", data=UserData(str(held_out), "text", "all"))
+    losses = []
+    with torch.no_grad():
+        for index in range(3):
+            inputs, targets = held.batch(4, index)
+            logits = model(input_ids=inputs).logits
+            losses.append(
+                torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            )
+    assert float(sum(losses) / 3) == pytest.approx(stated["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [[], ["--pipeline", "2", "--emulate"], ["--pipeline", "2", "--schedule", "async-1f1b"]],
+)
+def test_export_turns_a_checkpoint_into_the_model_save_writes(
+    tmp_path: Path, mode: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("transformers")
+    from tests.models.hf_configs import save_model
+
+    source = save_model(tmp_path / "gpt", "gpt2")  # tied: a pipeline's stages share a weight
+    argv = ["train", "--model", source, "--seq-len", "16", "--batch", "4", "--steps", "4"]
+    argv += ["--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3", *mode]
+    assert main([*argv, "--save", str(tmp_path / "saved")]) == 0
+    assert sorted(p.name for p in (tmp_path / "ck").glob("step-*")) == [
+        "step-00000003",
+        "step-00000004",  # the last step is checkpointed too
+    ]
+    assert main(["export", str(tmp_path / "ck"), "--out", str(tmp_path / "exported")]) == 0
+    assert "after 4 steps" in capsys.readouterr().out
+    exported = params_sha256(build_model(str(tmp_path / "exported")))
+    assert exported == params_sha256(build_model(str(tmp_path / "saved")))
+    assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+    assert "nothing: no such directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["export", str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
+    assert "no complete checkpoint there" in capsys.readouterr().err

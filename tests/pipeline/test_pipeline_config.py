@@ -36,7 +36,6 @@ def test_the_micro_batch_default_is_the_schedules() -> None:
         ({"stages": 2, "distances": "table"}, "schedule, official"),
         ({"stages": 2, "micro_batches": 0}, "micro_batches is 0"),
         ({"stages": 2, "schedule": "async-1f1b", "micro_batches": 2}, "takes no micro_batches"),
-        ({"stages": 2, "eval_batches": -1}, "eval_batches is -1"),
         ({"stages": 2, "error_feedback": True}, "synchronous"),
         ({"stages": 2, "schedule": "async-1f1b", "error_feedback": True}, "not available yet"),
     ],

@@ -83,7 +83,7 @@ def test_emulator_resumes_bit_identically(
     checkpointed = Emulator(config, checkpoint=_plan(tmp_path, 4)).run()
     assert (checkpointed.losses, checkpointed.params_sha256) == (alone.losses, alone.params_sha256)
     found = latest_complete(tmp_path)
-    assert found is not None and found[0] == 8  # steps 4 and 8 (never after the last, 9)
+    assert found is not None and found[0] == 9  # steps 4, 8 and the last, 9
     resumed = Emulator(config, resume=(str(tmp_path), 4)).run()
     assert resumed.losses == alone.losses and resumed.params_sha256 == alone.params_sha256
     assert resumed.eval == alone.eval and resumed.prediction_error == alone.prediction_error
@@ -91,6 +91,7 @@ def test_emulator_resumes_bit_identically(
 
 def test_a_half_written_set_is_passed_over_and_another_runs_set_refused(tmp_path: Path) -> None:
     Emulator(BASE, checkpoint=_plan(tmp_path, 4)).run()
+    shutil.rmtree(step_dir(tmp_path, 9))
     (step_dir(tmp_path, 8) / "rank-2.pt").unlink()  # as if rank 2 died while writing
     found = latest_complete(tmp_path)
     assert found is not None and found[0] == 4

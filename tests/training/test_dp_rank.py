@@ -73,8 +73,8 @@ class UserJob:
     def loss(self, model: nn.Module, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return nn.functional.cross_entropy(output, targets)
 
-    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        gen = torch.Generator().manual_seed(1000 + index)
+    def batch(self, index: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(1000 + index + (0 if split == "train" else 10**6))
         return torch.randn(self.batch_size, 16, generator=gen), torch.randint(
             0, 5, (8,), generator=gen
         )
@@ -471,3 +471,24 @@ def test_clipping_bounds_the_first_update_by_lr_times_the_norm(
     moved = torch.sqrt(sum(((after[k] - before[k]) ** 2).sum() for k in after))
     # SGD's first step is lr * g: clipped, its norm is at most lr * clip.
     assert (float(moved) <= 0.05 * 1e-3 * (1 + 1e-5)) is bound
+
+
+def test_held_out_batches_are_scored_in_eval_mode_after_training_and_change_nothing() -> None:
+    def run(**fields: Any) -> Any:
+        config = TrainConfig(
+            "gpt2-micro", batch=4, seq_len=16, steps=2, device="cpu", swap=SwapConfig()
+        )
+        outcome = train(replace_fields(config, progress=False, **fields))
+        assert outcome is not None
+        return outcome.report
+
+    plain = run(policy="none")
+    swapped = run(policy="hybrid", footprint_ratio=1.3)
+    unscored = run(policy="none", eval_batches=0)
+    assert plain.data_parallel.eval["batches"] == 2 and plain.data_parallel.eval["loss"] > 0
+    assert swapped.data_parallel.eval == plain.data_parallel.eval
+    assert unscored.data_parallel.eval == {"batches": 0}
+    assert unscored.params_sha256 == plain.params_sha256  # scoring trains nothing
+    # The zoo's image models report accuracy too, over every rank's held-out samples.
+    image = run(model="resnet-micro", seq_len=None, batch=4, nproc=2, policy="none")
+    assert 0.0 <= image.data_parallel.eval["accuracy"] <= 1.0

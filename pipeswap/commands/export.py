@@ -1,0 +1,34 @@
+"""`pipeswap export`: a checkpoint directory as the trained model, in the format it came in."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeswap.training.export import export_checkpoint
+
+_EXAMPLES = """examples:
+  pipeswap train --model my-gpt2 --seq-len 64 --steps 1000 --checkpoint-dir ckpt --checkpoint-every 100
+  pipeswap export ckpt --out my-gpt2-trained    # then from_pretrained("my-gpt2-trained")
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="write a checkpoint's model in the format it came in (as train --save does)",
+        description="Read the newest complete checkpoint in CHECKPOINT_DIR (any mode: data "
+        "parallel, pipeline, emulated) and write its model to --out: a Hugging Face model as "
+        "a directory from_pretrained loads (safetensors, config, tokenizer files copied), any "
+        "other module as model.safetensors of its own state_dict keys.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="a run's --checkpoint-dir")
+    parser.add_argument("--out", required=True, metavar="DIR", help="where to write the model")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    done, name = export_checkpoint(args.checkpoint_dir, args.out)
+    print(f"pipeswap export: {name} after {done} steps -> {args.out}")
+    return 0

@@ -1,0 +1,108 @@
+"""A checkpoint of any mode as the trained model, in the format the model came in."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from pipeswap.checkpoint import CheckpointConfig, latest_complete, load_rank
+from pipeswap.data_config import DataConfig
+from pipeswap.errors import PipeswapError
+from pipeswap.models.export import check_save_target, export_model
+from pipeswap.models.registry import build_model
+from pipeswap.optim import OptimizerConfig
+from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.job import load_stage_tensors
+from pipeswap.precision import DEFAULT_PRECISION
+from pipeswap.train_config import TrainConfig
+from pipeswap.training.run import train
+
+
+def export_checkpoint(directory: str, out: str) -> tuple[int, str]:
+    """Write the model of the newest complete checkpoint in ``directory`` to ``out`` (as
+    ``--save`` writes it: a Hugging Face model as its directory, any other module as
+    ``model.safetensors`` of its own keys); returns (steps done, the model's name)."""
+    if not os.path.isdir(directory):
+        raise PipeswapError(
+            f"{directory}: no such directory; name the checkpoint directory a training run "
+            "wrote into"
+        )
+    found = latest_complete(directory)
+    if found is None:
+        raise PipeswapError(
+            f"{directory}: no complete checkpoint there (a step folder whose manifest and rank "
+            "files all exist); name the checkpoint directory a training run wrote into"
+        )
+    done, manifest = found
+    identity: dict[str, Any] = manifest.get("identity", {})
+    name = identity.get("model")
+    if not isinstance(name, str):
+        raise PipeswapError(f"{directory}: its manifest names no model; it is not a pipeswap run")
+    check_save_target(out, name)
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(name, device="cpu", image_size=identity.get("image_size"))
+    if identity.get("mode") == "data-parallel":
+        model.load_state_dict(load_rank(directory, done, 0)["model"])
+    elif done == identity.get("steps"):
+        # A finished pipeline: resumed for no step, its stages settle the updates of tied
+        # weights still in flight at the last cut, and save what a --save run would.
+        train(_finished_pipeline(directory, out, identity))
+        return done, name
+    else:
+        stages = range(int(identity["world_size"]))
+        load_stage_tensors(model, [_stage_tensors(directory, done, r, identity) for r in stages])
+    export_model(model, out, source=name, steps=done)
+    return done, name
+
+
+def _finished_pipeline(directory: str, out: str, identity: dict[str, Any]) -> TrainConfig:
+    """The emulated run that resumes a finished pipeline's last checkpoint and saves."""
+    return TrainConfig(
+        identity["model"],
+        batch=identity["batch"],
+        seq_len=identity["seq_len"],
+        image_size=identity["image_size"],
+        seed=identity["seed"],
+        steps=identity["steps"],
+        precision=identity.get("precision", DEFAULT_PRECISION),
+        optim=OptimizerConfig(
+            optimizer=identity["optimizer"],
+            lr=identity["lr"],
+            momentum=identity["momentum"],
+            weight_decay=identity["weight_decay"],
+            lr_warmup=identity["lr_warmup"],
+        ),
+        pipeline=PipelineConfig(
+            balance=tuple(identity["balance"]),
+            schedule=identity["schedule"],
+            weights=identity["weights"],
+            distances=identity["distances"],
+            micro_batches=identity["micro_batches"],
+            emulate=True,
+        ),
+        checkpoint=CheckpointConfig(resume=directory, save=out),
+        dataset=DataConfig(eval_batches=0),
+        progress=False,
+    )
+
+
+def _stage_tensors(
+    directory: str, done: int, rank: int, identity: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """One pipeline stage's weights and buffers, by their names in the whole model."""
+    state = load_rank(directory, done, rank)
+    if state.get("tied"):
+        raise PipeswapError(
+            f"{directory}: the checkpoint after step {done} holds updates of tied weights "
+            "that the stages apply after it, so no stage has their value yet; resume the run "
+            "to its end with --save DIR, or export its final checkpoint"
+        )
+    if "names" not in state:
+        raise PipeswapError(
+            f"{directory}: stage {rank}'s checkpoint was written by pipeswap "
+            f"{identity.get('pipeswap')}, which did not record its weights' names; resume the "
+            "run with this version for a step to write one that exports"
+        )
+    return {**dict(zip(state["names"], state["weights"]["params"])), **state["buffers"]}
