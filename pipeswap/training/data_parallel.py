@@ -28,6 +28,7 @@ from pipeswap.pipeline.resolve import check_profile_shape
 from pipeswap.precision import autocast, autocast_dtype
 from pipeswap.profile import Profile
 from pipeswap.profiling.measure import measure
+from pipeswap.profiling.step import dtype_name
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import make_plan
 from pipeswap.train_config import TrainConfig
@@ -110,7 +111,7 @@ def _check_profile_precision(path: str, profile: Profile, precision: str) -> Non
     """Refuse a profile measured in another precision than the run's (its saved bytes
     differ: autocast saves half-precision copies)."""
     dtype = autocast_dtype(precision)
-    mine = None if dtype is None else str(dtype).removeprefix("torch.")
+    mine = None if dtype is None else dtype_name(dtype)
     theirs = profile.notes.get("autocast")
     require(
         mine == theirs,

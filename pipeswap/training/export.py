@@ -41,15 +41,15 @@ def export_checkpoint(directory: str, out: str) -> tuple[int, str]:
     if not isinstance(name, str):
         raise PipeswapError(f"{directory}: its manifest names no model; it is not a pipeswap run")
     check_save_target(out, name)
-    with torch.random.fork_rng(devices=[]):
-        model = build_model(name, device="cpu", image_size=identity.get("image_size"))
-    if identity.get("mode") == "data-parallel":
-        model.load_state_dict(load_rank(directory, done, 0)["model"])
-    elif done == identity.get("steps"):
+    if identity.get("mode") != "data-parallel" and done == identity.get("steps"):
         # A finished pipeline: resumed for no step, its stages settle the updates of tied
         # weights still in flight at the last cut, and save what a --save run would.
         train(_finished_pipeline(directory, out, identity))
         return done, name
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(name, device="cpu", image_size=identity.get("image_size"))
+    if identity.get("mode") == "data-parallel":
+        model.load_state_dict(load_rank(directory, done, 0)["model"])
     else:
         stages = range(int(identity["world_size"]))
         load_stage_tensors(model, [_stage_tensors(directory, done, r, identity) for r in stages])

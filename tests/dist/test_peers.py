@@ -1,4 +1,7 @@
-"""A rank that lost its peers is told from a rank that failed."""
+"""A rank that lost its peers is told from a rank that failed.
+
+Covers: pipeswap/dist/peers.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""HiGHS's console output never reaches our stdout; it goes to the pipeswap.mip logger."""
+"""HiGHS's console output never reaches our stdout; it goes to the pipeswap.mip logger.
+
+Covers: pipeswap/swap/plan/solver.py.
+"""
 
 from __future__ import annotations
 
