@@ -22,6 +22,7 @@ from pipeswap.models.base import IGNORE_INDEX, LayeredModel
 from pipeswap.models.load import is_user_model
 from pipeswap.models.registry import build_model, model_names, model_spec
 from pipeswap.user_data import TextDataset, load_tokenizer, read_tokens
+from pipeswap.user_images import ImageFolderDataset
 
 DEFAULT_CORPUS_BYTES = 8 * 2**20
 SPLITS = ("train", "val")
@@ -276,15 +277,16 @@ def dataset_for(
     split: str = "train",
     seed: int = 0,
     data: tuple[str, str, str] | None = None,
-) -> LMDataset | MaskedLMDataset | ImageDataset | TextDataset:
+) -> LMDataset | MaskedLMDataset | ImageDataset | TextDataset | ImageFolderDataset:
     """The offline dataset that trains ``model`` (a LayeredModel or a model name).
 
     Language models get LMDataset (bytes; needs a vocabulary of at least 256), masked ones
     (``mask_token_id`` set) MaskedLMDataset; image models get ImageDataset with
     ``min(model classes, len(SHAPE_KINDS))`` classes. Unset sizes default to the model's
     ``default_seq_len`` / ``default_image_size``. ``data`` (path, text field, part; from
-    DataConfig.source) trains a language model on the user's own tokens or text instead
-    (pipeswap.user_data); it says which part of the file ``split`` reads.
+    DataConfig.source) trains on the user's own data instead: a language model on tokens
+    or text (pipeswap.user_data), an image model on a folder of class folders
+    (pipeswap.user_images); it says which part of the data ``split`` reads.
     """
     if isinstance(model, str) and is_user_model(model) and model not in model_names():
         # A user's model: its task, vocabulary and mask token are read off the model.
@@ -314,11 +316,6 @@ def dataset_for(
                 f"{name} takes {fixed}x{fixed} images (its config's image_size); pass "
                 f"{{image_size}} {fixed}"
             )
-    if data is not None and task != "lm":
-        raise ConfigError(
-            f"{{data}} trains language models, and {name} is an image model: reading images "
-            "from a folder is not available yet; drop {data} to train on the built-in images"
-        )
     if task == "lm":
         if image_size is not None:
             raise ConfigError(f"{name} is a language model: pass {{seq_len}}, not {{image_size}}")
@@ -336,6 +333,17 @@ def dataset_for(
     if seq_len is not None:
         raise ConfigError(f"{name} is an image model: pass {{image_size}}, not {{seq_len}}")
     image_size = image_size if image_size is not None else _default(name, "default_image_size")
+    if data is not None:
+        path, _, part = data
+        return ImageFolderDataset(
+            path,
+            image_size,
+            num_classes=classes,
+            channels=in_channels,
+            split=part,
+            seed=seed,
+            model_dir=name,
+        )
     num_classes = min(classes, len(SHAPE_KINDS))
     return ImageDataset(image_size, num_classes, split=split, seed=seed, channels=in_channels)
 

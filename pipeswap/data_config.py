@@ -19,9 +19,10 @@ class DataConfig:
     data: str | None = option(
         None,
         metavar="PATH",
-        help="train on your own data (language models): .bin/.npy tokens, .txt files or a "
-        "folder of them, .jsonl, .csv, .parquet, .arrow, or a save_to_disk directory; the "
-        "last 5%% of it is held out (default: the built-in data)",
+        help="train on your own data: for language models .bin/.npy tokens, .txt files or a "
+        "folder of them, .jsonl, .csv, .parquet, .arrow, or a save_to_disk directory; for "
+        "image models a folder with one sub-folder of images per class; 5%% of it is held "
+        "out (default: the built-in data)",
     )
     text_field: str = option("text", help="the field holding the text in JSON lines and tables")
     eval_data: str | None = option(

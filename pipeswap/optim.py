@@ -16,6 +16,7 @@ from pipeswap.config import ConfigError, option, require
 STATE_BUFFERS = {"sgd": 1, "adam": 2, "adamw": 2}
 OPTIMIZERS = tuple(STATE_BUFFERS)
 DEFAULT_LR = {"sgd": 0.05, "adam": 1e-3, "adamw": 1e-3}
+LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,8 +24,13 @@ class OptimizerConfig:
     """The optimizer every mode updates with, and its learning rate over the steps.
 
     ``lr`` None takes the optimizer's default (:data:`DEFAULT_LR`). ``lr_warmup`` ramps
-    the rate linearly: the update of mini-batch t uses ``lr * min(1, (t + 1) / lr_warmup)``
-    (:meth:`lr_at`), the same in every mode; 0 keeps it constant.
+    the rate linearly: the update of mini-batch t uses ``lr * min(1, (t + 1) / lr_warmup)``;
+    after it, ``lr_schedule`` keeps it (constant) or decays it to 0 over ``lr_decay_steps``
+    updates counted from the start (linear, or cosine: ``lr * (1 + cos(pi p)) / 2`` with p
+    the fraction of the decay done). :meth:`lr_at` is the rate of every mode. A run fills
+    ``lr_decay_steps`` with its steps when it is not given (TrainConfig.resolved), so the
+    horizon is fixed when the run starts: a run continued for more steps keeps it, and
+    updates past it use a rate of 0 unless ``lr_decay_steps`` is given again.
     """
 
     optimizer: str = option("sgd", choices=OPTIMIZERS, help="the optimizer")
@@ -40,6 +46,18 @@ class OptimizerConfig:
         metavar="STEPS",
         help="ramp the learning rate linearly over the first STEPS mini-batches, in every "
         "mode (0: constant)",
+    )
+    lr_schedule: str = option(
+        "constant",
+        choices=LR_SCHEDULES,
+        help="after the warm-up, keep the learning rate (constant) or decay it to 0 over "
+        "{lr_decay_steps} (linear, cosine), in every mode",
+    )
+    lr_decay_steps: int | None = option(
+        None,
+        metavar="STEPS",
+        help="the updates, counted from the start, over which linear and cosine decay reach 0 "
+        "(default: the run's {steps})",
     )
     clip_grad_norm: float | None = option(
         None,
@@ -79,6 +97,20 @@ class OptimizerConfig:
             self.lr_warmup >= 0,
             f"{{lr_warmup}} must be 0 (no warm-up) or a number of steps, not {self.lr_warmup}",
         )
+        require(
+            self.lr_schedule in LR_SCHEDULES,
+            f"unknown {{lr_schedule}} {self.lr_schedule!r}; use one of " + ", ".join(LR_SCHEDULES),
+        )
+        require(
+            self.lr_decay_steps is None or self.lr_decay_steps > self.lr_warmup,
+            f"{{lr_decay_steps}} is {self.lr_decay_steps}; use more steps than {{lr_warmup}} "
+            f"({self.lr_warmup}), or leave it to the run's steps",
+        )
+
+    @property
+    def lr_varies(self) -> bool:
+        """Whether the learning rate changes over the steps (:meth:`lr_at` sets it each one)."""
+        return self.lr_warmup > 0 or self.lr_schedule != "constant"
 
     @property
     def base_lr(self) -> float:
@@ -86,10 +118,18 @@ class OptimizerConfig:
         return DEFAULT_LR[self.optimizer] if self.lr is None else self.lr
 
     def lr_at(self, step: int) -> float:
-        """The learning rate of the update of mini-batch ``step`` (after linear warm-up)."""
-        if self.lr_warmup <= 0:
+        """The learning rate of the update of mini-batch ``step`` (0-based): warm-up, then
+        the schedule (class docstring)."""
+        if step + 1 < self.lr_warmup:
+            return self.base_lr * (step + 1) / self.lr_warmup
+        if self.lr_schedule == "constant":
             return self.base_lr
-        return self.base_lr * min(1.0, (step + 1) / self.lr_warmup)
+        assert self.lr_decay_steps is not None, "a run fills lr_decay_steps with its steps"
+        start = max(self.lr_warmup - 1, 0)  # the first update at the full rate
+        done = min(1.0, max(0.0, (step - start) / (self.lr_decay_steps - start)))
+        if self.lr_schedule == "linear":
+            return self.base_lr * (1.0 - done)
+        return self.base_lr * 0.5 * (1.0 + math.cos(math.pi * done))
 
     def check_loss(
         self, loss: float, step: int, *, model: nn.Module | None = None, inputs: Any = None

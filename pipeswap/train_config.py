@@ -180,6 +180,15 @@ class TrainConfig:
             "{device} cuda, but PyTorch sees no GPU here; use {device} cpu",
         )
         seq_len, image_size = shape_defaults(self.model, self.seq_len, self.image_size)
+        optim = self.optim
+        if optim.lr_schedule != "constant" and optim.lr_decay_steps is None:
+            require(
+                self.steps > optim.lr_warmup,
+                f"{{lr_schedule}} {optim.lr_schedule} decays after {{lr_warmup}} "
+                f"{optim.lr_warmup} over the run's {{steps}} {self.steps}: train more steps, "
+                "or give {lr_decay_steps}",
+            )
+            optim = replace(optim, lr_decay_steps=self.steps)
         device = self.device
         if device is None:
             device = "cuda" if self.pipeline is None and torch.cuda.is_available() else "cpu"
@@ -189,6 +198,7 @@ class TrainConfig:
             seq_len=seq_len,
             image_size=image_size,
             device=device,
+            optim=optim,
             swap=self.require_swap() if self.pipeline is None else None,
         )
 

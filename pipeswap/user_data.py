@@ -151,6 +151,23 @@ def _table_texts(path: str, suffix: str, text_field: str) -> Iterator[str]:
         yield value
 
 
+class EpochOrder:
+    """Which items batch ``index`` of a run takes: each epoch visits the ``count`` items in
+    an order drawn from ``(seed, epoch)``, batch after batch; items left over at the end of
+    an epoch that do not fill a batch wait for another epoch's order."""
+
+    def __init__(self, count: int, seed: int) -> None:
+        self.count, self.seed = count, seed
+        self._order: tuple[int, torch.Tensor] | None = None
+
+    def chosen(self, batch_size: int, index: int) -> torch.Tensor:
+        epoch, slot = divmod(index, self.count // batch_size)
+        if self._order is None or self._order[0] != epoch:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._order = (epoch, torch.randperm(self.count, generator=gen))
+        return self._order[1][slot * batch_size : (slot + 1) * batch_size]
+
+
 class TextDataset:
     """Windows of a user's tokens: ``batch(b, index)`` returns ``(tokens, targets)``, both
     ``[b, seq_len]`` int64, targets shifted by one (module docstring: order and splits)."""
@@ -195,13 +212,7 @@ class TextDataset:
         }[split]
         self.tokens, self.seq_len, self.split, self.seed = tokens, seq_len, split, seed
         self.first, self.count = first, count
-        self._order: tuple[int, torch.Tensor] | None = None
-
-    def _epoch_order(self, epoch: int) -> torch.Tensor:
-        if self._order is None or self._order[0] != epoch:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._order = (epoch, torch.randperm(self.count, generator=gen))
-        return self._order[1]
+        self.order = EpochOrder(count, seed)
 
     def batch(self, batch_size: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if batch_size > self.count:
@@ -210,9 +221,7 @@ class TextDataset:
                 f"{self.seq_len}, fewer than a batch of {batch_size}; give more data or lower "
                 "{batch}"
             )
-        per_epoch = self.count // batch_size
-        epoch, slot = divmod(index, per_epoch)
-        chosen = self._epoch_order(epoch)[slot * batch_size : (slot + 1) * batch_size]
+        chosen = self.order.chosen(batch_size, index)
         width = self.seq_len + 1
         rows = [
             np.asarray(

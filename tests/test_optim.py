@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -24,6 +27,8 @@ def test_the_default_rate_is_the_optimizers() -> None:
         ({"momentum": 1.0}, "momentum is 1.0; use a number in \\[0, 1\\)"),
         ({"weight_decay": -1.0}, "weight_decay is -1.0"),
         ({"lr_warmup": -1}, "lr_warmup must be 0"),
+        ({"lr_schedule": "step"}, "use one of constant, linear, cosine"),
+        ({"lr_warmup": 4, "lr_decay_steps": 4}, "use more steps than lr_warmup"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(fields: dict[str, object], message: str) -> None:
@@ -35,6 +40,30 @@ def test_warm_up_ramps_linearly_then_holds() -> None:
     config = OptimizerConfig(lr=0.3, lr_warmup=3)
     assert [config.lr_at(t) for t in range(5)] == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])
     assert OptimizerConfig(lr=0.3).lr_at(0) == 0.3
+
+
+def test_linear_and_cosine_decay_after_the_warm_up_in_closed_form() -> None:
+    linear = OptimizerConfig(lr=0.4, lr_warmup=2, lr_schedule="linear", lr_decay_steps=6)
+    # Warm-up 0.2, 0.4; from the first full-rate update (t = 1) down over 5 updates to 0.
+    assert [linear.lr_at(t) for t in range(8)] == pytest.approx(
+        [0.2, 0.4, 0.32, 0.24, 0.16, 0.08, 0.0, 0.0]
+    )
+    cosine = OptimizerConfig(lr=1.0, lr_schedule="cosine", lr_decay_steps=4)
+    expected = [0.5 * (1 + math.cos(math.pi * t / 4)) for t in range(4)]
+    assert [cosine.lr_at(t) for t in range(4)] == pytest.approx(expected)
+    assert cosine.lr_varies and not OptimizerConfig().lr_varies
+
+
+def test_a_run_decays_over_its_own_steps_unless_told_otherwise() -> None:
+    from pipeswap.train_config import TrainConfig
+
+    optim = OptimizerConfig(lr_schedule="cosine")
+    run = TrainConfig("gpt2-micro", seq_len=16, steps=7, optim=optim).resolved()
+    assert run.optim.lr_decay_steps == 7
+    fixed = replace(optim, lr_decay_steps=20)
+    assert TrainConfig("gpt2-micro", seq_len=16, steps=7, optim=fixed).resolved().optim == fixed
+    with pytest.raises(ConfigError, match="train more steps, or give lr_decay_steps"):
+        TrainConfig("gpt2-micro", steps=2, optim=replace(optim, lr_warmup=2)).resolved()
 
 
 def test_build_makes_the_named_optimizer_with_single_tensor_kernels() -> None:

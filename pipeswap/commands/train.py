@@ -165,6 +165,11 @@ def summary_lines(report: TrainReport) -> list[str]:
         f"{config['optimizer']} lr {config['lr']}, {config['steps']} steps of {config['batch']} "
         f"({report.mode})"
         + (f", lr warm-up {config['lr_warmup']} steps" if config["lr_warmup"] else "")
+        + (
+            f", {config['lr_schedule']} decay"
+            if config.get("lr_schedule", "constant") != "constant"
+            else ""
+        )
         + (f", {config['distances']} distances" if config["distances"] != "schedule" else ""),
         f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; held-out {_held_out(pipe.eval)}; "
         f"{pipe.samples_per_s:.1f} samples/s; stage busy {busy}",

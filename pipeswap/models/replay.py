@@ -11,15 +11,12 @@ dotted module paths the user names (pipeswap.models.blocks). The LayeredModel th
 - one layer per block, named by its module path (``transformer.h.0``), calling the block
   with its hidden state and the context, exactly as the model's forward called it;
 - ``head``: runs the model's own forward again with every block replaced by a
-  pass-through that returns the last block's output, so the code after the blocks (final
-  norm, output projection, pooling) is the model's own.
+  pass-through that returns the last block's output (the embed layer's modules in eval
+  mode: their statistics update once), so the code after the blocks is the model's own.
 
-The model's forward code runs unchanged, blocks are skipped by stubbing them. It needs
-two things of the model, both checked when the layers are built (a refusal names the
-block and what to do): the blocks feed each other directly (the code between two blocks
-does not transform the hidden state), and what the blocks receive besides the hidden
-state does not depend on earlier blocks' outputs. Hugging Face's GPT-2, Llama, BERT, ViT
-and ResNet satisfy both; a plain ``nn.Sequential`` is cut at its children directly.
+The forward runs unchanged, its blocks stubbed. Checked when the layers are built: the
+blocks feed each other directly, and what they receive besides the hidden state does not
+depend on earlier blocks (Hugging Face's GPT-2, Llama, BERT, ViT and ResNet do both).
 """
 
 from __future__ import annotations
@@ -85,6 +82,7 @@ class Replay:
         self.output_fn = output_fn
         self.call_kwargs = call_kwargs
         self.calls: list[_BlockCall] = []
+        self.embed_owned: list[nn.Module] = []  # the embed layer's modules (split_at_blocks)
         self.num_context = 0
         # Entered around every run of the model's forward (Hugging Face: meta-safe masks).
         self.run_context: Callable[[torch.Tensor], AbstractContextManager[Any]] = lambda _inputs: (
@@ -172,8 +170,7 @@ class _AroundBlocks(nn.Module):
             self._modules[path] = module
 
     def train(self, mode: bool = True) -> _AroundBlocks:
-        """Also the mode of the model's modules outside its blocks that no layer owns (the
-        root, a parameter-free dropout after the embeddings): ``eval()`` turns them off."""
+        """Also the mode of the model's modules outside its blocks (the root, a dropout)."""
         super().train(mode)
         replay: Replay = self.replay  # type: ignore[assignment]
         inside = {id(m) for block in replay.blocks for m in block.modules()}
@@ -227,8 +224,18 @@ class _Head(_AroundBlocks):
         def returns(index: int, passed: Any) -> Any:
             return replay.shaped_like_output(index, hidden if index == last else passed)
 
-        with replay.stubbed(returns):
-            return replay.output_fn(replay.run_root(inputs))
+        # The re-run passes the embed layer's modules again (their output is dropped at the
+        # stubs): in eval mode, their statistics (BatchNorm's) update once per step.
+        mine = set(self.modules())
+        again = [m for o in replay.embed_owned for m in o.modules() if m.training and m not in mine]
+        for module in again:
+            module.training = False
+        try:
+            with replay.stubbed(returns):
+                return replay.output_fn(replay.run_root(inputs))
+        finally:
+            for module in again:
+                module.training = True
 
 
 def split_at_blocks(
@@ -278,6 +285,7 @@ def split_at_blocks(
         )
         expected = _expected_calls(replay, example)
         _learn_calls(replay, example, expected)
+    replay.embed_owned = list(embed_owned.values())
     layers: list[tuple[str, nn.Module]] = [("embed", _Embed(replay, embed_owned))]
     layers += [
         (path, _Block(replay, i, b)) for i, (path, b) in enumerate(zip(paths, replay.blocks))

@@ -168,7 +168,7 @@ def train_with_delays(config: TrainConfig, delays: Sequence[float]) -> DelayedRe
                         # The pipeline's stages step parameters without a gradient too.
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
-            if config.optim.lr_warmup:
+            if config.optim.lr_varies:
                 for param_group in optimizer.param_groups:
                     param_group["lr"] = config.optim.lr_at(step)
             optimizer.step()

@@ -86,6 +86,7 @@ def pipeline_summary(config: TrainConfig) -> dict[str, Any]:
         "eval_batches": config.dataset.eval_batches,
         "distances": pipeline.distances,
         "lr_warmup": optimizer.lr_warmup,
+        "lr_schedule": optimizer.lr_schedule,
     }
 
 

@@ -172,7 +172,7 @@ class StageWeights:
             d = step_direction(optimizer, m)
             if d is None:
                 continue
-            if self.optimizer_config.lr_warmup:
+            if self.optimizer_config.lr_varies:
                 # The next updates are those of mini-batches done .. done + ahead - 1.
                 distance = sum(self.optimizer_config.lr_at(done + j) for j in range(ahead))
             else:
@@ -196,7 +196,7 @@ class StageWeights:
             if i not in tied:
                 m.grad = p.grad if p.grad is not None else torch.zeros_like(p)
         if self.optimizer is not None:
-            if self.optimizer_config.lr_warmup:
+            if self.optimizer_config.lr_varies:
                 for group in self.optimizer.param_groups:
                     group["lr"] = self.optimizer_config.lr_at(step)
             self.optimizer.step()
@@ -228,7 +228,7 @@ class StageWeights:
         master = self.masters[self.shared_at[name]]
         optimizer = self.shared_optimizers[name]
         master.grad = grad
-        if self.optimizer_config.lr_warmup:
+        if self.optimizer_config.lr_varies:
             for group in optimizer.param_groups:
                 group["lr"] = self.optimizer_config.lr_at(step)
         optimizer.step()

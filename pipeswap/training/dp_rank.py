@@ -212,7 +212,7 @@ class _Rank:
             record.recomputed_bytes += stats.recomputed_bytes
             losses.append(loss.item())
             self.config.optim.check_loss(losses[-1], step, model=self.model, inputs=inputs)
-        if self.config.optim.lr_warmup:
+        if self.config.optim.lr_varies:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.config.optim.lr_at(step)
         self.scaler.unscale(self.optimizer)

@@ -41,10 +41,13 @@ def export_checkpoint(directory: str, out: str) -> tuple[int, str]:
     if not isinstance(name, str):
         raise PipeswapError(f"{directory}: its manifest names no model; it is not a pipeswap run")
     check_save_target(out, name)
-    if identity.get("mode") != "data-parallel" and done == identity.get("steps"):
-        # A finished pipeline: resumed for no step, its stages settle the updates of tied
-        # weights still in flight at the last cut, and save what a --save run would.
-        train(_finished_pipeline(directory, out, identity))
+    # A synchronous pipeline's checkpoint resumes a run of any length; an asynchronous
+    # one's only the run it came from (its identity holds the steps).
+    steps = identity.get("steps", done)
+    if identity.get("mode") != "data-parallel" and done == steps:
+        # Resumed for no step, the stages settle the updates of tied weights still in
+        # flight at the cut, and save what a --save run would.
+        train(_finished_pipeline(directory, out, identity, steps))
         return done, name
     with torch.random.fork_rng(devices=[]):
         model = build_model(name, device="cpu", image_size=identity.get("image_size"))
@@ -57,15 +60,18 @@ def export_checkpoint(directory: str, out: str) -> tuple[int, str]:
     return done, name
 
 
-def _finished_pipeline(directory: str, out: str, identity: dict[str, Any]) -> TrainConfig:
-    """The emulated run that resumes a finished pipeline's last checkpoint and saves."""
+def _finished_pipeline(
+    directory: str, out: str, identity: dict[str, Any], steps: int
+) -> TrainConfig:
+    """The emulated run of ``steps`` that resumes a pipeline's checkpoint after its last
+    step and saves."""
     return TrainConfig(
         identity["model"],
         batch=identity["batch"],
         seq_len=identity["seq_len"],
         image_size=identity["image_size"],
         seed=identity["seed"],
-        steps=identity["steps"],
+        steps=steps,
         precision=identity.get("precision", DEFAULT_PRECISION),
         optim=OptimizerConfig(
             optimizer=identity["optimizer"],
@@ -73,6 +79,8 @@ def _finished_pipeline(directory: str, out: str, identity: dict[str, Any]) -> Tr
             momentum=identity["momentum"],
             weight_decay=identity["weight_decay"],
             lr_warmup=identity["lr_warmup"],
+            lr_schedule=identity.get("lr_schedule", "constant"),
+            lr_decay_steps=identity.get("lr_decay_steps"),
         ),
         pipeline=PipelineConfig(
             balance=tuple(identity["balance"]),

@@ -100,3 +100,15 @@ def _dataset(
     return dataset_for(
         model, seq_len=seq_len, image_size=image_size, split=split, seed=seed, data=data
     )
+
+
+def check_user_data(config: TrainConfig) -> None:
+    """Read the first batch of the user's training data and, when it is scored, of the
+    held-out data (a resolved config): data too small for one batch, unreadable files and
+    the like are refused before any training, not after it."""
+    if config.dataset.data is None:
+        return
+    job = ModelJob.of(config)
+    job.batch(0)
+    if config.dataset.eval_batches:
+        job.batch(0, "val")

@@ -34,7 +34,6 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
         schedule=pipeline.schedule,
         weights=pipeline.weights,
         distances=pipeline.distances,
-        lr_warmup=config.optim.lr_warmup,
         micro_batches=pipeline.micro_batch_count,
     )
     if pipeline.emulate:

@@ -31,6 +31,15 @@ def checkpointing(
         )
         assert found is not None
         done, manifest = found
+        theirs = manifest.get("identity", {}).get("steps")
+        require(
+            "steps" not in identity or theirs in (None, config.steps),
+            f"{{resume}} {settings.resume} is a run of {theirs} steps on the asynchronous "
+            f"schedule {config.pipeline.schedule if config.pipeline else ''}, whose last steps "
+            f"drain the pipeline: it continues only with {{steps}} {theirs}; start afresh "
+            "for a longer run (synchronous schedules and data parallelism continue for more "
+            "steps)",
+        )
         check_identity(manifest, identity, f"the checkpoint {step_dir(settings.resume, done)}")
         resume = (settings.resume, done)
     target = settings.target
@@ -53,7 +62,7 @@ def agree_on_run(plan: CheckpointPlan | None, world_size: int) -> CheckpointPlan
 def run_identity(config: TrainConfig, world_size: int, **extra: Any) -> dict[str, Any]:
     """What a checkpoint of this run must agree on to be resumed by another one."""
     optimizer = config.optim
-    return {
+    identity = {
         "pipeswap": __version__,
         "mode": "data-parallel" if config.pipeline is None else "pipeline",
         "model": config.model,
@@ -63,10 +72,18 @@ def run_identity(config: TrainConfig, world_size: int, **extra: Any) -> dict[str
         "image_size": config.image_size,
         "seed": config.seed,
         "precision": config.precision,
-        "steps": config.steps,
         "optimizer": optimizer.optimizer,
         "lr": optimizer.base_lr,
         "momentum": optimizer.momentum,
         "weight_decay": optimizer.weight_decay,
+        "lr_warmup": optimizer.lr_warmup,
+        "lr_schedule": optimizer.lr_schedule,
+        "lr_decay_steps": optimizer.lr_decay_steps,
         **extra,
     }
+    if config.pipeline is not None and config.pipeline.asynchronous:
+        # An asynchronous schedule's actions depend on the whole horizon (it flushes only
+        # at the end): a checkpoint resumes only the run of its own length. Elsewhere a
+        # finished run continues for more steps exactly as a longer run would have gone on.
+        identity["steps"] = config.steps
+    return identity

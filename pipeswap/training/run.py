@@ -10,6 +10,7 @@ from pipeswap.models.export import check_save_target
 from pipeswap.pipeline.schedule import TimedAction
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import train_data_parallel
+from pipeswap.training.job import check_user_data
 from pipeswap.training.pipelined import report as pipeline_report
 from pipeswap.training.pipelined import run_pipeline
 from pipeswap.training.report import TrainReport
@@ -39,6 +40,8 @@ def train(config: TrainConfig) -> TrainOutcome | None:
     launcher = env is None or env.rank == 0  # one process holds the checkpoint directory
     if launcher and resolved.checkpoint.save is not None:
         check_save_target(resolved.checkpoint.save, resolved.model)  # before hours of training
+    if launcher:
+        check_user_data(resolved)
     with hold_directory(resolved.checkpoint.target if launcher else None):
         return _train(resolved)
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError
+from pipeswap.models.export import source_module
+from pipeswap.models.registry import build_model
 from pipeswap.models.replay import split_at_blocks
 from tests.models.tiny_lm import TinyLM
 
@@ -46,3 +50,30 @@ def test_code_that_transforms_the_hidden_state_between_blocks_is_refused() -> No
         split_at_blocks(
             TinyLM(skip=True), example=torch.zeros(1, 4, dtype=torch.long), task="lm", name="t"
         )
+
+
+def test_modes_and_batchnorm_statistics_follow_the_model_as_its_own_forward_has_them(
+    tmp_path: Path,
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    from tests.models.hf_configs import save_model
+
+    directory = save_model(tmp_path / "resnet", "resnet")
+    layered = build_model(directory)
+    plain = transformers.AutoModelForImageClassification.from_pretrained(
+        directory, local_files_only=True
+    )
+    # eval()/train() reach the modules outside the blocks that no layer owns (the root).
+    layered.eval()
+    assert not any(m.training for m in source_module(layered).modules())
+    layered.train()
+    plain.train()
+    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        layered(images)
+        plain(pixel_values=images)
+    # The head re-runs the model's code around the blocks, but the embedder's BatchNorm
+    # counts this batch once, as the model's own forward does.
+    ours = dict(source_module(layered).named_buffers())
+    for name, buffer in plain.named_buffers():
+        assert torch.equal(ours[name], buffer), name

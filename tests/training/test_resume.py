@@ -149,3 +149,30 @@ def test_a_hugging_face_model_resumes_as_if_left_alone(
     resumed = ["--resume", str(tmp_path / "ckpt"), "--report", str(tmp_path / "r.json")]
     assert main([*run, *resumed]) == 0
     _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
+
+
+@pytest.mark.parametrize(
+    "mode", [["--nproc", "1"], ["--pipeline", "2", "--schedule", "1f1b", "--emulate"]]
+)
+def test_a_finished_run_continues_for_more_steps_as_a_longer_run_would(
+    tmp_path: Path, mode: list[str]
+) -> None:
+    base = [*DP[:9], "--lr-schedule", "cosine", "--lr-decay-steps", "5", *mode]
+    if "--pipeline" in mode:
+        base = [a for a in base if a not in ("--device", "cpu")]
+    ckpt, short, longer, whole = (tmp_path / n for n in ("ck", "s.json", "l.json", "w.json"))
+    assert main([*base, "--steps", "3", "--checkpoint-dir", str(ckpt), "--report", str(short)]) == 0
+    assert (ckpt / "step-00000003").is_dir()  # the last step is checkpointed
+    assert main([*base, "--steps", "5", "--resume", str(ckpt), "--report", str(longer)]) == 0
+    assert main([*base, "--steps", "5", "--report", str(whole)]) == 0
+    _same_run(_report(longer), _report(whole))
+
+
+def test_an_async_pipeline_continues_only_for_its_own_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = tmp_path / "ck"
+    argv = [*PIPE[:8], "2", *PIPE[9:], "--emulate"]
+    assert main([*argv, "--steps", "2", "--checkpoint-dir", str(ckpt)]) == 0
+    assert main([*argv, "--steps", "3", "--resume", str(ckpt)]) == 2
+    assert "continues only with --steps 2" in capsys.readouterr().err
