@@ -18,6 +18,7 @@ from typing import Any
 from pipeswap.checkpoint import CheckpointConfig
 from pipeswap.config import option, require
 from pipeswap.data_config import DataConfig
+from pipeswap.metrics import LogConfig
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.modes import weight_mode
@@ -74,6 +75,7 @@ class TrainConfig:
     pipeline: PipelineConfig | None = None
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     dataset: DataConfig = field(default_factory=DataConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     progress: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
@@ -231,5 +233,6 @@ class TrainConfig:
                 "pipeline": None if pipeline is None else PipelineConfig(**pipeline),
                 "checkpoint": CheckpointConfig(**values.get("checkpoint", {})),
                 "dataset": DataConfig(**values.get("dataset", {})),
+                "log": LogConfig(**values.get("log", {})),
             }
         )

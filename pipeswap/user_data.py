@@ -14,8 +14,10 @@ Sources, by what the path is:
 The tokens are cut into non-overlapping windows of ``seq_len + 1``; the last 5% of the
 windows (at least one) are the held-out split (part ``val``, the rest part ``train``),
 unless the held-out data is a file of its own (then each file is used whole, part
-``all``). Each epoch visits the training windows
-in an order drawn from ``(seed, epoch)``; batch ``index`` of the run is windows
+``all``). Each epoch visits the training windows in an order drawn from ``(seed,
+epoch)`` (:class:`EpochOrder`, a keyed permutation that stores nothing per window);
+windows are read with ordinary reads, so a corpus of any size trains in constant
+memory. Batch ``index`` of the run is windows
 ``index * b`` to ``index * b + b - 1`` of that order (data-parallel ranks take
 consecutive indexes, so they see disjoint windows and every window once per epoch).
 Windows left over at the end of an epoch that do not fill a batch are skipped that
@@ -151,21 +153,71 @@ def _table_texts(path: str, suffix: str, text_field: str) -> Iterator[str]:
         yield value
 
 
+def _read(tokens: np.ndarray, start: int, count: int) -> np.ndarray:
+    """``tokens[start : start + count]``; from a memory-mapped file through an ordinary
+    read, so no page of the file stays resident in this process (a page fault on the map
+    would also read ahead megabytes around a scattered window)."""
+    if isinstance(tokens, np.memmap) and tokens.filename is not None:
+        return np.fromfile(
+            tokens.filename,
+            dtype=tokens.dtype,
+            count=count,
+            offset=tokens.offset + start * tokens.dtype.itemsize,
+        )
+    return np.asarray(tokens[start : start + count])
+
+
+def _outside_vocabulary(tokens: np.ndarray, vocab_size: int) -> int | None:
+    """The position of the first token outside ``[0, vocab_size)``, or None, read in
+    chunks (a corpus larger than memory is checked in constant memory)."""
+    chunk = 1 << 22
+    for start in range(0, len(tokens), chunk):
+        part = _read(tokens, start, min(chunk, len(tokens) - start))
+        wrong = (part < 0) | (part >= vocab_size)
+        if wrong.any():
+            return start + int(np.argmax(wrong))
+    return None
+
+
 class EpochOrder:
     """Which items batch ``index`` of a run takes: each epoch visits the ``count`` items in
     an order drawn from ``(seed, epoch)``, batch after batch; items left over at the end of
-    an epoch that do not fill a batch wait for another epoch's order."""
+    an epoch that do not fill a batch wait for another epoch's order.
+
+    The order is a keyed permutation computed per position (three rounds of an odd
+    multiply, an xor-shift and an add on ``bits``-bit integers, each a bijection, walked
+    until it lands below ``count``), so it costs no memory per item: a corpus of any size
+    is shuffled in constant memory.
+    """
 
     def __init__(self, count: int, seed: int) -> None:
         self.count, self.seed = count, seed
-        self._order: tuple[int, torch.Tensor] | None = None
+        self.bits = max(2, (count - 1).bit_length())
+        self._keys: tuple[int, list[tuple[int, int]]] | None = None
+
+    def _rounds(self, epoch: int) -> list[tuple[int, int]]:
+        if self._keys is None or self._keys[0] != epoch:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            drawn = torch.randint(0, 2**self.bits, (6,), generator=gen).tolist()
+            self._keys = (epoch, [(a | 1, b) for a, b in zip(drawn[::2], drawn[1::2])])
+        return self._keys[1]
+
+    def _permute(self, values: torch.Tensor, rounds: list[tuple[int, int]]) -> torch.Tensor:
+        mask, shift = (1 << self.bits) - 1, max(1, self.bits // 2)
+        for multiplier, offset in rounds:
+            values = (values * multiplier) & mask
+            values = values ^ (values >> shift)
+            values = (values + offset) & mask
+        return values
 
     def chosen(self, batch_size: int, index: int) -> torch.Tensor:
         epoch, slot = divmod(index, self.count // batch_size)
-        if self._order is None or self._order[0] != epoch:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._order = (epoch, torch.randperm(self.count, generator=gen))
-        return self._order[1][slot * batch_size : (slot + 1) * batch_size]
+        rounds = self._rounds(epoch)
+        positions = torch.arange(slot * batch_size, (slot + 1) * batch_size, dtype=torch.int64)
+        values = self._permute(positions, rounds)
+        while bool((outside := values >= self.count).any()):
+            values[outside] = self._permute(values[outside], rounds)
+        return values
 
 
 class TextDataset:
@@ -193,13 +245,8 @@ class TextDataset:
                 + ("a window" if split == "all" else "two windows (one to train on, one held out)")
                 + f" of {{seq_len}} {seq_len} plus one; lower {{seq_len}}"
             )
-        top = int(np.max(tokens))
-        if top >= vocab_size or int(np.min(tokens)) < 0:
-            bad = (
-                int(np.argmax(tokens >= vocab_size))
-                if top >= vocab_size
-                else int(np.argmin(tokens))
-            )
+        bad = _outside_vocabulary(tokens, vocab_size)
+        if bad is not None:
             raise PipeswapError(
                 f"{where}: token {int(tokens[bad])} at position {bad} is outside the model's "
                 f"vocabulary of {vocab_size}; tokenize with the model's own tokenizer"
@@ -223,11 +270,6 @@ class TextDataset:
             )
         chosen = self.order.chosen(batch_size, index)
         width = self.seq_len + 1
-        rows = [
-            np.asarray(
-                self.tokens[(self.first + int(w)) * width : (self.first + int(w) + 1) * width]
-            )
-            for w in chosen
-        ]
+        rows = [_read(self.tokens, (self.first + int(w)) * width, width) for w in chosen]
         window = torch.from_numpy(np.stack(rows).astype(np.int64))
         return window[:, :-1], window[:, 1:]

@@ -57,6 +57,7 @@ def test_leaf_fields_walk_every_component() -> None:
         "PipelineConfig",
         "CheckpointConfig",
         "DataConfig",
+        "LogConfig",
     }
     assert all("help" in f.metadata for _, f in leaf_fields(TrainConfig))
 

@@ -7,14 +7,26 @@ import os
 import shlex
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeswap.cli import main
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_writable, load_json
 
-# A step's command line, or a function that makes it once the steps before it have run.
-Argv = list[str] | Callable[[], list[str]]
+
+@dataclass(frozen=True)
+class PythonStep:
+    """A step no pipeswap command does (making a model, loading one with transformers):
+    the Python it runs, shown before it runs, and the function that returns what it prints."""
+
+    code: str
+    run: Callable[[], str]
+
+
+# A step's command line, a function that makes it once the steps before it have run, or
+# a step in Python.
+Argv = list[str] | Callable[[], list[str]] | PythonStep
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,9 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the main job end to end on CPU (profile, plan, simulate, train)",
         description="Runs, one after another, the commands that show what pipeswap does: "
         "measure a model on CPU, estimate a large one for a V100, plan contention-aware "
-        "swapping on a PCIe server, re-simulate the plan, and train a 4-stage pipeline "
-        "with weight prediction. Every command is printed before it runs, so you can "
-        "copy it.",
+        "swapping on a PCIe server, re-simulate the plan, train a 4-stage pipeline with "
+        "weight prediction, then train a small Hugging Face Llama with its own tokenizer "
+        "on a text corpus in bf16 (swapping, and as a pipeline), save it, and reload it "
+        "with transformers to generate text. Every command is printed before it runs, so "
+        "you can copy it.",
     )
     parser.add_argument("--out", default="out/demo", help="folder for the files it writes")
     parser.set_defaults(func=run)
@@ -190,6 +204,96 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
                 str(out / "pipeline-emulated.json"),
             ],
         ),
+        *hugging_face_steps(out),
+    ]
+
+
+def hugging_face_steps(out: Path) -> list[tuple[str, Argv]]:
+    """A user's model, their data, their precision, their weights back: a small Llama with
+    its own tokenizer, trained in bf16 with swapping and as a pipeline, saved, and loaded
+    again by transformers alone to generate text."""
+    model, corpus = out / "llama", out / "corpus.jsonl"
+    recipe = [
+        "train",
+        "--model",
+        str(model),
+        "--data",
+        str(corpus),
+        "--seq-len",
+        "64",
+        "--batch",
+        "16",
+        "--precision",
+        "bf16-mixed",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "5e-3",
+        "--lr-warmup",
+        "10",
+        "--lr-schedule",
+        "cosine",
+        "--steps",
+        "60",
+    ]
+
+    def make() -> str:
+        from pipeswap.commands.demo_model import make_demo_model
+
+        made_corpus, made_model = make_demo_model(out)
+        return f"wrote {made_corpus} (the standard library's docstrings) and {made_model}"
+
+    def generate() -> str:
+        from pipeswap.commands.demo_model import sample
+
+        prompt = "Return the"
+        return f"{prompt!r} -> {sample(out / 'llama-trained', prompt)!r}"
+
+    return [
+        (
+            "Your own model and data: a small Llama with its own BPE tokenizer, and a corpus",
+            PythonStep("pipeswap.commands.demo_model.make_demo_model(out)", make),
+        ),
+        (
+            "Train it on the corpus in bf16: 2 data-parallel ranks, swapping (hybrid plan)",
+            [
+                *recipe,
+                "--nproc",
+                "2",
+                "--swap-policy",
+                "hybrid",
+                "--footprint-ratio",
+                "1.5",
+                "--report",
+                str(out / "llama-swap.json"),
+            ],
+        ),
+        (
+            "The same model as a 2-stage pipeline (1F1B, 2 processes), saved as it came in",
+            [
+                *recipe,
+                "--pipeline",
+                "2",
+                "--schedule",
+                "1f1b",
+                "--micro-batches",
+                "2",
+                "--nproc",
+                "2",
+                "--save",
+                str(out / "llama-trained"),
+                "--report",
+                str(out / "llama-pipeline.json"),
+            ],
+        ),
+        (
+            "Load it back with transformers alone (from_pretrained) and generate",
+            PythonStep(
+                f"AutoModelForCausalLM.from_pretrained({str(out / 'llama-trained')!r})"
+                ".generate(...)",
+                generate,
+            ),
+        ),
     ]
 
 
@@ -214,7 +318,7 @@ def _prepare_folder(out: Path, steps: list[tuple[str, Argv]]) -> None:
             f"cannot write in {out}: permission denied in {existing}; choose another --out"
         )
     for _title, step in steps:
-        if callable(step):
+        if callable(step) or isinstance(step, PythonStep):
             continue
         for flag, value in zip(step, step[1:]):
             if flag in _OUTPUT_FLAGS:
@@ -234,8 +338,12 @@ def run(args: argparse.Namespace) -> int:
     _prepare_folder(out, steps)
     started = time.perf_counter()
     for number, (title, step) in enumerate(steps, start=1):
-        argv = step() if callable(step) else step
         print(f"\n=== {number}/{len(steps)} {title}")
+        if isinstance(step, PythonStep):
+            print(f">>> {step.code}", flush=True)
+            print(step.run())
+            continue
+        argv = step() if callable(step) else step
         print(f"$ pipeswap {shlex.join(argv)}", flush=True)
         status = main(argv)
         if status != 0:

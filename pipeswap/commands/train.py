@@ -9,6 +9,7 @@ from pipeswap.commands.options import add_options, flag_of, given
 from pipeswap.data_config import DataConfig
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_writable
+from pipeswap.metrics import LogConfig
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.chrome import dump_chrome_trace
 from pipeswap.pipeline.config import PipelineConfig
@@ -38,6 +39,7 @@ _GROUPS: tuple[tuple[str, type, tuple[str, ...] | None], ...] = (
     ("where and how long", TrainConfig, ("steps", "device", "precision", "nproc", "timeout_s")),
     ("optimizer", OptimizerConfig, None),
     ("checkpoints", CheckpointConfig, None),
+    ("logging", LogConfig, None),
     ("data parallelism with swapping (the default mode)", SwapConfig, None),
     ("pipeline parallelism (--pipeline K)", PipelineConfig, None),
 )
@@ -103,6 +105,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         pipeline=pipeline,
         checkpoint=CheckpointConfig(**given(args, CheckpointConfig)),
         dataset=DataConfig(**given(args, DataConfig)),
+        log=LogConfig(**given(args, LogConfig)),
     )
 
 
@@ -129,11 +132,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse an unwritable --report or --trace before training, not after it."""
-    if args.report is not None:
-        check_writable(args.report, inputs=(args.profile_path,), outputs=(args.trace,))
-    if args.trace is not None:
-        check_writable(args.trace, inputs=(args.profile_path,))
+    """Refuse an unwritable --report, --trace or --metrics before training, not after it."""
+    outputs = (args.report, args.trace, args.metrics)
+    for index, path in enumerate(outputs):
+        if path is not None:
+            others = outputs[:index] + outputs[index + 1 :]
+            check_writable(path, inputs=(args.profile_path,), outputs=others)
 
 
 def _held_out(score: dict[str, float | int]) -> str:

@@ -23,6 +23,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.detect import detect_topology
 from pipeswap.hardware.presets import preset, resolve_topology
 from pipeswap.hardware.topology import Topology
+from pipeswap.metrics import StepLog
 from pipeswap.models.registry import model_spec
 from pipeswap.pipeline.resolve import check_profile_shape
 from pipeswap.precision import autocast, autocast_dtype
@@ -161,19 +162,25 @@ def data_parallel_rank(
         raise ConfigError(payload.error)
     assert payload.plan is not None and payload.profile is not None
     plan = SwapPlan.from_json(payload.plan)
-    result = train_rank(
-        ModelJob.of(config),
-        plan,
-        config,
-        rank=rank,
-        world_size=world_size,
-        local_rank=local_rank,
-        profile=Profile.from_json(payload.profile),
-        checkpoint=checkpoint,
-        resume=resume,
-    )
-    results = all_gather(result, world_size)
-    return report(config, plan, payload, results) if rank == 0 else None
+    with StepLog(config.log, config.steps, enabled=rank == 0) as log:
+        result = train_rank(
+            ModelJob.of(config),
+            plan,
+            config,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            profile=Profile.from_json(payload.profile),
+            checkpoint=checkpoint,
+            resume=resume,
+            log=log,
+        )
+        results = all_gather(result, world_size)
+        if rank != 0:
+            return None
+        done = report(config, plan, payload, results)
+        log.close(done.data_parallel.eval if done.data_parallel else None)
+        return done
 
 
 def _rank_entry(rank: int, world_size: int, config: TrainConfig) -> TrainReport | None:

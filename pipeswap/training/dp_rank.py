@@ -36,6 +36,7 @@ from pipeswap.dist.digest import combine_digests, params_sha256, tensor_sha256
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import agree, all_gather, rank_and_world, rank_device
 from pipeswap.errors import PipeswapError
+from pipeswap.metrics import StepLog
 from pipeswap.models.base import evaluating
 from pipeswap.models.export import export_model
 from pipeswap.pipeline.rng import TRAIN, rng_stream
@@ -304,6 +305,7 @@ def train_rank(
     checkpoint: CheckpointPlan | None = None,
     resume: tuple[str, int] | None = None,
     threads: int | None = None,
+    log: StepLog | None = None,
 ) -> RankResult:
     """Train ``job`` on this rank with its part of ``plan`` for ``config.steps`` steps.
 
@@ -313,7 +315,7 @@ def train_rank(
     RNG) every ``checkpoint.every`` steps, and after the step it is in when SIGTERM
     arrives (the ranks agree on which step), then raises :class:`RunStopped`.
     ``resume`` (directory, steps done) continues from such a checkpoint: the run then
-    ends bit-identical to one left alone.
+    ends bit-identical to one left alone. ``log`` records each step (rank 0's).
     """
     trainer = _Rank(
         job,
@@ -340,6 +342,9 @@ def train_rank(
                 bar.update(trainer.record.done)
             for step in range(trainer.record.done, config.steps):
                 trainer.step(step)
+                if log is not None:
+                    record = trainer.record
+                    log.step(step, record.losses[-1], config.optim.lr_at(step), record.step_s[-1])
                 if bar is not None:
                     bar.set_postfix(loss=f"{trainer.record.losses[-1]:.4f}")
                     bar.update(1)

@@ -9,6 +9,7 @@ from pipeswap.config import require
 from pipeswap.dist.env import local_rank_of, torchrun_env
 from pipeswap.dist.group import rank_device
 from pipeswap.dist.launch import run_ranks
+from pipeswap.metrics import StepLog
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult
@@ -76,6 +77,16 @@ def _stage_rank(
         checkpoint=agree_on_run(checkpoint, world),
         resume=resume,
     )
+
+
+def log_steps(result: PipelineResult) -> None:
+    """Write a finished pipeline's metrics files (LogConfig): its losses reach rank 0 when
+    the run ends, so there is no line per step on the terminal."""
+    config = result.config
+    with StepLog(config.log, config.steps, live=False) as log:
+        for step, loss in enumerate(result.losses):
+            log.step(step, loss, config.optim.lr_at(step))
+        log.close(result.eval)
 
 
 def report(result: PipelineResult) -> TrainReport:

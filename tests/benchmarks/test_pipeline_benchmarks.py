@@ -234,3 +234,10 @@ def test_modes_quick_table_has_every_mode_its_memory_and_a_verdict(tmp_path: Pat
     assert any(r.startswith("| sgd | stash |") and r.endswith("| 3 |") for r in rows)
     assert any(r.startswith("| sgd | 2bw stash |") and r.endswith("| 1 |") for r in rows)
     assert (tmp_path / "modes_lm_k4.png").stat().st_size > 1000
+
+
+def test_token_file_memory_quick(tmp_path: Path) -> None:
+    text = _run("token_file_memory.py", tmp_path / "memory.md", timeout=240)
+    rows = _rows(text, "file")
+    assert [r[0] for r in rows] == ["1 MiB", "8 MiB"]
+    assert all(float(r[2].split()[0]) > 0 for r in rows)

@@ -1,0 +1,104 @@
+"""LogConfig and the per-step log of a run: a line on a terminal, JSON lines, TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from types import TracebackType
+from typing import IO, Any
+
+from pipeswap.config import ConfigError, option, require
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogConfig:
+    """What a run logs per optimizer step, on rank 0: ``log_every`` prints a line on a
+    terminal every that many steps; ``metrics`` writes every step as a JSON line
+    (``step``, ``loss``, ``lr``, ``step_s``) and the held-out score as a last line
+    (``eval``); ``tensorboard`` writes the same scalars as TensorBoard event files. In
+    data parallelism a step's loss is rank 0's, logged as the step ends; a pipeline's
+    losses reach rank 0 when the run ends, and its files are written then."""
+
+    log_every: int = option(
+        10, metavar="N", help="print a line every N steps on a terminal (0: never)"
+    )
+    metrics: str | None = option(
+        None, metavar="PATH", help="write each step's loss, learning rate and time as JSON lines"
+    )
+    tensorboard: str | None = option(
+        None,
+        metavar="DIR",
+        help="write the same scalars as TensorBoard event files (needs the tensorboard package)",
+    )
+
+    def __post_init__(self) -> None:
+        require(self.log_every >= 0, f"{{log_every}} is {self.log_every}; use 0 or more")
+        for name, value in (("metrics", self.metrics), ("tensorboard", self.tensorboard)):
+            require(value != "", f"{{{name}}} is empty; name a path")
+
+
+class StepLog:
+    """The log of one run, open on rank 0 (elsewhere it does nothing)."""
+
+    def __init__(
+        self, config: LogConfig, steps: int, *, enabled: bool = True, live: bool = True
+    ) -> None:
+        self.config, self.steps = config, steps
+        self._file: IO[str] | None = None
+        self._board: Any = None
+        self._terminal = enabled and live and sys.stderr.isatty() and config.log_every > 0
+        if not enabled:
+            return
+        if config.metrics is not None:
+            self._file = open(config.metrics, "w", encoding="utf-8")  # noqa: SIM115
+        if config.tensorboard is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError(
+                    "{tensorboard} needs the tensorboard package: pip install tensorboard, "
+                    "or drop {tensorboard} ({metrics} writes JSON lines without it)"
+                ) from None
+            self._board = SummaryWriter(config.tensorboard)
+
+    def step(self, step: int, loss: float, lr: float, step_s: float | None = None) -> None:
+        """Record optimizer step ``step`` (0-based)."""
+        if self._file is not None:
+            entry = {"step": step + 1, "loss": loss, "lr": lr, "step_s": step_s}
+            self._file.write(json.dumps(entry) + "\n")
+            self._file.flush()
+        if self._board is not None:
+            self._board.add_scalar("train/loss", loss, step + 1)
+            self._board.add_scalar("train/lr", lr, step + 1)
+        if self._terminal and (step + 1) % self.config.log_every == 0:
+            took = "" if step_s is None else f"  {step_s * 1e3:.1f} ms"
+            line = f"step {step + 1}/{self.steps}  loss {loss:.4f}  lr {lr:.3g}{took}"
+            from tqdm import tqdm
+
+            tqdm.write(line, file=sys.stderr)  # above a progress bar, not through it
+
+    def close(self, held_out: dict[str, float | int] | None = None) -> None:
+        """Record the held-out score (when there is one) and close the files."""
+        if self._file is not None:
+            if held_out:
+                self._file.write(json.dumps({"step": self.steps, "eval": held_out}) + "\n")
+            self._file.close()
+            self._file = None
+        if self._board is not None:
+            for key, value in (held_out or {}).items():
+                if key != "batches":
+                    self._board.add_scalar(f"eval/{key}", value, self.steps)
+            self._board.close()
+            self._board = None
+
+    def __enter__(self) -> StepLog:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

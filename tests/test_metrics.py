@@ -1,0 +1,74 @@
+"""pipeswap/metrics.py: the per-step log of a run (terminal lines, JSON lines, TensorBoard)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeswap.cli import main
+from pipeswap.config import ConfigError
+from pipeswap.metrics import LogConfig, StepLog
+
+
+def test_json_lines_hold_every_step_and_the_held_out_score_last(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    with StepLog(LogConfig(metrics=str(path)), 2) as log:
+        log.step(0, 5.0, 0.1, 0.25)
+        log.step(1, 4.0, 0.1)
+        log.close({"batches": 2, "loss": 3.5})
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines == [
+        {"step": 1, "loss": 5.0, "lr": 0.1, "step_s": 0.25},
+        {"step": 2, "loss": 4.0, "lr": 0.1, "step_s": None},
+        {"step": 2, "eval": {"batches": 2, "loss": 3.5}},
+    ]
+
+
+def test_a_line_every_n_steps_on_a_terminal_only(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    with StepLog(LogConfig(log_every=2), 4) as log:
+        for step in range(4):
+            log.step(step, 1.0 / (step + 1), 0.01, 0.002)
+    assert capsys.readouterr().err.splitlines() == [
+        "step 2/4  loss 0.5000  lr 0.01  2.0 ms",
+        "step 4/4  loss 0.2500  lr 0.01  2.0 ms",
+    ]
+    with StepLog(LogConfig(log_every=2), 4, enabled=False) as quiet:  # ranks but 0
+        quiet.step(1, 1.0, 0.01)
+    assert capsys.readouterr().err == ""
+
+
+def test_bad_log_settings_are_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="log_every is -1"):
+        LogConfig(log_every=-1)
+    with pytest.raises(ConfigError, match="metrics is empty"):
+        LogConfig(metrics="")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed"
+)
+def test_tensorboard_without_its_package_says_what_to_install(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="pip install tensorboard"):
+        StepLog(LogConfig(tensorboard=str(tmp_path / "tb")), 1)
+
+
+@pytest.mark.parametrize("mode", [["--nproc", "2"], ["--pipeline", "2", "--emulate"]])
+def test_the_metrics_file_agrees_with_the_report(tmp_path: Path, mode: list[str]) -> None:
+    metrics, report = tmp_path / "m.jsonl", tmp_path / "r.json"
+    argv = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--steps", "3"]
+    argv += ["--lr-warmup", "2", "--metrics", str(metrics), "--report", str(report), *mode]
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    stated = json.loads(report.read_text())
+    assert [line["lr"] for line in lines[:3]] == pytest.approx([0.025, 0.05, 0.05])
+    assert lines[-1]["eval"] == stated["eval"]
+    if "--pipeline" in mode:  # the pipeline's mini-batch loss; data parallel: rank 0's share
+        assert [line["loss"] for line in lines[:3]] == stated["losses"]
+    else:
+        assert [line["loss"] for line in lines[:3]] == stated["losses_per_rank"][0]
