@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError
@@ -106,3 +107,17 @@ def _write(root: nn.Module, folder: Path, source: str) -> None:
             "saving a model needs the safetensors package: pip install 'pipeswap[hf]'"
         ) from None
     save_model(root, str(folder / "model.safetensors"))
+
+
+def load_saved(directory: str) -> dict[str, torch.Tensor]:
+    """The tensors :func:`export_model` wrote to ``directory``, by the model's own names
+    (every safetensors shard; a tied weight once, as ``save_pretrained`` stores it)."""
+    from safetensors.torch import load_file
+
+    shards = sorted(Path(directory).glob("*.safetensors"))
+    if not shards:
+        raise PipeswapError(f"{directory} holds no safetensors files; it is no saved model")
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(load_file(shard))
+    return state

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from pipeswap.checkpoint import hold_directory
+from pipeswap.config import require
 from pipeswap.dist.env import torchrun_env
-from pipeswap.models.export import check_save_target
+from pipeswap.models.export import check_save_target, load_saved
 from pipeswap.pipeline.schedule import TimedAction
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import train_data_parallel
@@ -24,6 +27,19 @@ class TrainOutcome:
     config: TrainConfig
     report: TrainReport
     timeline: tuple[TimedAction, ...] = field(default=(), repr=False)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained weights by the model's own names, read back from what the run saved
+        (``CheckpointConfig.save``): what ``load_state_dict`` of the model you brought
+        takes (a tied weight once, as ``save_pretrained`` stores it)."""
+        save = self.config.checkpoint.save
+        require(
+            save is not None,
+            "the trained weights come back through the run's {save} directory: give {save} "
+            "DIR (or turn a checkpoint into a model with `pipeswap export`)",
+        )
+        assert save is not None
+        return load_saved(save)
 
 
 def train(config: TrainConfig) -> TrainOutcome | None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pipeswap.cli import main
+from pipeswap.config import replace_fields
 from pipeswap.data import dataset_for
 from pipeswap.data_config import UserData
 from pipeswap.dist.digest import params_sha256
@@ -155,3 +156,31 @@ def test_export_turns_a_checkpoint_into_the_model_save_writes(
     (tmp_path / "empty").mkdir()
     assert main(["export", str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
     assert "no complete checkpoint there" in capsys.readouterr().err
+
+
+def test_train_hands_back_the_trained_state_dict_by_the_model_s_own_names(
+    tmp_path: Path,
+) -> None:
+    from pipeswap.checkpoint import CheckpointConfig
+    from pipeswap.config import ConfigError
+    from pipeswap.train_config import TrainConfig
+    from pipeswap.training.run import train
+
+    config = TrainConfig(
+        "tests.models.tiny_lm:tiny_lm",
+        batch=4,
+        seq_len=16,
+        steps=2,
+        progress=False,
+        checkpoint=CheckpointConfig(save=str(tmp_path / "out")),
+    )
+    outcome = train(config)
+    assert outcome is not None
+    # The user's module takes them by its own names (tied weights once, strict=False).
+    model = build_model("tests.models.tiny_lm:tiny_lm")
+    missing, unexpected = source_module(model).load_state_dict(outcome.state_dict(), strict=False)
+    assert unexpected == [] and params_sha256(model) == outcome.report.params_sha256
+    unsaved = train(replace_fields(config, save=None, steps=1))
+    assert unsaved is not None
+    with pytest.raises(ConfigError, match="give save DIR"):
+        unsaved.state_dict()
