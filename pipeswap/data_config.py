@@ -34,6 +34,12 @@ class DataConfig:
     eval_batches: int = option(
         2, help="held-out batches (of {batch} samples) scored after training; 0: none"
     )
+    eval_every: int = option(
+        0,
+        metavar="N",
+        help="score the {eval_batches} held-out batches every N steps too, not only at the "
+        "end (0: at the end only)",
+    )
 
     def __post_init__(self) -> None:
         require(self.data != "", "{data} is empty; name a file or a directory")
@@ -44,6 +50,17 @@ class DataConfig:
             "{eval_data} is held-out data for {data}: give {data} PATH too, or drop {eval_data}",
         )
         require(self.eval_batches >= 0, f"{{eval_batches}} is {self.eval_batches}; use 0 or more")
+        require(self.eval_every >= 0, f"{{eval_every}} is {self.eval_every}; use 0 or more")
+        require(
+            self.eval_every == 0 or self.eval_batches > 0,
+            "{eval_every} scores the held-out batches, but {eval_batches} is 0: give "
+            "{eval_batches} 1 or more, or drop {eval_every}",
+        )
+
+    def eval_due(self, step: int, steps: int) -> bool:
+        """Whether the held-out batches are scored after optimizer step ``step`` (0-based)
+        of a ``steps``-step run, before its end (the end's score is always taken)."""
+        return self.eval_every > 0 and (step + 1) % self.eval_every == 0 and step + 1 < steps
 
     def source(self, split: str) -> UserData | None:
         """Where the user's ``split`` (train or val) comes from, or None for the built-in

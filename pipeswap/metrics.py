@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, Any
@@ -15,10 +16,11 @@ from pipeswap.config import ConfigError, option, require
 class LogConfig:
     """What a run logs per optimizer step, on rank 0: ``log_every`` prints a line on a
     terminal every that many steps; ``metrics`` writes every step as a JSON line
-    (``step``, ``loss``, ``lr``, ``step_s``) and the held-out score as a last line
-    (``eval``); ``tensorboard`` writes the same scalars as TensorBoard event files. In
-    data parallelism a step's loss is rank 0's, logged as the step ends; a pipeline's
-    losses reach rank 0 when the run ends, and its files are written then."""
+    (``step``, ``loss``, ``lr``, ``step_s``), each held-out score (``eval``, every
+    ``eval_every`` steps and at the end, last); ``tensorboard`` writes the same scalars
+    as TensorBoard event files. A step is logged as it ends by the process that knows its
+    loss: in data parallelism rank 0 (its share of the mini-batch), in a pipeline the
+    last stage (the mini-batch's loss)."""
 
     log_every: int = option(
         10, metavar="N", help="print a line every N steps on a terminal (0: never)"
@@ -36,6 +38,43 @@ class LogConfig:
         require(self.log_every >= 0, f"{{log_every}} is {self.log_every}; use 0 or more")
         for name, value in (("metrics", self.metrics), ("tensorboard", self.tensorboard)):
             require(value != "", f"{{{name}}} is empty; name a path")
+
+
+@dataclass(frozen=True)
+class HeldOutSums:
+    """Sums over held-out batches, added up over ranks or rounds before they are divided:
+    ``batches`` scored, the sum of each batch's mean ``loss``, and for classifiers the
+    predictions equal to the label (``correct``) over ``samples``."""
+
+    batches: int = 0
+    loss_sum: float = 0.0
+    correct: int = 0
+    samples: int = 0
+
+    def __add__(self, other: HeldOutSums) -> HeldOutSums:
+        return HeldOutSums(
+            self.batches + other.batches,
+            self.loss_sum + other.loss_sum,
+            self.correct + other.correct,
+            self.samples + other.samples,
+        )
+
+    @staticmethod
+    def total(parts: Iterable[HeldOutSums]) -> HeldOutSums:
+        out = HeldOutSums()
+        for part in parts:
+            out = out + part
+        return out
+
+    def score(self, eval_batches: int, *, classify: bool) -> dict[str, float | int]:
+        """A report's ``eval``: the batches asked for (per rank), the mean batch loss and,
+        for classifiers, the accuracy; no loss when nothing was scored."""
+        score: dict[str, float | int] = {"batches": eval_batches}
+        if self.batches:
+            score["loss"] = self.loss_sum / self.batches
+            if classify:
+                score["accuracy"] = self.correct / self.samples
+        return score
 
 
 class StepLog:
@@ -73,10 +112,30 @@ class StepLog:
             self._board.add_scalar("train/lr", lr, step + 1)
         if self._terminal and (step + 1) % self.config.log_every == 0:
             took = "" if step_s is None else f"  {step_s * 1e3:.1f} ms"
-            line = f"step {step + 1}/{self.steps}  loss {loss:.4f}  lr {lr:.3g}{took}"
-            from tqdm import tqdm
+            self._write(f"step {step + 1}/{self.steps}  loss {loss:.4f}  lr {lr:.3g}{took}")
 
-            tqdm.write(line, file=sys.stderr)  # above a progress bar, not through it
+    def eval(self, step: int, score: dict[str, float | int]) -> None:
+        """Record the held-out score after optimizer step ``step`` (0-based) of a run that
+        scores every ``eval_every`` steps (the score at the end goes to :meth:`close`)."""
+        if self._file is not None:
+            self._file.write(json.dumps({"step": step + 1, "eval": score}) + "\n")
+            self._file.flush()
+        self._board_eval(score, step + 1)
+        if self._terminal and "loss" in score:
+            extra = f"  accuracy {score['accuracy']:.4f}" if "accuracy" in score else ""
+            self._write(f"step {step + 1}/{self.steps}  held-out loss {score['loss']:.4f}{extra}")
+
+    def _board_eval(self, score: dict[str, float | int], step: int) -> None:
+        if self._board is not None:
+            for key, value in score.items():
+                if key != "batches":
+                    self._board.add_scalar(f"eval/{key}", value, step)
+
+    @staticmethod
+    def _write(line: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stderr)  # above a progress bar, not through it
 
     def close(self, held_out: dict[str, float | int] | None = None) -> None:
         """Record the held-out score (when there is one) and close the files."""
@@ -86,9 +145,7 @@ class StepLog:
             self._file.close()
             self._file = None
         if self._board is not None:
-            for key, value in (held_out or {}).items():
-                if key != "batches":
-                    self._board.add_scalar(f"eval/{key}", value, self.steps)
+            self._board_eval(held_out or {}, self.steps)
             self._board.close()
             self._board = None
 

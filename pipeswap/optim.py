@@ -62,8 +62,9 @@ class OptimizerConfig:
     clip_grad_norm: float | None = option(
         None,
         metavar="NORM",
-        help="scale the gradients so their global L2 norm is at most NORM before each update "
-        "(data parallelism; default: no clipping)",
+        help="scale the gradients so their global L2 norm is at most NORM before each update, "
+        "in every mode (a pipeline's stages meet at each update to add up the norm: "
+        "asynchronous schedules lose some overlap; default: no clipping)",
     )
     keep_nonfinite: bool = option(
         False, help="train on when the loss is not finite (by default the run stops there)"

@@ -128,12 +128,6 @@ class TrainConfig:
             "{memory_cap_bytes} needs {profile_path} (a measured or estimated profile)",
         )
         require(
-            self.optim.clip_grad_norm is None,
-            "{clip_grad_norm} is not available for pipelines yet: each stage updates on its "
-            "own, and the global norm over every stage's gradients is not gathered; drop "
-            "{clip_grad_norm}, or train data parallel",
-        )
-        require(
             self.precision != "fp16-mixed",
             "{precision} fp16-mixed is not available for pipelines: its loss scale must skip "
             "the same steps on every stage, and stages update at different times; use "

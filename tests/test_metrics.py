@@ -58,17 +58,26 @@ def test_tensorboard_without_its_package_says_what_to_install(tmp_path: Path) ->
         StepLog(LogConfig(tensorboard=str(tmp_path / "tb")), 1)
 
 
-@pytest.mark.parametrize("mode", [["--nproc", "2"], ["--pipeline", "2", "--emulate"]])
+@pytest.mark.parametrize(
+    "mode", [["--nproc", "2"], ["--pipeline", "2", "--emulate"], ["--pipeline", "2"]]
+)
 def test_the_metrics_file_agrees_with_the_report(tmp_path: Path, mode: list[str]) -> None:
     metrics, report = tmp_path / "m.jsonl", tmp_path / "r.json"
     argv = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--steps", "3"]
-    argv += ["--lr-warmup", "2", "--metrics", str(metrics), "--report", str(report), *mode]
+    argv += ["--lr-warmup", "2", "--eval-every", "2", "--metrics", str(metrics)]
+    argv += ["--report", str(report), *mode]
     assert main(argv) == 0
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [line for line in lines if "loss" in line]
     stated = json.loads(report.read_text())
-    assert [line["lr"] for line in lines[:3]] == pytest.approx([0.025, 0.05, 0.05])
+    assert [line["lr"] for line in steps] == pytest.approx([0.025, 0.05, 0.05])
+    # The score after step 2 follows its step's line; the score at the end comes last.
+    assert lines[2] == {
+        "step": 2,
+        "eval": {k: v for k, v in stated["evals"][0].items() if k != "step"},
+    }
     assert lines[-1]["eval"] == stated["eval"]
     if "--pipeline" in mode:  # the pipeline's mini-batch loss; data parallel: rank 0's share
-        assert [line["loss"] for line in lines[:3]] == stated["losses"]
+        assert [line["loss"] for line in steps] == stated["losses"]
     else:
-        assert [line["loss"] for line in lines[:3]] == stated["losses_per_rank"][0]
+        assert [line["loss"] for line in steps] == stated["losses_per_rank"][0]

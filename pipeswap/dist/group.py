@@ -164,12 +164,12 @@ def broadcast_from_rank0(value: Any, world_size: int) -> Any:
     return box[0]
 
 
-def all_gather(value: Any, world_size: int) -> list[Any]:
-    """Every rank's ``value``, in rank order, on every rank."""
+def all_gather(value: Any, world_size: int, group: Any = None) -> list[Any]:
+    """Every rank's ``value``, in rank order, on every rank (of ``group``, default all)."""
     if world_size == 1:
         return [value]
     values: list[Any] = [None] * world_size
-    dist.all_gather_object(values, value)
+    dist.all_gather_object(values, value, group=group)
     return values
 
 
@@ -193,6 +193,15 @@ def direction_groups(enabled: bool) -> tuple[Any, Any] | None:
     Collective: every rank must call it, in the same order.
     """
     return (dist.new_group(), dist.new_group()) if enabled else None
+
+
+def new_groups(count: int) -> tuple[Any, ...]:
+    """``count`` new process groups of every rank (none without a process group), each
+    with its own ordering of messages and collectives.
+
+    Collective: every rank must call it, in the same order.
+    """
+    return tuple(dist.new_group() for _ in range(count)) if dist.is_initialized() else ()
 
 
 def pair_groups(pairs: list[tuple[int, int]]) -> dict[tuple[int, int], Any]:

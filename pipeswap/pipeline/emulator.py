@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 from pipeswap.checkpoint import CheckpointPlan, RunStopped, load_rank
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import single_threaded
-from pipeswap.pipeline.actions import ActionKind
+from pipeswap.metrics import StepLog
+from pipeswap.pipeline.actions import Action, ActionKind
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.job import build_full_model, save_trained
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult, combine
-from pipeswap.pipeline.schedule import Schedule, build_schedule, unit_time_order
+from pipeswap.pipeline.schedule import Schedule, TimedAction, build_schedule, unit_time_order
 from pipeswap.pipeline.shared import MailboxExchange
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import Packed, inspect_layers
@@ -87,11 +89,13 @@ class Emulator:
         self.checkpoint = checkpoint
         self.resume = resume
         self.executors: list[StageExecutor] = []
+        self._bar: Any = None
 
     def run(self, progress: bool = False) -> PipelineResult:
         config = self.config
         pipeline = config.require_pipeline()
-        with single_threaded():
+        n = pipeline.num_stages
+        with single_threaded(), StepLog(config.log, config.steps) as log:
             infos = inspect_layers(config)
             schedule = pipeline_schedule(config)
             model = build_full_model(config)
@@ -99,9 +103,7 @@ class Emulator:
             tied_mailbox: dict[tuple[int, int, int, int], list[torch.Tensor]] = {}
             request = None
             if self.checkpoint is not None:
-                request = StopRequest(
-                    self.checkpoint.directory, pipeline.num_stages, config.steps, decider=True
-                )
+                request = StopRequest(self.checkpoint.directory, n, config.steps, decider=True)
             self.executors = [
                 StageExecutor(
                     config,
@@ -115,55 +117,118 @@ class Emulator:
                     checkpoint=self.checkpoint,
                     stop=request,
                     exchange=MailboxExchange(rank, tied_mailbox),
+                    log=log if rank == n - 1 else None,
                 )
-                for rank in range(pipeline.num_stages)
+                for rank in range(n)
             ]
-            starts = [0] * pipeline.num_stages
+            starts = [0] * n
             if self.resume is not None:
                 folder, done = self.resume
                 starts = [ex.restore(load_rank(folder, done, ex.rank)) for ex in self.executors]
-            bar = progress_bar(config.steps, "train", enabled=progress)
-            if bar is not None and self.resume is not None:
-                bar.update(self.resume[1])
+            self._bar = progress_bar(config.steps, "train", enabled=progress)
+            if self._bar is not None and self.resume is not None:
+                self._bar.update(self.resume[1])
             start = time.perf_counter()
             for ex in self.executors:
                 ex.start_clock()
-            at_cut: set[int] = set()
-            faults = [fault_hook(rank) for rank in range(pipeline.num_stages)]
+            self._faults = [fault_hook(rank) for rank in range(n)]
+            self._at_cut: set[int] = set()
+            self._held: dict[int, list[tuple[int, TimedAction]]] = {}
             try:
-                for timed in unit_time_order(schedule):
-                    if timed.index < starts[timed.rank] or timed.rank in at_cut:
-                        continue
-                    try:
-                        self.executors[timed.rank].run(timed.action)
-                    except StageAtCut as cut:
-                        at_cut.add(timed.rank)
-                        if len(at_cut) == pipeline.num_stages:
-                            assert self.checkpoint is not None
-                            raise RunStopped(self.checkpoint.directory, cut.args[0]) from None
-                    fault = faults[timed.rank]
-                    if timed.action.kind is not ActionKind.UPDATE:
-                        continue
-                    if fault is not None:
-                        fault(timed.action.unit)
-                    if timed.rank == 0 and bar is not None:
-                        last = self.executors[-1].runner.losses
-                        step_loss = last.get(
-                            (timed.action.unit + 1) * pipeline.micro_batch_count - 1
-                        )
-                        bar.set_postfix(loss=f"{step_loss:.4f}" if step_loss is not None else "-")
-                        bar.update(1)
+                for seq, timed in enumerate(unit_time_order(schedule)):
+                    if timed.index >= starts[timed.rank]:
+                        self._feed(seq, timed)
             finally:
                 if request is not None:
                     request.close()
             for ex in self.executors:
                 ex.finish_training()
             wall = time.perf_counter() - start
-            if bar is not None:
-                bar.close()
-            for unit in self.executors[0].eval_units():
+            if self._bar is not None:
+                self._bar.close()
+            for unit in self.executors[0].scorer.units():
                 for ex in self.executors:
-                    ex.evaluate(unit)
+                    ex.scorer.evaluate(unit)
+            self.executors[-1].scorer.close_log()
             stages = [ex.finish() for ex in self.executors]
         save_trained(config, [stage.state for stage in stages])
         return combine(config, stages, mode="emulate", task=model.task, wall_s=wall)
+
+    def _meets(self, step: int) -> bool:
+        """Whether the stages meet before UPDATE(``step``) (pipeswap.pipeline.step_end)."""
+        config = self.config
+        return config.optim.clip_grad_norm is not None or config.dataset.eval_due(
+            step, config.steps
+        )
+
+    def _feed(self, seq: int, timed: TimedAction) -> None:
+        """Run the next action of the schedule's order (``seq``), or hold it while its
+        stage waits at a meeting for the others, as it would in its own process."""
+        rank, action = timed.rank, timed.action
+        if rank in self._at_cut:
+            return
+        if rank in self._held:
+            self._held[rank].append((seq, timed))
+            return
+        if action.kind is ActionKind.UPDATE and self._meets(action.unit):
+            self._held[rank] = [(seq, timed)]
+            if len(self._held) + len(self._at_cut) == len(self.executors):
+                self._meet(action.unit)
+            return
+        self._run(rank, action, end_step=True)
+
+    def _meet(self, step: int) -> None:
+        """Every stage waits at UPDATE(``step``): the global norm, the updates, the held-out
+        scores, the steps' ends; then the actions held meanwhile, in the schedule's order."""
+        executors, held = self.executors, self._held
+        self._held = {}
+        if self.config.optim.clip_grad_norm is not None:
+            parts = [ex.squared_norm(step) for ex in executors]
+            for ex in executors:
+                ex.norm_parts[step] = parts
+        for rank, queue in sorted(held.items()):
+            executors[rank].run(queue[0][1].action, end_step=False)
+        if self.config.dataset.eval_due(step, self.config.steps):
+            for unit in executors[0].scorer.units(step):
+                for ex in executors:
+                    ex.scorer.evaluate(unit)
+            for ex in executors:
+                ex.scorer.score_round(step)
+        for rank in sorted(held):
+            self._end_step(rank, step, evaluate=False)
+        for seq, timed in sorted(item for queue in held.values() for item in queue[1:]):
+            self._feed(seq, timed)
+
+    def _run(self, rank: int, action: Action, *, end_step: bool) -> None:
+        try:
+            self.executors[rank].run(action, end_step=end_step)
+        except StageAtCut as cut:
+            self._cut(rank, cut)
+            return
+        if action.kind is ActionKind.UPDATE:
+            self._after_step(rank, action.unit)
+
+    def _end_step(self, rank: int, step: int, *, evaluate: bool) -> None:
+        try:
+            self.executors[rank].end_step(step, evaluate=evaluate)
+        except StageAtCut as cut:
+            self._cut(rank, cut)
+            return
+        self._after_step(rank, step)
+
+    def _cut(self, rank: int, cut: StageAtCut) -> None:
+        self._at_cut.add(rank)
+        if len(self._at_cut) == len(self.executors):
+            assert self.checkpoint is not None
+            raise RunStopped(self.checkpoint.directory, cut.args[0]) from None
+
+    def _after_step(self, rank: int, step: int) -> None:
+        fault = self._faults[rank]
+        if fault is not None:
+            fault(step)
+        if rank == 0 and self._bar is not None:
+            last = self.executors[-1].runner.losses
+            m = self.config.require_pipeline().micro_batch_count
+            step_loss = last.get((step + 1) * m - 1)
+            self._bar.set_postfix(loss=f"{step_loss:.4f}" if step_loss is not None else "-")
+            self._bar.update(1)

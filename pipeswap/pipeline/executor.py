@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from pipeswap.checkpoint import CheckpointPlan, rng_state, save_rank, set_rng_state, write_manifest
 from pipeswap.dist.digest import combine_digests, tensor_sha256
+from pipeswap.metrics import StepLog
 from pipeswap.pipeline.actions import Action, ActionKind
+from pipeswap.pipeline.held_out import HeldOutScorer
 from pipeswap.pipeline.job import BatchSource
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import steady_distances, version_distances
-from pipeswap.pipeline.rng import EVAL, TRAIN, rng_stream
+from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.pipeline.schedule import Schedule, TimedAction
 from pipeswap.pipeline.shared import Exchange, TiedParameters, find_shared, stage_module
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest, crossing_messages, positions
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
+from pipeswap.pipeline.stage_result import StageResult
+from pipeswap.pipeline.step_end import clip_scale, step_loss
 from pipeswap.pipeline.weights import StageWeights
 from pipeswap.train_config import TrainConfig
 
@@ -37,28 +41,6 @@ class Transport(Protocol):
     def finish(self) -> None: ...
 
 
-@dataclass
-class StageResult:
-    """What one rank reports after training (plain data: it crosses process boundaries)."""
-
-    rank: int
-    losses: dict[int, float] = field(default_factory=dict)
-    eval_loss_sum: float = 0.0
-    eval_correct: int = 0
-    eval_units: int = 0
-    eval_samples: int = 0
-    busy_s: float = 0.0
-    wall_s: float = 0.0
-    sha256: str = ""  # this stage's parameters (pipeswap.dist.digest)
-    param_digests: dict[str, str] = field(default_factory=dict)
-    prediction_error: dict[str, float | None] | None = None
-    distances: tuple[int, int] = (0, 0)
-    timeline: list[TimedAction] = field(default_factory=list)
-    # This stage's trained tensors by their names in the whole model (on the CPU), when
-    # the run saves the trained model.
-    state: dict[str, torch.Tensor] | None = None
-
-
 class StageExecutor:
     """One stage: its layers (``runner``), its weight versions, its data, and a transport.
 
@@ -66,6 +48,10 @@ class StageExecutor:
     stage) (:mod:`pipeswap.pipeline.rng`): dropout draws the same masks in the emulator
     and in every process. Parameters tied across stages get a copy per stage, kept equal
     through ``exchange`` (:mod:`pipeswap.pipeline.shared`).
+
+    At an UPDATE the stages may meet (pipeswap.pipeline.step_end): ``gather_norms`` gives
+    every stage's squared gradient norm (the emulator presets ``norm_parts``), held-out
+    batches go through ``eval_transport``; the last stage logs each step to ``log``.
     """
 
     def __init__(
@@ -83,6 +69,9 @@ class StageExecutor:
         checkpoint: CheckpointPlan | None = None,
         stop: StopRequest | None = None,
         exchange: Exchange | None = None,
+        gather_norms: Callable[[int, float], list[float]] | None = None,
+        eval_transport: Transport | None = None,
+        log: StepLog | None = None,
     ) -> None:
         self.config = config
         self.pipeline = pipeline = config.require_pipeline()
@@ -90,6 +79,10 @@ class StageExecutor:
         self.rank = rank
         self.schedule = schedule
         self.transport = transport
+        self.eval_transport = eval_transport or transport
+        self.gather_norms = gather_norms
+        self.norm_parts: dict[int, list[float]] = {}
+        self.log = log
         self.device = torch.device(device)
         first, end = stage_bounds(pipeline.stage_balance)[rank]
         n = pipeline.num_stages
@@ -132,8 +125,19 @@ class StageExecutor:
         self.result = StageResult(
             rank, distances=steady_distances(schedule, rank, pipeline.distances)
         )
+        self.scorer = HeldOutScorer(
+            config,
+            self.runner,
+            self.result,
+            self._eval_inputs,
+            self._stream,
+            self.eval_transport,
+            num_units=schedule.num_units,
+            classify=getattr(model, "task", None) == "classify",
+            log=log,
+        )
         self._outbox: dict[tuple[ActionKind, int], Packed] = {}
-        self._t0 = time.perf_counter()
+        self._t0 = self._step_ended = time.perf_counter()
         self._index = 0
         # Checkpoints: the weights each in-flight forward used, and the messages sent
         # before the next checkpoint's cut that arrive after it (pipeswap.pipeline.snapshot).
@@ -150,10 +154,11 @@ class StageExecutor:
 
     # ---- training -----------------------------------------------------------------
     def start_clock(self) -> None:
-        self._t0 = time.perf_counter()
+        self._t0 = self._step_ended = time.perf_counter()
 
-    def run(self, action: Action) -> None:
-        """Execute one action of this rank (in schedule order)."""
+    def run(self, action: Action, *, end_step: bool = True) -> None:
+        """Execute one action of this rank (in schedule order); after an UPDATE, what ends
+        the step (:meth:`end_step`) unless ``end_step`` is False (the caller does it)."""
         kind, unit = action.kind, action.unit
         if kind.is_receive:
             self.transport.post(kind.direction, unit)
@@ -175,9 +180,7 @@ class StageExecutor:
                 if self.tied is not None:
                     self.tied.after_backward(self._index)
             else:
-                self.weights.update(unit)
-                if self.tied is not None:
-                    self.tied.release(unit + 1)
+                self._update(unit)
             end = time.perf_counter()
             self.result.busy_s += end - start
             self.result.timeline.append(
@@ -185,8 +188,41 @@ class StageExecutor:
             )
         self._index += 1
         self.transport.progress()
-        if kind is ActionKind.UPDATE and self.checkpoint is not None:
-            done = unit + 1
+        if kind is ActionKind.UPDATE and end_step:
+            self.end_step(unit)
+
+    def squared_norm(self, step: int) -> float:
+        """This stage's share of the squared global norm of mini-batch ``step``'s gradient."""
+        tied = self.tied.squared_norm(step) if self.tied is not None else 0.0
+        return self.weights.own_squared_norm() + tied
+
+    def _update(self, step: int) -> None:
+        max_norm = self.config.optim.clip_grad_norm
+        if max_norm is not None:
+            parts = self.norm_parts.pop(step, None)
+            if parts is None:
+                assert self.gather_norms is not None, "clipping needs every stage's norm"
+                parts = self.gather_norms(step, self.squared_norm(step))
+            self.weights.clip_scales[step] = clip_scale(parts, max_norm)
+        self.weights.update(step)
+        if self.tied is not None:
+            self.tied.release(step + 1)
+
+    def end_step(self, step: int, *, evaluate: bool = True) -> None:
+        """After UPDATE(``step``): score the held-out batches when due (``evaluate``; the
+        emulator does it for every stage at once), log the step, write a checkpoint when
+        due, and stop at a SIGTERM cut."""
+        if self.log is not None:
+            loss = step_loss(self.runner.losses, step, self.micro_batches)
+            took = time.perf_counter() - self._step_ended
+            self.log.step(step, loss, self.config.optim.lr_at(step), took)
+        if evaluate:
+            self.scorer.score_if_due(step)
+        if self.log is not None and self.result.evals and self.result.evals[-1][0] == step + 1:
+            self.log.eval(step, self.result.evals[-1][1])
+        self._step_ended = time.perf_counter()
+        if self.checkpoint is not None:
+            done = step + 1
             cut = self.stop.cut_after(self.rank, done) if self.stop is not None else None
             if done == cut or self.checkpoint.due(done, self.config.steps):
                 self._save(done)
@@ -194,16 +230,20 @@ class StageExecutor:
                 raise StageAtCut(done)
             if cut is not None:  # keep what will cross the SIGTERM cut, too
                 if self._cut_keep is None:
-                    self._cut_keep = crossing_messages(self.schedule, cut, self._positions)[
-                        self.rank
-                    ]
+                    crossing = crossing_messages(self.schedule, cut, self._positions)
+                    self._cut_keep = crossing[self.rank]
                 self._keep |= self._cut_keep
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device) if tensor.device != self.device else tensor
 
     def _inputs(
-        self, source: BatchSource | None, step: int, micro: int, unit: int
+        self,
+        source: BatchSource | None,
+        step: int,
+        micro: int,
+        unit: int,
+        transport: Transport | None = None,
     ) -> tuple[Any, torch.Tensor | None]:
         """A unit's input (data on stage 0, received activations after) and its target."""
         inputs: Any = None
@@ -212,7 +252,7 @@ class StageExecutor:
             x, y = source.micro(step, micro)
             inputs, target = self._to_device(x), self._to_device(y)
         if self.rank > 0:
-            inputs = self.transport.take(ActionKind.F, unit)
+            inputs = (transport or self.transport).take(ActionKind.F, unit)
         return inputs, target
 
     def _stream(self, split: str, step: int, micro: int) -> AbstractContextManager[None]:
@@ -257,24 +297,8 @@ class StageExecutor:
         )
 
     # ---- evaluation ---------------------------------------------------------------
-    def eval_units(self) -> list[int]:
-        base = self.schedule.num_units
-        return list(range(base, base + self.config.dataset.eval_batches * self.micro_batches))
-
-    def evaluate(self, unit: int) -> None:
-        """Forward one held-out unit (no gradients) and pass it on or score it."""
-        step, micro = divmod(unit - self.schedule.num_units, self.micro_batches)
-        inputs, target = self._inputs(self.eval_data, step, micro, unit)
-        with self._stream(EVAL, step, micro):
-            out = self.runner.evaluate(inputs, target)
-        if self.runner.is_last:
-            loss, correct = out
-            self.result.eval_loss_sum += float(loss)
-            self.result.eval_correct += int(correct)
-            self.result.eval_units += 1
-            self.result.eval_samples += int(target.shape[0])  # type: ignore[union-attr]
-        else:
-            self.transport.send(ActionKind.F, unit, out)  # type: ignore[arg-type]
+    def _eval_inputs(self, step: int, micro: int, unit: int) -> tuple[Any, torch.Tensor | None]:
+        return self._inputs(self.eval_data, step, micro, unit, self.eval_transport)
 
     # ---- checkpoints ----------------------------------------------------------------
     @property
@@ -305,6 +329,7 @@ class StageExecutor:
                 "index": self._index,
                 "weights": self.weights.state(),
                 "losses": dict(self.runner.losses),
+                "evals": list(self.result.evals),
                 "in_flight": {
                     unit: (self._forward_weights[unit], leaves)
                     for unit, leaves in self.runner.in_flight_inputs().items()
@@ -330,6 +355,7 @@ class StageExecutor:
         """
         self.weights.load_state(state["weights"])
         self.runner.losses = dict(state["losses"])
+        self.result.evals = [tuple(e) for e in state.get("evals", [])]
         live = [p.detach().clone() for p in self.weights.params]
         for unit in sorted(state["in_flight"]):
             used, leaves = state["in_flight"][unit]
@@ -362,6 +388,8 @@ class StageExecutor:
 
     def finish(self) -> StageResult:
         self.transport.finish()
+        self.eval_transport.finish()
+        self.result.held_out = self.scorer.scored
         self.result.param_digests = {
             name: tensor_sha256(name, p) for name, p in self.named_parameters()
         }

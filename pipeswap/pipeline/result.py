@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeswap.dist.digest import combine_digests
-from pipeswap.pipeline.executor import StageResult
 from pipeswap.pipeline.schedule import TimedAction
+from pipeswap.pipeline.stage_result import StageResult
+from pipeswap.pipeline.step_end import step_loss
 from pipeswap.train_config import TrainConfig
 
 
@@ -35,6 +36,7 @@ class PipelineResult:
     distances: tuple[tuple[int, int], ...]
     prediction_error: tuple[dict[str, float | None], ...] | None
     timeline: tuple[TimedAction, ...] = ()
+    evals: tuple[dict[str, float | int], ...] = ()  # every eval_every steps: {"step", **eval}
 
     @property
     def stage_busy(self) -> tuple[float, ...]:
@@ -48,6 +50,7 @@ class PipelineResult:
             "config": pipeline_summary(self.config),
             "losses": list(self.losses),
             "eval": self.eval,
+            "evals": list(self.evals),
             "samples_per_s": self.samples_per_s,
             "wall_s": self.wall_s,
             "stage_busy": list(self.stage_busy),
@@ -97,14 +100,8 @@ def combine(
     last = stages[-1]
     pipeline = config.require_pipeline()
     m = pipeline.micro_batch_count
-    losses = tuple(
-        sum(last.losses[step * m + i] for i in range(m)) / m for step in range(config.steps)
-    )
-    evaluation: dict[str, float | int] = {"batches": config.dataset.eval_batches}
-    if last.eval_units:
-        evaluation["loss"] = last.eval_loss_sum / last.eval_units
-        if task == "classify":
-            evaluation["accuracy"] = last.eval_correct / last.eval_samples
+    losses = tuple(step_loss(last.losses, step, m) for step in range(config.steps))
+    evaluation = last.held_out.score(config.dataset.eval_batches, classify=task == "classify")
     digests = tuple(s.sha256 for s in stages)
     errors = tuple(s.prediction_error for s in stages)
     return PipelineResult(
@@ -112,6 +109,7 @@ def combine(
         mode=mode,
         losses=losses,
         eval=evaluation,
+        evals=tuple({"step": step, **score} for step, score in last.evals),
         samples_per_s=config.steps * (config.batch or 0) / wall_s if wall_s > 0 else 0.0,
         wall_s=wall_s,
         stage_busy_s=tuple(s.busy_s for s in stages),

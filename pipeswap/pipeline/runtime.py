@@ -16,20 +16,23 @@ from pipeswap.checkpoint import CheckpointPlan, RunStopped, load_rank
 from pipeswap.config import ConfigError, require
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import (
+    all_gather,
     backend_name,
     barrier,
     destroy_groups,
     direction_groups,
     gather_to_rank0,
+    new_groups,
     pair_groups,
     rank_and_world,
     single_threaded,
 )
 from pipeswap.dist.p2p import Receive, Sends, pack_tag, post_receives
 from pipeswap.errors import PipeswapError
+from pipeswap.metrics import StepLog
 from pipeswap.pipeline.actions import Action, ActionKind
 from pipeswap.pipeline.emulator import pipeline_schedule
-from pipeswap.pipeline.executor import StageExecutor, StageResult
+from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.job import build_full_model, build_meta_model, save_trained
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.resolve import resolve_pipeline
@@ -37,6 +40,7 @@ from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.shared import find_shared
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import BoundarySpec, Packed, inspect_layers
+from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.progress import progress_bar
 from pipeswap.train_config import TrainConfig
 
@@ -197,6 +201,9 @@ def run_stage_rank(
     if split_directions is None:
         split_directions = backend_name() == "nccl"
     groups = direction_groups(split_directions)
+    # Held-out batches mid-run and the stages' gradient norms travel apart from training's
+    # transfers: NCCL matches a receive posted ahead with whatever its peer sends next.
+    eval_group, norm_group = new_groups(2) or (None, None)
     # Every rank builds the full model: every rank finds the same tied parameters and
     # joins the same pair groups (creating a group is collective).
     holders = {s.holders for s in find_shared(build_meta_model(config), pipeline.stage_balance)}
@@ -219,6 +226,15 @@ def run_stage_rank(
         if checkpoint is not None:
             request = StopRequest(checkpoint.directory, world, config.steps, decider=rank == 0)
         exchange = DistExchange(rank, tied_groups, device)
+        eval_transport = DistTransport(
+            rank,
+            infos[start - 1].output if rank > 0 else None,
+            infos[stop - 1].output if rank < world - 1 else None,
+            device,
+            (eval_group, eval_group) if eval_group is not None else None,
+        )
+        # The last stage knows each step's loss: it writes the log.
+        log = StepLog(config.log, config.steps) if rank == world - 1 else None
         executor = StageExecutor(
             config,
             rank,
@@ -230,6 +246,9 @@ def run_stage_rank(
             checkpoint=checkpoint,
             stop=request,
             exchange=exchange,
+            gather_norms=lambda step, mine: all_gather(mine, world, norm_group),
+            eval_transport=eval_transport,
+            log=log,
         )
         first = 0 if resume is None else executor.restore(load_rank(resume[0], resume[1], rank))
         barrier()
@@ -241,6 +260,8 @@ def run_stage_rank(
         try:
             _run_actions(executor, transport, actions, bar, fault_hook(rank))
         except StageAtCut as cut:
+            if log is not None:
+                log.close()
             # The checkpoint holds the messages that cross the cut; the rest must arrive.
             transport.finish(abandon=executor.crossing_keys)
             exchange.finish(abandon=executor.tied.crossing if executor.tied is not None else ())
@@ -251,11 +272,13 @@ def run_stage_rank(
         executor.finish_training()
         if bar is not None:
             bar.close()
-        for unit in executor.eval_units():
-            executor.evaluate(unit)
+        for unit in executor.scorer.units():
+            executor.scorer.evaluate(unit)
+        executor.scorer.close_log()
         result = executor.finish()
     gathered: list[StageResult] | None = gather_to_rank0(result, rank, world)
     destroy_groups(groups)
+    destroy_groups((eval_group, norm_group) if eval_group is not None else None)
     destroy_groups(tuple(tied_groups.values()))
     if rank != 0:
         return None

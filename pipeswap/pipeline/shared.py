@@ -33,7 +33,7 @@ from torch import nn
 from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.schedule import Schedule, unit_time_order
-from pipeswap.pipeline.weights import StageWeights
+from pipeswap.pipeline.weights import StageWeights, squared_norm
 
 
 @dataclass(frozen=True)
@@ -248,6 +248,8 @@ class TiedParameters:
             (names, plan_sharing(schedule, holders)) for holders, names in by_holders.items()
         ]
         self._own: dict[tuple[int, int], list[torch.Tensor]] = {}
+        # Every holder's gradients of (group, t), taken early for the global norm.
+        self._taken: dict[tuple[int, int], list[list[torch.Tensor]]] = {}
         self.crossing: set[tuple[int, int, int]] = set()
 
     def after_backward(self, index: int) -> None:
@@ -262,15 +264,30 @@ class TiedParameters:
                 if h != self.rank:
                     self.exchange.send(g, t, h, grads)
 
+    def _parts(self, g: int, t: int) -> list[list[torch.Tensor]]:
+        """Every holder's gradients of group ``g`` and mini-batch ``t``, in holder order."""
+        if (g, t) in self._taken:
+            return self._taken.pop((g, t))
+        own = self._own[(g, t)]
+        holders = self.groups[g][1].holders
+        return [own if h == self.rank else self.exchange.take(g, t, h, own) for h in holders]
+
+    def squared_norm(self, t: int) -> float:
+        """The squared norm of the summed gradients of mini-batch ``t`` of the groups this
+        rank is the first holder of (so each tied parameter counts once over the stages).
+        Every holder has sent them by its UPDATE(t): call it there, before this rank's."""
+        total = 0.0
+        for g, (_, plan) in enumerate(self.groups):
+            if plan.holders[0] == self.rank:
+                parts = self._taken[(g, t)] = self._parts(g, t)
+                total += sum(squared_norm(combine(list(grads))) for grads in zip(*parts))
+        return total
+
     def before_pass(self, index: int) -> None:
         """Before action ``index``: apply the updates the plan puts there (mini-batch order)."""
         for g, (names, plan) in enumerate(self.groups):
             for t in plan.before(self.rank, index):
-                own = self._own[(g, t)]
-                parts = [
-                    own if h == self.rank else self.exchange.take(g, t, h, own)
-                    for h in plan.holders
-                ]
+                parts = self._parts(g, t)
                 for k, name in enumerate(names):
                     self.weights.apply_shared(name, combine([part[k] for part in parts]), t)
 

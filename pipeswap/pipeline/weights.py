@@ -73,6 +73,10 @@ class StageWeights:
     other parameters. A prediction for a pass ``s`` stage updates ahead targets the same
     version for a copy: it also counts the updates the copy has not applied yet, so every
     copy of a tied parameter predicts the same weights for a mini-batch.
+
+    ``clip_scales[t]``, when set, multiplies the gradient of mini-batch ``t`` (a tied
+    copy's summed one too) before its update: clipping by the global norm, which the
+    stages find together (pipeswap.pipeline.step_end).
     """
 
     module: nn.Module
@@ -86,6 +90,7 @@ class StageWeights:
     errors: dict[str, PredictionError] = field(default_factory=dict)
     last_gradients: list[torch.Tensor] | None = None
     shared: dict[str, nn.Parameter] = field(default_factory=dict)
+    clip_scales: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.entry: WeightMode = weight_mode(self.mode)
@@ -191,10 +196,13 @@ class StageWeights:
         if self.record:
             self._score(step)
         tied = set(self.shared_at.values())
+        scale = self.clip_scales.get(step, 1.0)
         for i, (p, m) in enumerate(zip(self.params, self.masters)):
             # A tied copy's gradient has left with shared_gradient: apply_shared steps it.
             if i not in tied:
                 m.grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                if scale != 1.0:
+                    m.grad.mul_(scale)
         if self.optimizer is not None:
             if self.optimizer_config.lr_varies:
                 for group in self.optimizer.param_groups:
@@ -216,6 +224,17 @@ class StageWeights:
         self.updates += 1
 
     @torch.no_grad()
+    def own_squared_norm(self) -> float:
+        """The squared L2 norm of the gradient this stage applies at its next update (tied
+        copies left out: their summed gradient counts once, pipeswap.pipeline.shared)."""
+        tied = set(self.shared_at.values())
+        return sum(
+            squared_norm(p.grad)
+            for i, p in enumerate(self.params)
+            if i not in tied and p.grad is not None
+        )
+
+    @torch.no_grad()
     def shared_gradient(self, name: str) -> torch.Tensor:
         """A copy of this stage's gradient of the tied parameter ``name`` (zeros if unused)."""
         p = self.params[self.shared_at[name]]
@@ -228,6 +247,8 @@ class StageWeights:
         master = self.masters[self.shared_at[name]]
         optimizer = self.shared_optimizers[name]
         master.grad = grad
+        if self.clip_scales.get(step, 1.0) != 1.0:
+            grad.mul_(self.clip_scales[step])
         if self.optimizer_config.lr_varies:
             for group in optimizer.param_groups:
                 group["lr"] = self.optimizer_config.lr_at(step)
@@ -266,6 +287,7 @@ class StageWeights:
                 name: (self.shared_applied[name], opt.state_dict())
                 for name, opt in self.shared_optimizers.items()
             },
+            "clip_scales": dict(self.clip_scales),
         }
 
     @torch.no_grad()
@@ -281,6 +303,7 @@ class StageWeights:
         for name, (applied, saved) in state.get("shared", {}).items():
             self.shared_applied[name] = applied
             self.shared_optimizers[name].load_state_dict(saved)
+        self.clip_scales = dict(state.get("clip_scales", {}))
 
     def prediction_error(self) -> dict[str, float | None]:
         """Per pass kind: ||W_hat - W_future|| / ||W_now - W_future|| summed over passes."""
@@ -288,6 +311,11 @@ class StageWeights:
             "forward": _finite(self.errors[ActionKind.F.value].ratio),
             "backward": _finite(self.errors[ActionKind.B.value].ratio),
         }
+
+
+def squared_norm(tensor: torch.Tensor) -> float:
+    """``tensor``'s squared L2 norm, summed in float64 (the same on every rank)."""
+    return float(torch.linalg.vector_norm(tensor.detach(), dtype=torch.float64)) ** 2
 
 
 def _finite(value: float | None) -> float | None:

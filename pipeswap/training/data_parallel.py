@@ -23,7 +23,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.detect import detect_topology
 from pipeswap.hardware.presets import preset, resolve_topology
 from pipeswap.hardware.topology import Topology
-from pipeswap.metrics import StepLog
+from pipeswap.metrics import HeldOutSums, StepLog
 from pipeswap.models.registry import model_spec
 from pipeswap.pipeline.resolve import check_profile_shape
 from pipeswap.precision import autocast, autocast_dtype
@@ -33,7 +33,7 @@ from pipeswap.profiling.step import dtype_name
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import make_plan
 from pipeswap.train_config import TrainConfig
-from pipeswap.training.dp_rank import HeldOut, RankResult, measured_step_s, train_rank
+from pipeswap.training.dp_rank import RankResult, measured_step_s, train_rank
 from pipeswap.training.job import ModelJob
 from pipeswap.training.report import DataParallelDetails, TrainReport
 from pipeswap.training.resume import agree_on_run, checkpointing
@@ -226,19 +226,6 @@ _NOTES = {
 }
 
 
-def held_out_score(parts: list[HeldOut], config: TrainConfig) -> dict[str, float | int]:
-    """The report's ``eval``: batches per rank, the mean batch loss over every rank's
-    held-out batches and (classifiers) the accuracy over their samples."""
-    batches = config.dataset.eval_batches
-    score: dict[str, float | int] = {"batches": batches}
-    units = sum(p.batches for p in parts)
-    if units:
-        score["loss"] = sum(p.loss_sum for p in parts) / units
-        if model_spec(config.model).task == "classify":
-            score["accuracy"] = sum(p.correct for p in parts) / sum(p.samples for p in parts)
-    return score
-
-
 def report(
     config: TrainConfig, plan: SwapPlan, payload: PlanPayload, results: list[RankResult]
 ) -> TrainReport:
@@ -272,12 +259,15 @@ def report(
         dtype=ModelJob.of(config).dtype,
         plan=plan.to_json(),
         notes=_NOTES,
-        eval=held_out_score([r.held_out for r in ordered if r.held_out is not None], config),
+        eval=HeldOutSums.total(r.held_out for r in ordered if r.held_out is not None).score(
+            config.dataset.eval_batches, classify=model_spec(config.model).task == "classify"
+        ),
     )
     return TrainReport.of(
         config,
         losses=losses,
         params_sha256=ordered[0].params_sha256,
         nproc=len(ordered),
+        evals=[{"step": step, **score} for step, score in ordered[0].evals],
         data_parallel=details,
     )

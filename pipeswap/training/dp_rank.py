@@ -36,7 +36,7 @@ from pipeswap.dist.digest import combine_digests, params_sha256, tensor_sha256
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import agree, all_gather, rank_and_world, rank_device
 from pipeswap.errors import PipeswapError
-from pipeswap.metrics import StepLog
+from pipeswap.metrics import HeldOutSums, StepLog
 from pipeswap.models.base import evaluating
 from pipeswap.models.export import export_model
 from pipeswap.pipeline.rng import TRAIN, rng_stream
@@ -69,17 +69,9 @@ class RankResult:
     # Buffers (BatchNorm statistics), digested as params_sha256 digests parameters: a
     # recomputed layer's re-run must not update them a second time.
     buffers_sha256: str = ""
-    held_out: HeldOut | None = None  # the held-out score after training, on this rank
-
-
-@dataclass(frozen=True)
-class HeldOut:
-    """Sums of one rank's held-out batches, combined over ranks into the report's ``eval``."""
-
-    batches: int
-    loss_sum: float  # of each batch's mean loss
-    correct: int  # classifiers: predictions equal to the label
-    samples: int
+    held_out: HeldOutSums | None = None  # the held-out score after training, on this rank
+    # Every eval_every steps: (steps done, the score over every rank's held-out batches).
+    evals: tuple[tuple[int, dict[str, float | int]], ...] = ()
 
 
 def _to(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
@@ -100,6 +92,7 @@ class _Record:
     swapped: int = 0  # of the last step
     recomputed_layers: int = 0
     recomputed_bytes: int = 0
+    evals: list[tuple[int, dict[str, float | int]]] = field(default_factory=list)
 
 
 class _Rank:
@@ -180,6 +173,7 @@ class _Rank:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state.get("scaler", {}))
         self.record = _Record(state["done"], state["losses"], state["step_s"], state["late"])
+        self.record.evals = [tuple(e) for e in state.get("evals", [])]
         set_rng_state(state["rng"])
 
     def step(self, step: int) -> None:
@@ -246,11 +240,12 @@ class _Rank:
                 "losses": record.losses,
                 "step_s": record.step_s,
                 "late": record.late,
+                "evals": record.evals,
                 "rng": rng_state(),
             },
         )
 
-    def evaluate(self) -> HeldOut:
+    def evaluate(self) -> HeldOutSums:
         """Score ``eval_batches`` held-out batches in eval mode (ranks take disjoint ones)."""
         batches = self.config.dataset.eval_batches
         loss_sum, correct, samples = 0.0, 0, 0
@@ -264,7 +259,15 @@ class _Rank:
                 if getattr(self.model, "task", None) == "classify":
                     correct += int((output.argmax(-1) == targets).sum().item())
                 samples += int(targets.shape[0])
-        return HeldOut(batches, loss_sum, correct, samples)
+        return HeldOutSums(batches, loss_sum, correct, samples)
+
+    def score_every_rank(self, step: int) -> dict[str, float | int]:
+        """The held-out score over every rank's batches after ``step`` (collective)."""
+        parts = all_gather(self.evaluate(), self.world_size)
+        classify = getattr(self.model, "task", None) == "classify"
+        score = HeldOutSums.total(parts).score(self.config.dataset.eval_batches, classify=classify)
+        self.record.evals.append((step + 1, score))
+        return score
 
     def result(self) -> RankResult:
         executor, record, device = self.executor, self.record, self.device
@@ -287,6 +290,7 @@ class _Rank:
             offset_s=executor.gpu_plan.offset_s,
             recomputed_layers=record.recomputed_layers,
             recomputed_bytes=record.recomputed_bytes,
+            evals=tuple(record.evals),
             buffers_sha256=combine_digests(
                 {name: tensor_sha256(name, b) for name, b in self.model.named_buffers()}
             ),
@@ -348,6 +352,10 @@ def train_rank(
                 if bar is not None:
                     bar.set_postfix(loss=f"{trainer.record.losses[-1]:.4f}")
                     bar.update(1)
+                if config.dataset.eval_due(step, config.steps):
+                    score = trainer.score_every_rank(step)
+                    if log is not None:
+                        log.eval(step, score)
                 if after_step is not None:
                     after_step(step)
                 if checkpoint is not None and stop is not None:

@@ -9,7 +9,6 @@ from pipeswap.config import require
 from pipeswap.dist.env import local_rank_of, torchrun_env
 from pipeswap.dist.group import rank_device
 from pipeswap.dist.launch import run_ranks
-from pipeswap.metrics import StepLog
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult
@@ -79,16 +78,6 @@ def _stage_rank(
     )
 
 
-def log_steps(result: PipelineResult) -> None:
-    """Write a finished pipeline's metrics files (LogConfig): its losses reach rank 0 when
-    the run ends, so there is no line per step on the terminal."""
-    config = result.config
-    with StepLog(config.log, config.steps, live=False) as log:
-        for step, loss in enumerate(result.losses):
-            log.step(step, loss, config.optim.lr_at(step))
-        log.close(result.eval)
-
-
 def report(result: PipelineResult) -> TrainReport:
     """The ``pipeswap.train/2`` report of a pipeline run (runtime or emulator)."""
     config = result.config
@@ -97,5 +86,6 @@ def report(result: PipelineResult) -> TrainReport:
         losses=result.losses,
         params_sha256=result.params_sha256,
         nproc=1 if result.mode == "emulate" else config.require_pipeline().num_stages,
+        evals=result.evals,
         pipeline=details_from_json(PipelineDetails, result.to_report()),
     )

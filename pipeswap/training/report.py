@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeswap.errors import PipeswapError
@@ -95,6 +95,8 @@ class TrainReport:
     nproc: int
     train_config: dict[str, Any]
     precision: str = DEFAULT_PRECISION  # reports written before precisions existed: fp32
+    # The held-out scores taken every eval_every steps: {"step": steps done, **eval}.
+    evals: list[dict[str, Any]] = field(default_factory=list)
     data_parallel: DataParallelDetails | None = None
     pipeline: PipelineDetails | None = None
 
@@ -106,6 +108,7 @@ class TrainReport:
         losses: Sequence[float],
         params_sha256: str,
         nproc: int,
+        evals: Sequence[dict[str, Any]] = (),
         data_parallel: DataParallelDetails | None = None,
         pipeline: PipelineDetails | None = None,
     ) -> TrainReport:
@@ -129,6 +132,7 @@ class TrainReport:
             nproc=nproc,
             train_config=config.to_json(),
             precision=config.precision,
+            evals=list(evals),
             data_parallel=data_parallel,
             pipeline=pipeline,
         )
@@ -170,7 +174,11 @@ def _values_of(kind: type, obj: dict[str, Any], skip: tuple[str, ...] = ()) -> d
     return {
         f.name: obj[f.name]
         for f in dataclasses.fields(kind)
-        if f.name not in skip and (f.name in obj or f.default is dataclasses.MISSING)
+        if f.name not in skip
+        and (
+            f.name in obj
+            or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        )
     }
 
 

@@ -14,8 +14,8 @@ from pipeswap.pipeline.schedule import TimedAction
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import train_data_parallel
 from pipeswap.training.job import check_user_data
-from pipeswap.training.pipelined import log_steps, run_pipeline
 from pipeswap.training.pipelined import report as pipeline_report
+from pipeswap.training.pipelined import run_pipeline
 from pipeswap.training.report import TrainReport
 
 
@@ -69,5 +69,4 @@ def _train(resolved: TrainConfig) -> TrainOutcome | None:
     result = run_pipeline(resolved)
     if result is None:
         return None
-    log_steps(result)
     return TrainOutcome(result.config, pipeline_report(result), result.timeline)

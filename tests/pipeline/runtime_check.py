@@ -31,6 +31,6 @@ def assert_runtime_matches_emulator(configs: list[TrainConfig], nproc: int) -> l
         label = (
             f"{pipeline.schedule}/{pipeline.weights}/{config.optim.optimizer}/{pipeline.num_stages}"
         )
-        for key in ("losses", "eval", "stage_sha256", "params_sha256"):
+        for key in ("losses", "eval", "evals", "stage_sha256", "params_sha256"):
             assert runtime[key] == emulated[key], (label, key)
     return reports

@@ -32,7 +32,8 @@ OPTIMIZER = {"stale": "sgd", "stash": "sgd", "spectrain": "sgd", "predict-adam":
 
 
 def plain_losses(config: TrainConfig) -> tuple[list[float], str]:
-    """One process, the whole tied model, the same batches and optimizer: (losses, digest)."""
+    """One process, the whole tied model, the same batches and optimizer: (losses, digest);
+    with ``clip_grad_norm``, torch's clipping before each step."""
     with single_threaded():
         model = build_full_model(config)
         optimizer = config.optim.build(list(model.parameters()))
@@ -46,6 +47,9 @@ def plain_losses(config: TrainConfig) -> tuple[list[float], str]:
                 (loss / config.require_pipeline().micro_batch_count).backward()
                 total += loss.item()
             losses.append(total / config.require_pipeline().micro_batch_count)
+            if config.optim.clip_grad_norm is not None:
+                params = list(model.parameters())
+                torch.nn.utils.clip_grad_norm_(params, config.optim.clip_grad_norm, foreach=False)
             optimizer.step()
             optimizer.zero_grad()
     return losses, params_sha256(model)

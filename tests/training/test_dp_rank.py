@@ -492,3 +492,20 @@ def test_held_out_batches_are_scored_in_eval_mode_after_training_and_change_noth
     # The zoo's image models report accuracy too, over every rank's held-out samples.
     image = run(model="resnet-micro", seq_len=None, batch=4, nproc=2, policy="none")
     assert 0.0 <= image.data_parallel.eval["accuracy"] <= 1.0
+
+
+def test_scores_every_n_steps_change_nothing_and_equal_a_shorter_runs_end() -> None:
+    def run(**fields: Any) -> Any:
+        config = TrainConfig(
+            "resnet-micro", batch=4, steps=4, nproc=2, device="cpu", swap=SwapConfig()
+        )
+        outcome = train(replace_fields(config, progress=False, policy="none", **fields))
+        assert outcome is not None
+        return outcome.report
+
+    scored, plain, shorter = run(eval_every=2), run(), run(steps=2)
+    assert scored.params_sha256 == plain.params_sha256  # BatchNorm statistics included
+    assert scored.losses == plain.losses and scored.data_parallel.eval == plain.data_parallel.eval
+    # After step 2: the weights of a 2-step run, every rank's batches, in eval mode.
+    assert scored.evals == [{"step": 2, **shorter.data_parallel.eval}]
+    assert plain.evals == []

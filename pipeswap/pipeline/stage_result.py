@@ -1,0 +1,31 @@
+"""StageResult: what one stage reports after training, plain data that crosses processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeswap.metrics import HeldOutSums
+from pipeswap.pipeline.schedule import TimedAction
+
+
+@dataclass
+class StageResult:
+    """What one rank reports after training (plain data: it crosses process boundaries)."""
+
+    rank: int
+    losses: dict[int, float] = field(default_factory=dict)
+    held_out: HeldOutSums = field(default_factory=HeldOutSums)  # scored after training
+    # Every eval_every steps (last stage): (steps done, the held-out score).
+    evals: list[tuple[int, dict[str, float | int]]] = field(default_factory=list)
+    busy_s: float = 0.0
+    wall_s: float = 0.0
+    sha256: str = ""  # this stage's parameters (pipeswap.dist.digest)
+    param_digests: dict[str, str] = field(default_factory=dict)
+    prediction_error: dict[str, float | None] | None = None
+    distances: tuple[int, int] = (0, 0)
+    timeline: list[TimedAction] = field(default_factory=list)
+    # This stage's trained tensors by their names in the whole model (on the CPU), when
+    # the run saves the trained model.
+    state: dict[str, torch.Tensor] | None = None
