@@ -8,7 +8,7 @@ Run from the repository root:
 Quick grid: resnet50 (batch 64) at ratios 1.33 and 2.0 on switch-4, time limit 2 s.
 Full grid: gpt2-large, bert-large, resnet152, vit-l16, vgg16 (batch sizes where
 activations dominate) x footprint ratios 1.33, 1.5, 2.0 x topologies switch-4,
-single-root-8, dual-root-8 x --sync-every 1 and 4, every policy (the swap heuristics,
+single-root-8, dual-root-8 x --accumulate 1 and 4, every policy (the swap heuristics,
 the PyTorch baselines `recompute` = recompute every block and `save-on-cpu`, `hybrid`,
 `mip`, `auto`); then the single-GPU comparison of the MIP and auto with the best
 heuristic. The MIP and auto run with a 10 s time limit per case (not the CLI's 60 s) to
@@ -349,7 +349,7 @@ def report(
         subset = [r for r in rows if r.sync_every == sync_every]
         best = statistics.mean(r.speedup(r.best.policy) for r in subset) - 1
         lines.append(
-            f"\nWith --sync-every {sync_every}: best policy {_pct(best)} over oblivious "
+            f"\nWith --accumulate {sync_every}: best policy {_pct(best)} over oblivious "
             f"on average ({len(subset)} cases)."
         )
     lines += _checks(rows)

@@ -59,6 +59,13 @@ class OptimizerConfig:
         help="the updates, counted from the start, over which linear and cosine decay reach 0 "
         "(default: the run's {steps})",
     )
+    accumulate: int = option(
+        1,
+        metavar="N",
+        help="gradient accumulation: each update sums the gradients of N batches of {batch} "
+        "samples, in every mode (data parallelism all-reduces with the last; a pipeline runs "
+        "N times its micro-batches between updates)",
+    )
     clip_grad_norm: float | None = option(
         None,
         metavar="NORM",
@@ -89,6 +96,7 @@ class OptimizerConfig:
             math.isfinite(self.weight_decay) and self.weight_decay >= 0,
             f"{{weight_decay}} is {self.weight_decay}; use 0 or more",
         )
+        require(self.accumulate >= 1, f"{{accumulate}} is {self.accumulate}; use 1 or more")
         require(
             self.clip_grad_norm is None
             or (math.isfinite(self.clip_grad_norm) and self.clip_grad_norm > 0),

@@ -128,6 +128,13 @@ class TrainConfig:
             "{memory_cap_bytes} needs {profile_path} (a measured or estimated profile)",
         )
         require(
+            self.optim.accumulate == 1 or pipeline.schedule_kind.takes_micro_batches,
+            f"{{accumulate}} {self.optim.accumulate}: {{schedule}} {pipeline.schedule} "
+            "pipelines whole mini-batches and updates after each, so there is nothing to "
+            "accumulate between updates; raise {batch} instead, or use {schedule} 1f1b, "
+            "gpipe or 2bw",
+        )
+        require(
             self.precision != "fp16-mixed",
             "{precision} fp16-mixed is not available for pipelines: its loss scale must skip "
             "the same steps on every stage, and stages update at different times; use "
@@ -216,14 +223,18 @@ class TrainConfig:
     def from_json(cls, obj: dict[str, Any]) -> TrainConfig:
         """The config :meth:`to_json` wrote."""
         values = {k: v for k, v in obj.items() if k != "mode"}
+        optim, swap = dict(values.get("optim", {})), values.get("swap")
+        if swap is not None and "sync_every" in swap:  # written before it was accumulate
+            swap = dict(swap)
+            optim["accumulate"] = swap.pop("sync_every")
         pipeline = values.get("pipeline")
         if pipeline is not None and pipeline.get("balance") is not None:
             pipeline = {**pipeline, "balance": tuple(pipeline["balance"])}
         return cls(
             **{
                 **values,
-                "optim": OptimizerConfig(**values.get("optim", {})),
-                "swap": None if values.get("swap") is None else SwapConfig(**values["swap"]),
+                "optim": OptimizerConfig(**optim),
+                "swap": None if swap is None else SwapConfig(**swap),
                 "pipeline": None if pipeline is None else PipelineConfig(**pipeline),
                 "checkpoint": CheckpointConfig(**values.get("checkpoint", {})),
                 "dataset": DataConfig(**values.get("dataset", {})),

@@ -89,7 +89,7 @@ _ARGUMENTS = {"seed", "device", "batch", "seq_len", "image_size", "steps", "mode
 
 def test_every_settings_default_is_declared_once() -> None:
     """No function re-declares a setting's default: one that takes a parameter named like a
-    setting either requires it or refers to the config's own default (``SwapConfig.sync_every``)."""
+    setting either requires it or refers to the config's own default (``SwapConfig.bucket_bytes``)."""
     defaults = {
         f.name: f.default
         for _, f in leaf_fields(TrainConfig)

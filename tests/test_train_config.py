@@ -90,3 +90,9 @@ def test_json_round_trip() -> None:
     assert obj["mode"] == "pipeline" and obj["pipeline"]["balance"] == [1, 1]
     assert TrainConfig.from_json(obj) == config
     assert TrainConfig.from_json(TrainConfig("gpt2-micro").to_json()) == TrainConfig("gpt2-micro")
+
+
+def test_a_config_written_with_sync_every_reads_as_accumulate() -> None:
+    obj = TrainConfig("gpt2-micro", swap=SwapConfig()).to_json()
+    obj["swap"]["sync_every"] = 3
+    assert TrainConfig.from_json(obj).optim.accumulate == 3

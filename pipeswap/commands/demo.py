@@ -101,7 +101,7 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
                 "switch-4",
                 "--footprint-ratio",
                 "1.5",
-                "--sync-every",
+                "--accumulate",
                 "4",
                 "--compare",
                 "--time-limit",

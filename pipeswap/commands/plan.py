@@ -11,6 +11,7 @@ from pipeswap.commands.options import add_options, given
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import resolve_topology, topology_file
 from pipeswap.jsonio import check_writable
+from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import Profile
 from pipeswap.sim.trace import write_trace
 from pipeswap.swap.config import POLICY_NAMES, SwapConfig
@@ -52,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     # plan asks for a policy (or --compare): its help shows no default.
     add_options(parser, SwapConfig, skip=("topology",), no_default=("policy",))
+    add_options(parser, OptimizerConfig, only=("accumulate",))
     parser.add_argument(
         "--compare", action="store_true", help="run every policy and print one table"
     )
@@ -82,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile)
     topology = resolve_topology(args.topology)
     topology.require_gpus(args.topology)
-    case = make_case(profile, topology, config, gpus=args.gpus)
+    accumulate = OptimizerConfig(**given(args, OptimizerConfig)).accumulate
+    case = make_case(profile, topology, config, gpus=args.gpus, sync_every=accumulate)
     notes = sys.stderr if args.json else sys.stdout
     if args.compare:
         results = compare(case, profile, time_limit_s=config.time_limit_s)

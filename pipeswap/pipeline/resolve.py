@@ -15,6 +15,8 @@ from pipeswap.train_config import TrainConfig
 def resolve_pipeline(config: TrainConfig) -> TrainConfig:
     """``config`` resolved (:meth:`TrainConfig.resolved`) with its micro-batch count and its
     balance known: the given one checked against the model, else the partitioner's.
+    Gradient accumulation over N batches becomes a mini-batch N times larger in N times
+    the micro-batches (``accumulate`` 1 from there on: what runs is what the config says).
 
     Idempotent: every rank and the emulator call it on the same config and get the same
     balance (FLOP counts, or the profile at ``profile_path``; never timings of this run).
@@ -45,7 +47,19 @@ def resolve_pipeline(config: TrainConfig) -> TrainConfig:
         balance = check_balance(pipeline.balance, len(infos), pipeline.num_stages)
     else:
         balance = _partition(config, infos, model.name)
-    return replace(config, pipeline=replace(pipeline, stages=len(balance), balance=balance))
+    pipeline = replace(pipeline, stages=len(balance), balance=balance)
+    accumulate = config.optim.accumulate
+    if accumulate > 1:
+        assert config.batch is not None
+        # N batches between updates: one mini-batch of N batches in N times the micro-batches
+        # (the same micro-batches, the same updates).
+        return replace(
+            config,
+            batch=config.batch * accumulate,
+            optim=replace(config.optim, accumulate=1),
+            pipeline=replace(pipeline, micro_batches=micro_batches * accumulate),
+        )
+    return replace(config, pipeline=pipeline)
 
 
 def _partition(config: TrainConfig, infos: list[LayerInfo], model_name: str) -> tuple[int, ...]:

@@ -36,7 +36,6 @@ class SwapConfig:
         help="which saved tensors go to host memory, and when: auto keeps the best simulated "
         "plan; recompute and save-on-cpu are PyTorch's baselines, hybrid swaps or recomputes",
     )
-    sync_every: int = option(1, metavar="K", help="micro-batches per gradient all-reduce")
     gpu_memory_bytes: int | None = option(
         None,
         parse=parse_bytes,
@@ -71,7 +70,6 @@ class SwapConfig:
             f"{{policy}} {self.policy!r} is not a swap policy; use one of "
             + ", ".join(POLICY_NAMES),
         )
-        require(self.sync_every >= 1, f"{{sync_every}} is {self.sync_every}; use 1 or more")
         require(
             self.gpu_memory_bytes is None or self.footprint_ratio is None,
             "give {gpu_memory_bytes} or {footprint_ratio}, not both",

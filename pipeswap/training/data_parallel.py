@@ -126,7 +126,13 @@ def _plan(config: TrainConfig, world_size: int, device: torch.device) -> PlanPay
     """Rank 0's work before training: profile, plan."""
     profile = _profile(config, ModelJob.of(config), device)
     topology = _topology(config, world_size)
-    result = make_plan(profile, topology, config.require_swap(), gpus=world_size)
+    result = make_plan(
+        profile,
+        topology,
+        config.require_swap(),
+        gpus=world_size,
+        sync_every=config.optim.accumulate,
+    )
     return PlanPayload(
         plan=result.plan.to_json(),
         profile=profile.to_json(),
@@ -145,8 +151,7 @@ def data_parallel_rank(
     if device.type == "cuda":
         # Before the first collective: NCCL runs object collectives on the current device.
         torch.cuda.set_device(device)
-    swap = config.require_swap()
-    checkpoint, resume = checkpointing(config, world_size, sync_every=swap.sync_every)
+    checkpoint, resume = checkpointing(config, world_size, sync_every=config.optim.accumulate)
     checkpoint = agree_on_run(checkpoint, world_size)
     payload: PlanPayload | None = None
     if rank == 0:
@@ -236,7 +241,7 @@ def report(
     losses = [sum(r.losses[s] for r in ordered) / len(ordered) for s in range(steps)]
     details = DataParallelDetails(
         policy=plan.policy,
-        sync_every=config.require_swap().sync_every,
+        sync_every=config.optim.accumulate,
         losses_per_rank=[list(r.losses) for r in ordered],
         step_s=[list(r.step_s) for r in ordered],
         params_sha256_per_rank=[r.params_sha256 for r in ordered],

@@ -3,8 +3,8 @@
 One process per rank runs :func:`train_rank`; with several ranks the process group must
 already be initialised (``pipeswap.dist.run_ranks`` or ``torchrun`` does it). Every rank
 trains the same model from the same initial weights on its own slice of the offline
-dataset: micro-batch ``(step * sync_every + micro) * world_size + rank``. Gradients are
-accumulated over ``sync_every`` micro-batches without an all-reduce (``pipeswap.dist.ddp.accumulating``)
+dataset: micro-batch ``(step * accumulate + micro) * world_size + rank``. Gradients are
+accumulated over ``accumulate`` micro-batches without an all-reduce (``pipeswap.dist.ddp.accumulating``)
 and all-reduced with the last one. A rank the plan gives an offset sleeps that long at the
 start of every iteration (after its queued GPU work drained): the collectives are the
 same on every rank whatever the plan, so a delay can slow the others but never deadlock
@@ -121,7 +121,7 @@ class _Rank:
             raise PipeswapError(
                 "several ranks need a process group: launch them with pipeswap.dist"
             )
-        self.micro = config.require_swap().sync_every
+        self.micro = config.optim.accumulate
         self.model = job.build(self.device)
         self.model.train()
         self.executor = self._executor(plan, profile)
@@ -177,7 +177,7 @@ class _Rank:
         set_rng_state(state["rng"])
 
     def step(self, step: int) -> None:
-        """One optimizer step: ``sync_every`` micro-batches, gradients all-reduced with the last."""
+        """One optimizer step: ``accumulate`` micro-batches, gradients all-reduced with the last."""
         started = time.perf_counter()
         offset = self.executor.gpu_plan.offset_s
         if offset > 0:
@@ -313,7 +313,7 @@ def train_rank(
 ) -> RankResult:
     """Train ``job`` on this rank with its part of ``plan`` for ``config.steps`` steps.
 
-    ``config`` (resolved) gives the steps, ``sync_every``, the optimizer and the device;
+    ``config`` (resolved) gives the steps, ``accumulate``, the optimizer and the device;
     ``threads`` the CPU threads of this rank (default: the cores shared out over ranks).
     With ``checkpoint``, every rank writes its state (weights, optimizer, data position,
     RNG) every ``checkpoint.every`` steps, and after the step it is in when SIGTERM

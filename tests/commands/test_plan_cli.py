@@ -31,7 +31,7 @@ def test_plan_json_and_graph_reproduced_by_simulate(profile_path, tmp_path, caps
             "2",
             "--footprint-ratio",
             "2",
-            "--sync-every",
+            "--accumulate",
             "4",
             "--policy",
             "bidirectional",
@@ -197,7 +197,7 @@ def test_policy_or_compare_is_required(profile_path, capsys) -> None:
         (["--compare", "--time-limit", "0"], "--time-limit is 0.0"),
         (["--policy", "disjoint", "--gpus", "0"], "--gpus is 0; topology 'switch-4' has 4 GPUs"),
         (["--policy", "disjoint", "--gpus", "-1"], "--gpus is -1; topology 'switch-4' has 4 GPUs"),
-        (["--policy", "disjoint", "--sync-every", "0"], "--sync-every is 0; use 1 or more"),
+        (["--policy", "disjoint", "--accumulate", "0"], "--accumulate is 0; use 1 or more"),
         (
             ["--policy", "disjoint", "--footprint-ratio", "0.5"],
             "--footprint-ratio is 0.5; use a ratio >= 1",
@@ -257,4 +257,4 @@ def test_plan_help_shows_no_default_policy_since_it_asks_for_one(capsys) -> None
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "hybrid swaps or recomputes --sync-every" in text  # no "(default auto)" between
+    assert "hybrid swaps or recomputes --gpu-memory" in text  # no "(default auto)" between

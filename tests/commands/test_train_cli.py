@@ -97,7 +97,7 @@ def test_no_swapping_under_a_budget_too_small_says_by_how_much(
     "argv,message",
     [
         (["--model", "gpt2-tiniest"], "gpt2-tiny"),
-        ([*GPT, "--sync-every", "0"], "--sync-every is 0"),
+        ([*GPT, "--accumulate", "0"], "--accumulate is 0"),
         ([*GPT, "--batch", "0"], "--batch is 0"),
         ([*GPT, "--lr", "nan"], "--lr is nan"),
         ([*GPT, "--momentum", "-3"], "--momentum is -3"),

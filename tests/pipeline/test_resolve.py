@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from support import pipeline_run
 
-from pipeswap.config import ConfigError
+from pipeswap.config import ConfigError, replace_fields
 from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.train_config import TrainConfig
 
@@ -35,3 +37,16 @@ def test_the_batch_must_split_into_the_micro_batches() -> None:
     given = TrainConfig("gpt2-micro", batch=4, pipeline=PipelineConfig(stages=2, micro_batches=3))
     with pytest.raises(ConfigError, match="equal parts"):
         resolve_pipeline(given)
+
+
+def test_accumulation_is_a_larger_mini_batch_in_more_micro_batches() -> None:
+    base = pipeline_run("gpt2-micro", (2, 2), batch=4, seq_len=16, steps=3, schedule="1f1b")
+    accumulated = replace_fields(base, micro_batches=2, accumulate=3)
+    resolved = resolve_pipeline(accumulated)
+    assert (resolved.batch, resolved.require_pipeline().micro_batches) == (12, 6)
+    assert resolved.optim.accumulate == 1 and resolve_pipeline(resolved) == resolved
+    run = Emulator(accumulated, record=False).run()
+    same = Emulator(replace_fields(base, batch=12, micro_batches=6), record=False).run()
+    assert (run.losses, run.params_sha256) == (same.losses, same.params_sha256)
+    with pytest.raises(ConfigError, match="accumulate 2: schedule async-1f1b pipelines whole"):
+        replace_fields(base, schedule="async-1f1b", micro_batches=None, accumulate=2)

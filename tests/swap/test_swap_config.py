@@ -16,7 +16,7 @@ from pipeswap.swap.plan.planner import make_case, make_plan
 
 def test_defaults() -> None:
     config = SwapConfig()
-    assert (config.policy, config.sync_every, config.time_limit_s) == ("auto", 1, 60.0)
+    assert (config.policy, config.time_limit_s) == ("auto", 60.0)
     assert config.bucket_bytes == DEFAULT_BUCKET_BYTES == 25 * 2**20
     assert config.gpu_memory_bytes is None and config.footprint_ratio is None
     assert "auto" in POLICY_NAMES and "none" in POLICY_NAMES
@@ -26,7 +26,6 @@ def test_defaults() -> None:
     "settings, message",
     [
         ({"policy": "greedy"}, "policy 'greedy' is not a swap policy; use one of none, "),
-        ({"sync_every": 0}, "sync_every is 0; use 1 or more"),
         ({"gpu_memory_bytes": 10**9, "footprint_ratio": 1.5}, "give gpu_memory_bytes or "),
         ({"footprint_ratio": 0.5}, "footprint_ratio is 0.5; use a ratio >= 1"),
         ({"footprint_ratio": float("nan")}, "footprint_ratio is nan; use a ratio >= 1"),

@@ -47,7 +47,7 @@ pytestmark = [
     pytest.mark.usefixtures("one_thread"),
 ]
 
-# What the rank loop reads of a config: steps, sync_every, the optimizer and the device.
+# What the rank loop reads of a config: steps, accumulate, the optimizer and the device.
 SETTINGS = TrainConfig("rank-loop", steps=2, device="cpu", swap=SwapConfig())
 
 
@@ -256,7 +256,7 @@ def test_single_process_report_has_every_field() -> None:
 
 
 def test_accumulation_changes_the_data_not_the_transparency() -> None:
-    settings = replace_fields(SETTINGS, sync_every=2)
+    settings = replace_fields(SETTINGS, accumulate=2)
     plans = _plans("gpt2-tiny", 1, sync_every=2)
     none = train_rank(JOBS["gpt2-tiny"], plans["none"], settings, profile=_profile("gpt2-tiny"))
     swapped = train_rank(
@@ -390,7 +390,7 @@ def test_two_ranks_every_policy_every_model_match_no_swapping() -> None:
     for name, job in JOBS.items():
         for policy, plan in _plans(name, 2).items():
             cases.append((f"{name}/{policy}", job, plan, SETTINGS, _profile(name)))
-    accumulate = replace_fields(SETTINGS, sync_every=2)
+    accumulate = replace_fields(SETTINGS, accumulate=2)
     for policy, plan in _plans("gpt2-tiny", 2, sync_every=2).items():
         if policy in ("none", "bidirectional"):
             cases.append(

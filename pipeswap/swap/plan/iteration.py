@@ -8,7 +8,7 @@ from typing import NamedTuple
 from pipeswap.errors import PipeswapError
 from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.graph import TaskGraph
-from pipeswap.swap.config import DEFAULT_BUCKET_BYTES, SwapConfig
+from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
 from pipeswap.swap.plan.tensors import Swap
 from pipeswap.swap.plan.workload import Workload
 
@@ -52,7 +52,7 @@ def build_iteration_graph(
     *,
     offsets_s: Mapping[str, float] | None = None,
     recompute: Mapping[str, Collection[int]] | None = None,
-    sync_every: int = SwapConfig.sync_every,
+    sync_every: int = 1,
     bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
     steps: int = 1,
 ) -> TaskGraph:

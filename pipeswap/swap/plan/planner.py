@@ -192,12 +192,14 @@ def make_case(
     config: SwapConfig | None = None,
     *,
     gpus: int | Sequence[str] | None = None,
+    sync_every: int = 1,
     **settings: Any,
 ) -> Case:
     """The planning problem, with the budget checked and written into the topology.
 
-    ``config`` holds the budget, ``sync_every`` and the bucket size; or give those as
-    keyword arguments (SwapConfig's field names).
+    ``config`` holds the budget and the bucket size; or give those as keyword arguments
+    (SwapConfig's field names). ``sync_every``: micro-batches per gradient all-reduce (a
+    run's gradient accumulation, OptimizerConfig.accumulate).
     """
     config = swap_config(config, settings)
     workload = workload_from_profile(profile)
@@ -208,7 +210,7 @@ def make_case(
         topology=topology.with_gpu_memory(budget),
         gpus=chosen,
         budget_bytes=budget,
-        sync_every=config.sync_every,
+        sync_every=sync_every,
         bucket_bytes=config.bucket_bytes,
     )
 
@@ -219,16 +221,18 @@ def make_plan(
     config: SwapConfig | None = None,
     *,
     gpus: int | Sequence[str] | None = None,
+    sync_every: int = 1,
     **settings: Any,
 ) -> PlanResult:
-    """Plan one iteration of data-parallel training of ``profile`` on ``topology``.
+    """Plan one iteration of data-parallel training of ``profile`` on ``topology``, of
+    ``sync_every`` micro-batches per GPU (gradient accumulation).
 
     ``config`` (or its fields as keyword arguments: ``policy="auto", footprint_ratio=1.5``)
     says the policy and the budget: ``gpu_memory_bytes``, the no-swap peak divided by
     ``footprint_ratio``, or else the topology's GPU memory.
     """
     config = swap_config(config, settings)
-    case = make_case(profile, topology, config, gpus=gpus)
+    case = make_case(profile, topology, config, gpus=gpus, sync_every=sync_every)
     return plan_case(case, profile, config.policy, time_limit_s=config.time_limit_s)
 
 

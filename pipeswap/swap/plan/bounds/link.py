@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeswap.hardware.topology import Topology
-from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan.bounds.inputs import BoundInputs
 from pipeswap.swap.plan.bounds.relief import Relief, min_max, recompute_limit_s
 from pipeswap.swap.plan.workload import Workload
@@ -37,7 +36,7 @@ def lower_bound(
     gpus: Sequence[str],
     budget_bytes: int,
     *,
-    sync_every: int = SwapConfig.sync_every,
+    sync_every: int = 1,
     recompute: bool = True,
 ) -> LowerBound:
     """No plan can run one iteration faster than this (design.md's formula).

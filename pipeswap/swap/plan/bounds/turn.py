@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeswap.hardware.topology import Topology
-from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan.bounds.inputs import BoundInputs
 from pipeswap.swap.plan.bounds.recursion import micro_batch_s
 from pipeswap.swap.plan.bounds.relief import min_max, recompute_limit_s
@@ -41,7 +40,7 @@ def turn_bound(
     gpus: Sequence[str],
     budget_bytes: int,
     *,
-    sync_every: int = SwapConfig.sync_every,
+    sync_every: int = 1,
     bucket_bytes: int | None = None,
     recompute: bool = True,
 ) -> TurnBound:
