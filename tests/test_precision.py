@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pipeswap.config import ConfigError
+from pipeswap.data_config import DataConfig
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.stage import inspect_layers
 from pipeswap.precision import PRECISIONS, LossScaler, autocast, autocast_dtype
@@ -131,3 +132,21 @@ def test_the_pipeline_runtime_equals_the_emulator_in_bf16(model: str) -> None:
         return outcome.report.losses, outcome.report.params_sha256
 
     assert run(emulate=True) == run()
+
+
+def test_on_your_own_data_in_bf16_swapping_and_the_runtime_change_nothing(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13}\n" for i in range(800)))
+    data = DataConfig(data=str(corpus))
+    none = _run("bf16-mixed", swap=SwapConfig(policy="none"), dataset=data)
+    swapped = _run(
+        "bf16-mixed", swap=SwapConfig(policy="hybrid", footprint_ratio=1.3), dataset=data
+    )
+    assert swapped == none
+    assert none != _run("bf16-mixed", swap=SwapConfig(policy="none"))  # it read the file
+
+    def pipeline(**fields: object) -> tuple[list[float], str]:
+        stages = PipelineConfig(stages=2, schedule="1f1b", **fields)  # type: ignore[arg-type]
+        return _run("bf16-mixed", pipeline=stages, dataset=data)
+
+    assert pipeline(emulate=True) == pipeline()
