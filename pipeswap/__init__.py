@@ -5,10 +5,12 @@ The names a user trains with, from one import (each is documented where it lives
     import pipeswap
     model = pipeswap.build_model("gpt2-tiny")    # a zoo name, a Hugging Face directory, module:fn
     model = pipeswap.adapt(my_module)            # or any nn.Module, cut at its repeated blocks
-    profile = pipeswap.measure(model, batch=8, seq_len=64)           # pipeswap.estimate: meta
+    profile = pipeswap.measure(model, batch=8, seq_len=64)    # pipeswap.profiling.estimate: meta
     plan = pipeswap.make_plan(profile, pipeswap.preset("switch-4"), policy="auto", gpus=2,
                               footprint_ratio=1.5).plan
-    with pipeswap.SwapExecutor(model, plan) as executor: ...         # swap in your own loop
+    with pipeswap.SwapExecutor(model, plan) as executor: ...         # a plan of your own
+    off = pipeswap.offload(hf_model, footprint_ratio=1.5)   # your loop: `with off:` around
+    #                                                         the forward, planned for you
     outcome = pipeswap.train(pipeswap.TrainConfig("gpt2-tiny", steps=5))   # what the CLI runs
     pipe = pipeswap.PipelineConfig(stages=2, schedule="async-1f1b", weights="spectrain")
     outcome = pipeswap.train(pipeswap.TrainConfig("gpt2-tiny", steps=5, pipeline=pipe))
@@ -31,7 +33,7 @@ _PUBLIC = {
     "adapt": "pipeswap.models.adapt",
     "build_model": "pipeswap.models.registry",
     "measure": "pipeswap.profiling.measure",
-    "estimate": "pipeswap.profiling.estimate",
+    "offload": "pipeswap.training.offload",
     "Profile": "pipeswap.profile",
     "preset": "pipeswap.hardware.presets",
     "make_plan": "pipeswap.swap.plan.planner",
@@ -56,9 +58,9 @@ __all__ = [
     "__version__",
     "adapt",
     "build_model",
-    "estimate",
     "make_plan",
     "measure",
+    "offload",
     "preset",
     "train",
 ]
@@ -71,12 +73,12 @@ if TYPE_CHECKING:
     from pipeswap.optim import OptimizerConfig
     from pipeswap.pipeline.config import PipelineConfig
     from pipeswap.profile import Profile
-    from pipeswap.profiling.estimate import estimate
     from pipeswap.profiling.measure import measure
     from pipeswap.swap.config import SwapConfig
     from pipeswap.swap.plan.planner import make_plan
     from pipeswap.swap.runtime.executor import SwapExecutor
     from pipeswap.train_config import TrainConfig
+    from pipeswap.training.offload import offload
     from pipeswap.training.run import train
 
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
 def _python_blocks() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) == 2, "README.md has a quickstart and a your-own-model block"
+    assert len(blocks) == 3, "README.md has a quickstart, a your-own-model and an own-loop block"
     return blocks
 
 
@@ -46,6 +46,13 @@ def test_the_own_model_block_runs(
     out = capsys.readouterr().out
     assert "'transformer.h.3', 'head']" in out
     assert (tmp_path / "my-gpt2" / "config.json").is_file()
+
+
+def test_the_own_loop_block_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    exec(compile(_python_blocks()[2], "README.md", "exec"), {"__name__": "__own_loop__"})
+    out = capsys.readouterr().out
+    assert "'plain_steps': 2, 'plans': 1" in out and "'swapped_bytes': " in out
 
 
 def test_the_quickstart_uses_only_public_names() -> None:

@@ -25,3 +25,8 @@ def accumulating(network: nn.Module, sync: bool) -> AbstractContextManager[objec
     if sync or not isinstance(network, DistributedDataParallel):
         return nullcontext()
     return network.no_sync()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module a DistributedDataParallel wraps (any other module as it is)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model

@@ -66,10 +66,15 @@ def default_topology(device: str, nproc: int) -> Topology:
 
 
 def _topology(config: TrainConfig, nproc: int) -> Topology:
-    name = config.require_swap().topology
+    assert config.device is not None
+    return swap_topology(config.require_swap().topology, config.device, nproc)
+
+
+def swap_topology(name: str | None, device: str, nproc: int) -> Topology:
+    """The topology a swap plan for ``nproc`` ranks on ``device`` is made for: ``name``
+    (a preset, a file, or ``detect``), else :func:`default_topology`."""
     if name is None:
-        assert config.device is not None
-        return default_topology(config.device, nproc)
+        return default_topology(device, nproc)
     if name == "detect":
         found = detect_topology()
         require(

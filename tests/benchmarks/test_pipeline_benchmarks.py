@@ -241,3 +241,16 @@ def test_token_file_memory_quick(tmp_path: Path) -> None:
     rows = _rows(text, "file")
     assert [r[0] for r in rows] == ["1 MiB", "8 MiB"]
     assert all(float(r[2].split()[0]) > 0 for r in rows)
+
+
+def test_offload_cost_quick(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    text = _run("offload_cost.py", tmp_path / "offload.md", timeout=240)
+    rows = _rows(text, "variant")
+    assert [r[0] for r in rows][:3] == [
+        "the loop alone",
+        "offload, nothing to move",
+        "save_on_cpu (PyTorch)",
+    ]
+    assert rows[0][4] == "1.000x" and rows[1][5] == "0.00 MiB"  # a plan that moves nothing
+    assert float(rows[3][5].split()[0]) > 0  # the save-on-cpu policy moved the blocks' tensors

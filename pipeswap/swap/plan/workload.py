@@ -208,7 +208,7 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
     if not profile.has_saved_data or len(missing) == len(profile.layers):
         raise ConfigError(
             f"the profile of {profile.model} has no saved-tensor data, which swap planning "
-            f"needs; measure it (pipeswap.measure) or estimate it (pipeswap.estimate, or "
+            f"needs; measure it (pipeswap.measure) or estimate it (pipeswap.profiling.estimate, or "
             f"`pipeswap profile {{model}} {profile.model} {{batch}} {profile.batch} {{estimate}} "
             "{gpu} v100-32gb`)"
         )

@@ -103,8 +103,10 @@ class StepTensors:
             self.prefetched += entry.nbytes
         assert entry.device is not None
         rebuilt = torch.empty(0, dtype=handle.dtype, device=entry.device.device)
+        # The bytes start where entry.device does in its storage (a host slot on the CPU).
+        start = entry.device.storage_offset() // handle.dtype.itemsize
         return rebuilt.set_(
-            entry.device.untyped_storage(), handle.offset, handle.size, handle.stride
+            entry.device.untyped_storage(), start + handle.offset, handle.size, handle.stride
         )
 
     def swap_out(self, key: SavedKey) -> None:

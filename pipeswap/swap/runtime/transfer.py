@@ -29,6 +29,7 @@ from pipeswap.streams import (
     AnyEvent,
     AnyStream,
     current_stream,
+    is_cuda,
     new_stream,
     record_event,
     use_stream,
@@ -147,6 +148,12 @@ class SwapTransfer:
         """Start copying ``entry`` (on the device) into its host slot."""
         assert entry.state == ON_DEVICE and entry.device is not None
         out = self.out_stream
+        if not is_cuda(out):  # the CPU: the copy is done when the call returns
+            _copy(self.pool.slot(entry.key), entry.device, non_blocking=False)
+            entry.device = None
+            entry.state = ON_HOST
+            self.ledger.shrink(entry.nbytes)
+            return
         wait_stream(out, current_stream(self.device))  # the producer must have finished
         reader = self._slot_readers.pop(entry.key, None)
         if reader is not None:
@@ -201,11 +208,18 @@ class SwapTransfer:
         return False
 
     def _fetch(self, entry: SavedEntry, *, late: bool) -> None:
+        self.ledger.grow(entry.nbytes)
+        slot = self.pool.slot(entry.key)
+        if not is_cuda(self.in_stream):
+            # Host and "device" memory are one: the backward reads the slot itself, as
+            # save_on_cpu does on the CPU (the slot is written again only by the next step's
+            # swap-out, after this backward). The bytes still count as back on the device.
+            entry.device = slot
+            entry.state = BACK
+            return
         compute = current_stream(self.device)
         # Allocated on the compute stream, which will read and free it.
         device = torch.empty(entry.nbytes, dtype=torch.uint8, device=self.device)
-        self.ledger.grow(entry.nbytes)
-        slot = self.pool.slot(entry.key)
         if late:
             # Synchronous: PyTorch waits for a blocking host-to-device copy to finish.
             _copy(device, slot, non_blocking=False)

@@ -1,0 +1,145 @@
+"""pipeswap.offload in a loop of your own: bit-identical to the loop without it, any signature.
+
+Covers: pipeswap/training/offload.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pipeswap.config import ConfigError
+from pipeswap.dist.launch import spawn
+from pipeswap.errors import PipeswapError
+from pipeswap.training.offload import Offload, offload
+from tests.models.hf_configs import hf_config
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB, SEQ = 96, 16
+# Four full batches, then a partial one (a loader's last batch): two shapes, two plans.
+SIZES = (4, 4, 4, 4, 3, 4, 3)
+
+
+def tiny(family: str) -> nn.Module:
+    """A 3-block model of ``family`` (GPT-2 with dropout, so its random stream matters)."""
+    torch.manual_seed(0)
+    config = hf_config(family, dropout=0.1 if family == "gpt2" else 0.0, vocab_size=VOCAB)
+    if family == "llama":
+        config.num_hidden_layers = 3
+        return transformers.LlamaForCausalLM(config)
+    config.n_layer = 3
+    return transformers.GPT2LMHeadModel(config)
+
+
+def batches(sizes: tuple[int, ...] = SIZES) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    out = []
+    for size in sizes:
+        ids = torch.randint(0, VOCAB, (size, SEQ), generator=generator)
+        mask = torch.ones(size, SEQ, dtype=torch.long)
+        mask[0, SEQ // 2 :] = 0  # a padded row: the mask reaches the attention
+        out.append({"input_ids": ids, "attention_mask": mask, "labels": ids})
+    return out
+
+
+def train_loop(
+    model: nn.Module,
+    wrap: Callable[[], AbstractContextManager[Any]],
+    data: list[dict[str, torch.Tensor]],
+    *,
+    cast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> tuple[list[float], list[torch.Tensor]]:
+    """A user's loop: AdamW, their batches as keyword arguments, the model's own loss."""
+    torch.manual_seed(2)  # dropout
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for batch in data:
+        with cast(), wrap():
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def _equal(
+    a: tuple[list[float], list[torch.Tensor]], b: tuple[list[float], list[torch.Tensor]]
+) -> bool:
+    return a[0] == b[0] and all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_plain_loop_is_bit_identical_with_offload_and_swaps(family: str) -> None:
+    plain = train_loop(tiny(family), nullcontext, batches())
+    model = tiny(family)
+    off = offload(model, footprint_ratio=1.2, policy="bidirectional")
+    swapped = train_loop(model, lambda: off, batches())
+    assert _equal(plain, swapped)
+    stats = off.stats()
+    # One plain step per shape learns it; every other step ran a plan.
+    assert (stats["plain_steps"], stats["plans"], stats["steps"]) == (2, 2, len(SIZES) - 2)
+    assert stats["swapped_bytes"] > 0 and stats["policy"] == "bidirectional"
+    assert stats["predicted_step_s"] > 0
+    off.close()
+
+
+def test_autocast_and_nothing_to_swap() -> None:
+    def bf16() -> AbstractContextManager[Any]:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    plain = train_loop(tiny("llama"), nullcontext, batches(), cast=bf16)
+    model = tiny("llama")
+    off = offload(model, footprint_ratio=1.2, policy="disjoint")
+    assert _equal(plain, train_loop(model, lambda: off, batches(), cast=bf16))
+    assert off.stats()["swapped_bytes"] > 0
+    roomy = offload(tiny("llama"), gpu_memory="64GiB", policy="disjoint")
+    train_loop(roomy.model, lambda: roomy, batches())
+    stats = roomy.stats()
+    assert stats["swapped_bytes"] == 0 and stats["policy"] == "disjoint"
+
+
+def test_bad_settings_are_refused_clearly() -> None:
+    with pytest.raises(ConfigError, match="gpu_memory '12 parsecs': unknown unit 'parsecs'"):
+        offload(tiny("llama"), gpu_memory="12 parsecs")
+    with pytest.raises(ConfigError, match="give gpu_memory or footprint_ratio, not both"):
+        offload(tiny("llama"), gpu_memory="1GiB", footprint_ratio=2.0)
+    tight = offload(tiny("llama"), gpu_memory=1000)
+    with pytest.raises(ConfigError, match="pass gpu_memory [0-9]+ or more"):
+        train_loop(tight.model, lambda: tight, batches())
+    with pytest.raises(PipeswapError, match="layers="):
+        offload(nn.Linear(3, 3))
+    with pytest.raises(PipeswapError, match="no submodule 'nope'"):
+        offload(tiny("gpt2"), layers=["nope"])
+
+
+def _ddp_rank(rank: int, world: int, use: bool) -> tuple[list[float], list[torch.Tensor]] | None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    model = DistributedDataParallel(tiny("gpt2"))
+    data = batches()  # every rank the same shapes at the same steps, as a sampler gives
+    off = offload(model, footprint_ratio=1.2, policy="bidirectional") if use else None
+    out = train_loop(model, (lambda: off) if off is not None else nullcontext, data)
+    if off is not None:
+        assert off.stats()["swapped_bytes"] > 0
+        assert isinstance(off, Offload)
+    return out if rank == 0 else None
+
+
+@pytest.mark.dist
+def test_under_the_users_own_ddp_ranks_share_one_plan_and_stay_bit_identical() -> None:
+    results = []
+    for use in (False, True):
+        launched = spawn(_ddp_rank, 2, use, timeout_s=120)
+        assert launched.ok, launched.exit_codes
+        results.append(launched.results[0])
+    assert _equal(results[0], results[1])
