@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, rounds = run(args)
     by = {r["name"]: r for r in rows}
     mine, theirs = by["offload, policy save-on-cpu"], by["save_on_cpu (PyTorch)"]
+    (plain_low, plain_high), plain_ms = rows[0]["spread"], rows[0]["ms"]
     text = (
         header("pipeswap.offload in your own loop: its cost", "offload_cost.py", argv)
         + (
@@ -182,13 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         + table(rows)
         + (
-            f"\nWith nothing to move, offload costs {by['offload, nothing to move']['ratio'] - 1:+.1%} "
-            "over the loop alone (its plan moves nothing, so no executor runs: a hook on "
-            "the model's call that reads the input's shapes). Moving every saved activation "
-            f"of the blocks, offload's step is {mine['ratio'] / theirs['ratio']:.3f}x "
-            f"save_on_cpu's ({mine['moved'] / 2**20:.2f} MiB against save_on_cpu's "
-            f"{theirs['moved'] / 2**20:.2f} MiB, which counts the weights and everything "
-            "outside the blocks too).\n"
+            f"\nWith nothing to move, offload's median step is "
+            f"{by['offload, nothing to move']['ratio']:.3f}x the loop's (its plan moves "
+            "nothing, so no executor runs: a hook on the model's call reads the input's "
+            "shapes). Moving every saved activation of the blocks, offload's median step is "
+            f"{mine['ratio'] / theirs['ratio']:.3f}x save_on_cpu's ({mine['moved'] / 2**20:.2f} "
+            f"MiB against save_on_cpu's {theirs['moved'] / 2**20:.2f} MiB, which counts the "
+            "weights and everything outside the blocks too). Read the ratios against the "
+            f"spread: the middle half of the loop's own steps spans {plain_low:.1f}-"
+            f"{plain_high:.1f} ms around its median of {plain_ms:.1f} ms on this machine.\n"
         )
     )
     print(text)
