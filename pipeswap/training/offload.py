@@ -89,12 +89,28 @@ def offload_names() -> Iterator[None]:
 
 @dataclass
 class _Timing:
-    """One forward and backward of every layer, timed while a step ran unchanged."""
+    """One forward and backward of every layer, timed while a step ran unchanged: a
+    layer's backward runs from its output's gradient to the previous layer's (the first
+    layer's, to the end of the backward)."""
 
     forward_s: dict[str, float] = field(default_factory=dict)
-    backward_s: dict[str, float] = field(default_factory=dict)
     output_bytes: dict[str, int] = field(default_factory=dict)
     started: dict[tuple[str, str], float] = field(default_factory=dict)
+    backward_started: dict[str, float] = field(default_factory=dict)
+    ended: float | None = None
+
+    def complete(self, names: list[str]) -> bool:
+        return self.ended is not None and all(
+            n in self.forward_s and n in self.backward_started for n in names
+        )
+
+    def backward_s(self, names: list[str]) -> dict[str, float]:
+        assert self.ended is not None
+        ends = [self.backward_started[n] for n in names[:-1]]
+        return {
+            n: max(0.0, end - self.backward_started[n])
+            for n, end in zip(names, [self.ended, *ends], strict=True)
+        }
 
 
 @dataclass
@@ -182,7 +198,8 @@ class Offload:
         self._remove_timing()
         signature = _signature(args, kwargs, self._device())
         planned = self._planned.get(signature)
-        if planned is None and _timed(self._timings.get(signature), self.layer_names):
+        timing = self._timings.get(signature)
+        if planned is None and timing is not None and timing.complete(self.layer_names):
             planned = self._plan(signature, args, kwargs)
         if planned is None:
             self._start_timing(signature)
@@ -235,25 +252,28 @@ class Offload:
             def forward_pre(m: nn.Module, a: Any, n: str = name) -> None:
                 timing.started[(n, "forward")] = now()
 
-            def forward_post(m: nn.Module, a: Any, out: Any, n: str = name) -> None:
+            def started_backward(grad: torch.Tensor, n: str = name) -> None:
+                if not timing.backward_started:  # the first: note when the backward ends
+                    queue = torch.autograd.Variable._execution_engine.queue_callback
+                    queue(lambda: setattr(timing, "ended", now()))
+                timing.backward_started.setdefault(n, now())
+
+            def forward_post(
+                m: nn.Module, a: Any, out: Any, n: str = name, mark: Any = started_backward
+            ) -> None:
                 timing.forward_s[n] = now() - timing.started[(n, "forward")]
-                leaves = tree_flatten(out)[0]
-                timing.output_bytes[n] = sum(
-                    t.nbytes for t in leaves if isinstance(t, torch.Tensor)
-                )
-
-            def backward_pre(m: nn.Module, grad: Any, n: str = name) -> None:
-                timing.started[(n, "backward")] = now()
-
-            def backward_post(m: nn.Module, gi: Any, go: Any, n: str = name) -> None:
-                if (n, "backward") in timing.started:
-                    timing.backward_s[n] = now() - timing.started[(n, "backward")]
+                leaves = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+                timing.output_bytes[n] = sum(t.nbytes for t in leaves)
+                # A hook on the output tensor, not on the module: module backward hooks
+                # wrap tensors in the graph, which can regroup a sum of gradients (an
+                # encoder output every decoder block reads) and move the last bits.
+                wanted = next((t for t in leaves if t.requires_grad), None)
+                if wanted is not None:
+                    self._timing_hooks.append(wanted.register_hook(mark))
 
             self._timing_hooks += [
                 layer.register_forward_pre_hook(forward_pre),
                 layer.register_forward_hook(forward_post),
-                layer.register_full_backward_pre_hook(backward_pre),
-                layer.register_full_backward_hook(backward_post),
             ]
 
     def _remove_timing(self) -> None:
@@ -309,11 +329,12 @@ class Offload:
             params[name] = _new_bytes(layer.parameters(), seen)
         outside = _new_bytes(self.model.parameters(), seen)
         params[self.layer_names[0]] += outside
+        backward_s = timing.backward_s(self.layer_names)
         layers = tuple(
             LayerProfile(
                 name=name,
                 forward_s=timing.forward_s[name],
-                backward_s=timing.backward_s.get(name, 2 * timing.forward_s[name]),
+                backward_s=backward_s[name],
                 param_bytes=params[name],
                 output_bytes=timing.output_bytes.get(name, 0),
                 saved=tuple(SavedTensor(r.index, r.bytes) for r in records[name]),
@@ -356,10 +377,6 @@ class Offload:
             out["predicted_stall_s"] = max(0.0, result.iteration_s - result.compute_s)
             out["budget_bytes"] = result.budget_bytes
         return out
-
-
-def _timed(timing: _Timing | None, names: list[str]) -> bool:
-    return timing is not None and all(n in timing.forward_s for n in names)
 
 
 def _signature(args: Any, kwargs: Any, device: torch.device) -> Signature:

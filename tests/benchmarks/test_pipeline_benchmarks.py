@@ -254,3 +254,11 @@ def test_offload_cost_quick(tmp_path: Path) -> None:
     ]
     assert rows[0][4] == "1.000x" and rows[1][5] == "0.00 MiB"  # a plan that moves nothing
     assert float(rows[3][5].split()[0]) > 0  # the save-on-cpu policy moved the blocks' tensors
+
+
+@pytest.mark.slow
+def test_your_data_matrix_quick(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    text = _run("your_data_matrix.py", tmp_path / "matrix.md", timeout=600)
+    rows = _rows(text, "model")
+    assert len(rows) == 4 and all(float(r[6]) <= 1e-5 for r in rows)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from pipeswap.errors import PipeswapError
 from pipeswap.profile import Profile
@@ -185,10 +186,8 @@ class SwapExecutor:
         for name, module in self.layers.items():
             self._handles.append(module.register_forward_pre_hook(self._forward_pre_hook(name)))
             if name in self._prefetch_after or name in self.recompute:
-                # Fires once the gradients of the layer's inputs are computed: its backward is
-                # done, including the ops run after it that the profiler counts as its own
-                # (they come first in backward). A pre-hook on the layer before would miss those.
-                self._handles.append(module.register_full_backward_hook(self._backward_hook(name)))
+                watch = self._backward_hook(name)
+                self._handles.append(module.register_forward_hook(watch, with_kwargs=True))
         self._recomputation.install()
 
     def close(self) -> None:
@@ -262,15 +261,33 @@ class SwapExecutor:
             self._tensors.swap_out(key)
 
     def _backward_hook(self, name: str) -> Callable[..., None]:
+        """A forward hook that watches for the end of the layer's backward: a hook on the
+        gradient of its first input that needs one (its output's, when none does).
+
+        That gradient is complete once the layer's backward is done, including the ops run
+        after it that the profiler counts as its own (they come first in backward). A tensor
+        hook leaves the graph as it is: a module's full backward hook would wrap its inputs
+        in the graph, which regroups a sum of gradients (an encoder output every decoder
+        block reads) and can move the last bits of a result.
+        """
         prefetches = self._prefetch_after.get(name, [])
 
-        def hook(module: nn.Module, grad_input: Any, grad_output: Any) -> None:
+        def done(grad: torch.Tensor) -> None:
             # The layer's backward is done: what its re-run saved is let go of by now.
             self._recomputation.backward_done(name)
             for key in prefetches:
                 self._tensors.prefetch(key)
 
-        return hook
+        def watch(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            if not self._active:
+                return
+            wanted = _needs_grad((args, kwargs))
+            if wanted is None:
+                wanted = _needs_grad(output)
+            if wanted is not None:
+                wanted.register_hook(done)
+
+        return watch
 
     # ---- steps ----------------------------------------------------------------------
 
@@ -333,3 +350,9 @@ class SwapExecutor:
             loss = forward_loss()
         loss.backward()
         return loss.detach(), self.finish_step()
+
+
+def _needs_grad(tree: Any) -> torch.Tensor | None:
+    """The first tensor in ``tree`` that autograd computes a gradient for."""
+    leaves, _ = tree_flatten(tree)
+    return next((t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad), None)
