@@ -28,7 +28,6 @@ import platform
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,8 +53,6 @@ VARIANTS = (
     "swap all, just in time",
     "swap all, at the turn",
 )
-
-warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 
 def _sync(device: torch.device) -> None:

@@ -15,8 +15,6 @@ import pipeswap
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-
 
 def _python_blocks() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)

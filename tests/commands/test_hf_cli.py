@@ -20,7 +20,6 @@ from pipeswap.training.report import load_report
 from tests.models.hf_configs import FAMILIES, save_config, save_model
 
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
 _SHAPE = {"gpt2": "--seq-len", "llama": "--seq-len", "bert": "--seq-len"}
 

@@ -26,8 +26,6 @@ from pipeswap.training.data_parallel import default_topology
 from pipeswap.training.report import load_report
 from pipeswap.training.run import train
 
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-
 COMMON_KEYS = (
     "format",
     "mode",

@@ -19,8 +19,6 @@ from pipeswap.swap.runtime.capture import capture_records
 from pipeswap.swap.runtime.executor import SwapExecutor
 from tests.models.tiny_lm import TinyLM
 
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-
 # ---- 1. measure() leaves the model as it found it ---------------------------------------
 
 

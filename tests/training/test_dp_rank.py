@@ -43,7 +43,6 @@ from pipeswap.training.job import ModelJob
 from pipeswap.training.run import train
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
     pytest.mark.usefixtures("one_thread"),
 ]
 

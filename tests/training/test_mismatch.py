@@ -16,8 +16,6 @@ from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.profiling import estimate
 from pipeswap.train_config import TrainConfig
 
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-
 
 def _profile(tmp_path: Path, model: str, batch: int, **shape: int) -> str:
     path = tmp_path / f"{model}-b{batch}-{'-'.join(map(str, shape.values()))}.json"

@@ -18,8 +18,6 @@ import pytest
 from pipeswap.cli import main
 from pipeswap.dist.faults import FAULT_ENV
 
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-
 DP = [
     "train",
     "--model",

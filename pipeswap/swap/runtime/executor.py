@@ -30,7 +30,6 @@ resident unless the plan swaps that storage under the name it has without recomp
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -60,12 +59,6 @@ from pipeswap.swap.runtime.step_tensors import StepTensors
 from pipeswap.swap.runtime.transfer import (
     DeviceLedger,
     SwapTransfer,
-)
-
-# On a layer whose input needs no gradient (the first), a full backward hook fires once its
-# output gradient is ready, which is harmless here (earlier than planned); PyTorch warns.
-warnings.filterwarnings(
-    "ignore", message="Full backward hook is firing when gradients are computed with respect to"
 )
 
 

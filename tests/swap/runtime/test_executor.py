@@ -28,7 +28,6 @@ from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.stats import StepStats
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
     pytest.mark.usefixtures("one_thread"),
 ]
 

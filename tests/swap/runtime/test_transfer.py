@@ -34,8 +34,6 @@ from pipeswap.swap.runtime.transfer import (
     bytes_of_storage,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-
 CPU = torch.device("cpu")
 
 
