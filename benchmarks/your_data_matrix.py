@@ -120,7 +120,7 @@ def image_model(out: Path) -> tuple[Path, Path]:
     from PIL import Image
 
     config = transformers.ViTConfig(
-        image_size=32,
+        image_size=64,
         patch_size=8,
         hidden_size=32,
         num_hidden_layers=2,

@@ -18,7 +18,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def _python_blocks() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) == 3, "README.md has a quickstart, a your-own-model and an own-loop block"
+    assert len(blocks) == 4, "README.md: quickstart, your own model, own loop, Trainer"
     return blocks
 
 
@@ -35,22 +35,35 @@ def test_the_quickstart_runs(
     assert "MiB for one training step" in out and "late_fetches=" in out
 
 
+def _run_block(index: int, needs: str, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run README block ``index`` in ``folder`` (skipped without the package ``needs``)."""
+    pytest.importorskip(needs)
+    monkeypatch.chdir(folder)
+    exec(compile(_python_blocks()[index], "README.md", "exec"), {"__name__": f"__block{index}__"})
+
+
 def test_the_own_model_block_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("transformers")
-    monkeypatch.chdir(tmp_path)
-    exec(compile(_python_blocks()[1], "README.md", "exec"), {"__name__": "__own_model__"})
-    out = capsys.readouterr().out
-    assert "'transformer.h.3', 'head']" in out
+    _run_block(1, "transformers", tmp_path, monkeypatch)
+    assert "'transformer.h.3', 'head']" in capsys.readouterr().out
     assert (tmp_path / "my-gpt2" / "config.json").is_file()
 
 
-def test_the_own_loop_block_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("transformers")
-    exec(compile(_python_blocks()[2], "README.md", "exec"), {"__name__": "__own_loop__"})
+def test_the_own_loop_block_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _run_block(2, "transformers", tmp_path, monkeypatch)
     out = capsys.readouterr().out
     assert "'plain_steps': 2, 'plans': 1" in out and "'swapped_bytes': " in out
+
+
+def test_the_trainer_block_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _run_block(3, "accelerate", tmp_path, monkeypatch)
+    out = capsys.readouterr().out
+    assert "'plain_steps': 1, 'plans': 1" in out and "'steps': 4" in out
 
 
 def test_the_quickstart_uses_only_public_names() -> None:

@@ -313,6 +313,7 @@ class Offload:
                     profile=profile,
                     device=self._device(),
                     account=False,
+                    strict=False,  # a forward that varies (routing) swaps less, never wrongly
                 )
                 executor.prepare(forward)
         finally:
@@ -370,6 +371,9 @@ class Offload:
             "plans": len(self._planned),
         }
         out.update((self._last or StepStats(0, 0, 0, 0, 0.0)).to_json())
+        out["unmatched_tensors"] = sum(
+            p.executor.unmatched for p in self._planned.values() if p.executor is not None
+        )
         if self._last_plan is not None:
             result = self._last_plan
             out["policy"] = result.policy

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from pipeswap.config import ConfigError
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
 from pipeswap.training.offload import Offload, offload
+from pipeswap.training.offload import offload as pipeswap_offload
 from tests.models.hf_configs import hf_config
 
 transformers = pytest.importorskip("transformers")
@@ -184,6 +186,20 @@ def _family(name: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
                 **small,
             ),
         ),
+        "phimoe": (
+            t.PhimoeForCausalLM,
+            t.PhimoeConfig(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                max_position_embeddings=64,
+                **small,
+            ),
+        ),
         "bert-classifier": (
             t.BertForSequenceClassification,
             t.BertConfig(
@@ -202,9 +218,10 @@ def _family(name: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     return cls(config), {}
 
 
-@pytest.mark.parametrize("name", ["bloom", "gptj", "t5", "bart", "bert-classifier"])
+@pytest.mark.parametrize("name", ["bloom", "gptj", "t5", "bart", "phimoe", "bert-classifier"])
 def test_families_pipelines_cannot_cut_train_bit_identically_through_offload(name: str) -> None:
-    """Tuple-returning blocks, encoder-decoders (dropout on: a shared encoder output) and a
+    """Tuple-returning blocks, encoder-decoders (dropout on: a shared encoder output), a
+    mixture of experts whose routing changes what its blocks save from step to step, and a
     sequence classifier, each with its own labels."""
     data = batches()
     for batch in data:
@@ -214,6 +231,48 @@ def test_families_pipelines_cannot_cut_train_bit_identically_through_offload(nam
             batch["labels"] = batch["input_ids"][:, :10].clone()
     plain = train_loop(_family(name)[0], nullcontext, data)
     model = _family(name)[0]
-    off = offload(model, footprint_ratio=1.1, policy="bidirectional")
+    # Every saved activation of the blocks moves with save-on-cpu: the experts' too.
+    moving = {"policy": "save-on-cpu"} if name == "phimoe" else {"footprint_ratio": 1.1}
+    off = offload(model, **moving)
     assert _equal(plain, train_loop(model, lambda: off, data))
-    assert off.stats()["swapped_bytes"] > 0
+    stats = off.stats()
+    assert stats["swapped_bytes"] > 0
+    assert (stats["unmatched_tensors"] > 0) is (name == "phimoe")  # kept, not swapped wrongly
+
+
+def test_inside_a_transformers_trainer_it_trains_bit_identically(tmp_path: Path) -> None:
+    """The README's Trainer subclass: offload around Trainer's forward, the rest Trainer's."""
+    pytest.importorskip("accelerate")
+    datasets = pytest.importorskip("datasets")
+
+    class OffloadTrainer(transformers.Trainer):
+        def __init__(self, *args: Any, offload: dict[str, Any] | None = None, **kw: Any):
+            super().__init__(*args, **kw)
+            self.offload = None if offload is None else pipeswap_offload(self.model, **offload)
+
+        def compute_loss(self, model: nn.Module, inputs: Any, *args: Any, **kw: Any) -> Any:
+            with self.offload or nullcontext():
+                return super().compute_loss(model, inputs, *args, **kw)
+
+    ids = torch.randint(0, VOCAB, (40, SEQ), generator=torch.Generator().manual_seed(3))
+    data = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
+    runs = []
+    for settings in (None, {"footprint_ratio": 1.2, "policy": "bidirectional"}):
+        args = transformers.TrainingArguments(
+            str(tmp_path / "out"),
+            per_device_train_batch_size=8,
+            max_steps=5,
+            logging_steps=1,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="no",
+        )
+        trainer = OffloadTrainer(
+            model=tiny("gpt2"), args=args, train_dataset=data, offload=settings
+        )
+        trainer.train()
+        losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+        runs.append((losses, [p.detach().clone() for p in trainer.model.parameters()]))
+        if trainer.offload is not None:
+            assert trainer.offload.stats()["swapped_bytes"] > 0
+    assert len(runs[0][0]) == 5 and _equal(runs[0], runs[1])

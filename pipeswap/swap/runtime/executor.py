@@ -70,7 +70,10 @@ class SwapExecutor:
     model and dtype, and gives the resident bytes and working sets that the budget
     check counts. ``account`` (default: on the CPU only) counts the bytes of every saved
     tensor held on the device (:attr:`live_bytes`, :attr:`peak_saved_bytes`); without it
-    only swapped tensors are counted. The executor registers its module hooks (and wraps
+    only swapped tensors are counted. ``strict`` False runs a forward that saves other
+    tensors than prepare saw (a mixture of experts' routing) by keeping what does not fit
+    on the device (:mod:`pipeswap.swap.runtime.step_tensors`; :attr:`unmatched` counts
+    them). The executor registers its module hooks (and wraps
     the forward of each recomputed layer) at construction; call :meth:`close`, or use it
     as a context manager, to remove them.
     """
@@ -85,6 +88,7 @@ class SwapExecutor:
         profile: Profile | None = None,
         device: torch.device | str | None = None,
         account: bool | None = None,
+        strict: bool = True,
     ) -> None:
         self.model = model
         self.plan = plan
@@ -114,7 +118,7 @@ class SwapExecutor:
         self._ledger = DeviceLedger()
         self._recomputation = Recomputation(self.layers, self.recompute, self._ledger, self.account)
         self._transfer = SwapTransfer(self.pool, self.device, self._ledger)
-        self._tensors = StepTensors(self.decisions, self._transfer, self._ledger)
+        self._tensors = StepTensors(self.decisions, self._transfer, self._ledger, strict=strict)
         points = issue_points(self.decisions, self.layer_names)
         self._outs_after, self._outs_at_turn, self._prefetch_after, self._prefetch_at_turn = points
         self._previous_layer = dict(zip(self.layer_names[1:], self.layer_names))
@@ -150,6 +154,12 @@ class SwapExecutor:
     def rerun_bytes(self) -> dict[str, int]:
         """Per recomputed layer: what its re-run in the backward saves (prepare)."""
         return self._recomputation.rerun_bytes
+
+    @property
+    def unmatched(self) -> int:
+        """Tensors kept and swaps skipped, over every step, because the forward saved
+        other tensors than prepare saw (only without ``strict``)."""
+        return self._tensors.unmatched
 
     @property
     def late_fetches(self) -> int:

@@ -5,6 +5,13 @@ names it by its position among the layer's pack calls (the names prepare learned
 wraps it: a :class:`HeldTensor` stays on the device, a :class:`SwappedHandle` is one the
 plan moves to host memory. :meth:`unpack` gives autograd the tensor back, fetching one
 whose prefetch was not issued yet (a late fetch). Parameters and buffers pass through.
+
+A forward that does not save the same tensors every step (a mixture of experts routes
+tokens anew each step; an expert that gets none saves nothing) cannot be named by
+position. ``strict`` refuses it; otherwise every tensor whose name does not fit (an
+extra pack call, another size, another storage under a name already used this step)
+stays on the device, a planned swap of a tensor the step did not save is skipped, and
+``unmatched`` counts them: the plan then saves less memory, never a different result.
 """
 
 from __future__ import annotations
@@ -36,8 +43,12 @@ class StepTensors:
         decisions: dict[SavedKey, SwapDecision],
         transfer: SwapTransfer,
         ledger: DeviceLedger,
+        *,
+        strict: bool = True,
     ) -> None:
         self.decisions = decisions
+        self.strict = strict
+        self.unmatched = 0  # tensors kept or swaps skipped because their names did not fit
         self.transfer = transfer
         self.ledger = ledger
         self.pack_calls: dict[str, list[SavedKey | None]] = {}
@@ -63,6 +74,8 @@ class StepTensors:
         try:
             key = self.pack_calls[layer][call]
         except IndexError:
+            if not self.strict:
+                return self._unmatched(tensor)
             raise PipeswapError(
                 f"layer {layer!r} saved more tensors than in the prepare() pass; a step must "
                 "run the same forward and shapes as the one prepare() was given"
@@ -72,14 +85,24 @@ class StepTensors:
         entry = self._entries.get(key)
         if entry is None:
             entry = self._new_entry(key, tensor)
+            if entry is None:
+                return self._unmatched(tensor)
+        elif not self.strict and not _holds(entry, tensor):
+            return self._unmatched(tensor)
         if entry.swapped:
             return SwappedHandle(self.transfer, entry, tensor)
         return HeldTensor(self.transfer, entry, tensor)
 
-    def _new_entry(self, key: SavedKey, tensor: torch.Tensor) -> SavedEntry:
+    def _unmatched(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.unmatched += 1
+        return tensor
+
+    def _new_entry(self, key: SavedKey, tensor: torch.Tensor) -> SavedEntry | None:
         if key in self.decisions:
             storage = bytes_of_storage(tensor)
             if storage.numel() != self.decisions[key].bytes:
+                if not self.strict:
+                    return None
                 raise PipeswapError(
                     f"tensor {key} has {storage.numel()} bytes in this step but "
                     f"{self.decisions[key].bytes} in the plan; steps must keep their shapes"
@@ -112,6 +135,9 @@ class StepTensors:
     def swap_out(self, key: SavedKey) -> None:
         entry = self._entries.get(key)
         if entry is None or entry.state != ON_DEVICE:
+            if not self.strict:
+                self.unmatched += 1
+                return
             raise PipeswapError(
                 f"the plan swaps tensor {key} out but this step did not save it; prepare() "
                 "must see the same forward as the steps"
@@ -124,3 +150,12 @@ class StepTensors:
         entry = self._entries.get(key)
         if entry is not None and self.transfer.prefetch(entry):
             self.prefetched += entry.nbytes
+
+
+def _holds(entry: SavedEntry, tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a view of the storage ``entry`` still holds on the device."""
+    return (
+        entry.state == ON_DEVICE
+        and entry.device is not None
+        and entry.device.data_ptr() == tensor.untyped_storage().data_ptr()
+    )

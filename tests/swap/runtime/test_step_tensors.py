@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pipeswap.errors import PipeswapError
+from pipeswap.swap.plan import SwapDecision
 from pipeswap.swap.runtime.pool import HostPool
 from pipeswap.swap.runtime.step_tensors import StepTensors
 from pipeswap.swap.runtime.transfer import DeviceLedger, HeldTensor, SwapTransfer
@@ -33,3 +34,26 @@ def test_a_layers_tensors_are_held_and_counted_by_name() -> None:
     assert tensors.pack(weight) is weight  # a parameter's pack call: never swapped
     with pytest.raises(PipeswapError, match="saved more tensors than in the prepare"):
         tensors.pack(x)
+
+
+def test_without_strict_what_does_not_fit_stays_and_is_counted() -> None:
+    """A step that saves other tensors than prepare saw (a mixture of experts' routing)."""
+    ledger = DeviceLedger()
+    decisions = {("l0", 0): SwapDecision("l0", 0, 16, "l0", None)}
+    transfer = SwapTransfer(HostPool([(("l0", 0), 16)]), torch.device("cpu"), ledger)
+    tensors = StepTensors(decisions, transfer, ledger, strict=False)
+    tensors.pack_calls = {"l0": [("l0", 0), ("l0", 0)]}
+    tensors.sizes = {("l0", 0): 16}
+    tensors.start_step(["l0"])
+    tensors.layer = "l0"
+    wrong_size = torch.ones(3)
+    assert tensors.pack(wrong_size) is wrong_size  # 12 bytes under a 16-byte name: kept
+    tensors.swap_out(("l0", 0))  # the step never saved that name: the swap is skipped
+    first, other = torch.ones(4), torch.full((4,), 2.0)
+    tensors.start_step(["l0"])
+    tensors.layer = "l0"
+    handle = tensors.pack(first)
+    assert tensors.pack(other) is other  # the same name, another storage: kept
+    tensors.swap_out(("l0", 0))
+    assert torch.equal(tensors.unpack(handle), first) and tensors.swapped == 16
+    assert tensors.pack(torch.ones(4)) is not None and tensors.unmatched == 4
