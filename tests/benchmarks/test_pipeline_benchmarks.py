@@ -262,3 +262,17 @@ def test_your_data_matrix_quick(tmp_path: Path) -> None:
     text = _run("your_data_matrix.py", tmp_path / "matrix.md", timeout=600)
     rows = _rows(text, "model")
     assert len(rows) == 4 and all(float(r[6]) <= 1e-5 for r in rows)
+
+
+def test_family_coverage_quick(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    text = _run("family_coverage.py", tmp_path / "families.md", timeout=240)
+    summary = _rows(text, "task")
+    assert [r[0] for r in summary] == [
+        "causal LM",
+        "masked LM",
+        "sequence classification",
+        "image classification",
+    ]
+    rows = _rows(text, "task | model type")
+    assert all(r[2] == "covered" for r in rows), rows
