@@ -276,3 +276,22 @@ def test_inside_a_transformers_trainer_it_trains_bit_identically(tmp_path: Path)
         if trainer.offload is not None:
             assert trainer.offload.stats()["swapped_bytes"] > 0
     assert len(runs[0][0]) == 5 and _equal(runs[0], runs[1])
+
+
+def test_with_the_users_own_activation_checkpointing() -> None:
+    """Non-reentrant checkpointing of every block: what still is saved moves, bit-identically."""
+
+    def checkpointed() -> nn.Module:
+        model = tiny("llama")
+        settings = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=settings)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=settings)
+        return model
+
+    plain = train_loop(checkpointed(), nullcontext, batches())
+    model = checkpointed()
+    off = offload(model, policy="save-on-cpu")
+    assert _equal(plain, train_loop(model, lambda: off, batches()))
+    assert off.stats()["swapped_bytes"] > 0
