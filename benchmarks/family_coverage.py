@@ -19,6 +19,7 @@ table gives the reason for every other family.
 from __future__ import annotations
 
 import argparse
+import inspect
 import signal
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -109,33 +110,57 @@ MAPPINGS = {
 
 
 def tiny_config(model_type: str) -> Any:
-    """The family's config with every size attribute it has shrunk (sub-configs too)."""
+    """The family's config made small: the size arguments its class takes are passed to it
+    (so what it derives from them, such as per-layer types, follows), then every size
+    attribute it still has is set, in its sub-configs too."""
     import transformers
 
-    config = transformers.AutoConfig.for_model(model_type)
-    _shrink(config)
+    config_class = transformers.CONFIG_MAPPING[model_type]
+    takes = inspect.signature(config_class.__init__).parameters
+    config = config_class(**{k: v for k, v in SIZES.items() if k in takes})
+    configs = [config]
     for name in ("text_config", "vision_config", "encoder", "decoder"):
         sub = getattr(config, name, None)
         if sub is not None and hasattr(sub, "to_dict"):
-            _shrink(sub)
-    for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value >= VOCAB:
-            setattr(config, name, 0)
-    if getattr(config, "pad_token_id", 0) is None:  # classifiers of a batch need one
-        config.pad_token_id = 0
-    if hasattr(config, "layer_types") and isinstance(config.layer_types, list):
-        config.layer_types = config.layer_types[:LAYERS]
+            configs.append(sub)
+    for each in configs:
+        _shrink(each)
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value = _get(each, name)
+            if isinstance(value, int) and value >= VOCAB:
+                _set(each, name, 0)
+        if "pad_token_id" in dir(each) and _get(each, "pad_token_id") is None:
+            _set(each, "pad_token_id", 0)  # classifiers of a batch need one
+        _set(each, "use_cache", False)  # training: no key-value cache
     return config
 
 
 def _shrink(config: Any) -> None:
     for name, value in SIZES.items():
-        if isinstance(getattr(config, name, None), int):
-            setattr(config, name, value)
+        if isinstance(_get(config, name), int):
+            _set(config, name, value)
     for name in ("hidden_dropout_prob", "dropout", "attention_dropout", "resid_pdrop"):
-        if isinstance(getattr(config, name, None), float):
-            setattr(config, name, 0.0)
+        if isinstance(_get(config, name), float):
+            _set(config, name, 0.0)
+    types = _get(config, "layer_types")
+    if isinstance(types, list) and len(types) > LAYERS:
+        _set(config, "layer_types", types[:LAYERS])
+
+
+def _get(config: Any, name: str) -> Any:
+    """A config attribute, or None where the family refuses to give one (per-layer ones)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:
+        return None
+
+
+def _set(config: Any, name: str, value: Any) -> None:
+    """Set an attribute where the family lets it be set (some are read-only properties)."""
+    try:
+        setattr(config, name, value)
+    except Exception:
+        pass
 
 
 def batch_for(task: str, config: Any, size: int) -> dict[str, torch.Tensor]:
