@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -27,6 +27,7 @@ from pipeswap.swap.runtime.capture import capture_records, resolve_layers
 from pipeswap.swap.runtime.checks import rank_plan
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.stats import StepStats
+from pipeswap.training.block_timing import BlockTiming, time_blocks
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.units import parse_bytes
 
@@ -88,32 +89,6 @@ def offload_names() -> Iterator[None]:
 
 
 @dataclass
-class _Timing:
-    """One forward and backward of every layer, timed while a step ran unchanged: a
-    layer's backward runs from its output's gradient to the previous layer's (the first
-    layer's, to the end of the backward)."""
-
-    forward_s: dict[str, float] = field(default_factory=dict)
-    output_bytes: dict[str, int] = field(default_factory=dict)
-    started: dict[tuple[str, str], float] = field(default_factory=dict)
-    backward_started: dict[str, float] = field(default_factory=dict)
-    ended: float | None = None
-
-    def complete(self, names: list[str]) -> bool:
-        return self.ended is not None and all(
-            n in self.forward_s and n in self.backward_started for n in names
-        )
-
-    def backward_s(self, names: list[str]) -> dict[str, float]:
-        assert self.ended is not None
-        ends = [self.backward_started[n] for n in names[:-1]]
-        return {
-            n: max(0.0, end - self.backward_started[n])
-            for n, end in zip(names, [self.ended, *ends], strict=True)
-        }
-
-
-@dataclass
 class _Planned:
     """A shape's plan, and its executor (None when the plan moves nothing: no overhead)."""
 
@@ -146,7 +121,7 @@ class Offload:
         self.layer_names = list(layers)
         self.layers = resolve_layers(self.model, self.layer_names)
         self.optimizer = optimizer
-        self._timings: dict[Signature, _Timing] = {}
+        self._timings: dict[Signature, BlockTiming] = {}
         self._planned: dict[Signature, _Planned] = {}
         self._timing_hooks: list[Any] = []
         self._root_hooks: list[Any] = []
@@ -239,42 +214,8 @@ class Offload:
         return first.device if first is not None else torch.device("cpu")
 
     def _start_timing(self, signature: Signature) -> None:
-        timing = self._timings[signature] = _Timing()
-        device = self._device()
-
-        def now() -> float:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            return time.perf_counter()
-
-        for name, layer in self.layers.items():
-
-            def forward_pre(m: nn.Module, a: Any, n: str = name) -> None:
-                timing.started[(n, "forward")] = now()
-
-            def started_backward(grad: torch.Tensor, n: str = name) -> None:
-                if not timing.backward_started:  # the first: note when the backward ends
-                    queue = torch.autograd.Variable._execution_engine.queue_callback
-                    queue(lambda: setattr(timing, "ended", now()))
-                timing.backward_started.setdefault(n, now())
-
-            def forward_post(
-                m: nn.Module, a: Any, out: Any, n: str = name, mark: Any = started_backward
-            ) -> None:
-                timing.forward_s[n] = now() - timing.started[(n, "forward")]
-                leaves = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-                timing.output_bytes[n] = sum(t.nbytes for t in leaves)
-                # A hook on the output tensor, not on the module: module backward hooks
-                # wrap tensors in the graph, which can regroup a sum of gradients (an
-                # encoder output every decoder block reads) and move the last bits.
-                wanted = next((t for t in leaves if t.requires_grad), None)
-                if wanted is not None:
-                    self._timing_hooks.append(wanted.register_hook(mark))
-
-            self._timing_hooks += [
-                layer.register_forward_pre_hook(forward_pre),
-                layer.register_forward_hook(forward_post),
-            ]
+        timing = self._timings[signature] = BlockTiming()
+        self._timing_hooks = time_blocks(self.layers, timing, self._device())
 
     def _remove_timing(self) -> None:
         for handle in self._timing_hooks:
@@ -321,7 +262,9 @@ class Offload:
         planned = self._planned[signature] = _Planned(executor, result)
         return planned
 
-    def _profile(self, records: dict[str, Any], timing: _Timing, args: Any, kwargs: Any) -> Profile:
+    def _profile(
+        self, records: dict[str, Any], timing: BlockTiming, args: Any, kwargs: Any
+    ) -> Profile:
         """The planner's view of this shape: each layer's times, saved tensors and
         parameters (those outside the layers count with the first, as resident memory)."""
         seen: set[int] = set()
