@@ -234,14 +234,19 @@ class Offload:
         try:
             records, _ = capture_records(self.model, forward, self.layer_names)
             profile = self._profile(records, timing, args, kwargs)
-            payload = None
+            payload: Any = None
             if rank == 0:
-                device = self._device().type
-                with offload_names():
-                    where = swap_topology(self.config.topology, device, world)
+                try:
+                    where = swap_topology(self.config.topology, self._device().type, world)
                     result = make_plan(profile, where, self.config, gpus=world)
-                payload = (result.plan.to_json(), result)
-            plan_json, result = broadcast_from_rank0(payload, world)
+                    payload = (result.plan.to_json(), result)
+                except PipeswapError as exc:  # every rank stops, none waits for rank 0
+                    payload = exc
+            payload = broadcast_from_rank0(payload, world)
+            if isinstance(payload, PipeswapError):
+                with offload_names():
+                    raise payload
+            plan_json, result = payload
             plan = SwapPlan.from_json(plan_json)
             mine = rank_plan(plan, rank)
             executor = None

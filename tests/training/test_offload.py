@@ -295,3 +295,23 @@ def test_with_the_users_own_activation_checkpointing() -> None:
     off = offload(model, policy="save-on-cpu")
     assert _equal(plain, train_loop(model, lambda: off, batches()))
     assert off.stats()["swapped_bytes"] > 0
+
+
+def _refused_rank(rank: int, world: int) -> str:
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    model = DistributedDataParallel(tiny("gpt2"))
+    off = offload(model, gpu_memory=1000)
+    try:
+        train_loop(model, lambda: off, batches())
+    except ConfigError as exc:
+        return str(exc)
+    return "trained"
+
+
+@pytest.mark.dist
+def test_a_budget_rank_0_cannot_plan_for_stops_every_rank_saying_why() -> None:
+    launched = spawn(_refused_rank, 2, timeout_s=60)
+    assert launched.ok, launched.exit_codes
+    assert all("pass gpu_memory" in said for said in launched.results)
