@@ -10,8 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeswap.config import ConfigError
-from pipeswap.dist.env import RankEnv
+from pipeswap.config import ConfigError, require
+from pipeswap.dist.env import RankEnv, torchrun_env
 from pipeswap.errors import PipeswapError
 
 
@@ -226,3 +226,27 @@ def destroy_groups(groups: tuple[Any, ...] | None) -> None:
 
 def backend_name() -> str:
     return str(dist.get_backend()) if dist.is_initialized() else "none"
+
+
+def join_as_stages(stages: int, timeout_s: float) -> tuple[int, int]:
+    """(rank, world size) of this process, one process per pipeline stage: in the default
+    process group the script made, or one joined here from torchrun's variables (NCCL
+    with a GPU, else gloo; ``timeout_s`` of silence fails a transfer)."""
+    rank, world = rank_and_world()
+    if world == 1 and stages > 1:
+        env = torchrun_env()
+        require(
+            env is not None,
+            f"a {stages}-stage pipeline runs one process per stage: start your script with "
+            f"torchrun --nproc-per-node {stages}",
+        )
+        assert env is not None
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        init_process_group(env, backend=backend, timeout_s=timeout_s)
+        rank, world = rank_and_world()
+    require(
+        world == stages,
+        f"{world} processes joined a {stages}-stage pipeline: start one per stage "
+        f"(torchrun --nproc-per-node {stages})",
+    )
+    return rank, world

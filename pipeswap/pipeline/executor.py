@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pipeswap.checkpoint import CheckpointPlan, rng_state, save_rank, set_rng_state, write_manifest
+from pipeswap.checkpoint import CheckpointPlan, rng_state, save_rank, write_manifest
 from pipeswap.dist.digest import combine_digests, tensor_sha256
 from pipeswap.metrics import StepLog
 from pipeswap.pipeline.actions import Action, ActionKind
@@ -22,6 +22,7 @@ from pipeswap.pipeline.schedule import Schedule, TimedAction
 from pipeswap.pipeline.shared import Exchange, TiedParameters, find_shared, stage_module
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest, crossing_messages, positions
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
+from pipeswap.pipeline.stage_restore import restore_stage
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.pipeline.step_end import clip_scale, step_loss
 from pipeswap.pipeline.weights import StageWeights
@@ -52,6 +53,9 @@ class StageExecutor:
     At an UPDATE the stages may meet (pipeswap.pipeline.step_end): ``gather_norms`` gives
     every stage's squared gradient norm (the emulator presets ``norm_parts``), held-out
     batches go through ``eval_transport``; the last stage logs each step to ``log``.
+    ``data`` (training and held-out sources with ``micro(step, m)``), ``loss_fn`` and
+    ``optimizer_factory`` replace the config's batches, the model's loss and the config's
+    optimizer (pipeswap.Pipeline brings its own).
     """
 
     def __init__(
@@ -72,6 +76,10 @@ class StageExecutor:
         gather_norms: Callable[[int, float], list[float]] | None = None,
         eval_transport: Transport | None = None,
         log: StepLog | None = None,
+        data: tuple[Any, Any] | None = None,
+        loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
+        optimizer_factory: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
+        | None = None,
     ) -> None:
         self.config = config
         self.pipeline = pipeline = config.require_pipeline()
@@ -96,7 +104,7 @@ class StageExecutor:
             rank,
             n,
             self.module,
-            model.loss,  # type: ignore[arg-type]
+            loss_fn or model.loss,  # type: ignore[arg-type]
             micro_batches=self.micro_batches,
             input_spec=input_spec,
             output_spec=output_spec,
@@ -113,15 +121,19 @@ class StageExecutor:
             record=record,
             keep_gradients=keep_gradients,
             shared=copies,
+            optimizer_factory=optimizer_factory,
         )
         self.tied: TiedParameters | None = None
         if copies:
             assert exchange is not None, "a stage holding tied parameters needs an exchange"
             mine = [s for s in shared if rank in s.holders]
             self.tied = TiedParameters(rank, schedule, mine, self.weights, exchange)
-        needs_data = rank == 0 or rank == n - 1
-        self.train_data = BatchSource(config, model, "train") if needs_data else None  # type: ignore[arg-type]
-        self.eval_data = BatchSource(config, model, "val") if needs_data else None  # type: ignore[arg-type]
+        # Batches: ``data`` (training, held-out sources with ``micro``), else the config's.
+        if data is None and (rank == 0 or rank == n - 1):
+            data = (BatchSource(config, model, "train"), BatchSource(config, model, "val"))  # type: ignore[arg-type]
+        self.train_data: Any
+        self.eval_data: Any
+        self.train_data, self.eval_data = data or (None, None)
         self.result = StageResult(
             rank, distances=steady_distances(schedule, rank, pipeline.distances)
         )
@@ -225,7 +237,7 @@ class StageExecutor:
             done = step + 1
             cut = self.stop.cut_after(self.rank, done) if self.stop is not None else None
             if done == cut or self.checkpoint.due(done, self.config.steps):
-                self._save(done)
+                self.save(self.checkpoint, done)
             if done == cut:
                 raise StageAtCut(done)
             if cut is not None:  # keep what will cross the SIGTERM cut, too
@@ -235,7 +247,7 @@ class StageExecutor:
                 self._keep |= self._cut_keep
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self.device) if tensor.device != self.device else tensor
+        return tensor.to(self.device)
 
     def _inputs(
         self,
@@ -315,13 +327,13 @@ class StageExecutor:
         if plan.due(upcoming, self.config.steps):
             self._keep = crossing_messages(self.schedule, upcoming, self._positions)[self.rank]
 
-    def _save(self, done: int) -> None:
+    def save(self, plan: CheckpointPlan, done: int) -> None:
         """Write this stage's state at its cut after ``done`` steps (see pipeline.snapshot)."""
-        assert self.checkpoint is not None and not self._outbox
+        assert not self._outbox
         if self.rank == 0:
-            write_manifest(self.checkpoint, done)
+            write_manifest(plan, done)
         save_rank(
-            self.checkpoint,
+            plan,
             done,
             self.rank,
             {
@@ -346,39 +358,9 @@ class StageExecutor:
         self._kept = {}
         self._plan_next_checkpoint(done)
 
-    @torch.no_grad()
     def restore(self, state: dict[str, Any]) -> int:
-        """Continue from a checkpoint of this stage; returns the index of the next action.
-
-        Re-runs each in-flight forward with the weights and inputs it had (rebuilding the
-        graph its backward needs) and sends again the messages that crossed the cut.
-        """
-        self.weights.load_state(state["weights"])
-        self.runner.losses = dict(state["losses"])
-        self.result.evals = [tuple(e) for e in state.get("evals", [])]
-        live = [p.detach().clone() for p in self.weights.params]
-        for unit in sorted(state["in_flight"]):
-            used, leaves = state["in_flight"][unit]
-            for p, saved in zip(self.weights.params, used, strict=True):
-                p.data.copy_(saved)
-            data: tuple[Any, Any] = (None, None)
-            if self.train_data is not None:
-                x, y = self.train_data.micro(*divmod(unit, self.micro_batches))
-                data = (self._to_device(x), self._to_device(y))
-            inputs = leaves if self.rank > 0 else data[0]
-            with torch.enable_grad(), self._stream(TRAIN, *divmod(unit, self.micro_batches)):
-                self.runner.forward(unit, inputs, data[1] if self.runner.is_last else None)
-            self._forward_weights[unit] = used
-        for p, saved in zip(self.weights.params, live, strict=True):
-            p.data.copy_(saved)
-        for (direction, unit), message in sorted(state["sent"].items()):
-            self.transport.send(ActionKind(direction), unit, message)
-        if self.tied is not None:
-            self.tied.load_state(state.get("tied", {}), state["done"])
-        set_rng_state(state["rng"])
-        self._index = state["index"]
-        self._plan_next_checkpoint(state["done"])
-        return self._index
+        """Continue from a checkpoint of this stage (pipeswap.pipeline.stage_restore)."""
+        return restore_stage(self, state)
 
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """This stage's parameters by their names in the whole model (a tied copy's too)."""

@@ -47,6 +47,7 @@ from pipeswap.pipeline.config import DISTANCE_RULES
 from pipeswap.pipeline.schedule import Schedule, build_schedule
 
 __all__ = [
+    "DIRECTED",
     "DISTANCE_RULES",
     "Distances",
     "delay_free_schedule",
@@ -126,6 +127,10 @@ def steady_distances(schedule: Schedule, stage: int, rule: str = "schedule") -> 
 def official_distances(num_stages: int, stage: int) -> tuple[int, int]:
     """The official SpecTrain table: (forward, backward) = (k//2 + N-k-1, k//2)."""
     return stage // 2 + num_stages - stage - 1, stage // 2
+
+
+# The optimizers whose step direction is known (a weight mode that predicts needs one).
+DIRECTED = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
 @torch.no_grad()

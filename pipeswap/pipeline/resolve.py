@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pipeswap.config import ConfigError, require
+from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.job import build_meta_model
 from pipeswap.pipeline.partition import check_balance, check_stage_count, partition
 from pipeswap.pipeline.stage import LayerInfo, flop_profile, inspect_layers
@@ -42,12 +43,7 @@ def resolve_pipeline(config: TrainConfig) -> TrainConfig:
     )
     pipeline = replace(pipeline, micro_batches=micro_batches)
     config = replace(config, pipeline=pipeline)
-    infos = inspect_layers(config)
-    if pipeline.balance is not None:
-        balance = check_balance(pipeline.balance, len(infos), pipeline.num_stages)
-    else:
-        balance = _partition(config, infos, model.name)
-    pipeline = replace(pipeline, stages=len(balance), balance=balance)
+    pipeline = choose_balance(config, inspect_layers(config), model.name)
     accumulate = config.optim.accumulate
     if accumulate > 1:
         assert config.batch is not None
@@ -60,6 +56,17 @@ def resolve_pipeline(config: TrainConfig) -> TrainConfig:
             pipeline=replace(pipeline, micro_batches=micro_batches * accumulate),
         )
     return replace(config, pipeline=pipeline)
+
+
+def choose_balance(config: TrainConfig, infos: list[LayerInfo], model_name: str) -> PipelineConfig:
+    """``config``'s pipeline with its stages' balance: the given one checked against the
+    layers, else the partitioner's (from the profile at ``profile_path``, or FLOP counts)."""
+    pipeline = config.require_pipeline()
+    if pipeline.balance is not None:
+        balance = check_balance(pipeline.balance, len(infos), pipeline.num_stages)
+    else:
+        balance = _partition(config, infos, model_name)
+    return replace(pipeline, stages=len(balance), balance=balance)
 
 
 def _partition(config: TrainConfig, infos: list[LayerInfo], model_name: str) -> tuple[int, ...]:

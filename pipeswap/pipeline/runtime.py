@@ -32,14 +32,14 @@ from pipeswap.errors import PipeswapError
 from pipeswap.metrics import StepLog
 from pipeswap.pipeline.actions import Action, ActionKind
 from pipeswap.pipeline.emulator import pipeline_schedule
-from pipeswap.pipeline.executor import StageExecutor
+from pipeswap.pipeline.executor import StageExecutor, Transport
 from pipeswap.pipeline.job import build_full_model, build_meta_model, save_trained
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult, combine
-from pipeswap.pipeline.shared import find_shared
+from pipeswap.pipeline.shared import SharedParam, find_shared
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
-from pipeswap.pipeline.stage import BoundarySpec, Packed, inspect_layers
+from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, inspect_layers
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.progress import progress_bar
 from pipeswap.train_config import TrainConfig
@@ -166,6 +166,70 @@ class DistExchange:
         self._sends.wait(abandon)
 
 
+class StageWires:
+    """What joins this rank's stage to the others, in the initialized default process group:
+    the training and held-out transports, the tied parameters' exchange and the gathering
+    of gradient norms, each in process groups of their own.
+
+    ``split_directions`` (default: with NCCL) sends forward and backward transfers through
+    two process groups of their own: NCCL runs one pair's sends and receives on one stream
+    in the order they were issued, and a send may wait there for its receive, so a receive
+    posted ahead (or a SEND the schedule issues before a RECV the peer issues first) could
+    deadlock the pair. One group per direction gives each stream one kind of transfer, in
+    unit order on both ends. Every rank must build its wires at the same point (creating a
+    group is collective), from the same ``shared`` parameters.
+    """
+
+    def __init__(
+        self,
+        infos: list[LayerInfo],
+        balance: tuple[int, ...],
+        shared: list[SharedParam],
+        device: torch.device,
+        split_directions: bool | None = None,
+    ) -> None:
+        rank, world = rank_and_world()
+        if split_directions is None:
+            split_directions = backend_name() == "nccl"
+        self._groups = direction_groups(split_directions)
+        # Held-out batches mid-run and the stages' gradient norms travel apart from
+        # training's transfers: NCCL matches a receive posted ahead with whatever its peer
+        # sends next.
+        eval_group, self._norm_group = new_groups(2) or (None, None)
+        self._side = (eval_group, self._norm_group) if eval_group is not None else None
+        holders = {s.holders for s in shared}
+        pairs = sorted({(a, b) for hs in holders for a in hs for b in hs if a != b})
+        self._tied_groups = pair_groups(pairs)
+        start, stop = stage_bounds(balance)[rank]
+        specs = (
+            infos[start - 1].output if rank > 0 else None,
+            infos[stop - 1].output if rank < world - 1 else None,
+        )
+        self.world = world
+        self.transport = DistTransport(rank, *specs, device, self._groups)
+        self.eval_transport = DistTransport(
+            rank, *specs, device, (eval_group, eval_group) if eval_group is not None else None
+        )
+        self.exchange = DistExchange(rank, self._tied_groups, device)
+
+    def joins(self) -> dict[str, Any]:
+        """The StageExecutor arguments these wires give, besides the training transport."""
+        return {
+            "exchange": self.exchange,
+            "gather_norms": self.gather_norms,
+            "eval_transport": self.eval_transport,
+        }
+
+    def gather_norms(self, step: int, mine: float) -> list[float]:
+        """Every stage's squared gradient norm of ``step`` (a collective of all stages)."""
+        return all_gather(mine, self.world, self._norm_group)
+
+    def close(self) -> None:
+        destroy_groups(self._groups)
+        destroy_groups(self._side)
+        destroy_groups(tuple(self._tied_groups.values()))
+
+
 def run_stage_rank(
     config: TrainConfig,
     *,
@@ -178,13 +242,9 @@ def run_stage_rank(
     """Run this rank's stage of ``config`` in the initialized default process group.
 
     Rank k runs stage k; a one-stage pipeline runs without a process group.
-    ``checkpoint`` and ``resume`` are the emulator's (:class:`Emulator`), file for file. Returns the combined result on rank 0 (gathered from every
-    rank), None elsewhere. ``split_directions`` (default: with NCCL) sends forward and
-    backward transfers through two process groups of their own: NCCL runs one pair's
-    sends and receives on one stream in the order they were issued, and a send may wait
-    there for its receive, so a receive posted ahead (or a SEND the schedule issues
-    before a RECV the peer issues first) could deadlock the pair. One group per
-    direction gives each stream one kind of transfer, in unit order on both ends.
+    ``checkpoint`` and ``resume`` are the emulator's (:class:`Emulator`), file for file.
+    Returns the combined result on rank 0 (gathered from every rank), None elsewhere.
+    ``split_directions``: see :class:`StageWires`.
     """
     config = resolve_pipeline(config)
     pipeline = config.require_pipeline()
@@ -198,41 +258,19 @@ def run_stage_rank(
     if device.type == "cuda":
         # NCCL sends, receives and object gathers run on the current device: make it ours.
         torch.cuda.set_device(device)
-    if split_directions is None:
-        split_directions = backend_name() == "nccl"
-    groups = direction_groups(split_directions)
-    # Held-out batches mid-run and the stages' gradient norms travel apart from training's
-    # transfers: NCCL matches a receive posted ahead with whatever its peer sends next.
-    eval_group, norm_group = new_groups(2) or (None, None)
     # Every rank builds the full model: every rank finds the same tied parameters and
     # joins the same pair groups (creating a group is collective).
-    holders = {s.holders for s in find_shared(build_meta_model(config), pipeline.stage_balance)}
-    pairs = sorted({(a, b) for hs in holders for a in hs for b in hs if a != b})
-    tied_groups = pair_groups(pairs)
+    shared = find_shared(build_meta_model(config), pipeline.stage_balance)
     threads = single_threaded() if device.type == "cpu" else nullcontext()
     with threads:
         infos = inspect_layers(config)
+        wires = StageWires(infos, pipeline.stage_balance, shared, device, split_directions)
+        transport, exchange = wires.transport, wires.exchange
         schedule = pipeline_schedule(config)
         model = build_full_model(config, device)
-        start, stop = stage_bounds(pipeline.stage_balance)[rank]
-        transport = DistTransport(
-            rank,
-            infos[start - 1].output if rank > 0 else None,
-            infos[stop - 1].output if rank < world - 1 else None,
-            device,
-            groups,
-        )
         request = None
         if checkpoint is not None:
             request = StopRequest(checkpoint.directory, world, config.steps, decider=rank == 0)
-        exchange = DistExchange(rank, tied_groups, device)
-        eval_transport = DistTransport(
-            rank,
-            infos[start - 1].output if rank > 0 else None,
-            infos[stop - 1].output if rank < world - 1 else None,
-            device,
-            (eval_group, eval_group) if eval_group is not None else None,
-        )
         # The last stage knows each step's loss: it writes the log.
         log = StepLog(config.log, config.steps) if rank == world - 1 else None
         executor = StageExecutor(
@@ -245,9 +283,7 @@ def run_stage_rank(
             device=device,
             checkpoint=checkpoint,
             stop=request,
-            exchange=exchange,
-            gather_norms=lambda step, mine: all_gather(mine, world, norm_group),
-            eval_transport=eval_transport,
+            **wires.joins(),
             log=log,
         )
         first = 0 if resume is None else executor.restore(load_rank(resume[0], resume[1], rank))
@@ -258,7 +294,7 @@ def run_stage_rank(
             bar.update(resume[1])
         executor.start_clock()
         try:
-            _run_actions(executor, transport, actions, bar, fault_hook(rank))
+            run_actions(executor, transport, actions, bar, fault_hook(rank))
         except StageAtCut as cut:
             if log is not None:
                 log.close()
@@ -277,9 +313,7 @@ def run_stage_rank(
         executor.scorer.close_log()
         result = executor.finish()
     gathered: list[StageResult] | None = gather_to_rank0(result, rank, world)
-    destroy_groups(groups)
-    destroy_groups((eval_group, norm_group) if eval_group is not None else None)
-    destroy_groups(tuple(tied_groups.values()))
+    wires.close()
     if rank != 0:
         return None
     assert gathered is not None
@@ -288,13 +322,15 @@ def run_stage_rank(
     return combine(config, gathered, mode="pipeline", task=model.task, wall_s=wall)
 
 
-def _run_actions(
+def run_actions(
     executor: StageExecutor,
-    transport: DistTransport,
+    transport: Transport,
     actions: tuple[Action, ...],
     bar: Any,
     after_step: Callable[[int], None] | None,
 ) -> None:
+    """Run ``actions`` of this rank in order, posting each pass's receives and the next
+    pass's ahead (so they arrive while it computes)."""
     compute = [i for i, a in enumerate(actions) if a.is_compute] + [len(actions)]
     posted_upto = 0
     next_compute = 0

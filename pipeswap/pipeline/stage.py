@@ -102,17 +102,7 @@ def inspect_layers(config: TrainConfig) -> list[LayerInfo]:
     value, _ = model.example_batch(
         config.micro_batch_size, seq_len=config.seq_len, image_size=config.image_size, device="meta"
     )
-    infos = []
-    for name, layer in model.named_children():
-        counter = FlopCounterMode(display=False)
-        with counter, torch.no_grad():
-            value = layer(value)
-        tensors = pack(value, f"layer {name!r} of {config.model}")
-        spec = BoundarySpec(
-            isinstance(value, tuple), tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
-        )
-        param_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
-        infos.append(LayerInfo(name, spec, int(counter.get_total_flops()), param_bytes))
+    infos = layer_infos(model, value, config.model)
     if config.precision == "fp32":
         return infos
     return [
@@ -125,6 +115,24 @@ def inspect_layers(config: TrainConfig) -> list[LayerInfo]:
         )
         for info, dtypes in zip(infos, _autocast_dtypes(config))
     ]
+
+
+def layer_infos(model: nn.Module, value: Any, where: str) -> list[LayerInfo]:
+    """Each layer of ``model`` run on ``value`` in turn, without gradients: what it hands
+    on (its output's specs) and its FLOPs. Meta tensors give shapes at no cost; real ones
+    (under the caller's autocast) also the dtypes a run sends."""
+    infos = []
+    for name, layer in model.named_children():
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            value = layer(value)
+        tensors = pack(value, f"layer {name!r} of {where}")
+        spec = BoundarySpec(
+            isinstance(value, tuple), tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
+        )
+        param_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
+        infos.append(LayerInfo(name, spec, int(counter.get_total_flops()), param_bytes))
+    return infos
 
 
 def _autocast_dtypes(config: TrainConfig) -> list[tuple[torch.dtype, ...]]:

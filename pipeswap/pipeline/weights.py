@@ -23,16 +23,18 @@ released code is the definition used here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from pipeswap.config import require
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.modes import WeightMode, weight_mode
-from pipeswap.pipeline.predict import Distances, step_direction
+from pipeswap.pipeline.predict import DIRECTED, Distances, step_direction
 
 
 @dataclass
@@ -91,6 +93,8 @@ class StageWeights:
     last_gradients: list[torch.Tensor] | None = None
     shared: dict[str, nn.Parameter] = field(default_factory=dict)
     clip_scales: dict[int, float] = field(default_factory=dict)
+    # Builds each optimizer instead of ``optimizer_config`` (pipeswap.Pipeline's optimizer=).
+    optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None
 
     def __post_init__(self) -> None:
         self.entry: WeightMode = weight_mode(self.mode)
@@ -105,6 +109,8 @@ class StageWeights:
         own = [m for i, m in enumerate(self.masters) if i not in tied]
         if own:
             self.optimizer = self._make_optimizer(own)
+        if self.optimizer_factory is not None:
+            self._check_factory()
         self.shared_optimizers = {
             name: self._make_optimizer([self.masters[i]]) for name, i in self.shared_at.items()
         }
@@ -116,7 +122,24 @@ class StageWeights:
         # Keys are plain strings ("F", unit): a checkpoint holds plain data only.
         self._records: dict[tuple[str, int], _Record] = {}
 
+    def _check_factory(self) -> None:
+        """Refuse an optimizer of the user's that this weight mode cannot run with."""
+        require(
+            not self.entry.nadam,
+            f"weights={self.mode} updates with its own NAdam: pass an OptimizerConfig, not "
+            "an optimizer function",
+        )
+        optimizer = self.optimizer
+        require(
+            not self.entry.predicts or optimizer is None or isinstance(optimizer, DIRECTED),
+            f"weights={self.mode} predicts along the optimizer's step direction, which "
+            f"pipeswap knows for SGD, Adam and AdamW, not {type(optimizer).__name__}: pass "
+            "one of those, or another weights mode",
+        )
+
     def _make_optimizer(self, masters: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if self.optimizer_factory is not None:
+            return self.optimizer_factory(masters)
         return self.optimizer_config.build(masters, nadam=self.entry.nadam)
 
     # ---- passes -------------------------------------------------------------------

@@ -1,0 +1,390 @@
+"""Pipeline(model, stages=K): your own model as a pipeline in your own torchrun script."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeswap.checkpoint import (
+    CheckpointPlan,
+    check_identity,
+    latest_complete,
+    load_rank,
+    step_dir,
+)
+from pipeswap.config import require
+from pipeswap.data_config import DataConfig
+from pipeswap.dist.group import (
+    barrier,
+    broadcast_from_rank0,
+    gather_to_rank0,
+    join_as_stages,
+    single_threaded,
+)
+from pipeswap.errors import PipeswapError
+from pipeswap.models.adapt import adapt
+from pipeswap.models.base import IGNORE_INDEX, evaluating
+from pipeswap.models.export import source_module
+from pipeswap.optim import OptimizerConfig
+from pipeswap.pipeline.actions import ActionKind
+from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.emulator import MailboxTransport, pipeline_schedule
+from pipeswap.pipeline.executor import StageExecutor
+from pipeswap.pipeline.feed import FedBatches, step_ends
+from pipeswap.pipeline.job import load_stage_tensors
+from pipeswap.pipeline.partition import stage_bounds
+from pipeswap.pipeline.resolve import choose_balance
+from pipeswap.pipeline.rng import EVAL
+from pipeswap.pipeline.runtime import StageWires, run_actions
+from pipeswap.pipeline.shared import find_shared
+from pipeswap.pipeline.stage import layer_infos
+from pipeswap.pipeline.step_end import step_loss
+from pipeswap.precision import DEFAULT_PRECISION, autocast
+from pipeswap.train_config import TrainConfig
+from pipeswap.training.resume import run_identity
+
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+# How long a rank of a group the pipeline joins itself waits for a silent peer.
+_TIMEOUT_S = 600.0
+
+
+class Pipeline:
+    """Your model cut into ``stages`` stages, one per process of your torchrun script.
+
+    ::
+
+        pipe = pipeswap.Pipeline(model, stages=2, steps=len(loader), schedule="1f1b",
+                                 micro_batches=4, optimizer=lambda ps: torch.optim.AdamW(ps))
+        for x, y in loader:                  # every rank: the same batches
+            loss = pipe.step(x, target=y)    # one mini-batch; the optimizer steps inside
+        weights = pipe.state_dict()          # the whole model's, on rank 0
+
+    Every rank builds ``model`` the same way (seeded, or ``from_pretrained``) and calls
+    :meth:`step` with the same batches, ``steps`` times (the schedule is built for the
+    run's length: an asynchronous one drains at its end). Rank k keeps stage k: its
+    layers (cut at the model's repeated blocks, pipeswap.adapt; ``balance`` layers per
+    stage or the partitioner's), their weight versions (``weights``: the modes of
+    ``pipeswap train``) and their optimizer, ``optimizer`` (an OptimizerConfig, or a
+    function from a list of parameters to a torch optimizer). The first batch fixes the
+    shapes every later one must have. Training is the code ``pipeswap train --pipeline``
+    runs, so a run gives its losses and weights bit for bit (CPU stages run one intra-op
+    thread each, as there). Between steps, do nothing that waits for another rank (a
+    collective of your own): on an asynchronous schedule a stage may be a step behind.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        stages: int,
+        steps: int,
+        schedule: str = PipelineConfig.schedule,
+        micro_batches: int | None = None,
+        weights: str = PipelineConfig.weights,
+        optimizer: OptimizerConfig | OptimizerFactory | None = None,
+        balance: tuple[int, ...] | None = None,
+        loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
+        clip_grad_norm: float | None = None,
+        precision: str = DEFAULT_PRECISION,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+        blocks: list[str] | None = None,
+    ) -> None:
+        require(steps >= 1, f"steps is {steps}: give the number of pipe.step calls, 1 or more")
+        self.pipeline = PipelineConfig(
+            stages=stages,
+            balance=balance,
+            schedule=schedule,
+            weights=weights,
+            micro_batches=micro_batches,
+        )
+        self.factory: OptimizerFactory | None = None
+        if optimizer is None or isinstance(optimizer, OptimizerConfig):
+            self.optim = optimizer or OptimizerConfig()
+        else:
+            self.factory, self.optim = optimizer, OptimizerConfig()
+        if clip_grad_norm is not None:
+            self.optim = replace(self.optim, clip_grad_norm=clip_grad_norm)
+        require(
+            self.optim.accumulate == 1,
+            f"accumulate is {self.optim.accumulate}: hand pipe.step the {self.optim.accumulate} "
+            "batches at once with that many times the micro_batches (the same updates)",
+        )
+        if self.optim.lr_schedule != "constant" and self.optim.lr_decay_steps is None:
+            self.optim = replace(self.optim, lr_decay_steps=steps)
+        self.steps, self.precision, self.seed = steps, precision, seed
+        self.loss_fn = loss_fn
+        self.rank, self.world = join_as_stages(stages, _TIMEOUT_S)
+        self.device = _device(device)
+        self.layered = adapt(model, blocks=blocks)
+        self.done = 0  # pipe.step calls so far (or the checkpoint's steps)
+        self._evals = 0
+        self._executor: StageExecutor | None = None
+        self._resume: tuple[str, int, dict[str, Any]] | None = None
+        self._shape: tuple[torch.Size, torch.dtype] | None = None
+        self._wires: StageWires | None = None
+        self._ends: list[int] = []
+
+    # ---- training -------------------------------------------------------------------
+    @property
+    def is_last(self) -> bool:
+        """Whether this rank runs the last stage (the one that knows the losses)."""
+        return self.rank == self.world - 1
+
+    def step(
+        self,
+        inputs: torch.Tensor,
+        target: torch.Tensor | None = None,
+        *,
+        labels: torch.Tensor | None = None,
+    ) -> float | None:
+        """Train one mini-batch: ``inputs`` (token ids, images) and ``target`` (the next
+        tokens, labels), or ``labels`` as a Hugging Face model takes them (shifted here).
+
+        Runs this rank's actions until its first of the next mini-batch, the optimizer's
+        update included. Returns the mini-batch's loss on the last stage, None elsewhere.
+        """
+        require(
+            self.done < self.steps,
+            f"pipe.step was called {self.done + 1} times, but this pipeline was built for "
+            f"steps={self.steps}: build it with the number of steps you train",
+        )
+        target = self._target(inputs, target, labels)
+        executor = self._built(inputs, target)
+        assert executor.train_data is not None or 0 < self.rank < self.world - 1
+        if executor.train_data is not None:
+            executor.train_data.put(self.done, inputs, target)
+        t = self.done
+        with self._threads():
+            start = executor._index
+            actions = executor.schedule.actions[self.rank]
+            run_actions(executor, executor.transport, actions[start : self._ends[t]], None, None)
+            if t == self.steps - 1:
+                executor.finish_training()
+        self.done += 1
+        if not executor.runner.is_last:
+            return None
+        return step_loss(executor.runner.losses, t, executor.micro_batches)
+
+    @torch.no_grad()
+    def eval(
+        self,
+        inputs: torch.Tensor,
+        target: torch.Tensor | None = None,
+        *,
+        labels: torch.Tensor | None = None,
+    ) -> float | None:
+        """The loss of a held-out batch on the stages' current weights, without gradients
+        and in eval mode (the mean of its micro-batches'); on the last stage, None elsewhere.
+
+        Between steps of a synchronous schedule these are the weights after the last step;
+        on an asynchronous one each stage's own newest (a stage may be a step behind).
+        """
+        target = self._target(inputs, target, labels)
+        executor = self._built(inputs, target)
+        runner, transport = executor.runner, executor.eval_transport
+        micro, size = executor.micro_batches, executor.config.micro_batch_size
+        total = 0.0
+        with self._threads():
+            for m in range(micro):
+                unit = self._evals * micro + m  # in a process group of their own
+                part = slice(m * size, (m + 1) * size)
+                value: Any = (
+                    inputs[part].to(self.device)
+                    if runner.is_first
+                    else transport.take(ActionKind.F, unit)
+                )
+                with executor._stream(EVAL, self._evals, m):
+                    out = runner.evaluate(value, target[part].to(self.device))
+                if runner.is_last:
+                    total += float(out[0])
+                else:
+                    transport.send(ActionKind.F, unit, out)  # type: ignore[arg-type]
+            transport.finish()
+        self._evals += 1
+        return total / micro if runner.is_last else None
+
+    # ---- weights and checkpoints ----------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights by its own names, on rank 0 (None elsewhere); every
+        rank calls it. Rank 0's ``model`` then holds them too (save_pretrained works)."""
+        executor = self._require_built("state_dict")
+        named = [*executor.named_parameters(), *executor.module.named_buffers()]
+        mine = {name: t.detach().to("cpu", copy=True) for name, t in named}
+        states = gather_to_rank0(mine, self.rank, self.world) if self.world > 1 else [mine]
+        if states is None:
+            return None
+        with torch.no_grad():
+            load_stage_tensors(self.layered, states)
+        state: dict[str, torch.Tensor] = source_module(self.layered).state_dict()
+        return state
+
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        """Write every stage's state after the steps done to ``directory`` (every rank calls
+        it); :meth:`load` continues from there, as ``pipeswap train --resume`` does."""
+        executor = self._require_built("save")
+        self._check_synchronous("save")
+        plan = CheckpointPlan(
+            str(directory),
+            0,
+            self._identity(executor.config),
+            self.world,
+            run_id=broadcast_from_rank0(os.urandom(8).hex(), self.world),
+        )
+        executor.save(plan, self.done)
+        if self.world > 1:
+            barrier()
+
+    def load(self, directory: str | os.PathLike[str]) -> int:
+        """Continue from the newest complete checkpoint :meth:`save` wrote in ``directory``
+        (before the first step); returns the steps it had done, which the next
+        :meth:`step` continues from (skip that many batches of your loader)."""
+        require(self._executor is None, "pipe.load comes before the first pipe.step")
+        self._check_synchronous("load")
+        found = latest_complete(directory)
+        require(
+            found is not None,
+            f"{directory}: no complete checkpoint there; give a directory pipe.save wrote",
+        )
+        assert found is not None
+        done, manifest = found
+        self._resume = (str(directory), done, manifest)
+        self.done = done
+        return done
+
+    def close(self) -> None:
+        """Free the process groups this pipeline made (the default group stays yours)."""
+        if self._wires is not None:
+            self._wires.close()
+            self._wires = None
+
+    # ---- inside -----------------------------------------------------------------------
+    def _target(
+        self, inputs: torch.Tensor, target: torch.Tensor | None, labels: torch.Tensor | None
+    ) -> torch.Tensor:
+        if (target is None) == (labels is None):
+            raise PipeswapError("pass the batch's target or its labels (one of them)")
+        if target is not None:
+            return target
+        assert labels is not None
+        if self.layered.task != "lm":
+            return labels
+        # Hugging Face shifts a language model's labels inside: token i predicts i + 1.
+        ignore = torch.full_like(labels[:, :1], IGNORE_INDEX)
+        return torch.cat([labels[:, 1:], ignore], dim=1)
+
+    def _check_synchronous(self, what: str) -> None:
+        require(
+            not self.pipeline.asynchronous,
+            f"pipe.{what}: an asynchronous schedule ({self.pipeline.schedule}) has mini-batches "
+            "in flight between steps; checkpoint a synchronous one (gpipe, 1f1b)",
+        )
+
+    def _require_built(self, what: str) -> StageExecutor:
+        if self._executor is None:
+            raise PipeswapError(f"pipe.{what} comes after the first pipe.step")
+        return self._executor
+
+    def _threads(self) -> AbstractContextManager[None]:
+        return single_threaded() if self.device.type == "cpu" else nullcontext()
+
+    def _identity(self, config: TrainConfig) -> dict[str, Any]:
+        pipeline = config.require_pipeline()
+        return run_identity(
+            config,
+            self.world,
+            api="pipeswap.Pipeline",
+            schedule=pipeline.schedule,
+            weights=pipeline.weights,
+            balance=list(pipeline.stage_balance),
+            micro_batches=pipeline.micro_batch_count,
+        )
+
+    def _built(self, inputs: torch.Tensor, target: torch.Tensor) -> StageExecutor:
+        shape = (inputs.shape, inputs.dtype)
+        if self._shape is not None:
+            require(
+                shape == self._shape,
+                f"this batch has inputs of shape {tuple(inputs.shape)} ({inputs.dtype}), but "
+                f"the pipeline runs those of its first, {tuple(self._shape[0])} "
+                f"({self._shape[1]}): its transfers have that shape. Drop a partial last "
+                "batch (DataLoader(..., drop_last=True)) or pad it",
+            )
+        if self._executor is None:
+            self._executor = self._build(inputs, target)
+            self._shape = shape
+        return self._executor
+
+    def _build(self, inputs: torch.Tensor, target: torch.Tensor) -> StageExecutor:
+        model, rank = self.layered, self.rank
+        micro = self.pipeline.micro_batch_count
+        batch = int(inputs.shape[0])
+        require(
+            batch % micro == 0,
+            f"a batch of {batch} does not split into {micro} micro_batches: pass "
+            "micro_batches dividing the batch, or a batch that is a multiple of it",
+        )
+        lm = model.task == "lm"
+        config = TrainConfig(
+            model.name,
+            batch=batch,
+            seq_len=int(inputs.shape[1]) if lm else None,
+            image_size=None if lm else int(inputs.shape[-1]),
+            steps=self.steps,
+            seed=self.seed,
+            device=self.device.type,
+            precision=self.precision,
+            optim=self.optim,
+            pipeline=replace(self.pipeline, micro_batches=micro),
+            dataset=DataConfig(eval_batches=0),
+            progress=False,
+        )
+        where = next((p.device for p in model.parameters()), self.device)
+        sample = inputs[: batch // micro].to(where)
+        with self._threads(), torch.no_grad(), evaluating(model), autocast(self.precision, where):
+            infos = layer_infos(model, sample, model.name)
+        config = replace(config, pipeline=choose_balance(config, infos, model.name))
+        balance = config.require_pipeline().stage_balance
+        first, end = stage_bounds(balance)[rank]
+        model.stage(first, end).to(self.device)
+        schedule = pipeline_schedule(config)
+        self._ends = step_ends(schedule.actions[rank], micro, self.steps)
+        if self.world > 1:
+            self._wires = StageWires(infos, balance, find_shared(model, balance), self.device)
+            wired: dict[str, Any] = {"transport": self._wires.transport, **self._wires.joins()}
+        else:
+            wired = {"transport": MailboxTransport(0, {}), "gather_norms": lambda s, m: [m]}
+        ends = rank == 0 or rank == self.world - 1
+        with self._threads():
+            executor = StageExecutor(
+                config,
+                rank,
+                schedule,
+                model,
+                infos,
+                wired.pop("transport"),
+                device=self.device,
+                data=(FedBatches(config.micro_batch_size), None) if ends else None,
+                loss_fn=self.loss_fn,
+                optimizer_factory=self.factory,
+                **wired,
+            )
+            if self._resume is not None:
+                directory, done, manifest = self._resume
+                check_identity(manifest, self._identity(config), str(step_dir(directory, done)))
+                executor.restore(load_rank(directory, done, rank))
+        return executor
+
+
+def _device(device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")

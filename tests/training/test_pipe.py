@@ -1,0 +1,158 @@
+"""pipeswap.Pipeline in your own loop trains as `pipeswap train --pipeline` does, bit for bit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from support import pipeline_run
+
+from pipeswap.config import ConfigError, replace_fields
+from pipeswap.dist.digest import params_sha256
+from pipeswap.dist.launch import spawn
+from pipeswap.errors import PipeswapError
+from pipeswap.optim import OptimizerConfig
+from pipeswap.pipeline.emulator import Emulator
+from pipeswap.pipeline.job import BatchSource, build_full_model
+from pipeswap.train_config import TrainConfig
+from pipeswap.training.pipe import Pipeline
+
+BASE = pipeline_run("gpt2-micro", (2, 2), batch=8, seq_len=16, steps=4, micro_batches=4)
+
+
+def _pipe(config: TrainConfig, **extra: Any) -> Pipeline:
+    pipeline = config.require_pipeline()
+    settings: dict[str, Any] = {
+        "stages": pipeline.num_stages,
+        "steps": config.steps,
+        "schedule": pipeline.schedule,
+        "micro_batches": pipeline.micro_batches,
+        "weights": pipeline.weights,
+        "optimizer": config.optim,
+        "balance": pipeline.balance,
+        "seed": config.seed,
+    }
+    # The seeded weights `pipeswap train` starts from.
+    return Pipeline(build_full_model(config), **{**settings, **extra})
+
+
+def _train(rank: int, world: int, config: TrainConfig) -> dict[str, Any]:
+    """The user's loop: pipe.step over the batches the CLI run would read."""
+    pipe = _pipe(config)
+    data = BatchSource(config, build_full_model(config))
+    losses = [pipe.step(*data.batch(t)) for t in range(config.steps)]
+    held_out = pipe.eval(*data.batch(config.steps))
+    state = pipe.state_dict()
+    pipe.close()
+    digest = params_sha256(pipe.layered) if rank == 0 else None
+    return {"losses": losses, "eval": held_out, "state": state, "digest": digest}
+
+
+CASES = [
+    BASE,
+    replace_fields(BASE, schedule="gpipe", clip_grad_norm=0.05),
+    replace_fields(
+        BASE, schedule="async-1f1b", weights="spectrain", micro_batches=1, batch=4, steps=6
+    ),
+]
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("config", CASES, ids=["1f1b", "gpipe-clip", "async-spectrain"])
+def test_a_loop_of_pipe_steps_is_the_emulated_run_bit_for_bit(config: TrainConfig) -> None:
+    launched = spawn(_train, 2, config, timeout_s=120)
+    assert launched.ok, launched.exit_codes
+    first, last = launched.results
+    emulated = Emulator(config).run()
+    assert tuple(last["losses"]) == emulated.losses
+    assert first["losses"] == [None] * config.steps  # the last stage knows the losses
+    assert first["digest"] == emulated.params_sha256
+    assert last["state"] is None and isinstance(last["eval"], float) and first["eval"] is None
+    # Rank 0's model now holds every stage's trained weights, by the model's own names.
+    assert set(first["state"]) == set(build_full_model(config).state_dict())
+
+
+def test_a_pipeline_of_one_stage_is_plain_training() -> None:
+    config = replace_fields(BASE, balance=(4,), steps=3)
+    pipe = _pipe(config)
+    data = BatchSource(config, build_full_model(config))
+    losses = [pipe.step(*data.batch(t)) for t in range(config.steps)]
+    reference = build_full_model(config)
+    optimizer = config.optim.build(reference.parameters())
+    expected = []
+    for t in range(config.steps):
+        x, y = data.batch(t)
+        total = 0.0
+        for m in range(4):
+            part = slice(2 * m, 2 * m + 2)
+            loss = reference.loss(reference(x[part]), y[part])
+            (loss / 4).backward()
+            total += loss.item()
+        optimizer.step()
+        optimizer.zero_grad()
+        expected.append(total / 4)
+    assert losses == pytest.approx(expected, rel=1e-5)
+    state = pipe.state_dict()
+    assert state is not None
+    for name, tensor in reference.state_dict().items():
+        torch.testing.assert_close(state[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_wrong_use_is_refused_saying_what_to_do() -> None:
+    config = replace_fields(BASE, balance=(4,), steps=1)
+    data = BatchSource(config, build_full_model(config))
+    x, y = data.batch(0)
+    with pytest.raises(ConfigError, match="torchrun --nproc-per-node 2"):
+        _pipe(replace_fields(config, balance=(2, 2)))
+    pipe = _pipe(config)
+    with pytest.raises(PipeswapError, match="target or its labels"):
+        pipe.step(x)
+    with pytest.raises(ConfigError, match="does not split into 4 micro_batches"):
+        pipe.step(x[:6], y[:6])
+    pipe.step(x, y)
+    with pytest.raises(ConfigError, match="built for steps=1"):
+        pipe.step(x, y)
+    again = _pipe(replace_fields(config, steps=2))
+    again.step(x, y)
+    with pytest.raises(ConfigError, match="drop_last=True"):
+        again.step(x[:4], y[:4])
+    with pytest.raises(ConfigError, match="not RMSprop"):
+        _pipe(
+            replace_fields(config, schedule="async-1f1b", weights="spectrain", micro_batches=1),
+            optimizer=lambda ps: torch.optim.RMSprop(ps),
+        ).step(x, y)
+    with pytest.raises(ConfigError, match="accumulate"):
+        _pipe(config, optimizer=OptimizerConfig(accumulate=2))
+
+
+def _train_in_two_runs(rank: int, world: int, config: TrainConfig, folder: str) -> dict[str, Any]:
+    """Half the steps, pipe.save; a new pipeline pipe.load-s and trains the rest."""
+    data = BatchSource(config, build_full_model(config))
+    half = config.steps // 2
+    pipe = _pipe(config)
+    losses = [pipe.step(*data.batch(t)) for t in range(half)]
+    pipe.save(folder)
+    pipe.close()
+    again = _pipe(config)
+    done = again.load(folder)
+    losses += [again.step(*data.batch(t)) for t in range(done, config.steps)]
+    again.state_dict()
+    again.close()
+    return {"losses": losses, "done": done, "digest": params_sha256(again.layered)}
+
+
+@pytest.mark.dist
+def test_a_saved_pipeline_continues_as_if_left_alone(tmp_path: Any) -> None:
+    """pipe.save / pipe.load (pipeswap.pipeline.stage_restore): tied weights across the
+    stages, SGD momentum and the step count carry over, bit for bit."""
+    config = replace_fields(BASE, optimizer="adamw", lr=0.003)
+    launched = spawn(_train_in_two_runs, 2, config, str(tmp_path), timeout_s=120)
+    assert launched.ok, launched.exit_codes
+    first, last = launched.results
+    emulated = Emulator(config).run()
+    assert first["done"] == 2 and tuple(last["losses"]) == emulated.losses
+    assert first["digest"] == emulated.params_sha256
+    with pytest.raises(ConfigError, match="asynchronous schedule"):
+        async_run = replace_fields(BASE, schedule="async-1f1b", micro_batches=1, balance=(4,))
+        _pipe(async_run).load(tmp_path)
