@@ -14,6 +14,8 @@ The names a user trains with, from one import (each is documented where it lives
     outcome = pipeswap.train(pipeswap.TrainConfig("gpt2-tiny", steps=5))   # what the CLI runs
     pipe = pipeswap.PipelineConfig(stages=2, schedule="async-1f1b", weights="spectrain")
     outcome = pipeswap.train(pipeswap.TrainConfig("gpt2-tiny", steps=5, pipeline=pipe))
+    pipe = pipeswap.Pipeline(hf_model, stages=2, steps=100)  # your torchrun script: one
+    loss = pipe.step(x, labels=x)                            # pipe.step per mini-batch
 
 Everything else lives in its subpackage (``pipeswap.sim``, ``pipeswap.swap``,
 ``pipeswap.pipeline``, ``pipeswap.profiling``, ``pipeswap.hardware``, ``pipeswap.dist``).
@@ -34,7 +36,7 @@ _PUBLIC = {
     "build_model": "pipeswap.models.registry",
     "measure": "pipeswap.profiling.measure",
     "offload": "pipeswap.training.offload",
-    "Profile": "pipeswap.profile",
+    "Pipeline": "pipeswap.training.pipe",
     "preset": "pipeswap.hardware.presets",
     "make_plan": "pipeswap.swap.plan.planner",
     "SwapExecutor": "pipeswap.swap.runtime.executor",
@@ -49,9 +51,9 @@ _PUBLIC = {
 __all__ = [
     "CheckpointConfig",
     "OptimizerConfig",
+    "Pipeline",
     "PipelineConfig",
     "PipeswapError",
-    "Profile",
     "SwapConfig",
     "SwapExecutor",
     "TrainConfig",
@@ -72,13 +74,13 @@ if TYPE_CHECKING:
     from pipeswap.models.registry import build_model
     from pipeswap.optim import OptimizerConfig
     from pipeswap.pipeline.config import PipelineConfig
-    from pipeswap.profile import Profile
     from pipeswap.profiling.measure import measure
     from pipeswap.swap.config import SwapConfig
     from pipeswap.swap.plan.planner import make_plan
     from pipeswap.swap.runtime.executor import SwapExecutor
     from pipeswap.train_config import TrainConfig
     from pipeswap.training.offload import offload
+    from pipeswap.training.pipe import Pipeline
     from pipeswap.training.run import train
 
 

@@ -228,12 +228,13 @@ def backend_name() -> str:
     return str(dist.get_backend()) if dist.is_initialized() else "none"
 
 
-def join_as_stages(stages: int, timeout_s: float) -> tuple[int, int]:
-    """(rank, world size) of this process, one process per pipeline stage: in the default
-    process group the script made, or one joined here from torchrun's variables (NCCL
-    with a GPU, else gloo; ``timeout_s`` of silence fails a transfer)."""
+def join_as_stages(stages: int, timeout_s: float) -> tuple[int, int, bool]:
+    """(rank, world size, joined here) of this process, one process per pipeline stage: in
+    the default process group the script made, or one joined here from torchrun's
+    variables (NCCL with a GPU, else gloo; ``timeout_s`` of silence fails a transfer)."""
     rank, world = rank_and_world()
-    if world == 1 and stages > 1:
+    joined = world == 1 and stages > 1
+    if joined:
         env = torchrun_env()
         require(
             env is not None,
@@ -249,4 +250,4 @@ def join_as_stages(stages: int, timeout_s: float) -> tuple[int, int]:
         f"{world} processes joined a {stages}-stage pipeline: start one per stage "
         f"(torchrun --nproc-per-node {stages})",
     )
-    return rank, world
+    return rank, world, joined

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from pipeswap.checkpoint import CheckpointPlan, RunStopped, load_rank
+from pipeswap.config import require
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import single_threaded
 from pipeswap.metrics import StepLog
@@ -79,15 +80,23 @@ class Emulator:
         keep_gradients: bool = False,
         checkpoint: CheckpointPlan | None = None,
         resume: tuple[str, int] | None = None,
+        data: Any = None,
     ) -> None:
         """``checkpoint`` writes every stage's state at its cut (pipeswap.pipeline.snapshot);
         ``resume`` (directory, steps done) continues from such a checkpoint, which the
-        multi-process runtime may have written too (the files are the same)."""
+        multi-process runtime may have written too (the files are the same). ``data``
+        (with ``micro(step, m)``, as pipeline.feed.FedBatches) replaces the config's
+        training batches: what pipeswap.Pipeline was fed, for a reference run."""
         self.config = resolve_pipeline(config)
         self.record = record
         self.keep_gradients = keep_gradients
         self.checkpoint = checkpoint
         self.resume = resume
+        self.data = data
+        require(
+            data is None or self.config.dataset.eval_batches == 0,
+            "an emulation of fed batches scores no held-out batches: set {eval_batches} 0",
+        )
         self.executors: list[StageExecutor] = []
         self._bar: Any = None
 
@@ -118,6 +127,9 @@ class Emulator:
                     stop=request,
                     exchange=MailboxExchange(rank, tied_mailbox),
                     log=log if rank == n - 1 else None,
+                    data=(self.data, None)
+                    if self.data is not None and rank in (0, n - 1)
+                    else None,
                 )
                 for rank in range(n)
             ]

@@ -123,15 +123,18 @@ class StageWeights:
         self._records: dict[tuple[str, int], _Record] = {}
 
     def _check_factory(self) -> None:
-        """Refuse an optimizer of the user's that this weight mode cannot run with."""
+        """Refuse an optimizer of the user's that this weight mode cannot run with (one
+        pipeswap knows is checked as its config is: :func:`describe_optimizer`)."""
         require(
             not self.entry.nadam,
             f"weights={self.mode} updates with its own NAdam: pass an OptimizerConfig, not "
             "an optimizer function",
         )
         optimizer = self.optimizer
+        if optimizer is None:
+            return
         require(
-            not self.entry.predicts or optimizer is None or isinstance(optimizer, DIRECTED),
+            not self.entry.predicts or isinstance(optimizer, DIRECTED),
             f"weights={self.mode} predicts along the optimizer's step direction, which "
             f"pipeswap knows for SGD, Adam and AdamW, not {type(optimizer).__name__}: pass "
             "one of those, or another weights mode",
@@ -343,3 +346,17 @@ def squared_norm(tensor: torch.Tensor) -> float:
 
 def _finite(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else value
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerConfig | None:
+    """The OptimizerConfig that builds the same update as ``optimizer`` (its first group's
+    settings), or None for one pipeswap does not build (SGD, Adam and AdamW it does)."""
+    if not isinstance(optimizer, DIRECTED):
+        return None
+    group = optimizer.param_groups[0]
+    return OptimizerConfig(
+        optimizer=type(optimizer).__name__.lower(),
+        lr=float(group["lr"]),
+        momentum=float(group.get("momentum", OptimizerConfig.momentum)),
+        weight_decay=float(group["weight_decay"]),
+    )

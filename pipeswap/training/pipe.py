@@ -25,6 +25,7 @@ from pipeswap.dist.group import (
     broadcast_from_rank0,
     gather_to_rank0,
     join_as_stages,
+    leave_process_group,
     single_threaded,
 )
 from pipeswap.errors import PipeswapError
@@ -45,6 +46,7 @@ from pipeswap.pipeline.runtime import StageWires, run_actions
 from pipeswap.pipeline.shared import find_shared
 from pipeswap.pipeline.stage import layer_infos
 from pipeswap.pipeline.step_end import step_loss
+from pipeswap.pipeline.weights import describe_optimizer
 from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.resume import run_identity
@@ -108,7 +110,9 @@ class Pipeline:
         if optimizer is None or isinstance(optimizer, OptimizerConfig):
             self.optim = optimizer or OptimizerConfig()
         else:
-            self.factory, self.optim = optimizer, OptimizerConfig()
+            # Its settings, as far as pipeswap knows them, are checked as a config's are.
+            probe = optimizer([nn.Parameter(torch.zeros(1))])
+            self.factory, self.optim = optimizer, describe_optimizer(probe) or OptimizerConfig()
         if clip_grad_norm is not None:
             self.optim = replace(self.optim, clip_grad_norm=clip_grad_norm)
         require(
@@ -120,7 +124,7 @@ class Pipeline:
             self.optim = replace(self.optim, lr_decay_steps=steps)
         self.steps, self.precision, self.seed = steps, precision, seed
         self.loss_fn = loss_fn
-        self.rank, self.world = join_as_stages(stages, _TIMEOUT_S)
+        self.rank, self.world, self._joined = join_as_stages(stages, _TIMEOUT_S)
         self.device = _device(device)
         self.layered = adapt(model, blocks=blocks)
         self.done = 0  # pipe.step calls so far (or the checkpoint's steps)
@@ -259,10 +263,14 @@ class Pipeline:
         return done
 
     def close(self) -> None:
-        """Free the process groups this pipeline made (the default group stays yours)."""
+        """Free the process groups this pipeline made (the default one too when it joined
+        it from torchrun's variables; one your script made stays yours)."""
         if self._wires is not None:
             self._wires.close()
             self._wires = None
+        if self._joined:
+            leave_process_group()
+            self._joined = False
 
     # ---- inside -----------------------------------------------------------------------
     def _target(
