@@ -28,8 +28,8 @@ test-cuda: setup
 	$(PY) -m pytest -q -m cuda
 
 lint: setup
-	$(PY) -m ruff check pipeswap tests benchmarks
-	$(PY) -m ruff format --check pipeswap tests benchmarks
+	$(PY) -m ruff check pipeswap tests benchmarks examples
+	$(PY) -m ruff format --check pipeswap tests benchmarks examples
 	$(PY) -m mypy pipeswap
 
 clean:

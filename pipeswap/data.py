@@ -326,7 +326,11 @@ def dataset_for(
             own = TextDataset(tokens, seq_len, vocab_size=vocab, split=part, seed=seed, where=path)
             return own if mask_token_id is None else MaskedLMDataset(own, mask_token_id)
         if vocab < LMDataset.vocab_size:
-            raise PipeswapError(f"{name} has a vocabulary of {vocab} < 256 byte values")
+            raise ConfigError(
+                f"{name} has a vocabulary of {vocab} tokens, but the built-in byte-level data "
+                f"needs {LMDataset.vocab_size} (token ids 0-255): train on your own data "
+                f"({{data}}), or set vocab_size to {LMDataset.vocab_size} or more"
+            )
         seq_len = seq_len if seq_len is not None else _default(name, "default_seq_len")
         text = LMDataset(seq_len, split=split, seed=seed)
         return text if mask_token_id is None else MaskedLMDataset(text, mask_token_id)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def _python_blocks() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) == 4, "README.md: quickstart, your own model, own loop, Trainer"
+    assert len(blocks) == 5, "README.md: quickstart, own model, own loop, Trainer, Pipeline"
     return blocks
 
 
@@ -98,3 +100,20 @@ def test_train_stays_the_function_once_its_package_is_imported() -> None:
     import pipeswap.training  # noqa: F401 - a submodule import sets attributes on pipeswap
 
     assert callable(pipeswap.train) and pipeswap.train.__module__ == "pipeswap.training.run"
+
+
+@pytest.mark.dist
+def test_the_pipeline_script_runs_under_torchrun(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    (tmp_path / "train_pipe.py").write_text(_python_blocks()[4])
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    done = subprocess.run(
+        [*command, "--nproc-per-node", "2", "train_pipe.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("loss ") == 6
+    assert (tmp_path / "pipe-out" / "config.json").is_file()

@@ -105,12 +105,9 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
     config: Any = model.config
     info: dict[str, Any] = {"task": task, "masked": cls_name.endswith("ForMaskedLM")}
     if task == "lm":
+        # Any vocabulary trains on the user's tokens; the built-in byte-level data checks
+        # its own need (pipeswap.data.dataset_for).
         vocab = int(config.vocab_size)
-        if vocab < _BYTE_VOCAB:
-            raise PipeswapError(
-                f"{name} has a vocabulary of {vocab} tokens, but the byte-level LM data needs "
-                f"{_BYTE_VOCAB} (token ids 0-255); set vocab_size to {_BYTE_VOCAB} or more"
-            )
         info["vocab_size"] = vocab
         info["max_positions"] = _max_positions(config)
         mask = getattr(config, "mask_token_id", None)

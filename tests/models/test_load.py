@@ -131,7 +131,6 @@ def test_masked_lm_gets_a_mask_token_and_masked_batches(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("family", "overrides", "message"),
     [
-        ("gpt2", {"vocab_size": 100}, "vocabulary of 100 tokens"),
         ("vit", {"num_labels": 1}, "num_labels=1"),
         ("gpt2", {"architectures": ["GPT2Model"]}, "has no head pipeswap trains"),
         ("gpt2", {"architectures": ["NoSuchModel"]}, "has no class 'NoSuchModel'"),
@@ -272,3 +271,10 @@ def test_user_modules_that_cannot_give_a_model_are_one_clear_error(
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(PipeswapError, match=message.format(mod=mod)):
         load_user_model(f"{mod}:build")
+
+
+def test_a_small_vocabulary_loads_and_only_the_byte_level_data_refuses_it(tmp_path: Path) -> None:
+    model = load_user_model(save_config(tmp_path / "gpt2", "gpt2", vocab_size=100))
+    assert model.vocab_size == 100  # trains on the user's own tokens
+    with pytest.raises(PipeswapError, match="vocabulary of 100 tokens.*your own data"):
+        dataset_for(model, seq_len=16)

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tests.models.hf_configs import save_model
 
 from pipeswap.data_config import DataConfig
 from pipeswap.optim import OptimizerConfig
@@ -20,6 +19,7 @@ from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.feed import FedBatches
 from pipeswap.train_config import TrainConfig
+from tests.models.hf_configs import save_model
 
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")
