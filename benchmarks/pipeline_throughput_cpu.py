@@ -10,6 +10,7 @@ the same model on the same data with SGD with momentum, one intra-op thread per 
 
 - ours: ``async-1f1b`` (SpecTrain prediction, and stale weights), ``1f1b`` and ``gpipe``
   through pipeswap.pipeline.runtime.run_stage_rank;
+- pipeswap.Pipeline (``1f1b``; ``async-1f1b`` with SpecTrain) in a loop of ``pipe.step``;
 - torch.distributed.pipelining ``Schedule1F1B`` and ``ScheduleGPipe`` (PipelineStage
   built with explicit shapes, as gloo needs);
 - one process (rank 0 alone; rank 1 waits): the whole model, 1 thread and 2 threads.
@@ -59,6 +60,8 @@ VARIANTS = (
     "ours async-1f1b (stale)",
     "ours 1f1b",
     "ours gpipe",
+    "pipeswap.Pipeline async-1f1b + spectrain",
+    "pipeswap.Pipeline 1f1b",
     "torch Schedule1F1B",
     "torch ScheduleGPipe",
     REFERENCE,
@@ -110,6 +113,44 @@ def _ours(setting: Setting, variant: str) -> float | None:
     return None if result is None else result.samples_per_s
 
 
+def _api(setting: Setting, variant: str) -> float:
+    """pipeswap.Pipeline in a user's loop: one untimed step (it builds the stages), then
+    ``steps`` timed ones over the same batches as the runtime's."""
+    import torch
+    import torch.distributed as dist
+
+    from pipeswap import Pipeline
+    from pipeswap.config import replace_fields
+    from pipeswap.pipeline.job import BatchSource, build_full_model
+
+    config = _config(setting, variant.replace("pipeswap.Pipeline", "ours"))
+    config = replace_fields(config, steps=config.steps + 1)
+    pipeline = config.require_pipeline()
+    model = build_full_model(config)
+    data = BatchSource(config, model)
+    batches = [data.batch(t) for t in range(config.steps)]
+    pipe = Pipeline(
+        model,
+        stages=2,
+        steps=config.steps,
+        schedule=pipeline.schedule,
+        micro_batches=pipeline.micro_batches,
+        weights=pipeline.weights,
+        optimizer=config.optim,
+        balance=pipeline.balance,
+        seed=config.seed,
+    )
+    pipe.step(*batches[0])
+    dist.barrier()
+    started = time.perf_counter()
+    for inputs, targets in batches[1:]:
+        pipe.step(inputs, targets)
+    wall = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+    dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+    pipe.close()
+    return (config.steps - 1) * config.batch / float(wall)
+
+
 def _torch_schedule(setting: Setting, variant: str, rank: int, world: int) -> float:
     import torch
     import torch.distributed as dist
@@ -144,9 +185,12 @@ def _torch_schedule(setting: Setting, variant: str, rank: int, world: int) -> fl
         kind = Schedule1F1B if "1F1B" in variant else ScheduleGPipe
         schedule = kind(stage, config.require_pipeline().micro_batch_count, loss_fn=model.loss)
         optimizer = config.optim.build(module.parameters())
-        dist.barrier()
-        started = time.perf_counter()
-        for step in range(config.steps):
+        started = 0.0
+        # One untimed step first (its buffers are made then), as pipeswap.Pipeline gets.
+        for step in range(config.steps + 1):
+            if step == 1:
+                dist.barrier()
+                started = time.perf_counter()
             inputs, targets = data.batch(step)
             if rank == 0:
                 schedule.step(inputs.contiguous())
@@ -193,6 +237,9 @@ def _measure(rank: int, world: int, setting: Setting, variant: str) -> float | N
 
     if variant.startswith("ours"):
         return _ours(setting, variant)
+    if variant.startswith("pipeswap.Pipeline"):
+        rate = _api(setting, variant)
+        return rate if rank == 0 else None
     if variant.startswith("torch"):
         rate = _torch_schedule(setting, variant, rank, world)
         return rate if rank == 0 else None
@@ -291,8 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         f"average was {load_before:.1f} before and {load_after:.1f} after (other jobs share "
         "its cores, so a 2-process pipeline rarely has two idle cores).\n\n"
         "What the variants are: `ours ...` is pipeswap.pipeline.runtime (the same code the "
-        "emulator runs, non-blocking isend/irecv); `torch ...` is "
-        "torch.distributed.pipelining with the same stage modules; the single process "
+        "emulator runs, non-blocking isend/irecv), as `pipeswap train --pipeline` runs it; "
+        "`pipeswap.Pipeline ...` is the same code driven from a user's loop, one "
+        "`pipe.step(x, y)` per mini-batch; `torch ...` is torch.distributed.pipelining "
+        "with the same stage modules (`schedule.step` and the optimizer step per "
+        "mini-batch); both loops get one untimed first step. The single process "
         "trains the whole model with gradient accumulation over the same micro-batches.\n\n"
         + text
         + "\n"
@@ -310,6 +360,9 @@ def _reading(rounds: list[dict[str, float]]) -> str:
     def med(v: str) -> float:
         return median_spread([r[v] / r[REFERENCE] for r in rounds])[0]
 
+    def versus(v: str) -> float:
+        return median_spread([r[v] / r["torch Schedule1F1B"] for r in rounds])[0]
+
     ideal_sync = 2 * 4 / 5  # 2 stages, 4 micro-batches: bubble (p-1)/(m+p-1) = 1/5
     return (
         "\nReading: with 2 balanced stages and no communication cost, a no-flush pipeline "
@@ -318,6 +371,10 @@ def _reading(rounds: list[dict[str, float]]) -> str:
         f"{med('ours async-1f1b + spectrain'):.2f}x with prediction and "
         f"{med('ours async-1f1b (stale)'):.2f}x without, ours 1f1b "
         f"{med('ours 1f1b'):.2f}x, torch Schedule1F1B {med('torch Schedule1F1B'):.2f}x. "
+        "In a user's loop, pipeswap.Pipeline with 1f1b runs at "
+        f"{versus('pipeswap.Pipeline 1f1b'):.2f}x torch Schedule1F1B's rate on the same "
+        "split, schedule and micro-batches (median of the per-repetition ratios), and with "
+        f"async-1f1b + spectrain at {versus('pipeswap.Pipeline async-1f1b + spectrain'):.2f}x. "
         "The gap to the ideal is the stage imbalance (the head's vocabulary projection and "
         "the embedding are on different stages), gloo's transfer latency on a 2-core "
         "machine shared with other jobs, and, for spectrain, the weight swap before and "

@@ -74,6 +74,7 @@ def test_cpu_throughput_table(tmp_path: Path) -> None:
     names = [r[0] for r in rows]
     assert names[:2] == ["ours async-1f1b + spectrain", "ours async-1f1b (stale)"]
     assert {"ours 1f1b", "torch Schedule1F1B", "torch ScheduleGPipe"} <= set(names)
+    assert {"pipeswap.Pipeline 1f1b", "pipeswap.Pipeline async-1f1b + spectrain"} <= set(names)
     assert "single process, 1 thread" in names
     for row in rows:
         assert _number(row[1]) > 0 and math.isfinite(_number(row[3]))
