@@ -334,6 +334,11 @@ def dataset_for(
         seq_len = seq_len if seq_len is not None else _default(name, "default_seq_len")
         text = LMDataset(seq_len, split=split, seed=seed)
         return text if mask_token_id is None else MaskedLMDataset(text, mask_token_id)
+    if not isinstance(model, str) and model.takes_tokens:
+        raise ConfigError(
+            f"{name} classifies token sequences; pipeswap has no labelled text data to train "
+            "it on: train it in your own loop with pipeswap.offload or pipeswap.Pipeline"
+        )
     if seq_len is not None:
         raise ConfigError(f"{name} is an image model: pass {{image_size}}, not {{seq_len}}")
     image_size = image_size if image_size is not None else _default(name, "default_image_size")

@@ -20,7 +20,9 @@ _HF_HEADS = (
     ("ForCausalLM", "lm"),
     ("LMHeadModel", "lm"),
     ("ForMaskedLM", "lm"),
+    ("ForConditionalGeneration", "lm"),  # a decoder-only one (Gemma 3); encoder-decoders refused
     ("ForImageClassification", "classify"),
+    ("ForSequenceClassification", "classify"),  # over token ids
 )
 # Byte-level LM data uses token ids 0..255; a masked LM without a mask token of its own
 # uses the first id past them, or NUL (absent from source text) when there is none.
@@ -103,13 +105,22 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
         heads = ", ".join(f"*{suffix}" for suffix, _ in _HF_HEADS)
         raise PipeswapError(f"{name}: {cls_name} has no head pipeswap trains; use a {heads} class")
     config: Any = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        raise PipeswapError(
+            f"{name}: {cls_name} is an encoder-decoder model; pipeswap.offload trains it in "
+            "your own loop, but pipelines and pipeswap train cut one stack of blocks "
+            "(decoder-only and encoder-only models)"
+        )
+    tokens = task == "lm" or cls_name.endswith("ForSequenceClassification")
     info: dict[str, Any] = {"task": task, "masked": cls_name.endswith("ForMaskedLM")}
-    if task == "lm":
+    info["takes_tokens"] = tokens
+    if tokens:
         # Any vocabulary trains on the user's tokens; the built-in byte-level data checks
         # its own need (pipeswap.data.dataset_for).
-        vocab = int(config.vocab_size)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        vocab = int(text.vocab_size)
         info["vocab_size"] = vocab
-        info["max_positions"] = _max_positions(config)
+        info["max_positions"] = _max_positions(text)
         mask = getattr(config, "mask_token_id", None)
         info["mask_token_id"] = (
             None
@@ -120,12 +131,12 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
             if vocab > _BYTE_VOCAB
             else 0
         )
-    else:
+    if task == "classify":
         labels = int(getattr(config, "num_labels", 0))
         if labels < 2:
             raise PipeswapError(
-                f"{name} has num_labels={labels}; the procedural image data needs a "
-                "classifier of 2 or more labels: set num_labels in its config"
+                f"{name} has num_labels={labels}; pipeswap trains classifiers of 2 or more "
+                "labels (cross-entropy): set num_labels in its config"
             )
         info["num_classes"] = labels
         info["in_channels"] = int(getattr(config, "num_channels", 3))
@@ -150,13 +161,16 @@ def _adapt_hf(
     call_kwargs: dict[str, Any] = {"return_dict": True} if "return_dict" in accepts else {}
     if "use_cache" in accepts:
         call_kwargs["use_cache"] = False
-    if info["task"] == "lm":
+    if info["takes_tokens"]:
         length = min(_EXAMPLE_TOKENS, info["max_positions"] or _EXAMPLE_TOKENS)
-        example = torch.arange(length, device=device)[None] % info["vocab_size"]
+        row = torch.arange(length, device=device)[None]
+        # Two rows: a sequence classifier pools each row's last token (a batch of one
+        # would hide a pooling that mixes rows up).
+        example = torch.cat([row, row + 1]) % info["vocab_size"]
         layered = split_at_blocks(
             model,
             example=example,
-            task="lm",
+            task=info["task"],
             name=name,
             blocks=blocks,
             input_name="input_ids",
@@ -164,8 +178,10 @@ def _adapt_hf(
             call_kwargs=call_kwargs,
             run_context=_meta_safe_masks,
             vocab_size=info["vocab_size"],
+            num_classes=info.get("num_classes", 0),
         )
         layered.mask_token_id = info["mask_token_id"]
+        layered.takes_tokens = True
     else:
         size = info["image_size"] or _EXAMPLE_IMAGE
         example = torch.zeros(1, info["in_channels"], size, size, device=device)

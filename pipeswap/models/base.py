@@ -86,6 +86,8 @@ class LayeredModel(nn.Sequential):
         self.mask_token_id = mask_token_id
         # Set by adapters: the one image size a model takes (ViT), its longest sequence.
         self.fixed_image_size: int | None = None
+        # Whether its input is token ids (a language model, a sequence classifier).
+        self.takes_tokens = task == "lm"
         self.max_positions: int | None = None
 
     @property

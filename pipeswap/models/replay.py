@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.blocks import check_block_paths, find_blocks, modules_around, removed_after
+from pipeswap.models.replay_check import check_reproduces, expected_calls
 from pipeswap.models.state import untouched
 
 # Non-tensor values a block may receive; anything else (a cache object) would be shared
@@ -58,7 +59,8 @@ class _BlockCall:
 
     spec: pytree.TreeSpec
     slots: list[_Slot]
-    output_arity: int  # 0: the block returns a tensor; n: a tuple of n, hidden first
+    output_arity: int  # 0: the block returns a tensor; n: a tuple (or list) of n, hidden first
+    output_list: bool = False
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _BlockCall:
         return self  # immutable in use: a meta copy of the model shares it
@@ -111,8 +113,14 @@ class Replay:
                 del block.forward
 
     def shaped_like_output(self, index: int, hidden: Any) -> Any:
-        arity = self.calls[index].output_arity
-        return hidden if arity == 0 else (hidden, *([None] * (arity - 1)))
+        """What a stub of block ``index`` returns: the hidden state where the block returns
+        it, None in place of its other outputs (attention weights, caches: the forward
+        reads them only when asked to return them, which pipeswap never asks)."""
+        call = self.calls[index]
+        if call.output_arity == 0:
+            return hidden
+        shaped = (hidden, *([None] * (call.output_arity - 1)))
+        return list(shaped) if call.output_list else shaped
 
     def capture(self, inputs: torch.Tensor) -> tuple[Any, list[tuple[Any, ...]]]:
         """Run the model up to its last block with the blocks stubbed; return the first
@@ -283,7 +291,7 @@ def split_at_blocks(
         embed_owned, head_owned = modules_around(
             model, replay.blocks, lambda: replay.run_root(example)
         )
-        expected = _expected_calls(replay, example)
+        expected = expected_calls(replay, example)
         _learn_calls(replay, example, expected)
     replay.embed_owned = list(embed_owned.values())
     layers: list[tuple[str, nn.Module]] = [("embed", _Embed(replay, embed_owned))]
@@ -291,7 +299,7 @@ def split_at_blocks(
         (path, _Block(replay, i, b)) for i, (path, b) in enumerate(zip(paths, replay.blocks))
     ]
     layers.append(("head", _Head(replay, head_owned)))
-    return LayeredModel(
+    layered = LayeredModel(
         name,
         layers,
         task,
@@ -299,6 +307,9 @@ def split_at_blocks(
         num_classes=num_classes,
         in_channels=in_channels,
     )
+    with inspecting(model):
+        check_reproduces(replay, layered, example)
+    return layered
 
 
 @contextmanager
@@ -309,25 +320,6 @@ def inspecting(model: nn.Module) -> Iterator[None]:
         yield
 
 
-def _expected_calls(replay: Replay, example: torch.Tensor) -> list[tuple[Any, Any, Any]]:
-    """Each block's (args, kwargs, output) in a plain run of the model."""
-    seen: list[tuple[Any, Any, Any]] = []
-    hooks = [
-        block.register_forward_hook(
-            lambda _m, args, kwargs, out: seen.append((args, kwargs, out)), with_kwargs=True
-        )
-        for block in replay.blocks
-    ]
-    with removed_after(hooks):
-        replay.run_root(example)
-    if len(seen) != len(replay.blocks):
-        raise PipeswapError(
-            f"the model's forward called its {len(replay.blocks)} blocks {len(seen)} times; "
-            "name blocks it calls exactly once each"
-        )
-    return seen
-
-
 def _learn_calls(
     replay: Replay, example: torch.Tensor, expected: list[tuple[Any, Any, Any]]
 ) -> None:
@@ -335,19 +327,17 @@ def _learn_calls(
     for index, (_args, _kwargs, out) in enumerate(expected):
         if isinstance(out, torch.Tensor):
             arity = 0
-        elif isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
-            if any(isinstance(rest, torch.Tensor) for rest in out[1:]):
-                raise PipeswapError(
-                    f"block {replay.paths[index]!r} returns several tensors; pipeswap passes "
-                    "one hidden state between blocks (turn off attention or cache outputs)"
-                )
+        elif isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+            # Only the hidden state travels on; split_at_blocks checks that the forward
+            # needs nothing else of what a block returns.
             arity = len(out)
         else:
             raise PipeswapError(
                 f"block {replay.paths[index]!r} returns {type(out).__name__}; blocks must "
                 "return a tensor or a tuple whose first item is the hidden state"
             )
-        replay.calls.append(_BlockCall(pytree.tree_flatten(((), {}))[1], [], arity))
+        spec = pytree.tree_flatten(((), {}))[1]
+        replay.calls.append(_BlockCall(spec, [], arity, isinstance(out, list)))
     for index in range(1, len(expected)):
         previous_out = expected[index - 1][2]
         previous = previous_out if isinstance(previous_out, torch.Tensor) else previous_out[0]
@@ -390,7 +380,8 @@ def _learn_calls(
                     f"{where} receives a {type(leaf).__name__}; pipeswap passes tensors and "
                     "constants between stages (for Hugging Face models it sets use_cache=False)"
                 )
-        replay.calls[index] = _BlockCall(spec, slots, replay.calls[index].output_arity)
+        learned = replay.calls[index]
+        replay.calls[index] = _BlockCall(spec, slots, learned.output_arity, learned.output_list)
     replay.num_context = len(context_index)
 
 

@@ -281,9 +281,9 @@ class Pipeline:
         if target is not None:
             return target
         assert labels is not None
-        if self.layered.task != "lm":
-            return labels
-        # Hugging Face shifts a language model's labels inside: token i predicts i + 1.
+        if self.layered.task != "lm" or self.layered.mask_token_id is not None:
+            return labels  # a class per sample, or a masked LM's token per position
+        # Hugging Face shifts a causal language model's labels inside: token i predicts i + 1.
         ignore = torch.full_like(labels[:, :1], IGNORE_INDEX)
         return torch.cat([labels[:, 1:], ignore], dim=1)
 

@@ -1,0 +1,57 @@
+"""What replay splitting checks against the model's own run: the blocks' calls, the output."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pipeswap.errors import PipeswapError, first_line
+from pipeswap.models.base import LayeredModel
+from pipeswap.models.blocks import removed_after
+
+if TYPE_CHECKING:
+    from pipeswap.models.replay import Replay
+
+
+def expected_calls(replay: Replay, example: torch.Tensor) -> list[tuple[Any, Any, Any]]:
+    """Each block's (args, kwargs, output) in a plain run of the model."""
+    seen: list[tuple[Any, Any, Any]] = []
+    hooks = [
+        block.register_forward_hook(
+            lambda _m, args, kwargs, out: seen.append((args, kwargs, out)), with_kwargs=True
+        )
+        for block in replay.blocks
+    ]
+    with removed_after(hooks):
+        replay.run_root(example)
+    if len(seen) != len(replay.blocks):
+        raise PipeswapError(
+            f"the model's forward called its {len(replay.blocks)} blocks {len(seen)} times; "
+            "name blocks it calls exactly once each"
+        )
+    return seen
+
+
+def check_reproduces(replay: Replay, layered: LayeredModel, example: torch.Tensor) -> None:
+    """Refuse a split whose layers compute other than the model: its forward reads more of
+    a block's output than the hidden state (blocks' attention weights or caches that it
+    uses), or calls them in a way the layers do not replay."""
+    want = replay.output_fn(replay.run_root(example))
+    try:
+        got = layered(example)
+    except Exception as exc:  # noqa: BLE001 - the model's own code, whatever it raises
+        raise PipeswapError(
+            f"the model's forward does not run with its blocks cut apart ({type(exc).__name__}: "
+            f"{first_line(exc)}); it reads more of a block's output than the hidden state: "
+            "name other blocks"
+        ) from exc
+    same = got.shape == want.shape and (
+        got.is_meta or bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
+    )
+    if not same:
+        raise PipeswapError(
+            f"{layered.name} cut at its blocks ({', '.join(replay.paths[:2])}, ...) computes "
+            "other outputs than the model: its forward reads more of a block's output than "
+            "the hidden state; name other blocks"
+        )
