@@ -55,11 +55,12 @@ CASES = [
     replace_fields(
         BASE, schedule="async-1f1b", weights="spectrain", micro_batches=1, batch=4, steps=6
     ),
+    replace_fields(BASE, schedule="2bw", weights="stash", micro_batches=2, batch=4, steps=5),
 ]
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("config", CASES, ids=["1f1b", "gpipe-clip", "async-spectrain"])
+@pytest.mark.parametrize("config", CASES, ids=["1f1b", "gpipe-clip", "async-spectrain", "2bw-stash"])
 def test_a_loop_of_pipe_steps_is_the_emulated_run_bit_for_bit(config: TrainConfig) -> None:
     launched = spawn(_train, 2, config, timeout_s=120)
     assert launched.ok, launched.exit_codes
