@@ -43,6 +43,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     detect.add_argument("--json", action="store_true", help="print pipeswap.topology/1 JSON")
     detect.set_defaults(topology_action=_detect)
 
+    calibrate = actions.add_parser(
+        "calibrate",
+        help="measure this machine (copies, collectives, compute) into a topology JSON",
+        description="Measure this machine with N ranks at once: host copies (pinned and "
+        "pageable on CUDA; memory copies on the CPU), all-reduce and send/receive of the "
+        "backend by size, and how much ranks computing together slow each other. Writes a "
+        "topology JSON whose links carry the measured copy rate and whose calibration block "
+        "holds every number, the date and this command; --topology FILE plans with it.",
+    )
+    calibrate.add_argument("--nproc", type=int, default=2, help="ranks to measure with (default 2)")
+    calibrate.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="default: cuda when PyTorch sees a GPU, else cpu",
+    )
+    calibrate.add_argument(
+        "--out", required=True, metavar="FILE", help="the topology JSON to write"
+    )
+    calibrate.add_argument("--quick", action="store_true", help="small sizes, few repeats (tests)")
+    calibrate.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    calibrate.set_defaults(topology_action=_calibrate)
+
 
 def run(args: argparse.Namespace) -> int:
     action = getattr(args, "topology_action", None)
@@ -70,6 +93,62 @@ def _detect(args: argparse.Namespace) -> int:
         print("no NVIDIA GPU was found (neither NVML nor nvidia-smi reports one)")
         return 0
     _print(topology, as_json=args.json)
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import sys
+    from datetime import date
+
+    import torch
+
+    from pipeswap.config import require
+    from pipeswap.dist.calibrate import measure_rank
+    from pipeswap.dist.group import backend_for
+    from pipeswap.dist.launch import spawn
+    from pipeswap.hardware.calibration import Calibration, host_memory_bytes
+
+    require(args.nproc >= 1, f"--nproc {args.nproc}: measure with 1 rank or more")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    require(
+        device == "cpu" or torch.cuda.is_available(),
+        "--device cuda, but PyTorch sees no GPU here; use --device cpu",
+    )
+    launched = spawn(
+        measure_rank, args.nproc, args.quick, backend=backend_for(device, args.nproc), timeout_s=300
+    )
+    require(launched.ok, f"calibration failed on a rank: {launched.messages}")
+    command = "pipeswap " + " ".join(sys.argv[1:])
+    calibration = Calibration.from_ranks(
+        launched.results, date=date.today().isoformat(), command=command
+    )
+    memory = (
+        torch.cuda.get_device_properties(0).total_memory
+        if device == "cuda"
+        else host_memory_bytes() // args.nproc
+    )
+    topology = calibration.topology(f"calibrated-{device}-{args.nproc}", memory)
+    topology.save(args.out)
+    if args.json:
+        print(json.dumps(calibration.to_json(), indent=1))
+        return 0
+    shown = calibration.to_json()
+    print(f"measured {args.nproc} ranks on {calibration.device} ({calibration.backend}):")
+    for kind, rates in shown["copy_gb_per_s"].items():
+        print(
+            f"  copy {kind:<13} {rates['alone']:7.2f} GB/s alone, {rates['every_rank']:7.2f} GB/s each with every rank"
+        )
+    allreduce = shown["allreduce"]
+    print(
+        f"  all-reduce    {allreduce['latency_s'] * 1e6:7.1f} us + bytes at {allreduce['bus_gb_per_s']:.2f} GB/s (bus)"
+    )
+    if shown["p2p"] is not None:
+        p2p = shown["p2p"]
+        print(
+            f"  send/receive  {p2p['latency_s'] * 1e6:7.1f} us + bytes at {p2p['gb_per_s']:.2f} GB/s"
+        )
+    print(f"  compute       {calibration.compute_slowdown:.2f}x slower with every rank computing")
+    print(f"wrote {args.out}")
     return 0
 
 

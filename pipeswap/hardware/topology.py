@@ -6,7 +6,7 @@ import json
 import math
 import os
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -82,6 +82,8 @@ class Topology:
     name: str
     nodes: tuple[Node, ...]
     links: tuple[Link, ...]
+    # What `pipeswap topology calibrate` measured to make it (pipeswap.calibration/1), if so.
+    calibration: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -180,6 +182,7 @@ class Topology:
             "name": self.name,
             "nodes": [n.to_json() for n in self.nodes],
             "links": [link.to_json() for link in self.links],
+            **({"calibration": self.calibration} if self.calibration is not None else {}),
         }
 
     @classmethod
@@ -202,7 +205,10 @@ class Topology:
             _link_from_json(link, f"{bad}: link {i}")
             for i, link in enumerate(_json_list(obj, "links", bad))
         )
-        return cls(name=name, nodes=nodes, links=links)
+        calibration = obj.get("calibration")
+        if calibration is not None and not isinstance(calibration, dict):
+            raise PipeswapError(f"{bad}: calibration is {_shown(calibration)}; write an object")
+        return cls(name=name, nodes=nodes, links=links, calibration=calibration)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         dump_json(path, self.to_json())

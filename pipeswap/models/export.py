@@ -12,9 +12,8 @@ import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError
-from pipeswap.models.base import LayeredModel
 from pipeswap.models.load import library_bars
-from pipeswap.models.replay import Replay
+from pipeswap.models.replay import replay_of
 
 # Written beside the weights: marks a directory as a pipeswap save, which a later save may replace.
 MARKER = "pipeswap-save.json"
@@ -34,11 +33,8 @@ _TOKENIZER_FILES = (
 
 def source_module(model: nn.Module) -> nn.Module:
     """The module a LayeredModel was adapted from (it shares its parameters), or ``model``."""
-    if not isinstance(model, LayeredModel):
-        return model
-    first = model.get_submodule(model.layer_names[0])
-    replay = getattr(first, "replay", None)
-    return replay.root if isinstance(replay, Replay) else model
+    replay = replay_of(model)
+    return model if replay is None else replay.root
 
 
 def check_save_target(directory: str, source: str) -> None:

@@ -85,6 +85,9 @@ class Replay:
         self.call_kwargs = call_kwargs
         self.calls: list[_BlockCall] = []
         self.embed_owned: list[nn.Module] = []  # the embed layer's modules (split_at_blocks)
+        # Labels the model's own forward gets (:meth:`labelled`), and what it returned then.
+        self.labels: torch.Tensor | None = None
+        self.own_output: Any = None
         self.num_context = 0
         # Entered around every run of the model's forward (Hugging Face: meta-safe masks).
         self.run_context: Callable[[torch.Tensor], AbstractContextManager[Any]] = lambda _inputs: (
@@ -92,10 +95,30 @@ class Replay:
         )
 
     def run_root(self, inputs: torch.Tensor) -> Any:
+        labels = {} if self.labels is None else {"labels": self.labels}
         with self.run_context(inputs):
             if self.input_name is None:
                 return self.root(inputs, **self.call_kwargs)
-            return self.root(**{self.input_name: inputs}, **self.call_kwargs)
+            return self.root(**{self.input_name: inputs}, **self.call_kwargs, **labels)
+
+    @contextmanager
+    def labelled(self, labels: torch.Tensor) -> Iterator[None]:
+        """The model's forward gets ``labels`` meanwhile: the head computes its own loss
+        (:meth:`own_loss`), as ``model(input_ids=x, labels=labels).loss`` would."""
+        self.labels = labels
+        try:
+            yield
+        finally:
+            self.labels = None
+
+    def own_loss(self) -> torch.Tensor:
+        loss = getattr(self.own_output, "loss", None)
+        if not isinstance(loss, torch.Tensor):
+            raise PipeswapError(
+                f"{type(self.root).__name__} computed no loss from the labels; pass target= "
+                "(cross-entropy of its logits) instead"
+            )
+        return loss
 
     @contextmanager
     def stubbed(self, returns: Callable[[int, Any], Any]) -> Iterator[None]:
@@ -240,7 +263,8 @@ class _Head(_AroundBlocks):
             module.training = False
         try:
             with replay.stubbed(returns):
-                return replay.output_fn(replay.run_root(inputs))
+                replay.own_output = replay.run_root(inputs)
+                return replay.output_fn(replay.own_output)
         finally:
             for module in again:
                 module.training = True
@@ -389,3 +413,11 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.device.type == "meta" or b.device.type == "meta":
         return a.shape == b.shape and a.dtype == b.dtype
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+
+
+def replay_of(model: nn.Module) -> Replay | None:
+    """The Replay of a LayeredModel split_at_blocks made (None for any other module)."""
+    if not isinstance(model, LayeredModel):
+        return None
+    replay = getattr(model.get_submodule(model.layer_names[0]), "replay", None)
+    return replay if isinstance(replay, Replay) else None

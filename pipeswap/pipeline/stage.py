@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -221,6 +222,14 @@ class StageRunner:
         self.device = torch.device(device)
         self.losses: dict[int, float] = {}
         self._pending: dict[int, tuple[Packed, Packed]] = {}
+        # On the last stage: a context its forward runs in, given the unit's target (the
+        # model's own loss from labels, pipeswap.models.replay.Replay.labelled).
+        self.labelled: Callable[[torch.Tensor], AbstractContextManager[None]] | None = None
+
+    def _labels(self, target: torch.Tensor | None) -> AbstractContextManager[None]:
+        if self.labelled is None or target is None or not self.is_last:
+            return nullcontext()
+        return self.labelled(target)
 
     @property
     def is_first(self) -> bool:
@@ -240,7 +249,7 @@ class StageRunner:
     def forward(self, unit: int, inputs: Any, target: torch.Tensor | None = None) -> Packed | None:
         """Run the stage on a unit; returns the packed activations to send (None on the last)."""
         value, leaves = self._input_value(inputs)
-        with autocast(self.precision, self.device):
+        with autocast(self.precision, self.device), self._labels(target):
             output = self.module(value)
             loss = self.loss_fn(output, target) if self.is_last and target is not None else None
         if self.is_last:
@@ -285,7 +294,7 @@ class StageRunner:
         """Forward in eval mode without gradients; the last stage returns (loss, correct
         predictions)."""
         value = inputs if self.is_first else unpack(inputs, self.input_spec)  # type: ignore[arg-type]
-        with evaluating(self.module), autocast(self.precision, self.device):
+        with evaluating(self.module), autocast(self.precision, self.device), self._labels(target):
             output = self.module(value)
             loss_tensor = (
                 self.loss_fn(output, target) if self.is_last and target is not None else None

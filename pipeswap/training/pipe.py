@@ -11,18 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeswap.checkpoint import (
-    CheckpointPlan,
-    check_identity,
-    latest_complete,
-    load_rank,
-    step_dir,
-)
 from pipeswap.config import require
 from pipeswap.data_config import DataConfig
 from pipeswap.dist.group import (
-    barrier,
-    broadcast_from_rank0,
     gather_to_rank0,
     join_as_stages,
     leave_process_group,
@@ -30,8 +21,9 @@ from pipeswap.dist.group import (
 )
 from pipeswap.errors import PipeswapError
 from pipeswap.models.adapt import adapt
-from pipeswap.models.base import IGNORE_INDEX, evaluating
+from pipeswap.models.base import evaluating
 from pipeswap.models.export import source_module
+from pipeswap.models.replay import replay_of
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.config import PipelineConfig
@@ -49,7 +41,7 @@ from pipeswap.pipeline.step_end import step_loss
 from pipeswap.pipeline.weights import describe_optimizer
 from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.train_config import TrainConfig
-from pipeswap.training.resume import run_identity
+from pipeswap.training.pipe_checkpoint import Checkpoint, newest_checkpoint, save_stages
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 # How long a rank of a group the pipeline joins itself waits for a silent peer.
@@ -130,10 +122,11 @@ class Pipeline:
         self.done = 0  # pipe.step calls so far (or the checkpoint's steps)
         self._evals = 0
         self._executor: StageExecutor | None = None
-        self._resume: tuple[str, int, dict[str, Any]] | None = None
+        self._resume: Checkpoint | None = None
         self._shape: tuple[torch.Size, torch.dtype] | None = None
         self._wires: StageWires | None = None
         self._ends: list[int] = []
+        self._own_loss: bool | None = None  # labels= (the model's own loss) or target=
 
     # ---- training -------------------------------------------------------------------
     @property
@@ -234,16 +227,7 @@ class Pipeline:
         it); :meth:`load` continues from there, as ``pipeswap train --resume`` does."""
         executor = self._require_built("save")
         self._check_synchronous("save")
-        plan = CheckpointPlan(
-            str(directory),
-            0,
-            self._identity(executor.config),
-            self.world,
-            run_id=broadcast_from_rank0(os.urandom(8).hex(), self.world),
-        )
-        executor.save(plan, self.done)
-        if self.world > 1:
-            barrier()
+        save_stages(executor, directory, self.done, self.world)
 
     def load(self, directory: str | os.PathLike[str]) -> int:
         """Continue from the newest complete checkpoint :meth:`save` wrote in ``directory``
@@ -251,16 +235,9 @@ class Pipeline:
         :meth:`step` continues from (skip that many batches of your loader)."""
         require(self._executor is None, "pipe.load comes before the first pipe.step")
         self._check_synchronous("load")
-        found = latest_complete(directory)
-        require(
-            found is not None,
-            f"{directory}: no complete checkpoint there; give a directory pipe.save wrote",
-        )
-        assert found is not None
-        done, manifest = found
-        self._resume = (str(directory), done, manifest)
-        self.done = done
-        return done
+        self._resume = newest_checkpoint(directory)
+        self.done = self._resume.done
+        return self.done
 
     def close(self) -> None:
         """Free the process groups this pipeline made (the default one too when it joined
@@ -276,16 +253,39 @@ class Pipeline:
     def _target(
         self, inputs: torch.Tensor, target: torch.Tensor | None, labels: torch.Tensor | None
     ) -> torch.Tensor:
+        """What the last stage scores against. ``labels`` go to the model's own forward,
+        which computes its own loss (shifted or not, as the family does); ``target`` is
+        scored by cross-entropy of the logits. One of them, the same in every call."""
         if (target is None) == (labels is None):
             raise PipeswapError("pass the batch's target or its labels (one of them)")
-        if target is not None:
-            return target
-        assert labels is not None
-        if self.layered.task != "lm" or self.layered.mask_token_id is not None:
-            return labels  # a class per sample, or a masked LM's token per position
-        # Hugging Face shifts a causal language model's labels inside: token i predicts i + 1.
-        ignore = torch.full_like(labels[:, :1], IGNORE_INDEX)
-        return torch.cat([labels[:, 1:], ignore], dim=1)
+        own = labels is not None
+        if self._own_loss is None:
+            replay = replay_of(self.layered)
+            require(
+                not own or (replay is not None and replay.input_name is not None),
+                "labels= hands the labels to a Hugging Face model's own loss; this model "
+                "computes none: pass target= (cross-entropy of its logits)",
+            )
+            require(
+                not own or self.loss_fn is None,
+                "labels= scores with the model's own loss, loss_fn with yours: pass target= "
+                "with loss_fn, or drop loss_fn",
+            )
+            self._own_loss = own
+        require(
+            own == self._own_loss,
+            f"this pipeline was first called with {'labels' if self._own_loss else 'target'}=; "
+            "keep to it (the loss would change meaning)",
+        )
+        chosen = labels if labels is not None else target
+        assert chosen is not None
+        return chosen
+
+    def _loss_fn(self) -> Callable[[Any, torch.Tensor], torch.Tensor] | None:
+        replay = replay_of(self.layered)
+        if self._own_loss and replay is not None:
+            return lambda _logits, _labels: replay.own_loss()
+        return self.loss_fn
 
     def _check_synchronous(self, what: str) -> None:
         require(
@@ -301,18 +301,6 @@ class Pipeline:
 
     def _threads(self) -> AbstractContextManager[None]:
         return single_threaded() if self.device.type == "cpu" else nullcontext()
-
-    def _identity(self, config: TrainConfig) -> dict[str, Any]:
-        pipeline = config.require_pipeline()
-        return run_identity(
-            config,
-            self.world,
-            api="pipeswap.Pipeline",
-            schedule=pipeline.schedule,
-            weights=pipeline.weights,
-            balance=list(pipeline.stage_balance),
-            micro_batches=pipeline.micro_batch_count,
-        )
 
     def _built(self, inputs: torch.Tensor, target: torch.Tensor) -> StageExecutor:
         shape = (inputs.shape, inputs.dtype)
@@ -379,14 +367,15 @@ class Pipeline:
                 wired.pop("transport"),
                 device=self.device,
                 data=(FedBatches(config.micro_batch_size), None) if ends else None,
-                loss_fn=self.loss_fn,
+                loss_fn=self._loss_fn(),
                 optimizer_factory=self.factory,
                 **wired,
             )
+            replay = replay_of(model)
+            if self._own_loss and replay is not None:
+                executor.runner.labelled = replay.labelled
             if self._resume is not None:
-                directory, done, manifest = self._resume
-                check_identity(manifest, self._identity(config), str(step_dir(directory, done)))
-                executor.restore(load_rank(directory, done, rank))
+                self._resume.restore(executor, self.world)
         return executor
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -60,7 +61,9 @@ CASES = [
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("config", CASES, ids=["1f1b", "gpipe-clip", "async-spectrain", "2bw-stash"])
+@pytest.mark.parametrize(
+    "config", CASES, ids=["1f1b", "gpipe-clip", "async-spectrain", "2bw-stash"]
+)
 def test_a_loop_of_pipe_steps_is_the_emulated_run_bit_for_bit(config: TrainConfig) -> None:
     launched = spawn(_train, 2, config, timeout_s=120)
     assert launched.ok, launched.exit_codes
@@ -157,3 +160,37 @@ def test_a_saved_pipeline_continues_as_if_left_alone(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="asynchronous schedule"):
         async_run = replace_fields(BASE, schedule="async-1f1b", micro_batches=1, balance=(4,))
         _pipe(async_run).load(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_labels_score_with_the_model_s_own_loss(family: str) -> None:
+    """labels= goes to the model's forward: GPT-2 shifts them, BERT's masked LM does not."""
+    transformers = pytest.importorskip("transformers")
+    from tests.models.hf_configs import hf_config
+
+    config = hf_config(family)
+    cls = transformers.GPT2LMHeadModel if family == "gpt2" else transformers.BertForMaskedLM
+    torch.manual_seed(0)
+    model = cls(config)
+    plain = copy.deepcopy(model)
+    pipe = Pipeline(
+        model,
+        stages=1,
+        steps=2,
+        micro_batches=2,
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+    )
+    optimizer = torch.optim.SGD(plain.parameters(), lr=0.1)
+    ids = torch.randint(5, 200, (2, 4, 12))
+    for batch in ids:
+        loss = pipe.step(batch, labels=batch)
+        expected = 0.0
+        for part in batch.chunk(2):
+            own = plain(input_ids=part, labels=part).loss
+            (own / 2).backward()
+            expected += own.item() / 2
+        optimizer.step()
+        optimizer.zero_grad()
+        assert loss == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ConfigError, match="keep to it"):
+        pipe.eval(ids[0], target=ids[0])

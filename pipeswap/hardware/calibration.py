@@ -1,0 +1,139 @@
+"""A machine as measured (pipeswap topology calibrate): its numbers, and a topology of them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeswap.errors import PipeswapError
+from pipeswap.hardware.topology import GB, Link, Node, Topology
+
+CALIBRATION_FORMAT = "pipeswap.calibration/1"
+
+
+def fit_latency_bandwidth(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(latency s, bytes/s) of ``seconds = latency + bytes / bandwidth``, least squares over
+    ``(bytes, seconds)`` points; the latency is kept at 0 or more."""
+    if len(points) < 2:
+        raise PipeswapError("a latency and a bandwidth need measurements at 2 sizes or more")
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var
+    latency = mean_y - slope * mean_x
+    if latency < 0:  # through the origin instead
+        latency = 0.0
+        slope = sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+    if slope <= 0:
+        raise PipeswapError("the larger transfers were not slower: measure larger sizes")
+    return latency, 1.0 / slope
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What ``pipeswap topology calibrate`` measured on one machine (see pipeswap.dist.calibrate).
+
+    ``copy_bytes_per_s[kind] = (alone, together)``: one rank's copy rate with the others
+    idle, and each rank's when all copy at once (kinds ``h2d-pinned``, ``d2h-pageable``,
+    ``both-pinned``, ...). ``allreduce`` and ``p2p``: (latency s, bytes/s) fits of the
+    backend's collectives, the all-reduce's bandwidth as bus bandwidth (bytes x 2(n-1)/n
+    per second, nccl-tests' busbw). ``compute_slowdown``: a rank's compute time with every
+    rank computing over its time alone.
+    """
+
+    ranks: int
+    device: str
+    backend: str
+    copy_bytes_per_s: dict[str, tuple[float, float]]
+    allreduce: tuple[float, float]
+    p2p: tuple[float, float] | None
+    compute_slowdown: float
+    date: str
+    command: str
+
+    @classmethod
+    def from_ranks(
+        cls, measured: Sequence[dict[str, Any]], *, date: str, command: str
+    ) -> Calibration:
+        """One calibration from every rank's :func:`pipeswap.dist.calibrate.measure_rank`."""
+        first, n = measured[0], len(measured)
+        copies = {
+            kind: (
+                float(first["copy"][kind]["alone"]),
+                min(float(r["copy"][kind]["together"]) for r in measured),
+            )
+            for kind in first["copy"]
+        }
+        bus = 2 * (n - 1) / n if n > 1 else 1.0
+        slowest = [
+            (size * bus, max(float(r["allreduce"][i][1]) for r in measured))
+            for i, (size, _) in enumerate(first["allreduce"])
+        ]
+        received = [r for r in measured if r["rank"] % 2 == 1]
+        p2p = None
+        if received:
+            p2p = fit_latency_bandwidth(
+                [
+                    (size, max(float(r["p2p"][i][1]) for r in received))
+                    for i, (size, _) in enumerate(first["p2p"])
+                ]
+            )
+        alone = float(first["compute"]["alone"])
+        together = max(float(r["compute"]["together"]) for r in measured)
+        return cls(
+            ranks=n,
+            device=first["device"],
+            backend=first["backend"],
+            copy_bytes_per_s=copies,
+            allreduce=fit_latency_bandwidth(slowest) if n > 1 else (0.0, float("inf")),
+            p2p=p2p,
+            compute_slowdown=max(1.0, together / alone),
+            date=date,
+            command=command,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": CALIBRATION_FORMAT,
+            "measured": True,
+            "date": self.date,
+            "command": self.command,
+            "ranks": self.ranks,
+            "device": self.device,
+            "backend": self.backend,
+            "copy_gb_per_s": {
+                kind: {"alone": alone / GB, "every_rank": together / GB}
+                for kind, (alone, together) in self.copy_bytes_per_s.items()
+            },
+            "allreduce": {"latency_s": self.allreduce[0], "bus_gb_per_s": self.allreduce[1] / GB},
+            "p2p": None
+            if self.p2p is None
+            else {"latency_s": self.p2p[0], "gb_per_s": self.p2p[1] / GB},
+            "compute_slowdown": self.compute_slowdown,
+        }
+
+    def topology(self, name: str, memory_bytes: int) -> Topology:
+        """The machine as a topology: a node per rank under one host, each link's bandwidth
+        the measured host-to-device copy rate with every rank copying (pinned where there
+        is a GPU), both directions at once scaling it as measured."""
+        kind = "h2d-pinned" if "h2d-pinned" in self.copy_bytes_per_s else "h2d-pageable"
+        one_way = self.copy_bytes_per_s[kind][1]
+        both_kind = kind.replace("h2d", "both")
+        duplex = 1.0
+        if both_kind in self.copy_bytes_per_s:
+            # Both directions together move their sum; per direction, the share of one alone.
+            duplex = min(1.0, self.copy_bytes_per_s[both_kind][1] / 2 / one_way)
+        gpus = [
+            Node(f"gpu{i}", "gpu", memory_bytes=memory_bytes, spec=self.device)
+            for i in range(self.ranks)
+        ]
+        links = tuple(Link(g.id, "cpu0", one_way / GB, duplex_efficiency=duplex) for g in gpus)
+        return Topology(name, (Node("cpu0", "cpu"), *gpus), links, calibration=self.to_json())
+
+
+def host_memory_bytes() -> int:
+    """This machine's physical memory (what CPU ranks share as their "device" memory)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
