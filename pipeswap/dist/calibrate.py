@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 # Sizes (bytes) of the collective measurements, and of the copies.
 COLLECTIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
-QUICK_COLLECTIVE_SIZES = (4 << 10, 1 << 20)
+QUICK_COLLECTIVE_SIZES = (64 << 10, 4 << 20)
 COPY_BYTES = 64 << 20
 QUICK_COPY_BYTES = 4 << 20
 _MATMUL = 256

@@ -15,7 +15,8 @@ CALIBRATION_FORMAT = "pipeswap.calibration/1"
 
 def fit_latency_bandwidth(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """(latency s, bytes/s) of ``seconds = latency + bytes / bandwidth``, least squares over
-    ``(bytes, seconds)`` points; the latency is kept at 0 or more."""
+    ``(bytes, seconds)`` points; the latency is kept at 0 or more, and where the larger
+    sizes were not slower (noise) the fastest rate seen stands alone."""
     if len(points) < 2:
         raise PipeswapError("a latency and a bandwidth need measurements at 2 sizes or more")
     n = len(points)
@@ -27,8 +28,8 @@ def fit_latency_bandwidth(points: Sequence[tuple[float, float]]) -> tuple[float,
     if latency < 0:  # through the origin instead
         latency = 0.0
         slope = sum(x * y for x, y in points) / sum(x * x for x, _ in points)
-    if slope <= 0:
-        raise PipeswapError("the larger transfers were not slower: measure larger sizes")
+    if slope <= 0:  # noise swamped the sizes: the best rate seen, no latency
+        return 0.0, max(x / y for x, y in points)
     return latency, 1.0 / slope
 
 

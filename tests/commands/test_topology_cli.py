@@ -142,3 +142,26 @@ def test_show_refuses_bad_fields_naming_them(
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.dist
+def test_calibrate_writes_a_measured_topology(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "here.json"
+    assert main(["topology", "calibrate", "--quick", "--nproc", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "all-reduce" in printed and "compute" in printed and f"wrote {out}" in printed
+    topology = Topology.load(out)
+    assert topology.gpus == ["gpu0", "gpu1"] and topology.calibration is not None
+    calibration = topology.calibration
+    assert calibration["measured"] is True and calibration["ranks"] == 2
+    assert calibration["command"].startswith("pipeswap ") and len(calibration["date"]) == 10
+    assert calibration["compute_slowdown"] >= 1.0
+    assert main(["topology", "show", str(out)]) == 0
+
+
+def test_calibrate_refuses_no_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.json"
+    assert main(["topology", "calibrate", "--nproc", "0", "--out", str(out)]) == 2
+    assert "--nproc 0" in capsys.readouterr().err and not out.exists()
