@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeswap.errors import PipeswapError
@@ -221,6 +221,15 @@ class Profile:
             (layer.workspace_bytes + layer.output_bytes for layer in self.layers), default=0
         )
         return self.resident_bytes + self.saved_bytes + largest_transient
+
+    def slowed(self, factor: float, why: str) -> Profile:
+        """This profile with every layer's compute ``factor`` times slower (ranks that share
+        a machine's cores, as calibrated), saying ``why`` in its notes."""
+        layers = tuple(
+            replace(layer, forward_s=layer.forward_s * factor, backward_s=layer.backward_s * factor)
+            for layer in self.layers
+        )
+        return replace(self, layers=layers, notes={**self.notes, "compute_slowdown": why})
 
     def layer(self, name: str) -> LayerProfile:
         for layer in self.layers:

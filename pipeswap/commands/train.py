@@ -144,6 +144,13 @@ def _held_out(score: dict[str, float | int]) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in score.items() if k != "batches")
 
 
+def _error(predicted: float, measured: float) -> str:
+    """The prediction's error relative to the measurement, signed (+: predicted slower)."""
+    if measured <= 0:
+        return "no measurement"
+    return f"{(predicted - measured) / measured:+.0%} off"
+
+
 def summary_lines(report: TrainReport) -> list[str]:
     """What `pipeswap train` prints about a finished run, from its report."""
     losses = report.losses
@@ -154,7 +161,7 @@ def summary_lines(report: TrainReport) -> list[str]:
             f"pipeswap train: {report.model} x{report.nproc} ranks, policy {dp.policy}: budget "
             f"{format_bytes(dp.budget_bytes)}/GPU, swapped {swapped} per step; step "
             f"{dp.measured_step_s * 1e3:.1f} ms measured, {dp.predicted_step_s * 1e3:.1f} ms "
-            "predicted",
+            f"predicted ({_error(dp.predicted_step_s, dp.measured_step_s)})",
             f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
             + (f"; held-out {_held_out(dp.eval)}" if dp.eval and "loss" in dp.eval else "")
             + f"; params sha256 {report.params_sha256}",

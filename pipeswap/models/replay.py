@@ -416,8 +416,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def replay_of(model: nn.Module) -> Replay | None:
-    """The Replay of a LayeredModel split_at_blocks made (None for any other module)."""
-    if not isinstance(model, LayeredModel):
-        return None
-    replay = getattr(model.get_submodule(model.layer_names[0]), "replay", None)
-    return replay if isinstance(replay, Replay) else None
+    """The Replay of the layers of a LayeredModel split_at_blocks made, or of a stage of
+    them (its last layer's; a stage's copy has its own), None for any other module."""
+    for layer in reversed(list(model.children())):
+        replay = getattr(layer, "replay", None)
+        if isinstance(replay, Replay):
+            return replay
+    return None

@@ -7,7 +7,7 @@ import math
 
 from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
-from pipeswap.hardware.topology import Topology
+from pipeswap.hardware.topology import GB, Topology
 from pipeswap.sim.collectives import (
     ring_allreduce_chunk_bytes,
     ring_allreduce_sends,
@@ -75,6 +75,18 @@ def simulate(
     return _Simulation(graph, topology, gpu_memory_bytes, record_rates).run()
 
 
+def collective_times(topology: Topology) -> dict[int, tuple[float, float]]:
+    """(latency s, bytes/s) of the all-reduce and p2p a calibrated topology measured."""
+    calibration = topology.calibration or {}
+    found: dict[int, tuple[float, float]] = {}
+    allreduce, p2p = calibration.get("allreduce"), calibration.get("p2p")
+    if allreduce:
+        found[_ALLREDUCE] = (float(allreduce["latency_s"]), float(allreduce["bus_gb_per_s"]) * GB)
+    if p2p:
+        found[_P2P] = (float(p2p["latency_s"]), float(p2p["gb_per_s"]) * GB)
+    return found
+
+
 class _Simulation:
     """The state of one run; tasks, GPUs and streams are integers for speed."""
 
@@ -96,6 +108,10 @@ class _Simulation:
         self.last_compute_end = [0.0] * len(gpu_names)
         self.mem_blocked: list[set[int]] = [set() for _ in gpu_names]
         self.net = FlowNetwork(topology, record_rates=record_rates)
+        # A measured machine's collectives take their measured time (latency + bytes at
+        # the fitted rate) instead of flows on its links: gloo's all-reduce is not the
+        # links' memory copies (pipeswap.hardware.calibration).
+        self.timed_collectives = collective_times(topology)
 
         stream_ids: dict[tuple[str, str], int] = {}
         self.queue_tasks: list[list[int]] = []
@@ -228,6 +244,11 @@ class _Simulation:
             self._push(t + task.duration_s, i)
         elif code == _BARRIER or task.bytes == 0:
             self._push(t, i)
+        elif code in self.timed_collectives and (code != _ALLREDUCE or len(task.gpus) > 1):
+            latency, bytes_per_s = self.timed_collectives[code]
+            n = len(task.gpus)
+            bus = 2 * (n - 1) / n if code == _ALLREDUCE else 1.0
+            self._push(t + latency + task.bytes * bus / bytes_per_s, i)
         elif code == _ALLREDUCE:
             if len(task.gpus) == 1:
                 self._push(t, i)

@@ -131,6 +131,10 @@ def _plan(config: TrainConfig, world_size: int, device: torch.device) -> PlanPay
     """Rank 0's work before training: profile, plan."""
     profile = _profile(config, ModelJob.of(config), device)
     topology = _topology(config, world_size)
+    slowdown = (topology.calibration or {}).get("compute_slowdown")
+    if slowdown and world_size > 1:
+        # Measured by rank 0 alone; in the run every rank computes at once (calibrated).
+        profile = profile.slowed(float(slowdown), f"{slowdown:.2f}x: {world_size} ranks at once")
     result = make_plan(
         profile,
         topology,

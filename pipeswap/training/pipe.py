@@ -281,12 +281,6 @@ class Pipeline:
         assert chosen is not None
         return chosen
 
-    def _loss_fn(self) -> Callable[[Any, torch.Tensor], torch.Tensor] | None:
-        replay = replay_of(self.layered)
-        if self._own_loss and replay is not None:
-            return lambda _logits, _labels: replay.own_loss()
-        return self.loss_fn
-
     def _check_synchronous(self, what: str) -> None:
         require(
             not self.pipeline.asynchronous,
@@ -367,13 +361,16 @@ class Pipeline:
                 wired.pop("transport"),
                 device=self.device,
                 data=(FedBatches(config.micro_batch_size), None) if ends else None,
-                loss_fn=self._loss_fn(),
+                loss_fn=self.loss_fn,
                 optimizer_factory=self.factory,
                 **wired,
             )
-            replay = replay_of(model)
-            if self._own_loss and replay is not None:
+            # The last stage's own copy of the model's head (a stage holding a tied weight
+            # has a copy of its layers) computes the model's own loss from the labels.
+            replay = replay_of(executor.module)
+            if self._own_loss and replay is not None and executor.runner.is_last:
                 executor.runner.labelled = replay.labelled
+                executor.runner.loss_fn = lambda _logits, _labels: replay.own_loss()
             if self._resume is not None:
                 self._resume.restore(executor, self.world)
         return executor

@@ -31,7 +31,7 @@ BATCH, SEQ_LEN, STEPS, LR = 8, 32, 4, 1e-3
 @pytest.fixture(scope="module")
 def user_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     root = tmp_path_factory.mktemp("user")
-    model = save_model(root / "llama", "llama")
+    model = save_model(root / "llama", "llama", tie_word_embeddings=True)  # tied across stages
     tokens = np.random.default_rng(0).integers(0, 256, BATCH * SEQ_LEN * STEPS + 7)
     np.save(root / "tokens.npy", tokens.astype(np.uint16))
     return model, root / "tokens.npy"
