@@ -25,6 +25,15 @@ def test_totals_and_peak() -> None:
     assert p.peak_training_bytes() == 4400 + 160 + (64 + 40)
 
 
+def test_a_slowed_profile_scales_compute_and_nothing_else() -> None:
+    p = _profile()
+    slow = p.slowed(2.5, "2.50x: 2 ranks at once")
+    assert slow.forward_s == pytest.approx(2.5 * p.forward_s)
+    assert slow.backward_s == pytest.approx(2.5 * p.backward_s)
+    assert slow.peak_training_bytes() == p.peak_training_bytes()
+    assert slow.notes["compute_slowdown"] == "2.50x: 2 ranks at once"
+
+
 def test_json_round_trip(tmp_path) -> None:
     p = _profile()
     path = tmp_path / "p.json"

@@ -152,6 +152,25 @@ def test_ring_allreduce_on_the_direct_4_preset() -> None:
     assert result.tasks["ar"].end_s == pytest.approx(2 * 3 / 4 * 8 * GB / bandwidth, rel=REL)
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_calibrated_machine_times_collectives_as_measured(n: int) -> None:
+    """A calibrated topology's all-reduce takes latency + S x 2(n-1)/n at the measured bus
+    rate, and a p2p latency + S at its rate, whatever its links carry."""
+    calibration = {
+        "allreduce": {"latency_s": 3e-4, "bus_gb_per_s": 2.0},
+        "p2p": {"latency_s": 1e-4, "gb_per_s": 4.0},
+    }
+    star = _star(n)
+    topology = Topology(star.name, star.nodes, star.links, calibration=calibration)
+    b = GraphBuilder()
+    b.allreduce([f"gpu{i}" for i in range(n)], GB, id="ar")
+    b.p2p("gpu0", "gpu1", GB, id="send", deps=["ar"])
+    result = simulate(b.build(), topology)
+    allreduce = 3e-4 + 2 * (n - 1) / n * GB / (2 * GB)
+    assert result.tasks["ar"].end_s == pytest.approx(allreduce, rel=REL)
+    assert result.tasks["send"].end_s == pytest.approx(allreduce + 1e-4 + 0.25, rel=REL)
+
+
 def test_allreduce_over_one_gpu_and_zero_bytes_take_no_time() -> None:
     b = GraphBuilder()
     b.allreduce(["gpu0"], GB, id="alone")
