@@ -1,0 +1,161 @@
+"""How far the simulator's step time is from the measured one, on this machine.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/predictions.py                   # writes the table
+    .venv/bin/python benchmarks/predictions.py --quick --out /tmp/p.md
+
+First ``pipeswap topology calibrate --nproc 2`` measures this machine (copies,
+collectives, compute contention) into a topology file. Then a grid of data-parallel runs
+(gpt2-tiny, resnet-micro and a Hugging Face Llama directory; 1 and 2 ranks; swap
+policies none, disjoint, bidirectional, hybrid) trains with ``pipeswap.train``, twice:
+planned for the preset switch-4 (what a run on this CPU machine used by default) and for
+the calibrated file. Each run reports the simulator's step time for its plan and the
+measured median step (slowest rank); the table gives both predictions' relative errors,
+and their median and worst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import RESULTS_DIR, header
+
+RESULTS = RESULTS_DIR / "predictions.md"
+POLICIES = ("none", "disjoint", "bidirectional", "hybrid")
+QUICK_POLICIES = ("none", "hybrid")
+
+
+def _hf_directory(root: Path) -> str:
+    """A tiny Llama (vocabulary 512) saved as a Hugging Face directory, weights seeded."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    directory = root / "llama-dir"
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return str(directory)
+
+
+def calibrate(out: Path, quick: bool) -> None:
+    command = [sys.executable, "-m", "pipeswap", "topology", "calibrate", "--nproc", "2"]
+    command += ["--out", str(out)] + (["--quick"] if quick else [])
+    subprocess.run(command, check=True)
+
+
+def run(model: str, nproc: int, policy: str, topology: str, steps: int) -> dict[str, float]:
+    from pipeswap import SwapConfig, TrainConfig, train
+
+    config = TrainConfig(
+        model,
+        nproc=nproc,
+        steps=steps,
+        device="cpu",
+        progress=False,
+        swap=SwapConfig(policy=policy, footprint_ratio=1.5, topology=topology),
+    )
+    outcome = train(config)
+    assert outcome is not None
+    details = outcome.report.data_parallel
+    assert details is not None
+    return {"measured": details.measured_step_s, "predicted": details.predicted_step_s}
+
+
+def _error(row: dict[str, Any], key: str) -> float:
+    return (row[key] - row["measured"]) / row["measured"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one model, two policies (tests)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 12)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the table")
+    args = parser.parse_args(argv)
+    steps = args.steps or (4 if args.quick else 12)
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as folder:
+        machine = Path(folder) / "machine.json"
+        calibrate(machine, args.quick)
+        models = ["gpt2-micro"] if args.quick else ["gpt2-tiny", "resnet-micro", _hf_directory(Path(folder))]
+        policies = QUICK_POLICIES if args.quick else POLICIES
+        for model in models:
+            for nproc in (1, 2):
+                for policy in policies:
+                    preset = run(model, nproc, policy, "switch-4", steps)
+                    mine = run(model, nproc, policy, str(machine), steps)
+                    name = "llama directory" if model.endswith("llama-dir") else model
+                    row = {
+                        "model": name,
+                        "ranks": nproc,
+                        "policy": policy,
+                        # Each prediction against its own run's measurement.
+                        "measured": mine["measured"],
+                        "calibrated": mine["predicted"],
+                        "preset_measured": preset["measured"],
+                        "preset": preset["predicted"],
+                    }
+                    rows.append(row)
+                    print(row, flush=True)
+        calibration = machine.read_text()
+    elapsed = time.perf_counter() - started
+    lines = [
+        "| model | ranks | policy | measured ms | predicted ms (calibrated) | error | "
+        "predicted ms (switch-4 preset) | error |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        preset_error = (row["preset"] - row["preset_measured"]) / row["preset_measured"]
+        lines.append(
+            f"| {row['model']} | {row['ranks']} | {row['policy']} | {row['measured'] * 1e3:.1f} | "
+            f"{row['calibrated'] * 1e3:.1f} | {_error(row, 'calibrated'):+.0%} | "
+            f"{row['preset'] * 1e3:.1f} | {preset_error:+.0%} |"
+        )
+    calibrated = [abs(_error(r, "calibrated")) for r in rows]
+    presets = [abs((r["preset"] - r["preset_measured"]) / r["preset_measured"]) for r in rows]
+    summary = (
+        f"Absolute relative error over {len(rows)} runs: calibrated median "
+        f"{statistics.median(calibrated):.0%}, worst {max(calibrated):.0%}; switch-4 preset "
+        f"median {statistics.median(presets):.0%}, worst {max(presets):.0%} (done-when: median "
+        "15%, worst 30%)."
+    )
+    print("\n".join(lines) + "\n\n" + summary)
+    body = (
+        header("Predicted against measured step times", "predictions.py", argv)
+        + f"{len(rows)} data-parallel runs of {steps} steps each, the whole run took "
+        f"{elapsed:.0f} s. Measured: the median step after the first of the slowest rank. "
+        "Predicted: the simulator's step for the run's plan, on the switch-4 preset and on "
+        "this machine's calibration (compute slowed by the calibrated contention when 2 "
+        "ranks share the cores, all-reduce and send/receive at their measured latency and "
+        "rate, copies at the measured rate). Pipelines print no prediction yet.\n\n"
+        + summary
+        + "\n\n"
+        + "\n".join(lines)
+        + "\n\nThe calibration this run measured:\n\n```json\n"
+        + calibration
+        + "```\n"
+    )
+    from pipeswap.jsonio import write_atomic
+
+    write_atomic(args.out, body)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
