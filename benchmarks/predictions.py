@@ -92,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         machine = Path(folder) / "machine.json"
         calibrate(machine, args.quick)
-        models = ["gpt2-micro"] if args.quick else ["gpt2-tiny", "resnet-micro", _hf_directory(Path(folder))]
+        models = (
+            ["gpt2-micro"]
+            if args.quick
+            else ["gpt2-tiny", "resnet-micro", _hf_directory(Path(folder))]
+        )
         policies = QUICK_POLICIES if args.quick else POLICIES
         for model in models:
             for nproc in (1, 2):

@@ -277,3 +277,21 @@ def test_family_coverage_quick(tmp_path: Path) -> None:
     ]
     rows = _rows(text, "task | model type")
     assert all(r[2] == "covered" for r in rows), rows
+
+
+@pytest.mark.slow
+def test_predictions_table(tmp_path: Path) -> None:
+    text = _run("predictions.py", tmp_path / "p.md", timeout=600)
+    rows = _rows(text, "model")
+    assert {(r[1], r[2]) for r in rows} == {
+        ("1", "none"),
+        ("1", "hybrid"),
+        ("2", "none"),
+        ("2", "hybrid"),
+    }
+    for row in rows:
+        measured, predicted = _number(row[3]), _number(row[4])
+        assert measured > 0 and predicted > 0
+        stated = float(row[5].rstrip("%")) / 100
+        assert stated == pytest.approx((predicted - measured) / measured, abs=0.02)
+    assert '"measured": true' in text and "median" in text
