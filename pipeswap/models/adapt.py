@@ -98,9 +98,31 @@ def _is_hf(model: nn.Module) -> bool:
     return any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__)
 
 
+# transformers' auto mappings whose classes pipeswap trains: the task, masked or not, and
+# whether the model reads token ids (else images).
+_HF_MAPPINGS = (
+    ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "lm", False, True),
+    ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "lm", True, True),
+    ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "classify", False, True),
+    ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "classify", False, False),
+)
+
+
+def _hf_head(cls_name: str) -> tuple[str | None, bool, bool]:
+    """(task, masked, reads tokens) of a Hugging Face class: where transformers' auto
+    mappings list it (BertGenerationDecoder is a causal LM), else by its name's end."""
+    auto: Any = importlib.import_module("transformers.models.auto.modeling_auto")
+    for mapping, task, masked, tokens in _HF_MAPPINGS:
+        for value in getattr(auto, mapping, {}).values():
+            if cls_name in ((value,) if isinstance(value, str) else tuple(value)):
+                return task, masked, tokens
+    named = next((t for suffix, t in _HF_HEADS if cls_name.endswith(suffix)), None)
+    return named, cls_name.endswith("ForMaskedLM"), not cls_name.endswith("ForImageClassification")
+
+
 def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
     cls_name = type(model).__name__
-    task = next((t for suffix, t in _HF_HEADS if cls_name.endswith(suffix)), None)
+    task, masked, tokens = _hf_head(cls_name)
     if task is None:
         heads = ", ".join(f"*{suffix}" for suffix, _ in _HF_HEADS)
         raise PipeswapError(f"{name}: {cls_name} has no head pipeswap trains; use a {heads} class")
@@ -111,8 +133,11 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
             "your own loop, but pipelines and pipeswap train cut one stack of blocks "
             "(decoder-only and encoder-only models)"
         )
-    tokens = task == "lm" or cls_name.endswith("ForSequenceClassification")
-    info: dict[str, Any] = {"task": task, "masked": cls_name.endswith("ForMaskedLM")}
+    image = (
+        task == "classify" and hasattr(config, "num_channels") and not hasattr(config, "vocab_size")
+    )
+    tokens = task == "lm" or not image
+    info: dict[str, Any] = {"task": task, "masked": masked}
     info["takes_tokens"] = tokens
     if tokens:
         # Any vocabulary trains on the user's tokens; the built-in byte-level data checks
