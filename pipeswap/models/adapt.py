@@ -13,7 +13,8 @@ from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
-from pipeswap.models.replay import inspecting, split_at_blocks
+from pipeswap.models.replay import split_at_blocks
+from pipeswap.models.state import inspecting
 
 # The head classes pipeswap can train, by the end of their class name, and the task.
 _HF_HEADS = (

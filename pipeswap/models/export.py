@@ -13,7 +13,7 @@ from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.load import library_bars
-from pipeswap.models.replay import replay_of
+from pipeswap.models.replay import Replay
 
 # Written beside the weights: marks a directory as a pipeswap save, which a later save may replace.
 MARKER = "pipeswap-save.json"
@@ -29,6 +29,16 @@ _TOKENIZER_FILES = (
     "added_tokens.json",
     "generation_config.json",
 )
+
+
+def replay_of(model: nn.Module) -> Replay | None:
+    """The Replay of the layers of a LayeredModel split_at_blocks made, or of a stage of
+    them (its last layer's; a stage's copy has its own), None for any other module."""
+    for layer in reversed(list(model.children())):
+        replay = getattr(layer, "replay", None)
+        if isinstance(replay, Replay):
+            return replay
+    return None
 
 
 def source_module(model: nn.Module) -> nn.Module:

@@ -33,8 +33,14 @@ from torch.utils import _pytree as pytree
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.blocks import check_block_paths, find_blocks, modules_around, removed_after
-from pipeswap.models.replay_check import check_reproduces, expected_calls
-from pipeswap.models.state import untouched
+from pipeswap.models.replay_check import (
+    check_reproduces,
+    context_of,
+    expected_calls,
+    hidden_of,
+    same_tensor,
+)
+from pipeswap.models.state import inspecting
 
 # Non-tensor values a block may receive; anything else (a cache object) would be shared
 # between calls, so it is refused.
@@ -126,7 +132,7 @@ class Replay:
         for index, block in enumerate(self.blocks):
 
             def stub(*args: Any, _index: int = index, **kwargs: Any) -> Any:
-                return returns(_index, _hidden_of(args, kwargs))
+                return returns(_index, hidden_of(args, kwargs))
 
             block.forward = stub
         try:
@@ -167,28 +173,7 @@ class Replay:
                 f"the model's forward called {len(received)} of its {len(self.blocks)} blocks "
                 f"({', '.join(self.paths[:3])}...); name blocks its forward calls every time"
             )
-        return _hidden_of(*received[0]), received
-
-
-def _context_of(hidden: Any, received: list[tuple[Any, ...]]) -> dict[int, torch.Tensor]:
-    """The tensors the blocks receive besides the hidden state, by id, in first-use order."""
-    context: dict[int, torch.Tensor] = {}
-    for args, kwargs in received:
-        for leaf in pytree.tree_leaves((args, kwargs)):
-            if isinstance(leaf, torch.Tensor) and leaf is not hidden:
-                context.setdefault(id(leaf), leaf)
-    return context
-
-
-def _hidden_of(args: Any, kwargs: Any) -> Any:
-    if args:
-        return args[0]
-    if "hidden_states" in kwargs:
-        return kwargs["hidden_states"]
-    raise PipeswapError(
-        "a block was called without a positional input or hidden_states=...; pipeswap "
-        "passes the first positional argument from block to block"
-    )
+        return hidden_of(*received[0]), received
 
 
 class _AroundBlocks(nn.Module):
@@ -215,7 +200,7 @@ class _Embed(_AroundBlocks):
     def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         replay: Replay = self.replay  # type: ignore[assignment]
         hidden, received = replay.capture(inputs)
-        context = list(_context_of(hidden, received).values())
+        context = list(context_of(hidden, received).values())
         if len(context) != replay.num_context:
             raise PipeswapError(
                 f"the model passed its blocks {len(context)} tensors besides the hidden state, "
@@ -336,14 +321,6 @@ def split_at_blocks(
     return layered
 
 
-@contextmanager
-def inspecting(model: nn.Module) -> Iterator[None]:
-    """Eval mode, no gradients: inspecting the model leaves it and the RNG as they were."""
-    with untouched(model, check=False), torch.no_grad():
-        model.eval()
-        yield
-
-
 def _learn_calls(
     replay: Replay, example: torch.Tensor, expected: list[tuple[Any, Any, Any]]
 ) -> None:
@@ -365,15 +342,23 @@ def _learn_calls(
     for index in range(1, len(expected)):
         previous_out = expected[index - 1][2]
         previous = previous_out if isinstance(previous_out, torch.Tensor) else previous_out[0]
-        if _hidden_of(expected[index][0], expected[index][1]) is not previous:
+        if hidden_of(expected[index][0], expected[index][1]) is not previous:
             raise PipeswapError(
                 f"the model's forward transforms the output of block "
                 f"{replay.paths[index - 1]!r} before block {replay.paths[index]!r} gets it; "
                 "pipeswap cuts only where blocks feed each other directly: name blocks that "
                 "include that code"
             )
-    hidden, received = replay.capture(example)
-    context_index = {key: i for i, key in enumerate(_context_of(hidden, received))}
+    try:
+        hidden, received = replay.capture(example)
+    except PipeswapError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's own code, whatever it raises
+        raise PipeswapError(
+            f"the model's forward fails with its blocks stubbed ({type(exc).__name__}: {exc}); "
+            "it reads more of a block's output than the hidden state: name other blocks"
+        ) from exc
+    context_index = {key: i for i, key in enumerate(context_of(hidden, received))}
     for index, ((args, kwargs), (want_args, want_kwargs, _out)) in enumerate(
         zip(received, expected)
     ):
@@ -391,7 +376,7 @@ def _learn_calls(
                 if leaf is hidden:
                     slots.append(_Slot("hidden"))
                     continue
-                if not isinstance(want, torch.Tensor) or not _same(leaf, want):
+                if not isinstance(want, torch.Tensor) or not same_tensor(leaf, want):
                     raise PipeswapError(
                         f"{where} receives a tensor that depends on earlier blocks' outputs "
                         f"(argument leaf {position}); pipeswap cannot cut there"
@@ -407,19 +392,3 @@ def _learn_calls(
         learned = replay.calls[index]
         replay.calls[index] = _BlockCall(spec, slots, learned.output_arity, learned.output_list)
     replay.num_context = len(context_index)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.device.type == "meta" or b.device.type == "meta":
-        return a.shape == b.shape and a.dtype == b.dtype
-    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
-
-
-def replay_of(model: nn.Module) -> Replay | None:
-    """The Replay of the layers of a LayeredModel split_at_blocks made, or of a stage of
-    them (its last layer's; a stage's copy has its own), None for any other module."""
-    for layer in reversed(list(model.children())):
-        replay = getattr(layer, "replay", None)
-        if isinstance(replay, Replay):
-            return replay
-    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.models.base import LayeredModel
@@ -55,3 +56,30 @@ def check_reproduces(replay: Replay, layered: LayeredModel, example: torch.Tenso
             "other outputs than the model: its forward reads more of a block's output than "
             "the hidden state; name other blocks"
         )
+
+
+def context_of(hidden: Any, received: list[tuple[Any, ...]]) -> dict[int, torch.Tensor]:
+    """The tensors the blocks receive besides the hidden state, by id, in first-use order."""
+    context: dict[int, torch.Tensor] = {}
+    for args, kwargs in received:
+        for leaf in pytree.tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor) and leaf is not hidden:
+                context.setdefault(id(leaf), leaf)
+    return context
+
+
+def hidden_of(args: Any, kwargs: Any) -> Any:
+    if args:
+        return args[0]
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    raise PipeswapError(
+        "a block was called without a positional input or hidden_states=...; pipeswap "
+        "passes the first positional argument from block to block"
+    )
+
+
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device.type == "meta" or b.device.type == "meta":
+        return a.shape == b.shape and a.dtype == b.dtype
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))

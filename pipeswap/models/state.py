@@ -114,3 +114,11 @@ def untouched(
             snapshot.restore(check=False)  # the body's own error is the one to report
             raise
         snapshot.restore(check)
+
+
+@contextmanager
+def inspecting(model: nn.Module) -> Iterator[None]:
+    """Eval mode, no gradients: inspecting the model leaves it and the RNG as they were."""
+    with untouched(model, check=False), torch.no_grad():
+        model.eval()
+        yield

@@ -22,8 +22,7 @@ from pipeswap.dist.group import (
 from pipeswap.errors import PipeswapError
 from pipeswap.models.adapt import adapt
 from pipeswap.models.base import evaluating
-from pipeswap.models.export import source_module
-from pipeswap.models.replay import replay_of
+from pipeswap.models.export import replay_of, source_module
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.config import PipelineConfig

@@ -148,7 +148,7 @@ def _train_in_two_runs(rank: int, world: int, config: TrainConfig, folder: str) 
 
 @pytest.mark.dist
 def test_a_saved_pipeline_continues_as_if_left_alone(tmp_path: Any) -> None:
-    """pipe.save / pipe.load (pipeswap.pipeline.stage_restore): tied weights across the
+    """pipe.save / pipe.load (pipeswap.training.pipe_checkpoint, pipeswap.pipeline.stage_restore): tied weights across the
     stages, SGD momentum and the step count carry over, bit for bit."""
     config = replace_fields(BASE, optimizer="adamw", lr=0.003)
     launched = spawn(_train_in_two_runs, 2, config, str(tmp_path), timeout_s=120)
