@@ -185,6 +185,12 @@ def summary_lines(report: TrainReport) -> list[str]:
         f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; held-out {_held_out(pipe.eval)}; "
         f"{pipe.samples_per_s:.1f} samples/s; stage busy {busy}",
     ]
+    if pipe.predicted_step_s is not None and pipe.measured_step_s is not None:
+        lines.append(
+            f"step {pipe.measured_step_s * 1e3:.1f} ms measured, "
+            f"{pipe.predicted_step_s * 1e3:.1f} ms predicted "
+            f"({_error(pipe.predicted_step_s, pipe.measured_step_s)})"
+        )
     if pipe.prediction_error is not None:
         parts = [
             f"{e['stage']}: F {_fmt(e['forward'])} B {_fmt(e['backward'])}"

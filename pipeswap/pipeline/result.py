@@ -37,6 +37,13 @@ class PipelineResult:
     prediction_error: tuple[dict[str, float | None], ...] | None
     timeline: tuple[TimedAction, ...] = ()
     evals: tuple[dict[str, float | int], ...] = ()  # every eval_every steps: {"step", **eval}
+    # The simulator's step for this run (pipeswap.training.pipelined), processes only.
+    predicted_step_s: float | None = None
+
+    @property
+    def measured_step_s(self) -> float:
+        """The run's wall time per step (its fill and drain included, as predicted)."""
+        return self.wall_s / self.config.steps
 
     @property
     def stage_busy(self) -> tuple[float, ...]:
@@ -53,6 +60,8 @@ class PipelineResult:
             "evals": list(self.evals),
             "samples_per_s": self.samples_per_s,
             "wall_s": self.wall_s,
+            "measured_step_s": self.measured_step_s,
+            "predicted_step_s": self.predicted_step_s,
             "stage_busy": list(self.stage_busy),
             "stage_busy_s": list(self.stage_busy_s),
             "params_sha256": self.params_sha256,

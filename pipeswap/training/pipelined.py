@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from dataclasses import replace
+
 import torch
 
 from pipeswap.checkpoint import CheckpointPlan
 from pipeswap.config import require
 from pipeswap.dist.env import local_rank_of, torchrun_env
-from pipeswap.dist.group import rank_device
+from pipeswap.dist.group import rank_device, single_threaded
 from pipeswap.dist.launch import run_ranks
-from pipeswap.pipeline.emulator import Emulator
+from pipeswap.pipeline.emulator import Emulator, pipeline_schedule
+from pipeswap.pipeline.job import build_full_model
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult
 from pipeswap.pipeline.runtime import run_stage_rank
+from pipeswap.pipeline.taskgraph import pipeline_graph
+from pipeswap.profiling.measure import measure
+from pipeswap.sim.engine import simulate
 from pipeswap.train_config import TrainConfig
+from pipeswap.training.data_parallel import default_topology
 from pipeswap.training.report import PipelineDetails, TrainReport, details_from_json
 from pipeswap.training.resume import agree_on_run, checkpointing
 
@@ -46,7 +54,7 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
         f"{pipeline.num_stages}: use torchrun's --nproc-per-node {pipeline.num_stages}",
     )
     nproc = None if env is not None and config.nproc is None else pipeline.num_stages
-    return run_ranks(
+    result: PipelineResult | None = run_ranks(
         _stage_rank,
         nproc,
         config,
@@ -56,6 +64,33 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
         timeout_s=config.timeout_s,
         stop_grace_s=5.0 if checkpoint is None else config.timeout_s + 30.0,
     )
+    if result is None:
+        return None
+    return replace(result, predicted_step_s=predicted_step_s(config))
+
+
+def predicted_step_s(config: TrainConfig) -> float:
+    """The simulator's step time of a resolved pipeline run: its schedule as a task graph
+    (pipeswap.pipeline.taskgraph) over a profile of the model measured here, alone, on
+    the run's device, simulated on the device's default topology (the run's whole
+    makespan over its steps: fill and drain included, as a measured run's wall time)."""
+    pipeline = config.require_pipeline()
+    assert config.device is not None and config.batch is not None
+    with single_threaded() if config.device == "cpu" else nullcontext():
+        profile = measure(
+            build_full_model(config, config.device),
+            config.batch,
+            seq_len=config.seq_len,
+            image_size=config.image_size,
+            device=config.device,
+            optimizer=config.optim.optimizer,
+        )
+    topology = default_topology(config.device, pipeline.num_stages)
+    schedule = pipeline_schedule(config)
+    graph = pipeline_graph(
+        schedule, profile, topology, pipeline.stage_balance, weights=pipeline.weights
+    )
+    return simulate(graph, topology, gpu_memory_bytes=0).makespan_s / config.steps
 
 
 def _stage_rank(

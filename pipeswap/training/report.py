@@ -72,6 +72,8 @@ class PipelineDetails:
     stage_sha256: list[str]
     version_distances: list[dict[str, int]]
     prediction_error: list[dict[str, Any]] | None = None
+    measured_step_s: float | None = None
+    predicted_step_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

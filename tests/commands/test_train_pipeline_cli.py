@@ -73,6 +73,9 @@ def test_nproc_and_emulate_give_the_same_sha256(tmp_path: Path) -> None:
     assert runtime["losses"] == emulated["losses"]
     assert runtime["config"]["balance"] == [1, 3]
     assert "prediction_error" not in runtime
+    # The processes' run states the simulator's step beside its own (the emulator none).
+    assert runtime["predicted_step_s"] > 0 and emulated.get("predicted_step_s") is None
+    assert runtime["measured_step_s"] == pytest.approx(runtime["wall_s"] / 3)
 
 
 @pytest.mark.parametrize(
