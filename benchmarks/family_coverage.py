@@ -208,6 +208,13 @@ def loop(
 def _pipeline_rank(rank: int, world: int, task: str, model_type: str, auto_name: str) -> Any:
     """One rank of a 2-stage gpipe pipeswap.Pipeline over the family's tiny model, trained
     as the plain loop is (3 steps, AdamW, the same batch); the losses on the last stage."""
+    try:
+        return _pipeline_losses(task, model_type, auto_name)
+    except Exception as exc:  # the family's reason, for the table (the peer then fails too)
+        return _reason(exc)
+
+
+def _pipeline_losses(task: str, model_type: str, auto_name: str) -> list[float | None]:
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -236,6 +243,9 @@ def check_pipeline(
 ) -> tuple[str, str]:
     """(verdict, detail) of a 2-stage pipeline of the family against its plain loop."""
     launched = spawn(_pipeline_rank, 2, task, model_type, auto_name, timeout_s=60)
+    failed = next((r for r in launched.results if isinstance(r, str)), None)
+    if failed is not None:  # the rank that raised says why (its peer then fails too)
+        return "fails", failed
     if not launched.ok:
         message = next((m for m in launched.messages if m), "a rank failed")
         return "fails", message.splitlines()[0][:160].replace("|", "/")
