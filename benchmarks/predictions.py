@@ -67,7 +67,10 @@ def run(model: str, nproc: int, policy: str, topology: str, steps: int) -> dict[
         steps=steps,
         device="cpu",
         progress=False,
-        swap=SwapConfig(policy=policy, footprint_ratio=1.5, topology=topology),
+        # A budget the policies must keep by swapping (none keeps everything).
+        swap=SwapConfig(
+            policy=policy, footprint_ratio=None if policy == "none" else 1.5, topology=topology
+        ),
     )
     outcome = train(config)
     assert outcome is not None
