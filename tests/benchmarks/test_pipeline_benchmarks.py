@@ -265,6 +265,7 @@ def test_your_data_matrix_quick(tmp_path: Path) -> None:
     assert len(rows) == 4 and all(float(r[6]) <= 1e-5 for r in rows)
 
 
+@pytest.mark.slow
 def test_family_coverage_quick(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     text = _run("family_coverage.py", tmp_path / "families.md", timeout=240)
@@ -277,6 +278,7 @@ def test_family_coverage_quick(tmp_path: Path) -> None:
     ]
     rows = _rows(text, "task | model type")
     assert all(r[2] == "covered" for r in rows), rows
+    assert all(r[4] == "covered" for r in rows), rows  # the 2-stage pipeline column
 
 
 @pytest.mark.slow
