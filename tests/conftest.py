@@ -9,6 +9,22 @@ from typing import Any
 import pytest
 import torch
 
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_calibration_of_this_machine(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A calibration the developer made (pipeswap topology calibrate) must not change what
+    tests plan and predict: they see an empty PIPESWAP_HOME (ranks they start too)."""
+    import os
+
+    previous = os.environ.get("PIPESWAP_HOME")
+    os.environ["PIPESWAP_HOME"] = str(tmp_path_factory.mktemp("pipeswap-home"))
+    yield
+    if previous is None:
+        os.environ.pop("PIPESWAP_HOME", None)
+    else:
+        os.environ["PIPESWAP_HOME"] = previous
+
+
 # The task-graph example of design.md, exactly as written there.
 _CONTRACT_GRAPH = {
     "format": "pipeswap.graph/1",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from pipeswap.hardware.detect import detect_topology
 from pipeswap.hardware.presets import (
@@ -60,7 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="default: cuda when PyTorch sees a GPU, else cpu",
     )
     calibrate.add_argument(
-        "--out", required=True, metavar="FILE", help="the topology JSON to write"
+        "--out",
+        metavar="FILE",
+        default=None,
+        help="the topology JSON to write (default: $PIPESWAP_HOME, else ~/.cache/pipeswap, "
+        "/calibrated-DEVICE-N.json, which runs of N ranks on DEVICE then plan and predict "
+        "with unless --topology names another)",
     )
     calibrate.add_argument("--quick", action="store_true", help="small sizes, few repeats (tests)")
     calibrate.add_argument("--json", action="store_true", help="print the calibration as JSON")
@@ -106,7 +112,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from pipeswap.dist.calibrate import measure_rank
     from pipeswap.dist.group import backend_for
     from pipeswap.dist.launch import spawn
-    from pipeswap.hardware.calibration import Calibration, host_memory_bytes
+    from pipeswap.hardware.calibration import Calibration, calibrated_path, host_memory_bytes
 
     require(args.nproc >= 1, f"--nproc {args.nproc}: measure with 1 rank or more")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -128,7 +134,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         else host_memory_bytes() // args.nproc
     )
     topology = calibration.topology(f"calibrated-{device}-{args.nproc}", memory)
-    topology.save(args.out)
+    out = args.out or calibrated_path(device, args.nproc)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    topology.save(out)
     if args.json:
         print(json.dumps(calibration.to_json(), indent=1))
         return 0
@@ -148,7 +156,7 @@ def _calibrate(args: argparse.Namespace) -> int:
             f"  send/receive  {p2p['latency_s'] * 1e6:7.1f} us + bytes at {p2p['gb_per_s']:.2f} GB/s"
         )
     print(f"  compute       {calibration.compute_slowdown:.2f}x slower with every rank computing")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return 0
 
 

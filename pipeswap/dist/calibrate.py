@@ -10,9 +10,10 @@ numbers mean on each device:
   "directions" at once being two copies in two threads;
 - collectives: ``all_reduce`` of float32 tensors and a send/receive between neighbouring
   ranks, by size, for the backend in use (gloo, NCCL);
-- compute: a fixed loop of matrix products, alone and with every rank computing, whose
-  ratio is how much ranks sharing a machine slow each other (cores on a CPU; on a GPU
-  each rank has its own, so close to 1).
+- compute: a fixed loop of matrix products by rank 0 alone with every thread it has (as a
+  profile is measured) and by every rank at once with its share of the cores (as a run
+  computes), whose ratio is how much slower a rank of a run computes than its profile says
+  (ranks sharing a CPU's cores; on a GPU each rank has its own, so close to 1).
 
 ``nvbandwidth`` measures the copies more thoroughly (every engine and pattern) and
 ``nccl-tests`` the collectives (bus bandwidth by size); these are what a training run of
@@ -21,6 +22,7 @@ PyTorch itself sees.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +46,15 @@ def measure_rank(rank: int, world: int, quick: bool = False) -> dict[str, Any]:
     copy_bytes = QUICK_COPY_BYTES if quick else COPY_BYTES
     sizes = QUICK_COLLECTIVE_SIZES if quick else COLLECTIVE_SIZES
     out: dict[str, Any] = {"rank": rank, "device": str(device), "backend": dist.get_backend()}
+    # Compute alone as a profile is measured (one process, every thread it has), then as
+    # a run computes: every rank at once, each with its share of the cores on a CPU
+    # (pipeswap.training.dp_rank), which every later measurement keeps.
+    dist.barrier()
+    alone = _compute_s(device, repeats) if rank == 0 else None
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.barrier()
+    out["compute"] = {"alone": alone, "together": _compute_s(device, repeats)}
     out["copy"] = {}
     for kind in _copy_kinds(device):
 
@@ -51,7 +62,6 @@ def measure_rank(rank: int, world: int, quick: bool = False) -> dict[str, Any]:
             return _copy_rate(kind, device, copy_bytes, repeats)
 
         out["copy"][kind] = _alone_and_together(rank, copy_rate)
-    out["compute"] = _alone_and_together(rank, lambda: _compute_s(device, repeats))
     out["allreduce"] = [[size, _allreduce_s(size, device, repeats)] for size in sizes]
     out["p2p"] = [[size, _p2p_s(rank, world, size, device, repeats)] for size in sizes]
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pipeswap.errors import PipeswapError
@@ -138,3 +139,19 @@ class Calibration:
 def host_memory_bytes() -> int:
     """This machine's physical memory (what CPU ranks share as their "device" memory)."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def calibrated_path(device: str, nproc: int) -> Path:
+    """Where ``pipeswap topology calibrate`` keeps this machine's calibration for ``nproc``
+    ranks on ``device`` when no --out is given: ``$PIPESWAP_HOME`` (default
+    ``~/.cache/pipeswap``)/calibrated-DEVICE-N.json."""
+    home = os.environ.get("PIPESWAP_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache", "pipeswap"
+    )
+    return Path(home) / f"calibrated-{device}-{nproc}.json"
+
+
+def found_calibration(device: str, nproc: int) -> Topology | None:
+    """This machine's calibrated topology for ``nproc`` ranks on ``device``, if one was made."""
+    path = calibrated_path(device, nproc)
+    return Topology.load(path) if path.is_file() else None

@@ -2,10 +2,11 @@
 
 Rank 0 profiles the model on its own device (or reads ``profile_path``), plans with the
 simulator on the topology and sends the plan to every rank; all ranks train under
-DDP (pipeswap.dist.ddp) and rank 0 builds the report. The default topology is the one
-detected on a CUDA machine; on the CPU it is the preset ``switch-4`` (four GPUs behind one
-PCIe switch) with the plan using its first ``nproc`` GPUs (``single-root-8`` for 5 to 8
-ranks).
+DDP (pipeswap.dist.ddp) and rank 0 builds the report. The default topology is this
+machine's calibration for the run's ranks and device when ``pipeswap topology calibrate``
+made one, else the one detected on a CUDA machine; on the CPU the preset ``switch-4`` (four
+GPUs behind one PCIe switch) with the plan using its first ``nproc`` GPUs
+(``single-root-8`` for 5 to 8 ranks).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pipeswap.dist.env import local_rank_of
 from pipeswap.dist.group import all_gather, broadcast_from_rank0, rank_device
 from pipeswap.dist.launch import run_ranks
 from pipeswap.errors import PipeswapError
+from pipeswap.hardware.calibration import found_calibration
 from pipeswap.hardware.detect import detect_topology
 from pipeswap.hardware.presets import preset, resolve_topology
 from pipeswap.hardware.topology import Topology
@@ -53,7 +55,12 @@ class PlanPayload:
 
 
 def default_topology(device: str, nproc: int) -> Topology:
-    """The topology to plan for when none is named (see the module docstring)."""
+    """The topology to plan for when none is named (see the module docstring): this
+    machine's calibration for ``nproc`` ranks on ``device`` when one was made
+    (pipeswap topology calibrate), else the detected GPUs, else a preset."""
+    calibrated = found_calibration(device, nproc)
+    if calibrated is not None:
+        return calibrated
     if device == "cuda":
         found = detect_topology()
         if found is not None:

@@ -165,3 +165,20 @@ def test_calibrate_refuses_no_ranks(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = tmp_path / "t.json"
     assert main(["topology", "calibrate", "--nproc", "0", "--out", str(out)]) == 2
     assert "--nproc 0" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.dist
+def test_a_calibration_kept_for_this_machine_is_what_runs_plan_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeswap.hardware.calibration import calibrated_path
+    from pipeswap.training.data_parallel import default_topology
+
+    monkeypatch.setenv("PIPESWAP_HOME", str(tmp_path))
+    assert default_topology("cpu", 2).name == "switch-4"  # none made yet: the preset
+    assert main(["topology", "calibrate", "--quick", "--nproc", "2", "--device", "cpu"]) == 0
+    kept = calibrated_path("cpu", 2)
+    assert kept == tmp_path / "calibrated-cpu-2.json" and f"wrote {kept}" in capsys.readouterr().out
+    found = default_topology("cpu", 2)
+    assert found.name == "calibrated-cpu-2" and found.calibration is not None
+    assert default_topology("cpu", 3).name == "switch-4"  # calibrated for 2 ranks only
