@@ -147,9 +147,11 @@ def _calibrate(args: argparse.Namespace) -> int:
             f"  copy {kind:<13} {rates['alone']:7.2f} GB/s alone, {rates['every_rank']:7.2f} GB/s each with every rank"
         )
     allreduce = shown["allreduce"]
-    print(
-        f"  all-reduce    {allreduce['latency_s'] * 1e6:7.1f} us + bytes at {allreduce['bus_gb_per_s']:.2f} GB/s (bus)"
-    )
+    if allreduce is not None:
+        print(
+            f"  all-reduce    {allreduce['latency_s'] * 1e6:7.1f} us + bytes at "
+            f"{allreduce['bus_gb_per_s']:.2f} GB/s (bus)"
+        )
     if shown["p2p"] is not None:
         p2p = shown["p2p"]
         print(

@@ -50,7 +50,7 @@ class Calibration:
     device: str
     backend: str
     copy_bytes_per_s: dict[str, tuple[float, float]]
-    allreduce: tuple[float, float]
+    allreduce: tuple[float, float] | None  # None with one rank: nothing to reduce
     p2p: tuple[float, float] | None
     compute_slowdown: float
     date: str
@@ -90,7 +90,7 @@ class Calibration:
             device=first["device"],
             backend=first["backend"],
             copy_bytes_per_s=copies,
-            allreduce=fit_latency_bandwidth(slowest) if n > 1 else (0.0, float("inf")),
+            allreduce=fit_latency_bandwidth(slowest) if n > 1 else None,
             p2p=p2p,
             compute_slowdown=max(1.0, together / alone),
             date=date,
@@ -110,7 +110,9 @@ class Calibration:
                 kind: {"alone": alone / GB, "every_rank": together / GB}
                 for kind, (alone, together) in self.copy_bytes_per_s.items()
             },
-            "allreduce": {"latency_s": self.allreduce[0], "bus_gb_per_s": self.allreduce[1] / GB},
+            "allreduce": None
+            if self.allreduce is None
+            else {"latency_s": self.allreduce[0], "bus_gb_per_s": self.allreduce[1] / GB},
             "p2p": None
             if self.p2p is None
             else {"latency_s": self.p2p[0], "gb_per_s": self.p2p[1] / GB},
