@@ -35,6 +35,28 @@ from pipeswap.hardware.calibration import calibrated_path
 RESULTS = RESULTS_DIR / "predictions.md"
 POLICIES = ("none", "disjoint", "bidirectional", "hybrid")
 QUICK_POLICIES = ("none", "hybrid")
+COSTS = """Costs the model was given to get here (each where the simulator could not see it):
+
+- **The machine, measured** (`pipeswap topology calibrate`): copy rates with every rank
+  copying, all-reduce and send/receive as latency + bytes / rate fitted to the backend's own
+  timings, and how much slower a rank computes while the others compute (ranks share the
+  cores: the profile is measured by one process alone with every thread).
+- **The optimizer step, timed**: the profile times one `optimizer.step()` of the run's own
+  optimizer over stand-ins of the trainable parameters (`Profile.optimizer_step_s`); data
+  parallelism ends each step with it, each pipeline stage's UPDATE takes its parameters'
+  share. Before, a CPU profile left it out (0): on a GPU it is estimated from HBM bandwidth.
+- **Micro-batches at their own size**: a pipeline's prediction profiles the model at the
+  micro-batch's size, as each action computes, instead of a share of the whole batch
+  (small batches cost more than their share: per-operator overhead).
+- **Copies on a CPU rank are done by the thread that computes**: in the simulator a
+  swap-out on a rank of spec `cpu` holds the compute stream for its duration (a CPU stream is
+  a no-op), where a GPU's copy engine overlaps it.
+- **Pipeline ranks take their share of the cores** (as data-parallel ranks do), so that
+  they compute as their single-threaded profile says instead of oversubscribing the cores.
+
+Not modelled: Python's per-layer and per-action overhead beyond what the profile's own
+block-by-block step pays, and the machine's speed changing between the profile and the
+run (the spread column)."""
 
 
 def _hf_directory(root: Path) -> str:
@@ -106,13 +128,27 @@ def _error(row: dict[str, Any], key: str) -> float:
     return (row[key] - row["measured"]) / row["measured"]
 
 
+def repeated(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """The median measured and predicted step of repeated runs of one cell, and each run's
+    own error (the machine's run-to-run spread is part of what a prediction meets)."""
+    return {
+        "measured": statistics.median(r["measured"] for r in runs),
+        "predicted": statistics.median(r["predicted"] for r in runs),
+        "errors": [(r["predicted"] - r["measured"]) / r["measured"] for r in runs],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one model, two policies (tests)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 12)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 16)")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="runs of each cell (default 3; --quick 1)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the table")
     args = parser.parse_args(argv)
-    steps = args.steps or (4 if args.quick else 12)
+    steps = args.steps or (4 if args.quick else 16)
+    repeats = args.repeats or (1 if args.quick else 3)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
@@ -127,8 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         for model in models:
             for nproc in (1, 2):
                 for policy in policies:
-                    preset = run(model, nproc, policy, "switch-4", steps)
-                    mine = run(model, nproc, policy, str(machine), steps)
+                    preset = repeated(
+                        [run(model, nproc, policy, "switch-4", steps) for _ in range(repeats)]
+                    )
+                    mine = repeated(
+                        [run(model, nproc, policy, str(machine), steps) for _ in range(repeats)]
+                    )
                     name = "llama directory" if model.endswith("llama-dir") else model
                     row = {
                         "model": name,
@@ -137,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                         # Each prediction against its own run's measurement.
                         "measured": mine["measured"],
                         "calibrated": mine["predicted"],
+                        "errors": mine["errors"],
                         "preset_measured": preset["measured"],
                         "preset": preset["predicted"],
                     }
@@ -148,18 +189,19 @@ def main(argv: list[str] | None = None) -> int:
             model = models[0]
             # A pipeline run plans on this machine's kept calibration, else the preset.
             os.environ["PIPESWAP_HOME"] = str(Path(folder) / "empty")
-            preset = run_pipeline(model, schedule, steps)
+            preset = repeated([run_pipeline(model, schedule, steps) for _ in range(repeats)])
             os.environ["PIPESWAP_HOME"] = str(Path(folder) / "kept")
             kept = calibrated_path("cpu", 2)
             kept.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(machine, kept)
-            mine = run_pipeline(model, schedule, steps)
+            mine = repeated([run_pipeline(model, schedule, steps) for _ in range(repeats)])
             row = {
                 "model": model,
                 "ranks": 2,
                 "policy": f"pipeline {schedule}",
                 "measured": mine["measured"],
                 "calibrated": mine["predicted"],
+                "errors": mine["errors"],
                 "preset_measured": preset["measured"],
                 "preset": preset["predicted"],
             }
@@ -169,47 +211,47 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     lines = [
         "| model | ranks | policy | measured ms | predicted ms (calibrated) | error | "
-        "predicted ms (switch-4 preset) | error |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "each run's error | predicted ms (switch-4 preset) | error |",
+        "|---|---:|---|---:|---:|---:|---|---:|---:|",
     ]
     for row in rows:
         preset_error = (row["preset"] - row["preset_measured"]) / row["preset_measured"]
-        mine = (
-            "- | -"
-            if row["calibrated"] is None
-            else f"{row['calibrated'] * 1e3:.1f} | {_error(row, 'calibrated'):+.0%}"
-        )
+        each = ", ".join(f"{e:+.0%}" for e in row["errors"])
         lines.append(
             f"| {row['model']} | {row['ranks']} | {row['policy']} | {row['measured'] * 1e3:.1f} | "
-            f"{mine} | {row['preset'] * 1e3:.1f} | {preset_error:+.0%} |"
+            f"{row['calibrated'] * 1e3:.1f} | {_error(row, 'calibrated'):+.0%} | {each} | "
+            f"{row['preset'] * 1e3:.1f} | {preset_error:+.0%} |"
         )
-    calibrated = [abs(_error(r, "calibrated")) for r in rows if "pipeline" not in r["policy"]]
-    piped = [abs(_error(r, "calibrated")) for r in rows if "pipeline" in r["policy"]]
-    presets = [
-        abs((r["preset"] - r["preset_measured"]) / r["preset_measured"])
-        for r in rows
-        if "pipeline" not in r["policy"]
-    ]
+
+    def spread(selected: list[dict[str, Any]]) -> str:
+        errors = [abs(_error(r, "calibrated")) for r in selected]
+        return f"median {statistics.median(errors):.0%}, worst {max(errors):.0%}"
+
+    dp = [r for r in rows if "pipeline" not in r["policy"]]
+    piped = [r for r in rows if "pipeline" in r["policy"]]
+    presets = [abs((r["preset"] - r["preset_measured"]) / r["preset_measured"]) for r in dp]
     summary = (
-        f"Absolute relative error over {len(calibrated)} data-parallel runs: calibrated median "
-        f"{statistics.median(calibrated):.0%}, worst {max(calibrated):.0%}; switch-4 preset "
-        f"median {statistics.median(presets):.0%}, worst {max(presets):.0%} (done-when: median "
-        f"15%, worst 30%). Pipelines ({len(piped)} runs), calibrated: median "
-        f"{statistics.median(piped):.0%}, worst {max(piped):.0%}."
+        f"Absolute relative error of the calibrated prediction over the whole grid ({len(rows)} "
+        f"cells): **{spread(rows)}** (done-when: median 15%, worst 30%); data parallel "
+        f"({len(dp)}): {spread(dp)}; pipelines ({len(piped)}): {spread(piped)}. The switch-4 "
+        f"preset, data parallel: median {statistics.median(presets):.0%}, worst "
+        f"{max(presets):.0%}."
     )
     print("\n".join(lines) + "\n\n" + summary)
     body = (
         header("Predicted against measured step times", "predictions.py", argv)
-        + f"{len(rows)} data-parallel runs of {steps} steps each, the whole run took "
-        f"{elapsed:.0f} s. Measured: the median step after the first of the slowest rank. "
-        "Predicted: the simulator's step for the run's plan, on the switch-4 preset and on "
-        "this machine's calibration (compute slowed by the calibrated contention when 2 "
-        "ranks share the cores, all-reduce and send/receive at their measured latency and "
-        "rate, copies at the measured rate). Pipeline rows (2 processes, 2 stages) predict "
-        "from a profile measured after training, the whole run's makespan over its steps "
-        "against its wall time over its steps, on the preset and on the calibration kept "
-        "for this machine (which a pipeline run finds by itself).\n\n"
+        + f"{len(rows)} cells, each run {repeats} times for {steps} steps (the whole benchmark "
+        f"took {elapsed:.0f} s). Measured: a run's median step after the first, of its slowest "
+        "rank (pipelines: the run's wall time over its steps, fill and drain included); the "
+        "table gives the median over the cell's runs, and each run's own error beside it, "
+        "since this shared machine's speed moves between runs by as much as 20%. Predicted: "
+        "the simulator's step for the run's plan, from the profile the run measured, on the "
+        "switch-4 preset and on this machine's calibration. Pipeline rows (2 processes, 2 "
+        "stages) predict from a profile measured after training, on the preset and on the "
+        "calibration kept for this machine (which a pipeline run finds by itself).\n\n"
         + summary
+        + "\n\n"
+        + COSTS
         + "\n\n"
         + "\n".join(lines)
         + "\n\nThe calibration this run measured:\n\n```json\n"

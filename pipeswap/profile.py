@@ -165,7 +165,9 @@ class Profile:
 
     ``layers`` are in forward order. ``source`` is ``"measured"`` or ``"estimate"``;
     ``device`` is ``"cpu"``/``"cuda"`` for measured profiles and the GPU spec name for
-    estimates. ``notes`` records assumptions (e.g. the efficiency per op class used).
+    estimates. ``optimizer_step_s`` is one optimizer step over every parameter as timed
+    (None: not measured; planners then estimate it from the GPU's memory bandwidth).
+    ``notes`` records assumptions (e.g. the efficiency per op class used).
     """
 
     model: str
@@ -179,6 +181,7 @@ class Profile:
     seq_len: int | None = None
     image_size: int | None = None
     has_saved_data: bool = True
+    optimizer_step_s: float | None = None
     notes: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     # ---- totals -------------------------------------------------------------------
@@ -229,7 +232,13 @@ class Profile:
             replace(layer, forward_s=layer.forward_s * factor, backward_s=layer.backward_s * factor)
             for layer in self.layers
         )
-        return replace(self, layers=layers, notes={**self.notes, "compute_slowdown": why})
+        step = None if self.optimizer_step_s is None else self.optimizer_step_s * factor
+        return replace(
+            self,
+            layers=layers,
+            optimizer_step_s=step,
+            notes={**self.notes, "compute_slowdown": why},
+        )
 
     def layer(self, name: str) -> LayerProfile:
         for layer in self.layers:
@@ -256,6 +265,11 @@ class Profile:
                 "optimizer": self.optimizer,
                 "optimizer_state_bytes": self.optimizer_state_bytes,
                 "has_saved_data": self.has_saved_data,
+                **(
+                    {}
+                    if self.optimizer_step_s is None
+                    else {"optimizer_step_s": self.optimizer_step_s}
+                ),
                 "totals": {
                     "param_bytes": self.param_bytes,
                     "saved_bytes": self.saved_bytes,
@@ -317,6 +331,11 @@ class Profile:
                 else _count(obj, "image_size", where, minimum=1)
             ),
             has_saved_data=has_saved,
+            optimizer_step_s=(
+                None
+                if obj.get("optimizer_step_s") is None
+                else _seconds(obj, "optimizer_step_s", where)
+            ),
             notes=dict(notes),
         )
 

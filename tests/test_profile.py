@@ -1,5 +1,6 @@
 """Tests of the Profile contract (pipeswap.profile)."""
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -14,7 +15,18 @@ def _profile() -> Profile:
         LayerProfile("embed", 0.001, 0.002, 100, 40, (SavedTensor(0, 40),)),
         LayerProfile("block0", 0.01, 0.02, 1000, 40, (SavedTensor(0, 40), SavedTensor(1, 80)), 64),
     )
-    return Profile("toy", 4, "float32", "measured", "cpu", "adam", 2200, layers, seq_len=8)
+    return Profile(
+        "toy",
+        4,
+        "float32",
+        "measured",
+        "cpu",
+        "adam",
+        2200,
+        layers,
+        seq_len=8,
+        optimizer_step_s=0.003,
+    )
 
 
 def test_totals_and_peak() -> None:
@@ -30,6 +42,7 @@ def test_a_slowed_profile_scales_compute_and_nothing_else() -> None:
     slow = p.slowed(2.5, "2.50x: 2 ranks at once")
     assert slow.forward_s == pytest.approx(2.5 * p.forward_s)
     assert slow.backward_s == pytest.approx(2.5 * p.backward_s)
+    assert slow.optimizer_step_s == pytest.approx(2.5 * 0.003)  # the update computes too
     assert slow.peak_training_bytes() == p.peak_training_bytes()
     assert slow.notes["compute_slowdown"] == "2.50x: 2 ranks at once"
 
@@ -39,6 +52,15 @@ def test_json_round_trip(tmp_path) -> None:
     path = tmp_path / "p.json"
     p.save(path)
     assert Profile.load(path) == p
+    untimed = dataclasses.replace(p, optimizer_step_s=None)
+    assert "optimizer_step_s" not in untimed.to_json()
+    assert Profile.from_json(untimed.to_json()) == untimed
+
+
+def test_a_negative_optimizer_step_is_refused() -> None:
+    obj = {**_profile().to_json(), "optimizer_step_s": -1}
+    with pytest.raises(PipeswapError, match="optimizer_step_s is -1; write a finite number"):
+        Profile.from_json(obj)
 
 
 def test_contract_example_is_accepted() -> None:

@@ -24,7 +24,7 @@ def pipeline_task_graph(
     *,
     gpus: Sequence[str] | None = None,
     unit_scale: float | None = None,
-    update_s: float = 0.0,
+    update_s: float | None = None,
     weights: str = PipelineConfig.weights,
 ) -> dict[str, Any]:
     """The task graph of ``schedule`` with stage k on ``gpus[k]`` (default: topology order).
@@ -33,7 +33,9 @@ def pipeline_task_graph(
     (a GPU runs its actions in schedule order) and on the transfer it receives; each SEND
     becomes a p2p task of the activations (F) or input gradients (B) crossing the cut.
     The profile is per mini-batch, so a unit costs ``unit_scale`` of it (default
-    1/micro_batches). A forward allocates its stage's saved tensors, the backward frees
+    1/micro_batches). Each stage's UPDATE takes ``update_s``, by default its parameters'
+    share of the profile's timed optimizer step (0 when the profile has none). A forward
+    allocates its stage's saved tensors, the backward frees
     them; a zero-time ``s{k}:init`` task holds weights, gradients, optimizer state and
     the weight mode's extra copies for the whole run.
     """
@@ -54,6 +56,13 @@ def pipeline_task_graph(
     backward = [sum(la.backward_s for la in s) * scale for s in stages]
     saved = [int(sum(la.saved_bytes for la in s) * scale) for s in stages]
     out_bytes = [int(s[-1].output_bytes * scale) for s in stages]
+    whole_update = profile.optimizer_step_s or 0.0
+    updates = [
+        whole_update * sum(la.param_bytes for la in s) / (profile.param_bytes or 1)
+        if update_s is None
+        else update_s
+        for s in stages
+    ]
     tasks: list[dict[str, Any]] = []
     mode, kind = weight_mode(weights), schedule.kind
     for k in range(n):
@@ -87,7 +96,7 @@ def pipeline_task_graph(
             backward,
             saved,
             out_bytes,
-            update_s,
+            updates[k],
         )
         if task is not None:
             tasks.append(task)

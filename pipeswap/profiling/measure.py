@@ -42,6 +42,11 @@ _SAVED_NOTE = (
     "the last layer whose forward saved them (pipeswap.profiling.saved)"
 )
 _OPTIMIZER_NOTE = "sgd is SGD with momentum (1 buffer per parameter); adam and adamw keep 2"
+_UPDATE_NOTE = (
+    "median wall time of optimizer.step() over stand-ins of the trainable parameters (same "
+    "shapes, device and dtype; the optimizer every mode builds: OptimizerConfig.build), after "
+    "one step that creates its state; null when the stand-ins did not fit in memory"
+)
 _ALLOCATION_MARKERS = ("out of memory", "can't allocate", "cannot allocate", "not enough memory")
 
 
@@ -253,6 +258,36 @@ def requested_bytes(message: str) -> str | None:
     return None if match is None else match.group(1)
 
 
+def _optimizer_step_s(
+    model: nn.Module, optimizer: str, device: torch.device, warmup: int, repeats: int
+) -> float | None:
+    """One optimizer step's time over the model's trainable parameters (_UPDATE_NOTE).
+
+    Stand-ins are stepped so that the model's own values stay untouched (measure() must
+    leave them as it found them).
+    """
+    try:
+        stand_ins = [
+            nn.Parameter(torch.zeros_like(p)) for p in model.parameters() if p.requires_grad
+        ]
+        for param in stand_ins:
+            param.grad = torch.full_like(param, 1e-3)
+        step = OptimizerConfig(optimizer=optimizer).build(stand_ins)
+        seconds = []
+        for repeat in range(1 + warmup + repeats):
+            _sync(device)
+            started = time.perf_counter()
+            step.step()
+            _sync(device)
+            if repeat > warmup:
+                seconds.append(time.perf_counter() - started)
+        return statistics.median(seconds)
+    except (RuntimeError, MemoryError) as exc:
+        if not is_allocation_error(exc):
+            raise
+        return None
+
+
 def _autocast_dtype(device: torch.device) -> str | None:
     """The dtype torch.autocast runs ``device``'s ops in around this call, or None."""
     if not torch.is_autocast_enabled(device.type):
@@ -294,6 +329,7 @@ def _measure(
         zero_grads()
         timings.append(timer)
 
+    update_s = _optimizer_step_s(model, optimizer, device, warmup, repeats)
     params = param_bytes_by_layer(model)
     layers = []
     for name in model.layer_names:
@@ -320,10 +356,12 @@ def _measure(
         layers=tuple(layers),
         seq_len=seq_len if model.task == "lm" else None,
         image_size=image_size if model.task == "classify" else None,
+        optimizer_step_s=update_s,
         notes={
             "timing": _TIMING_NOTE,
             "saved": _SAVED_NOTE,
             "optimizer": _OPTIMIZER_NOTE,
+            "optimizer_step_s": _UPDATE_NOTE,
             "workspace": "CUDA: peak allocated during a pass minus the larger of allocated "
             "before and after it (forward and backward); 0 on CPU (no allocator statistics)",
             "peak_live_saved_bytes": capture.peak_live_bytes,

@@ -28,14 +28,18 @@ def task_streams(task: Task, topology: Topology) -> list[tuple[str, str]]:
     Compute runs on the compute stream; d2h and h2d on the copy engine of their direction
     (or the single shared one); p2p occupies the comm stream of both src and dst, as an
     NCCL send and its matching receive do; allreduce and barrier occupy every
-    participant's comm stream.
+    participant's comm stream. A rank that computes on the CPU (a node of spec ``"cpu"``,
+    as ``pipeswap topology calibrate`` writes for CPU ranks) copies with the thread that
+    computes: its d2h holds the compute stream too (pipeswap.streams: a CPU stream is a
+    no-op), in graph order among its computes.
     """
     kind = task.kind
     if kind == "compute":
         return [(task.gpu, COMPUTE)]  # type: ignore[list-item]
     if kind in ("d2h", "h2d"):
         gpu: str = task.gpu  # type: ignore[assignment]
-        if topology.node(gpu).copy_engines == 1:
-            return [(gpu, COPY_SHARED)]
-        return [(gpu, COPY_D2H if kind == "d2h" else COPY_H2D)]
+        node = topology.node(gpu)
+        engine = COPY_SHARED if node.copy_engines == 1 else COPY_D2H if kind == "d2h" else COPY_H2D
+        inline = kind == "d2h" and node.spec == "cpu"
+        return [(gpu, COMPUTE), (gpu, engine)] if inline else [(gpu, engine)]
     return [(gpu, COMM) for gpu in task.participants]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from dataclasses import replace
 
@@ -73,13 +74,19 @@ def predicted_step_s(config: TrainConfig) -> float:
     """The simulator's step time of a resolved pipeline run: its schedule as a task graph
     (pipeswap.pipeline.taskgraph) over a profile of the model measured here, alone, on
     the run's device, simulated on the device's default topology (the run's whole
-    makespan over its steps: fill and drain included, as a measured run's wall time)."""
+    makespan over its steps: fill and drain included, as a measured run's wall time).
+
+    The profile is measured at the micro-batch's size, as each action computes (a small
+    batch costs more than its share of a large one), and times the optimizer step that
+    each stage's UPDATE takes its parameters' share of.
+    """
     pipeline = config.require_pipeline()
     assert config.device is not None and config.batch is not None
+    micro = max(1, config.batch // pipeline.micro_batch_count)
     with single_threaded() if config.device == "cpu" else nullcontext():
         profile = measure(
             build_full_model(config, config.device),
-            config.batch,
+            micro,
             seq_len=config.seq_len,
             image_size=config.image_size,
             device=config.device,
@@ -88,7 +95,12 @@ def predicted_step_s(config: TrainConfig) -> float:
     topology = default_topology(config.device, pipeline.num_stages)
     schedule = pipeline_schedule(config)
     graph = pipeline_graph(
-        schedule, profile, topology, pipeline.stage_balance, weights=pipeline.weights
+        schedule,
+        profile,
+        topology,
+        pipeline.stage_balance,
+        unit_scale=1.0,
+        weights=pipeline.weights,
     )
     return simulate(graph, topology, gpu_memory_bytes=0).makespan_s / config.steps
 
@@ -104,6 +116,10 @@ def _stage_rank(
     where = rank_device(config.device, local_rank_of(rank))
     if where.type == "cuda":
         torch.cuda.set_device(where)
+    else:
+        # Each rank its share of the cores, as data-parallel ranks (pipeswap.training.dp_rank)
+        # and as the prediction's profile is measured: more threads only contend.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     return run_stage_rank(
         config,
         device=where,

@@ -5,6 +5,8 @@ Covers: pipeswap/pipeline/taskgraph.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from support import toy_layer, toy_profile_of
 
@@ -75,3 +77,15 @@ def test_transfers_cost_time_and_appear_as_p2p() -> None:
         pipeline_graph(schedule, _profile(2, 2, 10**9), _topology(2), (1, 1)), _topology(2)
     )
     assert costly.makespan_s > free.makespan_s
+
+
+def test_each_update_takes_its_stages_share_of_the_timed_optimizer_step() -> None:
+    schedule = build_schedule("gpipe", 2, 1, 2)
+    profile = replace(_profile(3, 2), optimizer_step_s=3.0)  # 1000 parameter bytes a layer
+    tasks = pipeline_task_graph(schedule, profile, _topology(2), (2, 1))["tasks"]
+    updates = {t["id"]: t["duration_s"] for t in tasks if "UPDATE" in t["id"]}
+    assert updates == {"s0:UPDATE0": pytest.approx(2.0), "s1:UPDATE0": pytest.approx(1.0)}
+    given = pipeline_task_graph(schedule, profile, _topology(2), (2, 1), update_s=0.5)["tasks"]
+    assert {t["duration_s"] for t in given if "UPDATE" in t["id"]} == {0.5}
+    untimed = pipeline_task_graph(schedule, _profile(3, 2), _topology(2), (2, 1))["tasks"]
+    assert {t["duration_s"] for t in untimed if "UPDATE" in t["id"]} == {0.0}

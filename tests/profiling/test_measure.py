@@ -75,6 +75,7 @@ def test_measure_hand_model() -> None:
     assert conv.param_bytes == (2 * 3 * 9 + 3) * 4 and fc.param_bytes == (48 * 4 + 4) * 4
     assert conv.output_bytes == 3 * 48 * 4 and fc.output_bytes == 3 * 4 * 4
     assert profile.optimizer_state_bytes == 2 * profile.param_bytes
+    assert profile.optimizer_step_s is not None and profile.optimizer_step_s > 0
     assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in profile.layers)
     # conv keeps its input images; the ReLU output (also fc's input) belongs to fc.
     assert [t.bytes for t in conv.saved] == [3 * 2 * 16 * 4]
@@ -333,3 +334,25 @@ def test_measure_on_cuda_times_every_pass_and_counts_workspace() -> None:
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
     assert max(layer.workspace_bytes for layer in profile.layers) < peak
+
+
+def test_the_optimizer_step_is_timed_on_stand_ins_of_the_trainable_parameters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stepped: list[list[tuple[int, ...]]] = []
+    real_step = torch.optim.Adam.step
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        stepped.append([tuple(p.shape) for g in self.param_groups for p in g["params"]])
+        return real_step(self, closure)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    model = _image_mlp()
+    model.conv[0].bias.requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    profile = measure(model, 3, image_size=4, optimizer="adam", warmup=1, repeats=3)
+    # One step creates the state, one warms up, three are timed; the frozen bias is left out.
+    trainable = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+    assert stepped == [trainable] * 5
+    assert profile.optimizer_step_s is not None and profile.optimizer_step_s > 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -1,7 +1,13 @@
 """Tests of which streams a task occupies (pipeswap.sim.streams)."""
 
+from dataclasses import replace
+
+import pytest
+
 from pipeswap.hardware.presets import preset
-from pipeswap.sim.graph import Task
+from pipeswap.hardware.topology import Link, Node, Topology
+from pipeswap.sim.engine import simulate
+from pipeswap.sim.graph import Task, TaskGraph
 from pipeswap.sim.streams import gpu_streams, task_streams
 
 
@@ -29,3 +35,26 @@ def test_communication_occupies_every_participant() -> None:
         ("gpu1", "comm"),
         ("gpu2", "comm"),
     ]
+
+
+def test_a_cpu_rank_copies_out_with_the_thread_that_computes() -> None:
+    cpu = Topology(
+        "cpu-ranks",
+        (Node("cpu0", "cpu"), Node("gpu0", "gpu", memory_bytes=0, spec="cpu")),
+        (Link("gpu0", "cpu0", 1.0),),
+    )
+    d2h = Task("o", "d2h", gpu="gpu0", bytes=1)
+    assert task_streams(d2h, cpu) == [("gpu0", "compute"), ("gpu0", "d2h")]
+    assert task_streams(Task("i", "h2d", gpu="gpu0", bytes=1), cpu) == [("gpu0", "h2d")]
+    # Compute, copy out 1 GB at 1 GB/s, compute: on a CPU rank the copy delays the second
+    # computation; a GPU's copy engine overlaps it.
+    graph = TaskGraph(
+        (
+            Task("f0", "compute", gpu="gpu0", duration_s=1.0),
+            Task("out", "d2h", gpu="gpu0", bytes=10**9, deps=("f0",)),
+            Task("f1", "compute", gpu="gpu0", duration_s=1.0, deps=("f0",)),
+        )
+    )
+    assert simulate(graph, cpu).makespan_s == pytest.approx(3.0)
+    gpu = replace(cpu, nodes=(cpu.nodes[0], replace(cpu.nodes[1], spec=None)))
+    assert simulate(graph, gpu).makespan_s == pytest.approx(2.0)

@@ -258,6 +258,8 @@ def _inputs(profile: Profile) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _optimizer_step_s(profile: Profile) -> float:
+    if profile.optimizer_step_s is not None:
+        return profile.optimizer_step_s  # timed by pipeswap.measure
     # The step streams parameters, gradients and optimizer state through HBM once; without
     # a known GPU (a measured CPU profile) it is left out rather than guessed.
     try:

@@ -97,3 +97,12 @@ def test_recompute_and_swap_together_within_budget(make_profile) -> None:
     assert result.gpus["gpu0"].peak_bytes <= budget
     # The prefetch is issued after backward 1 and backward 0 waits for its 4 GB at 12 GB/s.
     assert result.makespan_s == pytest.approx(11.0 + 4 / 12)
+
+
+def test_a_timed_optimizer_step_is_the_workloads_step(make_profile) -> None:
+    profile = make_profile([(4,), (2,)])
+    timed = dataclasses.replace(profile, optimizer_step_s=0.25)
+    assert workload_from_profile(timed).optimizer_step_s == 0.25
+    assert workload_from_profile(timed, optimizer_step_s=1.0).optimizer_step_s == 1.0
+    # Untimed on a GPU spec: estimated from its memory bandwidth, not 0.25.
+    assert workload_from_profile(profile).optimizer_step_s != 0.25
