@@ -51,8 +51,6 @@ COSTS = """Costs the model was given to get here (each where the simulator could
 - **Copies on a CPU rank are done by the thread that computes**: in the simulator a
   swap-out on a rank of spec `cpu` holds the compute stream for its duration (a CPU stream is
   a no-op), where a GPU's copy engine overlaps it.
-- **Pipeline ranks take their share of the cores** (as data-parallel ranks do), so that
-  they compute as their single-threaded profile says instead of oversubscribing the cores.
 
 Not modelled: Python's per-layer and per-action overhead beyond what the profile's own
 block-by-block step pays, and the machine's speed changing between the profile and the

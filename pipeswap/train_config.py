@@ -62,7 +62,9 @@ class TrainConfig:
         help="fp32, or mixed precision through torch.autocast: bf16-mixed, fp16-mixed (with "
         "a dynamic loss scale; data parallelism only); weights stay float32",
     )
-    nproc: int | None = option(None, help="start this many local ranks (a pipeline: one per stage)")
+    nproc: int | None = option(
+        None, help="start this many local ranks (a pipeline: one per stage of each replica)"
+    )
     timeout_s: float = option(60.0, help="seconds a rank waits for a peer before failing")
     profile_path: str | None = option(
         None,
@@ -113,10 +115,21 @@ class TrainConfig:
             self._check_pipeline(self.pipeline)
 
     def _check_pipeline(self, pipeline: PipelineConfig) -> None:
+        stages = pipeline.num_stages
         require(
-            self.nproc is None or self.nproc == pipeline.num_stages,
-            f"{{nproc}} {self.nproc} does not match {{stages}} {pipeline.num_stages}: one "
-            "rank per stage",
+            self.nproc is None
+            or self.nproc == pipeline.num_ranks
+            or (pipeline.replicas == 1 and self.nproc % stages == 0),
+            f"{{nproc}} {self.nproc} does not match {{stages}} {stages}"
+            + (f" x {{replicas}} {pipeline.replicas}" if pipeline.replicas > 1 else "")
+            + f": one rank per stage of each replica (a multiple of {stages})",
+        )
+        require(
+            pipeline.replicas == 1
+            or (self.checkpoint.checkpoint_dir is None and self.checkpoint.resume is None),
+            f"{{replicas}} {pipeline.replicas} cannot checkpoint or resume yet (each replica's "
+            "stages would write the same files): drop {checkpoint_dir} and {resume}, or "
+            "train one pipeline",
         )
         require(
             not (pipeline.emulate and self.nproc is not None),

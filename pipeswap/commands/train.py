@@ -170,11 +170,15 @@ def summary_lines(report: TrainReport) -> list[str]:
     pipe = report.pipeline
     config = pipe.config
     busy = " ".join(f"{b:.0%}" for b in pipe.stage_busy)
+    replicas = int(config.get("replicas", 1))
     lines = [
         f"pipeswap train: {config['model']}, {len(config['balance'])} stages (balance "
-        f"{','.join(map(str, config['balance']))}), {config['schedule']}/{config['weights']}, "
-        f"{config['optimizer']} lr {config['lr']}, {config['steps']} steps of {config['batch']} "
-        f"({report.mode})"
+        f"{','.join(map(str, config['balance']))})"
+        + (f" x {replicas} replicas" if replicas > 1 else "")
+        + f", {config['schedule']}/{config['weights']}, {config['optimizer']} lr "
+        f"{config['lr']}, {config['steps']} steps of {config['batch']}"
+        + (" per replica" if replicas > 1 else "")
+        + f" ({report.mode})"
         + (f", lr warm-up {config['lr_warmup']} steps" if config["lr_warmup"] else "")
         + (
             f", {config['lr_schedule']} decay"

@@ -13,7 +13,11 @@ numbers mean on each device:
 - compute: a fixed loop of matrix products by rank 0 alone with every thread it has (as a
   profile is measured) and by every rank at once with its share of the cores (as a run
   computes), whose ratio is how much slower a rank of a run computes than its profile says
-  (ranks sharing a CPU's cores; on a GPU each rank has its own, so close to 1).
+  (ranks sharing a CPU's cores; on a GPU each rank has its own, so close to 1); and, one
+  thread per rank as pipeline stages compute, the same products interleaved with
+  send/receive exchanges between rank pairs, less the exchanges' own time, over the
+  products alone: how much a stage's compute slows while its transfers go on (gloo's
+  transport threads share the cores; NCCL moves data on the GPU's own engines).
 
 ``nvbandwidth`` measures the copies more thoroughly (every engine and pattern) and
 ``nccl-tests`` the collectives (bus bandwidth by size); these are what a training run of
@@ -37,6 +41,9 @@ QUICK_COLLECTIVE_SIZES = (64 << 10, 4 << 20)
 COPY_BYTES = 64 << 20
 QUICK_COPY_BYTES = 4 << 20
 _MATMUL = 256
+# The compute-with-transfers measurement: this many rounds of products and an exchange.
+_EXCHANGES = 40
+_EXCHANGE_BYTES = 256 << 10
 
 
 def measure_rank(rank: int, world: int, quick: bool = False) -> dict[str, Any]:
@@ -64,6 +71,7 @@ def measure_rank(rank: int, world: int, quick: bool = False) -> dict[str, Any]:
         out["copy"][kind] = _alone_and_together(rank, copy_rate)
     out["allreduce"] = [[size, _allreduce_s(size, device, repeats)] for size in sizes]
     out["p2p"] = [[size, _p2p_s(rank, world, size, device, repeats)] for size in sizes]
+    out["compute"]["with_p2p"] = _p2p_slowdown(rank, world, device, repeats)
     return out
 
 
@@ -140,6 +148,55 @@ def _compute_s(device: torch.device, repeats: int) -> float:
         _sync(device)
         best = min(best, time.perf_counter() - began)
     return best
+
+
+def _p2p_slowdown(rank: int, world: int, device: torch.device, repeats: int) -> float | None:
+    """One thread's compute interleaved with exchanges with its partner rank, less the
+    exchanges alone, over the compute alone (None on a rank with no partner)."""
+    partner = rank + 1 if rank % 2 == 0 else rank - 1
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a = torch.randn(_MATMUL, _MATMUL, device=device)
+    b = torch.randn(_MATMUL, _MATMUL, device=device)
+    message = torch.ones(_EXCHANGE_BYTES // 4, device=device)
+    received = torch.empty_like(message)
+
+    def compute() -> None:
+        for _ in range(4):
+            torch.tanh(a @ b)
+
+    def exchange() -> None:
+        works = [dist.isend(message, partner), dist.irecv(received, partner)]
+        for work in works:
+            assert work is not None
+            work.wait()
+
+    def both() -> None:
+        compute()
+        exchange()
+
+    def timed(body: Callable[[], None]) -> float:
+        best = float("inf")
+        for _ in range(repeats + 1):
+            dist.barrier()
+            if partner < world:
+                _sync(device)
+                began = time.perf_counter()
+                for _ in range(_EXCHANGES):
+                    body()
+                _sync(device)
+                best = min(best, time.perf_counter() - began)
+        return best
+
+    try:
+        alone = timed(compute)
+        talking = timed(exchange)
+        mixed = timed(both)
+    finally:
+        torch.set_num_threads(threads)
+    if partner >= world:
+        return None
+    return max(1.0, (mixed - talking) / alone)
 
 
 def _allreduce_s(nbytes: int, device: torch.device, repeats: int) -> float:

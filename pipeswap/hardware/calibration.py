@@ -43,7 +43,9 @@ class Calibration:
     ``both-pinned``, ...). ``allreduce`` and ``p2p``: (latency s, bytes/s) fits of the
     backend's collectives, the all-reduce's bandwidth as bus bandwidth (bytes x 2(n-1)/n
     per second, nccl-tests' busbw). ``compute_slowdown``: a rank's compute time with every
-    rank computing over its time alone.
+    rank computing over its time alone. ``transfer_slowdown``: a one-thread rank's compute
+    time while it exchanges messages with another over its time without (None with one
+    rank); what a pipeline stage's compute pays for its transfers.
     """
 
     ranks: int
@@ -55,6 +57,7 @@ class Calibration:
     compute_slowdown: float
     date: str
     command: str
+    transfer_slowdown: float | None = None
 
     @classmethod
     def from_ranks(
@@ -85,6 +88,11 @@ class Calibration:
             )
         alone = float(first["compute"]["alone"])
         together = max(float(r["compute"]["together"]) for r in measured)
+        slowed = [
+            float(r["compute"]["with_p2p"])
+            for r in measured
+            if r["compute"].get("with_p2p") is not None
+        ]
         return cls(
             ranks=n,
             device=first["device"],
@@ -95,6 +103,7 @@ class Calibration:
             compute_slowdown=max(1.0, together / alone),
             date=date,
             command=command,
+            transfer_slowdown=max(slowed) if slowed else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -117,6 +126,7 @@ class Calibration:
             if self.p2p is None
             else {"latency_s": self.p2p[0], "gb_per_s": self.p2p[1] / GB},
             "compute_slowdown": self.compute_slowdown,
+            "transfer_slowdown": self.transfer_slowdown,
         }
 
     def topology(self, name: str, memory_bytes: int) -> Topology:

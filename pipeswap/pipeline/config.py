@@ -29,6 +29,9 @@ class PipelineConfig:
     stage for gpipe, 1f1b and 2bw, 1 for async-1f1b (which pipelines whole mini-batches).
     ``distances`` picks the version distances of ``spectrain`` / ``predict-adam``: walked
     from the schedule, or the official SpecTrain table (pipeswap.pipeline.predict).
+    ``replicas`` D > 1 runs D copies of the pipeline side by side (pipeline x data
+    parallel, D x K ranks): replica d trains on batch ``step * D + d`` of the data, and each
+    stage averages its gradients over the replicas after the backward that completes them.
     ``weights="nesterov"`` is the Nesterov method of Ajanthan et al. (arXiv 2505.01099) as
     released (pipeswap.pipeline.weights). ``error_feedback`` asks for the Error-Feedback
     correction of Zmushko et al. (arXiv 2606.30634), refused for now.
@@ -60,6 +63,13 @@ class PipelineConfig:
         parse=parse_bytes,
         metavar="SIZE",
         help="per-stage memory cap for the partitioner, e.g. 8GiB (needs {profile_path})",
+    )
+    replicas: int = option(
+        1,
+        metavar="D",
+        help="data-parallel replicas of the pipeline: D x stages ranks, each replica training "
+        "on its own {batch} of every step, each stage's gradients averaged across the "
+        "replicas before its update (default: {nproc} / stages)",
     )
     emulate: bool = option(False, help="run every stage in this process (bit-identical on CPU)")
     error_feedback: bool = option(
@@ -100,6 +110,10 @@ class PipelineConfig:
         )
         kind.check_micro_batches(self.micro_batches)
         require(
+            self.replicas >= 1,
+            f"{{replicas}} is {self.replicas}; use 1 (one pipeline) or more",
+        )
+        require(
             not self.error_feedback or kind.asynchronous,
             f"{{error_feedback}} corrects delayed gradients, but {{schedule}} {self.schedule} "
             "is synchronous (every gradient is applied to the weights it was taken at): use "
@@ -125,6 +139,11 @@ class PipelineConfig:
             return len(self.balance)
         assert self.stages is not None
         return self.stages
+
+    @property
+    def num_ranks(self) -> int:
+        """Processes of a run: one per stage of every replica."""
+        return self.num_stages * self.replicas
 
     @property
     def schedule_kind(self) -> ScheduleKind:

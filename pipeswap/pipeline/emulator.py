@@ -15,6 +15,7 @@ from pipeswap.metrics import StepLog
 from pipeswap.pipeline.actions import Action, ActionKind
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.job import build_full_model, save_trained
+from pipeswap.pipeline.replica_average import EmulatedReplicas
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.schedule import Schedule, TimedAction, build_schedule, unit_time_order
@@ -103,37 +104,44 @@ class Emulator:
     def run(self, progress: bool = False) -> PipelineResult:
         config = self.config
         pipeline = config.require_pipeline()
-        n = pipeline.num_stages
+        n, replicas = pipeline.num_stages, pipeline.replicas
         with single_threaded(), StepLog(config.log, config.steps) as log:
             infos = inspect_layers(config)
             schedule = pipeline_schedule(config)
-            model = build_full_model(config)
-            mailbox: dict[tuple[ActionKind, int, int], Packed] = {}
-            tied_mailbox: dict[tuple[int, int, int, int], list[torch.Tensor]] = {}
+            # One model per replica, built alike: a replica is a copy of the whole pipeline.
+            models = [build_full_model(config) for _ in range(replicas)]
+            model = models[0]
+            average = EmulatedReplicas(replicas) if replicas > 1 else None
             request = None
             if self.checkpoint is not None:
                 request = StopRequest(self.checkpoint.directory, n, config.steps, decider=True)
-            self.executors = [
-                StageExecutor(
-                    config,
-                    rank,
-                    schedule,
-                    model,
-                    infos,
-                    MailboxTransport(rank, mailbox),
-                    record=self.record,
-                    keep_gradients=self.keep_gradients,
-                    checkpoint=self.checkpoint,
-                    stop=request,
-                    exchange=MailboxExchange(rank, tied_mailbox),
-                    log=log if rank == n - 1 else None,
-                    data=(self.data, None)
-                    if self.data is not None and rank in (0, n - 1)
-                    else None,
-                )
-                for rank in range(n)
-            ]
-            starts = [0] * n
+            self.executors = []
+            for replica in range(replicas):
+                mailbox: dict[tuple[ActionKind, int, int], Packed] = {}
+                tied_mailbox: dict[tuple[int, int, int, int], list[torch.Tensor]] = {}
+                self.executors += [
+                    StageExecutor(
+                        config,
+                        rank,
+                        schedule,
+                        models[replica],
+                        infos,
+                        MailboxTransport(rank, mailbox),
+                        record=self.record,
+                        keep_gradients=self.keep_gradients,
+                        checkpoint=self.checkpoint,
+                        stop=request,
+                        exchange=MailboxExchange(rank, tied_mailbox),
+                        log=log if rank == n - 1 and replica == 0 else None,
+                        data=(self.data, None)
+                        if self.data is not None and rank in (0, n - 1)
+                        else None,
+                        replica=replica,
+                        average=average,
+                    )
+                    for rank in range(n)
+                ]
+            starts = [0] * len(self.executors)
             if self.resume is not None:
                 folder, done = self.resume
                 starts = [ex.restore(load_rank(folder, done, ex.rank)) for ex in self.executors]
@@ -143,13 +151,16 @@ class Emulator:
             start = time.perf_counter()
             for ex in self.executors:
                 ex.start_clock()
-            self._faults = [fault_hook(rank) for rank in range(n)]
+            self._faults = [fault_hook(slot) for slot in range(len(self.executors))]
             self._at_cut: set[int] = set()
-            self._held: dict[int, list[tuple[int, TimedAction]]] = {}
+            self._held: dict[int, list[tuple[int, int, TimedAction]]] = {}
             try:
+                # Replicas in lockstep: each action of the order runs in every replica.
                 for seq, timed in enumerate(unit_time_order(schedule)):
-                    if timed.index >= starts[timed.rank]:
-                        self._feed(seq, timed)
+                    for replica in range(replicas):
+                        slot = replica * n + timed.rank
+                        if timed.index >= starts[slot]:
+                            self._feed(seq, slot, timed)
             finally:
                 if request is not None:
                     request.close()
@@ -161,9 +172,9 @@ class Emulator:
             for unit in self.executors[0].scorer.units():
                 for ex in self.executors:
                     ex.scorer.evaluate(unit)
-            self.executors[-1].scorer.close_log()
+            self.executors[n - 1].scorer.close_log()
             stages = [ex.finish() for ex in self.executors]
-        save_trained(config, [stage.state for stage in stages])
+        save_trained(config, [stage.state for stage in stages[:n]])
         return combine(config, stages, mode="emulate", task=model.task, wall_s=wall)
 
     def _meets(self, step: int) -> bool:
@@ -173,73 +184,78 @@ class Emulator:
             step, config.steps
         )
 
-    def _feed(self, seq: int, timed: TimedAction) -> None:
-        """Run the next action of the schedule's order (``seq``), or hold it while its
-        stage waits at a meeting for the others, as it would in its own process."""
-        rank, action = timed.rank, timed.action
-        if rank in self._at_cut:
+    def _feed(self, seq: int, slot: int, timed: TimedAction) -> None:
+        """Run the next action of the schedule's order (``seq``) on executor ``slot``
+        (replica x stages + stage), or hold it while its stage waits at a meeting for the
+        others, as it would in its own process."""
+        action = timed.action
+        if slot in self._at_cut:
             return
-        if rank in self._held:
-            self._held[rank].append((seq, timed))
+        if slot in self._held:
+            self._held[slot].append((seq, slot, timed))
             return
         if action.kind is ActionKind.UPDATE and self._meets(action.unit):
-            self._held[rank] = [(seq, timed)]
+            self._held[slot] = [(seq, slot, timed)]
             if len(self._held) + len(self._at_cut) == len(self.executors):
                 self._meet(action.unit)
             return
-        self._run(rank, action, end_step=True)
+        self._run(slot, action, end_step=True)
 
     def _meet(self, step: int) -> None:
-        """Every stage waits at UPDATE(``step``): the global norm, the updates, the held-out
-        scores, the steps' ends; then the actions held meanwhile, in the schedule's order."""
+        """Every stage waits at UPDATE(``step``): the global norm (of each replica's
+        stages), the updates, the held-out scores, the steps' ends; then the actions held
+        meanwhile, in the schedule's order."""
         executors, held = self.executors, self._held
         self._held = {}
+        n = self.config.require_pipeline().num_stages
         if self.config.optim.clip_grad_norm is not None:
-            parts = [ex.squared_norm(step) for ex in executors]
-            for ex in executors:
-                ex.norm_parts[step] = parts
-        for rank, queue in sorted(held.items()):
-            executors[rank].run(queue[0][1].action, end_step=False)
+            for first in range(0, len(executors), n):
+                replica = executors[first : first + n]
+                parts = [ex.squared_norm(step) for ex in replica]
+                for ex in replica:
+                    ex.norm_parts[step] = parts
+        for slot, queue in sorted(held.items()):
+            executors[slot].run(queue[0][2].action, end_step=False)
         if self.config.dataset.eval_due(step, self.config.steps):
             for unit in executors[0].scorer.units(step):
                 for ex in executors:
                     ex.scorer.evaluate(unit)
             for ex in executors:
                 ex.scorer.score_round(step)
-        for rank in sorted(held):
-            self._end_step(rank, step, evaluate=False)
-        for seq, timed in sorted(item for queue in held.values() for item in queue[1:]):
-            self._feed(seq, timed)
+        for slot in sorted(held):
+            self._end_step(slot, step, evaluate=False)
+        for seq, slot, timed in sorted(item for queue in held.values() for item in queue[1:]):
+            self._feed(seq, slot, timed)
 
-    def _run(self, rank: int, action: Action, *, end_step: bool) -> None:
+    def _run(self, slot: int, action: Action, *, end_step: bool) -> None:
         try:
-            self.executors[rank].run(action, end_step=end_step)
+            self.executors[slot].run(action, end_step=end_step)
         except StageAtCut as cut:
-            self._cut(rank, cut)
+            self._cut(slot, cut)
             return
         if action.kind is ActionKind.UPDATE:
-            self._after_step(rank, action.unit)
+            self._after_step(slot, action.unit)
 
-    def _end_step(self, rank: int, step: int, *, evaluate: bool) -> None:
+    def _end_step(self, slot: int, step: int, *, evaluate: bool) -> None:
         try:
-            self.executors[rank].end_step(step, evaluate=evaluate)
+            self.executors[slot].end_step(step, evaluate=evaluate)
         except StageAtCut as cut:
-            self._cut(rank, cut)
+            self._cut(slot, cut)
             return
-        self._after_step(rank, step)
+        self._after_step(slot, step)
 
-    def _cut(self, rank: int, cut: StageAtCut) -> None:
-        self._at_cut.add(rank)
+    def _cut(self, slot: int, cut: StageAtCut) -> None:
+        self._at_cut.add(slot)
         if len(self._at_cut) == len(self.executors):
             assert self.checkpoint is not None
             raise RunStopped(self.checkpoint.directory, cut.args[0]) from None
 
-    def _after_step(self, rank: int, step: int) -> None:
-        fault = self._faults[rank]
+    def _after_step(self, slot: int, step: int) -> None:
+        fault = self._faults[slot]
         if fault is not None:
             fault(step)
-        if rank == 0 and self._bar is not None:
-            last = self.executors[-1].runner.losses
+        if slot == 0 and self._bar is not None:
+            last = self.executors[self.config.require_pipeline().num_stages - 1].runner.losses
             m = self.config.require_pipeline().micro_batch_count
             step_loss = last.get((step + 1) * m - 1)
             self._bar.set_postfix(loss=f"{step_loss:.4f}" if step_loss is not None else "-")

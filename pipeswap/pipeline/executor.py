@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pipeswap.checkpoint import CheckpointPlan, rng_state, save_rank, write_manifest
+from pipeswap.checkpoint import CheckpointPlan, save_rank, write_manifest
 from pipeswap.dist.digest import combine_digests, tensor_sha256
 from pipeswap.metrics import StepLog
 from pipeswap.pipeline.actions import Action, ActionKind
@@ -22,7 +22,7 @@ from pipeswap.pipeline.schedule import Schedule, TimedAction
 from pipeswap.pipeline.shared import Exchange, TiedParameters, find_shared, stage_module
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest, crossing_messages, positions
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
-from pipeswap.pipeline.stage_restore import restore_stage
+from pipeswap.pipeline.stage_restore import restore_stage, stage_state
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.pipeline.step_end import clip_scale, step_loss
 from pipeswap.pipeline.weights import StageWeights
@@ -56,6 +56,12 @@ class StageExecutor:
     ``data`` (training and held-out sources with ``micro(step, m)``), ``loss_fn`` and
     ``optimizer_factory`` replace the config's batches, the model's loss and the config's
     optimizer (pipeswap.Pipeline brings its own).
+
+    Replica ``replica`` of a replicated pipeline (``PipelineConfig.replicas``) reads its own
+    batches and, after the backward that completes a mini-batch's gradient, calls
+    ``average(step, self)``, which averages this stage's gradients over the replicas
+    (pipeswap.dist.replicas in processes; the emulator's returns False until the last
+    replica arrives, then finishes the others' backward with :meth:`after_average`).
     """
 
     def __init__(
@@ -80,8 +86,13 @@ class StageExecutor:
         loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
         optimizer_factory: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
         | None = None,
+        replica: int = 0,
+        average: Callable[[int, StageExecutor], bool] | None = None,
     ) -> None:
         self.config = config
+        self.replica = replica
+        self.average = average
+        self._deferred: int | None = None
         self.pipeline = pipeline = config.require_pipeline()
         self.micro_batches = pipeline.micro_batch_count
         self.rank = rank
@@ -130,7 +141,10 @@ class StageExecutor:
             self.tied = TiedParameters(rank, schedule, mine, self.weights, exchange)
         # Batches: ``data`` (training, held-out sources with ``micro``), else the config's.
         if data is None and (rank == 0 or rank == n - 1):
-            data = (BatchSource(config, model, "train"), BatchSource(config, model, "val"))  # type: ignore[arg-type]
+            data = (
+                BatchSource(config, model, "train", replica),  # type: ignore[arg-type]
+                BatchSource(config, model, "val"),  # type: ignore[arg-type]
+            )
         self.train_data: Any
         self.eval_data: Any
         self.train_data, self.eval_data = data or (None, None)
@@ -189,8 +203,13 @@ class StageExecutor:
                 self._forward(unit)
             elif kind is ActionKind.B:
                 self._backward(unit)
-                if self.tied is not None:
-                    self.tied.after_backward(self._index)
+                step, micro = divmod(unit, self.micro_batches)
+                if self.average is None or micro < self.micro_batches - 1:
+                    self.after_average()
+                elif self.average(step, self):
+                    self.after_average()
+                else:
+                    self._deferred = self._index
             else:
                 self._update(unit)
             end = time.perf_counter()
@@ -202,6 +221,18 @@ class StageExecutor:
         self.transport.progress()
         if kind is ActionKind.UPDATE and end_step:
             self.end_step(unit)
+
+    def after_average(self) -> None:
+        """The rest of a backward once its gradients are final: tied parameters' gradients
+        leave for their other holders."""
+        index = self._index if self._deferred is None else self._deferred
+        self._deferred = None
+        if self.tied is not None:
+            self.tied.after_backward(index)
+
+    def gradients(self) -> list[torch.Tensor]:
+        """This stage's gradients as they stand (its parameters' that have one), in order."""
+        return [p.grad for p in self.weights.params if p.grad is not None]
 
     def squared_norm(self, step: int) -> float:
         """This stage's share of the squared global norm of mini-batch ``step``'s gradient."""
@@ -269,7 +300,8 @@ class StageExecutor:
 
     def _stream(self, split: str, step: int, micro: int) -> AbstractContextManager[None]:
         """The RNG stream of this stage's forward of (step, micro) (pipeswap.pipeline.rng)."""
-        return rng_stream(self.config.seed, split, step, micro, self.rank, self.device)
+        stream = self.replica * self.pipeline.num_stages + self.rank
+        return rng_stream(self.config.seed, split, step, micro, stream, self.device)
 
     def _forward(self, unit: int) -> None:
         step, micro = divmod(unit, self.micro_batches)
@@ -332,28 +364,7 @@ class StageExecutor:
         assert not self._outbox
         if self.rank == 0:
             write_manifest(plan, done)
-        save_rank(
-            plan,
-            done,
-            self.rank,
-            {
-                "done": done,
-                "index": self._index,
-                "weights": self.weights.state(),
-                "losses": dict(self.runner.losses),
-                "evals": list(self.result.evals),
-                "in_flight": {
-                    unit: (self._forward_weights[unit], leaves)
-                    for unit, leaves in self.runner.in_flight_inputs().items()
-                },
-                "sent": self._kept,
-                "rng": rng_state(),
-                "tied": self.tied.state(done) if self.tied is not None else {},
-                # What `pipeswap export` reads: the weights' names in the whole model.
-                "names": [name for name, _ in self.named_parameters()],
-                "buffers": {n: b.detach().clone() for n, b in self.module.named_buffers()},
-            },
-        )
+        save_rank(plan, done, self.rank, stage_state(self, done))
         self._last_crossing = {(ActionKind(d), unit) for d, unit in self._kept}
         self._kept = {}
         self._plan_next_checkpoint(done)

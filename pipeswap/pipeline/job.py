@@ -77,11 +77,21 @@ def build_meta_model(config: TrainConfig) -> LayeredModel:
 
 
 class BatchSource:
-    """The training (or held-out) batches of a run; micro-batch ``m`` of step ``s`` on demand."""
+    """The training (or held-out) batches of a run; micro-batch ``m`` of step ``s`` on demand.
 
-    def __init__(self, config: TrainConfig, model: LayeredModel, split: str = "train") -> None:
+    Replica ``replica`` of a pipeline with D replicas trains on batch ``step * D + replica``
+    of the data (the batches of D steps of one pipeline, side by side, as data-parallel
+    ranks read theirs); held-out batches are the same for every replica.
+    """
+
+    def __init__(
+        self, config: TrainConfig, model: LayeredModel, split: str = "train", replica: int = 0
+    ) -> None:
         assert config.batch is not None, "a resolved config has its batch size"
         self.config = config
+        pipeline = config.pipeline
+        replicas = pipeline.replicas if pipeline is not None and split == "train" else 1
+        self._index = (replicas, replica if split == "train" else 0)
         self.batch_size = config.batch
         self.micro_batch_size = config.micro_batch_size
         self.model = model
@@ -91,16 +101,18 @@ class BatchSource:
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._cached is None or self._cached[0] != step:
+            replicas, replica = self._index
+            index = step * replicas + replica
             if self._dataset is None:
                 held_out = 0 if self.split == "train" else 1 << 30
                 pair = self.model.example_batch(
                     self.batch_size,
                     seq_len=self.config.seq_len,
                     image_size=self.config.image_size,
-                    seed=self.config.seed * 1_000_003 + step + held_out,
+                    seed=self.config.seed * 1_000_003 + index + held_out,
                 )
             else:
-                pair = self._dataset.batch(self.batch_size, step)
+                pair = self._dataset.batch(self.batch_size, index)
             self._cached = (step, pair)
         return self._cached[1]
 

@@ -25,6 +25,9 @@ def resolve_pipeline(config: TrainConfig) -> TrainConfig:
     config = config.resolved()
     pipeline = config.require_pipeline()
     assert config.batch is not None
+    if config.nproc is not None and pipeline.replicas == 1:
+        # --nproc N with K stages: N / K replicas (TrainConfig checked that K divides N).
+        pipeline = replace(pipeline, replicas=config.nproc // pipeline.num_stages)
     model = build_meta_model(config)
     # Before the batch split: too many stages is the real problem when K also sets it.
     check_stage_count(len(model), pipeline.num_stages, model.layer_names, config.model)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeswap.dist.digest import combine_digests
+from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.schedule import TimedAction
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.pipeline.step_end import step_loss
@@ -91,6 +92,7 @@ def pipeline_summary(config: TrainConfig) -> dict[str, Any]:
         "weight_decay": optimizer.weight_decay,
         "batch": config.batch,
         "micro_batches": pipeline.micro_batch_count,
+        "replicas": pipeline.replicas,
         "steps": config.steps,
         "seq_len": config.seq_len,
         "image_size": config.image_size,
@@ -105,21 +107,37 @@ def pipeline_summary(config: TrainConfig) -> dict[str, Any]:
 def combine(
     config: TrainConfig, stages: Sequence[StageResult], *, mode: str, task: str, wall_s: float
 ) -> PipelineResult:
-    """One result from the per-stage results (in stage order)."""
-    last = stages[-1]
+    """One result from the per-stage results, in stage order (replica by replica for a
+    replicated pipeline: a step's loss is then the replicas' mean, in replica order, and
+    every replica must end with replica 0's weights)."""
     pipeline = config.require_pipeline()
-    m = pipeline.micro_batch_count
-    losses = tuple(step_loss(last.losses, step, m) for step in range(config.steps))
+    n, m = pipeline.num_stages, pipeline.micro_batch_count
+    replicas = [stages[first : first + n] for first in range(0, len(stages), n)]
+    stages = replicas[0]
+    last = stages[-1]
+    per_replica = [
+        [step_loss(replica[-1].losses, step, m) for step in range(config.steps)]
+        for replica in replicas
+    ]
+    losses = tuple(sum(values) / len(values) for values in zip(*per_replica, strict=True))
+    for d, replica in enumerate(replicas[1:], start=1):
+        for k, (mine, first) in enumerate(zip(replica, stages, strict=True)):
+            if mine.sha256 != first.sha256:
+                raise PipeswapError(
+                    f"stage {k} of replica {d} ended with other weights than replica 0's: the "
+                    "replicas' gradient averaging failed; please report this with the command"
+                )
     evaluation = last.held_out.score(config.dataset.eval_batches, classify=task == "classify")
     digests = tuple(s.sha256 for s in stages)
     errors = tuple(s.prediction_error for s in stages)
+    samples = config.steps * (config.batch or 0) * len(replicas)
     return PipelineResult(
         config=config,
         mode=mode,
         losses=losses,
         eval=evaluation,
         evals=tuple({"step": step, **score} for step, score in last.evals),
-        samples_per_s=config.steps * (config.batch or 0) / wall_s if wall_s > 0 else 0.0,
+        samples_per_s=samples / wall_s if wall_s > 0 else 0.0,
         wall_s=wall_s,
         stage_busy_s=tuple(s.busy_s for s in stages),
         stage_sha256=digests,

@@ -28,6 +28,7 @@ from pipeswap.dist.group import (
     single_threaded,
 )
 from pipeswap.dist.p2p import Receive, Sends, pack_tag, post_receives
+from pipeswap.dist.replica_groups import ReplicaMesh
 from pipeswap.errors import PipeswapError
 from pipeswap.metrics import StepLog
 from pipeswap.pipeline.actions import Action, ActionKind
@@ -70,8 +71,10 @@ class DistTransport:
         output_spec: BoundarySpec | None,
         device: torch.device,
         groups: tuple[Any, Any] | None = None,
+        base: int = 0,
     ) -> None:
         self.rank = rank
+        self.base = base  # the global rank of this replica's stage 0
         self.input_spec = input_spec
         self.output_spec = output_spec
         self.device = device
@@ -91,7 +94,7 @@ class DistTransport:
         assert spec is not None, f"rank {self.rank} receives no {direction} transfers"
         buffers = spec.empty(self.device, grads=direction is ActionKind.B)
         tags = [_tag(direction, unit, i) for i in range(len(buffers))]
-        src = self.rank - direction.step
+        src = self.base + self.rank - direction.step
         receive = post_receives(buffers, src, tags, self._groups.get(direction))
         self._posted[(direction, unit)] = receive
 
@@ -102,7 +105,7 @@ class DistTransport:
     def send(self, direction: ActionKind, unit: int, tensors: Packed) -> None:
         self._check_count(len(tensors))
         tags = [_tag(direction, unit, i) for i in range(len(tensors))]
-        dst = self.rank + direction.step
+        dst = self.base + self.rank + direction.step
         self._sends.start((direction, unit), tensors, dst, tags, self._groups.get(direction))
 
     def progress(self) -> None:
@@ -134,8 +137,11 @@ class DistExchange:
     MAX_TENSORS = 64
     MAX_GROUPS = 1024
 
-    def __init__(self, rank: int, groups: dict[tuple[int, int], Any], device: torch.device):
+    def __init__(
+        self, rank: int, groups: dict[tuple[int, int], Any], device: torch.device, base: int = 0
+    ):
         self.rank = rank
+        self.base = base  # the global rank of this replica's stage 0
         self.groups = groups
         self.device = device
         self._sends: Sends[tuple[int, int, int]] = Sends()
@@ -152,12 +158,14 @@ class DistExchange:
                 f"{self.MAX_TENSORS} the runtime tags: tie fewer parameters across stages"
             )
         tags = self._tags(group, step, len(tensors))
-        self._sends.start((group, step, dst), tensors, dst, tags, self.groups[(self.rank, dst)])
+        where = self.base + dst
+        self._sends.start((group, step, dst), tensors, where, tags, self.groups[(self.rank, dst)])
 
     def take(self, group: int, step: int, src: int, like: list[torch.Tensor]) -> list[torch.Tensor]:
         buffers = [torch.empty_like(t, device=self.device) for t in like]
         tags = self._tags(group, step, len(buffers))
-        received = post_receives(buffers, src, tags, self.groups[(src, self.rank)]).wait()
+        group = self.groups[(src, self.rank)]
+        received = post_receives(buffers, self.base + src, tags, group).wait()
         self._sends.poll()
         return list(received)
 
@@ -178,6 +186,10 @@ class StageWires:
     deadlock the pair. One group per direction gives each stream one kind of transfer, in
     unit order on both ends. Every rank must build its wires at the same point (creating a
     group is collective), from the same ``shared`` parameters.
+
+    With ``mesh`` (a replicated pipeline), this rank is stage ``mesh.stage`` of replica
+    ``mesh.replica``: its transfers go to the neighbouring stages of its own replica, its
+    gradient norms are gathered among them (the mesh's pipe group).
     """
 
     def __init__(
@@ -187,30 +199,44 @@ class StageWires:
         shared: list[SharedParam],
         device: torch.device,
         split_directions: bool | None = None,
+        mesh: ReplicaMesh | None = None,
     ) -> None:
         rank, world = rank_and_world()
+        base, replicas = 0, 1
+        if mesh is not None:
+            base, rank, world, replicas = (
+                mesh.global_rank(0),
+                mesh.stage,
+                mesh.stages,
+                mesh.replicas,
+            )
         if split_directions is None:
             split_directions = backend_name() == "nccl"
         self._groups = direction_groups(split_directions)
         # Held-out batches mid-run and the stages' gradient norms travel apart from
         # training's transfers: NCCL matches a receive posted ahead with whatever its peer
         # sends next.
-        eval_group, self._norm_group = new_groups(2) or (None, None)
-        self._side = (eval_group, self._norm_group) if eval_group is not None else None
+        eval_group, norm_group = new_groups(2) or (None, None)
+        self._side = (eval_group, norm_group) if eval_group is not None else None
+        self._norm_group = mesh.pipe_group if mesh is not None else norm_group
         holders = {s.holders for s in shared}
         pairs = sorted({(a, b) for hs in holders for a in hs for b in hs if a != b})
-        self._tied_groups = pair_groups(pairs)
+        # Each replica's holders in groups of their own (keyed here by stage).
+        made = pair_groups(
+            [(d * world + a, d * world + b) for d in range(replicas) for a, b in pairs]
+        )
+        self._tied_groups = {(a - base, b - base): group for (a, b), group in made.items()}
         start, stop = stage_bounds(balance)[rank]
         specs = (
             infos[start - 1].output if rank > 0 else None,
             infos[stop - 1].output if rank < world - 1 else None,
         )
         self.world = world
-        self.transport = DistTransport(rank, *specs, device, self._groups)
+        self.transport = DistTransport(rank, *specs, device, self._groups, base)
         self.eval_transport = DistTransport(
-            rank, *specs, device, (eval_group, eval_group) if eval_group is not None else None
+            rank, *specs, device, (eval_group, eval_group) if eval_group is not None else None, base
         )
-        self.exchange = DistExchange(rank, self._tied_groups, device)
+        self.exchange = DistExchange(rank, self._tied_groups, device, base)
 
     def joins(self) -> dict[str, Any]:
         """The StageExecutor arguments these wires give, besides the training transport."""
@@ -241,7 +267,8 @@ def run_stage_rank(
 ) -> PipelineResult | None:
     """Run this rank's stage of ``config`` in the initialized default process group.
 
-    Rank k runs stage k; a one-stage pipeline runs without a process group.
+    Rank k runs stage k; a one-stage pipeline runs without a process group. With D
+    replicas (``PipelineConfig.replicas``), rank ``d * K + k`` runs stage k of replica d.
     ``checkpoint`` and ``resume`` are the emulator's (:class:`Emulator`), file for file.
     Returns the combined result on rank 0 (gathered from every rank), None elsewhere.
     ``split_directions``: see :class:`StageWires`.
@@ -249,11 +276,14 @@ def run_stage_rank(
     config = resolve_pipeline(config)
     pipeline = config.require_pipeline()
     rank, world = rank_and_world()
+    n, replicas = pipeline.num_stages, pipeline.replicas
+    of_replicas = f" of {replicas} replicas" if replicas > 1 else ""
     require(
-        world == pipeline.num_stages,
-        f"{world} ranks joined a {pipeline.num_stages}-stage pipeline: start one rank per "
-        f"stage ({{nproc}} {pipeline.num_stages})",
+        world == pipeline.num_ranks,
+        f"{world} ranks joined a {n}-stage pipeline{of_replicas}: start one rank per stage"
+        f"{' of each replica' if replicas > 1 else ''} ({{nproc}} {pipeline.num_ranks})",
     )
+    replica, stage = divmod(rank, n)
     device = torch.device(device)
     if device.type == "cuda":
         # NCCL sends, receives and object gathers run on the current device: make it ours.
@@ -264,7 +294,8 @@ def run_stage_rank(
     threads = single_threaded() if device.type == "cpu" else nullcontext()
     with threads:
         infos = inspect_layers(config)
-        wires = StageWires(infos, pipeline.stage_balance, shared, device, split_directions)
+        mesh = ReplicaMesh(replicas, n, device.type) if replicas > 1 else None
+        wires = StageWires(infos, pipeline.stage_balance, shared, device, split_directions, mesh)
         transport, exchange = wires.transport, wires.exchange
         schedule = pipeline_schedule(config)
         model = build_full_model(config, device)
@@ -272,10 +303,10 @@ def run_stage_rank(
         if checkpoint is not None:
             request = StopRequest(checkpoint.directory, world, config.steps, decider=rank == 0)
         # The last stage knows each step's loss: it writes the log.
-        log = StepLog(config.log, config.steps) if rank == world - 1 else None
+        log = StepLog(config.log, config.steps) if rank == n - 1 else None
         executor = StageExecutor(
             config,
-            rank,
+            stage,
             schedule,
             model,
             infos,
@@ -285,10 +316,12 @@ def run_stage_rank(
             stop=request,
             **wires.joins(),
             log=log,
+            replica=replica,
+            average=mesh.average if mesh is not None else None,
         )
         first = 0 if resume is None else executor.restore(load_rank(resume[0], resume[1], rank))
         barrier()
-        actions = schedule.actions[rank][first:]
+        actions = schedule.actions[stage][first:]
         bar = progress_bar(config.steps, "train (rank 0)", enabled=progress and rank == 0)
         if bar is not None and resume is not None:
             bar.update(resume[1])
@@ -317,7 +350,7 @@ def run_stage_rank(
     if rank != 0:
         return None
     assert gathered is not None
-    save_trained(config, [stage.state for stage in gathered])
+    save_trained(config, [result.state for result in gathered[:n]])
     wall = max(r.wall_s for r in gathered)
     return combine(config, gathered, mode="pipeline", task=model.task, wall_s=wall)
 

@@ -1,4 +1,4 @@
-"""A stage picks up from its checkpoint: weights, in-flight forwards, messages across the cut."""
+"""A stage's checkpoint, written and picked up: weights, in-flight forwards, messages across the cut."""
 
 from __future__ import annotations
 
@@ -6,12 +6,33 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pipeswap.checkpoint import set_rng_state
+from pipeswap.checkpoint import rng_state, set_rng_state
 from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.rng import TRAIN
 
 if TYPE_CHECKING:
     from pipeswap.pipeline.executor import StageExecutor
+
+
+def stage_state(stage: StageExecutor, done: int) -> dict[str, Any]:
+    """What a stage's checkpoint after ``done`` steps holds (read by :func:`restore_stage`)."""
+    return {
+        "done": done,
+        "index": stage._index,
+        "weights": stage.weights.state(),
+        "losses": dict(stage.runner.losses),
+        "evals": list(stage.result.evals),
+        "in_flight": {
+            unit: (stage._forward_weights[unit], leaves)
+            for unit, leaves in stage.runner.in_flight_inputs().items()
+        },
+        "sent": stage._kept,
+        "rng": rng_state(),
+        "tied": stage.tied.state(done) if stage.tied is not None else {},
+        # What `pipeswap export` reads: the weights' names in the whole model.
+        "names": [name for name, _ in stage.named_parameters()],
+        "buffers": {n: b.detach().clone() for n, b in stage.module.named_buffers()},
+    }
 
 
 @torch.no_grad()

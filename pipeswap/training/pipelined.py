@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from dataclasses import replace
 
@@ -32,6 +31,13 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
 
     Returns the combined result on rank 0 (and in the emulator), None on other ranks.
     """
+    env = torchrun_env()
+    given = config.require_pipeline()
+    if env is not None and config.nproc is None and given.replicas == 1 and not given.emulate:
+        # Under torchrun, K stages on N ranks: N / K replicas (as --nproc N says).
+        stages = given.num_stages
+        if env.world_size > stages and env.world_size % stages == 0:
+            config = replace(config, pipeline=replace(given, replicas=env.world_size // stages))
     config = resolve_pipeline(config)
     pipeline = config.require_pipeline()
     assert config.device is not None
@@ -48,13 +54,13 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
     if pipeline.emulate:
         emulator = Emulator(config, record=True, checkpoint=checkpoint, resume=resume)
         return emulator.run(progress=config.progress)
-    env = torchrun_env()
     require(
-        env is None or config.nproc is not None or env.world_size == pipeline.num_stages,
+        env is None or config.nproc is not None or env.world_size == pipeline.num_ranks,
         f"torchrun started {env.world_size if env else 0} ranks for {{stages}} "
-        f"{pipeline.num_stages}: use torchrun's --nproc-per-node {pipeline.num_stages}",
+        f"{pipeline.num_stages} x {{replicas}} {pipeline.replicas}: use torchrun's "
+        f"--nproc-per-node {pipeline.num_ranks} (a multiple of the stages)",
     )
-    nproc = None if env is not None and config.nproc is None else pipeline.num_stages
+    nproc = None if env is not None and config.nproc is None else pipeline.num_ranks
     result: PipelineResult | None = run_ranks(
         _stage_rank,
         nproc,
@@ -67,6 +73,8 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
     )
     if result is None:
         return None
+    if config.require_pipeline().replicas > 1:
+        return result  # the replicas' all-reduce is not in the pipeline's task graph yet
     return replace(result, predicted_step_s=predicted_step_s(config))
 
 
@@ -78,7 +86,8 @@ def predicted_step_s(config: TrainConfig) -> float:
 
     The profile is measured at the micro-batch's size, as each action computes (a small
     batch costs more than its share of a large one), and times the optimizer step that
-    each stage's UPDATE takes its parameters' share of.
+    each stage's UPDATE takes its parameters' share of. A calibrated machine slows it by
+    the measured ``transfer_slowdown`` (a stage computes while its transfers go on).
     """
     pipeline = config.require_pipeline()
     assert config.device is not None and config.batch is not None
@@ -93,6 +102,10 @@ def predicted_step_s(config: TrainConfig) -> float:
             optimizer=config.optim.optimizer,
         )
     topology = default_topology(config.device, pipeline.num_stages)
+    slowdown = (topology.calibration or {}).get("transfer_slowdown")
+    if slowdown:
+        # Measured alone; a stage computes while its transfers go on (calibrated).
+        profile = profile.slowed(float(slowdown), f"{slowdown:.2f}x: compute beside transfers")
     schedule = pipeline_schedule(config)
     graph = pipeline_graph(
         schedule,
@@ -116,10 +129,6 @@ def _stage_rank(
     where = rank_device(config.device, local_rank_of(rank))
     if where.type == "cuda":
         torch.cuda.set_device(where)
-    else:
-        # Each rank its share of the cores, as data-parallel ranks (pipeswap.training.dp_rank)
-        # and as the prediction's profile is measured: more threads only contend.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     return run_stage_rank(
         config,
         device=where,
@@ -136,7 +145,7 @@ def report(result: PipelineResult) -> TrainReport:
         config,
         losses=result.losses,
         params_sha256=result.params_sha256,
-        nproc=1 if result.mode == "emulate" else config.require_pipeline().num_stages,
+        nproc=1 if result.mode == "emulate" else config.require_pipeline().num_ranks,
         evals=result.evals,
         pipeline=details_from_json(PipelineDetails, result.to_report()),
     )

@@ -158,6 +158,7 @@ def test_calibrate_writes_a_measured_topology(
     assert calibration["measured"] is True and calibration["ranks"] == 2
     assert calibration["command"].startswith("pipeswap ") and len(calibration["date"]) == 10
     assert calibration["compute_slowdown"] >= 1.0
+    assert calibration["transfer_slowdown"] >= 1.0  # 2 ranks exchange: a figure
     assert main(["topology", "show", str(out)]) == 0
 
 

@@ -1,0 +1,40 @@
+"""The emulator's replicas: each stage's gradients averaged once every replica has them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeswap.dist.replica_groups import mean_in_order
+
+if TYPE_CHECKING:
+    from pipeswap.pipeline.executor import StageExecutor
+
+
+class EmulatedReplicas:
+    """``average`` for the D replicas of a pipeline emulated in one process.
+
+    The replicas of a stage reach the backward that completes a mini-batch's gradient one
+    after another; each waits (False) until the last arrives, which averages every
+    replica's gradients in replica order (as the processes do, pipeswap.dist.replica_groups)
+    and finishes the waiting replicas' backward.
+    """
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas = replicas
+        self._arrived: dict[tuple[int, int], list[StageExecutor]] = {}
+
+    def __call__(self, step: int, stage: StageExecutor) -> bool:
+        waiting = self._arrived.setdefault((step, stage.rank), [])
+        waiting.append(stage)
+        if len(waiting) < self.replicas:
+            return False
+        del self._arrived[(step, stage.rank)]
+        ordered = sorted(waiting, key=lambda s: s.replica)
+        for grads in zip(*(s.gradients() for s in ordered), strict=True):
+            mean = mean_in_order(grads)
+            for grad in grads:
+                grad.copy_(mean)
+        for other in ordered:
+            if other is not stage:
+                other.after_average()
+        return True
