@@ -125,7 +125,10 @@ class SavedTensorCapture:
             self._order[self.layer].append(key)
         self._packs[self.layer].append(key)
         self._count_live(key, seen.nbytes)
-        packed = _Packed(tensor)
+        # Detached: a saved output keeps its grad_fn, whose node keeps what we return, a
+        # cycle through C++ that Python's collector cannot see. A forward with no backward
+        # (prepare's naming pass) would then never free its saved tensors.
+        packed = _Packed(tensor.detach())
         weakref.finalize(packed, self._release_live, key)
         return packed
 

@@ -127,3 +127,24 @@ def test_attention_on_meta_saves_linear_not_quadratic_memory() -> None:
     shapes = [r.shape for r in records["block0"]]
     assert (2, heads, seq) in shapes  # the flash kernel's logsumexp
     assert all(shape[-2:] != (seq, seq) for shape in shapes)  # no T x T attention matrix
+
+
+def test_a_named_forward_without_a_backward_frees_what_it_saved() -> None:
+    """The capture keeps a detached alias: the output a Tanh saves keeps its grad_fn, and a
+    holder of the tensor itself would be kept alive by that node (a cycle through C++ that
+    Python's collector cannot see), with every activation of the pass (on CUDA: prepare()
+    held a whole forward's activations for the rest of the run)."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = build_model("gpt2-micro")
+    outputs: list[weakref.ref[torch.Tensor]] = []
+    hook = model.block0.register_forward_hook(lambda m, a, out: outputs.append(weakref.ref(out)))
+    x, _ = model.example_batch(2, seq_len=8, seed=0)
+    with SavedTensorCapture(model) as capture:
+        model(x).sum()
+    hook.remove()
+    gc.collect()
+    assert capture.records()["block0"]  # it did save tensors
+    assert outputs[0]() is None

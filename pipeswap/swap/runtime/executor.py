@@ -255,8 +255,26 @@ class SwapExecutor:
                 self._end_forward(previous)
             self._tensors.layer = name
             self._transfer.poll()
+            if room is not None:
+                self._transfer.make_room(room)
+
+        # On CUDA the layer waits for swap-outs while the allocator holds more than the
+        # budget leaves it (its working set, as profiled): the plan's timeline waits there too.
+        room = None
+        if self.device.type == "cuda":
+            limit = self.budget_bytes - self._working_set(name)
+
+            def room() -> bool:
+                return torch.cuda.memory_allocated(self.device) > limit
 
         return hook
+
+    def _working_set(self, name: str) -> int:
+        """What ``name``'s forward allocates beyond what it saves (the profile's; 0 without)."""
+        if self.profile is None or name not in self.profile.layer_names:
+            return 0
+        layer = self.profile.layer(name)
+        return layer.workspace_bytes + layer.output_bytes
 
     def _end_forward(self, name: str) -> None:
         self._ended.add(name)

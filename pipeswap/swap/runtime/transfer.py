@@ -21,7 +21,7 @@ trivially):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -89,7 +89,9 @@ class HeldTensor:
     def __init__(self, transfer: SwapTransfer, entry: SavedEntry, tensor: torch.Tensor) -> None:
         self.transfer = transfer
         self.entry = entry
-        self.tensor = tensor
+        # Detached: a saved output's grad_fn would keep this holder alive through C++, a
+        # cycle Python's collector cannot see, and a forward with no backward would leak.
+        self.tensor = tensor.detach()
         entry.refs += 1
 
     def __del__(self) -> None:
@@ -178,6 +180,17 @@ class SwapTransfer:
                 entry.state = ON_HOST
                 self.ledger.shrink(entry.nbytes)
             pending.popleft()
+
+    def make_room(self, over_budget: Callable[[], bool]) -> None:
+        """Wait for swap-outs, oldest first, releasing each one's device bytes, until
+        ``over_budget()`` is false or none is in flight: the forward waits for memory, as
+        the plan's timeline does, instead of outgrowing the budget."""
+        while self._pending_out and over_budget():
+            entry = self._pending_out[0]
+            if entry.state == COPYING_OUT:
+                assert entry.event is not None
+                entry.event.synchronize()
+            self.poll()
 
     def prefetch(self, entry: SavedEntry) -> bool:
         """Start bringing ``entry`` back ahead of its use; True when a copy was issued."""

@@ -558,3 +558,32 @@ def test_cuda_recompute_redraws_dropout_masks_and_saves_memory() -> None:
     losses, sha, peak = run(tuple(layers[:-1]))
     assert (losses, sha) == (plain_losses, plain_sha)
     assert peak < plain_peak
+
+
+@pytest.mark.parametrize("kind", ["half", "jit"])
+def test_a_forward_without_a_backward_frees_its_saved_tensors(kind: str) -> None:
+    """What stays on the device is held by a detached alias (a saved output's grad_fn would
+    keep the holder itself alive: a cycle the collector cannot see), so a step whose
+    backward never runs lets go of everything, and so does prepare()'s naming pass."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(4)])
+    layers = [str(i) for i in range(4)]
+    x, y = torch.randn(8, 16), torch.randint(0, 16, (8,))
+    outputs: list[weakref.ref[torch.Tensor]] = []
+    model[1].register_forward_hook(lambda m, a, out: outputs.append(weakref.ref(out)))
+
+    def forward_loss() -> torch.Tensor:
+        return nn.functional.cross_entropy(model(x), y)
+
+    records, _ = capture_records(model, forward_loss, layers)
+    executor = SwapExecutor(model, _hand_plan(model, layers, records, kind), layers=layers)
+    executor.prepare(forward_loss)
+    with executor.forward():
+        loss = forward_loss()
+    del loss
+    executor.finish_step()
+    gc.collect()
+    assert len(outputs) == 3 and all(ref() is None for ref in outputs)

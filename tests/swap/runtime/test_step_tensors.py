@@ -28,7 +28,9 @@ def test_a_layers_tensors_are_held_and_counted_by_name() -> None:
     assert tensors.pack(x) is x  # outside any layer: passed through
     tensors.layer = "l0"
     held = tensors.pack(x)
-    assert isinstance(held, HeldTensor) and tensors.unpack(held) is x
+    assert isinstance(held, HeldTensor)
+    back = tensors.unpack(held)  # a detached alias of x: its bytes, no grad_fn to cycle through
+    assert back.data_ptr() == x.data_ptr() and torch.equal(back, x) and back.grad_fn is None
     assert tensors.ledger.live_bytes == 16
     weight = torch.zeros(2)
     assert tensors.pack(weight) is weight  # a parameter's pack call: never swapped

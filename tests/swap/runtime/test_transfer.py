@@ -302,6 +302,22 @@ def test_poll_releases_in_issue_order_up_to_the_first_unfinished_copy(fake: Fake
     assert ledger.live_bytes == 0
 
 
+def test_making_room_waits_for_the_oldest_copies_until_the_budget_holds(fake: FakeCuda) -> None:
+    """The forward waits for memory as the plan's timeline does: copies still running are
+    waited for, oldest first, and released, until the device holds what the budget allows."""
+    moved, ledger, entries, _ = _setup(fake, {"a": 64, "b": 128, "c": 256})
+    for key in ("a", "b", "c"):
+        moved.swap_out(entries[key])
+    first, second, third = _events(fake, moved.out_stream)
+    moved.make_room(lambda: ledger.live_bytes > 256)  # needs a and b released
+    assert ("synchronize", first) in fake.log and ("synchronize", second) in fake.log
+    assert ("synchronize", third) not in fake.log
+    assert [entries[k].state for k in "abc"] == [ON_HOST, ON_HOST, COPYING_OUT]
+    assert ledger.live_bytes == 256
+    moved.make_room(lambda: True)  # over budget whatever happens: waits for every copy, then stops
+    assert ledger.live_bytes == 0 and entries["c"].state == ON_HOST
+
+
 # ---- a whole training step through the executor, with the recording fake ---------------
 def _sha256(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
