@@ -92,9 +92,8 @@ def run(model: str, nproc: int, policy: str, topology: str, steps: int) -> dict[
         device="cpu",
         progress=False,
         # A budget the policies must keep by swapping (none keeps everything).
-        swap=SwapConfig(
-            policy=policy, footprint_ratio=None if policy == "none" else 1.5, topology=topology
-        ),
+        topology=topology,
+        swap=SwapConfig(policy=policy, footprint_ratio=None if policy == "none" else 1.5),
     )
     outcome = train(config)
     assert outcome is not None

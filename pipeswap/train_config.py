@@ -66,6 +66,13 @@ class TrainConfig:
         None, help="start this many local ranks (a pipeline: one per stage of each replica)"
     )
     timeout_s: float = option(60.0, help="seconds a rank waits for a peer before failing")
+    topology: str | None = option(
+        None,
+        metavar="NAME|FILE|detect",
+        help="GPUs and PCIe links to plan and predict for: a preset, a topology JSON file "
+        "(pipeswap topology calibrate writes one) or detect (default: this machine's kept "
+        "calibration, else detected on CUDA, else preset switch-4)",
+    )
     profile_path: str | None = option(
         None,
         metavar="PATH",
@@ -240,6 +247,9 @@ class TrainConfig:
         if swap is not None and "sync_every" in swap:  # written before it was accumulate
             swap = dict(swap)
             optim["accumulate"] = swap.pop("sync_every")
+        if swap is not None and "topology" in swap:  # written before both modes used it
+            swap = dict(swap)
+            values["topology"] = swap.pop("topology")
         pipeline = values.get("pipeline")
         if pipeline is not None and pipeline.get("balance") is not None:
             pipeline = {**pipeline, "balance": tuple(pipeline["balance"])}

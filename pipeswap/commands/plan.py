@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="data-parallel degree: the first N GPUs (default: all)",
     )
     # plan asks for a policy (or --compare): its help shows no default.
-    add_options(parser, SwapConfig, skip=("topology",), no_default=("policy",))
+    add_options(parser, SwapConfig, no_default=("policy",))
     add_options(parser, OptimizerConfig, only=("accumulate",))
     parser.add_argument(
         "--compare", action="store_true", help="run every policy and print one table"

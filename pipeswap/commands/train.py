@@ -36,7 +36,11 @@ _WHAT = ("model", "batch", "seq_len", "image_size", "seed", "profile_path")
 _GROUPS: tuple[tuple[str, type, tuple[str, ...] | None], ...] = (
     ("what to train", TrainConfig, _WHAT),
     ("data", DataConfig, None),
-    ("where and how long", TrainConfig, ("steps", "device", "precision", "nproc", "timeout_s")),
+    (
+        "where and how long",
+        TrainConfig,
+        ("steps", "device", "precision", "nproc", "timeout_s", "topology"),
+    ),
     ("optimizer", OptimizerConfig, None),
     ("checkpoints", CheckpointConfig, None),
     ("logging", LogConfig, None),

@@ -48,12 +48,6 @@ class SwapConfig:
         help="the budget is the no-swap peak divided by R: 1.5 plans for a GPU with two "
         "thirds of the memory training would take without swapping",
     )
-    topology: str | None = option(
-        None,
-        metavar="NAME|FILE|detect",
-        help="GPUs and PCIe links to plan for: a preset, a topology JSON file or detect "
-        "(default: detected on CUDA, preset switch-4 on the CPU)",
-    )
     time_limit_s: float = option(
         60.0, metavar="S", help="time limit of the mip and auto policies, in seconds"
     )

@@ -74,7 +74,7 @@ def default_topology(device: str, nproc: int) -> Topology:
 
 def _topology(config: TrainConfig, nproc: int) -> Topology:
     assert config.device is not None
-    return swap_topology(config.require_swap().topology, config.device, nproc)
+    return swap_topology(config.topology, config.device, nproc)
 
 
 def swap_topology(name: str | None, device: str, nproc: int) -> Topology:

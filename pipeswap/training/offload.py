@@ -71,10 +71,9 @@ def offload(
             policy=policy,
             gpu_memory_bytes=memory,
             footprint_ratio=footprint_ratio,
-            topology=topology,
             time_limit_s=time_limit_s,
         )
-    return Offload(model, config, layers=layers, optimizer=optimizer)
+    return Offload(model, config, layers=layers, optimizer=optimizer, topology=topology)
 
 
 @contextmanager
@@ -106,9 +105,11 @@ class Offload:
         *,
         layers: Sequence[str] | None = None,
         optimizer: str = "adamw",
+        topology: str | None = None,
     ) -> None:
         self.model = unwrap(model)
         self.config = config
+        self.topology = topology
         if layers is None:
             try:
                 layers = find_blocks(self.model)
@@ -237,7 +238,7 @@ class Offload:
             payload: Any = None
             if rank == 0:
                 try:
-                    where = swap_topology(self.config.topology, self._device().type, world)
+                    where = swap_topology(self.topology, self._device().type, world)
                     result = make_plan(profile, where, self.config, gpus=world)
                     payload = (result.plan.to_json(), result)
                 except PipeswapError as exc:  # every rank stops, none waits for rank 0

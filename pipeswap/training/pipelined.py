@@ -21,7 +21,7 @@ from pipeswap.pipeline.taskgraph import pipeline_graph
 from pipeswap.profiling.measure import measure
 from pipeswap.sim.engine import simulate
 from pipeswap.train_config import TrainConfig
-from pipeswap.training.data_parallel import default_topology
+from pipeswap.training.data_parallel import swap_topology
 from pipeswap.training.report import PipelineDetails, TrainReport, details_from_json
 from pipeswap.training.resume import agree_on_run, checkpointing
 
@@ -81,7 +81,7 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
 def predicted_step_s(config: TrainConfig) -> float:
     """The simulator's step time of a resolved pipeline run: its schedule as a task graph
     (pipeswap.pipeline.taskgraph) over a profile of the model measured here, alone, on
-    the run's device, simulated on the device's default topology (the run's whole
+    the run's device, simulated on its ``topology`` or the device's default (the run's whole
     makespan over its steps: fill and drain included, as a measured run's wall time).
 
     The profile is measured at the micro-batch's size, as each action computes (a small
@@ -101,7 +101,7 @@ def predicted_step_s(config: TrainConfig) -> float:
             device=config.device,
             optimizer=config.optim.optimizer,
         )
-    topology = default_topology(config.device, pipeline.num_stages)
+    topology = swap_topology(config.topology, config.device, pipeline.num_stages)
     slowdown = (topology.calibration or {}).get("transfer_slowdown")
     if slowdown:
         # Measured alone; a stage computes while its transfers go on (calibrated).

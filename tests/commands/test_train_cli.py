@@ -105,7 +105,6 @@ def test_no_swapping_under_a_budget_too_small_says_by_how_much(
         ([*GPT, "--emulate"], "--emulate applies to pipeline training"),
         ([*GPT, "--balance", "1,1"], "--balance applies to pipeline training"),
         ([*GPT, "--pipeline", "2", "--swap-policy", "none"], "drop --pipeline to swap"),
-        ([*GPT, "--pipeline", "2", "--topology", "switch-4"], "--topology applies to data-par"),
         ([*GPT, "--pipeline", "2", "--emulate", "--nproc", "2"], "drop --nproc"),
         ([*GPT, "--footprint-ratio", "0.5"], "--footprint-ratio is 0.5"),
         ([*GPT, "--seed", str(2**64)], "--seed is 18446744073709551616"),
@@ -184,9 +183,10 @@ def test_help_groups_every_option_under_the_mode_it_belongs_to() -> None:
     pipeline = titles["pipeline parallelism (--pipeline K)"]
     swapping = titles["data parallelism with swapping (the default mode)"]
     assert {"--schedule", "--weights", "--emulate", "--balance"} <= pipeline
-    assert {"--swap-policy", "--footprint-ratio", "--topology"} <= swapping
+    assert {"--swap-policy", "--footprint-ratio"} <= swapping
     shared = titles["where and how long"] | titles["what to train"]
-    assert {"--nproc", "--device", "--profile", "--timeout"} <= shared
+    # Both modes plan or predict on a machine: --topology belongs to neither alone.
+    assert {"--nproc", "--device", "--profile", "--timeout", "--topology"} <= shared
 
 
 def test_default_topology_on_cpu_is_a_preset_with_enough_gpus() -> None:

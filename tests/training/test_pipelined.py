@@ -1,0 +1,68 @@
+"""A pipeline run's prediction: on the topology it is given, slowed as calibrated.
+
+Covers: pipeswap/training/pipelined.py (predicted_step_s; the runs themselves are in
+tests/commands/test_train_cli.py and tests/pipeline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipeswap.hardware.calibration import Calibration
+from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.pipeline.resolve import resolve_pipeline
+from pipeswap.profiling.measure import measure
+from pipeswap.train_config import TrainConfig
+from pipeswap.training import pipelined
+
+
+def _machine(path: Path, transfer_slowdown: float) -> str:
+    # Transfers all but free, so the two predictions differ by the compute alone.
+    calibration = Calibration(
+        ranks=2,
+        device="cpu",
+        backend="gloo",
+        copy_bytes_per_s={"h2d-pageable": (1e12, 1e12)},
+        allreduce=(0.0, 1e15),
+        p2p=(0.0, 1e15),
+        compute_slowdown=1.0,
+        date="2026-11-26",
+        command="pipeswap topology calibrate --nproc 2",
+        transfer_slowdown=transfer_slowdown,
+    )
+    calibration.topology("calibrated-cpu-2", 1 << 30).save(path)
+    return str(path)
+
+
+def test_a_pipeline_predicts_on_the_topology_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = resolve_pipeline(
+        TrainConfig(
+            "gpt2-micro",
+            batch=4,
+            seq_len=16,
+            steps=3,
+            device="cpu",
+            pipeline=PipelineConfig(stages=2),
+        )
+    )
+    fixed = measure("gpt2-micro", 2, seq_len=16)  # the micro-batch's size: 4 in 2
+    seen: list[int] = []
+
+    def measured(model: object, batch: int, **kwargs: object) -> object:
+        seen.append(batch)
+        return fixed
+
+    monkeypatch.setattr(pipelined, "measure", measured)
+    same = pipelined.predicted_step_s(replace(config, topology=_machine(tmp_path / "a.json", 1.0)))
+    slowed = pipelined.predicted_step_s(
+        replace(config, topology=_machine(tmp_path / "b.json", 2.0))
+    )
+    assert seen == [2, 2]
+    # Every action's compute (and each stage's share of the optimizer step) doubles.
+    assert slowed == pytest.approx(2 * same, rel=1e-6)
+    assert same > fixed.compute_s  # the schedule's fill and drain on top of the compute
