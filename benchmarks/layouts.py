@@ -1,0 +1,191 @@
+"""Simulated layouts: the fastest mix of pipeline, data parallelism and swapping per server and budget.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/layouts.py                    # writes docs/results/layouts.md
+    .venv/bin/python benchmarks/layouts.py --quick --out /tmp/layouts.md   # seconds, for tests
+
+For each model (estimated V100-32GB profiles, float32, SGD with momentum), server preset
+(Gen3 PCIe) and per-GPU memory budget, ``pipeswap.layouts.search.search_layouts``
+simulates every family: data parallelism with swapping and recomputation (the
+``hybrid`` planner), pure pipelines (gpipe, 1f1b, async-1f1b, 2bw; K = every divisor of
+the GPU count; 1, 2 or 4 micro-batches per stage), pipelines whose stages swap
+(coordinated over the switches, and uncoordinated: Mobius's mapping, each stage alone)
+and K x D pipeline x data parallel layouts. Every layout moves the same samples per
+step (N GPUs x the per-GPU batch); rates are steady-state samples/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from _common import RESULTS_DIR, header
+
+from pipeswap.config import ConfigError
+from pipeswap.hardware.presets import preset
+from pipeswap.jsonio import write_atomic
+from pipeswap.layouts.layout import (
+    DATA_PARALLEL,
+    FAMILY_TITLES,
+    PIPELINE,
+    PIPELINE_DP,
+    PIPELINE_SWAP,
+)
+from pipeswap.layouts.search import LayoutSearch, SearchSpace, search_layouts
+from pipeswap.profile import Profile
+from pipeswap.profiling import estimate
+from pipeswap.units import format_bytes
+
+RESULTS = RESULTS_DIR / "layouts.md"
+GPU = "v100-32gb"
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model at a per-GPU batch, and the budgets (GiB per GPU) it is planned for."""
+
+    model: str
+    batch: int
+    budgets_gib: tuple[float, ...]
+
+
+FULL = (
+    Case("gpt2-xl", 4, (32, 20, 12)),
+    Case("bert-large", 32, (32, 16, 8)),
+    Case("vit-l16", 64, (32, 16, 8)),
+    Case("resnet152", 128, (32, 16, 8)),
+)
+QUICK = (Case("resnet50", 32, (6,)),)
+SERVERS = ("switch-4", "single-root-8", "dual-root-8")
+QUICK_SPACE = SearchSpace(schedules=("1f1b", "async-1f1b"), micro_factors=(1,))
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    server: str
+    budget_bytes: int
+    search: LayoutSearch | None
+    smallest_bytes: int
+    wall_s: float
+
+    def rate(self, family: str, coordinated: bool | None = None) -> float | None:
+        if self.search is None:
+            return None
+        best = self.search.best_of(family, coordinated=coordinated)
+        return None if best is None else best.layout.samples_per_s
+
+
+def run_case(profile: Profile, server: str, budget_bytes: int, space: SearchSpace) -> Row:
+    started = time.perf_counter()
+    try:
+        search: LayoutSearch | None = search_layouts(profile, preset(server), budget_bytes, space)
+        smallest = search.smallest_bytes if search else 0
+    except ConfigError as exc:
+        search = None
+        smallest = int(str(exc).split("is about ")[1].split(" ")[0])
+    return Row(profile.model, server, budget_bytes, search, smallest, time.perf_counter() - started)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{a / b:.2f}x"
+
+
+def _rate(value: float | None) -> str:
+    return "no fit" if value is None else f"{value:,.1f}"
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| model | server | budget | best layout | samples/s | DP+swap | pipeline | stages swap "
+        "(coord.) | stages swap (uncoord.) | pipeline x DP | best / DP | best / pipeline "
+        "| coord. / uncoord. |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        if row.search is None:
+            lines.append(
+                f"| {row.model} | {row.server} | {format_bytes(row.budget_bytes)} | nothing fits "
+                f"(smallest {format_bytes(row.smallest_bytes)}) | - | - | - | - | - | - | - | - | - |"
+            )
+            continue
+        best = row.search.best.layout
+        dp, pipe = row.rate(DATA_PARALLEL), row.rate(PIPELINE)
+        coord, alone = row.rate(PIPELINE_SWAP, True), row.rate(PIPELINE_SWAP, False)
+        lines.append(
+            f"| {row.model} | {row.server} | {format_bytes(row.budget_bytes)} | {best.name} "
+            f"| {best.samples_per_s:,.1f} | {_rate(dp)} | {_rate(pipe)} | {_rate(coord)} "
+            f"| {_rate(alone)} | {_rate(row.rate(PIPELINE_DP))} "
+            f"| {_ratio(best.samples_per_s, dp)} | {_ratio(best.samples_per_s, pipe)} "
+            f"| {_ratio(coord, alone)} |"
+        )
+    return "\n".join(lines)
+
+
+def winners(rows: list[Row]) -> str:
+    """How often each family gives the best layout."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row.search is not None:
+            family = row.search.best.layout.family
+            counts[family] = counts.get(family, 0) + 1
+    return ", ".join(f"{FAMILY_TITLES[f]}: {n}" for f, n in sorted(counts.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one small case (seconds; for tests)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"table file (default {RESULTS})")
+    args = parser.parse_args(argv)
+    cases, servers, space = (
+        (QUICK, ("switch-4",), QUICK_SPACE) if args.quick else (FULL, SERVERS, SearchSpace())
+    )
+    started = time.perf_counter()
+    rows: list[Row] = []
+    for case in cases:
+        profile = estimate(case.model, case.batch, gpu=GPU)
+        for server in servers:
+            for budget in case.budgets_gib:
+                row = run_case(profile, server, int(budget * GiB), space)
+                rows.append(row)
+                print(table([row]).splitlines()[-1], f"({row.wall_s:.1f} s)", flush=True)
+    text = (
+        header("Simulated layouts: pipelines, data parallelism and swapping", "layouts.py", argv)
+        + _explanation(cases, time.perf_counter() - started)
+        + "\n## Fastest layout per model, server and budget\n\n"
+        + table(rows)
+        + "\n\n"
+        + f"Best family, by count of cases: {winners(rows)}.\n"
+        + (_discussion() if not args.quick else "")
+    )
+    write_atomic(args.out, text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _explanation(cases: tuple[Case, ...], wall_s: float) -> str:
+    batches = ", ".join(f"{c.model} b={c.batch}" for c in cases)
+    return (
+        "Every rate is simulated steady-state samples/s (`pipeswap.sim`) on task graphs built "
+        "from estimated profiles (`pipeswap.profiling.estimate`, V100-32GB, float32, SGD with "
+        f"momentum); per-GPU batch: {batches}. Every layout moves N x b samples per step "
+        "(N GPUs). Budget: the memory each GPU may use (parameters, gradients, optimizer "
+        "state, weight copies, saved activations and the largest working set). Columns: the "
+        "fastest layout that fits; the fastest of each family (`no fit`: none fits); ratios "
+        "of the best layout to the best data parallel with swapping and recomputation "
+        "(`hybrid`), to the best pure pipeline, and of coordinated to uncoordinated stage "
+        f"swapping. Wall time of the whole grid: {wall_s:.0f} s.\n"
+    )
+
+
+def _discussion() -> str:
+    return "\n## Where each family wins, and why\n\n(see the discussion below the table)\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
