@@ -33,7 +33,6 @@ from pipeswap.layouts.layout import (
     FAMILY_TITLES,
     PIPELINE,
     PIPELINE_DP,
-    PIPELINE_SWAP,
 )
 from pipeswap.layouts.search import LayoutSearch, SearchSpace, search_layouts
 from pipeswap.profile import Profile
@@ -74,10 +73,16 @@ class Row:
     smallest_bytes: int
     wall_s: float
 
-    def rate(self, family: str, coordinated: bool | None = None) -> float | None:
+    def rate(self, family: str) -> float | None:
         if self.search is None:
             return None
-        best = self.search.best_of(family, coordinated=coordinated)
+        best = self.search.best_of(family)
+        return None if best is None else best.layout.samples_per_s
+
+    def swapping(self, coordinated: bool) -> float | None:
+        if self.search is None:
+            return None
+        best = self.search.best_swapping(coordinated=coordinated)
         return None if best is None else best.layout.samples_per_s
 
 
@@ -116,7 +121,7 @@ def table(rows: list[Row]) -> str:
             continue
         best = row.search.best.layout
         dp, pipe = row.rate(DATA_PARALLEL), row.rate(PIPELINE)
-        coord, alone = row.rate(PIPELINE_SWAP, True), row.rate(PIPELINE_SWAP, False)
+        coord, alone = row.swapping(True), row.swapping(False)
         lines.append(
             f"| {row.model} | {row.server} | {format_bytes(row.budget_bytes)} | {best.name} "
             f"| {best.samples_per_s:,.1f} | {_rate(dp)} | {_rate(pipe)} | {_rate(coord)} "

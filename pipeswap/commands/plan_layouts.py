@@ -96,13 +96,14 @@ def layouts_table(search: LayoutSearch, profile: Profile, budget_bytes: int) -> 
             f"{title:<32} {layout.name:<40} {layout.samples_per_s:>10,.2f} {ratio:>7.3f}x "
             f"{format_bytes(layout.peak_bytes):>10}"
         )
-    uncoordinated = search.best_of(PIPELINE_SWAP, coordinated=False)
-    coordinated = search.best_of(PIPELINE_SWAP, coordinated=True)
+    uncoordinated = search.best_swapping(coordinated=False)
+    coordinated = search.best_swapping(coordinated=True)
     if uncoordinated is not None and coordinated is not None:
         gain = coordinated.layout.samples_per_s / uncoordinated.layout.samples_per_s
         lines.append(
-            f"stage swapping coordinated over switches: {gain:.3f}x the uncoordinated "
-            f"(Mobius mapping, each stage alone: {uncoordinated.layout.name})"
+            f"stages that swap, coordinated over switches ({coordinated.layout.name}): "
+            f"{gain:.3f}x the uncoordinated ({uncoordinated.layout.name}: Mobius mapping, "
+            "each stage alone)"
         )
     if best.family != DATA_PARALLEL:
         lines += ["", "stages of the best:"]
@@ -142,9 +143,7 @@ def train_command(layout: Layout, profile: Profile) -> str:
     if layout.micro_batches > 1:
         words.append(f"--micro-batches {layout.micro_batches}")
     words.append(f"--nproc {layout.gpus}")
-    if layout.family in (PIPELINE_SWAP, PIPELINE_DP) and any(
-        p.swapped or p.recomputed for p in layout.stage_plans
-    ):
+    if layout.swaps:
         words += ["--swap-policy hybrid", f"--gpu-memory {layout.budget_bytes}"]
     return " ".join(words)
 
@@ -157,4 +156,3 @@ def check_layout_arguments(args: argparse.Namespace) -> None:
             "--layouts searches every family itself: drop --policy, --compare and --out "
             "(write the layout with --layout-out FILE)"
         )
-

@@ -38,9 +38,10 @@ class Scored:
 
 
 def steady_rate_s(result: SimResult, schedule: Schedule, replicas: int) -> float:
-    """Seconds per step in the steady state: the second half of the steps, measured from
-    the end of the last UPDATE of the first half to the end of the last one of all (so
-    the pipeline's fill does not count)."""
+    """Seconds per step in the steady state: between the ends of UPDATE ``S/4`` and
+    UPDATE ``3S/4`` (the last of any stage, any replica) of ``S`` steps, so neither the
+    pipeline's fill nor its drain counts (a schedule without flush updates a mini-batch
+    only after forwards of the next have run)."""
     prefixes = [f"r{r}/" for r in range(replicas)] if replicas > 1 else [""]
 
     def done(step: int) -> float:
@@ -50,8 +51,8 @@ def steady_rate_s(result: SimResult, schedule: Schedule, replicas: int) -> float
             for k in range(schedule.num_stages)
         )
 
-    half = schedule.num_steps // 2
-    return (done(schedule.num_steps - 1) - done(half - 1)) / (schedule.num_steps - half)
+    first, last = schedule.num_steps // 4, 3 * schedule.num_steps // 4
+    return (done(last) - done(first)) / (last - first)
 
 
 def score_pipeline(

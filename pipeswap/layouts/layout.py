@@ -103,14 +103,19 @@ class Layout:
         return self.stages * self.replicas
 
     @property
+    def swaps(self) -> bool:
+        """Some stage swaps or recomputes (a pipeline family's stage plans)."""
+        return any(p.swapped or p.recomputed for p in self.stage_plans)
+
+    @property
     def name(self) -> str:
         """A short description: ``dp8 hybrid``, ``pp4x2 1f1b m8 (cross, coordinated)``."""
         if self.family == DATA_PARALLEL:
             return f"dp{self.replicas} {self.swap_policy}"
         shape = f"pp{self.stages}" + (f"x{self.replicas}" if self.replicas > 1 else "")
         micro = f" m{self.micro_batches}" if self.micro_batches > 1 else ""
-        swaps = any(p.swapped or p.recomputed for p in self.stage_plans)
-        how = ", coordinated" if swaps and self.coordinated else ", uncoordinated" if swaps else ""
+        how = ", coordinated" if self.coordinated else ", uncoordinated"
+        how = how if self.swaps else ""
         return f"{shape} {self.schedule}{micro} ({self.mapping}{how})"
 
     def to_json(self) -> dict[str, Any]:

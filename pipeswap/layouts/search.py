@@ -39,14 +39,15 @@ WEIGHTS = {"gpipe": "stale", "1f1b": "stale", "async-1f1b": "spectrain", "2bw": 
 class SearchSpace:
     """What the planner tries. ``micro_factors``: micro-batches per replica mini-batch as
     multiples of the stage count; ``stages``: pipeline depths (default every divisor of the
-    GPU count from 2 up); ``steps``: mini-batches simulated (half of them fill the pipeline)
-    for flushed schedules, and per stage for ``async-1f1b``."""
+    GPU count from 2 up); ``steps``: mini-batches simulated (the rate is read over the
+    middle half: :func:`pipeswap.layouts.evaluate.steady_rate_s`), per stage for
+    ``async-1f1b``."""
 
     schedules: tuple[str, ...] = SCHEDULE_NAMES
     micro_factors: tuple[int, ...] = (1, 2, 4)
     stages: tuple[int, ...] | None = None
     dp_policies: tuple[str, ...] = ("hybrid",)
-    steps: int = 4
+    steps: int = 8
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,14 @@ class LayoutSearch:
         """The fastest of ``family`` (of its coordinated or uncoordinated layouts if asked)."""
         for s in self.scored:
             if s.layout.family == family and coordinated in (None, s.layout.coordinated):
+                return s
+        return None
+
+    def best_swapping(self, *, coordinated: bool) -> Scored | None:
+        """The fastest pipeline whose stages swap or recompute, with or without replicas,
+        whose stages were planned coordinated (or not)."""
+        for s in self.scored:
+            if s.layout.swaps and s.layout.coordinated == coordinated:
                 return s
         return None
 
@@ -194,7 +203,7 @@ def _units(
         micro = [f * k for f in space.micro_factors if replica.batch % (f * k) == 0]
         return [(replica, m, space.steps) for m in micro]
     sizes = [profile.scaled(k)] + ([profile] if k > 1 else [])
-    return [(p, 1, space.steps * k) for p in sizes]
+    return [(p, 1, space.steps * k // 2) for p in sizes]
 
 
 def _balances(
