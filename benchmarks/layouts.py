@@ -59,7 +59,7 @@ FULL = (
     Case("vit-l16", 64, (32, 16, 8)),
     Case("resnet152", 128, (32, 16, 8)),
 )
-QUICK = (Case("resnet50", 32, (6,)),)
+QUICK = (Case("resnet50", 32, (2.5,)),)
 SERVERS = ("switch-4", "single-root-8", "dual-root-8")
 QUICK_SPACE = SearchSpace(schedules=("1f1b", "async-1f1b"), micro_factors=(1,))
 

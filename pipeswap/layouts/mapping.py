@@ -77,8 +77,21 @@ def transfer_windows(
 
 
 def overlap_s(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
-    """Total time two sets of intervals overlap."""
-    return sum(max(0.0, min(x1, y1) - max(x0, y0)) for x0, x1 in a for y0, y1 in b)
+    """Total time two sets of intervals overlap (pair by pair)."""
+    ys = sorted(b)
+    ends = sorted(y1 for _, y1 in ys)
+    if ends != [y1 for _, y1 in ys]:  # not one length each: pair them all
+        return sum(max(0.0, min(x1, y1) - max(x0, y0)) for x0, x1 in a for y0, y1 in ys)
+    total, first = 0.0, 0
+    for x0, x1 in sorted(a):
+        # Intervals of b ending before x starts never meet a later x either.
+        while first < len(ys) and ys[first][1] <= x0:
+            first += 1
+        for y0, y1 in ys[first:]:
+            if y0 >= x1:
+                break
+            total += max(0.0, min(x1, y1) - max(x0, y0))
+    return total
 
 
 def cross_mapping(

@@ -229,7 +229,12 @@ def _layouts_of(cut: _Cut) -> Iterator[tuple[Scored | None, int]]:
     replicas), else with coordinated and uncoordinated stage plans."""
     costs = cut.costs
     k = cut.schedule.num_stages
-    orders = [stage_order(cut.schedule, s) for s in range(k)]
+    # Plans are made on half the steps: a stage's memory repeats once the pipeline is
+    # full, and the simulation of every step checks them.
+    planning = build_schedule(
+        cut.schedule.name, k, max(2, cut.schedule.num_steps // 2), cut.schedule.micro_batches
+    )
+    orders = [stage_order(planning, s) for s in range(k)]
     floor = max(floor_bytes(o, c) for o, c in zip(orders, costs))
     in_order = replica_major(cut.gpus, k, cut.replicas)
     if all(peak_bytes(o, c, NO_PLAN) <= cut.budget_bytes for o, c in zip(orders, costs)):
@@ -242,7 +247,7 @@ def _layouts_of(cut: _Cut) -> Iterator[tuple[Scored | None, int]]:
         planned = plan_stages(
             cut.topology,
             cut.gpus,
-            cut.schedule,
+            planning,
             costs,
             orders,
             cut.budget_bytes,

@@ -64,3 +64,19 @@ def test_layout_options_need_layouts_and_exclude_the_swap_planners(heavy_profile
     assert "drop --policy" in capsys.readouterr().err
     assert main(["plan", "--topology", "switch-4", "--layouts"]) == 2
     assert "--estimate MODEL" in capsys.readouterr().err
+
+
+def test_gpt2_xl_on_single_root_8_at_5_gib_fits_only_as_stages_that_swap(capsys) -> None:
+    # 5 GiB per GPU: data parallelism needs 19 GiB for gpt2-xl's weights, gradients,
+    # momentum and its largest working set; the best pure pipeline (8 stages, 32
+    # micro-batches of one sample) peaks at 5.8 GiB. Stages that swap fit.
+    args = ["plan", "--estimate", "gpt2-xl", "--batch", "4", "--gpu", "v100-32gb"]
+    args += ["--topology", "single-root-8", "--gpu-memory", "5GiB", "--layouts", "--json"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "data-parallel" not in result["families"] and "pipeline" not in result["families"]
+    best = result["best"]
+    assert best["family"] in ("pipeline-swap", "pipeline-dp")
+    assert best["peak_bytes"] <= 5 * 2**30 == best["budget_bytes"]
+    assert any(p["swapped"] or p["recomputed"] for p in best["stage_plans"])
+    assert best["samples_per_s"] > 0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
 from layout_toys import toy
 
 from pipeswap.hardware.presets import preset
@@ -42,6 +45,12 @@ def test_mobius_puts_consecutive_stages_under_different_switches() -> None:
 
 def test_overlap_of_intervals() -> None:
     assert overlap_s([(0, 2), (5, 6)], [(1, 5.5)]) == 1.5
+    rng = random.Random(0)
+    for _ in range(50):
+        a = [(t, t + 0.7) for t in sorted(rng.uniform(0, 10) for _ in range(8))]
+        b = [(t, t + 0.3) for t in sorted(rng.uniform(0, 10) for _ in range(8))]
+        brute = sum(max(0.0, min(x1, y1) - max(x0, y0)) for x0, x1 in a for y0, y1 in b)
+        assert overlap_s(a, b) == pytest.approx(brute)
 
 
 def _case(plans):
