@@ -9,10 +9,11 @@ after the previous one of its GPU, every SEND a p2p, as
   them) once the plan's ``lead``-th compute action before the unit's backward has
   ended, and the backward waits for it; a recompute task (the recomputed layers'
   forward again, allocating what they save) runs right before the backward.
-- **data parallelism** (D > 1): when a stage has run the last backward of a mini-batch
-  on every replica, an all-reduce of its gradients over those replicas' GPUs starts on
-  their comm streams, overlapping the other stages' backward passes (DDP overlaps
-  buckets within one backward in the same way); the stage's UPDATE waits for it.
+- **data parallelism** (D > 1): a stage's gradients are all-reduced over its replicas'
+  GPUs in DDP's buckets (``bucket_bytes``, filled from the stage's last layer down):
+  the last backward of each mini-batch is cut where a bucket is complete, and each
+  bucket's all-reduce starts once that part has run on every replica, overlapping the
+  rest of the backward and the other stages' work; the stage's UPDATE waits for all.
 
 Memory: a ``init`` task holds each stage's resident bytes; a forward allocates the
 unit's saved tensors and the stage's working set, the backward frees them.
@@ -36,6 +37,8 @@ from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.schedule import Schedule, unit_time_order
 from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.graph import TaskGraph
+from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
+from pipeswap.swap.plan.iteration import Bucket, buckets_of
 
 
 def layout_graph(
@@ -43,6 +46,8 @@ def layout_graph(
     stages: Sequence[StageCosts],
     placement: Sequence[Sequence[str]],
     plans: Sequence[StagePlan] | None = None,
+    *,
+    bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
 ) -> TaskGraph:
     """The graph of ``schedule`` on every replica of ``placement`` (one row of GPUs per
     replica, one GPU per stage), with each stage's swap ``plans`` (none by default).
@@ -63,6 +68,9 @@ def layout_graph(
     if len(set(used)) != len(used):
         raise PipeswapError(f"placement {[list(r) for r in placement]} puts two stages on one GPU")
     units = [unit_memory(c, p) for c, p in zip(stages, plans)]
+    buckets = [
+        buckets_of(c.layer_param_bytes, bucket_bytes) if len(placement) > 1 else [] for c in stages
+    ]
     issue_after = [prefetch_points(stage_order(schedule, k), plans[k].lead) for k in range(n)]
     replicas = len(placement)
     prefix = [f"r{r}/" if replicas > 1 else "" for r in range(replicas)]
@@ -88,6 +96,7 @@ def layout_graph(
         k, action = timeline[i].rank, timeline[i].action
         kind, u = action.kind, action.unit
         c, unit = stages[k], units[k]
+        closes = replicas > 1 and kind is ActionKind.B and _closes_step(schedule, k, u)
         for r, row in enumerate(placement):
             p, gpu = prefix[r], row[k]
             name = f"{p}s{k}:{kind}{u}"
@@ -108,11 +117,12 @@ def layout_graph(
                 deps = [previous[(r, k)]] + ([f"{p}s{k + 1}:SEND_B{u}"] if k < n - 1 else [])
                 point = issue_after[k].get(u)
                 after = None if point is None else computes[(r, k)][point]
-                task = _backward(builder, gpu, c, unit, deps, after, p, k, u)
+                chunks = _chunks(c, buckets[k]) if closes and buckets[k] else [(0, c.backward_s)]
+                task = _backward(builder, gpu, c, unit, deps, after, p, k, u, chunks)
             elif kind is ActionKind.UPDATE:
-                deps = [previous[(r, k)]]
-                if replicas > 1:
-                    deps.append(f"s{k}:allreduce{u}")
+                deps = [previous[(r, k)]] + [
+                    _reduce_id(k, u, b, buckets[k]) for b in range(len(buckets[k]))
+                ]
                 task = builder.compute(gpu, c.update_s, deps=deps, id=name)
             elif kind is ActionKind.SEND_F:
                 builder.p2p(gpu, row[k + 1], c.out_bytes, deps=[f"{p}s{k}:F{u}"], id=name)
@@ -125,17 +135,54 @@ def layout_graph(
                 continue  # a RECV is the dependency of the pass that needs it
             previous[(r, k)] = task
             computes[(r, k)].append(task)
-        # The all-reduce goes after the backward's SEND_B on the comm streams (stage 0
-        # sends nothing), so the previous stage's backward never waits for it.
-        sent = kind is ActionKind.SEND_B or (kind is ActionKind.B and k == 0)
-        if replicas > 1 and sent and _closes_step(schedule, k, u):
-            builder.allreduce(
-                [row[k] for row in placement],
-                c.param_bytes,
-                deps=[f"{prefix[r]}s{k}:B{u}" for r in range(replicas)],
-                id=f"s{k}:allreduce{schedule.step_of(u)}",
-            )
+        if closes:
+            # Every bucket but the last starts as its part of the backward ends on every
+            # replica, ahead of the SEND_B on the comm streams; the last one after it (stage
+            # 0 sends nothing), so the previous stage never waits for more than the buckets
+            # still running when the backward ends.
+            for b in range(len(buckets[k]) - (1 if k > 0 else 0)):
+                _reduce(builder, placement, prefix, k, u, b, buckets[k], schedule.step_of(u))
+        sent = kind is ActionKind.SEND_B and buckets[k]
+        if sent and _closes_step(schedule, k, u):
+            last = len(buckets[k]) - 1
+            _reduce(builder, placement, prefix, k, u, last, buckets[k], schedule.step_of(u))
     return builder.build()
+
+
+def _reduce_id(k: int, step: int, b: int, buckets: Sequence[Bucket]) -> str:
+    """``s{k}:allreduce{step}`` for the last bucket, ``...{step}.{b}`` for the others."""
+    return f"s{k}:allreduce{step}" + ("" if b == len(buckets) - 1 else f".{b}")
+
+
+def _reduce(
+    builder: GraphBuilder,
+    placement: Sequence[Sequence[str]],
+    prefix: Sequence[str],
+    k: int,
+    u: int,
+    b: int,
+    buckets: Sequence[Bucket],
+    step: int,
+) -> None:
+    chunk = "" if b == len(buckets) - 1 else f".{b}"
+    builder.allreduce(
+        [row[k] for row in placement],
+        buckets[b].bytes,
+        deps=[f"{prefix[r]}s{k}:B{u}{chunk}" for r in range(len(placement))],
+        id=_reduce_id(k, step, b, buckets),
+    )
+
+
+def _chunks(c: StageCosts, buckets: Sequence[Bucket]) -> list[tuple[int, float]]:
+    """The backward of a stage cut where each bucket but the last is complete:
+    (bucket, seconds) in the order they run; the last chunk takes the remaining layers."""
+    chunks: list[tuple[int, float]] = []
+    top = len(c.layers)
+    for b, bucket in enumerate(buckets[:-1]):
+        chunks.append((b, sum(c.layer_backward_s[bucket.layer : top])))
+        top = bucket.layer
+    chunks.append((len(buckets) - 1, sum(c.layer_backward_s[:top])))
+    return chunks
 
 
 def _backward(
@@ -148,9 +195,11 @@ def _backward(
     prefix: str,
     k: int,
     u: int,
+    chunks: Sequence[tuple[int, float]],
 ) -> str:
     """A unit's backward: its prefetch (issued after the task ``after``) and its recompute
-    first when the plan has them."""
+    first when the plan has them; in ``chunks`` (one per gradient bucket, the last named
+    ``B{u}``, the others ``B{u}.{bucket}``) when it closes a data-parallel step."""
     if unit.swap:
         assert after is not None, "a swapped unit has a prefetch point"
         deps.append(
@@ -171,14 +220,18 @@ def _backward(
             free_bytes=c.transient_bytes,
             id=f"{prefix}s{k}:r{u}",
         )
-    return builder.compute(
-        gpu,
-        c.backward_s,
-        deps=deps,
-        alloc_bytes=c.transient_bytes,
-        free_bytes=unit.full + unit.rerun + c.transient_bytes,
-        id=f"{prefix}s{k}:B{u}",
-    )
+    task = ""
+    for i, (b, seconds) in enumerate(chunks):
+        first, last = i == 0, i == len(chunks) - 1
+        task = builder.compute(
+            gpu,
+            c.backward_s if len(chunks) == 1 else seconds,
+            deps=deps if first else [task],
+            alloc_bytes=c.transient_bytes if first else 0,
+            free_bytes=unit.full + unit.rerun + c.transient_bytes if last else 0,
+            id=f"{prefix}s{k}:B{u}" + ("" if last else f".{b}"),
+        )
+    return task
 
 
 def _closes_step(schedule: Schedule, stage: int, unit: int) -> bool:

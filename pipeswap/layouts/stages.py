@@ -38,6 +38,8 @@ class StageCosts:
     out_bytes: int
     in_flight: int
     layer_forward_s: tuple[float, ...]
+    layer_backward_s: tuple[float, ...]
+    layer_param_bytes: tuple[int, ...]
     saved: tuple[int, ...]
     kept: tuple[int, ...]
     rerun: tuple[int, ...]
@@ -93,6 +95,8 @@ def stage_costs(
                 out_bytes=_scaled(profile.layers[b - 1].output_bytes, scale),
                 in_flight=in_flight,
                 layer_forward_s=tuple(workload.forward_s[i] * scale for i in layers),
+                layer_backward_s=tuple(workload.backward_s[i] * scale for i in layers),
+                layer_param_bytes=tuple(workload.param_bytes[i] for i in layers),
                 saved=tuple(_scaled(workload.all_saved_bytes[i], scale) for i in layers),
                 kept=tuple(_scaled(everything.saved_bytes[i], scale) for i in layers),
                 rerun=tuple(_scaled(everything.recompute_bytes[i], scale) for i in layers),

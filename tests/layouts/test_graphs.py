@@ -56,11 +56,33 @@ def test_replicas_all_reduce_each_stage_before_its_update() -> None:
     assert {t.gpus for t in reduces if t.id.startswith("s1:")} == {(rows[0][1], rows[1][1])}
     assert "s2:allreduce1" in graph.task("r1/s2:UPDATE1").deps
     # Without parameters the all-reduces take no time: two replicas run as fast as one.
-    weightless = [dataclasses.replace(c, param_bytes=0) for c in costs]
+    weightless = [
+        dataclasses.replace(c, param_bytes=0, layer_param_bytes=(0,) * len(c.layers)) for c in costs
+    ]
     two = simulate(layout_graph(schedule, weightless, rows), topology).makespan_s
     one = simulate(layout_graph(schedule, weightless, rows[:1]), topology).makespan_s
     assert two == pytest.approx(one, rel=1e-9)
     assert simulate(graph, topology).makespan_s > one
+
+
+def test_buckets_start_during_the_last_backward_of_a_step() -> None:
+    # Two layers of 30 MB per stage: two 25 MiB buckets, the first complete once the
+    # stage's last layer has run its backward.
+    profile = toy(4, param_bytes=30 * 10**6)
+    topology = preset("switch-4")
+    schedule = build_schedule("1f1b", 2, 2, 2)
+    costs = stage_costs(profile, (2, 2), schedule="1f1b", micro_batches=2, weights="stale")
+    rows = [("gpu0", "gpu2"), ("gpu1", "gpu3")]
+    graph = layout_graph(schedule, costs, rows)
+    assert {"s0:allreduce1.0", "s0:allreduce1", "s1:allreduce1.0", "s1:allreduce1"} <= {
+        t.id for t in graph.tasks
+    }
+    halves = [graph.task("r1/s0:B3.0"), graph.task("r1/s0:B3")]
+    assert sum(t.duration_s for t in halves) == pytest.approx(costs[0].backward_s)
+    assert graph.task("s0:allreduce1.0").deps == ("r0/s0:B3.0", "r1/s0:B3.0")
+    overlapped = simulate(graph, topology).makespan_s
+    at_the_end = simulate(layout_graph(schedule, costs, rows, bucket_bytes=None), topology)
+    assert overlapped < at_the_end.makespan_s
 
 
 def test_swaps_and_recomputes_keep_the_simulated_peak_within_the_plans_bound() -> None:
