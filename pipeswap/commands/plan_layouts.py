@@ -108,13 +108,16 @@ def layouts_table(search: LayoutSearch, profile: Profile, budget_bytes: int) -> 
     if best.family != DATA_PARALLEL:
         lines += ["", "stages of the best:"]
         for plan in best.stage_plans:
-            moved = f"swaps {len(plan.swapped)} layers" if plan.swapped else "swaps none"
-            again = f"recomputes {len(plan.recomputed)}" if plan.recomputed else "recomputes none"
             lines.append(
-                f"  stage {plan.stage}: {len(plan.layers)} layers ({plan.layers[0]}..."
-                f"{plan.layers[-1]}), {moved}, {again}, peak {format_bytes(plan.peak_bytes)}"
+                f"  stage {plan.stage}: {_layers(len(plan.layers))} ({plan.layers[0]}..."
+                f"{plan.layers[-1]}), swaps {_layers(len(plan.swapped))}, recomputes "
+                f"{_layers(len(plan.recomputed))}, peak {format_bytes(plan.peak_bytes)}"
             )
     return "\n".join(lines)
+
+
+def _layers(count: int) -> str:
+    return "none" if count == 0 else f"{count} layer" + ("" if count == 1 else "s")
 
 
 def train_command(layout: Layout, profile: Profile) -> str:

@@ -20,8 +20,9 @@ def test_water_fill_is_max_min_fair() -> None:
     assert sum(water_fill(5.0, [3.0, 4.0])) == pytest.approx(5.0)
 
 
-@pytest.mark.parametrize("coordinated", [True, False])
-def test_every_stage_fits_and_the_mapping_is_the_variants(coordinated: bool) -> None:
+def _four_stages(coordinated: bool):
+    """Four stages of 1f1b on switch-4 whose first stages must swap to fit 3 GB of
+    activations: their costs, orders, budget and plans."""
     topology = preset("switch-4")
     schedule = build_schedule("1f1b", 4, 2, 4)
     costs = stage_costs(
@@ -40,7 +41,12 @@ def test_every_stage_fits_and_the_mapping_is_the_variants(coordinated: bool) -> 
         coordinated=coordinated,
     )
     assert planned is not None
-    plans, placement = planned
+    return topology, costs, orders, budget, planned
+
+
+@pytest.mark.parametrize("coordinated", [True, False])
+def test_every_stage_fits_and_the_mapping_is_the_variants(coordinated: bool) -> None:
+    topology, costs, orders, budget, (plans, placement) = _four_stages(coordinated)
     assert all(peak_bytes(o, c, p) <= budget for o, c, p in zip(orders, costs, plans))
     assert not plans[3].swapped and not plans[3].recomputed  # the last stage holds one unit
     if not coordinated:
@@ -49,24 +55,10 @@ def test_every_stage_fits_and_the_mapping_is_the_variants(coordinated: bool) -> 
 
 
 def test_coordinated_stages_swap_no_more_than_their_switch_carries() -> None:
-    topology = preset("switch-4")
-    schedule = build_schedule("1f1b", 4, 2, 4)
-    costs = stage_costs(
-        toy(8, saved_gb=4.0), (2, 2, 2, 2), schedule="1f1b", micro_batches=4, weights="stale"
-    )
-    orders = [stage_order(schedule, k) for k in range(4)]
-    budget = costs[0].resident_bytes + 3 * GB
-    planned = plan_stages(
-        topology, topology.gpus, schedule, costs, orders, budget, replicas=1, coordinated=True
-    )
-    assert planned is not None
-    plans, _ = planned
-    alone = plan_stages(
-        topology, topology.gpus, schedule, costs, orders, budget, replicas=1, coordinated=False
-    )
-    assert alone is not None
-    swapped = sum(unit_memory(c, p).swap for c, p in zip(costs, plans))
-    assert swapped <= sum(unit_memory(c, p).swap for c, p in zip(costs, alone[0]))
+    _, costs, _, _, (shared, _) = _four_stages(True)
+    _, _, _, _, (alone, _) = _four_stages(False)
+    swapped = sum(unit_memory(c, p).swap for c, p in zip(costs, shared))
+    assert swapped <= sum(unit_memory(c, p).swap for c, p in zip(costs, alone))
 
 
 def test_a_budget_below_the_resident_state_has_no_plan() -> None:
