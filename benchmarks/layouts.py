@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         + table(rows)
         + "\n\n"
         + f"Best family, by count of cases: {winners(rows)}.\n"
-        + (_discussion() if not args.quick else "")
+        + (_discussion(rows) if not args.quick else "")
     )
     write_atomic(args.out, text)
     print(f"wrote {args.out}")
@@ -184,12 +184,104 @@ def _explanation(cases: tuple[Case, ...], wall_s: float) -> str:
         "fastest layout that fits; the fastest of each family (`no fit`: none fits); ratios "
         "of the best layout to the best data parallel with swapping and recomputation "
         "(`hybrid`), to the best pure pipeline, and of coordinated to uncoordinated stage "
-        f"swapping. Wall time of the whole grid: {wall_s:.0f} s.\n"
+        "swapping (`stages swap`: the fastest layout whose stages swap or recompute, with or "
+        "without replicas; uncoordinated: Mobius's mapping, each stage planning as if its "
+        "PCIe path were its own; async-1f1b's units are whole mini-batches of K x b or b "
+        "samples, so its layouts move fewer samples per step, at the same samples/s "
+        f"accounting). Wall time of the whole grid: {wall_s:.0f} s.\n"
     )
 
 
-def _discussion() -> str:
-    return "\n## Where each family wins, and why\n\n(see the discussion below the table)\n"
+def _best_ratio(rows: list[Row], top: str, bottom: str) -> tuple[float, Row | None]:
+    """The largest ratio of two columns' rates over the rows where both exist."""
+    found: tuple[float, Row | None] = (0.0, None)
+    for row in rows:
+        a, b = _column(row, top), _column(row, bottom)
+        if a is not None and b is not None and a / b > found[0]:
+            found = (a / b, row)
+    return found
+
+
+def _column(row: Row, name: str) -> float | None:
+    if name == "best":
+        return None if row.search is None else row.search.best.layout.samples_per_s
+    if name in ("coordinated", "uncoordinated"):
+        return row.swapping(name == "coordinated")
+    return row.rate(name)
+
+
+def _where(row: Row | None) -> str:
+    return (
+        "-" if row is None else f"{row.model} on {row.server} at {format_bytes(row.budget_bytes)}"
+    )
+
+
+def _discussion(rows: list[Row]) -> str:
+    mixed = [
+        r
+        for r in rows
+        if r.search is not None
+        and r.search.best.layout.family == PIPELINE_DP
+        and all(
+            (x := r.rate(f)) is None or r.search.best.layout.samples_per_s > x
+            for f in (DATA_PARALLEL, PIPELINE)
+        )
+    ]
+    over_dp, over_dp_row = _best_ratio(rows, "best", DATA_PARALLEL)
+    over_pipe, over_pipe_row = _best_ratio(rows, "best", PIPELINE)
+    coord, coord_row = _best_ratio(rows, "coordinated", "uncoordinated")
+    return f"""
+## Where each family wins, and why
+
+A mixed layout (pipeline x data parallel) is the fastest, ahead of both the best data
+parallel with swapping and the best pure pipeline, in {len(mixed)} of {len(rows)} cases.
+The best layout reaches up to {over_dp:.2f}x the best data parallelism
+({_where(over_dp_row)}) and up to {over_pipe:.2f}x the best pure pipeline
+({_where(over_pipe_row)}); coordinated stage swapping reaches up to {coord:.2f}x the
+uncoordinated ({_where(coord_row)}).
+
+- **Data parallel + swap/recompute** wins where the model's weights are small
+  (bert-large, vit-l16, resnet152: 0.3-0.4 B parameters) and the budget is no more than
+  about 1.5x below the no-swap peak: every GPU computes all the time (no fill, no
+  drain), DDP's buckets hide the all-reduce under the backward, and `hybrid` hides its
+  swaps under compute or recomputes the rest.
+- **Pipeline x data parallel** wins at the smallest budgets of those models and for
+  gpt2-xl on eight GPUs: two (or four) stages divide each GPU's weights and saved
+  activations, so the swapping that data parallelism needs at 8 GiB (resnet152's peak is
+  21.9 GiB at b=128) shrinks or disappears, while a short pipeline keeps the bubble
+  small and each replica group all-reduces only its stage's parameters; 2bw's delayed
+  update removes the flush where its second weight version fits.
+- **Stages that swap** win where no replica of a cut fits without them: gpt2-xl needs
+  19 GiB for data parallelism (weights, gradients, momentum and its largest working
+  set) and its pure pipelines must fall back to flushed 1f1b with many micro-batches;
+  swapping (or recomputing) on the first stages lets async-1f1b or 2bw fit instead, and
+  below 6 GiB per GPU nothing else fits at all (`plan --layouts` on gpt2-xl /
+  single-root-8 at 5 GiB).
+- **Pure pipelines** win once (gpt2-xl on switch-4 at 12 GiB, where only 1f1b's
+  flushed schedule fits): without swapping, their fill and drain (1f1b, gpipe) or
+  their extra weight versions and in-flight units (2bw, async-1f1b) cost more than data
+  parallelism or a shorter pipeline replicated.
+- **Coordination** of stage swapping changes the answer only where several GPUs under
+  one switch copy at the same moment. The gains come from the mapping: Mobius's rule
+  (consecutive stages under different switches) is right for stage weights fetched one
+  after another, but with replicas it puts the same stage of two replicas, which copy
+  at the same moment, under one switch; the cross mapping on the schedule's timeline
+  keeps them apart and keeps neighbouring stages together, so activations do not cross
+  the uplinks. Where one stage does all the swapping (the first, which holds the most
+  units), or each switch has at most one copying stage, coordinated and uncoordinated
+  plans coincide (1.00x). The switch's bandwidth share rarely binds in this grid once
+  the copying stages are spread.
+- single-root-8 and dual-root-8 give the same figures here: every GPU copies to its
+  own socket's memory through its own switch, and the layouts chosen keep activations
+  and all-reduces within a socket or pay little for crossing it.
+
+Caveats: simulated rates from estimated profiles (no measured run of these layouts
+exists yet: the runtime for pipeline x data parallel and for stage swapping is being
+built, issue 24 items 1-2); the swap planner's `hybrid` stands for data parallelism
+(`mip`/`auto` search longer and can be a few percent faster, see swap_policies.md);
+stage plans swap or recompute whole layers of every unit alike, and their memory check
+assumes a unit's copy to host ends within one pass.
+"""
 
 
 if __name__ == "__main__":
