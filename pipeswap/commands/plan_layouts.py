@@ -12,6 +12,7 @@ from pipeswap.hardware.topology import Topology
 from pipeswap.layouts.layout import DATA_PARALLEL, PIPELINE_DP, PIPELINE_SWAP, Layout
 from pipeswap.layouts.search import LayoutSearch, family_summary, search_layouts
 from pipeswap.profile import Profile
+from pipeswap.sim.trace import write_trace
 from pipeswap.units import format_bytes
 
 # What the runtime cannot run yet, by family (issue 24 builds them).
@@ -50,6 +51,15 @@ def run_layouts(
     if args.layout_out:
         best.layout.save(args.layout_out)
         print(f"wrote layout {args.layout_out}", file=notes)
+    if args.trace:
+        write_trace(args.trace, best.graph, best.result, best.topology)
+        print(f"wrote trace {args.trace}", file=notes)
+    if args.timeline:
+        # matplotlib loads only when a timeline is asked for.
+        from pipeswap.sim.timeline import plot_timeline
+
+        plot_timeline(args.timeline, best.graph, best.result, best.topology)
+        print(f"wrote timeline {args.timeline}", file=notes)
     if args.graph_out:
         best.graph.save(args.graph_out)
         print(
@@ -158,4 +168,14 @@ def check_layout_arguments(args: argparse.Namespace) -> None:
         raise PipeswapError(
             "--layouts searches every family itself: drop --policy, --compare and --out "
             "(write the layout with --layout-out FILE)"
+        )
+    if args.layouts and args.footprint_ratio is not None:
+        raise PipeswapError(
+            "--layouts compares layouts with different peaks, so a footprint ratio names no "
+            "budget: give --gpu-memory SIZE (default: the topology's GPU memory)"
+        )
+    if args.layouts and (args.gpus is not None or args.accumulate is not None):
+        raise PipeswapError(
+            "--layouts lays the job out on every GPU of the topology, one update per step: "
+            "drop --gpus and --accumulate (or give a topology with the GPUs to use)"
         )

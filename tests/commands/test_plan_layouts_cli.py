@@ -25,11 +25,13 @@ def test_layouts_print_the_best_its_flags_and_write_what_reproduces_it(
     layout_path, graph = tmp_path / "layout.json", tmp_path / "g.json"
     args = ["plan", "--profile", heavy_profile, "--topology", "switch-4", "--gpu-memory", "10GB"]
     extra = ["--layouts", "--layout-out", str(layout_path), "--graph-out", str(graph)]
+    extra += ["--trace", str(tmp_path / "t.json")]
     assert main(args + extra) == 0
     out = capsys.readouterr().out
     assert "best: pp" in out and "run it: pipeswap train --model toy" in out
     assert "data parallel + swap/recompute" in out and "none fits" in out
     assert "not" in out.split("note: ")[1]  # the runtime cannot run it yet, and says so
+    assert json.loads((tmp_path / "t.json").read_text())  # a Chrome trace of the best
     layout = Layout.load(layout_path)
     assert f"--pipeline {layout.stages}" in out and f"--nproc {layout.gpus}" in out
     reproduce = out.split("reproduce with: ")[1].strip().split()
@@ -64,6 +66,10 @@ def test_layout_options_need_layouts_and_exclude_the_swap_planners(heavy_profile
     assert "drop --policy" in capsys.readouterr().err
     assert main(["plan", "--topology", "switch-4", "--layouts"]) == 2
     assert "--estimate MODEL" in capsys.readouterr().err
+    assert main(args + ["--layouts", "--footprint-ratio", "1.5"]) == 2
+    assert "give --gpu-memory SIZE" in capsys.readouterr().err
+    assert main(args + ["--layouts", "--gpus", "2"]) == 2
+    assert "drop --gpus" in capsys.readouterr().err
 
 
 def test_gpt2_xl_on_single_root_8_at_5_gib_fits_only_as_stages_that_swap(capsys) -> None:
