@@ -73,6 +73,7 @@ def layout_graph(
     ]
     issue_after = [prefetch_points(stage_order(schedule, k), plans[k].lead) for k in range(n)]
     replicas = len(placement)
+    closing = _closing_units(schedule)
     prefix = [f"r{r}/" if replicas > 1 else "" for r in range(replicas)]
     builder = GraphBuilder()
     previous: dict[tuple[int, int], str] = {}
@@ -96,7 +97,7 @@ def layout_graph(
         k, action = timeline[i].rank, timeline[i].action
         kind, u = action.kind, action.unit
         c, unit = stages[k], units[k]
-        closes = replicas > 1 and kind is ActionKind.B and _closes_step(schedule, k, u)
+        closes = replicas > 1 and kind is ActionKind.B and closing[(k, schedule.step_of(u))] == u
         for r, row in enumerate(placement):
             p, gpu = prefix[r], row[k]
             name = f"{p}s{k}:{kind}{u}"
@@ -143,7 +144,7 @@ def layout_graph(
             for b in range(len(buckets[k]) - (1 if k > 0 else 0)):
                 _reduce(builder, placement, prefix, k, u, b, buckets[k], schedule.step_of(u))
         sent = kind is ActionKind.SEND_B and buckets[k]
-        if sent and _closes_step(schedule, k, u):
+        if sent and closing[(k, schedule.step_of(u))] == u:
             last = len(buckets[k]) - 1
             _reduce(builder, placement, prefix, k, u, last, buckets[k], schedule.step_of(u))
     return builder.build()
@@ -234,12 +235,11 @@ def _backward(
     return task
 
 
-def _closes_step(schedule: Schedule, stage: int, unit: int) -> bool:
-    """Whether ``unit``'s backward is the stage's last of its mini-batch."""
-    step = schedule.step_of(unit)
-    last = max(
-        a.unit
-        for a in schedule.compute_actions(stage)
-        if a.kind is ActionKind.B and schedule.step_of(a.unit) == step
-    )
-    return unit == last
+def _closing_units(schedule: Schedule) -> dict[tuple[int, int], int]:
+    """Per (stage, step): the unit whose backward is the stage's last of that mini-batch."""
+    last: dict[tuple[int, int], int] = {}
+    for k in range(schedule.num_stages):
+        for a in schedule.compute_actions(k):
+            if a.kind is ActionKind.B:
+                last[(k, schedule.step_of(a.unit))] = a.unit
+    return last
