@@ -227,6 +227,13 @@ def _discussion(rows: list[Row]) -> str:
             for f in (DATA_PARALLEL, PIPELINE)
         )
     ]
+    margins = [
+        r.search.best.layout.samples_per_s
+        / max(x for f in (DATA_PARALLEL, PIPELINE) if (x := r.rate(f)) is not None)
+        for r in mixed
+        if r.search is not None and (r.rate(DATA_PARALLEL) or r.rate(PIPELINE))
+    ]
+    margin = f" (by {min(margins):.2f}x to {max(margins):.2f}x)" if margins else ""
     over_dp, over_dp_row = _best_ratio(rows, "best", DATA_PARALLEL)
     over_pipe, over_pipe_row = _best_ratio(rows, "best", PIPELINE)
     coord, coord_row = _best_ratio(rows, "coordinated", "uncoordinated")
@@ -234,29 +241,31 @@ def _discussion(rows: list[Row]) -> str:
 ## Where each family wins, and why
 
 A mixed layout (pipeline x data parallel) is the fastest, ahead of both the best data
-parallel with swapping and the best pure pipeline, in {len(mixed)} of {len(rows)} cases.
+parallel with swapping and the best pure pipeline, in {len(mixed)} of {len(rows)} cases{margin}.
 The best layout reaches up to {over_dp:.2f}x the best data parallelism
 ({_where(over_dp_row)}) and up to {over_pipe:.2f}x the best pure pipeline
 ({_where(over_pipe_row)}); coordinated stage swapping reaches up to {coord:.2f}x the
 uncoordinated ({_where(coord_row)}).
 
 - **Data parallel + swap/recompute** wins where the model's weights are small
-  (bert-large, vit-l16, resnet152: 0.3-0.4 B parameters) and the budget is no more than
-  about 1.5x below the no-swap peak: every GPU computes all the time (no fill, no
-  drain), DDP's buckets hide the all-reduce under the backward, and `hybrid` hides its
-  swaps under compute or recomputes the rest.
+  (resnet152, vit-l16, bert-large: 0.06, 0.30 and 0.34 B parameters) and the budget is at least
+  about half the no-swap peak (31.8, 22.0 and 21.9 GiB at these batches): every GPU
+  computes all the time (no fill, no drain), DDP's buckets hide the all-reduce under
+  the backward, and `hybrid` hides its swaps under compute or recomputes the rest.
+  Where everything fits (vit-l16 at 32 GiB) the families tie within 1%.
 - **Pipeline x data parallel** wins at the smallest budgets of those models and for
   gpt2-xl on eight GPUs: two (or four) stages divide each GPU's weights and saved
   activations, so the swapping that data parallelism needs at 8 GiB (resnet152's peak is
   21.9 GiB at b=128) shrinks or disappears, while a short pipeline keeps the bubble
   small and each replica group all-reduces only its stage's parameters; 2bw's delayed
   update removes the flush where its second weight version fits.
-- **Stages that swap** win where no replica of a cut fits without them: gpt2-xl needs
-  19 GiB for data parallelism (weights, gradients, momentum and its largest working
-  set) and its pure pipelines must fall back to flushed 1f1b with many micro-batches;
-  swapping (or recomputing) on the first stages lets async-1f1b or 2bw fit instead, and
-  below 6 GiB per GPU nothing else fits at all (`plan --layouts` on gpt2-xl /
-  single-root-8 at 5 GiB).
+- **Stages that swap** win where the schedules without a flush (async-1f1b, 2bw) do
+  not fit unaided: gpt2-xl needs 19 GiB for data parallelism (weights, gradients,
+  momentum and its largest working set) and its pure pipelines must fall back to
+  flushed 1f1b with many micro-batches; swapping (or recomputing) on the first stages,
+  which hold the most units, lets async-1f1b or 2bw fit instead (gpt2-xl at 12 and 20
+  GiB, vit-l16 on switch-4 at 16 GiB), and below 6 GiB per GPU nothing else fits at all
+  (`plan --layouts` on gpt2-xl / single-root-8 at 5 GiB).
 - **Pure pipelines** win once (gpt2-xl on switch-4 at 12 GiB, where only 1f1b's
   flushed schedule fits): without swapping, their fill and drain (1f1b, gpipe) or
   their extra weight versions and in-flight units (2bw, async-1f1b) cost more than data
