@@ -107,7 +107,8 @@ def cross_mapping(
     """The placement whose switches see the least contention, as estimated from ``windows``.
 
     The cost of a placement is, per switch (channel group), the time its members' copies
-    overlap in the same direction, plus the time of every transfer that must cross a
+    overlap in the same direction (one's swap-outs beside another's prefetches use the
+    link's two directions and cost nothing: bidirectional overlap), plus the time of every transfer that must cross a
     switch's uplink because its two ends sit under different switches: the ``units``
     activations between neighbouring stages of a replica and, per step, the all-reduce
     of a stage whose replicas are split. Groups of equal size are interchangeable, so the
