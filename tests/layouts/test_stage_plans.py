@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import pytest
 from layout_toys import GB, toy
+from support import toy_layer, toy_profile_of
 
 from pipeswap.hardware.presets import preset
+from pipeswap.layouts.evaluate import score_pipeline
 from pipeswap.layouts.mapping import mobius_mapping
 from pipeswap.layouts.stage_plans import plan_stages, water_fill
 from pipeswap.layouts.stage_swap import peak_bytes, stage_order, unit_memory
 from pipeswap.layouts.stages import stage_costs
 from pipeswap.pipeline.schedule import build_schedule
+from pipeswap.swap.plan.channels import channel_groups
 
 
 def test_water_fill_is_max_min_fair() -> None:
@@ -72,3 +75,49 @@ def test_a_budget_below_the_resident_state_has_no_plan() -> None:
         )
         is None
     )
+
+
+def test_replicas_of_a_swapping_stage_go_under_different_switches_and_run_faster() -> None:
+    # GPipe, two stages, two replicas. The first stage's layers save 1 GB each (the
+    # second's 0.1 GB), in passes of 10 ms forward and 20 ms backward: its four units do
+    # not fit in 3.5 GB, and its copies keep a PCIe path busy, so a switch carries one
+    # such stage, not two. Mobius's rule puts both replicas' first stages under one
+    # switch; the cross mapping does not.
+    profile = toy_profile_of(
+        # Outputs as large as what a layer saves: recomputing one frees nothing.
+        toy_layer(f"l{i}", 0.01, 0.02, param_bytes=GB // 100, output_bytes=size, saved=[size])
+        for i, size in enumerate([GB] * 4 + [GB // 10] * 4)
+    )
+    topology = preset("switch-4")
+    schedule = build_schedule("gpipe", 2, 8, 4)
+    costs = stage_costs(profile, (4, 4), schedule="gpipe", micro_batches=4, weights="stale")
+    orders = [stage_order(schedule, k) for k in range(2)]
+    budget = costs[0].resident_bytes + 7 * GB // 2
+    rates = {}
+    for coordinated in (True, False):
+        planned = plan_stages(
+            topology,
+            topology.gpus,
+            schedule,
+            costs,
+            orders,
+            budget,
+            replicas=2,
+            coordinated=coordinated,
+        )
+        assert planned is not None
+        plans, placement = planned
+        assert plans[0].swapped and not plans[1].swapped
+        first = {_switch(topology, row[0]) for row in placement}
+        assert len(first) == (2 if coordinated else 1)
+        scored = score_pipeline(
+            profile, topology, budget, schedule, "stale", costs, (4, 4), placement, plans,
+            mapping="cross", coordinated=coordinated, batch=1,
+        )  # fmt: skip
+        assert scored is not None
+        rates[coordinated] = scored.layout.samples_per_s
+    assert rates[True] > 1.2 * rates[False]
+
+
+def _switch(topology, gpu: str) -> int:
+    return next(i for i, g in enumerate(channel_groups(topology, topology.gpus)) if gpu in g)
