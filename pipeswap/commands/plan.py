@@ -12,6 +12,7 @@ from pipeswap.commands.plan_layouts import (
     add_layout_arguments,
     check_layout_arguments,
     run_layouts,
+    write_views,
 )
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import resolve_topology, topology_file
@@ -20,7 +21,6 @@ from pipeswap.models import model_spec
 from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import Profile
 from pipeswap.profiling import estimate
-from pipeswap.sim.trace import write_trace
 from pipeswap.swap.config import POLICY_NAMES, SwapConfig
 from pipeswap.swap.plan.planner import PlanResult, make_case, plan_case
 from pipeswap.units import format_bytes
@@ -199,15 +199,7 @@ def _write_outputs(args: argparse.Namespace, chosen: PlanResult, notes: Any) -> 
             f"{chosen.simulated_memory_bytes}",
             file=notes,
         )
-    if args.trace is not None:
-        write_trace(args.trace, chosen.graph, chosen.result, chosen.topology)
-        print(f"wrote trace {args.trace}", file=notes)
-    if args.timeline is not None:
-        # matplotlib loads only when a timeline is asked for.
-        from pipeswap.sim.timeline import plot_timeline
-
-        plot_timeline(args.timeline, chosen.graph, chosen.result, chosen.topology)
-        print(f"wrote timeline {args.timeline}", file=notes)
+    write_views(args, chosen.graph, chosen.result, chosen.topology, notes)
 
 
 def _gap(value: float | None) -> str:

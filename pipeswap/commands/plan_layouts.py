@@ -12,6 +12,8 @@ from pipeswap.hardware.topology import Topology
 from pipeswap.layouts.layout import DATA_PARALLEL, PIPELINE_DP, PIPELINE_SWAP, Layout
 from pipeswap.layouts.search import LayoutSearch, family_summary, search_layouts
 from pipeswap.profile import Profile
+from pipeswap.sim.graph import TaskGraph
+from pipeswap.sim.result import SimResult
 from pipeswap.sim.trace import write_trace
 from pipeswap.units import format_bytes
 
@@ -51,15 +53,7 @@ def run_layouts(
     if args.layout_out:
         best.layout.save(args.layout_out)
         print(f"wrote layout {args.layout_out}", file=notes)
-    if args.trace:
-        write_trace(args.trace, best.graph, best.result, best.topology)
-        print(f"wrote trace {args.trace}", file=notes)
-    if args.timeline:
-        # matplotlib loads only when a timeline is asked for.
-        from pipeswap.sim.timeline import plot_timeline
-
-        plot_timeline(args.timeline, best.graph, best.result, best.topology)
-        print(f"wrote timeline {args.timeline}", file=notes)
+    write_views(args, best.graph, best.result, best.topology, notes)
     if args.graph_out:
         best.graph.save(args.graph_out)
         print(
@@ -68,6 +62,21 @@ def run_layouts(
             file=notes,
         )
     return 0
+
+
+def write_views(
+    args: argparse.Namespace, graph: TaskGraph, result: SimResult, topology: Topology, notes: Any
+) -> None:
+    """The --trace and --timeline of a simulated graph, when asked for."""
+    if args.trace is not None:
+        write_trace(args.trace, graph, result, topology)
+        print(f"wrote trace {args.trace}", file=notes)
+    if args.timeline is not None:
+        # matplotlib loads only when a timeline is asked for.
+        from pipeswap.sim.timeline import plot_timeline
+
+        plot_timeline(args.timeline, graph, result, topology)
+        print(f"wrote timeline {args.timeline}", file=notes)
 
 
 def layouts_json(search: LayoutSearch) -> dict[str, Any]:

@@ -33,6 +33,13 @@ def _four_stages(coordinated: bool):
     )
     orders = [stage_order(schedule, k) for k in range(4)]
     budget = costs[0].resident_bytes + 3 * GB
+    return topology, costs, orders, budget, _planned(schedule, costs, budget, 1, coordinated)
+
+
+def _planned(schedule, costs, budget: int, replicas: int, coordinated: bool):
+    """plan_stages on switch-4's GPUs, which must find plans."""
+    topology = preset("switch-4")
+    orders = [stage_order(schedule, k) for k in range(schedule.num_stages)]
     planned = plan_stages(
         topology,
         topology.gpus,
@@ -40,11 +47,11 @@ def _four_stages(coordinated: bool):
         costs,
         orders,
         budget,
-        replicas=1,
+        replicas=replicas,
         coordinated=coordinated,
     )
     assert planned is not None
-    return topology, costs, orders, budget, planned
+    return planned
 
 
 @pytest.mark.parametrize("coordinated", [True, False])
@@ -91,22 +98,10 @@ def test_replicas_of_a_swapping_stage_go_under_different_switches_and_run_faster
     topology = preset("switch-4")
     schedule = build_schedule("gpipe", 2, 8, 4)
     costs = stage_costs(profile, (4, 4), schedule="gpipe", micro_batches=4, weights="stale")
-    orders = [stage_order(schedule, k) for k in range(2)]
     budget = costs[0].resident_bytes + 7 * GB // 2
     rates = {}
     for coordinated in (True, False):
-        planned = plan_stages(
-            topology,
-            topology.gpus,
-            schedule,
-            costs,
-            orders,
-            budget,
-            replicas=2,
-            coordinated=coordinated,
-        )
-        assert planned is not None
-        plans, placement = planned
+        plans, placement = _planned(schedule, costs, budget, 2, coordinated)
         assert plans[0].swapped and not plans[1].swapped
         first = {_switch(topology, row[0]) for row in placement}
         assert len(first) == (2 if coordinated else 1)
