@@ -44,7 +44,7 @@ from pipeswap.pipeline.partition import partition
 from pipeswap.pipeline.schedule import build_schedule
 from pipeswap.pipeline.schedule_kinds import SCHEDULE_NAMES, schedule_kind
 from pipeswap.pipeline.taskgraph import pipeline_graph
-from pipeswap.profile import Profile, SavedTensor
+from pipeswap.profile import Profile
 from pipeswap.profiling import estimate
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
@@ -77,23 +77,6 @@ class Rate:
             return self.note
         text = f"{self.samples_per_s:,.1f}"
         return text if self.batch == default_batch else f"{text} (b={self.batch})"
-
-
-def scaled(profile: Profile, factor: int) -> Profile:
-    """The profile of ``factor`` times the batch: times and activation bytes scale linearly."""
-    layers = tuple(
-        dataclasses.replace(
-            layer,
-            forward_s=layer.forward_s * factor,
-            backward_s=layer.backward_s * factor,
-            output_bytes=layer.output_bytes * factor,
-            saved=tuple(SavedTensor(t.index, t.bytes * factor) for t in layer.saved),
-            forward_flops=layer.forward_flops * factor,
-            backward_flops=layer.backward_flops * factor,
-        )
-        for layer in profile.layers
-    )
-    return dataclasses.replace(profile, batch=profile.batch * factor, layers=layers)
 
 
 def update_seconds(param_bytes: int, gpu: str) -> float:
@@ -157,7 +140,7 @@ def pipeline_rate(
     micro = schedule_kind(schedule_name).default_micro_batches(n)
     weights = WEIGHT_MODES[schedule_name]
     while batch >= 1:
-        profile = scaled(estimate(model, batch, gpu=gpu), micro)
+        profile = estimate(model, batch, gpu=gpu).scaled(micro)
         try:
             cut = partition(
                 profile,

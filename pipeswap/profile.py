@@ -240,6 +240,27 @@ class Profile:
             notes={**self.notes, "compute_slowdown": why},
         )
 
+    def scaled(self, factor: int) -> Profile:
+        """This profile at ``factor`` times the batch: compute time, FLOPs and activation
+        bytes scale linearly (the roofline estimate's own model), parameters and optimizer
+        state do not."""
+        if factor < 1:
+            raise PipeswapError(f"a profile scales by a whole factor of 1 or more, not {factor}")
+        layers = tuple(
+            replace(
+                layer,
+                forward_s=layer.forward_s * factor,
+                backward_s=layer.backward_s * factor,
+                output_bytes=layer.output_bytes * factor,
+                saved=tuple(SavedTensor(t.index, t.bytes * factor) for t in layer.saved),
+                workspace_bytes=layer.workspace_bytes * factor,
+                forward_flops=layer.forward_flops * factor,
+                backward_flops=layer.backward_flops * factor,
+            )
+            for layer in self.layers
+        )
+        return replace(self, batch=self.batch * factor, layers=layers)
+
     def layer(self, name: str) -> LayerProfile:
         for layer in self.layers:
             if layer.name == name:

@@ -5,6 +5,7 @@ import random
 from collections.abc import Callable
 
 import pytest
+from support import toy_profile
 
 from pipeswap.errors import PipeswapError
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
@@ -162,3 +163,17 @@ def test_repeated_layer_names_are_refused() -> None:
     obj["layers"][1]["name"] = "embed"
     with pytest.raises(PipeswapError, match=r"layer names repeat \('embed'\); a plan names"):
         Profile.from_json(obj)
+
+
+def test_scaled_profile_grows_compute_and_activations_not_weights() -> None:
+    profile = toy_profile([(1.0, 0.5)] * 3, output_gb=0.25, workspace_bytes=7)
+    double = profile.scaled(2)
+    assert double.batch == 2 * profile.batch
+    assert double.compute_s == 2 * profile.compute_s
+    assert double.saved_bytes == 2 * profile.saved_bytes
+    assert double.param_bytes == profile.param_bytes
+    assert double.optimizer_state_bytes == profile.optimizer_state_bytes
+    assert [la.workspace_bytes for la in double.layers] == [14] * 3
+    assert profile.scaled(1) == profile
+    with pytest.raises(PipeswapError, match="whole factor"):
+        profile.scaled(0)

@@ -8,12 +8,19 @@ import sys
 from typing import Any
 
 from pipeswap.commands.options import add_options, given
+from pipeswap.commands.plan_layouts import (
+    add_layout_arguments,
+    check_layout_arguments,
+    run_layouts,
+    write_views,
+)
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import resolve_topology, topology_file
 from pipeswap.jsonio import check_writable
+from pipeswap.models import model_spec
 from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import Profile
-from pipeswap.sim.trace import write_trace
+from pipeswap.profiling import estimate
 from pipeswap.swap.config import POLICY_NAMES, SwapConfig
 from pipeswap.swap.plan.planner import PlanResult, make_case, plan_case
 from pipeswap.units import format_bytes
@@ -34,10 +41,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--profile",
-        required=True,
         metavar="FILE",
-        help="a pipeswap.profile/1 JSON file (`pipeswap profile ... --out`)",
+        help="a pipeswap.profile/1 JSON file (`pipeswap profile ... --out`); or --estimate",
     )
+    parser.add_argument(
+        "--estimate",
+        metavar="MODEL",
+        help="estimate the profile of MODEL (a zoo name) for --gpu instead of reading one",
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="samples per GPU for --estimate (default: the model's)",
+    )
+    parser.add_argument("--gpu", default=None, help="GPU spec for --estimate (default v100-32gb)")
     parser.add_argument(
         "--topology",
         required=True,
@@ -66,10 +84,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")
     parser.add_argument("--timeline", metavar="FILE", help="write a PNG Gantt chart")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_layout_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_layout_arguments(args)
+    if args.layouts:
+        config = SwapConfig(**given(args, SwapConfig))
+        _check_outputs(args)
+        profile = _profile(args)
+        topology = resolve_topology(args.topology)
+        topology.require_gpus(args.topology)
+        budget = config.gpu_memory_bytes or min(
+            topology.node(g).memory_bytes for g in topology.gpus
+        )
+        return run_layouts(args, profile, topology, budget)
     if args.policy is not None and args.compare:
         raise PipeswapError(
             f"--policy {args.policy} and --compare exclude each other: give --policy NAME "
@@ -81,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         )
     config = SwapConfig(**given(args, SwapConfig))
     _check_outputs(args)
-    profile = Profile.load(args.profile)
+    profile = _profile(args)
     topology = resolve_topology(args.topology)
     topology.require_gpus(args.topology)
     accumulate = OptimizerConfig(**given(args, OptimizerConfig)).accumulate
@@ -108,6 +138,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile(args: argparse.Namespace) -> Profile:
+    """The profile file, or the estimate --estimate asks for (one of them)."""
+    if (args.profile is None) == (args.estimate is None):
+        raise PipeswapError(
+            "give the profile as --profile FILE or --estimate MODEL [--batch N --gpu SPEC], "
+            "one of them"
+        )
+    if args.profile is None:
+        return estimate(
+            args.estimate,
+            args.batch or model_spec(args.estimate).default_batch or 8,
+            gpu=args.gpu or "v100-32gb",
+        )
+    if args.batch is not None or args.gpu is not None:
+        raise PipeswapError("--batch and --gpu apply to --estimate; drop them with --profile")
+    return Profile.load(args.profile)
+
+
 def compare(case: Any, profile: Profile, *, time_limit_s: float) -> list[PlanResult]:
     """Every policy on one case (``auto`` starts from the MIP's answer, solved once)."""
     results = [plan_case(case, profile, p, time_limit_s=time_limit_s) for p in COMPARED]
@@ -128,6 +176,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         ("--graph-out", args.graph_out),
         ("--trace", args.trace),
         ("--timeline", args.timeline),
+        ("--layout-out", args.layout_out),
     ]
     inputs = (args.profile, topology_file(args.topology))
     for i, (flag, path) in enumerate(named):
@@ -150,15 +199,7 @@ def _write_outputs(args: argparse.Namespace, chosen: PlanResult, notes: Any) -> 
             f"{chosen.simulated_memory_bytes}",
             file=notes,
         )
-    if args.trace is not None:
-        write_trace(args.trace, chosen.graph, chosen.result, chosen.topology)
-        print(f"wrote trace {args.trace}", file=notes)
-    if args.timeline is not None:
-        # matplotlib loads only when a timeline is asked for.
-        from pipeswap.sim.timeline import plot_timeline
-
-        plot_timeline(args.timeline, chosen.graph, chosen.result, chosen.topology)
-        print(f"wrote timeline {args.timeline}", file=notes)
+    write_views(args, chosen.graph, chosen.result, chosen.topology, notes)
 
 
 def _gap(value: float | None) -> str:

@@ -91,8 +91,21 @@ def stage_memory_bytes(
     layers = profile.layers[start:stop]
     params = sum(layer.param_bytes for layer in layers)
     saved = sum(layer.saved_bytes for layer in layers)
-    total_params = profile.param_bytes or 1
-    optimizer = profile.optimizer_state_bytes * params // total_params
+    return _memory_of(profile, params, saved, stage, num_stages, schedule, micro_batches, weights)
+
+
+def _memory_of(
+    profile: Profile,
+    params: int,
+    saved: int,
+    stage: int,
+    num_stages: int,
+    schedule: str,
+    micro_batches: int,
+    weights: str,
+) -> int:
+    """:func:`stage_memory_bytes` of a stage with ``params`` and ``saved`` bytes."""
+    optimizer = profile.optimizer_state_bytes * params // (profile.param_bytes or 1)
     in_flight = in_flight_units(schedule, num_stages, stage, micro_batches)
     versions = extra_weight_copies(weights, in_flight, schedule)
     activations = math.ceil(in_flight * saved / micro_batches)
@@ -121,16 +134,22 @@ def partition(
     for s in seconds:
         prefix.append(prefix[-1] + s)
 
+    # Prefix sums make each stage's memory O(1): the DP asks for O(L^2 N) of them.
+    params, saved = [0], [0]
+    for layer in layers:
+        params.append(params[-1] + layer.param_bytes)
+        saved.append(saved[-1] + layer.saved_bytes)
+
     def memory(start: int, stop: int, stage: int) -> int:
-        return stage_memory_bytes(
+        return _memory_of(
             profile,
-            start,
-            stop,
+            params[stop] - params[start],
+            saved[stop] - saved[start],
             stage,
             num_stages,
-            schedule=schedule,
-            micro_batches=micro_batches,
-            weights=weights,
+            schedule,
+            micro_batches,
+            weights,
         )
 
     def time_cost(start: int, stop: int, stage: int) -> float | None:

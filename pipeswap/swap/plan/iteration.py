@@ -28,11 +28,16 @@ def gradient_buckets(workload: Workload, bucket_bytes: int | None) -> list[Bucke
     Layers without parameters join no bucket. ``None`` puts every gradient in one bucket;
     a size is positive (SwapConfig checks ``bucket_bytes``).
     """
+    return buckets_of(workload.param_bytes, bucket_bytes)
+
+
+def buckets_of(param_bytes: Sequence[int], bucket_bytes: int | None) -> list[Bucket]:
+    """:func:`gradient_buckets` of layers with these parameter bytes (in forward order)."""
     buckets: list[Bucket] = []
     filled = 0
     closer = -1  # the lowest layer with parameters in the open bucket
-    for layer in reversed(range(workload.num_layers)):
-        size = workload.param_bytes[layer]
+    for layer in reversed(range(len(param_bytes))):
+        size = param_bytes[layer]
         if size == 0:
             continue
         filled += size

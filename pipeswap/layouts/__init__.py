@@ -1,0 +1,1 @@
+"""Layouts of a training job on a server: data parallel, pipelines, swapping stages, and mixes."""
