@@ -51,6 +51,10 @@ COSTS = """Costs the model was given to get here (each where the simulator could
 - **Copies on a CPU rank are done by the thread that computes**: in the simulator a
   swap-out on a rank of spec `cpu` holds the compute stream for its duration (a CPU stream is
   a no-op), where a GPU's copy engine overlaps it.
+- **Compute beside transfers**: calibrate also times one thread's matrix products
+  interleaved with send/receive exchanges between two ranks, less the exchanges alone, over
+  the products alone (the `transfer_slowdown` in the calibration below: gloo's transport
+  threads share the two cores); a pipeline's prediction slows its profile by it.
 
 Not modelled: Python's per-layer and per-action overhead beyond what the profile's own
 block-by-block step pays, and the machine's speed changing between the profile and the
