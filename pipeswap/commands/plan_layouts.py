@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
-from pipeswap.layouts.layout import DATA_PARALLEL, PIPELINE_DP, PIPELINE_SWAP, Layout
+from pipeswap.layouts.layout import DATA_PARALLEL, Layout
 from pipeswap.layouts.search import LayoutSearch, family_summary, search_layouts
 from pipeswap.profile import Profile
 from pipeswap.sim.graph import TaskGraph
@@ -18,12 +18,11 @@ from pipeswap.sim.trace import write_trace
 from pipeswap.units import format_bytes
 
 # What the runtime cannot run yet, by family (issue 24 builds them).
-NOT_YET = {
-    PIPELINE_SWAP: "the runtime does not swap pipeline stages yet (issue 24, item 2): "
-    "these flags are refused until it does",
-    PIPELINE_DP: "the runtime does not run pipeline x data parallel yet (issue 24, item 1): "
-    "these flags are refused until it does",
-}
+# What the runtime cannot run yet: pipeline stages that swap or recompute.
+NOT_YET = (
+    "the runtime does not swap pipeline stages yet (issue 24, item 2): these flags are "
+    "refused until it does"
+)
 
 
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,8 +101,8 @@ def layouts_table(search: LayoutSearch, profile: Profile, budget_bytes: int) -> 
         f"{format_bytes(best.peak_bytes)}",
         "run it: " + train_command(best, profile),
     ]
-    if best.family in NOT_YET:
-        lines.append(f"note: {NOT_YET[best.family]}")
+    if best.family != DATA_PARALLEL and best.swaps:
+        lines.append(f"note: {NOT_YET}")
     lines += ["", f"{'family':<32} {'fastest':<40} {'samples/s':>10} {'vs best':>8} {'peak':>10}"]
     for title, scored in family_summary(search):
         if scored is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -86,3 +87,37 @@ def test_gpt2_xl_on_single_root_8_at_5_gib_fits_only_as_stages_that_swap(capsys)
     assert best["peak_bytes"] <= 5 * 2**30 == best["budget_bytes"]
     assert any(p["swapped"] or p["recomputed"] for p in best["stage_plans"])
     assert best["samples_per_s"] > 0
+
+
+def test_the_flags_of_a_pipeline_x_data_parallel_layout_run_d_replicas() -> None:
+    """The printed command is what `pipeswap train` takes: K stages on K x D ranks is D
+    replicas of the pipeline, each on the layout's mini-batch."""
+    from pipeswap.commands.plan_layouts import train_command
+    from pipeswap.commands.train import config_from_args
+    from pipeswap.hardware.presets import preset
+    from pipeswap.layouts.layout import PIPELINE_DP
+    from pipeswap.layouts.search import search_layouts
+    from pipeswap.pipeline.resolve import resolve_pipeline
+
+    profile = toy_profile([(1.0,)] * 8, param_bytes=GB // 4)
+    search = search_layouts(profile, preset("switch-4"), 10 * GB)
+    plain = [s.layout for s in search.scored if s.layout.family == PIPELINE_DP]
+    plain = [layout for layout in plain if not layout.swaps]
+    assert plain and plain[0].replicas > 1
+    layout = plain[0]
+    words = train_command(layout, profile).split()
+    assert words[:2] == ["pipeswap", "train"]
+    # The toy's layers are not a model to build: run gpt2-micro at the layout's shape.
+    cut = words.index("--balance")
+    words = words[:cut] + words[cut + 2 :]
+    words[words.index("--model") + 1] = "gpt2-micro"
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers()
+    from pipeswap.commands import train as train_command_module
+
+    train_command_module.register(commands)
+    config = config_from_args(parser.parse_args(words[1:]))
+    pipeline = config.require_pipeline()
+    assert (pipeline.num_stages, config.nproc) == (layout.stages, layout.gpus)
+    assert config.batch == layout.samples_per_step // layout.replicas
+    assert resolve_pipeline(config).require_pipeline().replicas == layout.replicas
