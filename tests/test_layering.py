@@ -26,7 +26,7 @@ dist: pipeswap.dist -> base
 swap: pipeswap.swap -> base, configs, models, profile, hardware, sim
 pipeline: pipeswap.pipeline -> base, configs, models, data, profile, hardware, sim, dist
 layouts: pipeswap.layouts -> base, configs, models, profile, hardware, sim, swap, pipeline
-training: pipeswap.training -> base, configs, models, data, profile, hardware, sim, dist, swap, pipeline
+training: pipeswap.training -> base, configs, models, data, profile, hardware, sim, dist, swap, pipeline, layouts
 commands: pipeswap.commands, pipeswap.cli, pipeswap.__main__ -> base, configs, models, data, profile, hardware, sim, dist, swap, pipeline, layouts, training, commands
 """
 

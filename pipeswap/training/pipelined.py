@@ -12,6 +12,9 @@ from pipeswap.config import require
 from pipeswap.dist.env import local_rank_of, torchrun_env
 from pipeswap.dist.group import rank_device, single_threaded
 from pipeswap.dist.launch import run_ranks
+from pipeswap.layouts.graphs import layout_graph
+from pipeswap.layouts.mapping import replica_major
+from pipeswap.layouts.stages import stage_costs
 from pipeswap.pipeline.emulator import Emulator, pipeline_schedule
 from pipeswap.pipeline.job import build_full_model
 from pipeswap.pipeline.resolve import resolve_pipeline
@@ -73,8 +76,6 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
     )
     if result is None:
         return None
-    if config.require_pipeline().replicas > 1:
-        return result  # the replicas' all-reduce is not in the pipeline's task graph yet
     return replace(result, predicted_step_s=predicted_step_s(config))
 
 
@@ -101,20 +102,33 @@ def predicted_step_s(config: TrainConfig) -> float:
             device=config.device,
             optimizer=config.optim.optimizer,
         )
-    topology = swap_topology(config.topology, config.device, pipeline.num_stages)
+    topology = swap_topology(config.topology, config.device, pipeline.num_ranks)
     slowdown = (topology.calibration or {}).get("transfer_slowdown")
     if slowdown:
         # Measured alone; a stage computes while its transfers go on (calibrated).
         profile = profile.slowed(float(slowdown), f"{slowdown:.2f}x: compute beside transfers")
     schedule = pipeline_schedule(config)
-    graph = pipeline_graph(
-        schedule,
-        profile,
-        topology,
-        pipeline.stage_balance,
-        unit_scale=1.0,
-        weights=pipeline.weights,
-    )
+    if pipeline.replicas > 1:
+        # Each stage averages its gradients over the replicas after its last backward of
+        # a mini-batch: one exchange, not overlapped (one bucket).
+        stages = stage_costs(
+            profile,
+            pipeline.stage_balance,
+            schedule=pipeline.schedule,
+            micro_batches=1,  # the profile is one micro-batch already
+            weights=pipeline.weights,
+        )
+        placement = replica_major(topology.gpus, pipeline.num_stages, pipeline.replicas)
+        graph = layout_graph(schedule, stages, placement, bucket_bytes=None)
+    else:
+        graph = pipeline_graph(
+            schedule,
+            profile,
+            topology,
+            pipeline.stage_balance,
+            unit_scale=1.0,
+            weights=pipeline.weights,
+        )
     return simulate(graph, topology, gpu_memory_bytes=0).makespan_s / config.steps
 
 

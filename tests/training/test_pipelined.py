@@ -19,21 +19,23 @@ from pipeswap.train_config import TrainConfig
 from pipeswap.training import pipelined
 
 
-def _machine(path: Path, transfer_slowdown: float) -> str:
+def _machine(
+    path: Path, transfer_slowdown: float, ranks: int = 2, allreduce_latency_s: float = 0.0
+) -> str:
     # Transfers all but free, so the two predictions differ by the compute alone.
     calibration = Calibration(
-        ranks=2,
+        ranks=ranks,
         device="cpu",
         backend="gloo",
         copy_bytes_per_s={"h2d-pageable": (1e12, 1e12)},
-        allreduce=(0.0, 1e15),
+        allreduce=(allreduce_latency_s, 1e15),
         p2p=(0.0, 1e15),
         compute_slowdown=1.0,
         date="2026-11-26",
         command="pipeswap topology calibrate --nproc 2",
         transfer_slowdown=transfer_slowdown,
     )
-    calibration.topology("calibrated-cpu-2", 1 << 30).save(path)
+    calibration.topology(f"calibrated-cpu-{ranks}", 1 << 30).save(path)
     return str(path)
 
 
@@ -66,3 +68,29 @@ def test_a_pipeline_predicts_on_the_topology_it_is_given(
     # Every action's compute (and each stage's share of the optimizer step) doubles.
     assert slowed == pytest.approx(2 * same, rel=1e-6)
     assert same > fixed.compute_s  # the schedule's fill and drain on top of the compute
+
+
+def test_a_replicated_pipeline_predicts_its_replicas_and_their_averaging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one = resolve_pipeline(
+        TrainConfig(
+            "gpt2-micro",
+            batch=4,
+            seq_len=16,
+            steps=3,
+            device="cpu",
+            pipeline=PipelineConfig(stages=2),
+        )
+    )
+    two = resolve_pipeline(replace(one, nproc=4))
+    assert two.require_pipeline().replicas == 2
+    fixed = measure("gpt2-micro", 2, seq_len=16)
+    monkeypatch.setattr(pipelined, "measure", lambda *a, **k: fixed)
+    alone = pipelined.predicted_step_s(replace(one, topology=_machine(tmp_path / "a.json", 1.0)))
+    free = _machine(tmp_path / "b.json", 1.0, ranks=4)
+    slow = _machine(tmp_path / "c.json", 1.0, ranks=4, allreduce_latency_s=1.0)
+    # Identical replicas and a free exchange: one pipeline's step.
+    assert pipelined.predicted_step_s(replace(two, topology=free)) == pytest.approx(alone)
+    # Each step's update waits for its stage's exchange (1 s): at least 1 s more a step.
+    assert pipelined.predicted_step_s(replace(two, topology=slow)) >= alone + 1.0
