@@ -132,13 +132,6 @@ class TrainConfig:
             + f": one rank per stage of each replica (a multiple of {stages})",
         )
         require(
-            pipeline.replicas == 1
-            or (self.checkpoint.checkpoint_dir is None and self.checkpoint.resume is None),
-            f"{{replicas}} {pipeline.replicas} cannot checkpoint or resume yet (each replica's "
-            "stages would write the same files): drop {checkpoint_dir} and {resume}, or "
-            "train one pipeline",
-        )
-        require(
             not (pipeline.emulate and self.nproc is not None),
             "{emulate} runs every stage in this process: drop {nproc}, or drop {emulate} to "
             "run one process per stage",

@@ -144,7 +144,7 @@ class Emulator:
             starts = [0] * len(self.executors)
             if self.resume is not None:
                 folder, done = self.resume
-                starts = [ex.restore(load_rank(folder, done, ex.rank)) for ex in self.executors]
+                starts = [ex.restore(load_rank(folder, done, ex.slot)) for ex in self.executors]
             self._bar = progress_bar(config.steps, "train", enabled=progress)
             if self._bar is not None and self.resume is not None:
                 self._bar.update(self.resume[1])

@@ -96,6 +96,9 @@ class StageExecutor:
         self.pipeline = pipeline = config.require_pipeline()
         self.micro_batches = pipeline.micro_batch_count
         self.rank = rank
+        # This stage's place among every replica's (its global rank in processes): names
+        # its checkpoint file and its random stream.
+        self.slot = replica * pipeline.num_stages + rank
         self.schedule = schedule
         self.transport = transport
         self.eval_transport = eval_transport or transport
@@ -266,7 +269,7 @@ class StageExecutor:
         self._step_ended = time.perf_counter()
         if self.checkpoint is not None:
             done = step + 1
-            cut = self.stop.cut_after(self.rank, done) if self.stop is not None else None
+            cut = self.stop.cut_after(self.slot, done) if self.stop is not None else None
             if done == cut or self.checkpoint.due(done, self.config.steps):
                 self.save(self.checkpoint, done)
             if done == cut:
@@ -300,8 +303,7 @@ class StageExecutor:
 
     def _stream(self, split: str, step: int, micro: int) -> AbstractContextManager[None]:
         """The RNG stream of this stage's forward of (step, micro) (pipeswap.pipeline.rng)."""
-        stream = self.replica * self.pipeline.num_stages + self.rank
-        return rng_stream(self.config.seed, split, step, micro, stream, self.device)
+        return rng_stream(self.config.seed, split, step, micro, self.slot, self.device)
 
     def _forward(self, unit: int) -> None:
         step, micro = divmod(unit, self.micro_batches)
@@ -362,9 +364,9 @@ class StageExecutor:
     def save(self, plan: CheckpointPlan, done: int) -> None:
         """Write this stage's state at its cut after ``done`` steps (see pipeline.snapshot)."""
         assert not self._outbox
-        if self.rank == 0:
+        if self.slot == 0:
             write_manifest(plan, done)
-        save_rank(plan, done, self.rank, stage_state(self, done))
+        save_rank(plan, done, self.slot, stage_state(self, done))
         self._last_crossing = {(ActionKind(d), unit) for d, unit in self._kept}
         self._kept = {}
         self._plan_next_checkpoint(done)

@@ -54,7 +54,8 @@ def export_checkpoint(directory: str, out: str) -> tuple[int, str]:
     if identity.get("mode") == "data-parallel":
         model.load_state_dict(load_rank(directory, done, 0)["model"])
     else:
-        stages = range(int(identity["world_size"]))
+        # Replica 0's stages (every replica holds the same weights): the first files.
+        stages = range(len(identity.get("balance") or ()) or int(identity["world_size"]))
         load_stage_tensors(model, [_stage_tensors(directory, done, r, identity) for r in stages])
     export_model(model, out, source=name, steps=done)
     return done, name
@@ -88,6 +89,7 @@ def _finished_pipeline(
             weights=identity["weights"],
             distances=identity["distances"],
             micro_batches=identity["micro_batches"],
+            replicas=int(identity.get("replicas", 1)),
             emulate=True,
         ),
         checkpoint=CheckpointConfig(resume=directory, save=out),

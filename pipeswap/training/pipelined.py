@@ -47,12 +47,13 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
     # The emulator and the runtime read each other's checkpoints: one identity for both.
     checkpoint, resume = checkpointing(
         config,
-        pipeline.num_stages,
+        pipeline.num_ranks,
         balance=list(pipeline.stage_balance),
         schedule=pipeline.schedule,
         weights=pipeline.weights,
         distances=pipeline.distances,
         micro_batches=pipeline.micro_batch_count,
+        replicas=pipeline.replicas,
     )
     if pipeline.emulate:
         emulator = Emulator(config, record=True, checkpoint=checkpoint, resume=resume)

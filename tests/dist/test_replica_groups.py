@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeswap.checkpoint import CheckpointConfig
 from pipeswap.config import ConfigError
 from pipeswap.dist.replica_groups import mean_in_order
 from pipeswap.pipeline.config import PipelineConfig
@@ -32,9 +31,5 @@ def test_nproc_sets_the_replicas_and_a_mismatch_is_refused() -> None:
         TrainConfig("gpt2-micro", nproc=3, pipeline=PipelineConfig(stages=2))
     with pytest.raises(ConfigError, match="x replicas 3"):
         TrainConfig("gpt2-micro", nproc=4, pipeline=PipelineConfig(stages=2, replicas=3))
-    with pytest.raises(ConfigError, match="cannot checkpoint or resume yet"):
-        TrainConfig(
-            "gpt2-micro",
-            pipeline=PipelineConfig(stages=2, replicas=2),
-            checkpoint=CheckpointConfig(checkpoint_dir="x"),
-        )
+    with pytest.raises(ConfigError, match="replicas is 0; use 1"):
+        PipelineConfig(stages=2, replicas=0)

@@ -131,7 +131,12 @@ def test_a_saved_model_scores_the_held_out_loss_the_report_states(
 
 @pytest.mark.parametrize(
     "mode",
-    [[], ["--pipeline", "2", "--emulate"], ["--pipeline", "2", "--schedule", "async-1f1b"]],
+    [
+        [],
+        ["--pipeline", "2", "--emulate"],
+        ["--pipeline", "2", "--schedule", "async-1f1b"],
+        ["--pipeline", "2", "--replicas", "2", "--emulate"],  # replica 0's files are the model
+    ],
 )
 def test_export_turns_a_checkpoint_into_the_model_save_writes(
     tmp_path: Path, mode: list[str], capsys: pytest.CaptureFixture[str]

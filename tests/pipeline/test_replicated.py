@@ -8,17 +8,23 @@ pipeswap/dist/replica_groups.py (ReplicaMesh).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from runtime_check import assert_runtime_matches_emulator
 from support import pipeline_run
 
+from pipeswap.checkpoint import CheckpointPlan, latest_complete
 from pipeswap.config import replace_fields
 from pipeswap.dist.digest import params_sha256
+from pipeswap.dist.faults import FAULT_ENV
 from pipeswap.dist.group import single_threaded
+from pipeswap.dist.launch import spawn
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.job import BatchSource, build_full_model
 from pipeswap.pipeline.resolve import resolve_pipeline
+from pipeswap.pipeline.runtime import run_stage_rank
 from pipeswap.train_config import TrainConfig
 
 pytestmark = pytest.mark.dist
@@ -26,7 +32,8 @@ pytestmark = pytest.mark.dist
 
 def _tied(model: str = "pipeline_toys:toy_tied_lm", **fields: object) -> TrainConfig:
     # A tied embedding on both stages of each replica; dropout draws per replica.
-    return pipeline_run(model, (2, 3), batch=4, seq_len=16, steps=4, lr=0.05, replicas=2, **fields)
+    given = {"steps": 4, **fields}
+    return pipeline_run(model, (2, 3), batch=4, seq_len=16, lr=0.05, replicas=2, **given)
 
 
 def plain_on_both_batches(config: TrainConfig) -> tuple[list[float], str]:
@@ -82,3 +89,36 @@ def test_a_replicated_synchronous_pipeline_is_plain_training_on_both_batches(
     model = build_full_model(resolved)
     first = [BatchSource(resolved, model, "train", d).batch(0)[0] for d in (0, 1)]
     assert not torch.equal(first[0], first[1])
+
+
+def _train(
+    rank: int,
+    world: int,
+    config: TrainConfig,
+    plan: CheckpointPlan | None,
+    resume: tuple[str, int] | None,
+) -> tuple[tuple[float, ...], str] | None:
+    result = run_stage_rank(config, checkpoint=plan, resume=resume)
+    return None if result is None else (result.losses, result.params_sha256)
+
+
+def test_a_replicated_pipeline_killed_mid_run_resumes_bit_identically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each of the 4 ranks writes its own file (rank d x K + k); a run killed after step 4
+    resumes from step 4 in processes, and the emulator resumes from the same files."""
+    config = _tied(schedule="async-1f1b", weights="spectrain", steps=8, timeout_s=10)
+    alone = Emulator(config).run()
+    plan = CheckpointPlan(str(tmp_path), 2, {"test": "replicas"}, 4)
+    monkeypatch.setenv(FAULT_ENV, "3:4")  # replica 1's last stage is SIGKILLed after step 4
+    killed = spawn(_train, 4, config, plan, None, timeout_s=10)
+    assert not killed.ok and killed.exit_codes[3] == -9
+    found = latest_complete(tmp_path)
+    assert found is not None and found[0] == 4
+    assert sorted(found[1]["files"]) == [f"rank-{r}.pt" for r in range(4)]
+    monkeypatch.delenv(FAULT_ENV)
+    resumed = spawn(_train, 4, config, None, (str(tmp_path), 4), timeout_s=10)
+    assert resumed.ok, resumed.exit_codes
+    assert resumed.results[0] == (alone.losses, alone.params_sha256)
+    emulated = Emulator(config, resume=(str(tmp_path), 2)).run()
+    assert (emulated.losses, emulated.params_sha256) == (alone.losses, alone.params_sha256)
