@@ -158,6 +158,11 @@ def _calibrate(args: argparse.Namespace) -> int:
             f"  send/receive  {p2p['latency_s'] * 1e6:7.1f} us + bytes at {p2p['gb_per_s']:.2f} GB/s"
         )
     print(f"  compute       {calibration.compute_slowdown:.2f}x slower with every rank computing")
+    if calibration.stage_slowdown is not None:
+        print(
+            f"  compute       {calibration.stage_slowdown:.2f}x slower with one thread per rank, "
+            "every rank at once"
+        )
     if calibration.transfer_slowdown is not None:
         print(
             f"  compute       {calibration.transfer_slowdown:.2f}x slower with transfers going on "

@@ -17,7 +17,9 @@ numbers mean on each device:
   thread per rank as pipeline stages compute, the same products interleaved with
   send/receive exchanges between rank pairs, less the exchanges' own time, over the
   products alone: how much a stage's compute slows while its transfers go on (gloo's
-  transport threads share the cores; NCCL moves data on the GPU's own engines).
+  transport threads share the cores; NCCL moves data on the GPU's own engines); and the
+  products with one thread by rank 0 alone and by every rank at once: how much a
+  one-thread stage slows when more ranks than cores compute.
 
 ``nvbandwidth`` measures the copies more thoroughly (every engine and pattern) and
 ``nccl-tests`` the collectives (bus bandwidth by size); these are what a training run of
@@ -27,6 +29,7 @@ PyTorch itself sees.
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -72,7 +75,19 @@ def measure_rank(rank: int, world: int, quick: bool = False) -> dict[str, Any]:
     out["allreduce"] = [[size, _allreduce_s(size, device, repeats)] for size in sizes]
     out["p2p"] = [[size, _p2p_s(rank, world, size, device, repeats)] for size in sizes]
     out["compute"]["with_p2p"] = _p2p_slowdown(rank, world, device, repeats)
+    out["compute"]["one_thread"] = _one_thread(rank, device, repeats)
     return out
+
+
+def _one_thread(rank: int, device: torch.device, repeats: int) -> dict[str, float | None]:
+    """The products with one thread (as a pipeline stage computes, and its profile is
+    measured): by rank 0 alone, then by every rank at once (more ranks than cores share)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _alone_and_together(rank, lambda: _compute_s(device, repeats, median=True))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _device() -> torch.device:
@@ -135,19 +150,20 @@ def _timed_copies(pairs: list[tuple[torch.Tensor, torch.Tensor]], device: torch.
     return time.perf_counter() - began
 
 
-def _compute_s(device: torch.device, repeats: int) -> float:
-    """Seconds of 20 products of two 256 x 256 float32 matrices (the fastest of repeats)."""
+def _compute_s(device: torch.device, repeats: int, *, median: bool = False) -> float:
+    """Seconds of 20 products of two 256 x 256 float32 matrices: the fastest of repeats, or
+    with ``median`` the median of more (what ranks that share cores see)."""
     a = torch.randn(_MATMUL, _MATMUL, device=device)
     b = torch.randn(_MATMUL, _MATMUL, device=device)
-    best = float("inf")
-    for _ in range(repeats + 1):
+    rounds = []
+    for _ in range(repeats + (3 if median else 1)):
         _sync(device)
         began = time.perf_counter()
         for _ in range(20):
             a = torch.tanh(a @ b)
         _sync(device)
-        best = min(best, time.perf_counter() - began)
-    return best
+        rounds.append(time.perf_counter() - began)
+    return statistics.median(rounds[1:]) if median else min(rounds)
 
 
 def _p2p_slowdown(rank: int, world: int, device: torch.device, repeats: int) -> float | None:

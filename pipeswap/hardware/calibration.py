@@ -45,7 +45,9 @@ class Calibration:
     per second, nccl-tests' busbw). ``compute_slowdown``: a rank's compute time with every
     rank computing over its time alone. ``transfer_slowdown``: a one-thread rank's compute
     time while it exchanges messages with another over its time without (None with one
-    rank); what a pipeline stage's compute pays for its transfers.
+    rank); what a pipeline stage's compute pays for its transfers. ``stage_slowdown``: a
+    one-thread rank's compute time with every rank computing over its time alone (more
+    ranks than cores share them; None in files written before it was measured).
     """
 
     ranks: int
@@ -58,6 +60,7 @@ class Calibration:
     date: str
     command: str
     transfer_slowdown: float | None = None
+    stage_slowdown: float | None = None
 
     @classmethod
     def from_ranks(
@@ -104,6 +107,7 @@ class Calibration:
             date=date,
             command=command,
             transfer_slowdown=max(slowed) if slowed else None,
+            stage_slowdown=_stage_slowdown(measured),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -127,6 +131,7 @@ class Calibration:
             else {"latency_s": self.p2p[0], "gb_per_s": self.p2p[1] / GB},
             "compute_slowdown": self.compute_slowdown,
             "transfer_slowdown": self.transfer_slowdown,
+            "stage_slowdown": self.stage_slowdown,
         }
 
     def topology(self, name: str, memory_bytes: int) -> Topology:
@@ -146,6 +151,15 @@ class Calibration:
         ]
         links = tuple(Link(g.id, "cpu0", one_way / GB, duplex_efficiency=duplex) for g in gpus)
         return Topology(name, (Node("cpu0", "cpu"), *gpus), links, calibration=self.to_json())
+
+
+def _stage_slowdown(measured: Sequence[dict[str, Any]]) -> float | None:
+    """One thread's compute with every rank at once over rank 0's alone (None: unmeasured)."""
+    one = [r["compute"].get("one_thread") for r in measured]
+    if any(o is None for o in one) or one[0]["alone"] is None:
+        return None
+    together = max(float(o["together"]) for o in one)
+    return max(1.0, together / float(one[0]["alone"]))
 
 
 def host_memory_bytes() -> int:

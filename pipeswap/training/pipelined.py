@@ -89,7 +89,8 @@ def predicted_step_s(config: TrainConfig) -> float:
     The profile is measured at the micro-batch's size, as each action computes (a small
     batch costs more than its share of a large one), and times the optimizer step that
     each stage's UPDATE takes its parameters' share of. A calibrated machine slows it by
-    the measured ``transfer_slowdown`` (a stage computes while its transfers go on).
+    the measured ``stage_slowdown`` (every rank computes at once) and ``transfer_slowdown``
+    (a stage computes while its transfers go on).
     """
     pipeline = config.require_pipeline()
     assert config.device is not None and config.batch is not None
@@ -104,10 +105,13 @@ def predicted_step_s(config: TrainConfig) -> float:
             optimizer=config.optim.optimizer,
         )
     topology = swap_topology(config.topology, config.device, pipeline.num_ranks)
-    slowdown = (topology.calibration or {}).get("transfer_slowdown")
-    if slowdown:
-        # Measured alone; a stage computes while its transfers go on (calibrated).
-        profile = profile.slowed(float(slowdown), f"{slowdown:.2f}x: compute beside transfers")
+    calibration = topology.calibration or {}
+    slowdown = float(calibration.get("stage_slowdown") or 1.0) * float(
+        calibration.get("transfer_slowdown") or 1.0
+    )
+    if slowdown > 1.0:
+        # Measured alone; a stage computes beside the other ranks and its own transfers.
+        profile = profile.slowed(slowdown, f"{slowdown:.2f}x: beside other ranks and transfers")
     schedule = pipeline_schedule(config)
     if pipeline.replicas > 1:
         # Each stage averages its gradients over the replicas after its last backward of

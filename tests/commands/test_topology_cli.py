@@ -159,6 +159,7 @@ def test_calibrate_writes_a_measured_topology(
     assert calibration["command"].startswith("pipeswap ") and len(calibration["date"]) == 10
     assert calibration["compute_slowdown"] >= 1.0
     assert calibration["transfer_slowdown"] >= 1.0  # 2 ranks exchange: a figure
+    assert calibration["stage_slowdown"] >= 1.0
     assert main(["topology", "show", str(out)]) == 0
 
 

@@ -39,6 +39,7 @@ def _rank(rank: int, copy_together: float, compute_together: float) -> dict[str,
             "alone": 0.01 if rank == 0 else None,
             "together": compute_together,
             "with_p2p": 1.2 + rank / 10,
+            "one_thread": {"alone": 0.01 if rank == 0 else None, "together": 0.02 + rank / 100},
         },
         "allreduce": [[s, 2e-4 + s / 1e9] for s in sizes],  # bus bytes = s (2 ranks)
         "p2p": [[s, 5e-5 + s / 4e9] for s in sizes],
@@ -51,6 +52,7 @@ def test_ranks_measurements_become_one_calibration_and_a_topology(tmp_path: Path
     assert calibration.copy_bytes_per_s["h2d-pageable"] == (8e9, 4e9)  # the slowest rank
     assert calibration.compute_slowdown == pytest.approx(2.0)
     assert calibration.transfer_slowdown == pytest.approx(1.3)  # the slowest rank
+    assert calibration.stage_slowdown == pytest.approx(3.0)  # 0.03 s together, 0.01 alone
     assert calibration.allreduce == pytest.approx((2e-4, 1e9))
     assert calibration.p2p == pytest.approx((5e-5, 4e9))
     topology = calibration.topology("calibrated-cpu-2", 1 << 30)

@@ -20,7 +20,11 @@ from pipeswap.training import pipelined
 
 
 def _machine(
-    path: Path, transfer_slowdown: float, ranks: int = 2, allreduce_latency_s: float = 0.0
+    path: Path,
+    transfer_slowdown: float,
+    ranks: int = 2,
+    allreduce_latency_s: float = 0.0,
+    stage_slowdown: float = 1.0,
 ) -> str:
     # Transfers all but free, so the two predictions differ by the compute alone.
     calibration = Calibration(
@@ -34,6 +38,7 @@ def _machine(
         date="2026-11-26",
         command="pipeswap topology calibrate --nproc 2",
         transfer_slowdown=transfer_slowdown,
+        stage_slowdown=stage_slowdown,
     )
     calibration.topology(f"calibrated-cpu-{ranks}", 1 << 30).save(path)
     return str(path)
@@ -64,7 +69,9 @@ def test_a_pipeline_predicts_on_the_topology_it_is_given(
     slowed = pipelined.predicted_step_s(
         replace(config, topology=_machine(tmp_path / "b.json", 2.0))
     )
-    assert seen == [2, 2]
+    both = _machine(tmp_path / "c.json", 1.5, stage_slowdown=2.0)
+    assert pipelined.predicted_step_s(replace(config, topology=both)) == pytest.approx(3 * same)
+    assert seen == [2, 2, 2]
     # Every action's compute (and each stage's share of the optimizer step) doubles.
     assert slowed == pytest.approx(2 * same, rel=1e-6)
     assert same > fixed.compute_s  # the schedule's fill and drain on top of the compute
