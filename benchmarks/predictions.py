@@ -54,7 +54,9 @@ COSTS = """Costs the model was given to get here (each where the simulator could
 - **Compute beside transfers**: calibrate also times one thread's matrix products
   interleaved with send/receive exchanges between two ranks, less the exchanges alone, over
   the products alone (the `transfer_slowdown` in the calibration below: gloo's transport
-  threads share the two cores); a pipeline's prediction slows its profile by it.
+  threads share the two cores), and one thread's products with every rank at once over
+  rank 0's alone (the `stage_slowdown`: more ranks than cores share them); a pipeline's
+  prediction slows its one-thread profile by both.
 
 Not modelled: Python's per-layer and per-action overhead beyond what the profile's own
 block-by-block step pays, and the machine's speed changing between the profile and the

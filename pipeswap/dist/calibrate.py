@@ -81,13 +81,26 @@ def measure_rank(rank: int, world: int, quick: bool = False) -> dict[str, Any]:
 
 def _one_thread(rank: int, device: torch.device, repeats: int) -> dict[str, float | None]:
     """The products with one thread (as a pipeline stage computes, and its profile is
-    measured): by rank 0 alone, then by every rank at once (more ranks than cores share)."""
+    measured), in paired rounds: by rank 0 alone, then by every rank at once (more ranks
+    than cores share them); the medians of the rounds."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    alone: list[float] = []
+    together: list[float] = []
     try:
-        return _alone_and_together(rank, lambda: _compute_s(device, repeats, median=True))
+        for _ in range(repeats + 3):
+            dist.barrier()
+            if rank == 0:
+                alone.append(_compute_s(device, 0))
+            dist.barrier()
+            together.append(_compute_s(device, 0))
     finally:
         torch.set_num_threads(threads)
+    dist.barrier()
+    return {
+        "alone": statistics.median(alone[1:]) if alone else None,
+        "together": statistics.median(together[1:]),
+    }
 
 
 def _device() -> torch.device:
@@ -150,20 +163,20 @@ def _timed_copies(pairs: list[tuple[torch.Tensor, torch.Tensor]], device: torch.
     return time.perf_counter() - began
 
 
-def _compute_s(device: torch.device, repeats: int, *, median: bool = False) -> float:
-    """Seconds of 20 products of two 256 x 256 float32 matrices: the fastest of repeats, or
-    with ``median`` the median of more (what ranks that share cores see)."""
+def _compute_s(device: torch.device, repeats: int) -> float:
+    """Seconds of 20 products of two 256 x 256 float32 matrices (the fastest of repeats + 1;
+    one round with ``repeats`` 0)."""
     a = torch.randn(_MATMUL, _MATMUL, device=device)
     b = torch.randn(_MATMUL, _MATMUL, device=device)
-    rounds = []
-    for _ in range(repeats + (3 if median else 1)):
+    best = float("inf")
+    for _ in range(repeats + 1):
         _sync(device)
         began = time.perf_counter()
         for _ in range(20):
             a = torch.tanh(a @ b)
         _sync(device)
-        rounds.append(time.perf_counter() - began)
-    return statistics.median(rounds[1:]) if median else min(rounds)
+        best = min(best, time.perf_counter() - began)
+    return best
 
 
 def _p2p_slowdown(rank: int, world: int, device: torch.device, repeats: int) -> float | None:
@@ -192,27 +205,31 @@ def _p2p_slowdown(rank: int, world: int, device: torch.device, repeats: int) -> 
         exchange()
 
     def timed(body: Callable[[], None]) -> float:
-        best = float("inf")
-        for _ in range(repeats + 1):
-            dist.barrier()
-            if partner < world:
-                _sync(device)
-                began = time.perf_counter()
-                for _ in range(_EXCHANGES):
-                    body()
-                _sync(device)
-                best = min(best, time.perf_counter() - began)
-        return best
+        dist.barrier()
+        _sync(device)
+        began = time.perf_counter()
+        for _ in range(_EXCHANGES):
+            body()
+        _sync(device)
+        return time.perf_counter() - began
 
+    # Paired rounds, the median of their ratios: the three timings of a round are taken
+    # back to back, so a machine that changes speed between rounds (a shared one does)
+    # moves all three alike.
+    ratios = []
     try:
-        alone = timed(compute)
-        talking = timed(exchange)
-        mixed = timed(both)
+        for _ in range(repeats + 3):
+            if partner >= world:
+                for _ in range(3):
+                    dist.barrier()
+                continue
+            alone, talking, mixed = timed(compute), timed(exchange), timed(both)
+            ratios.append((mixed - talking) / alone)
     finally:
         torch.set_num_threads(threads)
     if partner >= world:
         return None
-    return max(1.0, (mixed - talking) / alone)
+    return max(1.0, statistics.median(ratios[1:]))
 
 
 def _allreduce_s(nbytes: int, device: torch.device, repeats: int) -> float:

@@ -4,10 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeswap.checkpoint import CheckpointPlan
 from pipeswap.dist.launch import spawn
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.runtime import run_stage_rank
 from pipeswap.train_config import TrainConfig
+
+
+def train_checkpointed(
+    rank: int,
+    world: int,
+    config: TrainConfig,
+    plan: CheckpointPlan | None,
+    resume: tuple[str, int] | None,
+) -> tuple[tuple[float, ...], str] | None:
+    """One rank of ``config`` checkpointing by ``plan`` or resuming; rank 0's (losses, digest)."""
+    result = run_stage_rank(config, checkpoint=plan, resume=resume)
+    return None if result is None else (result.losses, result.params_sha256)
 
 
 def run_all(rank: int, world: int, configs: list[TrainConfig]) -> list[dict[str, Any] | None]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runtime_check import assert_runtime_matches_emulator
+from runtime_check import assert_runtime_matches_emulator, train_checkpointed
 from support import pipeline_run
 
 from pipeswap.checkpoint import CheckpointPlan, latest_complete
@@ -24,7 +24,6 @@ from pipeswap.dist.launch import spawn
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.job import BatchSource, build_full_model
 from pipeswap.pipeline.resolve import resolve_pipeline
-from pipeswap.pipeline.runtime import run_stage_rank
 from pipeswap.train_config import TrainConfig
 
 pytestmark = pytest.mark.dist
@@ -91,17 +90,6 @@ def test_a_replicated_synchronous_pipeline_is_plain_training_on_both_batches(
     assert not torch.equal(first[0], first[1])
 
 
-def _train(
-    rank: int,
-    world: int,
-    config: TrainConfig,
-    plan: CheckpointPlan | None,
-    resume: tuple[str, int] | None,
-) -> tuple[tuple[float, ...], str] | None:
-    result = run_stage_rank(config, checkpoint=plan, resume=resume)
-    return None if result is None else (result.losses, result.params_sha256)
-
-
 def test_a_replicated_pipeline_killed_mid_run_resumes_bit_identically(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,13 +99,13 @@ def test_a_replicated_pipeline_killed_mid_run_resumes_bit_identically(
     alone = Emulator(config).run()
     plan = CheckpointPlan(str(tmp_path), 2, {"test": "replicas"}, 4)
     monkeypatch.setenv(FAULT_ENV, "3:4")  # replica 1's last stage is SIGKILLed after step 4
-    killed = spawn(_train, 4, config, plan, None, timeout_s=10)
+    killed = spawn(train_checkpointed, 4, config, plan, None, timeout_s=10)
     assert not killed.ok and killed.exit_codes[3] == -9
     found = latest_complete(tmp_path)
     assert found is not None and found[0] == 4
     assert sorted(found[1]["files"]) == [f"rank-{r}.pt" for r in range(4)]
     monkeypatch.delenv(FAULT_ENV)
-    resumed = spawn(_train, 4, config, None, (str(tmp_path), 4), timeout_s=10)
+    resumed = spawn(train_checkpointed, 4, config, None, (str(tmp_path), 4), timeout_s=10)
     assert resumed.ok, resumed.exit_codes
     assert resumed.results[0] == (alone.losses, alone.params_sha256)
     emulated = Emulator(config, resume=(str(tmp_path), 2)).run()

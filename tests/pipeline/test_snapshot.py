@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from runtime_check import train_checkpointed
 from support import pipeline_run
 
 from pipeswap.checkpoint import (
@@ -23,9 +24,7 @@ from pipeswap.dist.faults import FAULT_ENV
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.emulator import Emulator, pipeline_schedule
-from pipeswap.pipeline.runtime import run_stage_rank
 from pipeswap.pipeline.snapshot import crossing_messages, cut_index
-from pipeswap.train_config import TrainConfig
 
 BASE = pipeline_run(
     "gpt2-micro",
@@ -104,17 +103,6 @@ def test_a_half_written_set_is_passed_over_and_another_runs_set_refused(tmp_path
         latest_complete(tmp_path / "missing")
 
 
-def _train(
-    rank: int,
-    world: int,
-    config: TrainConfig,
-    plan: CheckpointPlan | None,
-    resume: tuple[str, int] | None,
-) -> tuple[tuple[float, ...], str] | None:
-    result = run_stage_rank(config, checkpoint=plan, resume=resume)
-    return None if result is None else (result.losses, result.params_sha256)
-
-
 @pytest.mark.dist
 def test_runtime_killed_mid_run_resumes_bit_identically_in_runtime_and_emulator(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -122,12 +110,12 @@ def test_runtime_killed_mid_run_resumes_bit_identically_in_runtime_and_emulator(
     config = replace_fields(BASE, steps=12, timeout_s=10)
     alone = Emulator(config).run()
     monkeypatch.setenv(FAULT_ENV, "1:6")  # stage 1 is SIGKILLed after its step 6
-    killed = spawn(_train, 4, config, _plan(tmp_path, 4, every=3), None, timeout_s=10)
+    killed = spawn(train_checkpointed, 4, config, _plan(tmp_path, 4, every=3), None, timeout_s=10)
     assert not killed.ok and killed.exit_codes[1] == -9
     found = latest_complete(tmp_path)
     assert found is not None and found[0] == 6  # steps 3 and 6 were written before the kill
     monkeypatch.delenv(FAULT_ENV)
-    resumed = spawn(_train, 4, config, None, (str(tmp_path), 6), timeout_s=10)
+    resumed = spawn(train_checkpointed, 4, config, None, (str(tmp_path), 6), timeout_s=10)
     assert resumed.ok, resumed.exit_codes
     assert resumed.results[0] == (alone.losses, alone.params_sha256)
     emulated = Emulator(config, resume=(str(tmp_path), 3)).run()  # the runtime's files
@@ -157,9 +145,9 @@ def test_sigterm_to_a_runtime_rank_checkpoints_every_stage_then_resumes_exactly(
     config = replace_fields(BASE, steps=14, timeout_s=10)
     alone = Emulator(config).run()
     monkeypatch.setenv(FAULT_ENV, "0:3:SIGTERM")
-    stopped = spawn(_train, 4, config, _plan(tmp_path, 4, every=0), None, timeout_s=10)
+    stopped = spawn(train_checkpointed, 4, config, _plan(tmp_path, 4, every=0), None, timeout_s=10)
     assert not stopped.ok and all(m and "after step 11" in m for m in stopped.messages)
     monkeypatch.delenv(FAULT_ENV)
-    resumed = spawn(_train, 4, config, None, (str(tmp_path), 11), timeout_s=10)
+    resumed = spawn(train_checkpointed, 4, config, None, (str(tmp_path), 11), timeout_s=10)
     assert resumed.ok, resumed.exit_codes
     assert resumed.results[0] == (alone.losses, alone.params_sha256)

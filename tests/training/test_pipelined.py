@@ -44,19 +44,18 @@ def _machine(
     return str(path)
 
 
+def _two_stages() -> TrainConfig:
+    """gpt2-micro in 2 stages of 2 micro-batches of 2 samples, resolved."""
+    config = TrainConfig(
+        "gpt2-micro", batch=4, seq_len=16, steps=3, device="cpu", pipeline=PipelineConfig(stages=2)
+    )
+    return resolve_pipeline(config)
+
+
 def test_a_pipeline_predicts_on_the_topology_it_is_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = resolve_pipeline(
-        TrainConfig(
-            "gpt2-micro",
-            batch=4,
-            seq_len=16,
-            steps=3,
-            device="cpu",
-            pipeline=PipelineConfig(stages=2),
-        )
-    )
+    config = _two_stages()
     fixed = measure("gpt2-micro", 2, seq_len=16)  # the micro-batch's size: 4 in 2
     seen: list[int] = []
 
@@ -80,16 +79,7 @@ def test_a_pipeline_predicts_on_the_topology_it_is_given(
 def test_a_replicated_pipeline_predicts_its_replicas_and_their_averaging(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    one = resolve_pipeline(
-        TrainConfig(
-            "gpt2-micro",
-            batch=4,
-            seq_len=16,
-            steps=3,
-            device="cpu",
-            pipeline=PipelineConfig(stages=2),
-        )
-    )
+    one = _two_stages()
     two = resolve_pipeline(replace(one, nproc=4))
     assert two.require_pipeline().replicas == 2
     fixed = measure("gpt2-micro", 2, seq_len=16)
