@@ -60,7 +60,7 @@ class StageExecutor:
     Replica ``replica`` of a replicated pipeline (``PipelineConfig.replicas``) reads its own
     batches and, after the backward that completes a mini-batch's gradient, calls
     ``average(step, self)``, which averages this stage's gradients over the replicas
-    (pipeswap.dist.replicas in processes; the emulator's returns False until the last
+    (pipeswap.dist.replica_groups in processes; the emulator's returns False until the last
     replica arrives, then finishes the others' backward with :meth:`after_average`).
     """
 
