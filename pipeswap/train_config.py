@@ -2,9 +2,10 @@
 
 The run's own fields (model, batch shape, steps, seed, where it runs) sit at the top;
 ``optim``, ``swap``, ``pipeline``, ``checkpoint`` and ``dataset`` are the configs of the
-components that own them (each declares, defaults and checks its fields once). At most
-one of ``swap`` and ``pipeline`` is set, and it says the mode: data parallelism with
-swapping (the default) or a pipeline. Checks that need two components (a weight mode
+components that own them (each declares, defaults and checks its fields once).
+``pipeline`` says the mode: data parallelism with swapping (None, the default) or a
+pipeline; ``swap`` says how data parallelism swaps, and on a pipeline how its stages
+swap (None: they keep everything; pipeswap.training.stage_swapping). Checks that need two components (a weight mode
 and its optimizer, a memory cap and a profile) live here; checks that need the model
 (its layers, its default shapes) run when the run is resolved (pipeswap.training.resolve).
 """
@@ -88,10 +89,6 @@ class TrainConfig:
     progress: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
-        require(
-            self.swap is None or self.pipeline is None,
-            "a run swaps (data parallelism) or is a pipeline, not both: drop {swap} or {pipeline}",
-        )
         for name, value in (
             ("batch", self.batch),
             ("seq_len", self.seq_len),
@@ -171,12 +168,13 @@ class TrainConfig:
 
     def require_swap(self) -> SwapConfig:
         """The swap settings of a data-parallel run (the defaults when none were given)."""
-        require(self.pipeline is None, "a pipeline run does not swap: drop {pipeline}")
+        require(self.pipeline is None, "this run is a pipeline: its stages swap by {swap}")
         return self.swap or SwapConfig()
 
     def resolved(self) -> TrainConfig:
         """This config with the model's defaults filled in: batch, sequence length or image
-        size, the device, and the swap settings of a data-parallel run. Idempotent."""
+        size, the device, and the swap settings of a data-parallel run (a pipeline keeps
+        the ones it was given: none, its stages keep everything). Idempotent."""
         # The zoo (and torch) load when a run is resolved, not when a config is declared.
         import torch
 
@@ -215,7 +213,7 @@ class TrainConfig:
             image_size=image_size,
             device=device,
             optim=optim,
-            swap=self.require_swap() if self.pipeline is None else None,
+            swap=self.require_swap() if self.pipeline is None else self.swap,
         )
 
     @property

@@ -19,8 +19,10 @@ def test_the_mode_follows_which_component_is_set() -> None:
     assert TrainConfig("gpt2-micro", pipeline=PipelineConfig(stages=2)).mode == "pipeline"
     emulated = PipelineConfig(stages=2, emulate=True)
     assert TrainConfig("gpt2-micro", pipeline=emulated).mode == "emulate"
-    with pytest.raises(ConfigError, match="not both"):
-        TrainConfig("gpt2-micro", swap=SwapConfig(), pipeline=PipelineConfig(stages=2))
+    # A pipeline with swap settings is a pipeline whose stages swap; it keeps them.
+    swapping = TrainConfig("gpt2-micro", swap=SwapConfig(), pipeline=PipelineConfig(stages=2))
+    assert swapping.mode == "pipeline" and swapping.resolved().swap == SwapConfig()
+    assert TrainConfig("gpt2-micro", pipeline=PipelineConfig(stages=2)).resolved().swap is None
 
 
 @pytest.mark.parametrize(

@@ -17,13 +17,6 @@ from pipeswap.sim.result import SimResult
 from pipeswap.sim.trace import write_trace
 from pipeswap.units import format_bytes
 
-# What the runtime cannot run yet, by family (issue 24 builds them).
-# What the runtime cannot run yet: pipeline stages that swap or recompute.
-NOT_YET = (
-    "the runtime does not swap pipeline stages yet (issue 24, item 2): these flags are "
-    "refused until it does"
-)
-
 
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("layouts (--layouts)")
@@ -101,8 +94,6 @@ def layouts_table(search: LayoutSearch, profile: Profile, budget_bytes: int) -> 
         f"{format_bytes(best.peak_bytes)}",
         "run it: " + train_command(best, profile),
     ]
-    if best.family != DATA_PARALLEL and best.swaps:
-        lines.append(f"note: {NOT_YET}")
     lines += ["", f"{'family':<32} {'fastest':<40} {'samples/s':>10} {'vs best':>8} {'peak':>10}"]
     for title, scored in family_summary(search):
         if scored is None:

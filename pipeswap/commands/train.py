@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from pipeswap.checkpoint import CheckpointConfig
 from pipeswap.commands.options import add_options, flag_of, given
@@ -30,6 +31,8 @@ _EXAMPLES = """examples:
 
 DATA_PARALLEL = "data-parallel"
 PIPELINE = "pipeline"
+# The swap settings a pipeline's stages take (pipeswap.training.stage_swapping).
+STAGE_SWAP_FIELDS = ("policy", "gpu_memory_bytes", "footprint_ratio")
 
 # The argument groups of --help, in order: (title, config class, its fields there or None).
 _WHAT = ("model", "batch", "seq_len", "image_size", "seed", "profile_path")
@@ -44,7 +47,7 @@ _GROUPS: tuple[tuple[str, type, tuple[str, ...] | None], ...] = (
     ("optimizer", OptimizerConfig, None),
     ("checkpoints", CheckpointConfig, None),
     ("logging", LogConfig, None),
-    ("data parallelism with swapping (the default mode)", SwapConfig, None),
+    ("swapping (data parallelism; a pipeline's stages: the first three)", SwapConfig, None),
     ("pipeline parallelism (--pipeline K)", PipelineConfig, None),
 )
 
@@ -84,13 +87,16 @@ def refuse_other_mode(args: argparse.Namespace) -> None:
             "--trace applies to pipeline training (--pipeline K); add --pipeline K, or drop "
             "--trace to train data-parallel"
         )
-    others = given(args, SwapConfig) if pipeline else given(args, PipelineConfig)
+    if pipeline:
+        others = [name for name in given(args, SwapConfig) if name not in STAGE_SWAP_FIELDS]
+    else:
+        others = list(given(args, PipelineConfig))
     for name in others:
         flag = flag_of(name)
         if pipeline:
             raise PipeswapError(
-                f"{flag} applies to data-parallel training; drop --pipeline to swap, or drop "
-                f"{flag} to train a pipeline"
+                f"{flag} applies to data-parallel training; drop {flag} (a pipeline's stages "
+                "swap by --swap-policy, --gpu-memory or --footprint-ratio)"
             )
         raise PipeswapError(
             f"{flag} applies to pipeline training (--pipeline K); add --pipeline K, or drop "
@@ -102,10 +108,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The one TrainConfig the parsed options describe (defaults are the configs' own)."""
     refuse_other_mode(args)
     pipeline = PipelineConfig(**given(args, PipelineConfig)) if args.stages is not None else None
+    swap_settings = given(args, SwapConfig)
+    # A pipeline's stages swap only when asked to (--swap-policy, --gpu-memory).
+    swap = SwapConfig(**swap_settings) if pipeline is None or swap_settings else None
     return TrainConfig(
         **given(args, TrainConfig),
         optim=OptimizerConfig(**given(args, OptimizerConfig)),
-        swap=None if pipeline is not None else SwapConfig(**given(args, SwapConfig)),
+        swap=swap,
         pipeline=pipeline,
         checkpoint=CheckpointConfig(**given(args, CheckpointConfig)),
         dataset=DataConfig(**given(args, DataConfig)),
@@ -205,7 +214,29 @@ def summary_lines(report: TrainReport) -> list[str]:
             for e in pipe.prediction_error
         ]
         lines.append("prediction error ||W_hat-W_future||/||W_now-W_future|| " + "; ".join(parts))
+    if pipe.stage_swap is not None:
+        lines += stage_swap_lines(pipe.stage_swap)
     lines.append(f"params sha256 {report.params_sha256}")
+    return lines
+
+
+def stage_swap_lines(swap: dict[str, Any]) -> list[str]:
+    """Per stage of a pipeline whose stages swap: its plan, and what it held at most."""
+    lines = [f"stages swap ({swap['policy']}, budget {format_bytes(swap['budget_bytes'])}/GPU):"]
+    stages = swap["stages"]
+    for rank, measured in enumerate(swap["measured"]):
+        if measured is None:
+            continue
+        plan = stages[rank % len(stages)]
+        swapped = ",".join(measured["swapped_layers"]) or "-"
+        recomputed = ",".join(measured["recomputed_layers"]) or "-"
+        lines.append(
+            f"  rank {rank} (stage {plan['stage']}): swaps {swapped} "
+            f"({format_bytes(measured['unit_swap_bytes'])}/unit), recomputes {recomputed}; "
+            f"saved tensors peak {format_bytes(measured['peak_saved_bytes'])} of "
+            f"{format_bytes(plan['saved_budget_bytes'])} the budget leaves"
+            + (f", {measured['late_fetches']} late fetches" if measured["late_fetches"] else "")
+        )
     return lines
 
 

@@ -56,21 +56,26 @@ def plan_stages(
     *,
     replicas: int,
     coordinated: bool,
+    swap: bool = True,
+    recompute: Sequence[bool] | None = None,
 ) -> tuple[list[StagePlan], Placement] | None:
     """Every stage's plan and the placement they were made for (None: some stage cannot
-    fit the budget). ``gpus``: the layout's GPUs, ``replicas`` times ``len(stages)``."""
+    fit the budget). ``gpus``: the layout's GPUs, ``replicas`` times ``len(stages)``.
+    ``swap`` False plans recomputation only; ``recompute`` says per stage whether it may
+    recompute (default: every stage)."""
+    moves = (swap, [True] * len(stages) if recompute is None else list(recompute))
     bandwidth = min(path_bytes_per_s(topology, g) for g in gpus)
     # The pipeline runs one unit per period of its slowest stage: that long is what a
     # stage's copies of one unit may take without slowing it down.
     period = max(c.forward_s + c.backward_s for c in stages)
     alone = bandwidth * period
     if not coordinated:
-        own = _plans(orders, stages, budget_bytes, [alone] * len(stages), bandwidth)
+        own = _plans(orders, stages, budget_bytes, [alone] * len(stages), bandwidth, moves)
         if own is None:
             return None
         return own, mobius_mapping(topology, gpus, len(stages), replicas)
     # What each stage would swap with the whole path to itself decides who copies when.
-    greedy = _plans(orders, stages, budget_bytes, [alone] * len(stages), bandwidth)
+    greedy = _plans(orders, stages, budget_bytes, [alone] * len(stages), bandwidth, moves)
     if greedy is None:
         return None
     windows = transfer_windows(schedule, stages, greedy, bandwidth)
@@ -91,7 +96,7 @@ def plan_stages(
         members = [stage_of[g] for g in group]
         for k, share in zip(members, water_fill(alone, [demand[k] for k in members])):
             allowance[k] = min(allowance[k], share)
-    shared = _plans(orders, stages, budget_bytes, allowance, bandwidth)
+    shared = _plans(orders, stages, budget_bytes, allowance, bandwidth, moves)
     if shared is None:
         return None
     return shared, placement
@@ -103,10 +108,20 @@ def _plans(
     budget_bytes: int,
     allowance: Sequence[float],
     bandwidth: float,
+    moves: tuple[bool, Sequence[bool]],
 ) -> list[StagePlan] | None:
+    swap, recompute = moves
     plans = []
-    for order, c, free in zip(orders, stages, allowance):
-        plan = plan_stage(order, c, budget_bytes, allowance_bytes=free, bytes_per_s=bandwidth)
+    for order, c, free, may in zip(orders, stages, allowance, recompute):
+        plan = plan_stage(
+            order,
+            c,
+            budget_bytes,
+            allowance_bytes=free,
+            bytes_per_s=bandwidth,
+            swap=swap,
+            recompute=may,
+        )
         if plan is None:
             return None
         plans.append(plan)

@@ -139,6 +139,8 @@ def plan_stage(
     *,
     allowance_bytes: float,
     bytes_per_s: float,
+    swap: bool = True,
+    recompute: bool = True,
 ) -> StagePlan | None:
     """The cheapest plan found that keeps the stage within ``budget_bytes`` (None: none).
 
@@ -147,13 +149,15 @@ def plan_stage(
     byte of peak it removes. A swap within ``allowance_bytes`` per unit (what the stage's
     share of its PCIe path carries while the pipeline runs one unit) costs nothing; bytes
     beyond it cost their copy time at ``bytes_per_s``. A recompute costs the layer's
-    forward. The prefetch is then issued as early as the budget allows.
+    forward. The prefetch is then issued as early as the budget allows. ``swap`` and
+    ``recompute`` False leave out that kind of move.
     """
     plan = NO_PLAN
     peak = peak_bytes(order, costs, plan)
     while peak > budget_bytes:
         best: tuple[float, StagePlan, int] | None = None
-        for candidate, cost in _next_moves(costs, plan, allowance_bytes, bytes_per_s):
+        moves = _next_moves(costs, plan, allowance_bytes, bytes_per_s, swap, recompute)
+        for candidate, cost in moves:
             new_peak = peak_bytes(order, costs, candidate)
             if new_peak >= peak:
                 continue
@@ -163,7 +167,7 @@ def plan_stage(
         if best is None:
             # Greedy got stuck; the floor's plan is the last resort (it fits iff the
             # budget is at least floor_bytes).
-            last = floor_plan(costs)
+            last = floor_plan(costs, swap=swap, recompute=recompute)
             return last if peak_bytes(order, costs, last) <= budget_bytes else None
         _, plan, peak = best
     for lead in LEADS[1:]:
@@ -175,7 +179,12 @@ def plan_stage(
 
 
 def _next_moves(
-    costs: StageCosts, plan: StagePlan, allowance_bytes: float, bytes_per_s: float
+    costs: StageCosts,
+    plan: StagePlan,
+    allowance_bytes: float,
+    bytes_per_s: float,
+    swap: bool,
+    recompute: bool,
 ) -> list[tuple[StagePlan, float]]:
     """The largest swap and the cheapest recompute not in ``plan``, with their time cost."""
     moves: list[tuple[StagePlan, float]] = []
@@ -184,7 +193,7 @@ def _next_moves(
         for i, layer in enumerate(costs.layers)
         if layer not in plan.swapped and layer not in plan.recomputed
     ]
-    swappable = [i for i in free if costs.saved[i] > 0]
+    swappable = [i for i in free if costs.saved[i] > 0] if swap else []
     if swappable:
         i = max(swappable, key=lambda j: (costs.saved[j], -j))
         before = unit_memory(costs, plan).swap
@@ -195,7 +204,7 @@ def _next_moves(
         moves.append(
             (StagePlan(plan.swapped | {costs.layers[i]}, plan.recomputed, plan.lead), cost)
         )
-    freeing = [i for i in free if costs.saved[i] > costs.kept[i]]
+    freeing = [i for i in free if costs.saved[i] > costs.kept[i]] if recompute else []
     if freeing:
         i = min(
             freeing,
@@ -210,16 +219,21 @@ def _next_moves(
     return moves
 
 
-def floor_plan(costs: StageCosts) -> StagePlan:
+def floor_plan(costs: StageCosts, *, swap: bool = True, recompute: bool = True) -> StagePlan:
     """Every layer recomputed where that frees memory, the others swapped, prefetched at
-    the last moment: the plan holding the least."""
-    swapped = frozenset(
-        layer for i, layer in enumerate(costs.layers) if costs.kept[i] >= costs.saved[i]
+    the last moment: the plan holding the least (with only the moves allowed)."""
+    recomputed = frozenset(
+        layer
+        for i, layer in enumerate(costs.layers)
+        if recompute and costs.kept[i] < costs.saved[i]
     )
-    return StagePlan(swapped, frozenset(costs.layers) - swapped, 1)
+    swapped = frozenset(costs.layers) - recomputed if swap else frozenset()
+    return StagePlan(swapped, recomputed, 1)
 
 
-def floor_bytes(order: Sequence[StageAction], costs: StageCosts) -> int:
+def floor_bytes(
+    order: Sequence[StageAction], costs: StageCosts, *, swap: bool = True, recompute: bool = True
+) -> int:
     """The peak of :func:`floor_plan`: :func:`plan_stage` finds a plan for any budget at
     least this."""
-    return peak_bytes(order, costs, floor_plan(costs))
+    return peak_bytes(order, costs, floor_plan(costs, swap=swap, recompute=recompute))

@@ -22,6 +22,7 @@ from pipeswap.pipeline.schedule import Schedule, TimedAction, build_schedule, un
 from pipeswap.pipeline.shared import MailboxExchange
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import Packed, inspect_layers
+from pipeswap.pipeline.stage_memory import MemoryFactory
 from pipeswap.pipeline.validate import validate
 from pipeswap.progress import progress_bar
 from pipeswap.train_config import TrainConfig
@@ -82,18 +83,21 @@ class Emulator:
         checkpoint: CheckpointPlan | None = None,
         resume: tuple[str, int] | None = None,
         data: Any = None,
+        memory: MemoryFactory | None = None,
     ) -> None:
         """``checkpoint`` writes every stage's state at its cut (pipeswap.pipeline.snapshot);
         ``resume`` (directory, steps done) continues from such a checkpoint, which the
         multi-process runtime may have written too (the files are the same). ``data``
         (with ``micro(step, m)``, as pipeline.feed.FedBatches) replaces the config's
-        training batches: what pipeswap.Pipeline was fed, for a reference run."""
+        training batches: what pipeswap.Pipeline was fed, for a reference run. ``memory``
+        builds each stage's keeper of saved tensors (stages that swap)."""
         self.config = resolve_pipeline(config)
         self.record = record
         self.keep_gradients = keep_gradients
         self.checkpoint = checkpoint
         self.resume = resume
         self.data = data
+        self.memory = memory
         require(
             data is None or self.config.dataset.eval_batches == 0,
             "an emulation of fed batches scores no held-out batches: set {eval_batches} 0",
@@ -138,6 +142,7 @@ class Emulator:
                         else None,
                         replica=replica,
                         average=average,
+                        memory=self.memory,
                     )
                     for rank in range(n)
                 ]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 import torch
 
-from pipeswap.checkpoint import CheckpointPlan, save_rank, write_manifest
+from pipeswap.checkpoint import CheckpointPlan
 from pipeswap.dist.digest import combine_digests, tensor_sha256
 from pipeswap.metrics import StepLog
 from pipeswap.pipeline.actions import Action, ActionKind
@@ -17,12 +17,14 @@ from pipeswap.pipeline.held_out import HeldOutScorer
 from pipeswap.pipeline.job import BatchSource
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import steady_distances, version_distances
+from pipeswap.pipeline.replica_average import Averaging
 from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.pipeline.schedule import Schedule, TimedAction
 from pipeswap.pipeline.shared import Exchange, TiedParameters, find_shared, stage_module
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest, crossing_messages, positions
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
-from pipeswap.pipeline.stage_restore import restore_stage, stage_state
+from pipeswap.pipeline.stage_memory import MemoryFactory
+from pipeswap.pipeline.stage_restore import keep_crossing, restore_stage, save_stage
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.pipeline.step_end import clip_scale, step_loss
 from pipeswap.pipeline.weights import StageWeights
@@ -58,10 +60,8 @@ class StageExecutor:
     optimizer (pipeswap.Pipeline brings its own).
 
     Replica ``replica`` of a replicated pipeline (``PipelineConfig.replicas``) reads its own
-    batches and, after the backward that completes a mini-batch's gradient, calls
-    ``average(step, self)``, which averages this stage's gradients over the replicas
-    (pipeswap.dist.replica_groups in processes; the emulator's returns False until the last
-    replica arrives, then finishes the others' backward with :meth:`after_average`).
+    batches and averages each mini-batch's gradients over the replicas with ``average``
+    (pipeswap.pipeline.replica_average.Averaging) around the backward that completes them.
     """
 
     def __init__(
@@ -87,7 +87,8 @@ class StageExecutor:
         optimizer_factory: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
         | None = None,
         replica: int = 0,
-        average: Callable[[int, StageExecutor], bool] | None = None,
+        average: Averaging | None = None,
+        memory: MemoryFactory | None = None,
     ) -> None:
         self.config = config
         self.replica = replica
@@ -125,6 +126,8 @@ class StageExecutor:
             precision=config.precision,
             device=self.device,
         )
+        # What keeps the saved tensors of the units in flight within a budget (swapping).
+        self.memory = memory(rank, self.module) if memory is not None else None
         units = range(schedule.num_units)
         self.weights = StageWeights(
             self.module,
@@ -179,7 +182,7 @@ class StageExecutor:
         self._cut_keep: set[tuple[ActionKind, int]] | None = None
         self._last_crossing: set[tuple[ActionKind, int]] = set()
         self._positions = positions(schedule) if checkpoint is not None else None
-        self._plan_next_checkpoint(0)
+        keep_crossing(self, 0)
 
     # ---- training -----------------------------------------------------------------
     def start_clock(self) -> None:
@@ -205,16 +208,20 @@ class StageExecutor:
             if kind is ActionKind.F:
                 self._forward(unit)
             elif kind is ActionKind.B:
-                self._backward(unit)
                 step, micro = divmod(unit, self.micro_batches)
-                if self.average is None or micro < self.micro_batches - 1:
-                    self.after_average()
-                elif self.average(step, self):
+                # The mini-batch's gradient is complete after its last micro-batch's backward.
+                average = self.average if micro == self.micro_batches - 1 else None
+                if average is not None:
+                    average.start(step, self)
+                self._backward(unit)
+                if average is None or average(step, self):
                     self.after_average()
                 else:
                     self._deferred = self._index
             else:
                 self._update(unit)
+            if self.memory is not None:
+                self.memory.after_action(self._index)
             end = time.perf_counter()
             self.result.busy_s += end - start
             self.result.timeline.append(
@@ -232,6 +239,9 @@ class StageExecutor:
         self._deferred = None
         if self.tied is not None:
             self.tied.after_backward(index)
+
+    def gradient_params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.weights.params if p.requires_grad]
 
     def gradients(self) -> list[torch.Tensor]:
         """This stage's gradients as they stand (its parameters' that have one), in order."""
@@ -311,8 +321,11 @@ class StageExecutor:
         self.weights.before(ActionKind.F, unit)
         if self.checkpoint is not None:
             self._forward_weights[unit] = [p.detach().clone() for p in self.weights.params]
-        with self._stream(TRAIN, step, micro):
-            out = self.runner.forward(unit, inputs, target if self.runner.is_last else None)
+        target = target if self.runner.is_last else None
+        memory = self.memory
+        keep = memory.forward(unit, self.runner.trial(inputs, target)) if memory else nullcontext()
+        with self._stream(TRAIN, step, micro), keep:
+            out = self.runner.forward(unit, inputs, target)
         if self.runner.is_last:
             self.config.optim.check_loss(
                 self.runner.losses[unit], step, model=self.runner.module, inputs=inputs
@@ -326,6 +339,8 @@ class StageExecutor:
         self._forward_weights.pop(unit, None)
         self.weights.before(ActionKind.B, unit)
         out = self.runner.backward(unit, grads)
+        if self.memory is not None:
+            self.memory.after_backward(unit)
         self.weights.after(ActionKind.B, unit)
         if out is not None:
             self._outbox[(ActionKind.B, unit)] = out
@@ -352,24 +367,9 @@ class StageExecutor:
         """Messages this stage sent that cross the latest cut (saved in its checkpoint)."""
         return self._last_crossing
 
-    def _plan_next_checkpoint(self, done: int) -> None:
-        """Which sends to keep a copy of: those crossing the next checkpoint's cut."""
-        plan = self.checkpoint
-        if plan is None or plan.every <= 0:
-            return
-        upcoming = (done // plan.every + 1) * plan.every
-        if plan.due(upcoming, self.config.steps):
-            self._keep = crossing_messages(self.schedule, upcoming, self._positions)[self.rank]
-
     def save(self, plan: CheckpointPlan, done: int) -> None:
         """Write this stage's state at its cut after ``done`` steps (see pipeline.snapshot)."""
-        assert not self._outbox
-        if self.slot == 0:
-            write_manifest(plan, done)
-        save_rank(plan, done, self.slot, stage_state(self, done))
-        self._last_crossing = {(ActionKind(d), unit) for d, unit in self._kept}
-        self._kept = {}
-        self._plan_next_checkpoint(done)
+        save_stage(self, plan, done)
 
     def restore(self, state: dict[str, Any]) -> int:
         """Continue from a checkpoint of this stage (pipeswap.pipeline.stage_restore)."""
@@ -389,6 +389,9 @@ class StageExecutor:
             name: tensor_sha256(name, p) for name, p in self.named_parameters()
         }
         self.result.sha256 = combine_digests(self.result.param_digests)
+        if self.memory is not None:
+            self.result.memory = self.memory.stats()
+            self.memory.close()
         if self.config.checkpoint.save is not None:
             named = [*self.named_parameters(), *self.module.named_buffers()]
             self.result.state = {name: t.detach().to("cpu", copy=True) for name, t in named}

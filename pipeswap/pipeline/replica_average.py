@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pipeswap.dist.replica_groups import mean_in_order
 
 if TYPE_CHECKING:
     from pipeswap.pipeline.executor import StageExecutor
+
+
+class Averaging(Protocol):
+    """How a replicated stage averages its gradients: ``start`` before the backward that
+    completes mini-batch ``step``'s gradient, the call after it (True: averaged; False:
+    the emulator finishes this backward later, :meth:`StageExecutor.after_average`)."""
+
+    def start(self, step: int, stage: StageExecutor) -> None: ...
+    def __call__(self, step: int, stage: StageExecutor) -> bool: ...
 
 
 class EmulatedReplicas:
@@ -22,6 +31,9 @@ class EmulatedReplicas:
     def __init__(self, replicas: int) -> None:
         self.replicas = replicas
         self._arrived: dict[tuple[int, int], list[StageExecutor]] = {}
+
+    def start(self, step: int, stage: StageExecutor) -> None:
+        """Nothing to start: one process averages once every replica has its gradients."""
 
     def __call__(self, step: int, stage: StageExecutor) -> bool:
         waiting = self._arrived.setdefault((step, stage.rank), [])

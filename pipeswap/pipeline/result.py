@@ -40,6 +40,10 @@ class PipelineResult:
     evals: tuple[dict[str, float | int], ...] = ()  # every eval_every steps: {"step", **eval}
     # The simulator's step for this run (pipeswap.training.pipelined), processes only.
     predicted_step_s: float | None = None
+    # Stages that swap: the plan (pipeswap.training.stage_swapping) and, per rank in rank
+    # order, what its swapper measured.
+    stage_swap: dict[str, Any] | None = None
+    stage_memory: tuple[dict[str, Any] | None, ...] = ()
 
     @property
     def measured_step_s(self) -> float:
@@ -71,6 +75,8 @@ class PipelineResult:
                 {"stage": k, "forward": f, "backward": b} for k, (f, b) in enumerate(self.distances)
             ],
         }
+        if self.stage_swap is not None:
+            report["stage_swap"] = {**self.stage_swap, "measured": list(self.stage_memory)}
         if self.prediction_error is not None:
             report["prediction_error"] = [
                 {"stage": k, **err} for k, err in enumerate(self.prediction_error)
@@ -113,6 +119,7 @@ def combine(
     pipeline = config.require_pipeline()
     n, m = pipeline.num_stages, pipeline.micro_batch_count
     replicas = [stages[first : first + n] for first in range(0, len(stages), n)]
+    memory = tuple(s.memory for s in stages)
     stages = replicas[0]
     last = stages[-1]
     per_replica = [
@@ -145,4 +152,5 @@ def combine(
         distances=tuple(s.distances for s in stages),
         prediction_error=None if any(e is None for e in errors) else errors,  # type: ignore[arg-type]
         timeline=tuple(t for s in stages for t in s.timeline),
+        stage_memory=memory if any(m is not None for m in memory) else (),
     )

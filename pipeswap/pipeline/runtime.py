@@ -41,6 +41,7 @@ from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.shared import SharedParam, find_shared
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, inspect_layers
+from pipeswap.pipeline.stage_memory import MemoryFactory
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.progress import progress_bar
 from pipeswap.train_config import TrainConfig
@@ -264,6 +265,7 @@ def run_stage_rank(
     split_directions: bool | None = None,
     checkpoint: CheckpointPlan | None = None,
     resume: tuple[str, int] | None = None,
+    memory: MemoryFactory | None = None,
 ) -> PipelineResult | None:
     """Run this rank's stage of ``config`` in the initialized default process group.
 
@@ -271,7 +273,8 @@ def run_stage_rank(
     replicas (``PipelineConfig.replicas``), rank ``d * K + k`` runs stage k of replica d.
     ``checkpoint`` and ``resume`` are the emulator's (:class:`Emulator`), file for file.
     Returns the combined result on rank 0 (gathered from every rank), None elsewhere.
-    ``split_directions``: see :class:`StageWires`.
+    ``split_directions``: see :class:`StageWires`. ``memory`` builds the stage's keeper of
+    saved tensors (a stage that swaps: pipeswap.pipeline.stage_memory).
     """
     config = resolve_pipeline(config)
     pipeline = config.require_pipeline()
@@ -317,7 +320,8 @@ def run_stage_rank(
             **wires.joins(),
             log=log,
             replica=replica,
-            average=mesh.average if mesh is not None else None,
+            average=mesh,
+            memory=memory,
         )
         first = 0 if resume is None else executor.restore(load_rank(resume[0], resume[1], rank))
         barrier()

@@ -246,12 +246,28 @@ class StageRunner:
         leaves = tuple(t.requires_grad_(True) if t.dtype.is_floating_point else t for t in inputs)
         return unpack(leaves, self.input_spec), leaves
 
-    def forward(self, unit: int, inputs: Any, target: torch.Tensor | None = None) -> Packed | None:
-        """Run the stage on a unit; returns the packed activations to send (None on the last)."""
-        value, leaves = self._input_value(inputs)
+    def _run(self, value: Any, target: torch.Tensor | None) -> tuple[Any, torch.Tensor | None]:
+        """The stage's module on ``value`` (and the loss on the last stage), as a unit runs."""
         with autocast(self.precision, self.device), self._labels(target):
             output = self.module(value)
             loss = self.loss_fn(output, target) if self.is_last and target is not None else None
+        return output, loss
+
+    def trial(self, inputs: Any, target: torch.Tensor | None = None) -> Callable[[], Any]:
+        """A forward of a unit's shapes that keeps nothing (what a swapper names tensors
+        with): on copies of ``inputs``, returning what autograd would start the backward from."""
+
+        def run() -> Any:
+            copies = inputs if self.is_first else tuple(t.detach().clone() for t in inputs)
+            output, loss = self._run(self._input_value(copies)[0], target)
+            return loss if self.is_last else output
+
+        return run
+
+    def forward(self, unit: int, inputs: Any, target: torch.Tensor | None = None) -> Packed | None:
+        """Run the stage on a unit; returns the packed activations to send (None on the last)."""
+        value, leaves = self._input_value(inputs)
+        output, loss = self._run(value, target)
         if self.is_last:
             assert loss is not None
             self.losses[unit] = loss.item()

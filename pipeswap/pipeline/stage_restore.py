@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pipeswap.checkpoint import rng_state, set_rng_state
+from pipeswap.checkpoint import CheckpointPlan, rng_state, save_rank, set_rng_state, write_manifest
 from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.rng import TRAIN
+from pipeswap.pipeline.snapshot import crossing_messages
 
 if TYPE_CHECKING:
     from pipeswap.pipeline.executor import StageExecutor
@@ -66,5 +67,26 @@ def restore_stage(stage: StageExecutor, state: dict[str, Any]) -> int:
         stage.tied.load_state(state.get("tied", {}), state["done"])
     set_rng_state(state["rng"])
     stage._index = state["index"]
-    stage._plan_next_checkpoint(state["done"])
+    keep_crossing(stage, state["done"])
     return stage._index
+
+
+def save_stage(stage: StageExecutor, plan: CheckpointPlan, done: int) -> None:
+    """Write ``stage``'s state at its cut after ``done`` steps (see pipeline.snapshot)."""
+    assert not stage._outbox
+    if stage.slot == 0:
+        write_manifest(plan, done)
+    save_rank(plan, done, stage.slot, stage_state(stage, done))
+    stage._last_crossing = {(ActionKind(d), unit) for d, unit in stage._kept}
+    stage._kept = {}
+    keep_crossing(stage, done)
+
+
+def keep_crossing(stage: StageExecutor, done: int) -> None:
+    """Which sends ``stage`` keeps a copy of: those crossing the next checkpoint's cut."""
+    plan = stage.checkpoint
+    if plan is None or plan.every <= 0:
+        return
+    upcoming = (done // plan.every + 1) * plan.every
+    if plan.due(upcoming, stage.config.steps):
+        stage._keep = crossing_messages(stage.schedule, upcoming, stage._positions)[stage.rank]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -29,3 +30,5 @@ class StageResult:
     # This stage's trained tensors by their names in the whole model (on the CPU), when
     # the run saves the trained model.
     state: dict[str, torch.Tensor] | None = None
+    # A stage that swaps: its swapper's figures (pipeswap.swap.runtime.unit_swapper.UnitSwapper.stats).
+    memory: dict[str, Any] | None = None

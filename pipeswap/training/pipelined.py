@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -10,23 +9,29 @@ import torch
 from pipeswap.checkpoint import CheckpointPlan
 from pipeswap.config import require
 from pipeswap.dist.env import local_rank_of, torchrun_env
-from pipeswap.dist.group import rank_device, single_threaded
+from pipeswap.dist.group import rank_device
 from pipeswap.dist.launch import run_ranks
+from pipeswap.dist.replica_groups import BUCKET_BYTES
 from pipeswap.layouts.graphs import layout_graph
 from pipeswap.layouts.mapping import replica_major
-from pipeswap.layouts.stages import stage_costs
 from pipeswap.pipeline.emulator import Emulator, pipeline_schedule
-from pipeswap.pipeline.job import build_full_model
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult
 from pipeswap.pipeline.runtime import run_stage_rank
 from pipeswap.pipeline.taskgraph import pipeline_graph
-from pipeswap.profiling.measure import measure
 from pipeswap.sim.engine import simulate
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.training.report import PipelineDetails, TrainReport, details_from_json
 from pipeswap.training.resume import agree_on_run, checkpointing
+from pipeswap.training.stage_swapping import (
+    StageSwapPlans,
+    micro_profile,
+    micro_stage_costs,
+    placed_gpu,
+    plan_stage_swaps,
+    stage_swappers,
+)
 
 
 def run_pipeline(config: TrainConfig) -> PipelineResult | None:
@@ -55,9 +60,13 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
         micro_batches=pipeline.micro_batch_count,
         replicas=pipeline.replicas,
     )
+    plans = plan_stage_swaps(config)
     if pipeline.emulate:
-        emulator = Emulator(config, record=True, checkpoint=checkpoint, resume=resume)
-        return emulator.run(progress=config.progress)
+        memory = stage_swappers(config, plans, pipeline_schedule(config)) if plans else None
+        emulator = Emulator(
+            config, record=True, checkpoint=checkpoint, resume=resume, memory=memory
+        )
+        return with_plans(emulator.run(progress=config.progress), plans)
     require(
         env is None or config.nproc is not None or env.world_size == pipeline.num_ranks,
         f"torchrun started {env.world_size if env else 0} ranks for {{stages}} "
@@ -71,16 +80,24 @@ def run_pipeline(config: TrainConfig) -> PipelineResult | None:
         config,
         checkpoint,
         resume,
+        plans,
         device=config.device,
         timeout_s=config.timeout_s,
         stop_grace_s=5.0 if checkpoint is None else config.timeout_s + 30.0,
     )
     if result is None:
         return None
-    return replace(result, predicted_step_s=predicted_step_s(config))
+    return with_plans(replace(result, predicted_step_s=predicted_step_s(config, plans)), plans)
 
 
-def predicted_step_s(config: TrainConfig) -> float:
+def with_plans(result: PipelineResult, plans: StageSwapPlans | None) -> PipelineResult:
+    """``result`` with the stage swap plans it ran (None: its stages kept everything)."""
+    if plans is None:
+        return result
+    return replace(result, stage_swap=plans.to_json(pipeline_schedule(result.config)))
+
+
+def predicted_step_s(config: TrainConfig, plans: StageSwapPlans | None = None) -> float:
     """The simulator's step time of a resolved pipeline run: its schedule as a task graph
     (pipeswap.pipeline.taskgraph) over a profile of the model measured here, alone, on
     the run's device, simulated on its ``topology`` or the device's default (the run's whole
@@ -90,20 +107,12 @@ def predicted_step_s(config: TrainConfig) -> float:
     batch costs more than its share of a large one), and times the optimizer step that
     each stage's UPDATE takes its parameters' share of. A calibrated machine slows it by
     the measured ``stage_slowdown`` (every rank computes at once) and ``transfer_slowdown``
-    (a stage computes while its transfers go on).
+    (a stage computes while its transfers go on). Stages that swap (``plans``) copy and
+    recompute in the graph as their plans say.
     """
     pipeline = config.require_pipeline()
-    assert config.device is not None and config.batch is not None
-    micro = max(1, config.batch // pipeline.micro_batch_count)
-    with single_threaded() if config.device == "cpu" else nullcontext():
-        profile = measure(
-            build_full_model(config, config.device),
-            micro,
-            seq_len=config.seq_len,
-            image_size=config.image_size,
-            device=config.device,
-            optimizer=config.optim.optimizer,
-        )
+    assert config.device is not None
+    profile = micro_profile(config)
     topology = swap_topology(config.topology, config.device, pipeline.num_ranks)
     calibration = topology.calibration or {}
     slowdown = float(calibration.get("stage_slowdown") or 1.0) * float(
@@ -113,18 +122,22 @@ def predicted_step_s(config: TrainConfig) -> float:
         # Measured alone; a stage computes beside the other ranks and its own transfers.
         profile = profile.slowed(slowdown, f"{slowdown:.2f}x: beside other ranks and transfers")
     schedule = pipeline_schedule(config)
-    if pipeline.replicas > 1:
-        # Each stage averages its gradients over the replicas after its last backward of
-        # a mini-batch: one exchange, not overlapped (one bucket).
-        stages = stage_costs(
-            profile,
-            pipeline.stage_balance,
-            schedule=pipeline.schedule,
-            micro_batches=1,  # the profile is one micro-batch already
-            weights=pipeline.weights,
+    if pipeline.replicas > 1 or plans is not None:
+        # Each stage averages its gradients over the replicas in DDP's buckets, each
+        # gathering as soon as its last backward of the mini-batch has completed it.
+        stages = micro_stage_costs(config, profile)
+        placement = (
+            plans.placement
+            if plans is not None
+            else replica_major(topology.gpus, pipeline.num_stages, pipeline.replicas)
         )
-        placement = replica_major(topology.gpus, pipeline.num_stages, pipeline.replicas)
-        graph = layout_graph(schedule, stages, placement, bucket_bytes=None)
+        graph = layout_graph(
+            schedule,
+            stages,
+            placement,
+            plans.plans if plans else None,
+            bucket_bytes=BUCKET_BYTES,
+        )
     else:
         graph = pipeline_graph(
             schedule,
@@ -143,9 +156,15 @@ def _stage_rank(
     config: TrainConfig,
     checkpoint: CheckpointPlan | None,
     resume: tuple[str, int] | None,
+    plans: StageSwapPlans | None,
 ) -> PipelineResult | None:
     assert config.device is not None
     where = rank_device(config.device, local_rank_of(rank))
+    if where.type == "cuda" and plans is not None and torchrun_env() is None:
+        # Stages that swap sit where their plans were made for (the cross mapping); under
+        # torchrun each rank keeps GPU LOCAL_RANK, as torchrun's users expect.
+        placed = placed_gpu(plans, rank, world, torch.cuda.device_count())
+        where = where if placed is None else torch.device("cuda", placed)
     if where.type == "cuda":
         torch.cuda.set_device(where)
     return run_stage_rank(
@@ -154,6 +173,7 @@ def _stage_rank(
         progress=config.progress,
         checkpoint=agree_on_run(checkpoint, world),
         resume=resume,
+        memory=stage_swappers(config, plans, pipeline_schedule(config)) if plans else None,
     )
 
 

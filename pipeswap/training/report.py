@@ -74,6 +74,8 @@ class PipelineDetails:
     prediction_error: list[dict[str, Any]] | None = None
     measured_step_s: float | None = None
     predicted_step_s: float | None = None
+    # Stages that swap: the plan per stage and what each rank's swapper measured.
+    stage_swap: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

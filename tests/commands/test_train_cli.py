@@ -104,7 +104,7 @@ def test_no_swapping_under_a_budget_too_small_says_by_how_much(
         ([*GPT, "--schedule", "gpipe"], "--schedule applies to pipeline training"),
         ([*GPT, "--emulate"], "--emulate applies to pipeline training"),
         ([*GPT, "--balance", "1,1"], "--balance applies to pipeline training"),
-        ([*GPT, "--pipeline", "2", "--swap-policy", "none"], "drop --pipeline to swap"),
+        ([*GPT, "--pipeline", "2", "--time-limit", "5"], "--time-limit applies to data-parallel"),
         ([*GPT, "--pipeline", "2", "--emulate", "--nproc", "2"], "drop --nproc"),
         ([*GPT, "--footprint-ratio", "0.5"], "--footprint-ratio is 0.5"),
         ([*GPT, "--seed", str(2**64)], "--seed is 18446744073709551616"),
@@ -181,7 +181,7 @@ def test_help_groups_every_option_under_the_mode_it_belongs_to() -> None:
         for group in train_parser._action_groups
     }
     pipeline = titles["pipeline parallelism (--pipeline K)"]
-    swapping = titles["data parallelism with swapping (the default mode)"]
+    swapping = titles["swapping (data parallelism; a pipeline's stages: the first three)"]
     assert {"--schedule", "--weights", "--emulate", "--balance"} <= pipeline
     assert {"--swap-policy", "--footprint-ratio"} <= swapping
     shared = titles["where and how long"] | titles["what to train"]

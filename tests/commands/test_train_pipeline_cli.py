@@ -15,9 +15,12 @@ from pipeswap.cli import main
 BASE = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--steps", "3"]
 
 
-def test_swap_policy_with_pipeline_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*BASE, "--pipeline", "2", "--emulate", "--swap-policy", "disjoint"]) == 2
-    assert "drop --pipeline to swap" in capsys.readouterr().err
+def test_a_data_parallel_swap_option_with_pipeline_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*BASE, "--pipeline", "2", "--emulate", "--bucket-size", "1MiB"]) == 2
+    err = capsys.readouterr().err
+    assert "--bucket-size applies to data-parallel training" in err and "--swap-policy" in err
 
 
 def test_emulate_report_has_every_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -121,3 +124,23 @@ def test_a_wrong_image_size_is_refused_in_pipelines_as_in_data_parallel(
         assert main(argv) == 2  # before: a ValueError traceback from transformers, exit 1
         err = capsys.readouterr().err
         assert err.endswith("takes 32x32 images (its config's image_size); pass --image-size 32\n")
+
+
+def test_a_pipeline_whose_stages_swap_prints_each_stages_plan_and_peak(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "r.json"
+    argv = ["train", "--model", "gpt2-tiny", "--seq-len", "32", "--batch", "16", "--steps", "2"]
+    argv += ["--pipeline", "4", "--micro-batches", "8", "--emulate", "--balance", "2,1,1,2"]
+    assert main([*argv, "--swap-policy", "disjoint", "--footprint-ratio", "1.3"]) == 0
+    out = capsys.readouterr().out
+    assert "stages swap (disjoint, budget" in out
+    assert "rank 0 (stage 0): swaps embed" in out and "recomputes -" in out
+    plain_sha = out.split("params sha256 ")[1].split()[0]
+    assert main([*argv, "--swap-policy", "none", "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "stages swap" not in out and f"params sha256 {plain_sha}" in out
+    assert "stage_swap" not in json.loads(report.read_text())
+    # A budget below what any plan fits: exit 2, naming the smallest that works.
+    assert main([*argv, "--swap-policy", "disjoint", "--gpu-memory", "1KiB"]) == 2
+    assert "the smallest budget that works is" in capsys.readouterr().err

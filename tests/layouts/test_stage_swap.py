@@ -72,3 +72,21 @@ def test_free_bandwidth_buys_swaps_and_a_slow_link_buys_recomputation() -> None:
     slow = plan_stage(order, c, budget, allowance_bytes=0, bytes_per_s=1e6)
     assert free is not None and free.swapped and not free.recomputed
     assert slow is not None and slow.recomputed and not slow.swapped
+
+
+def test_plans_use_only_the_moves_they_are_allowed() -> None:
+    order, c = _stage0()
+    budget = c.resident_bytes + 3 * GB // 2
+    # A slow link would buy recomputation; without it, the plan swaps anyway.
+    swaps = plan_stage(order, c, budget, allowance_bytes=0, bytes_per_s=1e6, recompute=False)
+    assert swaps is not None and swaps.swapped and not swaps.recomputed
+    recomputes = plan_stage(order, c, budget, allowance_bytes=10 * GB, bytes_per_s=12e9, swap=False)
+    assert recomputes is not None and recomputes.recomputed and not recomputes.swapped
+    # The floors: everything swapped, prefetched one action ahead (two units at the worst
+    # moment: the one computing and the one copying), or everything recomputed.
+    assert floor_bytes(order, c, recompute=False) == c.resident_bytes + 2 * 2 * (GB // 4)
+    assert floor_bytes(order, c, swap=False) == floor_bytes(order, c)  # recompute frees all
+    below = floor_bytes(order, c, recompute=False) - 1
+    assert (
+        plan_stage(order, c, below, allowance_bytes=GB, bytes_per_s=12e9, recompute=False) is None
+    )

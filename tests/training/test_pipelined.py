@@ -16,7 +16,7 @@ from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.profiling.measure import measure
 from pipeswap.train_config import TrainConfig
-from pipeswap.training import pipelined
+from pipeswap.training import pipelined, stage_swapping
 
 
 def _machine(
@@ -63,7 +63,7 @@ def test_a_pipeline_predicts_on_the_topology_it_is_given(
         seen.append(batch)
         return fixed
 
-    monkeypatch.setattr(pipelined, "measure", measured)
+    monkeypatch.setattr(stage_swapping, "measure", measured)
     same = pipelined.predicted_step_s(replace(config, topology=_machine(tmp_path / "a.json", 1.0)))
     slowed = pipelined.predicted_step_s(
         replace(config, topology=_machine(tmp_path / "b.json", 2.0))
@@ -83,7 +83,7 @@ def test_a_replicated_pipeline_predicts_its_replicas_and_their_averaging(
     two = resolve_pipeline(replace(one, nproc=4))
     assert two.require_pipeline().replicas == 2
     fixed = measure("gpt2-micro", 2, seq_len=16)
-    monkeypatch.setattr(pipelined, "measure", lambda *a, **k: fixed)
+    monkeypatch.setattr(stage_swapping, "measure", lambda *a, **k: fixed)
     alone = pipelined.predicted_step_s(replace(one, topology=_machine(tmp_path / "a.json", 1.0)))
     free = _machine(tmp_path / "b.json", 1.0, ranks=4)
     slow = _machine(tmp_path / "c.json", 1.0, ranks=4, allreduce_latency_s=1.0)

@@ -45,8 +45,12 @@ class StepTensors:
         ledger: DeviceLedger,
         *,
         strict: bool = True,
+        slot: int | None = None,
     ) -> None:
         self.decisions = decisions
+        # Several in-flight units swap the same names: each unit's copies go to the host
+        # pool's slots (slot, layer, index) of the slot it holds (pipeswap.swap.runtime.unit_swapper).
+        self.slot = slot
         self.strict = strict
         self.unmatched = 0  # tensors kept or swaps skipped because their names did not fit
         self.transfer = transfer
@@ -107,7 +111,8 @@ class StepTensors:
                     f"tensor {key} has {storage.numel()} bytes in this step but "
                     f"{self.decisions[key].bytes} in the plan; steps must keep their shapes"
                 )
-            entry = SavedEntry(key, storage.numel(), True, storage)
+            pool_key = key if self.slot is None else (self.slot, *key)
+            entry = SavedEntry(pool_key, storage.numel(), True, storage)
         else:
             entry = SavedEntry(key, self.sizes[key], False, None)
         self._entries[key] = entry
@@ -153,7 +158,10 @@ class StepTensors:
 
 
 def _holds(entry: SavedEntry, tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is a view of the storage ``entry`` still holds on the device."""
+    """Whether ``tensor`` is a view of the storage ``entry`` still holds on the device (a
+    kept entry holds no storage of its own: any tensor under its name stays as it is)."""
+    if not entry.swapped:
+        return True
     return (
         entry.state == ON_DEVICE
         and entry.device is not None

@@ -1,0 +1,288 @@
+"""Stages that swap: each stage's plan from the run's swap settings, and the swapper that runs it.
+
+A pipeline run with swap settings (``--pipeline K --swap-policy P --gpu-memory SIZE``)
+plans every stage from its own timeline (pipeswap.layouts.stage_swap: which layers'
+saved tensors go to host memory, which recompute, how early each unit comes back) within
+the budget per GPU, the stages that share a PCIe switch coordinated as data-parallel GPUs
+are (pipeswap.layouts.stage_plans), and runs each plan with a
+:class:`~pipeswap.swap.runtime.unit_swapper.UnitSwapper` in the stage's executor.
+
+The policies, per stage: ``auto`` and ``hybrid`` swap or recompute, coordinated;
+``disjoint`` and ``bidirectional`` only swap, coordinated (each stage swaps within its
+share of its switch); ``oblivious`` only swaps, each stage as if its link were its own
+(Mobius-like); ``recompute`` only recomputes; ``save-on-cpu`` swaps every layer;
+``none`` keeps everything. A stage recomputes only where its backward sees the weights
+its forward saw (synchronous schedules, or weights that stash): elsewhere a re-run would
+compute other activations, so those stages only swap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeswap.config import require
+from pipeswap.dist.group import single_threaded
+from pipeswap.layouts.mapping import Placement, replica_major
+from pipeswap.layouts.stage_plans import plan_stages
+from pipeswap.layouts.stage_swap import (
+    LEADS,
+    StagePlan,
+    floor_bytes,
+    peak_bytes,
+    prefetch_points,
+    stage_order,
+)
+from pipeswap.layouts.stages import StageCosts, stage_costs
+from pipeswap.pipeline.actions import ActionKind
+from pipeswap.pipeline.emulator import pipeline_schedule
+from pipeswap.pipeline.job import build_full_model
+from pipeswap.pipeline.modes import weight_mode
+from pipeswap.pipeline.orders import peak_in_flight
+from pipeswap.pipeline.partition import stage_bounds
+from pipeswap.pipeline.predict import version_distances
+from pipeswap.pipeline.schedule import Schedule
+from pipeswap.pipeline.stage_memory import MemoryFactory
+from pipeswap.precision import autocast
+from pipeswap.profile import Profile
+from pipeswap.profiling.measure import measure
+from pipeswap.swap.runtime.unit_swapper import UnitSwapper
+from pipeswap.train_config import TrainConfig
+from pipeswap.training.data_parallel import swap_topology
+from pipeswap.units import format_bytes
+
+# policy -> (swap, recompute, coordinated); save-on-cpu and none are planned apart.
+MOVES = {
+    "auto": (True, True, True),
+    "hybrid": (True, True, True),
+    "disjoint": (True, False, True),
+    "bidirectional": (True, False, True),
+    "oblivious": (True, False, False),
+    "recompute": (False, True, True),
+}
+
+
+@dataclass(frozen=True)
+class StageSwapPlans:
+    """Every stage's plan (``plans``, by model layer index), the costs it was made from,
+    the budget per GPU, and per stage the planned peak and what the budget leaves for
+    saved tensors (the budget less the stage's resident bytes and largest working set)."""
+
+    policy: str
+    budget_bytes: int
+    plans: tuple[StagePlan, ...]
+    costs: tuple[StageCosts, ...]
+    recompute_allowed: tuple[bool, ...]
+    # The GPU (of the topology's, named) of each stage of each replica, and the topology's
+    # GPUs in order: the coordinated policies' cross mapping, Mobius's for oblivious.
+    placement: Placement = ()
+    gpus: tuple[str, ...] = ()
+
+    def gpu_index(self, rank: int) -> int:
+        """Where rank ``rank`` (stage k of replica d: d x K + k) sits among the GPUs."""
+        replica, stage = divmod(rank, len(self.plans))
+        return self.gpus.index(self.placement[replica][stage])
+
+    def planned_peak_bytes(self, schedule: Schedule) -> list[int]:
+        return [
+            peak_bytes(stage_order(schedule, k), c, p)
+            for k, (c, p) in enumerate(zip(self.costs, self.plans))
+        ]
+
+    def saved_budget_bytes(self) -> list[int]:
+        return [self.budget_bytes - c.resident_bytes - c.transient_bytes for c in self.costs]
+
+    def to_json(self, schedule: Schedule) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "budget_bytes": self.budget_bytes,
+            "placement": [list(row) for row in self.placement],
+            "stages": [
+                {
+                    "stage": k,
+                    "swapped_layers": sorted(p.swapped),
+                    "recomputed_layers": sorted(p.recomputed),
+                    "prefetch_lead": p.lead,
+                    "may_recompute": may,
+                    "planned_peak_bytes": peak,
+                    "saved_budget_bytes": saved,
+                }
+                for k, (p, may, peak, saved) in enumerate(
+                    zip(
+                        self.plans,
+                        self.recompute_allowed,
+                        self.planned_peak_bytes(schedule),
+                        self.saved_budget_bytes(),
+                    )
+                )
+            ],
+        }
+
+
+def micro_profile(config: TrainConfig) -> Profile:
+    """The model measured at one micro-batch, alone, on the run's device and precision."""
+    pipeline = config.require_pipeline()
+    assert config.device is not None and config.batch is not None
+    micro = max(1, config.batch // pipeline.micro_batch_count)
+    threads = single_threaded() if config.device == "cpu" else nullcontext()
+    with threads, autocast(config.precision, torch.device(config.device)):
+        return measure(
+            build_full_model(config, config.device),
+            micro,
+            seq_len=config.seq_len,
+            image_size=config.image_size,
+            device=config.device,
+            optimizer=config.optim.optimizer,
+        )
+
+
+def micro_stage_costs(config: TrainConfig, profile: Profile) -> tuple[StageCosts, ...]:
+    """Every stage's costs per unit, from a profile of one micro-batch (:func:`micro_profile`)."""
+    pipeline = config.require_pipeline()
+    return stage_costs(
+        profile,
+        pipeline.stage_balance,
+        schedule=pipeline.schedule,
+        micro_batches=1,  # the profile is one micro-batch already
+        weights=pipeline.weights,
+    )
+
+
+def recompute_allowed(config: TrainConfig, schedule: Schedule) -> list[bool]:
+    """Per stage: whether every unit's backward runs on the weights its forward used."""
+    pipeline = config.require_pipeline()
+    if weight_mode(pipeline.weights).stashes:
+        return [True] * pipeline.num_stages
+    allowed = []
+    for k in range(pipeline.num_stages):
+        d = version_distances(schedule, k, pipeline.distances)
+        forward = {u: s for (kind, u), s in d.items() if kind is ActionKind.F}
+        allowed.append(all(d.get((ActionKind.B, u), s) == s for u, s in forward.items()))
+    return allowed
+
+
+def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> StageSwapPlans | None:
+    """The stage plans of a resolved pipeline run with swap settings (None: it keeps
+    everything). Raises ConfigError for a budget no plan fits, naming the smallest."""
+    swap, pipeline = config.swap, config.require_pipeline()
+    if swap is None or swap.policy == "none":
+        return None
+    require(
+        swap.policy != "mip",
+        "{policy} mip plans data-parallel swaps; a pipeline's stages plan with auto, hybrid, "
+        "disjoint, bidirectional, oblivious, recompute or save-on-cpu",
+    )
+    assert config.device is not None
+    schedule = pipeline_schedule(config)
+    profile = profile or micro_profile(config)
+    costs = micro_stage_costs(config, profile)
+    orders = [stage_order(schedule, k) for k in range(pipeline.num_stages)]
+    allowed = recompute_allowed(config, schedule)
+    topology = swap_topology(config.topology, config.device, pipeline.num_ranks)
+    gpus = topology.require_gpus(config.topology)[: pipeline.num_ranks]
+    alone = [peak_bytes(order, c, StagePlan()) for order, c in zip(orders, costs)]
+    if swap.footprint_ratio is not None:
+        budget = int(max(alone) / swap.footprint_ratio)
+    elif swap.gpu_memory_bytes is not None:
+        budget = swap.gpu_memory_bytes
+    else:
+        budget = min(topology.node(g).memory_bytes for g in gpus)
+    if swap.policy == "save-on-cpu":
+        plans = [StagePlan(frozenset(c.layers), frozenset(), LEADS[0]) for c in costs]
+        placement = replica_major(gpus, pipeline.num_stages, pipeline.replicas)
+        return StageSwapPlans(
+            swap.policy,
+            budget,
+            tuple(plans),
+            tuple(costs),
+            tuple(allowed),
+            placement,
+            tuple(topology.gpus),
+        )
+    moves, may, coordinated = MOVES[swap.policy]
+    found = plan_stages(
+        topology,
+        gpus,
+        schedule,
+        costs,
+        orders,
+        budget,
+        replicas=pipeline.replicas,
+        coordinated=coordinated,
+        swap=moves,
+        recompute=[may and a for a in allowed],
+    )
+    if found is None:
+        smallest = max(
+            floor_bytes(order, c, swap=moves, recompute=may and a)
+            for order, c, a in zip(orders, costs, allowed)
+        )
+        require(
+            False,
+            f"no {swap.policy} plan keeps every stage within {format_bytes(budget)} per GPU: "
+            f"the smallest budget that works is {smallest} bytes ({format_bytes(smallest)}), "
+            f"a footprint ratio of at most {max(alone) / smallest:.3f}: pass "
+            f"{{gpu_memory_bytes}} {smallest} or more"
+            + ("" if all(allowed) or not may else _NO_RECOMPUTE),
+        )
+    assert found is not None
+    return StageSwapPlans(
+        swap.policy,
+        budget,
+        tuple(found[0]),
+        tuple(costs),
+        tuple(allowed),
+        found[1],
+        tuple(topology.gpus),
+    )
+
+
+_NO_RECOMPUTE = (
+    " (stages whose backward runs on newer weights than their forward only swap: "
+    "weights that stash, or a synchronous schedule, let them recompute)"
+)
+
+
+def placed_gpu(plans: StageSwapPlans, rank: int, ranks: int, gpu_count: int) -> int | None:
+    """The local GPU of ``rank`` by the plans' placement (stages that copy at the same time
+    under different switches), when every one of the ``ranks`` has a GPU of its own on a
+    machine whose ``gpu_count`` GPUs the topology lists in order; None otherwise."""
+    if ranks > gpu_count or len(plans.gpus) != gpu_count or not plans.placement:
+        return None
+    return plans.gpu_index(rank)
+
+
+def stage_swappers(config: TrainConfig, plans: StageSwapPlans, schedule: Schedule) -> MemoryFactory:
+    """What builds each stage's :class:`UnitSwapper` in its executor."""
+    balance = config.require_pipeline().stage_balance
+
+    def build(stage: int, module: nn.Module) -> UnitSwapper:
+        first, _ = stage_bounds(balance)[stage]
+        names = [name for name, _ in module.named_children()]
+        plan = plans.plans[stage]
+        actions = schedule.actions[stage]
+        compute = [i for i, a in enumerate(actions) if a.is_compute]
+        prefetch_at: dict[int, list[int]] = {}
+        for unit, position in prefetch_points(stage_order(schedule, stage), plan.lead).items():
+            prefetch_at.setdefault(compute[position], []).append(unit)
+        device = next(module.parameters()).device
+        return UnitSwapper(
+            module,
+            names,
+            swapped=_names(names, plan.swapped, first),
+            recomputed=_names(names, plan.recomputed, first),
+            capacity=max(1, peak_in_flight(list(actions))),
+            prefetch_at=prefetch_at,
+            device=device,
+        )
+
+    return build
+
+
+def _names(names: Sequence[str], layers: frozenset[int], first: int) -> list[str]:
+    return [names[i - first] for i in sorted(layers)]

@@ -1,0 +1,147 @@
+"""UnitSwapper: many in-flight forwards of one module, their swapped tensors sent to host
+memory and brought back, the same gradients as without it, and the bytes it counts.
+
+Covers: pipeswap/swap/runtime/unit_swapper.py (and StepTensors' slots in
+pipeswap/swap/runtime/step_tensors.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from pipeswap.errors import PipeswapError
+from pipeswap.swap.runtime.unit_swapper import UnitSwapper
+
+LAYERS = ["0", "1", "2", "3", "4", "5"]
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(16, 64),
+        nn.GELU(),
+        nn.Linear(64, 64),
+        nn.Dropout(0.2),
+        nn.Tanh(),
+        nn.Linear(64, 8),
+    )
+
+
+def _inputs() -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randn(4, 16, generator=generator) for _ in range(4)]
+
+
+def _loss(model: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return lambda: model(x).square().mean()
+
+
+def _train(swapper: Callable[[nn.Module], UnitSwapper] | None) -> list[torch.Tensor]:
+    """Four forwards in flight, then their backwards in order, each under its own seed."""
+    model = _model()
+    keeper = swapper(model) if swapper is not None else None
+    losses = []
+    for unit, x in enumerate(_inputs()):
+        torch.manual_seed(100 + unit)  # dropout draws per unit
+        if keeper is None:
+            losses.append(_loss(model, x)())
+            continue
+        with keeper.forward(unit, _loss(model, x)):
+            losses.append(_loss(model, x)())
+    for unit, loss in enumerate(losses):
+        if keeper is not None:
+            keeper.prefetch(unit)
+        loss.backward()
+        if keeper is not None:
+            keeper.after_backward(unit)
+    return [p.grad for p in model.parameters()]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "swapped,recomputed",
+    [(["0", "2"], []), ([], ["3", "4"]), (["0", "2", "5"], ["3", "4"]), (LAYERS, [])],
+)
+def test_units_that_swap_and_recompute_get_the_same_gradients_bit_for_bit(
+    swapped: list[str], recomputed: list[str]
+) -> None:
+    plain = _train(None)
+    swapping = _train(
+        lambda m: UnitSwapper(m, LAYERS, swapped=swapped, recomputed=recomputed, capacity=4)
+    )
+    assert all(torch.equal(a, b) for a, b in zip(plain, swapping, strict=True))
+
+
+def test_a_unit_holds_its_kept_bytes_until_prefetched_then_all_until_its_backward() -> None:
+    model = _model()
+    kept_all = UnitSwapper(model, LAYERS, capacity=2)
+    x = _inputs()[0]
+    with kept_all.forward(0, _loss(model, x)):
+        loss = _loss(model, x)()
+    whole = kept_all.live_bytes  # one unit, nothing swapped
+    loss.backward()
+    kept_all.after_backward(0)
+    kept_all.close()
+    assert whole > 0 and kept_all.live_bytes == 0
+
+    swapper = UnitSwapper(model, LAYERS, swapped=["2", "5"], capacity=2, prefetch_at={7: [0]})
+    losses = []
+    for unit, x in enumerate(_inputs()[:2]):
+        with swapper.forward(unit, _loss(model, x)):
+            losses.append(_loss(model, x)())
+    moved = swapper.unit_swap_bytes
+    assert 0 < moved < whole
+    assert swapper.live_bytes == 2 * (whole - moved)  # both units' swapped bytes left
+    assert swapper.swapped_bytes == 2 * moved
+    swapper.after_action(6)  # no prefetch planned after action 6
+    assert swapper.live_bytes == 2 * (whole - moved)
+    swapper.after_action(7)  # unit 0's prefetch
+    assert swapper.live_bytes == 2 * whole - moved
+    losses[0].backward()
+    swapper.after_backward(0)
+    assert swapper.live_bytes == whole - moved
+    losses[1].backward()  # never prefetched: fetched as the backward reads it (late)
+    swapper.after_backward(1)
+    assert swapper.live_bytes == 0 and swapper.late_fetches > 0
+    assert swapper.peak_saved_bytes == 2 * whole - moved
+    stats = swapper.stats()
+    assert stats["swapped_layers"] == ["2", "5"] and stats["capacity"] == 2
+
+
+def test_slots_are_reused_and_capacity_is_enforced() -> None:
+    model = _model()
+    swapper = UnitSwapper(model, LAYERS, swapped=["2"], capacity=1)
+    x = _inputs()[0]
+    for unit in range(3):  # one slot, used by one unit after another
+        with swapper.forward(unit, _loss(model, x)):
+            loss = _loss(model, x)()
+        loss.backward()
+        swapper.after_backward(unit)
+    with swapper.forward(3):
+        held = _loss(model, x)()
+    with pytest.raises(PipeswapError, match="1 units are in flight already"):
+        with swapper.forward(4):
+            pass
+    with pytest.raises(PipeswapError, match="unit 3 is in flight already"):
+        with swapper.forward(3):
+            pass
+    held.backward()
+
+
+def test_bad_plans_are_refused_naming_the_fix() -> None:
+    model = _model()
+    with pytest.raises(PipeswapError, match="has no layer 'nine'"):
+        UnitSwapper(model, LAYERS, swapped=["nine"], capacity=1)
+    with pytest.raises(PipeswapError, match="both swapped and recomputed"):
+        UnitSwapper(model, LAYERS, swapped=["2"], recomputed=["2"], capacity=1)
+    with pytest.raises(PipeswapError, match="capacity is 0"):
+        UnitSwapper(model, LAYERS, capacity=0)
+    swapper = UnitSwapper(model, LAYERS, capacity=1)
+    with pytest.raises(PipeswapError, match="needs forward_loss"):
+        with swapper.forward(0):
+            pass
+    swapper.close()
+    assert not any(m._forward_pre_hooks for m in model)  # close removed every hook

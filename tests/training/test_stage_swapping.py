@@ -1,0 +1,150 @@
+"""Pipelines whose stages swap: plans per policy, and runs bit-identical to the same
+pipeline without swapping, each stage's saved tensors within what its budget leaves.
+
+Covers: pipeswap/training/stage_swapping.py, the stage swappers in
+pipeswap/pipeline/executor.py (pipeswap/swap/runtime/unit_swapper.py) in the emulator and in
+processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+from typing import Any
+
+import pytest
+from support import pipeline_run
+
+from pipeswap.config import ConfigError
+from pipeswap.layouts.stage_swap import floor_bytes, stage_order
+from pipeswap.pipeline.emulator import pipeline_schedule
+from pipeswap.pipeline.resolve import resolve_pipeline
+from pipeswap.profile import Profile
+from pipeswap.swap.config import SwapConfig
+from pipeswap.train_config import TrainConfig
+from pipeswap.training.pipelined import run_pipeline
+from pipeswap.training.stage_swapping import (
+    micro_profile,
+    placed_gpu,
+    plan_stage_swaps,
+    recompute_allowed,
+)
+
+
+def _pipeline(stages: int = 4, micro_batches: int = 8, **fields: Any) -> TrainConfig:
+    """gpt2-tiny (6 layers) cut into ``stages``, 16 samples a step in ``micro_batches``."""
+    balance = {2: (3, 3), 4: (2, 1, 1, 2)}[stages]
+    given = {"seq_len": 32, "steps": 3, "lr": 0.05, "device": "cpu", **fields}
+    config = pipeline_run("gpt2-tiny", balance, batch=16, micro_batches=micro_batches, **given)
+    return resolve_pipeline(replace(config, progress=False).resolved())
+
+
+def _swapping(config: TrainConfig, policy: str, **budget: Any) -> TrainConfig:
+    return replace(config, swap=SwapConfig(policy=policy, **budget))
+
+
+@cache
+def _profile(micro: int) -> Profile:
+    return micro_profile(_pipeline(micro_batches=16 // micro))
+
+
+def _plans(config: TrainConfig, policy: str, **budget: Any) -> Any:
+    micro = config.micro_batch_size
+    return plan_stage_swaps(_swapping(config, policy, **budget), _profile(micro))
+
+
+def test_each_policy_plans_only_its_moves() -> None:
+    config = _pipeline()
+    disjoint = _plans(config, "disjoint", footprint_ratio=1.3)
+    assert any(p.swapped for p in disjoint.plans)
+    assert not any(p.recomputed for p in disjoint.plans)
+    recompute = _plans(config, "recompute", footprint_ratio=1.3)
+    assert any(p.recomputed for p in recompute.plans)
+    assert not any(p.swapped for p in recompute.plans)
+    everything = _plans(config, "save-on-cpu")
+    assert [sorted(p.swapped) for p in everything.plans] == [[0, 1], [2], [3], [4, 5]]
+    assert plan_stage_swaps(_swapping(config, "none")) is None
+    assert plan_stage_swaps(config) is None  # no swap settings: the stages keep everything
+    # Every plan fits: its modelled peak is within the budget on every stage.
+    schedule = pipeline_schedule(config)
+    for plans in (disjoint, recompute):
+        assert max(plans.planned_peak_bytes(schedule)) <= plans.budget_bytes
+
+
+def test_each_rank_takes_the_gpu_its_stage_was_planned_for() -> None:
+    plans = _plans(_pipeline(), "disjoint", footprint_ratio=1.3)
+    assert plans.gpus == ("gpu0", "gpu1", "gpu2", "gpu3")  # switch-4, the CPU's preset
+    placed = [placed_gpu(plans, rank, 4, 4) for rank in range(4)]
+    assert sorted(placed) == [0, 1, 2, 3]  # type: ignore[type-var]
+    assert [plans.gpus[i] for i in placed] == list(plans.placement[0])  # type: ignore[index]
+    assert placed_gpu(plans, 0, 4, 2) is None  # ranks that share GPUs keep local ranks
+    assert placed_gpu(plans, 0, 4, 8) is None  # another machine than the topology's
+
+
+def test_a_budget_no_plan_fits_names_the_smallest_that_does() -> None:
+    config = _pipeline()
+    with pytest.raises(ConfigError, match="smallest budget that works is") as caught:
+        _plans(config, "disjoint", gpu_memory_bytes=1)
+    smallest = int(str(caught.value).split("works is ")[1].split(" bytes")[0])
+    plans = _plans(config, "disjoint", gpu_memory_bytes=smallest)
+    costs = plans.costs
+    orders = [stage_order(pipeline_schedule(config), k) for k in range(len(costs))]
+    assert smallest == max(floor_bytes(o, c, recompute=False) for o, c in zip(orders, costs))
+    with pytest.raises(ConfigError, match="mip plans data-parallel swaps"):
+        _plans(config, "mip")
+
+
+def test_stages_recompute_only_where_the_backward_sees_the_forwards_weights() -> None:
+    assert recompute_allowed(_pipeline(), pipeline_schedule(_pipeline())) == [True] * 4
+    for weights, expected in (("spectrain", False), ("stash", True)):
+        config = _pipeline(schedule="async-1f1b", weights=weights, micro_batches=1)
+        allowed = recompute_allowed(config, pipeline_schedule(config))
+        assert allowed[-1]  # the last stage runs a unit's backward right after its forward
+        assert all(allowed) is expected
+    config = _pipeline(schedule="async-1f1b", weights="spectrain", micro_batches=1)
+    plans = _plans(config, "hybrid", footprint_ratio=1.2)
+    for plan, may in zip(plans.plans, plans.recompute_allowed):
+        assert may or not plan.recomputed
+
+
+def _same_bits_within_budget(swapping: TrainConfig, plain: TrainConfig) -> Any:
+    ran = run_pipeline(swapping)
+    reference = run_pipeline(plain)
+    assert ran is not None and reference is not None
+    assert ran.losses == reference.losses
+    assert ran.stage_sha256 == reference.stage_sha256
+    assert ran.params_sha256 == reference.params_sha256
+    swap = ran.to_report()["stage_swap"]
+    stages = swap["stages"]
+    for rank, measured in enumerate(swap["measured"]):
+        stage = stages[rank % len(stages)]
+        assert 0 < measured["peak_saved_bytes"] <= stage["saved_budget_bytes"], (rank, swap)
+        assert measured["late_fetches"] == 0 and measured["unmatched"] == 0
+    return swap
+
+
+@pytest.mark.parametrize(
+    "stages,fields,policy,ratio",
+    [
+        (4, {"schedule": "1f1b"}, "disjoint", 1.3),
+        (4, {"schedule": "1f1b"}, "hybrid", 1.3),
+        (2, {"schedule": "gpipe", "micro_batches": 4}, "oblivious", 1.5),
+        (4, {"schedule": "async-1f1b", "weights": "spectrain", "micro_batches": 1}, "auto", 1.2),
+        (4, {"schedule": "2bw", "weights": "stash", "micro_batches": 2}, "recompute", 1.1),
+    ],
+)
+def test_an_emulated_pipeline_that_swaps_is_bit_identical_and_within_budget(
+    stages: int, fields: dict[str, Any], policy: str, ratio: float
+) -> None:
+    plain = _pipeline(stages, **fields, emulate=True)
+    swap = _same_bits_within_budget(_swapping(plain, policy, footprint_ratio=ratio), plain)
+    moved = [m["swapped_bytes"] > 0 or m["recomputed_layers"] for m in swap["measured"]]
+    assert any(moved)  # the budget made some stage swap or recompute
+
+
+@pytest.mark.dist
+def test_stages_that_swap_in_processes_equal_the_pipeline_without_swapping() -> None:
+    plain = _pipeline(4, schedule="1f1b")
+    swap = _same_bits_within_budget(_swapping(plain, "disjoint", footprint_ratio=1.3), plain)
+    assert swap["measured"][0]["swapped_bytes"] > 0
+    assert len(swap["measured"]) == 4
