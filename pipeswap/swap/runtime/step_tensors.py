@@ -24,6 +24,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.swap.plan import SwapDecision
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.transfer import (
+    COPYING_OUT,
     ON_DEVICE,
     DeviceLedger,
     HeldTensor,
@@ -150,6 +151,10 @@ class StepTensors:
         self.transfer.swap_out(entry)
         self.swapped_total += entry.nbytes
         self.swapped += entry.nbytes
+
+    def copying(self) -> bool:
+        """Whether a swap-out of this step's is still copying (its device bytes held)."""
+        return any(entry.state == COPYING_OUT for entry in self._entries.values())
 
     def prefetch(self, key: SavedKey) -> None:
         entry = self._entries.get(key)

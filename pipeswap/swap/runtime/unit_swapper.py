@@ -88,6 +88,8 @@ class UnitSwapper:
         self._units: dict[int, int] = {}  # unit in flight -> its slot
         self._keys: list[SavedKey] = []  # what every unit swaps
         self._current: StepTensors | None = None
+        # Units whose swap-outs may still run: [slot, actions until they must be done].
+        self._settling: list[list[int]] = []
         self.swapped_bytes = 0
         self.prefetched_units = 0
         self._handles = [
@@ -228,6 +230,7 @@ class UnitSwapper:
         for key in self._keys:
             tensors.swap_out(key)
         self.swapped_bytes += tensors.swapped - before
+        self._settling.append([slot, 2])  # this forward's action, then the next one
 
     def prefetch(self, unit: int) -> None:
         """Start bringing ``unit``'s swapped tensors back (a no-op for a unit not in flight)."""
@@ -239,8 +242,18 @@ class UnitSwapper:
             self._slots[slot].prefetch(key)
 
     def after_action(self, index: int) -> None:
-        """The caller's action ``index`` has run: release finished copies, issue prefetches."""
+        """The caller's action ``index`` has run: release finished copies, issue prefetches.
+
+        A unit's swap-outs run during its forward's action and the next one (as the plan's
+        memory model has it); once that next action is over, the stage waits for any still
+        running (on CUDA; on the CPU a copy is done when issued) and lets their bytes go."""
+        for item in self._settling:
+            item[1] -= 1
+        due = [slot for slot, left in self._settling if left <= 0]
+        self._settling = [item for item in self._settling if item[1] > 0]
         if self._transfer is not None:
+            for slot in due:
+                self._transfer.make_room(self._slots[slot].copying)
             self._transfer.poll()
         for unit in self.prefetch_at.get(index, ()):
             self.prefetch(unit)

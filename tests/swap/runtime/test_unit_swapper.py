@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from fake_cuda import FakeCuda
 from torch import nn
 
 from pipeswap.errors import PipeswapError
@@ -145,3 +146,58 @@ def test_bad_plans_are_refused_naming_the_fix() -> None:
             pass
     swapper.close()
     assert not any(m._forward_pre_hooks for m in model)  # close removed every hook
+
+
+def test_on_cuda_copies_run_beside_compute_and_are_waited_for_one_action_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CUDA path with recording streams and events (fake_cuda): a unit's swap-outs run
+    on the side stream during its forward's action and the next one, then the stage waits
+    for them; prefetches run on the other side stream; the gradients keep their bits."""
+    cuda = FakeCuda()  # no copy finishes until something waits for it
+    cuda.install(monkeypatch)
+    model = _model()
+    swapper = UnitSwapper(model, LAYERS, swapped=["2", "5"], capacity=2, prefetch_at={9: [0, 1]})
+    losses = []
+
+    def forward(unit: int) -> None:
+        torch.manual_seed(100 + unit)
+        x = _inputs()[unit]
+        with swapper.forward(unit, _loss(model, x)):
+            losses.append(_loss(model, x)())
+        swapper.after_action(unit)
+
+    def synchronized() -> int:
+        return sum(1 for item in cuda.log if item[0] == "synchronize")
+
+    forward(0)  # the forward's own action: its copies may still run
+    whole, moved = swapper.live_bytes, swapper.unit_swap_bytes
+    assert synchronized() == 0 and moved > 0
+    forward(1)  # unit 0's next action is over: the stage waits for unit 0's copies
+    assert synchronized() > 0
+    assert swapper.live_bytes == (whole - moved) + whole
+    swapper.after_action(2)  # and after one more action, for unit 1's
+    assert swapper.live_bytes == 2 * (whole - moved)
+    swapper.after_action(9)  # both prefetches issued on the copy-in stream
+    out, into = cuda.sides
+    copies_out = [item for item in cuda.log if item[:3] == ("copy", out, "d2h")]
+    copies_in = [item for item in cuda.log if item[:3] == ("copy", into, "h2d")]
+    assert len(copies_in) == len(copies_out) > 0  # every swapped storage came back early
+    for unit, loss in enumerate(losses):
+        loss.backward()
+        swapper.after_backward(unit)
+    grads = [p.grad for p in model.parameters()]
+    assert swapper.late_fetches == 0 and swapper.live_bytes == 0
+    two = _train_units(2)
+    assert all(torch.equal(a, b) for a, b in zip(two, grads, strict=True))
+
+
+def _train_units(units: int) -> list[torch.Tensor]:
+    model = _model()
+    losses = []
+    for unit, x in enumerate(_inputs()[:units]):
+        torch.manual_seed(100 + unit)
+        losses.append(_loss(model, x)())
+    for loss in losses:
+        loss.backward()
+    return [p.grad for p in model.parameters()]  # type: ignore[misc]
