@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -51,6 +51,9 @@ from pipeswap.pipeline.stage_memory import MemoryFactory
 from pipeswap.precision import autocast
 from pipeswap.profile import Profile
 from pipeswap.profiling.measure import measure
+from pipeswap.swap.runtime.capture import resolve_layers
+from pipeswap.swap.runtime.recompute import Recomputation
+from pipeswap.swap.runtime.transfer import DeviceLedger
 from pipeswap.swap.runtime.unit_swapper import UnitSwapper
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import swap_topology
@@ -141,6 +144,33 @@ def micro_profile(config: TrainConfig) -> Profile:
         )
 
 
+def recompute_bytes(config: TrainConfig) -> tuple[list[int], list[int]]:
+    """Per layer, what recomputing it holds from forward to backward and what its re-run
+    saves, measured as the runtime recomputes (a forward with every layer wrapped, at one
+    micro-batch). A profile cannot tell: the loss after the last layer keeps what it saves
+    (the log-probabilities) however that layer is recomputed."""
+    assert config.device is not None
+    device = torch.device(config.device)
+    model = build_full_model(config, device)
+    x, y = model.example_batch(
+        config.micro_batch_size,
+        seq_len=config.seq_len,
+        image_size=config.image_size,
+        device=device,
+    )
+    names = list(model.layer_names)
+    layers = resolve_layers(model, names)
+    recomputation = Recomputation(layers, names, DeviceLedger(), account=True)
+    recomputation.install()
+    try:
+        with autocast(config.precision, device):
+            recomputation.capture(model, lambda: model.loss(model(x), y), names)
+    finally:
+        recomputation.remove()
+    kept, rerun = recomputation.kept_bytes, recomputation.rerun_bytes
+    return [kept[n] for n in names], [rerun[n] for n in names]
+
+
 def micro_stage_costs(config: TrainConfig, profile: Profile) -> tuple[StageCosts, ...]:
     """Every stage's costs per unit, from a profile of one micro-batch (:func:`micro_profile`)."""
     pipeline = config.require_pipeline()
@@ -181,8 +211,18 @@ def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> Sta
     schedule = pipeline_schedule(config)
     profile = profile or micro_profile(config)
     costs = micro_stage_costs(config, profile)
-    orders = [stage_order(schedule, k) for k in range(pipeline.num_stages)]
     allowed = recompute_allowed(config, schedule)
+    if MOVES.get(swap.policy, (False, False, False))[1] and any(allowed):
+        kept, rerun = recompute_bytes(config)
+        costs = tuple(
+            replace(
+                c,
+                kept=tuple(kept[i] for i in c.layers),
+                rerun=tuple(rerun[i] for i in c.layers),
+            )
+            for c in costs
+        )
+    orders = [stage_order(schedule, k) for k in range(pipeline.num_stages)]
     topology = swap_topology(config.topology, config.device, pipeline.num_ranks)
     gpus = topology.require_gpus(config.topology)[: pipeline.num_ranks]
     alone = [peak_bytes(order, c, StagePlan()) for order, c in zip(orders, costs)]

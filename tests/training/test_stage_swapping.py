@@ -28,6 +28,7 @@ from pipeswap.training.stage_swapping import (
     placed_gpu,
     plan_stage_swaps,
     recompute_allowed,
+    recompute_bytes,
 )
 
 
@@ -92,6 +93,15 @@ def test_a_budget_no_plan_fits_names_the_smallest_that_does() -> None:
     assert smallest == max(floor_bytes(o, c, recompute=False) for o, c in zip(orders, costs))
     with pytest.raises(ConfigError, match="mip plans data-parallel swaps"):
         _plans(config, "mip")
+
+
+def test_recomputing_the_last_layer_keeps_what_the_loss_after_it_saves() -> None:
+    kept, rerun = recompute_bytes(_pipeline())
+    assert len(kept) == len(rerun) == 6  # gpt2-tiny: embed, 4 blocks, head
+    # A block's re-run saves much more than its input, which is all it keeps; the head
+    # keeps the loss's log-probabilities, which no recompute of the head frees.
+    assert rerun[1] > 10 * kept[1]
+    assert kept[-1] > rerun[-1] > 0
 
 
 def test_stages_recompute_only_where_the_backward_sees_the_forwards_weights() -> None:
