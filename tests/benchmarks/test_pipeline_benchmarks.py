@@ -94,6 +94,7 @@ def test_convergence_table_and_plots(tmp_path: Path) -> None:
     assert (RESULTS / "pipeline_convergence_notes.md").exists()
 
 
+@pytest.mark.slow  # 18 s of `make test`'s 15 minutes: the --quick page itself is tested above
 def test_convergence_page_rebuilds_from_saved_records(tmp_path: Path) -> None:
     """--save-records keeps every run; --load-records renders the same page without training."""
     first, records = tmp_path / "a" / "conv.md", tmp_path / "runs.json"
