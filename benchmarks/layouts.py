@@ -285,8 +285,9 @@ uncoordinated ({_where(coord_row)}).
   and all-reduces within a socket or pay little for crossing it.
 
 Caveats: simulated rates from estimated profiles (no measured run of these layouts
-exists yet; pipeline x data parallel runs since this page was written, `--pipeline K
---nproc N`, while the runtime for stage swapping is still to come, issue 24 item 2); the
+exists; both run since this page was written: pipeline x data parallel with `--pipeline K
+--nproc N`, stages that swap with `--swap-policy hybrid --gpu-memory SIZE`, measured on a
+CPU in stage_swap.md); the
 swap planner's `hybrid` stands for data parallelism
 (`mip`/`auto` search longer and can be a few percent faster, see swap_policies.md);
 stage plans swap or recompute whole layers of every unit alike, and their memory check
