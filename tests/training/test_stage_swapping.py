@@ -8,6 +8,8 @@ processes.
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import replace
 from functools import cache
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 from support import pipeline_run
 
+from pipeswap.cli import main
 from pipeswap.config import ConfigError
 from pipeswap.layouts.stage_swap import floor_bytes, stage_order
 from pipeswap.pipeline.emulator import pipeline_schedule
@@ -158,3 +161,18 @@ def test_stages_that_swap_in_processes_equal_the_pipeline_without_swapping() -> 
     swap = _same_bits_within_budget(_swapping(plain, "disjoint", footprint_ratio=1.3), plain)
     assert swap["measured"][0]["swapped_bytes"] > 0
     assert len(swap["measured"]) == 4
+
+
+def test_a_pipeline_that_swaps_resumes_from_its_checkpoint_as_if_left_alone(tmp_path: Any) -> None:
+    args = ["train", "--model", "gpt2-tiny", "--seq-len", "32", "--batch", "16", "--steps", "4"]
+    args += ["--pipeline", "4", "--micro-batches", "8", "--balance", "2,1,1,2", "--emulate"]
+    args += ["--swap-policy", "disjoint", "--footprint-ratio", "1.3"]
+    folder = tmp_path / "ck"
+    reports = [tmp_path / f"{name}.json" for name in ("whole", "resumed")]
+    assert main([*args, "--report", str(reports[0])]) == 0
+    assert main([*args, "--checkpoint-dir", str(folder), "--checkpoint-every", "2"]) == 0
+    shutil.rmtree(folder / "step-00000004")  # as if stopped after step 2
+    assert main([*args, "--resume", str(folder), "--report", str(reports[1])]) == 0
+    whole, resumed = (json.loads(r.read_text()) for r in reports)
+    assert resumed["params_sha256"] == whole["params_sha256"]
+    assert resumed["losses"] == whole["losses"]
