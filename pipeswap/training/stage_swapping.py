@@ -28,6 +28,8 @@ from torch import nn
 
 from pipeswap.config import require
 from pipeswap.dist.group import single_threaded
+from pipeswap.errors import PipeswapError
+from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.layouts.mapping import Placement, replica_major
 from pipeswap.layouts.stage_plans import plan_stages
 from pipeswap.layouts.stage_swap import (
@@ -41,7 +43,7 @@ from pipeswap.layouts.stage_swap import (
 from pipeswap.layouts.stages import StageCosts, stage_costs
 from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.emulator import pipeline_schedule
-from pipeswap.pipeline.job import build_full_model
+from pipeswap.pipeline.job import build_full_model, build_meta_model
 from pipeswap.pipeline.modes import weight_mode
 from pipeswap.pipeline.orders import peak_in_flight
 from pipeswap.pipeline.partition import stage_bounds
@@ -50,7 +52,9 @@ from pipeswap.pipeline.schedule import Schedule
 from pipeswap.pipeline.stage_memory import MemoryFactory
 from pipeswap.precision import autocast
 from pipeswap.profile import Profile
+from pipeswap.profiling.estimate import estimate_layered
 from pipeswap.profiling.measure import measure
+from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.recompute import Recomputation
 from pipeswap.swap.runtime.transfer import DeviceLedger
@@ -59,6 +63,8 @@ from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.units import format_bytes
 
+# The spec plans on CUDA are estimated at when the topology names none (pipeswap.hardware.gpus).
+DEFAULT_GPU = "v100-32gb"
 # policy -> (swap, recompute, coordinated); save-on-cpu and none are planned apart.
 MOVES = {
     "auto": (True, True, True),
@@ -144,14 +150,36 @@ def micro_profile(config: TrainConfig) -> Profile:
         )
 
 
+def plan_profile(config: TrainConfig, gpu: str | None) -> Profile:
+    """What stage plans are made from: on the CPU the model measured at one micro-batch
+    (:func:`micro_profile`); on CUDA an estimate on the meta device at ``gpu``'s spec, so
+    the launching process never touches a GPU and a model no one GPU holds still plans
+    (its sizes in float32: under bf16-mixed a conservative count)."""
+    if config.device != "cuda":
+        return micro_profile(config)
+    try:
+        spec = gpu_spec(gpu or DEFAULT_GPU)
+    except PipeswapError:  # a topology of GPUs without a known spec: times matter less here
+        spec = gpu_spec(DEFAULT_GPU)
+    return estimate_layered(
+        build_meta_model(config),
+        config.micro_batch_size,
+        seq_len=config.seq_len,
+        image_size=config.image_size,
+        gpu=spec,
+        optimizer=config.optim.optimizer,
+    )
+
+
 def recompute_bytes(config: TrainConfig) -> tuple[list[int], list[int]]:
     """Per layer, what recomputing it holds from forward to backward and what its re-run
-    saves, measured as the runtime recomputes (a forward with every layer wrapped, at one
+    saves, as the runtime recomputes (a forward with every layer wrapped, at one
     micro-batch). A profile cannot tell: the loss after the last layer keeps what it saves
-    (the log-probabilities) however that layer is recomputed."""
+    (the log-probabilities) however that layer is recomputed. On the CPU it runs there;
+    elsewhere on the meta device (as :func:`plan_profile`, in float32)."""
     assert config.device is not None
-    device = torch.device(config.device)
-    model = build_full_model(config, device)
+    device = torch.device("cpu" if config.device == "cpu" else "meta")
+    model = build_full_model(config, device) if device.type == "cpu" else build_meta_model(config)
     x, y = model.example_batch(
         config.micro_batch_size,
         seq_len=config.seq_len,
@@ -163,7 +191,7 @@ def recompute_bytes(config: TrainConfig) -> tuple[list[int], list[int]]:
     recomputation = Recomputation(layers, names, DeviceLedger(), account=True)
     recomputation.install()
     try:
-        with autocast(config.precision, device):
+        with autocast(config.precision, device), meta_attention_like_cpu():
             recomputation.capture(model, lambda: model.loss(model(x), y), names)
     finally:
         recomputation.remove()
@@ -209,7 +237,9 @@ def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> Sta
     )
     assert config.device is not None
     schedule = pipeline_schedule(config)
-    profile = profile or micro_profile(config)
+    topology = swap_topology(config.topology, config.device, pipeline.num_ranks)
+    gpus = topology.require_gpus(config.topology)[: pipeline.num_ranks]
+    profile = profile or plan_profile(config, topology.node(gpus[0]).spec)
     costs = micro_stage_costs(config, profile)
     allowed = recompute_allowed(config, schedule)
     if MOVES.get(swap.policy, (False, False, False))[1] and any(allowed):
@@ -223,8 +253,6 @@ def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> Sta
             for c in costs
         )
     orders = [stage_order(schedule, k) for k in range(pipeline.num_stages)]
-    topology = swap_topology(config.topology, config.device, pipeline.num_ranks)
-    gpus = topology.require_gpus(config.topology)[: pipeline.num_ranks]
     alone = [peak_bytes(order, c, StagePlan()) for order, c in zip(orders, costs)]
     if swap.footprint_ratio is not None:
         budget = int(max(alone) / swap.footprint_ratio)

@@ -25,6 +25,7 @@ from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.profile import Profile
 from pipeswap.swap.config import SwapConfig
 from pipeswap.train_config import TrainConfig
+from pipeswap.training import stage_swapping
 from pipeswap.training.pipelined import run_pipeline
 from pipeswap.training.stage_swapping import (
     micro_profile,
@@ -83,6 +84,24 @@ def test_each_rank_takes_the_gpu_its_stage_was_planned_for() -> None:
     assert [plans.gpus[i] for i in placed] == list(plans.placement[0])  # type: ignore[index]
     assert placed_gpu(plans, 0, 4, 2) is None  # ranks that share GPUs keep local ranks
     assert placed_gpu(plans, 0, 4, 8) is None  # another machine than the topology's
+
+
+def test_on_cuda_stages_plan_on_the_meta_device_without_touching_a_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_measuring(*args: object, **kwargs: object) -> None:
+        raise AssertionError("planning for CUDA must not run the model on a device")
+
+    measured = _plans(_pipeline(), "hybrid", footprint_ratio=1.3)
+    monkeypatch.setattr(stage_swapping, "measure", no_measuring)
+    monkeypatch.setattr(stage_swapping, "build_full_model", no_measuring)
+    config = replace(_pipeline(), device="cuda")  # resolved on this CPU: planning only
+    estimated = plan_stage_swaps(_swapping(config, "hybrid", footprint_ratio=1.3))
+    # The meta device saves what the CPU does: the same bytes, so the same budget.
+    assert [c.saved for c in estimated.costs] == [c.saved for c in measured.costs]
+    assert [c.rerun for c in estimated.costs] == [c.rerun for c in measured.costs]
+    assert estimated.budget_bytes == measured.budget_bytes
+    assert any(not p.empty for p in estimated.plans)
 
 
 def test_a_budget_no_plan_fits_names_the_smallest_that_does() -> None:
