@@ -296,7 +296,8 @@ def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> Sta
             f"the smallest budget that works is {smallest} bytes ({format_bytes(smallest)}), "
             f"a footprint ratio of at most {max(alone) / smallest:.3f}: pass "
             f"{{gpu_memory_bytes}} {smallest} or more"
-            + ("" if all(allowed) or not may else _NO_RECOMPUTE),
+            + ("" if all(allowed) or not may else _NO_RECOMPUTE)
+            + (_SWAPS_FREE_NOTHING if smallest >= max(alone) else ""),
         )
     assert found is not None
     return StageSwapPlans(
@@ -310,6 +311,11 @@ def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> Sta
     )
 
 
+_SWAPS_FREE_NOTHING = (
+    "; no plan lowers the peak here: at its peak every unit the stage holds is computing or "
+    "still copying (a copy holds its bytes through the next action); more stages or "
+    "micro-batches keep units in flight longer, and recomputing frees memory at once"
+)
 _NO_RECOMPUTE = (
     " (stages whose backward runs on newer weights than their forward only swap: "
     "weights that stash, or a synchronous schedule, let them recompute)"

@@ -113,6 +113,10 @@ def test_a_budget_no_plan_fits_names_the_smallest_that_does() -> None:
     costs = plans.costs
     orders = [stage_order(pipeline_schedule(config), k) for k in range(len(costs))]
     assert smallest == max(floor_bytes(o, c, recompute=False) for o, c in zip(orders, costs))
+    # Two stages of 1F1B: stage 0 holds two units, one computing, one still copying.
+    two = _pipeline(2, micro_batches=4)
+    with pytest.raises(ConfigError, match="no plan lowers the peak here"):
+        plan_stage_swaps(_swapping(two, "disjoint", footprint_ratio=1.2), _profile(4))
     with pytest.raises(ConfigError, match="mip plans data-parallel swaps"):
         _plans(config, "mip")
 
