@@ -326,6 +326,8 @@ class StageExecutor:
         keep = memory.forward(unit, self.runner.trial(inputs, target)) if memory else nullcontext()
         with self._stream(TRAIN, step, micro), keep:
             out = self.runner.forward(unit, inputs, target)
+            if memory is not None:  # what the runner holds anyway is not worth a copy
+                memory.keep(self.runner.held(unit))
         if self.runner.is_last:
             self.config.optim.check_loss(
                 self.runner.losses[unit], step, model=self.runner.module, inputs=inputs

@@ -277,6 +277,11 @@ class StageRunner:
         self._pending[unit] = (leaves, packed)
         return tuple(t.detach() for t in packed)
 
+    def held(self, unit: int) -> Packed:
+        """What the runner holds for ``unit``'s backward: its input leaves and its outputs."""
+        leaves, outputs = self._pending[unit]
+        return (*leaves, *outputs)
+
     def in_flight_inputs(self) -> dict[int, Packed]:
         """Copies of the inputs of every unit whose forward ran and backward has not."""
         return {

@@ -9,10 +9,11 @@ the run's swap settings (pipeswap.training.stage_swapping).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 
@@ -22,6 +23,10 @@ class StageMemory(Protocol):
     ) -> AbstractContextManager[None]:
         """Run ``unit``'s forward inside; ``forward_loss`` is a forward of its shapes that
         keeps nothing (to name tensors before the first unit)."""
+        ...
+
+    def keep(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Inside a unit's forward: tensors the stage holds until the backward anyway."""
         ...
 
     def after_action(self, index: int) -> None: ...

@@ -152,6 +152,15 @@ class StepTensors:
         self.swapped_total += entry.nbytes
         self.swapped += entry.nbytes
 
+    def holds_one_of(self, key: SavedKey, pointers: set[int]) -> bool:
+        """Whether ``key``'s storage (on the device) is one of those at ``pointers``."""
+        entry = self._entries.get(key)
+        return (
+            entry is not None
+            and entry.device is not None
+            and entry.device.untyped_storage().data_ptr() in pointers
+        )
+
     def copying(self) -> bool:
         """Whether a swap-out of this step's is still copying (its device bytes held)."""
         return any(entry.state == COPYING_OUT for entry in self._entries.values())

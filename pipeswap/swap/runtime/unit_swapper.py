@@ -88,6 +88,9 @@ class UnitSwapper:
         self._units: dict[int, int] = {}  # unit in flight -> its slot
         self._keys: list[SavedKey] = []  # what every unit swaps
         self._current: StepTensors | None = None
+        self._kept: set[int] = set()  # storages the caller keeps anyway (this unit's)
+        self.kept_bytes = 0  # planned swaps skipped: the caller held those storages anyway
+        self._last_swap: int | None = None  # what the latest unit sent to host memory
         # Units whose swap-outs may still run: [slot, actions until they must be done].
         self._settling: list[list[int]] = []
         self.swapped_bytes = 0
@@ -119,7 +122,9 @@ class UnitSwapper:
 
     @property
     def unit_swap_bytes(self) -> int:
-        """Bytes one unit sends to host memory."""
+        """Bytes one unit sends to host memory (the latest unit's; before any, the plan's)."""
+        if self._last_swap is not None:
+            return self._last_swap
         return sum(self._sizes[key] for key in self._keys) if self._slots else 0
 
     def stats(self) -> dict[str, Any]:
@@ -129,6 +134,7 @@ class UnitSwapper:
             "swapped_bytes": self.swapped_bytes,
             "unit_swap_bytes": self.unit_swap_bytes,
             "late_fetches": self.late_fetches,
+            "kept_bytes": self.kept_bytes,
             "unmatched": sum(t.unmatched for t in self._slots),
             "swapped_layers": [n for n in self.layer_names if n in self.swapped],
             "recomputed_layers": list(self.recomputed),
@@ -213,6 +219,7 @@ class UnitSwapper:
                 f"{self.capacity} units are in flight already, the most this stage was planned "
                 f"for; run a backward before forward {unit}"
             )
+        self._kept = set()
         slot = self._free.pop(0)
         tensors = self._slots[slot]
         tensors.start_step(self.layer_names)
@@ -228,9 +235,19 @@ class UnitSwapper:
             tensors.layer = None
         before = tensors.swapped
         for key in self._keys:
+            if tensors.holds_one_of(key, self._kept):
+                self.kept_bytes += self._sizes[key]
+                continue
             tensors.swap_out(key)
-        self.swapped_bytes += tensors.swapped - before
+        self._last_swap = tensors.swapped - before
+        self.swapped_bytes += self._last_swap
         self._settling.append([slot, 2])  # this forward's action, then the next one
+
+    def keep(self, tensors: Sequence[torch.Tensor]) -> None:
+        """The caller holds ``tensors`` until the unit's backward anyway (a stage's input
+        leaves and outputs): copying their storages to host memory would free nothing, so
+        the unit's forward leaves them where they are."""
+        self._kept |= {t.untyped_storage().data_ptr() for t in tensors}
 
     def prefetch(self, unit: int) -> None:
         """Start bringing ``unit``'s swapped tensors back (a no-op for a unit not in flight)."""

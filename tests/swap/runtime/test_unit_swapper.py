@@ -201,3 +201,25 @@ def _train_units(units: int) -> list[torch.Tensor]:
     for loss in losses:
         loss.backward()
     return [p.grad for p in model.parameters()]  # type: ignore[misc]
+
+
+def test_storages_the_caller_keeps_anyway_are_not_copied() -> None:
+    """A stage holds its input leaves and outputs until the backward: a planned swap of
+    one of those storages would free nothing, so it is skipped and counted as kept."""
+    model = _model()
+    swapper = UnitSwapper(model, LAYERS, swapped=["0", "2"], capacity=1)
+    x = _inputs()[0]
+    with swapper.forward(0, _loss(model, x)):
+        loss = _loss(model, x)()
+    sent, held = swapper.unit_swap_bytes, swapper.live_bytes
+    loss.backward()
+    swapper.after_backward(0)
+    with swapper.forward(1):
+        loss = _loss(model, x)()
+        swapper.keep([x])  # layer 0 saves the input itself, which the caller holds
+    assert swapper.kept_bytes == x.untyped_storage().nbytes()
+    assert swapper.unit_swap_bytes == sent - swapper.kept_bytes
+    assert swapper.live_bytes == held + swapper.kept_bytes
+    loss.backward()
+    swapper.after_backward(1)
+    assert swapper.live_bytes == 0
