@@ -14,6 +14,9 @@ stage, against what its budget leaves), beside the most the plans' memory model 
 for a stage; the run's wall time per step (the run with the median step of three: this
 shared machine's speed moves between runs); and whether its weights equal the ``keep`` run's
 bit for bit. A policy a case cannot run is listed with the reason it was refused.
+On a CPU the copies are memory copies on the cores that compute, and four processes
+share this machine's two cores: step ratios move by a quarter from one run of the page
+to the next, so the page speaks for memory and bits, not for speed.
 """
 
 from __future__ import annotations
