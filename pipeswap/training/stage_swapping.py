@@ -190,8 +190,10 @@ def recompute_bytes(config: TrainConfig) -> tuple[list[int], list[int]]:
     layers = resolve_layers(model, names)
     recomputation = Recomputation(layers, names, DeviceLedger(), account=True)
     recomputation.install()
+    # The meta device does not autocast: there the sizes stay float32, a conservative count.
+    cast = autocast(config.precision, device) if device.type == "cpu" else nullcontext()
     try:
-        with autocast(config.precision, device), meta_attention_like_cpu():
+        with cast, meta_attention_like_cpu():
             recomputation.capture(model, lambda: model.loss(model(x), y), names)
     finally:
         recomputation.remove()

@@ -102,6 +102,9 @@ def test_on_cuda_stages_plan_on_the_meta_device_without_touching_a_gpu(
     assert [c.rerun for c in estimated.costs] == [c.rerun for c in measured.costs]
     assert estimated.budget_bytes == measured.budget_bytes
     assert any(not p.empty for p in estimated.plans)
+    # Under bf16-mixed too (the meta device does not autocast: float32 sizes, no error).
+    mixed = _swapping(replace(config, precision="bf16-mixed"), "recompute", footprint_ratio=1.3)
+    assert plan_stage_swaps(mixed) is not None
 
 
 def test_a_budget_no_plan_fits_names_the_smallest_that_does() -> None:
