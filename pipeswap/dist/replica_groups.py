@@ -14,7 +14,6 @@ BUCKET_BYTES = 25 * 2**20
 
 
 class HasGradients(Protocol):
-    def gradients(self) -> list[torch.Tensor]: ...
     def gradient_params(self) -> list[torch.nn.Parameter]: ...
 
 
@@ -134,5 +133,3 @@ class ReplicaMesh:
                 offset += grad.numel()
         self._buckets = []
         return True
-
-    average = __call__

@@ -135,14 +135,12 @@ class StageSwapPlans:
 
 def micro_profile(config: TrainConfig) -> Profile:
     """The model measured at one micro-batch, alone, on the run's device and precision."""
-    pipeline = config.require_pipeline()
-    assert config.device is not None and config.batch is not None
-    micro = max(1, config.batch // pipeline.micro_batch_count)
+    assert config.device is not None
     threads = single_threaded() if config.device == "cpu" else nullcontext()
     with threads, autocast(config.precision, torch.device(config.device)):
         return measure(
             build_full_model(config, config.device),
-            micro,
+            config.micro_batch_size,
             seq_len=config.seq_len,
             image_size=config.image_size,
             device=config.device,
@@ -265,50 +263,43 @@ def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> Sta
     if swap.policy == "save-on-cpu":
         plans = [StagePlan(frozenset(c.layers), frozenset(), LEADS[0]) for c in costs]
         placement = replica_major(gpus, pipeline.num_stages, pipeline.replicas)
-        return StageSwapPlans(
-            swap.policy,
+    else:
+        moves, may, coordinated = MOVES[swap.policy]
+        found = plan_stages(
+            topology,
+            gpus,
+            schedule,
+            costs,
+            orders,
             budget,
-            tuple(plans),
-            tuple(costs),
-            tuple(allowed),
-            placement,
-            tuple(topology.gpus),
+            replicas=pipeline.replicas,
+            coordinated=coordinated,
+            swap=moves,
+            recompute=[may and a for a in allowed],
         )
-    moves, may, coordinated = MOVES[swap.policy]
-    found = plan_stages(
-        topology,
-        gpus,
-        schedule,
-        costs,
-        orders,
-        budget,
-        replicas=pipeline.replicas,
-        coordinated=coordinated,
-        swap=moves,
-        recompute=[may and a for a in allowed],
-    )
-    if found is None:
-        smallest = max(
-            floor_bytes(order, c, swap=moves, recompute=may and a)
-            for order, c, a in zip(orders, costs, allowed)
-        )
-        require(
-            False,
-            f"no {swap.policy} plan keeps every stage within {format_bytes(budget)} per GPU: "
-            f"the smallest budget that works is {smallest} bytes ({format_bytes(smallest)}), "
-            f"a footprint ratio of at most {max(alone) / smallest:.3f}: pass "
-            f"{{gpu_memory_bytes}} {smallest} or more"
-            + ("" if all(allowed) or not may else _NO_RECOMPUTE)
-            + (_SWAPS_FREE_NOTHING if smallest >= max(alone) else ""),
-        )
-    assert found is not None
+        if found is None:
+            smallest = max(
+                floor_bytes(order, c, swap=moves, recompute=may and a)
+                for order, c, a in zip(orders, costs, allowed)
+            )
+            require(
+                False,
+                f"no {swap.policy} plan keeps every stage within {format_bytes(budget)} per "
+                f"GPU: the smallest budget that works is {smallest} bytes "
+                f"({format_bytes(smallest)}), a footprint ratio of at most "
+                f"{max(alone) / smallest:.3f}: pass {{gpu_memory_bytes}} {smallest} or more"
+                + ("" if all(allowed) or not may else _NO_RECOMPUTE)
+                + (_SWAPS_FREE_NOTHING if smallest >= max(alone) else ""),
+            )
+        assert found is not None
+        plans, placement = found
     return StageSwapPlans(
         swap.policy,
         budget,
-        tuple(found[0]),
+        tuple(plans),
         tuple(costs),
         tuple(allowed),
-        found[1],
+        placement,
         tuple(topology.gpus),
     )
 

@@ -42,7 +42,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.profile import Profile
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.plan import SwapPlan
-from pipeswap.swap.runtime.capture import capture_records, resolve_layers
+from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.checks import (
     check_plan_identity,
     check_records,
@@ -55,7 +55,7 @@ from pipeswap.swap.runtime.checks import (
 from pipeswap.swap.runtime.pool import HostPool
 from pipeswap.swap.runtime.recompute import Recomputation
 from pipeswap.swap.runtime.stats import StepStats
-from pipeswap.swap.runtime.step_tensors import StepTensors
+from pipeswap.swap.runtime.step_tensors import StepTensors, only_swapped
 from pipeswap.swap.runtime.transfer import (
     DeviceLedger,
     SwapTransfer,
@@ -212,21 +212,14 @@ class SwapExecutor:
         ``forward_loss`` must run the same forward and loss as the training steps (same
         shapes); call it on the bare model, not its DDP replica (pipeswap.dist.ddp).
         """
-        if self.recompute:
-            (records, pack_calls), sizes = self._recomputation.capture(
-                self.model, forward_loss, self.layer_names
-            )
-        else:
-            records, pack_calls = capture_records(self.model, forward_loss, self.layer_names)
-            sizes = {(layer, r.index): r.bytes for layer, recs in records.items() for r in recs}
+        (records, pack_calls), sizes = self._recomputation.name_step(
+            self.model, forward_loss, self.layer_names
+        )
         self._tensors.sizes = sizes
         check_records(self.decisions, records)
         self.records = records
-        if not self.account:  # tensors that stay need no bookkeeping: pass them straight on
-            pack_calls = {
-                layer: [key if key in self.decisions else None for key in keys]
-                for layer, keys in pack_calls.items()
-            }
+        if not self.account:
+            pack_calls = only_swapped(pack_calls, self.decisions)
         self._tensors.pack_calls = pack_calls
         self._prepared = True
         recomputation = self._recomputation

@@ -93,6 +93,17 @@ class Recomputation:
         self.own_rerun_bytes = {name: inner.rerun_bytes(name, own=True) for name in self.names}
         return (plain[0], names.pack_calls), names.sizes
 
+    def name_step(
+        self, model: nn.Module, forward_loss: Callable[[], torch.Tensor], layer_names: list[str]
+    ) -> tuple[Capture, dict[SavedKey, int]]:
+        """What a step saves, named as the plan names it, and every name's bytes: with
+        recomputed layers :meth:`capture`'s two passes, else one plain pass."""
+        if self.names:
+            return self.capture(model, forward_loss, layer_names)
+        records, pack_calls = capture_records(model, forward_loss, layer_names)
+        sizes = {(layer, r.index): r.bytes for layer, recs in records.items() for r in recs}
+        return (records, pack_calls), sizes
+
     def start_step(self) -> None:
         self._done = set()
 

@@ -16,6 +16,7 @@ stays on the device, a planned swap of a tensor the step did not save is skipped
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 import torch
@@ -181,3 +182,14 @@ def _holds(entry: SavedEntry, tensor: torch.Tensor) -> bool:
         and entry.device is not None
         and entry.device.data_ptr() == tensor.untyped_storage().data_ptr()
     )
+
+
+def only_swapped(
+    pack_calls: dict[str, list[SavedKey | None]], swapped: Container[SavedKey]
+) -> dict[str, list[SavedKey | None]]:
+    """``pack_calls`` naming only the swapped tensors: without accounting, tensors that
+    stay need no bookkeeping and pass straight on."""
+    return {
+        layer: [key if key in swapped else None for key in keys]
+        for layer, keys in pack_calls.items()
+    }

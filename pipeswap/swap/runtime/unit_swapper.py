@@ -28,10 +28,10 @@ from torch import nn
 from pipeswap.errors import PipeswapError
 from pipeswap.swap.plan import SwapDecision
 from pipeswap.swap.plan.tensors import SavedKey
-from pipeswap.swap.runtime.capture import capture_records, resolve_layers
+from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.pool import HostPool
 from pipeswap.swap.runtime.recompute import Recomputation
-from pipeswap.swap.runtime.step_tensors import StepTensors
+from pipeswap.swap.runtime.step_tensors import StepTensors, only_swapped
 from pipeswap.swap.runtime.transfer import DeviceLedger, SwapTransfer
 
 
@@ -145,13 +145,9 @@ class UnitSwapper:
     def prepare(self, forward_loss: Callable[[], Any]) -> None:
         """Name the saved tensors with one forward (no backward) of ``forward_loss``, which
         must run what a unit's forward runs, on a unit's shapes."""
-        if self.recomputed:
-            (records, pack_calls), sizes = self._recomputation.capture(
-                self.module, forward_loss, self.layer_names
-            )
-        else:
-            records, pack_calls = capture_records(self.module, forward_loss, self.layer_names)
-            sizes = {(layer, r.index): r.bytes for layer, recs in records.items() for r in recs}
+        (records, pack_calls), sizes = self._recomputation.name_step(
+            self.module, forward_loss, self.layer_names
+        )
         decisions = {
             (layer, r.index): SwapDecision(layer, r.index, r.bytes, layer, None)
             for layer, recs in records.items()
@@ -169,11 +165,8 @@ class UnitSwapper:
             pin=self.device.type == "cuda",
         )
         self._transfer = SwapTransfer(pool, self.device, self._ledger)
-        if not self.account:  # kept tensors need no bookkeeping: pass them straight on
-            pack_calls = {
-                layer: [key if key in decisions else None for key in keys]
-                for layer, keys in pack_calls.items()
-            }
+        if not self.account:
+            pack_calls = only_swapped(pack_calls, decisions)
         for slot in range(self.capacity):
             tensors = StepTensors(decisions, self._transfer, self._ledger, strict=False, slot=slot)
             tensors.pack_calls, tensors.sizes = pack_calls, sizes
