@@ -30,7 +30,10 @@ TRAIN = [
     "--batch",
     "4",
     "--steps",
-    "1000000",
+    # Longer than the test waits, and within the most a pipeline schedules up front
+    # (1,000,000 steps were refused by the ranks, so whether they were still alive when
+    # the signal came depended on the machine's speed).
+    "20000",
     "--device",
     "cpu",
     "--timeout",
