@@ -8,7 +8,8 @@ from pipeswap.training.export import export_checkpoint
 
 _EXAMPLES = """examples:
   pipeswap train --model my-gpt2 --seq-len 64 --steps 1000 --checkpoint-dir ckpt --checkpoint-every 100
-  pipeswap export ckpt --out my-gpt2-trained    # then from_pretrained("my-gpt2-trained")
+  pipeswap export ckpt --model my-gpt2 --out my-gpt2-trained   # then from_pretrained("my-gpt2-trained")
+  pipeswap export ckpt --out trained            # a zoo model's checkpoint needs no --model
 """
 
 
@@ -25,10 +26,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="a run's --checkpoint-dir")
     parser.add_argument("--out", required=True, metavar="DIR", help="where to write the model")
+    parser.add_argument(
+        "--model",
+        metavar="NAME",
+        help="the model the run trained (its --model: a Hugging Face directory or "
+        "module:function); required unless it is a zoo model. A checkpoint only records "
+        "the name, and export refuses one that differs: nothing a checkpoint names is "
+        "imported or loaded on its own say",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    done, name = export_checkpoint(args.checkpoint_dir, args.out)
+    done, name = export_checkpoint(args.checkpoint_dir, args.out, args.model)
     print(f"pipeswap export: {name} after {done} steps -> {args.out}")
     return 0

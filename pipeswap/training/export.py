@@ -11,7 +11,7 @@ from pipeswap.checkpoint import CheckpointConfig, latest_complete, load_rank
 from pipeswap.data_config import DataConfig
 from pipeswap.errors import PipeswapError
 from pipeswap.models.export import check_save_target, export_model
-from pipeswap.models.registry import build_model
+from pipeswap.models.registry import build_model, model_names
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.job import load_stage_tensors
@@ -20,10 +20,14 @@ from pipeswap.train_config import TrainConfig
 from pipeswap.training.run import train
 
 
-def export_checkpoint(directory: str, out: str) -> tuple[int, str]:
+def export_checkpoint(directory: str, out: str, model: str | None = None) -> tuple[int, str]:
     """Write the model of the newest complete checkpoint in ``directory`` to ``out`` (as
     ``--save`` writes it: a Hugging Face model as its directory, any other module as
-    ``model.safetensors`` of its own keys); returns (steps done, the model's name)."""
+    ``model.safetensors`` of its own keys); returns (steps done, the model's name).
+
+    A checkpoint is data: the model it names is built only if it is a zoo model or the
+    caller names the same model (``model``); nothing a file names is ever imported.
+    """
     if not os.path.isdir(directory):
         raise PipeswapError(
             f"{directory}: no such directory; name the checkpoint directory a training run "
@@ -37,9 +41,10 @@ def export_checkpoint(directory: str, out: str) -> tuple[int, str]:
         )
     done, manifest = found
     identity: dict[str, Any] = manifest.get("identity", {})
-    name = identity.get("model")
-    if not isinstance(name, str):
+    recorded = identity.get("model")
+    if not isinstance(recorded, str):
         raise PipeswapError(f"{directory}: its manifest names no model; it is not a pipeswap run")
+    name = _model_to_build(directory, recorded, model)
     check_save_target(out, name)
     # A synchronous pipeline's checkpoint resumes a run of any length; an asynchronous
     # one's only the run it came from (its identity holds the steps).
@@ -47,7 +52,7 @@ def export_checkpoint(directory: str, out: str) -> tuple[int, str]:
     if identity.get("mode") != "data-parallel" and done == steps:
         # Resumed for no step, the stages settle the updates of tied weights still in
         # flight at the cut, and save what a --save run would.
-        train(_finished_pipeline(directory, out, identity, steps))
+        train(_finished_pipeline(directory, out, {**identity, "model": name}, steps))
         return done, name
     with torch.random.fork_rng(devices=[]):
         model = build_model(name, device="cpu", image_size=identity.get("image_size"))
@@ -59,6 +64,38 @@ def export_checkpoint(directory: str, out: str) -> tuple[int, str]:
         load_stage_tensors(model, [_stage_tensors(directory, done, r, identity) for r in stages])
     export_model(model, out, source=name, steps=done)
     return done, name
+
+
+def _model_to_build(directory: str, recorded: str, given: str | None) -> str:
+    """The model name export builds: the checkpoint's own when it is a zoo name, else the
+    caller's ``given`` one, which must name the model the checkpoint records.
+
+    A manifest may be written by anyone: a ``module:function`` or a directory in it is never
+    imported or read unless the user names the same model.
+    """
+    zoo = model_names()
+    if given is None:
+        if recorded in zoo:
+            return recorded
+        kind = "module:function" if ":" in recorded and not os.path.isdir(recorded) else "model"
+        raise PipeswapError(
+            f"{directory} was trained from the {kind} {recorded!r}, which export builds only "
+            f"when you name it too (a checkpoint is data, and never makes pipeswap import or "
+            f"load what it names): pass --model {recorded}"
+        )
+    if given == recorded or (
+        given not in zoo
+        and recorded not in zoo
+        and os.path.isdir(given)
+        and os.path.isdir(recorded)
+        and os.path.samefile(given, recorded)
+    ):
+        # The recorded string: a pipeline's checkpoint resumes only under the same name.
+        return recorded
+    raise PipeswapError(
+        f"{directory} was trained from {recorded!r}, not {given!r}: pass --model {recorded} "
+        "(from the directory the run started in, if that is a relative path)"
+    )
 
 
 def _finished_pipeline(

@@ -152,7 +152,8 @@ def test_export_turns_a_checkpoint_into_the_model_save_writes(
         "step-00000003",
         "step-00000004",  # the last step is checkpointed too
     ]
-    assert main(["export", str(tmp_path / "ck"), "--out", str(tmp_path / "exported")]) == 0
+    exported_argv = ["export", str(tmp_path / "ck"), "--out", str(tmp_path / "exported")]
+    assert main([*exported_argv, "--model", source]) == 0
     assert "after 4 steps" in capsys.readouterr().out
     exported = params_sha256(build_model(str(tmp_path / "exported")))
     assert exported == params_sha256(build_model(str(tmp_path / "saved")))
