@@ -55,14 +55,14 @@ def export_checkpoint(directory: str, out: str, model: str | None = None) -> tup
         train(_finished_pipeline(directory, out, {**identity, "model": name}, steps))
         return done, name
     with torch.random.fork_rng(devices=[]):
-        model = build_model(name, device="cpu", image_size=identity.get("image_size"))
+        built = build_model(name, device="cpu", image_size=identity.get("image_size"))
     if identity.get("mode") == "data-parallel":
-        model.load_state_dict(load_rank(directory, done, 0)["model"])
+        built.load_state_dict(load_rank(directory, done, 0)["model"])
     else:
         # Replica 0's stages (every replica holds the same weights): the first files.
         stages = range(len(identity.get("balance") or ()) or int(identity["world_size"]))
-        load_stage_tensors(model, [_stage_tensors(directory, done, r, identity) for r in stages])
-    export_model(model, out, source=name, steps=done)
+        load_stage_tensors(built, [_stage_tensors(directory, done, r, identity) for r in stages])
+    export_model(built, out, source=name, steps=done)
     return done, name
 
 
