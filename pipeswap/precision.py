@@ -46,6 +46,24 @@ def autocast(precision: str, device: torch.device | str) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def uncached_casts() -> Iterator[None]:
+    """Autocast without its weight-cast cache inside (restored after).
+
+    Autocast caches each weight's cast until the outermost autocast region ends, whoever
+    else holds it: a cast that a swap plan moves to the host, or that a recomputed layer
+    no longer saves, would stay on the device all the same. Uncached, a cast lives as long
+    as autograd keeps it, like any saved tensor; the values are the same casts, so results
+    do not change (a weight used twice in one forward is cast twice).
+    """
+    cached = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(cached)
+
+
 class LossScaler:
     """fp16-mixed's dynamic loss scale (``torch.amp.GradScaler``); pass-through otherwise.
 

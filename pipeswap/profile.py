@@ -36,6 +36,11 @@ class LayerProfile:
     workspace_bytes: int = 0
     forward_flops: int = 0
     backward_flops: int = 0
+    # Measured recomputation (None: the planner's rule, the previous layer's output): what
+    # the layer still holds through the step when it is recomputed (its input, kept by the
+    # wrapper, and what ops after it save), and what its re-run saves anew.
+    kept_bytes: int | None = None
+    rerun_bytes: int | None = None
 
     @property
     def saved_bytes(self) -> int:
@@ -52,6 +57,8 @@ class LayerProfile:
             "workspace_bytes": self.workspace_bytes,
             "forward_flops": self.forward_flops,
             "backward_flops": self.backward_flops,
+            **({} if self.kept_bytes is None else {"kept_bytes": self.kept_bytes}),
+            **({} if self.rerun_bytes is None else {"rerun_bytes": self.rerun_bytes}),
         }
 
     @classmethod
@@ -81,6 +88,10 @@ class LayerProfile:
             workspace_bytes=_count(obj, "workspace_bytes", where, default=0),
             forward_flops=_count(obj, "forward_flops", where, default=0),
             backward_flops=_count(obj, "backward_flops", where, default=0),
+            kept_bytes=None if obj.get("kept_bytes") is None else _count(obj, "kept_bytes", where),
+            rerun_bytes=None
+            if obj.get("rerun_bytes") is None
+            else _count(obj, "rerun_bytes", where),
         )
 
 
@@ -160,6 +171,74 @@ def _dumps_ok(value: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class StepMemory:
+    """What the device held during one step, read by a meter that is not pipeswap's ledger
+    (pipeswap.profiling.meter: CUDA's allocator, or the live storages) at the layers' edges.
+
+    Every figure is the most bytes held in an interval: ``forward_peak_bytes[i]`` while
+    layer i's forward ran (layer 0's from the start of the model's forward, so the code
+    before the first layer counts with it); ``turn_peak_bytes`` from the last layer's
+    forward end to its backward's start (the model's code after the layers: its head,
+    logits and loss, and their backward); ``backward_peak_bytes[i]`` while layer i's
+    backward ran (layer 0's to the end of the backward); ``step_peak_bytes`` from the end of
+    the backward to the next forward (the optimizer step; 0 when not seen).
+    ``start_bytes`` is what was held when the forward started: parameters, optimizer state,
+    gradients kept from the step before, the batch. ``meter`` names the meter.
+    """
+
+    start_bytes: int
+    forward_peak_bytes: tuple[int, ...]
+    turn_peak_bytes: int
+    backward_peak_bytes: tuple[int, ...]
+    step_peak_bytes: int = 0
+    meter: str = "storages"
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most held over the whole step."""
+        return max(
+            self.start_bytes,
+            self.turn_peak_bytes,
+            self.step_peak_bytes,
+            *self.forward_peak_bytes,
+            *self.backward_peak_bytes,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "meter": self.meter,
+            "start_bytes": self.start_bytes,
+            "forward_peak_bytes": list(self.forward_peak_bytes),
+            "turn_peak_bytes": self.turn_peak_bytes,
+            "backward_peak_bytes": list(self.backward_peak_bytes),
+            "step_peak_bytes": self.step_peak_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str, layers: int) -> StepMemory:
+        obj = _object(obj, where)
+        peaks = {}
+        for key in ("forward_peak_bytes", "backward_peak_bytes"):
+            values = _list(obj, key, where)
+            if len(values) != layers:
+                raise PipeswapError(
+                    f"{where}: {key} has {len(values)} entries for {layers} layers; write one "
+                    "per layer"
+                )
+            peaks[key] = tuple(
+                _count({key: v}, key, f"{where}: {key}[{k}]") for k, v in enumerate(values)
+            )
+        return cls(
+            start_bytes=_count(obj, "start_bytes", where),
+            forward_peak_bytes=peaks["forward_peak_bytes"],
+            turn_peak_bytes=_count(obj, "turn_peak_bytes", where),
+            backward_peak_bytes=peaks["backward_peak_bytes"],
+            step_peak_bytes=_count(obj, "step_peak_bytes", where, default=0),
+            meter=_text(obj, "meter", where, "storages"),
+        )
+
+
+@dataclass(frozen=True)
 class Profile:
     """Measured or estimated per-layer costs of one model at one batch size.
 
@@ -167,7 +246,9 @@ class Profile:
     ``device`` is ``"cpu"``/``"cuda"`` for measured profiles and the GPU spec name for
     estimates. ``optimizer_step_s`` is one optimizer step over every parameter as timed
     (None: not measured; planners then estimate it from the GPU's memory bandwidth).
-    ``notes`` records assumptions (e.g. the efficiency per op class used).
+    ``notes`` records assumptions (e.g. the efficiency per op class used). ``memory``
+    (optional) is what a meter read during one real step (:class:`StepMemory`); planners
+    then count what the device really held, not only the saved tensors.
     """
 
     model: str
@@ -183,6 +264,7 @@ class Profile:
     has_saved_data: bool = True
     optimizer_step_s: float | None = None
     notes: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    memory: StepMemory | None = None
 
     # ---- totals -------------------------------------------------------------------
     @property
@@ -217,9 +299,12 @@ class Profile:
     def peak_training_bytes(self) -> int:
         """Peak device memory of one training step with nothing swapped.
 
-        Resident state plus every saved tensor (all alive at the forward/backward turn)
-        plus the largest transient working set of one layer.
+        Measured (``memory``): the most the meter read. Otherwise the model: resident state
+        plus every saved tensor (all alive at the forward/backward turn) plus the largest
+        transient working set of one layer.
         """
+        if self.memory is not None:
+            return self.memory.peak_bytes
         largest_transient = max(
             (layer.workspace_bytes + layer.output_bytes for layer in self.layers), default=0
         )
@@ -259,7 +344,8 @@ class Profile:
             )
             for layer in self.layers
         )
-        return replace(self, batch=self.batch * factor, layers=layers)
+        # What a meter read at one batch does not scale by rule: the scaled profile has none.
+        return replace(self, batch=self.batch * factor, layers=layers, memory=None)
 
     def layer(self, name: str) -> LayerProfile:
         for layer in self.layers:
@@ -299,6 +385,7 @@ class Profile:
                     "peak_training_bytes": self.peak_training_bytes(),
                 },
                 "notes": self.notes,
+                **({} if self.memory is None else {"memory": self.memory.to_json()}),
                 "layers": [layer.to_json() for layer in self.layers],
             }
         )
@@ -358,6 +445,9 @@ class Profile:
                 else _seconds(obj, "optimizer_step_s", where)
             ),
             notes=dict(notes),
+            memory=None
+            if obj.get("memory") is None
+            else StepMemory.from_json(obj["memory"], f"{where}: memory", len(layers)),
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:

@@ -6,7 +6,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeswap.config import ConfigError
@@ -234,7 +234,25 @@ def detect_topology(*, copy_engines: int = 2) -> Topology | None:
     if found is None or not found[0]:
         return None
     gpus, levels = found
-    return build_topology(levels, gpus, copy_engines=copy_engines)
+    return build_topology(levels, _as_torch_counts(gpus), copy_engines=copy_engines)
+
+
+def _as_torch_counts(gpus: list[DetectedGpu]) -> list[DetectedGpu]:
+    """The GPUs with the memory PyTorch can use: its total where it is less than the
+    driver's (nvidia-smi counts memory the CUDA context never sees), so a budget of a
+    GPU's whole memory is one PyTorch accepts."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return gpus
+        usable = min(
+            torch.cuda.get_device_properties(i).total_memory
+            for i in range(torch.cuda.device_count())
+        )
+    except (ImportError, RuntimeError):
+        return gpus
+    return [replace(gpu, memory_bytes=min(gpu.memory_bytes, usable)) for gpu in gpus]
 
 
 def _groups(members: Sequence[int] | range, related: Callable[[int, int], bool]) -> list[list[int]]:

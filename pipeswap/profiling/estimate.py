@@ -36,6 +36,7 @@ from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
 from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.profiling.metered_step import layered_step_memory
 from pipeswap.profiling.saved import SavedTensorCapture, meta_attention_like_cpu
 from pipeswap.profiling.step import (
     dtype_name,
@@ -239,6 +240,9 @@ def estimate_layered(
             shapes = run_step(model, inputs, targets, counter.at)
     records = capture.records()
     params = param_bytes_by_layer(model)
+    with untouched(model):
+        model.train()
+        memory = layered_step_memory(model, inputs, targets, torch.device("meta"), optimizer)
     layers = []
     for name in model.layer_names:
         forward, backward = counter.costs[(name, "forward")], counter.costs[(name, "backward")]
@@ -266,8 +270,12 @@ def estimate_layered(
         layers=tuple(layers),
         seq_len=seq_len if model.task == "lm" else None,
         image_size=image_size if model.task == "classify" else None,
+        memory=memory,
         notes={
             "gpu": spec.to_json(),
+            "memory": "the live storages of one whole-model step on meta (sizes without "
+            "data), read at every layer's edges as pipeswap.profiling.measure reads a real "
+            "one; no allocator rounding",
             "peak_flops": spec.peak_flops(name_of_dtype),
             "efficiency": efficiency.to_json(),
             "time_model": "per aten op: max(flops / (peak_flops * matmul), bytes moved / "

@@ -19,10 +19,12 @@ from pipeswap.models.state import untouched
 from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.estimate import estimate_layered, meta_copy, moved_copy, on_device
+from pipeswap.profiling.metered_step import layered_step_memory
 from pipeswap.profiling.saved import SavedTensorCapture
 from pipeswap.profiling.step import (
     dtype_name,
     ensure_layered,
+    is_allocation_error,
     optimizer_state_bytes,
     param_bytes_by_layer,
     parse_dtype,
@@ -47,7 +49,13 @@ _UPDATE_NOTE = (
     "shapes, device and dtype; the optimizer every mode builds: OptimizerConfig.build), after "
     "one step that creates its state; null when the stand-ins did not fit in memory"
 )
-_ALLOCATION_MARKERS = ("out of memory", "can't allocate", "cannot allocate", "not enough memory")
+_MEMORY_NOTE = (
+    "memory: the device's own meter (CUDA's allocator; elsewhere the live storages, as "
+    "torch's MemTracker counts them) read at every layer's edges during one whole-model "
+    "forward and backward; the optimizer state (not made here) is added to every reading, "
+    "and the step's peak is the state, the gradients and one optimizer step's temporaries "
+    "over stand-ins"
+)
 
 
 def _check_device(device: torch.device) -> None:
@@ -122,15 +130,6 @@ def _example(
         raise PipeswapError(str(exc)) from None
     # Fresh compact storages, as a host-to-device copy of the batch would give.
     return inputs.clone(memory_format=torch.contiguous_format), targets.clone()
-
-
-def is_allocation_error(exc: BaseException) -> bool:
-    """True for an out-of-memory failure from any PyTorch allocator (or Python's own)."""
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and any(
-        marker in str(exc).lower() for marker in _ALLOCATION_MARKERS
-    )
 
 
 def measure(
@@ -331,6 +330,8 @@ def _measure(
 
     update_s = _optimizer_step_s(model, optimizer, device, warmup, repeats)
     params = param_bytes_by_layer(model)
+    memory = layered_step_memory(model, inputs, targets, device, optimizer)
+    zero_grads()
     layers = []
     for name in model.layer_names:
         layers.append(
@@ -357,8 +358,10 @@ def _measure(
         seq_len=seq_len if model.task == "lm" else None,
         image_size=image_size if model.task == "classify" else None,
         optimizer_step_s=update_s,
+        memory=memory,
         notes={
             "timing": _TIMING_NOTE,
+            "memory": _MEMORY_NOTE,
             "saved": _SAVED_NOTE,
             "optimizer": _OPTIMIZER_NOTE,
             "optimizer_step_s": _UPDATE_NOTE,

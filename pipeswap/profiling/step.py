@@ -190,3 +190,15 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+_ALLOCATION_MARKERS = ("out of memory", "can't allocate", "cannot allocate", "not enough memory")
+
+
+def is_allocation_error(exc: BaseException) -> bool:
+    """True for an out-of-memory failure from any PyTorch allocator (or Python's own)."""
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(
+        marker in str(exc).lower() for marker in _ALLOCATION_MARKERS
+    )

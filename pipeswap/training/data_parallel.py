@@ -229,8 +229,10 @@ _NOTES = {
     "losses": "per step: the mean over ranks of each rank's mean micro-batch loss",
     "losses_per_rank": "losses_per_rank[rank][step]: mean of the step's micro-batch "
     "losses on that rank",
-    "peak_resident_bytes": "per rank; CPU: most bytes of saved tensors held on the "
-    "device (executor accounting); CUDA: torch.cuda.max_memory_allocated",
+    "peak_resident_bytes": "per rank, what the device's own meter read (compare with "
+    "budget_bytes): CUDA: torch.cuda.max_memory_allocated from the first training step on; "
+    "CPU: the live storages (as torch's MemTracker counts them, the host pool left out) "
+    "over the first step; peak_saved_bytes is the executor's ledger of saved tensors",
     "saved_budget_bytes": "budget_bytes minus parameters, gradients and optimizer "
     "state (the profile's resident bytes): what saved tensors may use",
     "buffers_sha256": "rank 0's buffers (BatchNorm statistics), digested as "

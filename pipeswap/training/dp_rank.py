@@ -42,6 +42,7 @@ from pipeswap.models.export import export_model
 from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.precision import LossScaler, autocast
 from pipeswap.profile import Profile
+from pipeswap.profiling.meter import DeviceMeter
 from pipeswap.progress import progress_bar
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.runtime.executor import SwapExecutor
@@ -57,7 +58,9 @@ class RankResult:
     losses: tuple[float, ...]  # per step: the mean of its micro-batch losses
     step_s: tuple[float, ...]
     params_sha256: str
-    peak_resident_bytes: int  # CPU: saved bytes on the device; CUDA: max_memory_allocated
+    # The device's meter over this run's first step (CPU: live storages, the host pool left
+    # out; CUDA: the allocator, from the first step on); -1: no step ran.
+    peak_resident_bytes: int
     peak_saved_bytes: int
     budget_bytes: int
     saved_budget_bytes: int
@@ -129,6 +132,8 @@ class _Rank:
         self.optimizer = config.optim.build(self.model.parameters())
         self.scaler = LossScaler(config.precision, self.device)
         self.record = _Record()
+        self.measured_peak_bytes = -1  # the meter's reading of the first steps, once run
+        self._metered_steps = 0
 
     def loss(
         self, module: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
@@ -177,7 +182,26 @@ class _Rank:
         set_rng_state(state["rng"])
 
     def step(self, step: int) -> None:
-        """One optimizer step: ``accumulate`` micro-batches, gradients all-reduced with the last."""
+        """One optimizer step: ``accumulate`` micro-batches, gradients all-reduced with the last.
+
+        The first two steps this run takes (the second holds the optimizer state the first
+        makes) are read by the device's meter (pipeswap.profiling.meter): what the allocator
+        holds on CUDA (from the first step on, not the profiling before it), the live
+        storages on the CPU less the host pool."""
+        if self._metered_steps >= 2:
+            self._step(step)
+            return
+        self._metered_steps += 1
+        meter = DeviceMeter(
+            self.device,
+            holding=(self.model, self.optimizer),
+            exclude=(self.executor.pool.buffer,),
+        )
+        with meter:
+            self._step(step)
+        self.measured_peak_bytes = max(self.measured_peak_bytes, meter.peak)
+
+    def _step(self, step: int) -> None:
         started = time.perf_counter()
         offset = self.executor.gpu_plan.offset_s
         if offset > 0:
@@ -271,11 +295,9 @@ class _Rank:
 
     def result(self) -> RankResult:
         executor, record, device = self.executor, self.record, self.device
-        peak = (
-            torch.cuda.max_memory_allocated(device)
-            if device.type == "cuda"
-            else executor.peak_saved_bytes
-        )
+        peak = self.measured_peak_bytes
+        if device.type == "cuda" and peak >= 0:
+            peak = max(peak, torch.cuda.max_memory_allocated(device))
         return RankResult(
             rank=self.rank,
             losses=tuple(record.losses),

@@ -343,3 +343,27 @@ def test_detect_on_this_machine() -> None:
         host = topology.host_of(gpu)
         assert all(topology.links[i].gb_per_s >= 0.75 for i, _ in topology.path(gpu, host))
     assert Topology.from_json(topology.to_json()) == topology
+
+
+def test_a_gpu_s_memory_is_what_torch_can_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-smi's total (an H200: 150754820096 bytes) is more than torch's (150109880320):
+    a budget of the whole GPU must be one torch accepts, so the topology takes torch's."""
+    import torch
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+
+    def fake_run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        output = SWITCH_4_TOPO if command[1:] == ["topo", "-m"] else SWITCH_4_QUERY
+        return subprocess.CompletedProcess(command, 0, stdout=output, stderr="")
+
+    class Properties:
+        total_memory = 24 * GIB - 644939776
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Properties())
+    topology = detect_topology()
+    assert topology is not None
+    assert {topology.node(g).memory_bytes for g in topology.gpus} == {24 * GIB - 644939776}

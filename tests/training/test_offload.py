@@ -229,10 +229,13 @@ def test_families_pipelines_cannot_cut_train_bit_identically_through_offload(nam
             batch["labels"] = batch["input_ids"][:, 0] % 3
         elif name in ("t5", "bart"):
             batch["labels"] = batch["input_ids"][:, :10].clone()
+            # offload runs training forwards without a key/value cache (as transformers'
+            # gradient checkpointing does): with one, T5's decoder differs in the last bit.
+            batch["use_cache"] = False
     plain = train_loop(_family(name)[0], nullcontext, data)
     model = _family(name)[0]
     # Every saved activation of the blocks moves with save-on-cpu: the experts' too.
-    moving = {"policy": "save-on-cpu"} if name == "phimoe" else {"footprint_ratio": 1.1}
+    moving = {"policy": "save-on-cpu"} if name == "phimoe" else {"footprint_ratio": 1.05}
     off = offload(model, **moving)
     assert _equal(plain, train_loop(model, lambda: off, data))
     stats = off.stats()

@@ -15,6 +15,7 @@ from pipeswap.swap.plan.policies import (
 )
 from pipeswap.swap.plan.scoring import Assignment
 from pipeswap.swap.plan.workload import Workload
+from pipeswap.units import format_bytes
 
 # Rungs of the ladder: recompute until the freed bytes reach these fractions of the
 # deficit (the rest is swapped), and the first set that fits with nothing swapped.
@@ -39,11 +40,21 @@ def recompute_order(workload: Workload, budget_bytes: int, order: str = "cheapes
     needs = workload.needs(budget_bytes)
     last_short = max((i for i, need in enumerate(needs) if need > 0), default=-1)
     freed = workload.freed_bytes
-    # The last short layer's own backward holds its re-run's tensors: no help there.
+    # The last short layer's own backward holds its re-run's tensors: no help there,
+    # unless its point is its forward (the turn after the last layer: head and loss).
     helpful = [i for i in range(last_short) if freed[i] > 0]
+    if last_short >= 0 and freed[last_short] > 0 and _own_point_drops(workload, last_short):
+        helpful.append(last_short)
     if order == "latest":
         return sorted(helpful, reverse=True)
     return sorted(helpful, key=lambda i: (workload.forward_s[i] / freed[i], -i))
+
+
+def _own_point_drops(workload: Workload, layer: int) -> bool:
+    """Whether recomputing ``layer`` lowers the memory at its own point."""
+    alone = workload.recomputing(workload.recompute | {layer})
+    before = workload.saved_bytes[layer] + workload.working_bytes[layer]
+    return alone.saved_bytes[layer] + alone.working_bytes[layer] < before
 
 
 def recompute_ladder(
@@ -146,5 +157,10 @@ def plan_hybrid(case: Case) -> Assignment:
                 if not better:
                     break
                 rung += step
+    if not candidates:
+        raise PipeswapError(
+            f"no plan of swaps and recomputation fits a budget of {case.budget_bytes} bytes "
+            f"({format_bytes(case.budget_bytes)}); give a larger budget"
+        )
     best = min(candidates, key=lambda name: (case.score(candidates[name]).iteration_s, name))
     return candidates[best]

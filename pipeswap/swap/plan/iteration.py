@@ -119,12 +119,15 @@ def build_iteration_graph(
                 builder.allreduce(gpus, bucket.bytes, deps=deps, id=f"{tag}allreduce{k}")
             )
         last = step == steps - 1
+        # The step's own peak (measured profiles): held while it runs, above resident state.
+        step_extra = max(0, workload.floor_bytes - workload.resident_bytes)
         for gpu in gpus:
             previous[gpu] = builder.compute(
                 gpu,
                 workload.optimizer_step_s,
                 deps=[last_backward[gpu][0], *reduce_ids],
-                free_bytes=workload.resident_bytes if last else 0,
+                alloc_bytes=step_extra,
+                free_bytes=step_extra + (workload.resident_bytes if last else 0),
                 id=f"{gpu}/{tag}step",
             )
     return builder.build()
@@ -148,7 +151,7 @@ def _microbatch(
         ins.setdefault(s.prefetch, []).append(s)
     out_ids: dict[tuple[int, int], str] = {}
     for i in range(n):
-        transient = workload.transient[i]
+        transient = workload.forward_working[i]
         previous = builder.compute(
             gpu,
             workload.forward_s[i],
@@ -191,12 +194,13 @@ def _microbatch(
                 free_bytes=transient,
                 id=f"{prefix}/r{j}",
             )
+        working = workload.backward_working[j]
         previous = builder.compute(
             gpu,
             workload.backward_s[j],
             deps=[previous, *in_ids.get(j, [])],
-            alloc_bytes=transient,
-            free_bytes=transient + workload.saved_bytes[j] + again,
+            alloc_bytes=working,
+            free_bytes=working + workload.saved_bytes[j] + again,
             id=f"{prefix}/b{j}",
         )
         backward_ids[j] = previous

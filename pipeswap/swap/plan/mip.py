@@ -233,9 +233,11 @@ def solve_group(
 def _points(workload: Any) -> list[int]:
     # Memory of every layer with nothing swapped or recomputed, above resident state.
     points, cumulative = [], 0
-    for saved, transient in zip(workload.all_saved_bytes, workload.transient):
+    for saved, forward, backward in zip(
+        workload.all_saved_bytes, workload.forward_working, workload.backward_working
+    ):
         cumulative += saved
-        points.append(cumulative + transient)
+        points.append(cumulative + max(forward, backward))
     return points
 
 

@@ -151,8 +151,8 @@ def resolve_budget(
     require(
         budget >= smallest,
         f"a budget of {budget} bytes ({format_bytes(budget)}) per GPU is below what "
-        f"{workload.model} can never swap (parameters, gradients, optimizer state and "
-        f"its largest layer's working set); the smallest budget that works is {smallest} "
+        f"{workload.model} can never swap or recompute (parameters, gradients, optimizer "
+        f"state, the working sets, the least one layer holds); the smallest budget that works is {smallest} "
         f"bytes ({format_bytes(smallest)}), a footprint ratio of at most "
         f"{peak / smallest:.3f}: pass {{gpu_memory_bytes}} {smallest} or more",
     )

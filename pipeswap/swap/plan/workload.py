@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import NamedTuple
 
 from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
@@ -42,6 +43,16 @@ class Workload:
     ``saved_bytes`` are the bytes each layer holds from its forward to its backward (the
     kept input for a recomputed layer); ``all_saved_bytes`` ignore recomputation. A
     recomputed layer has no tensor to swap (``swappable``).
+
+    **Measured memory** (a profile with ``memory``, :func:`workload_from_profile`): the
+    resident bytes are what the device held when the forward started, and each layer's
+    working sets (``transient`` in its forward, ``backward_transient`` in its backward) are
+    whatever else the meter saw at that point beyond the resident bytes and the saved
+    tensors of the layers so far: the model's own code outside the layers, autocast's
+    weight copies, gradients as the backward makes them, the allocator's rounding. The
+    last layer's forward point also holds the turn (the head, logits, loss and their
+    backward). ``floor_bytes`` is the optimizer step's peak, which no plan changes. With
+    nothing swapped, the points are the meter's own readings.
     """
 
     model: str
@@ -58,6 +69,23 @@ class Workload:
     input_bytes: tuple[int, ...] = ()
     input_saved: tuple[int, ...] = ()
     recompute: frozenset[int] = frozenset()
+    # Working memory while the layer's backward runs (empty: the forward's, ``transient``).
+    backward_transient: tuple[int, ...] = ()
+    floor_bytes: int = 0  # the most held outside any layer's points (the optimizer step)
+    # Working memory at the turn (the model's code after the last layer: head, logits, loss
+    # and their backward), above every layer's saved bytes; counted at the last forward.
+    turn_bytes: int = 0
+
+    @cached_property
+    def backward_working(self) -> tuple[int, ...]:
+        return self.backward_transient or self.transient
+
+    @cached_property
+    def forward_working(self) -> tuple[int, ...]:
+        """Per layer: its forward's working set; the last layer's holds the turn too."""
+        if not self.transient:
+            return ()
+        return (*self.transient[:-1], max(self.transient[-1], self.turn_bytes))
 
     @property
     def num_layers(self) -> int:
@@ -131,26 +159,47 @@ class Workload:
         """Compute time of one iteration on one GPU: K micro-batches and the optimizer step."""
         return sync_every * self.microbatch_s + self.optimizer_step_s
 
+    @cached_property
+    def working_bytes(self) -> tuple[int, ...]:
+        """Per layer: the most it holds beyond the saved bytes of the layers up to it, in
+        its forward or its backward (a recomputed layer's backward holds its re-run's saved
+        tensors and, while the re-run runs, its forward working set)."""
+        working = []
+        for i, forward in enumerate(self.transient):
+            backward = self.backward_working[i]
+            if i in self.recompute:  # the re-run's own forward, not the turn before it
+                backward = max(backward, forward)
+            working.append(max(self.forward_working[i], backward + self.recompute_bytes[i]))
+        return tuple(working)
+
     def _points(self) -> list[int]:
         # Memory at each layer with nothing swapped: the larger of its forward and its
-        # backward (which holds the re-run's saved tensors too), above resident state.
+        # backward, above resident state.
         points: list[int] = []
         cumulative = 0
-        for saved, transient, again in zip(self.saved_bytes, self.transient, self.recompute_bytes):
+        for saved, working in zip(self.saved_bytes, self.working_bytes):
             cumulative += saved
-            points.append(cumulative + transient + again)
+            points.append(cumulative + working)
         return points
 
     def no_swap_peak_bytes(self) -> int:
         """Peak memory with nothing swapped: the largest forward or backward point."""
-        return self.resident_bytes + max(self._points(), default=0)
+        return max(self.resident_bytes + max(self._points(), default=0), self.floor_bytes)
 
     def min_budget_bytes(self) -> int:
-        """What can never be swapped: resident state and the largest layer's working set."""
-        working = max(
-            s + t + r for s, t, r in zip(self.saved_bytes, self.transient, self.recompute_bytes)
+        """What can never be swapped: resident state, the floor, and at each layer the
+        least of keeping its saved tensors (every other layer's swapped away) and
+        recomputing it (its kept input, its re-run), with its working set."""
+        layers = range(self.num_layers)
+        everything = self.recomputing(layers)
+        least = max(
+            min(
+                self.saved_bytes[i] + self.working_bytes[i],
+                everything.saved_bytes[i] + everything.working_bytes[i],
+            )
+            for i in layers
         )
-        return self.resident_bytes + working
+        return max(self.resident_bytes + least, self.floor_bytes)
 
     def needs(self, budget_bytes: int) -> list[int]:
         """``needs[i]``: bytes of layers before i that must be off the GPU while layer i runs.
@@ -185,19 +234,19 @@ class Workload:
             cumulative += self.saved_bytes[i]
             gone += gone_before[i]
             host += on_host[i]
-            forward.append(self.resident_bytes + cumulative - gone + self.transient[i])
+            forward.append(self.resident_bytes + cumulative - gone + self.forward_working[i])
+            # A recomputed layer's re-run runs its forward working set before the backward's.
+            working = self.backward_working[i]
+            if i in self.recompute:
+                working = max(working, self.transient[i])
             backward.append(
-                self.resident_bytes
-                + cumulative
-                - host
-                + self.transient[i]
-                + self.recompute_bytes[i]
+                self.resident_bytes + cumulative - host + working + self.recompute_bytes[i]
             )
         return forward, backward
 
     def fits(self, swaps: Sequence[Swap], budget_bytes: int) -> bool:
         forward, backward = self.memory_points(swaps)
-        return max(forward) <= budget_bytes and max(backward) <= budget_bytes
+        return max(max(forward), max(backward), self.floor_bytes) <= budget_bytes
 
 
 def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = None) -> Workload:
@@ -215,19 +264,60 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
     if optimizer_step_s is None:
         optimizer_step_s = _optimizer_step_s(profile)
     inputs, input_saved = _inputs(profile)
+    transient = tuple(layer.workspace_bytes + layer.output_bytes for layer in profile.layers)
+    memory = MeasuredMemory(profile.resident_bytes, transient, transient, 0, 0)
+    if profile.memory is not None:
+        memory = measured_memory(profile)
     return Workload(
         model=profile.model,
         names=tuple(profile.layer_names),
         forward_s=tuple(layer.forward_s for layer in profile.layers),
         backward_s=tuple(layer.backward_s for layer in profile.layers),
         saved=tuple(tuple((t.index, t.bytes) for t in layer.saved) for layer in profile.layers),
-        transient=tuple(layer.workspace_bytes + layer.output_bytes for layer in profile.layers),
+        transient=memory.transient,
         param_bytes=tuple(layer.param_bytes for layer in profile.layers),
-        resident_bytes=profile.resident_bytes,
+        resident_bytes=memory.resident_bytes,
         optimizer_step_s=optimizer_step_s,
         input_bytes=inputs,
         input_saved=input_saved,
+        backward_transient=memory.backward_transient,
+        floor_bytes=memory.floor_bytes,
+        turn_bytes=memory.turn_bytes,
     )
+
+
+class MeasuredMemory(NamedTuple):
+    """The Workload's memory fields from what a meter read (see :func:`measured_memory`)."""
+
+    resident_bytes: int
+    transient: tuple[int, ...]
+    backward_transient: tuple[int, ...]
+    turn_bytes: int
+    floor_bytes: int
+
+
+def measured_memory(profile: Profile) -> MeasuredMemory:
+    """The Workload's memory fields from what the meter read (``profile.memory``): each
+    point's reading less the resident bytes and the saved tensors of the layers up to it,
+    so that with nothing swapped every point of the Workload is the reading itself (never
+    less: a negative remainder counts as 0). The turn comes after the last forward, before
+    a swap-out issued there has landed: it counts at the last layer's forward point."""
+    memory = profile.memory
+    assert memory is not None
+    start = memory.start_bytes
+    cumulative = []
+    total = 0
+    for layer in profile.layers:
+        total += layer.saved_bytes
+        cumulative.append(total)
+    forward = tuple(
+        max(0, peak - start - held) for peak, held in zip(memory.forward_peak_bytes, cumulative)
+    )
+    backward = tuple(
+        max(0, peak - start - held) for peak, held in zip(memory.backward_peak_bytes, cumulative)
+    )
+    turn = max(0, memory.turn_peak_bytes - start - cumulative[-1])
+    return MeasuredMemory(start, forward, backward, turn, memory.step_peak_bytes)
 
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -237,11 +327,18 @@ def _inputs(profile: Profile) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Per layer: the bytes recomputing it keeps (its input) and the bytes of its saved
     tensor that is that input (0 if it saves no tensor of that size).
 
-    Layer i > 0 keeps the previous layer's output. Layer 0 keeps the batch, which the
+    Measured profiles say both per layer (``kept_bytes``, ``rerun_bytes``). Otherwise
+    layer i > 0 keeps the previous layer's output. Layer 0 keeps the batch, which the
     accounting counts only where layer 0 saves it: the batch is images (3 channels in the
     profile's dtype) or token ids (int64), recognised among layer 0's saved tensors by size.
     """
     layers = profile.layers
+    if all(layer.kept_bytes is not None and layer.rerun_bytes is not None for layer in layers):
+        # Measured as the runtime recomputes: kept, and saved less what the re-run saves.
+        return (
+            tuple(layer.kept_bytes or 0 for layer in layers),
+            tuple(max(0, layer.saved_bytes - (layer.rerun_bytes or 0)) for layer in layers),
+        )
     itemsize = _DTYPE_BYTES.get(profile.dtype, 4)
     batch_sizes = set()
     if profile.image_size:

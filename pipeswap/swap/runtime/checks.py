@@ -14,7 +14,10 @@ from pipeswap.profile import Profile
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan, close_names
 from pipeswap.swap.plan.tensors import SavedKey, Swap
-from pipeswap.swap.plan.workload import Workload
+from pipeswap.swap.plan.workload import Workload, measured_memory
+
+# How far this run's own sizes may put a plan over its budget before it is refused.
+PLAN_SLACK = 0.01
 
 
 def check_budget(
@@ -28,6 +31,9 @@ def check_budget(
     device: torch.device,
     kept_bytes: dict[str, int] | None = None,
     rerun_bytes: dict[str, int] | None = None,
+    backward_transient: Sequence[int] = (),
+    floor_bytes: int = 0,
+    turn_bytes: int = 0,
 ) -> int:
     """Refuse a plan whose budget cannot hold this run's saved tensors and state; returns
     the bytes a step needs at most.
@@ -56,13 +62,19 @@ def check_budget(
         input_bytes=tuple(kept_bytes.get(name, 0) for name in names),
         input_saved=tuple(all_saved[i] - rerun_bytes.get(name, 0) for i, name in enumerate(names)),
         recompute=frozenset(i for i, name in enumerate(names) if name in gpu_plan.recompute),
+        backward_transient=tuple(backward_transient),
+        floor_bytes=floor_bytes,
+        turn_bytes=turn_bytes,
     )
     position = {name: i for i, name in enumerate(names)}
     swaps = [Swap.of_decision(d, position) for d in decisions.values()]
     forward, backward = workload.memory_points(swaps)
-    needed = max(max(forward), max(backward))
+    needed = max(max(forward), max(backward), floor_bytes)
     budget = gpu_plan.budget_bytes
-    if needed > budget:
+    # The plan was made from a profile's sizes; this run's own may differ by a storage or
+    # two (how a shared tensor is named when other layers are recomputed): within this
+    # slack the plan runs, and the device's meter, not this check, has the last word.
+    if needed > budget * (1 + PLAN_SLACK):
         raise ConfigError(
             f"rank {gpu_plan.rank}: the plan cannot keep its budget of {budget} bytes on this "
             f"device: with its swaps{' and recomputation' if gpu_plan.recompute else ''} a "
@@ -96,21 +108,32 @@ def step_budget(
     profile's (none without one); with them, a re-run's copy of its output (saved by its
     last op, owned by the next layer) takes the room its working set has for it, as in the
     planner's model, so only what the layer owns counts (``own_rerun_bytes``)."""
-    transient = [0] * len(names)
+    transient: Sequence[int] = [0] * len(names)
+    backward: Sequence[int] = ()
+    resident = 0 if profile is None else profile.resident_bytes
+    floor = turn = 0
     rerun = rerun_bytes
     if profile is not None and profile.layer_names == names:
         transient = [la.workspace_bytes + la.output_bytes for la in profile.layers]
         rerun = own_rerun_bytes
+        if profile.memory is not None:
+            # What the meter read: the working sets hold whatever the layers' saved tensors
+            # do not, so a re-run counts all it saves.
+            resident, transient, backward, turn, floor = measured_memory(profile)
+            rerun = rerun_bytes
     return check_budget(
         gpu_plan,
         decisions,
         records,
         names,
-        resident_bytes=0 if profile is None else profile.resident_bytes,
+        resident_bytes=resident,
         transient=transient,
         device=device,
         kept_bytes=kept_bytes,
         rerun_bytes=rerun,
+        backward_transient=backward,
+        floor_bytes=floor,
+        turn_bytes=turn,
     )
 
 

@@ -39,9 +39,11 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from pipeswap.errors import PipeswapError
+from pipeswap.precision import uncached_casts
 from pipeswap.profile import Profile
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.plan import SwapPlan
+from pipeswap.swap.plan.workload import measured_memory
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.checks import (
     check_plan_identity,
@@ -177,8 +179,14 @@ class SwapExecutor:
 
     @property
     def resident_bytes(self) -> int:
-        """Parameters, gradients and optimizer state, as the profile counts them (0 without)."""
-        return 0 if self.profile is None else self.profile.resident_bytes
+        """What the device holds besides saved tensors as the profile counts it: what a
+        meter read at the forward's start (profiles with ``memory``), else parameters,
+        gradients and optimizer state (0 without a profile)."""
+        if self.profile is None:
+            return 0
+        if self.profile.memory is not None:
+            return measured_memory(self.profile).resident_bytes
+        return self.profile.resident_bytes
 
     @property
     def saved_budget_bytes(self) -> int:
@@ -321,7 +329,10 @@ class SwapExecutor:
         self._recomputation.active = True
         try:
             tensors = self._tensors
-            with torch.autograd.graph.saved_tensors_hooks(tensors.pack, tensors.unpack):
+            with (
+                uncached_casts(),
+                torch.autograd.graph.saved_tensors_hooks(tensors.pack, tensors.unpack),
+            ):
                 yield
         finally:
             self._active = False

@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import checkpoint
 
+from pipeswap.precision import uncached_casts
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.capture import InnerSaves, capture_inner, capture_records, step_names
@@ -98,9 +100,10 @@ class Recomputation:
     ) -> tuple[Capture, dict[SavedKey, int]]:
         """What a step saves, named as the plan names it, and every name's bytes: with
         recomputed layers :meth:`capture`'s two passes, else one plain pass."""
-        if self.names:
-            return self.capture(model, forward_loss, layer_names)
-        records, pack_calls = capture_records(model, forward_loss, layer_names)
+        with uncached_casts():  # as the steps run (SwapExecutor.forward)
+            if self.names:
+                return self.capture(model, forward_loss, layer_names)
+            records, pack_calls = capture_records(model, forward_loss, layer_names)
         sizes = {(layer, r.index): r.bytes for layer, recs in records.items() for r in recs}
         return (records, pack_calls), sizes
 
@@ -127,9 +130,11 @@ class Recomputation:
             inner = self._inner
             if inner is not None:  # capture's plain pass: note what the forward saves
                 inner.layer = name
+                # Every tensor the layer is given, nested ones too (a rotary (cos, sin)
+                # pair): the re-run saves them again without a copy.
                 inner.inputs[name] = {
                     t.untyped_storage()._cdata
-                    for t in (*args, *kwargs.values())
+                    for t in tree_flatten((args, kwargs))[0]
                     if isinstance(t, torch.Tensor)
                 }
                 try:

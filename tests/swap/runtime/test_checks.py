@@ -110,5 +110,8 @@ def test_a_budget_the_plan_cannot_keep_names_the_setting_and_the_shortfall() -> 
     # a's tensor is off the GPU from forward b until it is prefetched after backward b.
     assert needed(10**9) == 50 + 200 + 10
     assert needed(260) == 260
-    with pytest.raises(PipeswapError, match=r"needs 260 bytes, 1 bytes .* gpu_memory_bytes"):
-        needed(259)
+    # Within the slack (a run's sizes differ from the profile's by a storage) it runs; the
+    # device's meter, not this check, has the last word.
+    assert needed(258) == 260
+    with pytest.raises(PipeswapError, match=r"needs 260 bytes, 3 bytes .* gpu_memory_bytes"):
+        needed(257)

@@ -1,11 +1,11 @@
-"""pipeswap/training/block_timing.py: block times of one step, by hooks that change nothing."""
+"""pipeswap/profiling/block_timing.py: block times of one step, by hooks that change nothing."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from pipeswap.training.block_timing import BlockTiming, time_blocks
+from pipeswap.profiling.block_timing import BlockTiming, time_blocks
 
 
 def test_a_blocks_backward_runs_to_the_start_of_the_previous_ones() -> None:

@@ -11,6 +11,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from pipeswap.profile import StepMemory
+from pipeswap.profiling.meter import MemoryMarks
+
 
 @dataclass
 class BlockTiming:
@@ -23,10 +26,35 @@ class BlockTiming:
     started: dict[tuple[str, str], float] = field(default_factory=dict)
     backward_started: dict[str, float] = field(default_factory=dict)
     ended: float | None = None
+    # The meter's peaks at the same edges (None: memory not read), see step_memory.
+    marks: MemoryMarks | None = None
 
     def complete(self, names: list[str]) -> bool:
         return self.ended is not None and all(
             n in self.forward_s and n in self.backward_started for n in names
+        )
+
+    def step_memory(self, names: list[str], start_bytes: int | None = None) -> StepMemory | None:
+        """What the meter read, per layer (None without marks or when an edge was missed).
+
+        ``start_bytes``: what the device holds at the start of a later step (CUDA: the
+        optimizer state made by the first step); every reading moves by the difference.
+        """
+        marks = self.marks
+        if marks is None:
+            return None
+        peaks = marks.peaks
+        wanted = [f"f:{n}" for n in names] + [f"b:{n}" for n in names] + ["turn"]
+        if any(key not in peaks for key in wanted):
+            return None
+        shift = 0 if start_bytes is None else start_bytes - marks.start_bytes
+        return StepMemory(
+            start_bytes=marks.start_bytes + shift,
+            forward_peak_bytes=tuple(peaks[f"f:{n}"] + shift for n in names),
+            turn_peak_bytes=peaks["turn"] + shift,
+            backward_peak_bytes=tuple(peaks[f"b:{n}"] + shift for n in names),
+            step_peak_bytes=peaks.get("step", 0),
+            meter=marks.meter.name,
         )
 
     def backward_s(self, names: list[str]) -> dict[str, float]:
@@ -42,29 +70,50 @@ def time_blocks(
     layers: dict[str, nn.Module], timing: BlockTiming, device: torch.device
 ) -> list[Any]:
     """Hooks that fill ``timing`` during the next forward and backward of ``layers``; the
-    handles to remove them by (tensor hooks join the list as the forward runs)."""
+    handles to remove them by (tensor hooks join the list as the forward runs).
+
+    With ``timing.marks`` the meter is read at the same edges: a layer's forward runs to
+    the next layer's start (the first layer's from the marks' start), the turn from the
+    last layer's end to its backward, a layer's backward from its output's gradient to
+    the next one's (the first layer's to the end of the backward)."""
     handles: list[Any] = []
+    names = list(layers)
+    previous = dict(zip(names[1:], names))
+    following = dict(zip(names, names[1:]))
 
     def now() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter()
 
+    def close(interval: str) -> None:
+        if timing.marks is not None:
+            timing.marks.close(interval)
+
+    def ended() -> None:
+        close(f"b:{names[0]}")
+        timing.ended = now()
+
     for name, layer in layers.items():
 
         def forward_pre(m: nn.Module, a: Any, n: str = name) -> None:
+            close(f"f:{previous.get(n, n)}")
             timing.started[(n, "forward")] = now()
 
         def started_backward(grad: torch.Tensor, n: str = name) -> None:
             if not timing.backward_started:  # the first: note when the backward ends
                 queue = torch.autograd.Variable._execution_engine.queue_callback
-                queue(lambda: setattr(timing, "ended", now()))
+                queue(ended)
+            if n not in timing.backward_started:
+                close("turn" if n not in following else f"b:{following[n]}")
             timing.backward_started.setdefault(n, now())
 
         def forward_post(
             m: nn.Module, a: Any, out: Any, n: str = name, mark: Any = started_backward
         ) -> None:
             timing.forward_s[n] = now() - timing.started[(n, "forward")]
+            if n not in following:
+                close(f"f:{n}")
             leaves = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
             timing.output_bytes[n] = sum(t.nbytes for t in leaves)
             # A hook on the output tensor, not on the module: module backward hooks

@@ -1,0 +1,145 @@
+"""One forward and backward of a model, run aside under a meter: what the device held at each
+layer's edges, for a device whose meter cannot watch the user's own step (the CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from pipeswap.models.base import LayeredModel
+from pipeswap.models.state import untouched
+from pipeswap.optim import OptimizerConfig
+from pipeswap.profile import StepMemory
+from pipeswap.profiling.block_timing import BlockTiming, time_blocks
+from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
+from pipeswap.profiling.saved import meta_attention_like_cpu
+from pipeswap.profiling.step import is_allocation_error, optimizer_state_bytes
+
+
+def metered_step(
+    model: nn.Module,
+    forward: Callable[[], Any],
+    layers: dict[str, nn.Module],
+    device: torch.device,
+    *,
+    holding: Any = (),
+    exclude: Any = (),
+    around: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> tuple[BlockTiming, int]:
+    """Run ``forward`` and a backward from its output under a :class:`DeviceMeter`, with
+    the meter read at ``layers``' edges (``BlockTiming.marks``); returns the timing and the
+    step's peak.
+
+    The storage count (CPU) sees only what runs while it is on, so the whole step runs
+    here, inside it: the backward starts from the output's ``loss`` when it has one (a
+    Hugging Face model given labels), else from every floating output that needs a
+    gradient, with gradients of ones. The gradients it makes are dropped: the parameters'
+    ``.grad`` are put back as they were, and so are buffers and the random generators
+    (``untouched``). ``around`` wraps the forward (a swap executor's
+    step, to measure a plan).
+    """
+    timing = BlockTiming()
+    params = [p for p in model.parameters() if p.requires_grad]
+    # The backward fills fresh .grad tensors, as a loop that zeroes them to None does;
+    # the caller's gradients are put back afterwards.
+    kept_grads = [p.grad for p in params]
+    with untouched(model), DeviceMeter(device, holding=holding, exclude=exclude) as meter:
+        timing.marks = MemoryMarks(meter)
+        handles = time_blocks(layers, timing, device)
+        try:
+            for p in params:
+                p.grad = None
+            with around():
+                output = forward()
+            # A loop's backward runs after its autocast region, which drops the weight casts
+            # autocast cached; this one runs inside the caller's region: drop them here.
+            torch.clear_autocast_cache()
+            roots = _roots(output)
+            del output  # as `loss = model(...).loss` keeps only the loss through the backward
+            if roots:
+                torch.autograd.backward(
+                    [root for root, _ in roots], grad_tensors=[ones for _, ones in roots]
+                )
+            del roots
+        finally:
+            for handle in handles:
+                handle.remove()
+            for p, grad in zip(params, kept_grads):
+                p.grad = grad
+        peak = meter.peak
+    return timing, max(peak, *timing.marks.peaks.values(), 0)
+
+
+def _roots(output: Any) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Where the backward starts: the loss the model computed, else its outputs."""
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return [(loss, None if loss.dim() == 0 else torch.ones_like(loss))]
+    return [
+        (t, torch.ones_like(t))
+        for t in _tensors(output)
+        if t.requires_grad and t.is_floating_point()
+    ]
+
+
+def _tensors(tree: Any) -> Iterator[torch.Tensor]:
+    for leaf in tree_flatten(tree)[0]:
+        if isinstance(leaf, torch.Tensor):
+            yield leaf
+
+
+def layered_step_memory(
+    model: LayeredModel,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    device: torch.device,
+    optimizer: str,
+) -> StepMemory | None:
+    """What the meter reads during one whole-model step of a LayeredModel (any device,
+    meta included: storages there have sizes too), with the optimizer state its steps
+    would hold added to every reading, and the optimizer step's peak: the state, the
+    gradients and one step's temporaries over stand-ins (0 where a step cannot run)."""
+    layers = dict(model.named_children())
+    timing, _ = metered_step(
+        model,
+        lambda: model.loss(model(inputs), targets),
+        {name: layers[name] for name in model.layer_names},
+        device,
+        holding=(model, inputs, targets),
+        around=meta_attention_like_cpu,
+    )
+    memory = timing.step_memory(model.layer_names)
+    if memory is None:
+        return None
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    grads = sum(p.numel() * p.element_size() for p in trainable)
+    state = optimizer_state_bytes(optimizer, grads)
+    with_state = timing.step_memory(model.layer_names, memory.start_bytes + state)
+    assert with_state is not None
+    step = with_state.start_bytes + grads + _optimizer_temporaries(trainable, optimizer, device)
+    return replace(with_state, step_peak_bytes=step)
+
+
+def _optimizer_temporaries(params: list[nn.Parameter], optimizer: str, device: torch.device) -> int:
+    """What one optimizer step holds beyond parameters, gradients and state, over stand-ins
+    (0 when they do not fit)."""
+    try:
+        stand_ins = [nn.Parameter(torch.zeros_like(p)) for p in params]
+        for param in stand_ins:
+            param.grad = torch.full_like(param, 1e-3)
+        step = OptimizerConfig(optimizer=optimizer).build(stand_ins)
+        step.step()  # makes the state
+        with DeviceMeter(device, holding=(stand_ins, step)) as meter:
+            before = meter.current
+            step.step()
+        return max(0, meter.peak - before)
+    except (RuntimeError, MemoryError, NotImplementedError) as exc:
+        if device.type != "meta" and not is_allocation_error(exc):
+            raise
+        return 0
