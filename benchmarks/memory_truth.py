@@ -51,10 +51,15 @@ class Model:
     batch: int
     seq: int
 
-    def build(self) -> torch.nn.Module:
-        import transformers as hf
+    def build(self, device: torch.device) -> torch.nn.Module:
 
         torch.manual_seed(0)
+        with device:  # initialised where it trains: a 1 B model builds in seconds on a GPU
+            return self._build()
+
+    def _build(self) -> torch.nn.Module:
+        import transformers as hf
+
         heads = max(1, self.hidden // 64)
         if self.family == "llama":
             config: Any = hf.LlamaConfig(
@@ -139,9 +144,10 @@ def user_loop(
     optimizer: str,
     settings: dict[str, Any] | None = None,
     checkpointing: bool = False,
+    torch_save_on_cpu: bool = False,
 ) -> Run:
     """The user's own loop, each step under the device's meter; ``settings`` for offload."""
-    model = spec.build().to(device)
+    model = spec.build(device)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = list(model.parameters())
@@ -156,6 +162,11 @@ def user_loop(
     wrap: Callable[[], AbstractContextManager[Any]] = nullcontext
     if off is not None:
         wrap = _always(off)
+    elif torch_save_on_cpu:
+
+        def wrap() -> AbstractContextManager[Any]:
+            return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+
     for batch in spec.batches(steps, device):
         pools = [] if off is None else off._pools()
         meter = _StepMeter(device, (model, opt, batch), pools)
@@ -254,6 +265,28 @@ def rows_for(
     )
     ckpt_peak = max(ckpt.peaks[2:])
     rows.append([label, "HF checkpointing", "-", "-", "-", _mib(ckpt_peak), "-", "-", _ms(ckpt)])
+    if device.type == "cuda":
+        peer = user_loop(
+            spec,
+            device,
+            steps=steps,
+            precision=precision,
+            optimizer=optimizer,
+            torch_save_on_cpu=True,
+        )
+        rows.append(
+            [
+                label,
+                "torch save_on_cpu",
+                "-",
+                "-",
+                "-",
+                _mib(max(peer.peaks[2:])),
+                "-",
+                "-",
+                _ms(peer),
+            ]
+        )
     cases = POLICIES[:2] if quick else POLICIES
     for policy, ratio in cases:
         settings = {"footprint_ratio": ratio, "policy": policy}
@@ -353,10 +386,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="two models, two policies, no file")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", default=None, help="the page to write (default by device)")
+    parser.add_argument(
+        "--settings",
+        default="bf16-mixed:adamw,fp32:sgd",
+        help="precision:optimizer pairs, comma-separated",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     models = CUDA_MODELS if device.type == "cuda" else CPU_MODELS
-    settings = [("bf16-mixed", "adamw"), ("fp32", "sgd")]
+    settings = [tuple(pair.split(":", 1)) for pair in args.settings.split(",")]
     if args.quick:
         models, settings = models[:1], settings[:1]
     rows: list[list[str]] = []

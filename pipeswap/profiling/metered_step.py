@@ -31,6 +31,7 @@ def metered_step(
     holding: Any = (),
     exclude: Any = (),
     around: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    finish: Callable[[], Any] | None = None,
 ) -> tuple[BlockTiming, int]:
     """Run ``forward`` and a backward from its output under a :class:`DeviceMeter`, with
     the meter read at ``layers``' edges (``BlockTiming.marks``); returns the timing and the
@@ -41,8 +42,8 @@ def metered_step(
     Hugging Face model given labels), else from every floating output that needs a
     gradient, with gradients of ones. The gradients it makes are dropped: the parameters'
     ``.grad`` are put back as they were, and so are buffers and the random generators
-    (``untouched``). ``around`` wraps the forward (a swap executor's
-    step, to measure a plan).
+    (``untouched``). ``around`` wraps the forward and ``finish`` runs after the backward (a
+    swap executor's step and its end, to measure a plan).
     """
     timing = BlockTiming()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -67,6 +68,8 @@ def metered_step(
                     [root for root, _ in roots], grad_tensors=[ones for _, ones in roots]
                 )
             del roots
+            if finish is not None:
+                finish()
         finally:
             for handle in handles:
                 handle.remove()

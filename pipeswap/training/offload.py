@@ -6,7 +6,7 @@ import inspect
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
@@ -55,7 +55,7 @@ def offload(
     topology: str | None = None,
     layers: Sequence[str] | None = None,
     optimizer: str | torch.optim.Optimizer = "adamw",
-    time_limit_s: float = 10.0,
+    time_limit_s: float = 1.0,
     check_memory: bool | None = None,
 ) -> Offload:
     """Swap ``model``'s saved tensors to host memory in your own loop, planned for you.
@@ -70,7 +70,9 @@ def offload(
     them): every rank must see the same input shapes at the same steps, as a
     DistributedSampler gives. ``layers`` are the submodules plans cut at (default: the
     model's repeated block list); ``optimizer`` says which state the budget counts (pass
-    the optimizer itself to have its state counted as it is).
+    the optimizer itself to have its state counted as it is). ``time_limit_s`` bounds the
+    search of the policies that search (``auto``, ``mip``): a plan comes in about that
+    long, inside the user's step.
 
     The budget is what the device's own meter counts (pipeswap.profiling.meter: CUDA's
     allocator; on the CPU the live storages): the first step of a shape reads the meter at
@@ -389,7 +391,35 @@ class Offload:
         planned = self._planned[signature] = _Planned(
             executor, result, profile, budget, time.perf_counter() - started
         )
+        if self.check_memory and self._device().type != "cuda":
+            # The storage count cannot watch the user's step: a step run aside with the
+            # plan is measured, and the plan made again right away if it held more.
+            while True:
+                self._measured(planned, self._metered_plan(planned, args, kwargs))
+                if not planned.replan_due:
+                    break
+                planned = self._replan(signature, planned, args, kwargs)
         return planned
+
+    def _metered_plan(self, planned: _Planned, args: Any, kwargs: Any) -> int:
+        """The storage count's peak of one forward and backward run aside with ``planned``'s
+        executor (its optimizer step not included)."""
+        executor = planned.executor
+        self._inside = True
+        try:
+            _, peak = metered_step(
+                self.model,
+                lambda: self.model(*args, **kwargs),
+                self.layers,
+                self._device(),
+                holding=(self.model, self.optimizer_state, args, kwargs),
+                exclude=self._pools(),
+                around=nullcontext if executor is None else executor.forward,
+                finish=None if executor is None else executor.finish_step,
+            )
+        finally:
+            self._inside = False
+        return peak
 
     def _metered_memory(self, args: Any, kwargs: Any) -> StepMemory | None:
         """The storage count's readings of one forward and backward run aside (the CPU: no
