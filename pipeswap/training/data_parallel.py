@@ -11,7 +11,7 @@ GPUs behind one PCIe switch) with the plan using its first ``nproc`` GPUs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -26,7 +26,9 @@ from pipeswap.hardware.detect import detect_topology
 from pipeswap.hardware.presets import preset, resolve_topology
 from pipeswap.hardware.topology import Topology
 from pipeswap.metrics import HeldOutSums, StepLog
+from pipeswap.models.base import LayeredModel
 from pipeswap.models.registry import model_spec
+from pipeswap.models.state import untouched
 from pipeswap.pipeline.resolve import check_profile_shape
 from pipeswap.precision import autocast, autocast_dtype
 from pipeswap.profile import Profile
@@ -34,6 +36,7 @@ from pipeswap.profiling.measure import measure
 from pipeswap.profiling.step import dtype_name
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import make_plan
+from pipeswap.swap.runtime.recompute import recompute_sizes
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.dp_rank import RankResult, measured_step_s, train_rank
 from pipeswap.training.job import ModelJob
@@ -109,7 +112,7 @@ def _profile(config: TrainConfig, job: ModelJob, device: torch.device) -> Profil
         return profile
     # The profile sees what autocast saves (half the bytes of float32 in bf16).
     with autocast(config.precision, device):
-        return measure(
+        profile = measure(
             job.model,
             job.batch_size,
             seq_len=job.seq_len,
@@ -118,6 +121,30 @@ def _profile(config: TrainConfig, job: ModelJob, device: torch.device) -> Profil
             dtype=job.dtype,
             optimizer=config.optim.optimizer,
         )
+        return _with_recompute_sizes(profile, job, device)
+
+
+def _with_recompute_sizes(profile: Profile, job: ModelJob, device: torch.device) -> Profile:
+    """``profile`` with what recomputing each layer keeps and saves again, measured as the
+    runtime recomputes (the loss after the head keeps its log-probabilities)."""
+    model = job.build(device)
+    model.train()
+    if not isinstance(model, LayeredModel) or list(model.layer_names) != profile.layer_names:
+        return profile
+    inputs, targets = (t.to(device) for t in job.batch(0))
+    children = dict(model.named_children())
+    layers = {name: children[name] for name in model.layer_names}
+    with untouched(model):
+        _, kept, rerun = recompute_sizes(
+            model, layers, list(layers), lambda: job.loss(model, model(inputs), targets)
+        )
+    return replace(
+        profile,
+        layers=tuple(
+            replace(layer, kept_bytes=kept.get(layer.name), rerun_bytes=rerun.get(layer.name))
+            for layer in profile.layers
+        ),
+    )
 
 
 def _check_profile_precision(path: str, profile: Profile, precision: str) -> None:

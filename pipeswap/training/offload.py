@@ -20,7 +20,6 @@ from pipeswap.dist.ddp import unwrap
 from pipeswap.dist.group import all_gather, broadcast_from_rank0, rank_and_world
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.models.blocks import find_blocks
-from pipeswap.precision import uncached_casts
 from pipeswap.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
 from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
@@ -33,9 +32,8 @@ from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.checks import rank_plan
 from pipeswap.swap.runtime.executor import SwapExecutor
-from pipeswap.swap.runtime.recompute import Recomputation
+from pipeswap.swap.runtime.recompute import recompute_sizes
 from pipeswap.swap.runtime.stats import StepStats
-from pipeswap.swap.runtime.transfer import DeviceLedger
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.units import format_bytes, parse_bytes
 
@@ -452,18 +450,13 @@ class Offload:
         """What each layer saves (one forward as the plan names it), and what recomputing
         each layer would keep and save again (one forward with every layer wrapped for
         recomputation, as the runtime runs it)."""
-        recomputation = Recomputation(self.layers, self.layer_names, DeviceLedger(), account=False)
         self._inside = True
-        recomputation.install()
         try:
-            with uncached_casts():  # as the plan's steps run
-                (records, _), _ = recomputation.capture(
-                    self.model, lambda: self.model(*args, **kwargs), self.layer_names
-                )
+            return recompute_sizes(
+                self.model, self.layers, self.layer_names, lambda: self.model(*args, **kwargs)
+            )
         finally:
-            recomputation.remove()
             self._inside = False
-        return records, recomputation.kept_bytes, recomputation.rerun_bytes
 
     def _replan(self, signature: Signature, planned: _Planned, args: Any, kwargs: Any) -> _Planned:
         """Plan the shape again for ``margin_bytes`` less than its budget (a measured step

@@ -123,7 +123,7 @@ def test_on_cuda_a_plan_holds_its_budget_as_the_allocator_counts(policy: str) ->
     step after the plan is within the budget x 1.02."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    spec = Model("llama-cuda", "llama", 1024, 8, 32000, 8, 1024)
+    spec = Model("llama-cuda", "llama", 1024, 8, 8000, 8, 2048)  # blocks outweigh the head
     cuda = torch.device("cuda")
     plain = user_loop(spec, cuda, steps=4, precision="bf16-mixed", optimizer="adamw")
     run = user_loop(

@@ -147,12 +147,14 @@ def resolve_budget(
             f"topology {topology.name!r} gives no GPU memory; pass {{gpu_memory_bytes}} or "
             "{footprint_ratio}",
         )
-    smallest = workload.min_budget_bytes()
+    policy = POLICIES.get(config.policy)
+    smallest = workload.min_budget_bytes(recomputing=policy is None or policy.recomputes)
     require(
         budget >= smallest,
         f"a budget of {budget} bytes ({format_bytes(budget)}) per GPU is below what "
-        f"{workload.model} can never swap or recompute (parameters, gradients, optimizer "
-        f"state, the working sets, the least one layer holds); the smallest budget that works is {smallest} "
+        f"{workload.model} can never swap or recompute with policy {config.policy} "
+        f"(parameters, gradients, optimizer state, the working sets, the least one layer "
+        f"holds); the smallest budget that works is {smallest} "
         f"bytes ({format_bytes(smallest)}), a footprint ratio of at most "
         f"{peak / smallest:.3f}: pass {{gpu_memory_bytes}} {smallest} or more",
     )

@@ -41,13 +41,18 @@ class Policy:
     respects_budget: bool = True
     peak: str = ""
     assign: Callable[[Case], Assignment] | None = None  # rule-based: the plan before scoring
+    recomputes: bool = False  # may recompute layers (the smallest budget it reaches is lower)
 
 
-def _rule(name: str, assign: Callable[[Case], Assignment], peak: str = "") -> Policy:
+def _rule(
+    name: str, assign: Callable[[Case], Assignment], peak: str = "", recomputes: bool = False
+) -> Policy:
     def plan(case: Case, time_limit_s: float) -> Planned:
         return Planned(case.score(assign(case)), {})
 
-    return Policy(name, plan, respects_budget=not peak, peak=peak, assign=assign)
+    return Policy(
+        name, plan, respects_budget=not peak, peak=peak, assign=assign, recomputes=recomputes
+    )
 
 
 def _mip(case: Case, time_limit_s: float) -> Planned:
@@ -72,9 +77,12 @@ def _remembered(name: str) -> Callable[[Case], Assignment]:
 
 
 POLICIES: dict[str, Policy] = {
-    **{name: _rule(name, _remembered(name), _PEAKS.get(name, "")) for name in HEURISTICS},
-    "hybrid": _rule("hybrid", hybrid),
-    "mip": Policy("mip", _mip),
-    "auto": Policy("auto", _auto),
+    **{
+        name: _rule(name, _remembered(name), _PEAKS.get(name, ""), name == "recompute")
+        for name in HEURISTICS
+    },
+    "hybrid": _rule("hybrid", hybrid, recomputes=True),
+    "mip": Policy("mip", _mip, recomputes=True),
+    "auto": Policy("auto", _auto, recomputes=True),
 }
 assert tuple(POLICIES) == POLICY_NAMES, "SwapConfig offers exactly the policies of this table"

@@ -186,16 +186,19 @@ class Workload:
         """Peak memory with nothing swapped: the largest forward or backward point."""
         return max(self.resident_bytes + max(self._points(), default=0), self.floor_bytes)
 
-    def min_budget_bytes(self) -> int:
+    def min_budget_bytes(self, *, recomputing: bool = True) -> int:
         """What can never be swapped: resident state, the floor, and at each layer the
-        least of keeping its saved tensors (every other layer's swapped away) and
-        recomputing it (its kept input, its re-run), with its working set."""
+        least of keeping its saved tensors (every other layer's swapped away) and, where
+        ``recomputing`` (a policy that may recompute), recomputing it (its kept input, its
+        re-run), with its working set."""
         layers = range(self.num_layers)
         everything = self.recomputing(layers)
         least = max(
             min(
                 self.saved_bytes[i] + self.working_bytes[i],
-                everything.saved_bytes[i] + everything.working_bytes[i],
+                everything.saved_bytes[i] + everything.working_bytes[i]
+                if recomputing
+                else self.saved_bytes[i] + self.working_bytes[i],
             )
             for i in layers
         )

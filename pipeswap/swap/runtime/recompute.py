@@ -174,3 +174,22 @@ class Recomputation:
             with torch.no_grad():
                 for buffer, values in buffers:
                     buffer.copy_(values)
+
+
+def recompute_sizes(
+    model: nn.Module,
+    layers: dict[str, nn.Module],
+    names: list[str],
+    forward_loss: Callable[[], Any],
+) -> tuple[dict[str, list[SavedRecord]], dict[str, int], dict[str, int]]:
+    """What each layer saves (named as plans name it), and per layer what recomputing it
+    keeps through the step and what its re-run saves again: one plain forward and one with
+    every layer wrapped for recomputation, as the runtime runs them (autocast uncached)."""
+    recomputation = Recomputation(layers, names, DeviceLedger(), account=False)
+    recomputation.install()
+    try:
+        with uncached_casts():
+            (records, _), _ = recomputation.capture(model, forward_loss, names)
+    finally:
+        recomputation.remove()
+    return records, recomputation.kept_bytes, recomputation.rerun_bytes
