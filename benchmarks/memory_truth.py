@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
+import subprocess
 import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +135,72 @@ class Run:
     peaks: list[int]
     step_s: list[float]
     stats: dict[str, Any]
+
+
+def isolated_loop(
+    spec: Model,
+    device: torch.device,
+    *,
+    steps: int,
+    precision: str,
+    optimizer: str,
+    settings: dict[str, Any] | None = None,
+    checkpointing: bool = False,
+) -> Run:
+    """:func:`user_loop`, on CUDA in a process of its own (as a user runs one job): what a
+    previous case left in the allocator cannot count against the next. Weights do not come
+    back from a child (CUDA losses are compared, not bits)."""
+    if device.type != "cuda":
+        return user_loop(
+            spec,
+            device,
+            steps=steps,
+            precision=precision,
+            optimizer=optimizer,
+            settings=settings,
+            checkpointing=checkpointing,
+        )
+    case = {
+        "model": asdict(spec),
+        "device": str(device),
+        "steps": steps,
+        "precision": precision,
+        "optimizer": optimizer,
+        "settings": settings,
+        "checkpointing": checkpointing,
+    }
+    done = subprocess.run(
+        [sys.executable, __file__, "--case", json.dumps(case)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
+    found = json.loads(lines[-1])
+    return Run(found["losses"], [], found["peaks"], found["step_s"], found["stats"])
+
+
+def _one_case(text: str) -> int:
+    """The child of :func:`isolated_loop`: one loop, its Run as one JSON line."""
+    case = json.loads(text)
+    run = user_loop(
+        Model(**case["model"]),
+        torch.device(case["device"]),
+        steps=case["steps"],
+        precision=case["precision"],
+        optimizer=case["optimizer"],
+        settings=case["settings"],
+        checkpointing=case["checkpointing"],
+    )
+    print(
+        json.dumps(
+            {"losses": run.losses, "peaks": run.peaks, "step_s": run.step_s, "stats": run.stats},
+            default=str,
+        )
+    )
+    return 0
 
 
 def user_loop(
@@ -256,11 +324,11 @@ def rows_for(
 ) -> list[list[str]]:
     """The rows of one model: plain, HF checkpointing, each policy, and the smallest budget."""
     rows = []
-    plain = user_loop(spec, device, steps=steps, precision=precision, optimizer=optimizer)
+    plain = isolated_loop(spec, device, steps=steps, precision=precision, optimizer=optimizer)
     plain_peak = max(plain.peaks[2:])
     label = f"{spec.name} {precision} {optimizer}"
     rows.append([label, "plain", "-", "-", "-", _mib(plain_peak), "-", "-", _ms(plain)])
-    ckpt = user_loop(
+    ckpt = isolated_loop(
         spec, device, steps=steps, precision=precision, optimizer=optimizer, checkpointing=True
     )
     ckpt_peak = max(ckpt.peaks[2:])
@@ -271,7 +339,7 @@ def rows_for(
     for policy, ratio in cases:
         settings = {"footprint_ratio": ratio, "policy": policy}
         rows.append(_case(spec, device, precision, optimizer, steps, settings, plain, f"{ratio}"))
-    run = user_loop(  # a budget nothing needs: the planner's view of the model, unswapped
+    run = isolated_loop(  # a budget nothing needs: the planner's view of the model, unswapped
         spec,
         device,
         steps=steps,
@@ -317,7 +385,7 @@ def _case(
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            run = user_loop(
+            run = isolated_loop(
                 spec,
                 device,
                 steps=steps,
@@ -371,7 +439,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="bf16-mixed:adamw,fp32:sgd",
         help="precision:optimizer pairs, comma-separated",
     )
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # one isolated loop (a child)
     args = parser.parse_args(argv)
+    if args.case:
+        return _one_case(args.case)
     device = torch.device(args.device)
     models = CUDA_MODELS if device.type == "cuda" else CPU_MODELS
     settings = [tuple(pair.split(":", 1)) for pair in args.settings.split(",")]

@@ -43,7 +43,7 @@ from pipeswap.precision import uncached_casts
 from pipeswap.profile import Profile
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.plan import SwapPlan
-from pipeswap.swap.plan.workload import measured_memory
+from pipeswap.swap.plan.workload import measured_memory, workload_from_profile
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.checks import (
     check_plan_identity,
@@ -260,22 +260,33 @@ class SwapExecutor:
                 self._transfer.make_room(room)
 
         # On CUDA the layer waits for swap-outs while the allocator holds more than the
-        # budget leaves it (its working set, as profiled): the plan's timeline waits there too.
+        # budget leaves it (what its forward takes, as profiled): the plan's timeline waits
+        # there too.
         room = None
         if self.device.type == "cuda":
-            limit = self.budget_bytes - self._working_set(name)
+            limit = self.budget_bytes - self.forward_need(name)
 
             def room() -> bool:
                 return torch.cuda.memory_allocated(self.device) > limit
 
         return hook
 
-    def _working_set(self, name: str) -> int:
-        """What ``name``'s forward allocates beyond what it saves (the profile's; 0 without)."""
-        if self.profile is None or name not in self.profile.layer_names:
-            return 0
-        layer = self.profile.layer(name)
-        return layer.workspace_bytes + layer.output_bytes
+    def forward_need(self, name: str) -> int:
+        """What ``name``'s forward takes on the device by the plan's memory model: its saved
+        tensors (a recomputed layer's kept input) and its working set; the last layer's
+        holds the turn after it (the head, the loss and their backward). 0 without a
+        profile of these layers."""
+        profile = self.profile
+        if profile is None or profile.layer_names != self.layer_names:
+            if profile is None or name not in profile.layer_names:
+                return 0
+            layer = profile.layer(name)
+            return layer.workspace_bytes + layer.output_bytes
+        position = self.layer_names.index(name)
+        workload = workload_from_profile(profile).recomputing(
+            [i for i, layer in enumerate(self.layer_names) if layer in self.recompute]
+        )
+        return workload.saved_bytes[position] + workload.forward_working[position]
 
     def _end_forward(self, name: str) -> None:
         self._ended.add(name)
