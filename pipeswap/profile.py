@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pipeswap import json_fields as fields
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format, dump_json, load_json
 
@@ -68,106 +67,35 @@ class LayerProfile:
         Unchecked, a NaN time reached the partitioner and a negative ``param_bytes`` was
         blamed on the topology's memory much later; ``where`` names the file and layer.
         """
-        obj = _object(obj, where)
-        name = _text(obj, "name", where)
+        obj = fields.as_object(obj, where)
+        name = fields.text_field(obj, "name", where)
         where = f"{where} ({name!r})"
-        saved = _list(obj, "saved", where, default=[])
+        saved = fields.list_field(obj, "saved", where, default=[])
         return cls(
             name=name,
-            forward_s=_seconds(obj, "forward_s", where),
-            backward_s=_seconds(obj, "backward_s", where),
-            param_bytes=_count(obj, "param_bytes", where),
-            output_bytes=_count(obj, "output_bytes", where),
+            forward_s=fields.seconds_field(obj, "forward_s", where),
+            backward_s=fields.seconds_field(obj, "backward_s", where),
+            param_bytes=fields.count_field(obj, "param_bytes", where),
+            output_bytes=fields.count_field(obj, "output_bytes", where),
             saved=tuple(
                 SavedTensor(
-                    index=_count(_object(t, f"{where} saved[{k}]"), "index", f"{where} saved[{k}]"),
-                    bytes=_count(t, "bytes", f"{where} saved[{k}]"),
+                    index=fields.count_field(
+                        fields.as_object(t, f"{where} saved[{k}]"), "index", f"{where} saved[{k}]"
+                    ),
+                    bytes=fields.count_field(t, "bytes", f"{where} saved[{k}]"),
                 )
                 for k, t in enumerate(saved)
             ),
-            workspace_bytes=_count(obj, "workspace_bytes", where, default=0),
-            forward_flops=_count(obj, "forward_flops", where, default=0),
-            backward_flops=_count(obj, "backward_flops", where, default=0),
-            kept_bytes=None if obj.get("kept_bytes") is None else _count(obj, "kept_bytes", where),
+            workspace_bytes=fields.count_field(obj, "workspace_bytes", where, default=0),
+            forward_flops=fields.count_field(obj, "forward_flops", where, default=0),
+            backward_flops=fields.count_field(obj, "backward_flops", where, default=0),
+            kept_bytes=None
+            if obj.get("kept_bytes") is None
+            else fields.count_field(obj, "kept_bytes", where),
             rerun_bytes=None
             if obj.get("rerun_bytes") is None
-            else _count(obj, "rerun_bytes", where),
+            else fields.count_field(obj, "rerun_bytes", where),
         )
-
-
-# ---- checked fields of a JSON object ------------------------------------------------------
-# Each names the field and what to write; bool is refused where a number is meant because
-# Python counts True as 1, and JSON writers never mean a flag as a count.
-def _object(obj: Any, where: str) -> dict[str, Any]:
-    if not isinstance(obj, dict):
-        raise PipeswapError(f"{where}: expected a JSON object, found {_shown(obj)}")
-    return obj
-
-
-def _list(obj: dict[str, Any], key: str, where: str, default: list[Any] | None = None) -> list[Any]:
-    value = _field(obj, key, where, default)
-    if not isinstance(value, list):
-        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write a JSON list")
-    return value
-
-
-def _text(obj: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
-    value = _field(obj, key, where, default)
-    if not isinstance(value, str):
-        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write a string")
-    return value
-
-
-def _seconds(obj: dict[str, Any], key: str, where: str) -> float:
-    value = _field(obj, key, where)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (math.isfinite(value) and value >= 0)
-    ):
-        raise PipeswapError(
-            f"{where}: {key} is {_shown(value)}; write a finite number of seconds >= 0"
-        )
-    return float(value)
-
-
-def _count(
-    obj: dict[str, Any], key: str, where: str, default: int | None = None, minimum: int = 0
-) -> int:
-    """A whole number >= ``minimum``; 1e9 written as a float is accepted, 1.5 is not."""
-    value = _field(obj, key, where, default)
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        unit = " of bytes" if key.endswith("bytes") else ""
-        raise PipeswapError(
-            f"{where}: {key} is {_shown(value)}; write a whole number{unit} >= {minimum}"
-        )
-    return value
-
-
-_MISSING = object()
-
-
-def _field(obj: dict[str, Any], key: str, where: str, default: Any = _MISSING) -> Any:
-    if key in obj:
-        return obj[key]
-    if default is _MISSING or default is None:
-        raise PipeswapError(f"{where}: {key} is missing; add it")
-    return default
-
-
-def _shown(value: Any) -> str:
-    text = json.dumps(value) if _dumps_ok(value) else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _dumps_ok(value: Any) -> bool:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -176,12 +104,11 @@ class StepMemory:
     (pipeswap.profiling.meter: CUDA's allocator, or the live storages) at the layers' edges.
 
     Every figure is the most bytes held in an interval: ``forward_peak_bytes[i]`` while
-    layer i's forward ran (layer 0's from the start of the model's forward, so the code
-    before the first layer counts with it); ``turn_peak_bytes`` from the last layer's
-    forward end to its backward's start (the model's code after the layers: its head,
-    logits and loss, and their backward); ``backward_peak_bytes[i]`` while layer i's
-    backward ran (layer 0's to the end of the backward); ``step_peak_bytes`` from the end of
-    the backward to the next forward (the optimizer step; 0 when not seen).
+    layer i's forward ran (layer 0's from the model's forward start); ``turn_peak_bytes``
+    from the last layer's forward end to its backward's start (the model's head, logits,
+    loss and their backward); ``backward_peak_bytes[i]`` while layer i's backward ran
+    (layer 0's to the backward's end); ``step_peak_bytes`` from the end of the backward to
+    the next forward (the optimizer step; 0 when not seen).
     ``start_bytes`` is what was held when the forward started: parameters, optimizer state,
     gradients kept from the step before, the batch. ``meter`` names the meter.
     """
@@ -204,6 +131,18 @@ class StepMemory:
             *self.backward_peak_bytes,
         )
 
+    def moved(self, nbytes: int) -> StepMemory:
+        """Every reading ``nbytes`` higher: what the run holds throughout beyond this step
+        (DDP's gradient buckets)."""
+        return replace(
+            self,
+            start_bytes=self.start_bytes + nbytes,
+            forward_peak_bytes=tuple(b + nbytes for b in self.forward_peak_bytes),
+            turn_peak_bytes=self.turn_peak_bytes + nbytes,
+            backward_peak_bytes=tuple(b + nbytes for b in self.backward_peak_bytes),
+            step_peak_bytes=self.step_peak_bytes + nbytes,
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "meter": self.meter,
@@ -216,25 +155,26 @@ class StepMemory:
 
     @classmethod
     def from_json(cls, obj: Any, where: str, layers: int) -> StepMemory:
-        obj = _object(obj, where)
+        obj = fields.as_object(obj, where)
         peaks = {}
         for key in ("forward_peak_bytes", "backward_peak_bytes"):
-            values = _list(obj, key, where)
+            values = fields.list_field(obj, key, where)
             if len(values) != layers:
                 raise PipeswapError(
                     f"{where}: {key} has {len(values)} entries for {layers} layers; write one "
                     "per layer"
                 )
             peaks[key] = tuple(
-                _count({key: v}, key, f"{where}: {key}[{k}]") for k, v in enumerate(values)
+                fields.count_field({key: v}, key, f"{where}: {key}[{k}]")
+                for k, v in enumerate(values)
             )
         return cls(
-            start_bytes=_count(obj, "start_bytes", where),
+            start_bytes=fields.count_field(obj, "start_bytes", where),
             forward_peak_bytes=peaks["forward_peak_bytes"],
-            turn_peak_bytes=_count(obj, "turn_peak_bytes", where),
+            turn_peak_bytes=fields.count_field(obj, "turn_peak_bytes", where),
             backward_peak_bytes=peaks["backward_peak_bytes"],
-            step_peak_bytes=_count(obj, "step_peak_bytes", where, default=0),
-            meter=_text(obj, "meter", where, "storages"),
+            step_peak_bytes=fields.count_field(obj, "step_peak_bytes", where, default=0),
+            meter=fields.text_field(obj, "meter", where, "storages"),
         )
 
 
@@ -395,11 +335,11 @@ class Profile:
     def from_json(cls, obj: dict[str, Any], where: str = "profile") -> Profile:
         """A profile from its JSON; any missing or out-of-range field is a PipeswapError
         naming the file, the layer and the field."""
-        obj = _object(obj, where)
+        obj = fields.as_object(obj, where)
         check_format(obj, PROFILE_FORMAT, where)
         # The "malformed profile" prefix tells a reader it is the file, not the request.
         where = f"{where}: malformed profile"
-        raw_layers = _list(obj, "layers", where)
+        raw_layers = fields.list_field(obj, "layers", where)
         layers = tuple(
             LayerProfile.from_json(layer, f"{where}: layer {i}")
             for i, layer in enumerate(raw_layers)
@@ -416,33 +356,35 @@ class Profile:
         has_saved = obj.get("has_saved_data", all("saved" in la for la in raw_layers))
         if not isinstance(has_saved, bool):
             raise PipeswapError(
-                f"{where}: has_saved_data is {_shown(has_saved)}; write true or false"
+                f"{where}: has_saved_data is {fields.shown(has_saved)}; write true or false"
             )
         notes = obj.get("notes", {})
         if not isinstance(notes, dict):
-            raise PipeswapError(f"{where}: notes is {_shown(notes)}; write a JSON object")
+            raise PipeswapError(f"{where}: notes is {fields.shown(notes)}; write a JSON object")
         return cls(
-            model=_text(obj, "model", where),
-            batch=_count(obj, "batch", where, minimum=1),
-            dtype=_text(obj, "dtype", where, "float32"),
-            source=_text(obj, "source", where, "measured"),
-            device=_text(obj, "device", where, "cpu"),
-            optimizer=_text(obj, "optimizer", where, "sgd"),
-            optimizer_state_bytes=_count(obj, "optimizer_state_bytes", where, default=0),
+            model=fields.text_field(obj, "model", where),
+            batch=fields.count_field(obj, "batch", where, minimum=1),
+            dtype=fields.text_field(obj, "dtype", where, "float32"),
+            source=fields.text_field(obj, "source", where, "measured"),
+            device=fields.text_field(obj, "device", where, "cpu"),
+            optimizer=fields.text_field(obj, "optimizer", where, "sgd"),
+            optimizer_state_bytes=fields.count_field(
+                obj, "optimizer_state_bytes", where, default=0
+            ),
             layers=layers,
             seq_len=None
             if obj.get("seq_len") is None
-            else _count(obj, "seq_len", where, minimum=1),
+            else fields.count_field(obj, "seq_len", where, minimum=1),
             image_size=(
                 None
                 if obj.get("image_size") is None
-                else _count(obj, "image_size", where, minimum=1)
+                else fields.count_field(obj, "image_size", where, minimum=1)
             ),
             has_saved_data=has_saved,
             optimizer_step_s=(
                 None
                 if obj.get("optimizer_step_s") is None
-                else _seconds(obj, "optimizer_step_s", where)
+                else fields.seconds_field(obj, "optimizer_step_s", where)
             ),
             notes=dict(notes),
             memory=None

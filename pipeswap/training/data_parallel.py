@@ -169,6 +169,10 @@ def _plan(config: TrainConfig, world_size: int, device: torch.device) -> PlanPay
     if slowdown and world_size > 1:
         # Measured by rank 0 alone; in the run every rank computes at once (calibrated).
         profile = profile.slowed(float(slowdown), f"{slowdown:.2f}x: {world_size} ranks at once")
+    if world_size > 1 and profile.memory is not None:
+        # DDP keeps a flat bucket per gradient for the whole run.
+        buckets = profile.param_bytes
+        profile = replace(profile, memory=profile.memory.moved(buckets))
     result = make_plan(
         profile,
         topology,

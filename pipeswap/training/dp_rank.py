@@ -58,9 +58,7 @@ class RankResult:
     losses: tuple[float, ...]  # per step: the mean of its micro-batch losses
     step_s: tuple[float, ...]
     params_sha256: str
-    # The device's meter over this run's first step (CPU: live storages, the host pool left
-    # out; CUDA: the allocator, from the first step on); -1: no step ran.
-    peak_resident_bytes: int
+    peak_resident_bytes: int  # the device's meter over the first steps (step()); -1: none ran
     peak_saved_bytes: int
     budget_bytes: int
     saved_budget_bytes: int
@@ -184,20 +182,15 @@ class _Rank:
     def step(self, step: int) -> None:
         """One optimizer step: ``accumulate`` micro-batches, gradients all-reduced with the last.
 
-        The first two steps this run takes (the second holds the optimizer state the first
-        makes) are read by the device's meter (pipeswap.profiling.meter): what the allocator
-        holds on CUDA (from the first step on, not the profiling before it), the live
-        storages on the CPU less the host pool."""
+        The device's meter reads the run's first two steps (the second holds the optimizer
+        state the first makes): CUDA's allocator, or the live storages less the host pool."""
         if self._metered_steps >= 2:
-            self._step(step)
-            return
+            return self._step(step)
         self._metered_steps += 1
-        meter = DeviceMeter(
-            self.device,
-            holding=(self.model, self.optimizer),
-            exclude=(self.executor.pool.buffer,),
-        )
-        with meter:
+        exclude = (self.executor.pool.buffer,)
+        with DeviceMeter(
+            self.device, holding=(self.model, self.optimizer), exclude=exclude
+        ) as meter:
             self._step(step)
         self.measured_peak_bytes = max(self.measured_peak_bytes, meter.peak)
 

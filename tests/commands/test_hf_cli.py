@@ -102,7 +102,7 @@ def test_two_ranks_swapped_equal_two_ranks_plain(
         "--swap-policy",
         "disjoint",
         "--footprint-ratio",
-        "1.3",
+        "1.2",  # the tiny ViT's blocks hold little: beyond 1.28 swapping cannot reach
     )
     plain = _train(tmp_path, "none", model_dirs[family], *steps, "--swap-policy", "none")
     assert swapped["params_sha256"] == plain["params_sha256"]

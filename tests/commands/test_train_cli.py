@@ -68,7 +68,7 @@ GPT = ("--model", "gpt2-tiny", "--batch", "4", "--seq-len", "32", "--steps", "3"
 
 
 def test_single_process_report_has_every_field_and_matches_no_swapping(tmp_path: Path) -> None:
-    swapped = _run(tmp_path, "swap", *GPT, "--swap-policy", "disjoint", "--footprint-ratio", "1.5")
+    swapped = _run(tmp_path, "swap", *GPT, "--swap-policy", "disjoint", "--footprint-ratio", "1.3")
     plain = _run(tmp_path, "none", *GPT, "--swap-policy", "none", "--footprint-ratio", "1")
     for key in (*COMMON_KEYS, *DP_KEYS):
         assert key in swapped, key
@@ -77,7 +77,8 @@ def test_single_process_report_has_every_field_and_matches_no_swapping(tmp_path:
     assert swapped["losses"] == plain["losses"]
     assert swapped["params_sha256"] == plain["params_sha256"]
     assert swapped["swapped_bytes"][0] > 0 == plain["swapped_bytes"][0]
-    assert swapped["peak_resident_bytes"][0] <= swapped["saved_budget_bytes"][0]
+    # The device's own meter (the live storages on the CPU) within the budget.
+    assert swapped["peak_resident_bytes"][0] <= swapped["budget_bytes"] * 1.02
     assert swapped["peak_resident_bytes"][0] < plain["peak_resident_bytes"][0]
     assert swapped["topology"] == "switch-4" and swapped["gpus"] == ["gpu0"]
     assert swapped["predicted_step_s"] > 0 and swapped["measured_step_s"] > 0
@@ -244,7 +245,7 @@ def test_the_issue_command_on_two_ranks(tmp_path: Path) -> None:
         "2",
     )
     swapped = _run(
-        tmp_path, "swap", *command, "--swap-policy", "disjoint", "--footprint-ratio", "1.5"
+        tmp_path, "swap", *command, "--swap-policy", "disjoint", "--footprint-ratio", "1.3"
     )
     plain = _run(tmp_path, "none", *command, "--swap-policy", "none", "--footprint-ratio", "1")
     for key in (*COMMON_KEYS, *DP_KEYS):
@@ -257,10 +258,8 @@ def test_the_issue_command_on_two_ranks(tmp_path: Path) -> None:
     assert len(set(swapped["params_sha256_per_rank"])) == 1
     assert swapped["gpus"] == ["gpu0", "gpu1"]
     assert all(b > 0 for b in swapped["swapped_bytes"])
-    assert all(
-        peak <= budget
-        for peak, budget in zip(swapped["peak_resident_bytes"], swapped["saved_budget_bytes"])
-    )
+    peaks, budget = swapped["peak_resident_bytes"], swapped["budget_bytes"]
+    assert all(peak <= budget * 1.02 for peak in peaks), (peaks, budget)
 
 
 def test_a_cuda_rank_binds_its_gpu_before_the_first_collective(
@@ -325,7 +324,7 @@ def test_recompute_save_on_cpu_and_hybrid_policies_train_like_no_swapping(tmp_pa
         str(profile),
     )
     plain = _run(tmp_path, "none", *common, "--swap-policy", "none", "--footprint-ratio", "1")
-    for policy, ratio in (("recompute", "1"), ("save-on-cpu", "1"), ("hybrid", "1.5")):
+    for policy, ratio in (("recompute", "1"), ("save-on-cpu", "1"), ("hybrid", "1.3")):
         report = _run(
             tmp_path, policy, *common, "--swap-policy", policy, "--footprint-ratio", ratio
         )
@@ -338,7 +337,7 @@ def test_recompute_save_on_cpu_and_hybrid_policies_train_like_no_swapping(tmp_pa
         assert report["recomputed_layers"] == [len(gpu["recompute"])]
         assert (report["recomputed_bytes"][0] > 0) == bool(gpu["recompute"])
         assert report["swapped_bytes"] == [gpu["swapped_bytes"]]
-        assert report["peak_resident_bytes"][0] <= report["saved_budget_bytes"][0]
+        assert report["peak_resident_bytes"][0] <= report["budget_bytes"] * 1.02
         assert report["peak_resident_bytes"][0] < plain["peak_resident_bytes"][0], policy
         if policy == "recompute":
             assert gpu["recompute"] and not gpu["swaps"]

@@ -220,10 +220,17 @@ def test_single_process_every_policy_matches_no_swapping(name: str) -> None:
         results[policy] = [result]
         assert result.swapped_bytes == plan.gpus[0].swapped_bytes
         assert result.recomputed_layers == len(plan.gpus[0].recompute)
-        if policy != "none":
+        if policy != "none" and _must_move(name):
             assert result.swapped_bytes > 0 or result.recomputed_layers > 0, policy
             assert result.peak_saved_bytes < results["none"][0].peak_saved_bytes, policy
     _check_against_none(results, name)
+
+
+def _must_move(name: str) -> bool:
+    """Whether the budget of _plans is below the no-swap peak: not where the optimizer
+    step, which no plan changes, is the step's peak (ResNet-18 on 32-pixel images)."""
+    workload = workload_from_profile(_profile(name))
+    return workload.no_swap_peak_bytes() > workload.min_budget_bytes()
 
 
 def test_single_process_report_has_every_field() -> None:

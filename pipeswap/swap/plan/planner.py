@@ -148,6 +148,8 @@ def resolve_budget(
             "{footprint_ratio}",
         )
     policy = POLICIES.get(config.policy)
+    if policy is not None and not policy.respects_budget:
+        return budget  # a baseline plans by its rule; its peak is checked against the budget
     smallest = workload.min_budget_bytes(recomputing=policy is None or policy.recomputes)
     require(
         budget >= smallest,

@@ -1,0 +1,80 @@
+"""A user's loop as the planner sees it: a Profile from one timed step and its saved tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from pipeswap.profile import LayerProfile, Profile, SavedTensor, StepMemory
+from pipeswap.profiling.block_timing import BlockTiming
+from pipeswap.profiling.step import dtype_name, optimizer_state_bytes
+
+
+def loop_profile(
+    model: nn.Module,
+    layers: dict[str, nn.Module],
+    records: dict[str, Any],
+    timing: BlockTiming,
+    call: tuple[Any, Any],
+    *,
+    optimizer: str,
+    memory: StepMemory | None,
+    kept: dict[str, int],
+    rerun: dict[str, int],
+) -> Profile:
+    """The planner's view of one shape: each layer's times, saved tensors and parameters
+    (those outside the layers count with the first, as resident memory), what recomputing
+    each keeps and saves again, and what the meter read during the timed step."""
+    names = list(layers)
+    seen: set[int] = set()
+    params: dict[str, int] = {}
+    for name, layer in layers.items():
+        params[name] = _new_bytes(layer.parameters(), seen)
+    params[names[0]] += _new_bytes(model.parameters(), seen)
+    backward_s = timing.backward_s(names)
+    profiled = tuple(
+        LayerProfile(
+            name=name,
+            forward_s=timing.forward_s[name],
+            backward_s=backward_s[name],
+            param_bytes=params[name],
+            output_bytes=timing.output_bytes.get(name, 0),
+            saved=tuple(SavedTensor(r.index, r.bytes) for r in records[name]),
+            kept_bytes=kept.get(name),
+            rerun_bytes=rerun.get(name),
+        )
+        for name in names
+    )
+    first = next((t for t in tree_flatten(call)[0] if isinstance(t, torch.Tensor)), None)
+    total = sum(params.values())
+    parameter = next(model.parameters())
+    return Profile(
+        model=_model_name(model),
+        batch=int(first.shape[0]) if first is not None and first.dim() else 1,
+        dtype=dtype_name(parameter.dtype),
+        source="measured",
+        device=parameter.device.type,
+        optimizer=optimizer,
+        optimizer_state_bytes=optimizer_state_bytes(optimizer, total),
+        layers=profiled,
+        notes={"source": "pipeswap.offload: one step of the user's loop, timed by hooks"},
+        memory=memory,
+    )
+
+
+def _new_bytes(params: Iterable[torch.Tensor], seen: set[int]) -> int:
+    total = 0
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return total
+
+
+def _model_name(model: nn.Module) -> str:
+    name = getattr(model, "name", None)
+    return name if isinstance(name, str) else type(model).__name__
