@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeswap.config import require
-from pipeswap.errors import PipeswapError
+from pipeswap.config import ConfigError, require
+from pipeswap.errors import PipeswapError, first_line
 from pipeswap.hardware.topology import Topology
 from pipeswap.profile import Profile
+from pipeswap.sim.engine import OutOfMemoryError
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.swap.config import SwapConfig
@@ -246,7 +247,17 @@ def plan_case(case: Case, profile: Profile, policy: str, *, time_limit_s: float)
     entry = POLICIES[policy]
     if not entry.respects_budget:
         return _score_unchecked(case, profile, entry, started)
-    scored, notes, mip_gap = entry.plan(case, time_limit_s)
+    try:
+        scored, notes, mip_gap = entry.plan(case, time_limit_s)
+    except OutOfMemoryError as exc:
+        # The smallest budget the planner accepts is a bound no plan can go below; this
+        # policy's plans did not reach it.
+        raise ConfigError(
+            f"no plan of policy {policy} fits a budget of {case.budget_bytes} bytes "
+            f"({format_bytes(case.budget_bytes)}): {first_line(exc)}; give a larger "
+            "{gpu_memory_bytes} (or a smaller {footprint_ratio}), or a policy that also "
+            "recomputes (hybrid)"
+        ) from None
     solve_s = time.perf_counter() - started
     return summarize(case, profile, policy, scored, solve_s=solve_s, mip_gap=mip_gap, notes=notes)
 
