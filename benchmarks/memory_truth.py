@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import RESULTS_DIR, header  # noqa: E402
-from pipeswap.profiling.meter import StorageMeter  # noqa: E402
+from pipeswap.profiling.meter import DeviceMeter  # noqa: E402
 from pipeswap.training.offload import offload  # noqa: E402
 
 MiB = 2**20
@@ -137,38 +137,13 @@ class Run:
     stats: dict[str, Any]
 
 
-def isolated_loop(
-    spec: Model,
-    device: torch.device,
-    *,
-    steps: int,
-    precision: str,
-    optimizer: str,
-    settings: dict[str, Any] | None = None,
-    checkpointing: bool = False,
-) -> Run:
-    """:func:`user_loop`, on CUDA in a process of its own (as a user runs one job): what a
-    previous case left in the allocator cannot count against the next. Weights do not come
-    back from a child (CUDA losses are compared, not bits)."""
+def isolated_loop(spec: Model, device: torch.device, **loop: Any) -> Run:
+    """:func:`user_loop` (``loop``: its keyword arguments), on CUDA in a process of its own
+    (as a user runs one job): what a previous case left in the allocator cannot count
+    against the next. Weights do not come back from a child (CUDA losses are compared)."""
     if device.type != "cuda":
-        return user_loop(
-            spec,
-            device,
-            steps=steps,
-            precision=precision,
-            optimizer=optimizer,
-            settings=settings,
-            checkpointing=checkpointing,
-        )
-    case = {
-        "model": asdict(spec),
-        "device": str(device),
-        "steps": steps,
-        "precision": precision,
-        "optimizer": optimizer,
-        "settings": settings,
-        "checkpointing": checkpointing,
-    }
+        return user_loop(spec, device, **loop)
+    case = {"model": asdict(spec), "device": str(device), "loop": loop}
     done = subprocess.run(
         [sys.executable, __file__, "--case", json.dumps(case)],
         capture_output=True,
@@ -185,21 +160,9 @@ def isolated_loop(
 def _one_case(text: str) -> int:
     """The child of :func:`isolated_loop`: one loop, its Run as one JSON line."""
     case = json.loads(text)
-    run = user_loop(
-        Model(**case["model"]),
-        torch.device(case["device"]),
-        steps=case["steps"],
-        precision=case["precision"],
-        optimizer=case["optimizer"],
-        settings=case["settings"],
-        checkpointing=case["checkpointing"],
-    )
-    print(
-        json.dumps(
-            {"losses": run.losses, "peaks": run.peaks, "step_s": run.step_s, "stats": run.stats},
-            default=str,
-        )
-    )
+    run = user_loop(Model(**case["model"]), torch.device(case["device"]), **case["loop"])
+    found = {"losses": run.losses, "peaks": run.peaks, "step_s": run.step_s, "stats": run.stats}
+    print(json.dumps(found, default=str))
     return 0
 
 
@@ -236,8 +199,9 @@ def user_loop(
             return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
 
     for batch in spec.batches(steps, device):
-        pools = [] if off is None else off._pools()
-        meter = _StepMeter(device, (model, opt, batch), pools)
+        pools = [] if off is None else off.host_pools()
+        meter = DeviceMeter(device, holding=(model, opt, batch), exclude=pools)
+        _sync(device)
         started = time.perf_counter()
         with meter:
             with torch.autocast(device.type, dtype=cast or torch.float32, enabled=cast is not None):
@@ -247,6 +211,7 @@ def user_loop(
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            _sync(device)
         times.append(time.perf_counter() - started)
         losses.append(loss.item())
         peaks.append(meter.peak)
@@ -263,33 +228,9 @@ def _always(context: AbstractContextManager[Any]) -> Callable[[], AbstractContex
     return lambda: context
 
 
-class _StepMeter:
-    """One step's peak: the allocator's on CUDA, the live storages elsewhere."""
-
-    def __init__(self, device: torch.device, holding: Any, pools: list[torch.Tensor]) -> None:
-        self.device = device
-        self._storages = (
-            None
-            if device.type == "cuda"
-            else StorageMeter(device.type, holding=holding, exclude=pools)
-        )
-        self.peak = 0
-
-    def __enter__(self) -> _StepMeter:
-        if self._storages is None:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            self._storages.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._storages is None:
-            torch.cuda.synchronize(self.device)
-            self.peak = int(torch.cuda.max_memory_allocated(self.device))
-        else:
-            self._storages.__exit__(*exc)
-            self.peak = self._storages.peak
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _same(a: Run, b: Run) -> str:

@@ -50,7 +50,9 @@ def metered_step(
     # The backward fills fresh .grad tensors, as a loop that zeroes them to None does;
     # the caller's gradients are put back afterwards.
     kept_grads = [p.grad for p in params]
-    with untouched(model), DeviceMeter(device, holding=holding, exclude=exclude) as meter:
+    stashed = [grad for grad in kept_grads if grad is not None]  # not the step's: left out
+    meter = DeviceMeter(device, holding=holding, exclude=(*exclude, *stashed))
+    with untouched(model), meter:
         timing.marks = MemoryMarks(meter)
         handles = time_blocks(layers, timing, device)
         try:

@@ -156,7 +156,7 @@ class Offload:
             device,
             self._quiet,
             (self.model, self.optimizer_state),
-            self._pools,
+            self.host_pools,
         )
 
     @contextmanager
@@ -260,7 +260,8 @@ class Offload:
         first = next(self.model.parameters(), None)
         return first.device if first is not None else torch.device("cpu")
 
-    def _pools(self) -> list[torch.Tensor]:
+    def host_pools(self) -> list[torch.Tensor]:
+        """The host memory the plans swap into (never the device's: meters leave it out)."""
         return [p.executor.pool.buffer for p in self._planned.values() if p.executor is not None]
 
     def _start_timing(self, signature: Signature) -> None:

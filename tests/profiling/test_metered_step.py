@@ -1,0 +1,46 @@
+"""pipeswap/profiling/metered_step.py: a step run aside, read at every layer's edge, leaves
+the model, its gradients and the random generators as they were."""
+
+from __future__ import annotations
+
+import torch
+
+from pipeswap.models.registry import build_model
+from pipeswap.profiling.meter import StorageMeter
+from pipeswap.profiling.metered_step import layered_step_memory, metered_step
+
+
+def test_a_step_aside_reads_what_the_plain_step_holds_and_touches_nothing() -> None:
+    model = build_model("gpt2-micro").train()
+    x, y = torch.randint(0, 256, (4, 16)), torch.randint(0, 256, (4, 16))
+    children = dict(model.named_children())
+    layers = {name: children[name] for name in model.layer_names}
+    grads = [torch.full_like(p, 0.5) for p in model.parameters()]
+    for p, g in zip(model.parameters(), grads):
+        p.grad = g
+    before = torch.random.get_rng_state()
+    timing, peak = metered_step(
+        model, lambda: model.loss(model(x), y), layers, torch.device("cpu"), holding=(model, x, y)
+    )
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads))  # put back as they were
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert timing.marks is not None
+    assert set(timing.marks.peaks) == {"turn", *(f"{d}:{n}" for d in "fb" for n in layers)}
+    for p in model.parameters():
+        p.grad = None
+    with StorageMeter(holding=(model, x, y)) as meter:
+        model.loss(model(x), y).backward()
+    assert peak == meter.peak  # the plain step's own peak, to the byte
+
+
+def test_the_meta_device_reads_what_the_cpu_does() -> None:
+    model = build_model("gpt2-micro").train()
+    x, y = torch.randint(0, 256, (4, 16)), torch.randint(0, 256, (4, 16))
+    cpu = layered_step_memory(model, x, y, torch.device("cpu"), "adamw")
+    meta_model = build_model("gpt2-micro", device="meta").train()
+    meta = layered_step_memory(
+        meta_model, x.to("meta"), y.to("meta"), torch.device("meta"), "adamw"
+    )
+    assert cpu is not None and meta is not None
+    assert meta.forward_peak_bytes == cpu.forward_peak_bytes
+    assert meta.turn_peak_bytes == cpu.turn_peak_bytes

@@ -1,0 +1,40 @@
+"""pipeswap/training/loop_calls.py: what a user's forward call looks like to offload."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeswap.errors import PipeswapError
+from pipeswap.training.loop_calls import optimizer_name, signature, takes_use_cache, without_cache
+
+CPU = torch.device("cpu")
+
+
+def test_a_signature_is_the_shapes_the_other_values_and_the_autocast() -> None:
+    x = torch.zeros(2, 3)
+    same = signature((x,), {"flag": True}, CPU)
+    assert signature((torch.ones(2, 3),), {"flag": True}, CPU) == same
+    assert signature((torch.zeros(2, 4),), {"flag": True}, CPU) != same
+    assert signature((x,), {"flag": False}, CPU) != same
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert signature((x,), {"flag": True}, CPU) != same
+
+
+def test_the_cache_is_off_unless_asked_and_asking_for_it_is_refused() -> None:
+    assert without_cache({"a": 1}) == {"a": 1, "use_cache": False}
+    assert without_cache({"use_cache": False}) == {"use_cache": False}
+    with pytest.raises(PipeswapError, match="pass use_cache=False"):
+        without_cache({"use_cache": True})
+
+    def forward(input_ids: torch.Tensor, use_cache: bool | None = None) -> None: ...
+
+    assert takes_use_cache(forward) and not takes_use_cache(torch.nn.Linear(2, 2).forward)
+    assert not takes_use_cache(len)  # a builtin names no parameters
+
+
+def test_an_optimizer_is_named_as_the_state_model_knows_it() -> None:
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert optimizer_name(torch.optim.SGD(params, lr=0.1)) == "sgd"
+    assert optimizer_name(torch.optim.Adam(params)) == "adam"
+    assert optimizer_name(torch.optim.RMSprop(params)) == "adamw"  # two buffers: the safe side
