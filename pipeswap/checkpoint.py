@@ -42,7 +42,7 @@ import torch
 
 from pipeswap.config import option, require
 from pipeswap.errors import PipeswapError
-from pipeswap.jsonio import dump_json, load_json, write_atomic
+from pipeswap.jsonio import dump_json, fix_of, load_json, reason_of, write_atomic
 
 CHECKPOINT_FORMAT = "pipeswap.checkpoint/2"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -95,6 +95,12 @@ class CheckpointConfig:
         if self.checkpoint_dir is not None:
             return self.checkpoint_dir
         return self.resume if self.checkpoint_every else None
+
+    @property
+    def directories(self) -> tuple[str, ...]:
+        """The checkpoint directories of the run (the one it writes first): a save keeps
+        them when they lie inside its directory, and falls back beside them."""
+        return tuple(dict.fromkeys(d for d in (self.target, self.resume) if d is not None))
 
 
 @dataclass(frozen=True)
@@ -251,10 +257,7 @@ def hold_directory(directory: str | os.PathLike[str] | None) -> Iterator[None]:
         root.mkdir(parents=True, exist_ok=True)
         handle = open(root / ".lock", "a+")  # held until the run ends
     except OSError as exc:
-        raise PipeswapError(
-            f"cannot write checkpoints to {directory}: {exc.strerror or exc}; choose another "
-            "directory"
-        ) from None
+        raise _cannot_write(directory, exc) from None
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -265,14 +268,22 @@ def hold_directory(directory: str | os.PathLike[str] | None) -> Iterator[None]:
                 f"{directory} is in use by a live run ({holder}); wait for it to end, or "
                 "write checkpoints to another directory"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
+        try:  # unbuffered: a full disk fails here, once, not again when the file closes
+            os.ftruncate(handle.fileno(), 0)
+            os.write(handle.fileno(), f"pid {os.getpid()}".encode())
+        except OSError as exc:
+            raise _cannot_write(directory, exc) from None
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _cannot_write(directory: str | os.PathLike[str], exc: OSError) -> PipeswapError:
+    return PipeswapError(
+        f"cannot write checkpoints to {directory}: {reason_of(exc)}; {fix_of(exc)} another "
+        "directory"
+    )
 
 
 def rng_state() -> dict[str, Any]:

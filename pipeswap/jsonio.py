@@ -56,17 +56,24 @@ def _write_error(path: PathArg, target: Path, exc: OSError) -> PipeswapError:
         blocker = _blocking_file(target.parent)
         where = f"{blocker} is a file, not a folder" if blocker else "its folder cannot be created"
         return PipeswapError(f"cannot write {path}: {where}; choose another path")
+    return PipeswapError(f"cannot write {path}: {reason_of(exc)}; {fix_of(exc)} another path")
+
+
+def reason_of(exc: OSError) -> str:
+    """Why a write failed, in the user's words: "permission denied", "the disk is full"..."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk is full"
     reasons = {
         errno.EACCES: "permission denied",
         errno.EPERM: "permission denied",
         errno.EROFS: "read-only file system",
     }
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return PipeswapError(
-            f"cannot write {path}: the disk is full; free space or choose another path"
-        )
-    reason = reasons.get(exc.errno or 0, exc.strerror or str(exc))
-    return PipeswapError(f"cannot write {path}: {reason}; choose another path")
+    return reasons.get(exc.errno or 0, exc.strerror or str(exc))
+
+
+def fix_of(exc: OSError) -> str:
+    """The start of the fix for a failed write, to end with what to choose instead."""
+    return "free space or choose" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "choose"
 
 
 def _umask() -> int:

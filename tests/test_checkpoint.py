@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -102,3 +104,45 @@ def test_one_live_run_holds_a_directory(tmp_path: Path) -> None:
         pass
     with hold_directory(None):
         pass
+
+
+def _full_disk(monkeypatch: pytest.MonkeyPatch, *, at: str) -> None:
+    """The disk fills up: writing the lock's owner (``at="lock"``), or a checkpoint's file
+    (``at="file"``: every fsync, as write_atomic does before its rename), fails with ENOSPC."""
+    if at == "lock":
+        write = os.write
+
+        def full(fd: int, data: bytes) -> int:
+            if data.startswith(b"pid "):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return write(fd, data)
+
+        monkeypatch.setattr(os, "write", full)
+    else:
+
+        def no_space(fd: int) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "fsync", no_space)
+
+
+def test_a_full_disk_under_the_checkpoints_is_named_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _full_disk(monkeypatch, at="lock")
+    with pytest.raises(PipeswapError, match="cannot write checkpoints to .*: the disk is full; "):
+        with hold_directory(tmp_path / "ck"):
+            pass
+
+
+@pytest.mark.parametrize("at", ["lock", "file"])
+def test_train_on_a_full_disk_exits_2_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], at: str
+) -> None:
+    from pipeswap.cli import main
+
+    _full_disk(monkeypatch, at=at)
+    argv = ["train", "--model", "gpt2-micro", "--seq-len", "8", "--batch", "2", "--steps", "1"]
+    assert main([*argv, "--checkpoint-dir", str(tmp_path / "ck")]) == 2
+    err = capsys.readouterr().err
+    assert "the disk is full; free space or choose another" in err and "Errno" not in err

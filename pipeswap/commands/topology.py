@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from pipeswap.hardware.detect import detect_topology
 from pipeswap.hardware.presets import (
@@ -113,6 +112,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from pipeswap.dist.group import backend_for
     from pipeswap.dist.launch import spawn
     from pipeswap.hardware.calibration import Calibration, calibrated_path, host_memory_bytes
+    from pipeswap.jsonio import check_writable
 
     require(args.nproc >= 1, f"--nproc {args.nproc}: measure with 1 rank or more")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -120,6 +120,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         device == "cpu" or torch.cuda.is_available(),
         "--device cuda, but PyTorch sees no GPU here; use --device cpu",
     )
+    out = args.out or calibrated_path(device, args.nproc)
+    check_writable(out)  # before measuring, not after
     launched = spawn(
         measure_rank, args.nproc, args.quick, backend=backend_for(device, args.nproc), timeout_s=300
     )
@@ -134,9 +136,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         else host_memory_bytes() // args.nproc
     )
     topology = calibration.topology(f"calibrated-{device}-{args.nproc}", memory)
-    out = args.out or calibrated_path(device, args.nproc)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    topology.save(out)
+    topology.save(out)  # makes the folder it goes in
     if args.json:
         print(json.dumps(calibration.to_json(), indent=1))
         return 0

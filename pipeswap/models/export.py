@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from pipeswap.checkpoint import CheckpointConfig
 from pipeswap.errors import PipeswapError
+from pipeswap.jsonio import dump_json, reason_of
 from pipeswap.models.load import library_bars
 from pipeswap.models.replay import Replay
 
-# Written beside the weights: marks a directory as a pipeswap save, which a later save may replace.
+# Written beside the weights: marks a directory as a pipeswap save, which a later save may
+# replace, and lists the files it wrote (only those are ever replaced or removed).
 MARKER = "pipeswap-save.json"
+SAVE_FORMAT = "pipeswap.save/1"
+_NO_SAFETENSORS = "saving a model needs the safetensors package: pip install 'pipeswap[hf]'"
 # Files a Hugging Face model directory keeps beside its weights, copied into the save.
 _TOKENIZER_FILES = (
     "tokenizer.json",
@@ -47,9 +55,11 @@ def source_module(model: nn.Module) -> nn.Module:
     return model if replay is None else replay.root
 
 
-def check_save_target(directory: str, source: str) -> None:
-    """Refuse, before training, a save that would overwrite what the user wrote: a file,
-    the model's own directory, or a non-empty directory that is no earlier pipeswap save."""
+def check_save_target(directory: str, source: str, *, checkpoints: Sequence[str] = ()) -> None:
+    """Refuse, before training, a save that would overwrite what the user wrote or that
+    cannot be written: a file, the model's own directory, the run's ``checkpoints``
+    directory, a non-empty directory that is no earlier pipeswap save (the run's checkpoint
+    directories inside it aside), or a place this process may not write."""
     target = Path(directory)
     if target.exists() and not target.is_dir():
         raise PipeswapError(f"cannot save the model to {directory}: it is a file; name a directory")
@@ -58,41 +68,190 @@ def check_save_target(directory: str, source: str) -> None:
             f"cannot save the trained model over {directory}, the model it started from; "
             "name another directory"
         )
-    if target.is_dir() and any(target.iterdir()) and not (target / MARKER).is_file():
-        raise PipeswapError(
-            f"cannot save the model to {directory}: it holds files pipeswap did not write; "
-            "name a new or empty directory"
+    for checkpoint in checkpoints:
+        if os.path.realpath(checkpoint) == os.path.realpath(directory):
+            raise PipeswapError(
+                f"cannot save the model to {directory}: it is the run's checkpoint directory; "
+                "name another directory (the checkpoint directory may lie inside it)"
+            )
+    if target.is_dir() and not (target / MARKER).is_file():
+        try:
+            foreign = sorted(e.name for e in target.iterdir() if not _holds(e, checkpoints))
+        except OSError as exc:
+            raise PipeswapError(
+                f"cannot save the model to {directory}: {reason_of(exc)}; name another directory"
+            ) from None
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise PipeswapError(
+                f"cannot save the model to {directory}: it holds files pipeswap did not write "
+                f"({shown}); name a new or empty directory, or an earlier save"
+            )
+    why = _unwritable(target)
+    if why is not None:
+        raise PipeswapError(f"cannot save the model to {directory}: {why}; name another directory")
+    if importlib.util.find_spec("safetensors") is None:
+        raise PipeswapError(_NO_SAFETENSORS)
+
+
+def _holds(entry: Path, checkpoints: Sequence[str]) -> bool:
+    """Whether ``entry`` is one of the run's checkpoint directories or a folder above one."""
+    inside = os.path.realpath(entry) + os.sep
+    return any((os.path.realpath(c) + os.sep).startswith(inside) for c in checkpoints)
+
+
+def _unwritable(target: Path) -> str | None:
+    """Why this process cannot create ``target`` or files in it; None when it can."""
+    folder = next((p for p in (target, *target.parents) if p.exists()), Path("."))
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    if os.access(folder, os.W_OK | os.X_OK):
+        return None
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return f"{folder} is on a read-only file system"
+    except OSError:
+        pass
+    return f"permission denied in {folder}"
+
+
+def export_trained(
+    model: nn.Module, checkpoint: CheckpointConfig, *, source: str, steps: int
+) -> None:
+    """Write a run's trained model to ``checkpoint.save`` (nothing when it is None), falling
+    back beside the run's checkpoints when that directory cannot be written."""
+    if checkpoint.save is not None:
+        export_model(
+            model, checkpoint.save, source=source, steps=steps, checkpoints=checkpoint.directories
         )
 
 
-def export_model(model: nn.Module, directory: str, *, source: str, steps: int) -> None:
+def export_model(
+    model: nn.Module, directory: str, *, source: str, steps: int, checkpoints: Sequence[str] = ()
+) -> None:
     """Write ``model``'s weights to ``directory`` as they came in: a Hugging Face model
     through its ``save_pretrained`` (safetensors, plus the source directory's tokenizer
     files), any other module as ``model.safetensors`` of its own ``state_dict`` keys.
 
-    The directory is written beside its final place and renamed into it, so a failure
-    leaves the previous save (or nothing) in place.
+    Nothing pipeswap did not write is deleted or overwritten: the files are written
+    inside the directory and each renamed into its place; an earlier save's files (the
+    marker lists them) are replaced, those it no longer writes removed, and any other file
+    kept. When the directory cannot be written (it became read-only, the disk filled, a
+    file of the user's has a saved file's name), the model is written to a new folder in
+    the first of ``checkpoints`` (the run's checkpoint directories), else in the system's
+    temporary folder, and the error says where.
     """
-    check_save_target(directory, source)
-    target = Path(directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    root = source_module(model)
     try:
-        _write(source_module(model), staging, source)
-        (staging / MARKER).write_text(
-            json.dumps({"format": "pipeswap.save/1", "model": source, "steps": steps}, indent=1)
+        check_save_target(directory, source, checkpoints=checkpoints)
+        _replace_save(root, Path(directory), source, steps)
+        return
+    except (OSError, PipeswapError) as exc:
+        why = _why(exc)
+    failures: list[str] = []
+    for place in dict.fromkeys([*filter(os.path.isdir, checkpoints), tempfile.gettempdir()]):
+        folder: Path | None = None
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="pipeswap-saved-model-", dir=place))
+            _write(root, folder, source)
+            _mark(folder, source, steps, _names(folder))
+        except (OSError, PipeswapError) as exc:
+            failures.append(f"{place}: {_why(exc)}")
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)  # the folder this save made
+            continue
+        raise PipeswapError(
+            f"cannot save the model to {directory} ({why}); it was written to {folder} "
+            f"instead: move it to where it belongs"
         )
-        old = None
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-            os.replace(target, old / "previous")
-        os.replace(staging, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except OSError as exc:
-        raise PipeswapError(f"cannot save the model to {directory} ({exc})") from exc
+    last = (
+        f"the run's last checkpoint is in {checkpoints[0]}: write the model from it with "
+        "`pipeswap export`"
+        if checkpoints
+        else "free space, or save to another directory"
+    )
+    raise PipeswapError(
+        f"cannot save the model to {directory} ({why}), nor anywhere else "
+        f"({'; '.join(failures)}); {last}"
+    )
+
+
+def _why(exc: BaseException) -> str:
+    """A failed write in a few words (an OSError's reason, else the error's message)."""
+    cause = exc if isinstance(exc, OSError) else exc.__cause__
+    return reason_of(cause) if isinstance(cause, OSError) else str(exc)
+
+
+def _replace_save(root: nn.Module, target: Path, source: str, steps: int) -> None:
+    """Write the save into ``target`` file by file (temporary folder inside it, then one
+    rename per file); the marker lists every file that may be pipeswap's at each moment."""
+    created = not target.exists()
+    target.mkdir(parents=True, exist_ok=True)
+    marked = (target / MARKER).is_file()
+    previous = _saved_files(target) if marked else set()
+    staging: Path | None = None
+    moved = False
+    try:
+        if not marked:  # from now on the directory is an (unfinished) save
+            _mark(target, source, steps, [])
+        staging = Path(tempfile.mkdtemp(prefix=".pipeswap-save-", dir=target))
+        _write(root, staging, source)
+        names = _names(staging)
+        for name in names:  # refuse before any file moves
+            place = target / name
+            ours = previous is None or name in previous
+            if (place.exists() or place.is_symlink()) and (not ours or place.is_dir()):
+                raise PipeswapError(
+                    f"{place} is not a file pipeswap wrote; move it away or name another directory"
+                )
+        _mark(target, source, steps, sorted((previous or set()) | set(names)))
+        moved = True
+        for name in names:
+            os.replace(staging / name, target / name)
+        for name in sorted((previous or set()) - set(names)):
+            stale = target / name
+            if stale.is_file() and not stale.is_symlink():
+                stale.unlink()  # written by the earlier save, and no part of this one
+        _mark(target, source, steps, names)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if not moved and not marked:
+            # Failed before any file moved: leave the directory as it was (none if it was none).
+            with contextlib.suppress(OSError):
+                (target / MARKER).unlink(missing_ok=True)
+                if created:
+                    target.rmdir()
+
+
+def _names(folder: Path) -> list[str]:
+    """The names in ``folder``, the marker aside, sorted."""
+    try:
+        return sorted(p.name for p in folder.iterdir() if p.name != MARKER)
+    except OSError:
+        return []
+
+
+def _mark(folder: Path, source: str, steps: int, files: Sequence[str]) -> None:
+    marker = {"format": SAVE_FORMAT, "model": source, "steps": steps, "files": list(files)}
+    dump_json(folder / MARKER, marker)
+
+
+def _saved_files(target: Path) -> set[str] | None:
+    """The files the earlier save in ``target`` names as its own; None when its marker
+    names none (an older pipeswap's, which replaced its directory whole)."""
+    try:
+        files = json.loads((target / MARKER).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(files, list):
+        return None
+    return {f for f in files if isinstance(f, str) and _plain(f)}
+
+
+def _plain(name: str) -> bool:
+    """A file name directly in the directory: no separator, no ``..``, not the marker."""
+    return name not in ("", ".", "..", MARKER) and not any(c in name for c in "/\\\0")
 
 
 def _write(root: nn.Module, folder: Path, source: str) -> None:
@@ -109,9 +268,7 @@ def _write(root: nn.Module, folder: Path, source: str) -> None:
     try:
         from safetensors.torch import save_model
     except ImportError:
-        raise PipeswapError(
-            "saving a model needs the safetensors package: pip install 'pipeswap[hf]'"
-        ) from None
+        raise PipeswapError(_NO_SAFETENSORS) from None
     save_model(root, str(folder / "model.safetensors"))
 
 
@@ -120,7 +277,13 @@ def load_saved(directory: str) -> dict[str, torch.Tensor]:
     (every safetensors shard; a tied weight once, as ``save_pretrained`` stores it)."""
     from safetensors.torch import load_file
 
-    shards = sorted(Path(directory).glob("*.safetensors"))
+    # The files the save lists (a file of the user's beside them is no part of the model).
+    listed = _saved_files(Path(directory)) if (Path(directory) / MARKER).is_file() else None
+    shards = sorted(
+        Path(directory).glob("*.safetensors")
+        if listed is None
+        else (Path(directory) / name for name in listed if name.endswith(".safetensors"))
+    )
     if not shards:
         raise PipeswapError(f"{directory} holds no safetensors files; it is no saved model")
     state: dict[str, torch.Tensor] = {}

@@ -10,7 +10,7 @@ import torch
 from pipeswap.data import dataset_for
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
-from pipeswap.models.export import export_model
+from pipeswap.models.export import export_trained
 from pipeswap.models.load import is_user_model
 from pipeswap.models.registry import build_model, model_spec
 from pipeswap.train_config import TrainConfig
@@ -52,7 +52,7 @@ def save_trained(config: TrainConfig, states: Sequence[dict[str, torch.Tensor] |
     model = build_full_model(config)
     assert all(state is not None for state in states), "a saving run's stages report tensors"
     load_stage_tensors(model, [state for state in states if state is not None])
-    export_model(model, config.checkpoint.save, source=config.model, steps=config.steps)
+    export_trained(model, config.checkpoint, source=config.model, steps=config.steps)
 
 
 def load_stage_tensors(model: LayeredModel, states: Sequence[dict[str, torch.Tensor]]) -> None:

@@ -38,7 +38,7 @@ from pipeswap.dist.group import agree, all_gather, rank_and_world, rank_device
 from pipeswap.errors import PipeswapError
 from pipeswap.metrics import HeldOutSums, StepLog
 from pipeswap.models.base import evaluating
-from pipeswap.models.export import export_model
+from pipeswap.models.export import export_trained
 from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.precision import LossScaler, autocast
 from pipeswap.profile import Profile
@@ -387,9 +387,8 @@ def train_rank(
         result = trainer.result()
     # After the executor let go of the model: evaluation saves nothing to swap.
     result = replace(result, held_out=trainer.evaluate())
-    if rank == 0 and config.checkpoint.save is not None:
-        save = config.checkpoint.save
-        export_model(trainer.model, save, source=config.model, steps=config.steps)
+    if rank == 0:
+        export_trained(trainer.model, config.checkpoint, source=config.model, steps=config.steps)
     return result
 
 

@@ -45,7 +45,7 @@ def export_checkpoint(directory: str, out: str, model: str | None = None) -> tup
     if not isinstance(recorded, str):
         raise PipeswapError(f"{directory}: its manifest names no model; it is not a pipeswap run")
     name = _model_to_build(directory, recorded, model)
-    check_save_target(out, name)
+    check_save_target(out, name, checkpoints=(directory,))
     # A synchronous pipeline's checkpoint resumes a run of any length; an asynchronous
     # one's only the run it came from (its identity holds the steps).
     steps = identity.get("steps", done)
@@ -62,7 +62,7 @@ def export_checkpoint(directory: str, out: str, model: str | None = None) -> tup
         # Replica 0's stages (every replica holds the same weights): the first files.
         stages = range(len(identity.get("balance") or ()) or int(identity["world_size"]))
         load_stage_tensors(built, [_stage_tensors(directory, done, r, identity) for r in stages])
-    export_model(built, out, source=name, steps=done)
+    export_model(built, out, source=name, steps=done, checkpoints=(directory,))
     return done, name
 
 

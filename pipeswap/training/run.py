@@ -54,8 +54,10 @@ def train(config: TrainConfig) -> TrainOutcome | None:
     resolved = config.resolved()
     env = torchrun_env()
     launcher = env is None or env.rank == 0  # one process holds the checkpoint directory
-    if launcher and resolved.checkpoint.save is not None:
-        check_save_target(resolved.checkpoint.save, resolved.model)  # before hours of training
+    checkpoint = resolved.checkpoint
+    if launcher and checkpoint.save is not None:
+        # Before hours of training: a place that can be written and holds nothing of the user's.
+        check_save_target(checkpoint.save, resolved.model, checkpoints=checkpoint.directories)
     if launcher:
         check_user_data(resolved)
     with hold_directory(resolved.checkpoint.target if launcher else None):

@@ -1,4 +1,4 @@
-"""`pipeswap topology list|show|detect`, run in-process through pipeswap.cli.main.
+"""`pipeswap topology list|show|detect|calibrate`, run in-process through pipeswap.cli.main.
 
 Covers: pipeswap/commands/topology.py.
 """
@@ -167,6 +167,34 @@ def test_calibrate_refuses_no_ranks(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = tmp_path / "t.json"
     assert main(["topology", "calibrate", "--nproc", "0", "--out", str(out)]) == 2
     assert "--nproc 0" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "out,message",
+    [
+        ("dir", "dir is a directory; give a file name"),
+        ("file/t.json", "file is a file, not a folder; choose another path"),
+    ],
+)
+def test_calibrate_refuses_a_bad_out_before_measuring(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    out: str,
+    message: str,
+) -> None:
+    from pipeswap.dist import launch
+
+    def measured(*args: object, **kwargs: object) -> None:
+        raise AssertionError("calibrate measured before checking --out")
+
+    monkeypatch.setattr(launch, "spawn", measured)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("keep")
+    argv = ["topology", "calibrate", "--quick", "--device", "cpu", "--out", str(tmp_path / out)]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert (tmp_path / "file").read_text() == "keep" and list((tmp_path / "dir").iterdir()) == []
 
 
 @pytest.mark.dist
