@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from pipeswap.config import ConfigError
 from pipeswap.dist.group import all_gather, broadcast_from_rank0, rank_and_world
@@ -26,12 +27,15 @@ from pipeswap.swap.runtime.checks import rank_plan
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.recompute import recompute_sizes
 from pipeswap.training.data_parallel import swap_topology
+from pipeswap.training.loop_profile import loop_profile
 from pipeswap.units import format_bytes
 
 # offload()'s argument for a setting of SwapConfig that it names otherwise.
 _ARGUMENT = {"gpu_memory_bytes": "gpu_memory"}
 # A plan is made again (for less memory) at most this often when its first step held more.
 REPLANS = 2
+# The least time a search is given (a smaller one finds nothing beyond its first guess).
+MIN_SEARCH_S = 0.02
 
 
 @contextmanager
@@ -62,6 +66,10 @@ class ShapePlan:
     replans: int = 0
     measured_peak_bytes: int | None = None
     replan_due: bool = False
+    # The call it was made for, kept on the host: a plan made again must name the
+    # tensors of that call, whichever smaller call it served when measured.
+    call: tuple[Any, Any] | None = None
+    recomputes_all: bool = False  # on_infeasible="recompute-all" made it, over the budget
 
 
 @dataclass
@@ -78,6 +86,12 @@ class LoopPlanner:
     quiet: Callable[[], AbstractContextManager[Any]]
     holding: tuple[Any, ...]
     pools: Callable[[], list[torch.Tensor]]
+    on_infeasible: str = "error"
+    # The run's one budget in bytes, resolved at the first plan (see budget()).
+    budget_bytes: int | None = None
+    # A search (auto, mip) takes at most this many of the profile's steps (None: the
+    # config's time limit alone), and never less than MIN_SEARCH_S.
+    search_steps: float | None = None
 
     @property
     def layer_names(self) -> list[str]:
@@ -111,18 +125,31 @@ class LoopPlanner:
                 finish=None if executor is None else executor.finish_step,
             )
 
-    def metered_memory(self, args: Any, kwargs: Any, step_peak_bytes: int) -> StepMemory | None:
+    def metered_memory(
+        self, args: Any, kwargs: Any, step_peak_bytes: int, *, state_bytes: int = 0
+    ) -> StepMemory | None:
         """The storage count's readings of one forward and backward run aside (the CPU: no
         mode can watch the user's own backward), with the optimizer step as read in the
-        loop (``step_peak_bytes``; 0: its parameters and gradients at least)."""
+        loop (``step_peak_bytes``; 0: its parameters and gradients at least), and
+        ``state_bytes`` of optimizer state its steps will hold added to every reading."""
+        return self.aside(args, kwargs, step_peak_bytes, state_bytes=state_bytes)[1]
+
+    def aside(
+        self, args: Any, kwargs: Any, step_peak_bytes: int = 0, *, state_bytes: int = 0
+    ) -> tuple[BlockTiming, StepMemory | None]:
+        """One step of this call run aside, timed and metered (see metered_memory)."""
         timing, _ = self._metered(args, kwargs)
         memory = timing.step_memory(self.layer_names)
         if memory is None:
-            return None
+            return timing, None
+        if state_bytes:
+            memory = timing.step_memory(self.layer_names, memory.start_bytes + state_bytes)
+            assert memory is not None
         grads = sum(
             p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad
         )
-        return replace(memory, step_peak_bytes=step_peak_bytes or memory.start_bytes + grads)
+        peak = step_peak_bytes or memory.start_bytes + grads
+        return timing, replace(memory, step_peak_bytes=peak)
 
     def metered_plan(self, planned: ShapePlan, args: Any, kwargs: Any) -> int:
         """The storage count's peak of one forward and backward run aside with ``planned``'s
@@ -130,8 +157,14 @@ class LoopPlanner:
         return self._metered(args, kwargs, planned.executor)[1]
 
     def budget(self, profile: Profile) -> int:
-        """The budget in bytes: ``gpu_memory``, the measured no-swap peak / ``footprint_ratio``
-        or the GPU's memory."""
+        """The run's one budget in bytes, resolved at its first plan and kept by every
+        later shape: ``gpu_memory``, the first planned shape's measured no-swap peak /
+        ``footprint_ratio``, or the GPU's memory."""
+        if self.budget_bytes is None:
+            self.budget_bytes = self._resolve_budget(profile)
+        return self.budget_bytes
+
+    def _resolve_budget(self, profile: Profile) -> int:
         config = self.config
         if config.gpu_memory_bytes is not None:
             return config.gpu_memory_bytes
@@ -142,12 +175,116 @@ class LoopPlanner:
         where = swap_topology(self.topology, self.device.type, world)
         return min(where.node(gpu).memory_bytes for gpu in where.gpus[:world])
 
+    def plan_shape(
+        self,
+        timing: BlockTiming,
+        call: tuple[Any, Any],
+        memory: StepMemory | None,
+        *,
+        optimizer: str,
+        step_peak_bytes: int,
+        state_bytes: int,
+        check_memory: bool,
+        shape: str,
+        fits: str | None,
+    ) -> ShapePlan:
+        """Plan one call from its timed step and one forward that names its saved tensors
+        (``memory``: what the meter read in that step; None: read a step run aside, with
+        ``state_bytes`` of optimizer state the count cannot see added).
+        ``shape`` names the call in messages, ``fits`` the largest call planned within the
+        budget (None: this is the first)."""
+        started = time.perf_counter()
+        args, kwargs = call
+        records, kept, rerun = self.name_tensors(args, kwargs)
+        if memory is None:
+            memory = self.metered_memory(args, kwargs, step_peak_bytes, state_bytes=state_bytes)
+        profile = loop_profile(
+            self.model,
+            self.layers,
+            records,
+            timing,
+            call,
+            optimizer=optimizer,
+            memory=memory,
+            kept=kept,
+            rerun=rerun,
+        )
+        budget = self.budget(profile)
+        recomputes_all = False
+        try:
+            result, executor = self.make(profile, budget, args, kwargs)
+        except ConfigError:
+            if fits is None:  # the first shape: the refusal names the smallest budget
+                raise
+            result, executor = self._beyond_budget(profile, budget, call, shape, fits)
+            recomputes_all = True
+        planned = ShapePlan(
+            executor,
+            result,
+            profile,
+            budget,
+            time.perf_counter() - started,
+            call=_on_host(call),
+            recomputes_all=recomputes_all,
+        )
+        if check_memory and self.device.type != "cuda" and not recomputes_all:
+            # The storage count cannot watch the user's step: a step run aside with the
+            # plan is measured, and the plan made again right away if it held more.
+            while True:
+                self.measured(planned, self.metered_plan(planned, args, kwargs))
+                if not planned.replan_due:
+                    break
+                planned = self.replan(planned, args, kwargs)
+        return planned
+
+    def _beyond_budget(
+        self,
+        profile: Profile,
+        budget: int,
+        call: tuple[Any, Any],
+        shape: str,
+        fits: str,
+    ) -> tuple[PlanResult, SwapExecutor | None]:
+        """A call no plan fits within the run's budget: refused (``on_infeasible="error"``),
+        or run recomputing every layer it can (``"recompute-all"``), said in a warning."""
+        workload = workload_from_profile(profile)
+        least = workload.min_budget_bytes(recomputing=True)
+        over = (
+            f"a batch of shape {shape} needs at least {format_bytes(least)} "
+            f"({least} bytes) with every layer recomputed, more than the run's budget of "
+            f"{format_bytes(budget)}; the largest shape planned within it is {fits}"
+        )
+        if self.on_infeasible != "recompute-all":
+            raise ConfigError(
+                f"{over}. Cap the batch's length at what fits, give "
+                "offload(gpu_memory=...) at least that much, or pass "
+                "offload(on_infeasible='recompute-all') to run such batches recomputing "
+                "every layer beyond the budget"
+            ) from None
+        warnings.warn(
+            f"pipeswap.offload: {over}; it runs recomputing every layer "
+            "(on_infeasible='recompute-all')",
+            RuntimeWarning,
+            stacklevel=6,
+        )
+        everything = replace(self.config, policy="recompute")
+        return self.make(profile, least, *call, config=everything)
+
     def make(
-        self, profile: Profile, budget: int, args: Any, kwargs: Any
+        self,
+        profile: Profile,
+        budget: int,
+        args: Any,
+        kwargs: Any,
+        *,
+        config: SwapConfig | None = None,
     ) -> tuple[PlanResult, SwapExecutor | None]:
         """Rank 0's plan for ``budget`` bytes, every rank's executor for its part of it."""
         rank, world = rank_and_world()
-        config = replace(self.config, gpu_memory_bytes=budget, footprint_ratio=None)
+        config = replace(config or self.config, gpu_memory_bytes=budget, footprint_ratio=None)
+        if self.search_steps is not None:
+            step = max(MIN_SEARCH_S, self.search_steps * profile.compute_s)
+            config = replace(config, time_limit_s=min(config.time_limit_s, step))
         payload: Any = None
         if rank == 0:
             try:
@@ -178,6 +315,30 @@ class LoopPlanner:
             with self.quiet():
                 executor.prepare(lambda: self.model(*args, **kwargs))
         return result, executor
+
+    def recompute_all(self, like: ShapePlan, args: Any, kwargs: Any) -> ShapePlan:
+        """``like``'s plan with every layer recomputed and nothing swapped, for this call:
+        what a call no plan covers can hold least, checkpointing every layer."""
+        rank, _ = rank_and_world()
+        plan = like.result.plan
+        gpus = tuple(
+            replace(gpu, swaps=(), recompute=tuple(self.layer_names), offset_s=0.0)
+            for gpu in plan.gpus
+        )
+        executor = SwapExecutor(
+            self.model,
+            replace(plan, policy="recompute", gpus=gpus),
+            rank=rank,
+            layers=self.layer_names,
+            device=self.device,
+            account=False,
+            strict=False,
+        )
+        with self.quiet():
+            executor.prepare(lambda: self.model(*args, **kwargs))
+        return replace(
+            like, executor=executor, call=None, measured_peak_bytes=None, recomputes_all=True
+        )
 
     def measured(self, planned: ShapePlan, peak: int) -> None:
         """A plan's first step held ``peak`` bytes: over the budget, plan again for less."""
@@ -224,3 +385,12 @@ class LoopPlanner:
             measured_peak_bytes=None,
             planning_s=planned.planning_s + time.perf_counter() - started,
         )
+
+
+def _on_host(call: tuple[Any, Any]) -> tuple[Any, Any]:
+    """The call's tensors copied to the host (a plan made again moves them back)."""
+    return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, call)
+
+
+def on_device(call: tuple[Any, Any], device: torch.device) -> tuple[Any, Any]:
+    return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, call)

@@ -16,8 +16,9 @@ from pipeswap.dist.ddp import unwrap
 from pipeswap.dist.group import rank_and_world
 from pipeswap.errors import PipeswapError
 from pipeswap.models.blocks import find_blocks
+from pipeswap.profile import StepMemory
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
-from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
+from pipeswap.profiling.step import optimizer_state_bytes
 from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import resolve_layers
@@ -25,8 +26,9 @@ from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.stats import StepStats
 from pipeswap.training.loop_calls import Signature, optimizer_name, takes_use_cache, without_cache
 from pipeswap.training.loop_calls import signature as call_signature
+from pipeswap.training.loop_meter import LoopMeter
 from pipeswap.training.loop_plans import LoopPlanner, ShapePlan, offload_names
-from pipeswap.training.loop_profile import loop_profile
+from pipeswap.training.loop_shapes import ShapePlans, describe
 from pipeswap.units import parse_bytes
 
 
@@ -39,24 +41,27 @@ def offload(
     topology: str | None = None,
     layers: Sequence[str] | None = None,
     optimizer: str | torch.optim.Optimizer = "adamw",
-    time_limit_s: float = 1.0,
+    time_limit_s: float | None = None,
     check_memory: bool | None = None,
+    on_infeasible: str = "error",
 ) -> Offload:
     """Swap ``model``'s saved tensors to host memory in your own loop, planned for you.
 
     ``with off:`` around the forward (``off = offload(model, footprint_ratio=1.5)``); the
-    backward and the optimizer step stay yours. The first forward of each input shape runs
-    as it is while its layers are timed; the next one of that shape makes a plan (the
-    contention-aware planner, ``policy``, within ``gpu_memory`` bytes or the no-swap
-    peak / ``footprint_ratio``, on ``topology`` or the one of this machine) and every later
-    one runs it. Losses and weights stay bit-identical to the loop without it. Under your
-    own DDP, rank 0 plans for every rank (disjoint and bidirectional swaps coordinate
-    them): every rank must see the same input shapes at the same steps, as a
-    DistributedSampler gives. ``layers`` are the submodules plans cut at (default: the
-    model's repeated block list); ``optimizer`` says which state the budget counts (pass
-    the optimizer itself to have its state counted as it is). ``time_limit_s`` bounds the
-    search of the policies that search (``auto``, ``mip``): a plan comes in about that
-    long, inside the user's step.
+    backward and the optimizer step stay yours. A call no plan covers yet runs as it is
+    while its layers are timed; the next forward plans it (the contention-aware planner,
+    ``policy``, within the run's budget, on ``topology`` or the one of this machine) and
+    every call it covers runs the plan from then on. ``off.plan_for(**largest_batch)``
+    plans before the loop, so that no step runs unplanned. Losses and weights stay
+    bit-identical to the loop without it (which a Hugging Face model runs with
+    ``use_cache=False``, as offload passes it). Under your own DDP, rank 0 plans for every
+    rank (disjoint and bidirectional swaps coordinate them): every rank must see the same
+    input shapes at the same steps, as a DistributedSampler gives. ``layers`` are the
+    submodules plans cut at (default: the model's repeated block list); ``optimizer`` says
+    which state the budget counts (pass the optimizer itself to have its state counted as
+    it is). ``time_limit_s`` bounds the search of the policies that search (``auto``,
+    ``mip``), inside the user's step; by default it is about two training steps' time, at
+    most 1 s.
 
     The budget is what the device's own meter counts (pipeswap.profiling.meter: CUDA's
     allocator; on the CPU the live storages): the first step of a shape reads the meter at
@@ -66,7 +71,19 @@ def offload(
     if it held more than the budget, the shape is planned again for that much less, at
     most twice (a warning says so). ``stats()`` states the measured peak beside the budget
     and the plan's prediction.
+
+    Batches of every length: the budget is resolved once, at the first plan, and every
+    later shape keeps it. A plan made for one call serves every smaller call of the same
+    structure (pipeswap.training.loop_shapes), so a loop that pads each batch to its own
+    longest sequence plans only the shapes no earlier plan covers. A shape no plan fits
+    within the budget is refused, naming the largest shape planned within it
+    (``on_infeasible="error"``), or runs recomputing every layer beyond the budget, with a
+    warning (``"recompute-all"``).
     """
+    if on_infeasible not in INFEASIBLE:
+        raise ConfigError(
+            f"on_infeasible {on_infeasible!r} is not a choice; use one of {', '.join(INFEASIBLE)}"
+        )
     with offload_names():
         try:
             memory = parse_bytes(gpu_memory) if isinstance(gpu_memory, str) else gpu_memory
@@ -76,16 +93,27 @@ def offload(
             policy=policy,
             gpu_memory_bytes=memory,
             footprint_ratio=footprint_ratio,
-            time_limit_s=time_limit_s,
+            time_limit_s=SEARCH_AT_MOST_S if time_limit_s is None else time_limit_s,
         )
-    return Offload(
+    offloading = Offload(
         model,
         config,
         layers=layers,
         optimizer=optimizer,
         topology=topology,
         check_memory=check_memory,
+        on_infeasible=on_infeasible,
     )
+    offloading.planner.search_steps = SEARCH_STEPS if time_limit_s is None else None
+    return offloading
+
+
+# By default a plan's search takes about this many training steps' time, at most
+# SEARCH_AT_MOST_S: planning stays a small part of a loop however small its steps.
+SEARCH_STEPS = 2.0
+SEARCH_AT_MOST_S = 1.0
+# What offload does with a shape no plan fits within the run's budget.
+INFEASIBLE = ("error", "recompute-all")
 
 
 class Offload:
@@ -100,6 +128,7 @@ class Offload:
         optimizer: str | torch.optim.Optimizer = "adamw",
         topology: str | None = None,
         check_memory: bool | None = None,
+        on_infeasible: str = "error",
     ) -> None:
         self.model = unwrap(model)
         self.config = config
@@ -124,20 +153,16 @@ class Offload:
         if isinstance(optimizer, torch.optim.Optimizer):
             self.optimizer_state = optimizer
             self._optimizer_hooks = [
-                optimizer.register_step_pre_hook(lambda *_: self._optimizer_step(True)),
-                optimizer.register_step_post_hook(lambda *_: self._optimizer_step(False)),
+                optimizer.register_step_pre_hook(lambda *_: self.meter.optimizer_step(True)),
+                optimizer.register_step_post_hook(lambda *_: self.meter.optimizer_step(False)),
             ]
             optimizer = optimizer_name(optimizer)
         self.optimizer = optimizer
         device = self._device()
         self.check_memory = device.type == "cuda" if check_memory is None else check_memory
-        self._meter: DeviceMeter | None = None  # CUDA: reading a step, to the next forward
-        self._measuring: ShapePlan | None = None  # whose first step the meter reads
-        self._step_peak_due = False  # CPU: read the next optimizer step
-        self._step_meter: DeviceMeter | None = None
-        self._step_peak_bytes = 0  # CPU: the optimizer step's peak, when read
-        self._timings: dict[Signature, BlockTiming] = {}
-        self._planned: dict[Signature, ShapePlan] = {}
+        # The step timed last, to plan at the next forward: its call, signature and timing.
+        self._timed: tuple[Signature, tuple[Any, Any], BlockTiming] | None = None
+        self._last_call: dict[str, Any] = {}  # what stats() says of the step that ran
         self._timing_hooks: list[Any] = []
         self._root_hooks: list[Any] = []
         self._inside = False  # a planning forward of our own: the hooks stand aside
@@ -145,7 +170,6 @@ class Offload:
         self._pending: SwapExecutor | None = None  # whose step ends at the next forward
         self._last: StepStats | None = None
         self._last_plan: ShapePlan | None = None
-        self._timing: BlockTiming | None = None  # the timed step the meter reads
         self.steps = 0
         self.plain_steps = 0
         self.planner = LoopPlanner(
@@ -157,7 +181,10 @@ class Offload:
             self._quiet,
             (self.model, self.optimizer_state),
             self.host_pools,
+            on_infeasible,
         )
+        self.shapes = ShapePlans(self.planner)
+        self.meter = LoopMeter(device, (self.model, self.optimizer_state), self.planner.measured)
 
     @contextmanager
     def _quiet(self) -> Iterator[None]:
@@ -195,14 +222,11 @@ class Offload:
         """Remove every hook the plans installed on the model."""
         self._end_pending()
         self._remove_timing()
-        self._stop_meter()
+        self.meter.stop()
         for handle in self._optimizer_hooks:
             handle.remove()
         self._optimizer_hooks = []
-        for planned in self._planned.values():
-            if planned.executor is not None:
-                planned.executor.close()
-        self._planned.clear()
+        self.shapes.close()
 
     # ---- hooks on the model's own call ----------------------------------------------
     def _before(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
@@ -212,21 +236,26 @@ class Offload:
             kwargs = without_cache(kwargs)
         self._end_pending()
         self._remove_timing()
-        held_bytes = self._stop_meter()
+        held_bytes = self.meter.stop()
+        started = time.perf_counter()
+        if self._timed is not None:  # the previous step learnt a shape: plan it now
+            (timed, call, timing), self._timed = self._timed, None
+            self._plan(timed, call, timing, timing.step_memory(self.layer_names, held_bytes))
         signature = call_signature(args, kwargs, self._device())
-        planned = self._planned.get(signature)
-        timing = self._timings.get(signature)
-        if planned is None and timing is not None and timing.complete(self.layer_names):
-            planned = self._plan(signature, args, kwargs, held_bytes)
-        elif planned is not None and planned.replan_due:
-            planned = self._planned[signature] = self.planner.replan(planned, args, kwargs)
-        if planned is None:
-            self._start_timing(signature)
+        covering, planned = self.shapes.serving(signature, args, kwargs, self._device())
+        self._last_call = {
+            "shape": describe(signature),
+            "planned_shape": None if covering is None else describe(covering),
+            "step_planning_s": time.perf_counter() - started,
+        }
+        if planned is None:  # no plan covers this call yet: run it as it is, timed
+            self._timed = (signature, (args, kwargs), self._start_timing())
             self.plain_steps += 1
+            self._last_plan = self._last = None
             return args, kwargs
         self._last_plan = planned
         if self.check_memory and planned.measured_peak_bytes is None:
-            self._start_meter(planned)
+            self.meter.watch(planned)
         executor = planned.executor
         if executor is None:
             self.steps += 1
@@ -262,113 +291,92 @@ class Offload:
 
     def host_pools(self) -> list[torch.Tensor]:
         """The host memory the plans swap into (never the device's: meters leave it out)."""
-        return [p.executor.pool.buffer for p in self._planned.values() if p.executor is not None]
+        return [
+            p.executor.pool.buffer for p in self.shapes.plans.values() if p.executor is not None
+        ]
 
-    def _start_timing(self, signature: Signature) -> None:
-        timing = self._timings[signature] = BlockTiming()
-        if self._device().type == "cuda":
-            # The allocator sees the whole step as the loop runs it, the user's loss and
-            # optimizer step included; read at the layers' edges, until the next forward.
-            self._meter = DeviceMeter(self._device())
-            timing.marks = MemoryMarks(self._meter)
-            self._timing = timing
-        else:
-            self._step_peak_due = self.optimizer_state is not None
+    def _start_timing(self) -> BlockTiming:
+        timing = BlockTiming()
+        self.meter.time(timing, optimizer_hooked=self.optimizer_state is not None)
         self._timing_hooks = time_blocks(self.layers, timing, self._device())
-
-    def _start_meter(self, planned: ShapePlan) -> None:
-        """Read the allocator over the first step that runs ``planned`` (to the next forward)."""
-        self._meter = DeviceMeter(self._device())
-        self._meter.reset_peak()
-        self._measuring = planned
-
-    def _optimizer_step(self, starting: bool) -> None:
-        """The given optimizer's step hooks: on the CPU the storage count reads the step
-        after a timed one (a mode that begins and ends inside the step)."""
-        if starting and self._step_peak_due:
-            self._step_peak_due = False
-            meter = DeviceMeter(self._device(), holding=(self.model, self.optimizer_state))
-            meter.__enter__()
-            self._step_meter = meter
-        elif not starting and self._step_meter is not None:
-            meter, self._step_meter = self._step_meter, None
-            meter.__exit__(None, None, None)
-            self._step_peak_bytes = meter.peak
-
-    def _stop_meter(self) -> int | None:
-        """End the step the meter reads (at the next forward, so the optimizer step counts):
-        a timed step's last interval, or a plan's first step, checked against its budget.
-        Returns what the device holds now (None without a meter)."""
-        meter, self._meter = self._meter, None
-        if meter is None:
-            return None
-        timing, self._timing = self._timing, None
-        if timing is not None and timing.marks is not None:
-            timing.marks.close("step")
-        held, peak = meter.current, meter.peak
-        planned, self._measuring = self._measuring, None
-        if planned is not None:
-            self.planner.measured(planned, peak)
-        return held
+        return timing
 
     def _remove_timing(self) -> None:
         for handle in self._timing_hooks:
             handle.remove()
         self._timing_hooks = []
 
-    def _plan(
-        self, signature: Signature, args: Any, kwargs: Any, held_bytes: int | None
-    ) -> ShapePlan:
-        """Plan this shape from its timing and one forward that names its saved tensors."""
+    def plan_for(self, *args: Any, **kwargs: Any) -> None:
+        """Plan for this call of the model before the loop: give it the largest batch the
+        loop will see (its batch size, its longest sequence), as the loop passes it. Every
+        call it covers (the same arguments, no tensor larger in any dimension) then runs
+        the plan from its first step, within the one budget. It runs one forward and
+        backward aside, timed and metered; gradients, buffers and random streams are left
+        as they were."""
+        if self._takes_use_cache:
+            kwargs = without_cache(kwargs)
+        self._end_pending()
         started = time.perf_counter()
-        timing = self._timings.pop(signature)
-        planner = self.planner
-        records, kept, rerun = planner.name_tensors(args, kwargs)
-        memory = timing.step_memory(self.layer_names, held_bytes)
-        if memory is None:
-            memory = planner.metered_memory(args, kwargs, self._step_peak_bytes)
-        profile = loop_profile(
-            self.model,
-            self.layers,
-            records,
+        signature = call_signature(args, kwargs, self._device())
+        timing, memory = self.planner.aside(args, kwargs, state_bytes=self._unseen_state())
+        self._plan(signature, (args, kwargs), timing, memory)
+        self.shapes.declared = signature
+        # The step run aside is part of planning here (in the loop, the timed step is the
+        # user's own).
+        self.shapes.plans[signature].planning_s = time.perf_counter() - started
+
+    def _plan(
+        self,
+        signature: Signature,
+        call: tuple[Any, Any],
+        timing: BlockTiming,
+        memory: StepMemory | None,
+    ) -> None:
+        self.shapes.plan(
+            signature,
+            call,
             timing,
-            (args, kwargs),
+            memory,
             optimizer=self.optimizer,
-            memory=memory,
-            kept=kept,
-            rerun=rerun,
+            step_peak_bytes=self.meter.step_peak_bytes,
+            state_bytes=self._unseen_state(),
+            check_memory=self.check_memory,
         )
-        budget = planner.budget(profile)
-        result, executor = planner.make(profile, budget, args, kwargs)
-        planned = self._planned[signature] = ShapePlan(
-            executor, result, profile, budget, time.perf_counter() - started
+
+    def _unseen_state(self) -> int:
+        """Optimizer state the storage count cannot see: all of it when the optimizer was
+        named (not given), or when it has made none yet (no step has run)."""
+        if self.optimizer_state is not None and self.optimizer_state.state:
+            return 0
+        trainable = (p for p in self.model.parameters() if p.requires_grad)
+        return optimizer_state_bytes(
+            self.optimizer, sum(p.numel() * p.element_size() for p in trainable)
         )
-        if self.check_memory and self._device().type != "cuda":
-            # The storage count cannot watch the user's step: a step run aside with the
-            # plan is measured, and the plan made again right away if it held more.
-            while True:
-                planner.measured(planned, planner.metered_plan(planned, args, kwargs))
-                if not planned.replan_due:
-                    break
-                planned = self._planned[signature] = planner.replan(planned, args, kwargs)
-        return planned
 
     # ---- what it did ----------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """What the last step did and the plan it ran: bytes swapped and recomputed, late
-        fetches, the plan's policy and its predicted step and stall, the budget beside the
-        plan's predicted peak and the meter's measured one (of the first step that ran the
-        plan; while that step is still being read, the most so far), the planning time
-        and how often the shape was planned again (call it after a step's backward)."""
+        """What the last step did (call it after a step's backward): its ``shape``, the
+        shape whose plan it ran (``planned_shape``; None: it ran as it is, timed, as no
+        plan covered it yet) and the time its forward spent planning; bytes swapped and
+        recomputed, late fetches; the run's budget; of the plan it ran, the policy, the
+        predicted step and stall, the predicted peak beside the meter's measured one (of
+        the first step that ran the plan; while that step is still being read, the most
+        so far), its planning time and how often it was made again."""
         self._end_pending()
         out: dict[str, Any] = {
             "steps": self.steps,
             "plain_steps": self.plain_steps,
-            "plans": len(self._planned),
+            "plans": len(self.shapes.plans),
+            "shape": None,
+            "planned_shape": None,
+            "step_planning_s": 0.0,
+            **self._last_call,
+            "budget_bytes": self.planner.budget_bytes,
+            "total_planning_s": sum(p.planning_s for p in self.shapes.plans.values()),
         }
         out.update((self._last or StepStats(0, 0, 0, 0, 0.0)).to_json())
         out["unmatched_tensors"] = sum(
-            p.executor.unmatched for p in self._planned.values() if p.executor is not None
+            p.executor.unmatched for p in self.shapes.plans.values() if p.executor is not None
         )
         planned = self._last_plan
         if planned is not None:
@@ -377,13 +385,10 @@ class Offload:
             out["policy"] = result.policy
             out["predicted_step_s"] = result.iteration_s
             out["predicted_stall_s"] = max(0.0, result.iteration_s - result.compute_s)
-            out["budget_bytes"] = planned.budget_bytes
+            out["recomputes_all"] = planned.recomputes_all
             out["planned_for_bytes"] = result.budget_bytes
             out["predicted_peak_bytes"] = result.gpus[rank].peak_bytes
-            measured = planned.measured_peak_bytes
-            if measured is None and self._measuring is planned and self._meter is not None:
-                measured = self._meter.peak
-            out["measured_peak_bytes"] = measured
+            out["measured_peak_bytes"] = self.meter.peak_so_far(planned)
             workload = workload_from_profile(planned.profile)
             out["no_swap_peak_bytes"] = workload.no_swap_peak_bytes()
             out["smallest_budget_bytes"] = workload.min_budget_bytes()

@@ -7,6 +7,7 @@ from collections.abc import Hashable, Iterable
 import torch
 
 from pipeswap.errors import PipeswapError
+from pipeswap.profiling.meter import host_buffer
 
 # Slots start on 512-byte boundaries: copy engines move aligned blocks fastest.
 SLOT_ALIGNMENT = 512
@@ -45,8 +46,9 @@ class HostPool:
         self.capacity_bytes = total
         self.pinned = bool(pin) and total > 0
         self.allocations = 1
-        # [capacity_bytes] uint8: the only host allocation the pool ever makes.
-        self.buffer = torch.empty(total, dtype=torch.uint8, pin_memory=self.pinned)
+        # [capacity_bytes] uint8: the only host allocation the pool ever makes; host
+        # memory, which no device meter counts (pipeswap.profiling.meter).
+        self.buffer = host_buffer(total, pin=self.pinned)
         self._views = {
             key: self.buffer.narrow(0, offset, nbytes) for key, (offset, nbytes) in offsets.items()
         }
@@ -66,11 +68,18 @@ class HostPool:
     def offset(self, key: Hashable) -> int:
         return self._offsets[key][0]
 
-    def slot(self, key: Hashable) -> torch.Tensor:
-        """The ``[nbytes]`` uint8 view that holds tensor ``key`` while it is on the host."""
+    def slot(self, key: Hashable, nbytes: int | None = None) -> torch.Tensor:
+        """The ``[nbytes]`` uint8 view that holds tensor ``key`` while it is on the host
+        (its first ``nbytes`` when given: a smaller tensor of a call the plan covers)."""
         view = self._views.get(key)
         if view is None:
             raise PipeswapError(
                 f"the host pool has no slot for {key!r}; it holds {len(self)} slots"
             )
-        return view
+        if nbytes is None or nbytes == view.numel():
+            return view
+        if nbytes > view.numel():
+            raise PipeswapError(
+                f"tensor {key!r} has {nbytes} bytes but its host slot {view.numel()}"
+            )
+        return view.narrow(0, 0, nbytes)

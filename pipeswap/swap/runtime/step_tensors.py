@@ -106,13 +106,16 @@ class StepTensors:
     def _new_entry(self, key: SavedKey, tensor: torch.Tensor) -> SavedEntry | None:
         if key in self.decisions:
             storage = bytes_of_storage(tensor)
-            if storage.numel() != self.decisions[key].bytes:
+            planned = self.decisions[key].bytes
+            if storage.numel() > planned or (self.strict and storage.numel() != planned):
                 if not self.strict:
                     return None
                 raise PipeswapError(
                     f"tensor {key} has {storage.numel()} bytes in this step but "
-                    f"{self.decisions[key].bytes} in the plan; steps must keep their shapes"
+                    f"{planned} in the plan; steps must keep their shapes"
                 )
+            # Without strict, a smaller call the plan covers (pipeswap.training.loop_shapes)
+            # swaps a smaller tensor into the front of its slot.
             pool_key = key if self.slot is None else (self.slot, *key)
             entry = SavedEntry(pool_key, storage.numel(), True, storage)
         else:

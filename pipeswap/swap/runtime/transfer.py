@@ -151,7 +151,7 @@ class SwapTransfer:
         assert entry.state == ON_DEVICE and entry.device is not None
         out = self.out_stream
         if not is_cuda(out):  # the CPU: the copy is done when the call returns
-            _copy(self.pool.slot(entry.key), entry.device, non_blocking=False)
+            _copy(self.pool.slot(entry.key, entry.nbytes), entry.device, non_blocking=False)
             entry.device = None
             entry.state = ON_HOST
             self.ledger.shrink(entry.nbytes)
@@ -161,7 +161,7 @@ class SwapTransfer:
         if reader is not None:
             wait_event(out, reader)  # the last prefetch from this slot must have read it
         with use_stream(out):
-            _copy(self.pool.slot(entry.key), entry.device, non_blocking=True)
+            _copy(self.pool.slot(entry.key, entry.nbytes), entry.device, non_blocking=True)
         entry.event = record_event(out)
         entry.state = COPYING_OUT
         self._pending_out.append(entry)
@@ -222,7 +222,7 @@ class SwapTransfer:
 
     def _fetch(self, entry: SavedEntry, *, late: bool) -> None:
         self.ledger.grow(entry.nbytes)
-        slot = self.pool.slot(entry.key)
+        slot = self.pool.slot(entry.key, entry.nbytes)
         if not is_cuda(self.in_stream):
             # Host and "device" memory are one: the backward reads the slot itself, as
             # save_on_cpu does on the CPU (the slot is written again only by the next step's

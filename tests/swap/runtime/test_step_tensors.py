@@ -48,9 +48,17 @@ def test_without_strict_what_does_not_fit_stays_and_is_counted() -> None:
     tensors.sizes = {("l0", 0): 16}
     tensors.start_step(["l0"])
     tensors.layer = "l0"
-    wrong_size = torch.ones(3)
-    assert tensors.pack(wrong_size) is wrong_size  # 12 bytes under a 16-byte name: kept
+    too_large = torch.ones(5)
+    assert tensors.pack(too_large) is too_large  # 20 bytes under a 16-byte name: kept
     tensors.swap_out(("l0", 0))  # the step never saved that name: the swap is skipped
+    assert tensors.unmatched == 2
+    # A smaller call the plan covers: 12 bytes go to the front of the 16-byte slot.
+    tensors.start_step(["l0"])
+    tensors.layer = "l0"
+    smaller = torch.arange(3.0)
+    handle = tensors.pack(smaller)
+    tensors.swap_out(("l0", 0))
+    assert tensors.swapped == 12 and torch.equal(tensors.unpack(handle), torch.arange(3.0))
     first, other = torch.ones(4), torch.full((4,), 2.0)
     tensors.start_step(["l0"])
     tensors.layer = "l0"

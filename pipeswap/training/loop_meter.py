@@ -1,0 +1,89 @@
+"""The device's meter over a user's loop: a timed step, the optimizer step, a plan's first step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pipeswap.profiling.block_timing import BlockTiming
+from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
+from pipeswap.training.loop_plans import ShapePlan
+
+
+class LoopMeter:
+    """What offload reads of the device while the user's loop runs.
+
+    On CUDA the allocator sees the whole step as the loop runs it (the user's loss and
+    optimizer step included): a timed step is read at the layers' edges, and the first
+    step that runs each plan as a whole, each until the next forward, when
+    ``measured(plan, peak)`` learns what the plan's step held. On the CPU the storage
+    count is a mode that must begin and end inside what it reads: it reads the optimizer
+    step after a timed one (through the hooks of the optimizer offload was given)."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        holding: tuple[Any, ...],
+        measured: Callable[[ShapePlan, int], None],
+    ) -> None:
+        self.device = device
+        self.holding = holding
+        self.measured = measured
+        self.meter: DeviceMeter | None = None  # CUDA: reading a step, to the next forward
+        self.measuring: ShapePlan | None = None  # whose first step the meter reads
+        self.timing: BlockTiming | None = None  # the timed step the meter reads
+        self.step_peak_due = False  # CPU: read the next optimizer step
+        self.step_meter: DeviceMeter | None = None
+        self.step_peak_bytes = 0  # CPU: the optimizer step's peak, when read
+
+    def time(self, timing: BlockTiming, *, optimizer_hooked: bool) -> None:
+        """Read a timed step: at its layers' edges (CUDA), or its optimizer step (CPU)."""
+        if self.device.type == "cuda":
+            self.meter = DeviceMeter(self.device)
+            timing.marks = MemoryMarks(self.meter)
+            self.timing = timing
+        else:
+            self.step_peak_due = optimizer_hooked
+
+    def watch(self, planned: ShapePlan) -> None:
+        """Read the allocator over the first step that runs ``planned`` (to the next forward)."""
+        self.meter = DeviceMeter(self.device)
+        self.meter.reset_peak()
+        self.measuring = planned
+
+    def optimizer_step(self, starting: bool) -> None:
+        """The optimizer's step hooks: on the CPU the step after a timed one is read."""
+        if starting and self.step_peak_due:
+            self.step_peak_due = False
+            meter = DeviceMeter(self.device, holding=self.holding)
+            meter.__enter__()
+            self.step_meter = meter
+        elif not starting and self.step_meter is not None:
+            meter, self.step_meter = self.step_meter, None
+            meter.__exit__(None, None, None)
+            self.step_peak_bytes = meter.peak
+
+    def stop(self) -> int | None:
+        """End the step the meter reads (at the next forward, so the optimizer step counts):
+        a timed step's last interval, or a plan's first step, checked against its budget.
+        Returns what the device holds now (None without a meter)."""
+        meter, self.meter = self.meter, None
+        if meter is None:
+            return None
+        timing, self.timing = self.timing, None
+        if timing is not None and timing.marks is not None:
+            timing.marks.close("step")
+        held, peak = meter.current, meter.peak
+        planned, self.measuring = self.measuring, None
+        if planned is not None:
+            self.measured(planned, peak)
+        return held
+
+    def peak_so_far(self, planned: ShapePlan) -> int | None:
+        """The measured peak of ``planned``'s first step, or the most so far while it runs."""
+        measured = planned.measured_peak_bytes
+        if measured is None and self.measuring is planned and self.meter is not None:
+            measured = self.meter.peak
+        return measured

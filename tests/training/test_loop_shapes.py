@@ -1,0 +1,256 @@
+"""Batches of every length: which plan serves a call, one budget, plans before they are needed.
+
+Covers: pipeswap/training/loop_shapes.py (and offload's use of it: plan_for,
+on_infeasible, stats of the step that ran).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pipeswap.config import ConfigError
+from pipeswap.profiling.meter import DeviceMeter
+from pipeswap.swap.plan.workload import workload_from_profile
+from pipeswap.training.loop_calls import signature
+from pipeswap.training.loop_shapes import covers, describe, largest_covered, smallest_covering
+from pipeswap.training.offload import offload
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 96
+CPU = torch.device("cpu")
+
+
+def _sig(*shapes: tuple[int, ...], flag: bool = True) -> Any:
+    return signature(([torch.zeros(s) for s in shapes],), {"flag": flag}, CPU)
+
+
+def test_a_call_is_covered_by_one_of_its_structure_no_smaller_anywhere() -> None:
+    big, small = _sig((4, 64), (4, 64)), _sig((4, 17), (4, 17))
+    assert covers(big, small) and covers(big, big) and not covers(small, big)
+    assert not covers(big, _sig((4, 17), (5, 17)))  # larger in one dimension
+    assert not covers(big, _sig((4, 17), (4, 17), flag=False))  # another argument
+    assert not covers(big, _sig((4, 17)))  # another structure
+    assert not covers(_sig((4, 64)), _sig((4, 1, 64)))  # another rank
+    middle = _sig((4, 32), (4, 32))
+    assert smallest_covering(small, [big, middle]) == middle
+    assert smallest_covering(big, [small, middle]) is None
+    assert largest_covered(big, [small, middle]) == middle
+    assert describe(big) == "4x64, 4x64"
+
+
+def _llama(hidden: int = 64, layers: int = 4) -> nn.Module:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+def padded_batches(count: int, low: int, high: int, *, rows: int = 4) -> list[dict[str, Any]]:
+    """What DataCollatorWithPadding makes of texts of varied lengths: each batch padded to
+    its own longest row, the padding masked out of the attention and the loss."""
+    generator = torch.Generator().manual_seed(3)
+    out = []
+    for _ in range(count):
+        lengths = torch.randint(low, high + 1, (rows,), generator=generator).tolist()
+        longest = max(lengths)
+        ids = torch.zeros(rows, longest, dtype=torch.long)
+        mask = torch.zeros(rows, longest, dtype=torch.long)
+        for row, length in enumerate(lengths):
+            ids[row, :length] = torch.randint(1, VOCAB, (length,), generator=generator)
+            mask[row, :length] = 1
+        out.append(
+            {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+        )
+    return out
+
+
+def metered_loop(model: nn.Module, wrap: Any, data: list[dict[str, Any]], pools: Any = list) -> Any:
+    """The user's loop, each whole step (forward, backward, optimizer) under the meter."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, peaks = [], []
+    started = time.perf_counter()
+    for batch in data:
+        with DeviceMeter(CPU, holding=(model, optimizer, batch), exclude=pools()) as meter:
+            with wrap():
+                loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(loss.item())
+        peaks.append(meter.peak)
+    weights = [p.detach().clone() for p in model.parameters()]
+    return losses, weights, peaks, time.perf_counter() - started
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a[0] == b[0] and all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
+
+
+def test_a_padded_loop_runs_every_step_planned_within_one_budget() -> None:
+    data = padded_batches(80, 8, 96)
+    assert len({batch["input_ids"].shape[1] for batch in data}) >= 30
+    plain = metered_loop(_llama(), nullcontext, data)
+    model = _llama()
+    off = offload(model, footprint_ratio=1.5)
+    started = time.perf_counter()
+    off.plan_for(**max(data, key=lambda batch: batch["input_ids"].shape[1]))
+    planning = time.perf_counter() - started
+    swapped = metered_loop(model, lambda: off, data, off.host_pools)
+    stats = off.stats()
+    assert _same(plain, swapped)
+    assert (stats["plain_steps"], stats["plans"], stats["steps"]) == (0, 1, len(data))
+    budget = stats["budget_bytes"]
+    assert max(swapped[2]) <= budget * 1.02, (max(swapped[2]), budget)
+    assert max(plain[2]) > budget * 1.3  # the budget is a real cut
+    assert stats["total_planning_s"] >= planning * 0.9
+    assert planning <= 0.05 * (swapped[3] + planning), (planning, swapped[3])
+
+
+def test_a_batch_larger_than_plan_for_s_is_refused_before_its_forward() -> None:
+    model = _llama(layers=3)
+    before = [p.detach().clone() for p in model.parameters()]
+    off = offload(model, footprint_ratio=1.5)
+    off.plan_for(**padded_batches(1, 64, 64)[0])
+    longer = padded_batches(1, 96, 96)[0]
+    calls = []
+    model.model.layers[0].register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(ConfigError, match=r"larger than the largest that offload\.plan_for"):
+        with off:
+            model(**longer)
+    assert not calls and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_on_infeasible_recompute_all_runs_it_recomputing_every_layer() -> None:
+    data = padded_batches(4, 24, 64)
+    longer = padded_batches(2, 80, 96)
+    plain = metered_loop(_llama(layers=3), nullcontext, data + longer)
+    model = _llama(layers=3)
+    off = offload(model, footprint_ratio=1.5, on_infeasible="recompute-all")
+    off.plan_for(**max(data, key=lambda batch: batch["input_ids"].shape[1]))
+    with pytest.warns(RuntimeWarning, match="recomputing every layer"):
+        swapped = metered_loop(model, lambda: off, data + longer, off.host_pools)
+    assert _same(plain, swapped)
+    stats = off.stats()
+    assert stats["recomputes_all"] and stats["recomputed_layers"] == 3
+
+
+def test_without_plan_for_every_shape_keeps_the_first_plan_s_budget() -> None:
+    data = padded_batches(1, 64, 64) + padded_batches(12, 32, 96)
+    plain = _loop(_llama(layers=3), nullcontext, data)
+    model = _llama(layers=3)
+    off = offload(model, footprint_ratio=1.1)
+    budgets: list[int | None] = []
+    losses, _ = _loop(
+        model, lambda: off, data, each=lambda: budgets.append(off.stats()["budget_bytes"])
+    )
+    assert losses == plain[0]
+    # Resolved once, against the first shape's no-swap peak; longer shapes keep it.
+    assert budgets[0] is None and len(set(budgets[1:])) == 1
+    first = next(iter(off.shapes.plans.values()))
+    assert budgets[-1] == int(workload_from_profile(first.profile).no_swap_peak_bytes() / 1.1)
+    stats = off.stats()
+    # Only a shape no earlier plan covered was timed.
+    assert stats["plain_steps"] == stats["plans"] < len(data) // 2
+
+
+def test_a_shape_no_plan_fits_within_the_run_s_budget_names_the_largest_that_fits() -> None:
+    short, long = padded_batches(2, 32, 32), padded_batches(2, 256, 256)
+    model = _llama(layers=3)
+    off = offload(model, gpu_memory=2_600_000)
+    with pytest.raises(
+        ConfigError, match=r"4x256.*the largest shape planned within it is 4x32, 4x32, 4x32"
+    ):
+        _loop(model, lambda: off, short + long)
+
+
+def _family(name: str, *, dropout: float = 0.0) -> nn.Module:
+    t = transformers
+    torch.manual_seed(0)
+    small = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    if name == "llama":
+        return t.LlamaForCausalLM(t.LlamaConfig(**small))
+    if name == "gemma":
+        return t.GemmaForCausalLM(t.GemmaConfig(head_dim=8, **small))
+    if name == "qwen2":
+        return t.Qwen2ForCausalLM(t.Qwen2Config(**small))
+    if name == "gpt2":
+        drop = dict(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+        return t.GPT2LMHeadModel(
+            t.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, **drop)
+        )
+    return t.BertForMaskedLM(
+        t.BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=128,
+        )
+    )
+
+
+def _loop(
+    model: nn.Module, wrap: Any, data: list[dict[str, Any]], *, each: Any = lambda: None
+) -> Any:
+    """The user's loop (dropout drawn from one seed), ``each`` called after every step."""
+    torch.manual_seed(5)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for batch in data:
+        with wrap():
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        each()
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma", "qwen2", "gpt2", "bert"])
+def test_recomputing_with_padded_masks_is_bit_identical(name: str) -> None:
+    """Every layer re-run in the backward, each batch with a padded row."""
+    data = padded_batches(4, 24, 64)
+    plain = _loop(_family(name), nullcontext, data)
+    model = _family(name)
+    off = offload(model, policy="recompute", footprint_ratio=1.2)
+    assert _same(plain, _loop(model, lambda: off, data))
+    assert off.stats()["recomputed_layers"] > 0
+
+
+def test_with_dropout_it_equals_the_loop_without_the_cache_and_refuses_one() -> None:
+    """offload passes use_cache=False, as transformers' checkpointing does: GPT-2 with
+    dropout equals the loop run so to the bit; a call that asks for the cache is refused."""
+    data = padded_batches(4, 24, 64)
+    uncached = [{**batch, "use_cache": False} for batch in data]
+    plain = _loop(_family("gpt2", dropout=0.1), nullcontext, uncached)
+    model = _family("gpt2", dropout=0.1)
+    off = offload(model, policy="recompute", footprint_ratio=1.2)
+    assert _same(plain, _loop(model, lambda: off, data))
+    with pytest.raises(Exception, match="use_cache=True in a training forward"):
+        _loop(model, lambda: off, [{**data[0], "use_cache": True}])
