@@ -11,6 +11,9 @@ Sources, by what the path is:
   it has one (local files only), byte-level (UTF-8 bytes) otherwise; documents are
   joined with the tokenizer's end-of-text token (a newline, byte-level).
 
+Only regular files are read (pipeswap.user_files: a device, FIFO or socket is refused
+before it is opened), text up to a bound, and a ``.npy`` only as a literal integer array.
+
 The tokens are cut into non-overlapping windows of ``seq_len + 1``; the last 5% of the
 windows (at least one) are the held-out split (part ``val``, the rest part ``train``),
 unless the held-out data is a file of its own (then each file is used whole, part
@@ -27,6 +30,7 @@ epoch (another order brings them in the next).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -36,6 +40,16 @@ import torch
 from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.progress import thread_lock_for_bars
+from pipeswap.units import format_bytes
+from pipeswap.user_files import (
+    MAX_TEXT_BYTES,
+    TextStats,
+    check_tree,
+    map_npy,
+    open_regular,
+    read_text,
+    require_regular,
+)
 
 HELD_OUT_FRACTION = 0.05
 _TABLES = {
@@ -72,35 +86,33 @@ def load_tokenizer(model: str) -> tuple[Encode, int] | None:
 
 def read_tokens(path: str, text_field: str, tokenizer: tuple[Encode, int] | None) -> np.ndarray:
     """Every token of ``path`` as a 1-D integer array (memory-mapped for token files)."""
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise ConfigError(f"{{data}} {path} does not exist; give a token, text or table file")
+    size = 0 if os.path.isdir(path) else require_regular(path).st_size
     suffix = Path(path).suffix.lower()
-    if suffix == ".bin":
-        if os.path.getsize(path) % 2:
-            raise PipeswapError(f"{path}: {os.path.getsize(path)} bytes is no whole uint16 tokens")
-        return np.memmap(path, dtype=np.uint16, mode="r")
-    if suffix == ".npy":
-        tokens = np.load(path, mmap_mode="r")
-        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-            raise PipeswapError(
-                f"{path}: a {tokens.dtype} array of shape {tokens.shape}; write a 1-D array "
-                "of integer token ids"
-            )
-        return tokens
-    encode, separator = tokenizer if tokenizer is not None else (_bytes, ord("\n"))
-    pieces: list[int] = []
-    for document in _documents(path, suffix, text_field):
+    if suffix == ".bin" and not os.path.isdir(path):
+        if size % 2:
+            raise PipeswapError(f"{path}: {size} bytes is no whole uint16 tokens")
+        return np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
+    if suffix == ".npy" and not os.path.isdir(path):
+        return map_npy(path)
+    stats = TextStats()
+    pieces: list[np.ndarray] = []
+    for document in _documents(path, suffix, text_field, stats):
         if pieces:
-            pieces.append(separator)
-        pieces.extend(encode(document))
-    return np.asarray(pieces, dtype=np.int64)
+            pieces.append(np.array([ord("\n") if tokenizer is None else tokenizer[1]]))
+        if tokenizer is None:  # byte-level: the UTF-8 bytes are the tokens
+            pieces.append(np.frombuffer(document.encode("utf-8"), dtype=np.uint8))
+        else:
+            pieces.append(np.asarray(tokenizer[0](document), dtype=np.int64))
+    note = stats.note()
+    if note is not None:
+        warnings.warn(f"{path}: {note}", UnicodeWarning, stacklevel=2)
+    dtype = np.uint8 if tokenizer is None else np.int64
+    return np.concatenate(pieces).astype(dtype, copy=False) if pieces else np.zeros(0, dtype)
 
 
-def _bytes(text: str) -> list[int]:
-    return list(text.encode("utf-8"))
-
-
-def _documents(path: str, suffix: str, text_field: str) -> Iterator[str]:
+def _documents(path: str, suffix: str, text_field: str, stats: TextStats) -> Iterator[str]:
     if os.path.isdir(path) and not (Path(path) / "dataset_info.json").is_file():
         files = sorted(Path(path).rglob("*.txt"))
         if not files:
@@ -108,18 +120,29 @@ def _documents(path: str, suffix: str, text_field: str) -> Iterator[str]:
                 f"{{data}} {path} is a directory with no .txt files and no saved dataset; "
                 "give a file, a folder of .txt files or a save_to_disk directory"
             )
+        check_tree(path, files)  # a FIFO among them would block the read of the folder
         for file in files:
-            yield file.read_text(encoding="utf-8", errors="replace")
+            yield read_text(file, stats)
         return
     if suffix == ".txt":
-        yield Path(path).read_text(encoding="utf-8", errors="replace")
+        yield read_text(path, stats)
         return
     if not os.path.isdir(path) and suffix not in _TABLES:
         raise ConfigError(
             f"{{data}} {path}: pipeswap reads .bin/.npy tokens, .txt, .jsonl, .csv, .parquet "
             "and .arrow files, folders of .txt files and save_to_disk directories"
         )
-    yield from _table_texts(path, suffix, text_field)
+    if os.path.isdir(path):
+        check_tree(path)  # the saved dataset's files, each opened by datasets
+    elif os.path.getsize(path) > 2 * MAX_TEXT_BYTES:
+        raise ConfigError(
+            f"{{data}} {path} is {format_bytes(os.path.getsize(path))}, more text than pipeswap "
+            f"tokenizes in memory (at most {format_bytes(MAX_TEXT_BYTES)}); tokenize a larger "
+            "corpus once into a .bin file of uint16 tokens (memory-mapped, any size)"
+        )
+    for text in _table_texts(path, suffix, text_field):
+        stats.count(len(text), path)
+        yield text
 
 
 def _table_texts(path: str, suffix: str, text_field: str) -> Iterator[str]:
@@ -156,14 +179,20 @@ def _table_texts(path: str, suffix: str, text_field: str) -> Iterator[str]:
 def _read(tokens: np.ndarray, start: int, count: int) -> np.ndarray:
     """``tokens[start : start + count]``; from a memory-mapped file through an ordinary
     read, so no page of the file stays resident in this process (a page fault on the map
-    would also read ahead megabytes around a scattered window)."""
+    would also read ahead megabytes around a scattered window). A file that shrank since
+    it was mapped (a short read) is refused, never trained on."""
     if isinstance(tokens, np.memmap) and tokens.filename is not None:
-        return np.fromfile(
-            tokens.filename,
-            dtype=tokens.dtype,
-            count=count,
-            offset=tokens.offset + start * tokens.dtype.itemsize,
-        )
+        offset = tokens.offset + start * tokens.dtype.itemsize
+        with open_regular(tokens.filename) as handle:
+            part = np.fromfile(handle, dtype=tokens.dtype, count=count, offset=offset)
+            size = os.fstat(handle.fileno()).st_size
+        if len(part) != count:
+            raise PipeswapError(
+                f"{tokens.filename} changed while pipeswap read it: it is {size:,} bytes now, "
+                f"{tokens.offset + tokens.nbytes:,} when the run began; leave data files as "
+                "they are during a run, and start it again"
+            )
+        return part
     return np.asarray(tokens[start : start + count])
 
 
@@ -258,6 +287,7 @@ class TextDataset:
             "all": (0, windows),
         }[split]
         self.tokens, self.seq_len, self.split, self.seed = tokens, seq_len, split, seed
+        self.vocab_size, self.where = vocab_size, where
         self.first, self.count = first, count
         self.order = EpochOrder(count, seed)
 
@@ -272,4 +302,10 @@ class TextDataset:
         width = self.seq_len + 1
         rows = [_read(self.tokens, (self.first + int(w)) * width, width) for w in chosen]
         window = torch.from_numpy(np.stack(rows).astype(np.int64))
+        if bool(((window < 0) | (window >= self.vocab_size)).any()):  # checked when opened
+            raise PipeswapError(
+                f"{self.where} changed while pipeswap read it: it now holds tokens outside "
+                f"the model's vocabulary of {self.vocab_size}; leave data files as they are "
+                "during a run, and start it again"
+            )
         return window[:, :-1], window[:, 1:]

@@ -13,7 +13,6 @@ Batches follow pipeswap.user_data's epoch order.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -22,7 +21,9 @@ import torch
 
 from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError, first_line
+from pipeswap.jsonio import load_json
 from pipeswap.user_data import HELD_OUT_FRACTION, EpochOrder
+from pipeswap.user_files import check_tree, open_regular
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -48,12 +49,17 @@ def list_images(path: str, num_classes: int) -> tuple[list[str], list[tuple[Path
         )
     items: list[tuple[Path, int]] = []
     for label, name in enumerate(classes):
-        files = sorted(f for f in (root / name).rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted(
+            f
+            for f in (root / name).rglob("*")
+            if f.suffix.lower() in IMAGE_SUFFIXES and not f.is_dir()
+        )
         if not files:
             raise ConfigError(
                 f"{{data}} {path}: class folder {name!r} holds no images "
                 f"({', '.join(IMAGE_SUFFIXES)}); add some or remove the folder"
             )
+        check_tree(root, files)  # a FIFO among them would block the batch that reads it
         items.extend((f, label) for f in files)
     return classes, items
 
@@ -65,7 +71,7 @@ def normalization(model_dir: str | None) -> tuple[list[float], list[float]] | No
     config = Path(model_dir) / "preprocessor_config.json"
     if not config.is_file():
         return None
-    found = json.loads(config.read_text())
+    found = load_json(config)
     if not found.get("do_normalize", True) or "image_mean" not in found:
         return None
     return list(found["image_mean"]), list(found["image_std"])
@@ -123,7 +129,7 @@ class ImageFolderDataset:
         from PIL import Image  # Pillow comes with matplotlib, a dependency
 
         try:
-            with Image.open(file) as image:
+            with open_regular(file) as handle, Image.open(handle) as image:
                 converted = image.convert("RGB" if self.channels == 3 else "L")
                 resized = converted.resize(
                     (self.image_size, self.image_size), Image.Resampling.BILINEAR

@@ -146,6 +146,11 @@ def _profile(args: argparse.Namespace) -> Profile:
             "one of them"
         )
     if args.profile is None:
+        if args.batch is not None and args.batch < 1:
+            raise PipeswapError(
+                f"--batch is {args.batch}; use a whole number >= 1 (or leave it out for the "
+                "model's default)"
+            )
         return estimate(
             args.estimate,
             args.batch or model_spec(args.estimate).default_batch or 8,

@@ -7,8 +7,8 @@ pipeswap.models.adapt. Zoo names are built by pipeswap.models.registry.
 from __future__ import annotations
 
 import importlib
-import json
 import os
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,12 +18,16 @@ import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError, first_line
+from pipeswap.jsonio import load_json
 from pipeswap.models.adapt import adapt
 from pipeswap.models.base import LayeredModel
-from pipeswap.models.fits import check_fits, meta_build, parameter_count
+from pipeswap.models.fits import check_depth, check_fits, meta_build, parameter_count
 from pipeswap.models.seeding import seeded
 from pipeswap.progress import bars_shown, thread_lock_for_bars
 
+# transformers expands a config's labels into a dict before any check of ours can run
+# (10**8 of them exhaust the memory); ImageNet-21k has 21,843.
+MAX_LABELS = 1_000_000
 _WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -138,18 +142,46 @@ def library_bars(transformers: Any) -> Iterator[None]:
         (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
 
 
+def _refuse_special_files(directory: str) -> None:
+    """Refuse a device, FIFO or socket in a model directory (through a link too) before
+    transformers opens one and reads it without end or blocks."""
+    for entry in os.scandir(directory):
+        try:
+            mode = os.stat(entry.path).st_mode
+        except OSError:
+            continue  # a broken link: transformers looks for its files by name
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise PipeswapError(
+                f"{entry.path} is no regular file (a device, FIFO or socket), which would be "
+                "read without end or block; a model directory holds regular files only"
+            )
+
+
+def _count_labels(config_path: Path, raw: dict[str, Any]) -> None:
+    """Refuse more labels than MAX_LABELS before transformers expands them."""
+    labels = raw.get("num_labels")
+    names = raw.get("id2label")
+    most = max(
+        labels if isinstance(labels, int) else 0, len(names) if isinstance(names, dict) else 0
+    )
+    if most > MAX_LABELS:
+        raise PipeswapError(
+            f"{config_path} has {most:,} labels; pipeswap builds classifiers of at most "
+            f"{MAX_LABELS:,}: lower num_labels (and id2label)"
+        )
+
+
 def _load_hf_directory(directory: str, device: torch.device, seed: int | None) -> nn.Module:
     config_path = Path(directory) / "config.json"
+    _refuse_special_files(directory)
     if not config_path.is_file():
         raise PipeswapError(
             f"{directory} has no config.json; pass a directory written by a Hugging Face "
             "model's save_pretrained(), a zoo name, or module:function"
         )
-    try:
-        raw = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PipeswapError(f"{config_path}: not readable JSON ({exc})") from None
-    architectures = raw.get("architectures") if isinstance(raw, dict) else None
+    raw = load_json(config_path)  # bounded in size, finite numbers only
+    _count_labels(config_path, raw)
+    architectures = raw.get("architectures")
     if not architectures:
         raise PipeswapError(
             f'{config_path} names no architecture; add e.g. "architectures": '
@@ -170,6 +202,7 @@ def _load_hf_directory(directory: str, device: torch.device, seed: int | None) -
             f"{config_path}: transformers cannot build {architectures[0]} from it "
             f"({first_line(exc)}); fix the config's fields (save_pretrained() writes a valid one)"
         ) from None
+    check_depth(directory, config, count, torch.float32.itemsize)
     if device.type == "meta":
         return meta_build(cls, config).train()
     check_fits(directory, count, torch.float32.itemsize, device)

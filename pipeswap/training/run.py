@@ -16,6 +16,7 @@ from pipeswap.training.data_parallel import train_data_parallel
 from pipeswap.training.job import check_user_data
 from pipeswap.training.pipelined import report as pipeline_report
 from pipeswap.training.pipelined import run_pipeline
+from pipeswap.training.ranks import check_ranks
 from pipeswap.training.report import TrainReport
 
 
@@ -59,6 +60,8 @@ def train(config: TrainConfig) -> TrainOutcome | None:
         # Before hours of training: a place that can be written and holds nothing of the user's.
         check_save_target(checkpoint.save, resolved.model, checkpoints=checkpoint.directories)
     if launcher:
+        resolved.log.check_available()  # an optional package it needs, before any rank starts
+        check_ranks(resolved)  # before any process starts or any replica is built
         check_user_data(resolved)
     with hold_directory(resolved.checkpoint.target if launcher else None):
         return _train(resolved)

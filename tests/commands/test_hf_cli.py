@@ -10,6 +10,7 @@ family has it, and GPT-2 and BERT tie their output layer to the token embedding.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,28 @@ def test_a_language_model_without_a_default_length_asks_for_seq_len(
     )
     assert code == 2
     assert "no default sequence length: pass --seq-len N" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["profile", "--estimate", "--out", "p.json"],
+        ["profile", "--device", "cpu", "--out", "p.json"],
+        ["plan", "--topology", "switch-4", "--policy", "disjoint", "--estimate"],
+    ],
+)
+def test_a_million_layers_are_refused_in_seconds_naming_the_counted_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    # Before: profile and --estimate built the million blocks until the time limit.
+    path = Path(save_config(tmp_path / "deep", "gpt2"))
+    raw = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**raw, "n_layer": 10**6}))
+    model = [str(path)] if command[-1] == "--estimate" else ["--model", str(path)]
+    argv = [c if c != "p.json" else str(tmp_path / "p.json") for c in command]
+    started = time.perf_counter()
+    assert main([*argv, *model]) == 2
+    assert time.perf_counter() - started < 10
+    err = capsys.readouterr().err
+    assert "has 1,000,000 blocks (n_layer 1,000,000): 12,704,010,304 parameters, 47.33 GiB" in err
+    assert "at most 4,096 blocks" in err and "lower n_layer in its config.json" in err

@@ -183,6 +183,15 @@ def test_profile_without_saved_data_exits_2_with_the_command(tmp_path, capsys) -
     assert "pipeswap profile --model toy --batch 1 --estimate" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("batch", ["0", "-3"])
+def test_an_estimate_with_no_samples_exits_2(capsys, batch: str) -> None:
+    # Before: --batch 0 planned silently with the model's default batch (exit 0).
+    argv = ["plan", "--estimate", "gpt2-tiny", "--batch", batch, "--topology", "switch-4"]
+    assert main([*argv, "--policy", "disjoint"]) == 2
+    err = capsys.readouterr().err
+    assert f"--batch is {batch}; use a whole number >= 1 (or leave it out" in err
+
+
 def test_policy_or_compare_is_required(profile_path, capsys) -> None:
     assert main(["plan", "--profile", profile_path, "--topology", "switch-4"]) == 2
     assert "--policy NAME" in capsys.readouterr().err

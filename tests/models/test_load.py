@@ -154,6 +154,25 @@ def test_directories_that_are_not_models_are_refused(tmp_path: Path) -> None:
         load_user_model(str(tmp_path / "noarch"))
 
 
+def test_special_files_and_label_floods_in_a_model_directory_are_refused(tmp_path: Path) -> None:
+    # A FIFO would block transformers' open(), /dev/zero would be read without end, and
+    # 10**8 labels exhausted the memory while transformers expanded them.
+    for name, make in (
+        ("config.json", lambda p: os.mkfifo(p)),
+        ("tokenizer.json", lambda p: p.symlink_to("/dev/zero")),
+    ):
+        path = Path(save_config(tmp_path / name, "gpt2"))
+        (path / name).unlink(missing_ok=True)
+        make(path / name)
+        with pytest.raises(PipeswapError, match=rf"{name} is no regular file"):
+            load_user_model(str(path), device="meta")
+    path = Path(save_config(tmp_path / "labels", "vit"))
+    raw = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**raw, "num_labels": 10**8, "id2label": {}}))
+    with pytest.raises(PipeswapError, match="has 100,000,000 labels; .* at most 1,000,000"):
+        load_user_model(str(path), device="meta")
+
+
 def test_vit_takes_only_its_image_size(tmp_path: Path) -> None:
     path = save_config(tmp_path / "vit", "vit")
     assert model_spec(path).default_image_size == 32
