@@ -34,6 +34,8 @@ from pipeswap.units import format_bytes
 _ARGUMENT = {"gpu_memory_bytes": "gpu_memory"}
 # A plan is made again (for less memory) at most this often when its first step held more.
 REPLANS = 2
+# A budget no step reaches: what a plan run beyond the run's budget is checked against.
+UNBOUNDED = 2**62
 # The least time a search is given (a smaller one finds nothing beyond its first guess).
 MIN_SEARCH_S = 0.02
 
@@ -316,13 +318,27 @@ class LoopPlanner:
                 executor.prepare(lambda: self.model(*args, **kwargs))
         return result, executor
 
+    def least_bytes(self, planned: ShapePlan, scale: float) -> int:
+        """The least any plan can hold for a call whose activations are ``scale`` times
+        ``planned``'s (its state and what it holds at the start stay as they are)."""
+        workload = workload_from_profile(planned.profile)
+        least = workload.min_budget_bytes(recomputing=True)
+        return workload.resident_bytes + int((least - workload.resident_bytes) * scale)
+
     def recompute_all(self, like: ShapePlan, args: Any, kwargs: Any) -> ShapePlan:
         """``like``'s plan with every layer recomputed and nothing swapped, for this call:
         what a call no plan covers can hold least, checkpointing every layer."""
         rank, _ = rank_and_world()
         plan = like.result.plan
         gpus = tuple(
-            replace(gpu, swaps=(), recompute=tuple(self.layer_names), offset_s=0.0)
+            # Beyond the budget by the user's choice: no budget for the executor to check.
+            replace(
+                gpu,
+                swaps=(),
+                recompute=tuple(self.layer_names),
+                offset_s=0.0,
+                budget_bytes=UNBOUNDED,
+            )
             for gpu in plan.gpus
         )
         executor = SwapExecutor(

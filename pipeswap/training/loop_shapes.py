@@ -61,6 +61,19 @@ def describe(signature: Signature) -> str:
     )
 
 
+def _largest_leaf(signature: Signature) -> int:
+    """The number of elements of the call's largest tensor."""
+    sizes = [_numel(leaf[0]) for leaf in signature[1] if not isinstance(leaf, str)]
+    return max(sizes, default=0)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
 def _size(signature: Signature) -> int:
     total = 0
     for leaf in signature[1]:
@@ -100,9 +113,28 @@ class ShapePlans:
                 call = on_device(planned.call, device)
                 planned = self.plans[covering] = self.planner.replan(planned, *call)
             return covering, planned
-        if self.declared is None:
+        if self.declared is not None:
+            planned = self.plans[signature] = self.beyond_declared(signature, args, kwargs)
+            return signature, planned
+        smaller = largest_covered(signature, self.plans)
+        budget = self.planner.budget_bytes
+        if smaller is None or budget is None:
             return None, None
-        planned = self.plans[signature] = self.beyond(signature, args, kwargs)
+        # Activations grow at least as the largest input does (tokens, pixels): the least
+        # the smaller call's plan can hold, so scaled, is a bound that refuses before the
+        # forward a call no plan can fit; anything below it is learnt.
+        scale = _largest_leaf(signature) / max(1, _largest_leaf(smaller))
+        least = self.planner.least_bytes(self.plans[smaller], scale)
+        if least <= budget:
+            return None, None
+        over = (
+            f"a batch of shape {describe(signature)} needs at least {format_bytes(least)} "
+            f"with every layer recomputed (the least of {describe(smaller)}'s, scaled by "
+            f"{scale:.2f}x its largest input), more than the run's budget of "
+            f"{format_bytes(budget)}; the largest shape planned within it is "
+            f"{describe(smaller)}"
+        )
+        planned = self.plans[signature] = self._beyond(over, self.plans[smaller], args, kwargs)
         return signature, planned
 
     def plan(
@@ -125,9 +157,8 @@ class ShapePlans:
             timing, call, memory, shape=describe(signature), fits=fits, **settings
         )
 
-    def beyond(self, signature: Signature, args: Any, kwargs: Any) -> ShapePlan:
-        """A call larger than plan_for's: refused before its forward, or (on_infeasible=
-        "recompute-all") run recomputing every layer, beyond the budget."""
+    def beyond_declared(self, signature: Signature, args: Any, kwargs: Any) -> ShapePlan:
+        """A call larger than plan_for's (see :meth:`_beyond`)."""
         assert self.declared is not None
         declared = self.plans[self.declared]
         over = (
@@ -135,16 +166,22 @@ class ShapePlans:
             f"offload.plan_for was given ({describe(self.declared)}), for which the budget "
             f"of {format_bytes(declared.budget_bytes)} was planned"
         )
+        return self._beyond(over, declared, args, kwargs)
+
+    def _beyond(self, over: str, like: ShapePlan, args: Any, kwargs: Any) -> ShapePlan:
+        """A call beyond every plan: refused before its forward, or (on_infeasible=
+        "recompute-all") run with ``like``'s plan recomputing every layer, beyond the budget."""
         if self.planner.on_infeasible != "recompute-all":
             raise ConfigError(
-                f"{over}: give plan_for the largest batch the loop makes, or pass "
-                "offload(on_infeasible='recompute-all') to run larger ones recomputing every "
+                f"{over}. Cap the batch's size at what fits (give plan_for the largest the "
+                "loop makes), give offload(gpu_memory=...) more, or pass "
+                "offload(on_infeasible='recompute-all') to run such batches recomputing every "
                 "layer"
             )
         warnings.warn(
             f"pipeswap.offload: {over}; it runs recomputing every layer", RuntimeWarning, 5
         )
-        return self.planner.recompute_all(declared, args, kwargs)
+        return self.planner.recompute_all(like, args, kwargs)
 
     def close(self) -> None:
         for planned in self.plans.values():

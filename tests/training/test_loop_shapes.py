@@ -169,10 +169,39 @@ def test_without_plan_for_every_shape_keeps_the_first_plan_s_budget() -> None:
     assert stats["plain_steps"] == stats["plans"] < len(data) // 2
 
 
-def test_a_shape_no_plan_fits_within_the_run_s_budget_names_the_largest_that_fits() -> None:
+def test_a_shape_no_plan_can_fit_is_refused_before_its_forward() -> None:
+    """Without plan_for: the least the shorter shape's plan holds, scaled by the longer
+    input, is already beyond the budget."""
+    short, long = padded_batches(2, 32, 32), padded_batches(1, 256, 256)
+    model = _llama(layers=3)
+    off = offload(model, gpu_memory=2_600_000)
+    _loop(model, lambda: off, short)
+    calls: list[int] = []
+    model.model.layers[0].register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(ConfigError, match=r"4x256.*needs at least.*planned within it is 4x32"):
+        _loop(model, lambda: off, long)
+    assert not calls
+
+
+def test_on_infeasible_recompute_all_without_plan_for() -> None:
+    data = padded_batches(2, 32, 32) + padded_batches(2, 256, 256)
+    plain = _loop(_llama(layers=3), nullcontext, data)
+    model = _llama(layers=3)
+    off = offload(model, gpu_memory=2_600_000, on_infeasible="recompute-all")
+    with pytest.warns(RuntimeWarning, match="needs at least"):
+        assert _same(plain, _loop(model, lambda: off, data))
+    assert off.stats()["recomputes_all"] and off.stats()["plain_steps"] == 1
+
+
+def test_a_shape_the_bound_lets_through_but_no_plan_fits_names_the_largest_that_fits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bound is a lower one: a shape below it is learnt (timed), and refused when
+    its plan is made if no plan fits."""
     short, long = padded_batches(2, 32, 32), padded_batches(2, 256, 256)
     model = _llama(layers=3)
     off = offload(model, gpu_memory=2_600_000)
+    monkeypatch.setattr(off.planner, "least_bytes", lambda *_: 0)
     with pytest.raises(
         ConfigError, match=r"4x256.*the largest shape planned within it is 4x32, 4x32, 4x32"
     ):
