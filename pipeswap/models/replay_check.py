@@ -51,10 +51,27 @@ def check_reproduces(replay: Replay, layered: LayeredModel, example: torch.Tenso
         got.is_meta or bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
     )
     if not same:
+        _refuse_non_finite(replay.root, layered.name, want)
         raise PipeswapError(
             f"{layered.name} cut at its blocks ({', '.join(replay.paths[:2])}, ...) computes "
             "other outputs than the model: its forward reads more of a block's output than "
             "the hidden state; name other blocks"
+        )
+
+
+def _refuse_non_finite(root: torch.nn.Module, model: str, want: torch.Tensor) -> None:
+    """NaN never equals NaN: a model whose weights or outputs are not finite cannot be
+    checked, and is named as such rather than blamed on its blocks."""
+    for name, param in root.named_parameters():
+        if not bool(torch.isfinite(param.detach()).all()):
+            raise PipeswapError(
+                f"{model}'s parameter {name!r} holds NaN or inf: load finite weights "
+                "(a checkpoint saved after training diverged holds such values)"
+            )
+    if not bool(torch.isfinite(want).all()):
+        raise PipeswapError(
+            f"{model}'s own forward gives NaN or inf on a sample batch: its weights "
+            "or buffers hold values that are not finite; load finite weights"
         )
 
 

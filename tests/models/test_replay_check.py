@@ -56,3 +56,13 @@ def test_a_forward_reading_more_than_the_hidden_state_is_refused() -> None:
     ids = torch.randint(0, 256, (1, 6))
     with pytest.raises(PipeswapError, match="reads more of a block's output"):
         split_at_blocks(model, example=ids, task="lm", name="m", vocab_size=256)
+
+
+def test_weights_that_are_not_finite_are_named_not_blamed_on_the_blocks() -> None:
+    """Hostile input round 4: NaN never equals NaN, so the check names the parameter."""
+    model = _Model(reads_extra=False)
+    with torch.no_grad():
+        model.blocks[1].linear.weight[0, 0] = float("nan")
+    ids = torch.randint(0, 256, (1, 6))
+    with pytest.raises(PipeswapError, match=r"parameter 'blocks\.1\.linear\.weight' holds NaN"):
+        split_at_blocks(model, example=ids, task="lm", name="m", vocab_size=256)
