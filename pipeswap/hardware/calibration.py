@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeswap.errors import PipeswapError
+from pipeswap.errors import PipeswapError, first_line
 from pipeswap.hardware.topology import GB, Link, Node, Topology
 
 CALIBRATION_FORMAT = "pipeswap.calibration/1"
@@ -180,4 +180,13 @@ def calibrated_path(device: str, nproc: int) -> Path:
 def found_calibration(device: str, nproc: int) -> Topology | None:
     """This machine's calibrated topology for ``nproc`` ranks on ``device``, if one was made."""
     path = calibrated_path(device, nproc)
-    return Topology.load(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return Topology.load(path)
+    except PipeswapError as exc:  # every later run would stop here: name the way out
+        raise PipeswapError(
+            f"the calibration kept for {nproc} {device} rank(s) at {path} cannot be read "
+            f"({first_line(exc)}): make it again with `pipeswap topology calibrate --device "
+            f"{device} --nproc {nproc}`, or delete the file to plan on a preset"
+        ) from None

@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from pipeswap.errors import PipeswapError
-from pipeswap.hardware.calibration import Calibration, fit_latency_bandwidth
+from pipeswap.hardware.calibration import (
+    Calibration,
+    calibrated_path,
+    fit_latency_bandwidth,
+    found_calibration,
+)
 from pipeswap.hardware.topology import GB, Topology
 
 
@@ -64,3 +69,18 @@ def test_ranks_measurements_become_one_calibration_and_a_topology(tmp_path: Path
     loaded = Topology.load(tmp_path / "t.json")
     assert loaded == topology and loaded.calibration == calibration.to_json()
     assert loaded.calibration is not None and loaded.calibration["measured"] is True
+
+
+def test_a_kept_calibration_that_cannot_be_read_names_the_way_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Hostile input round 4: a corrupt kept calibration broke every later run, unnamed."""
+    monkeypatch.setenv("PIPESWAP_HOME", str(tmp_path))
+    assert found_calibration("cpu", 2) is None  # none kept: plan on a preset
+    calibrated_path("cpu", 2).write_text('{"format": "pipeswap.topology/1", "nodes": 7}')
+    with pytest.raises(
+        PipeswapError,
+        match=r"calibrated-cpu-2\.json cannot be read .*"
+        r"pipeswap topology calibrate --device cpu --nproc 2`, or delete",
+    ):
+        found_calibration("cpu", 2)
