@@ -72,6 +72,17 @@ def init_process_group(env: RankEnv, *, backend: str = "gloo", timeout_s: float)
         )
     except RuntimeError as exc:  # torch's DistError family, raised by the TCP rendezvous
         raise rendezvous_error(exc, env, timeout_s) from None
+    global _PATIENT
+    # Collective, in the same order on every rank: made here, once, by every rank.
+    _PATIENT = dist.new_group(timeout=timedelta(seconds=max(timeout_s, PATIENT_TIMEOUT_S)))
+
+
+# What a rank waits for rank 0's one-sided work (a plan made under heavy contention) before
+# it gives up. A rank that dies still takes the run down at once: its launcher (pipeswap's,
+# or torchrun's agent) stops every other rank, so only a rank that is alive and busy is
+# waited for this long; every other collective keeps the run's own timeout.
+PATIENT_TIMEOUT_S = 6 * 3600.0
+_PATIENT: Any = None  # the process group of those waits (None: the script made the group)
 
 
 _UNSET = "unset RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT to launch with {nproc}"
@@ -112,6 +123,8 @@ def rendezvous_error(exc: RuntimeError, env: RankEnv, timeout_s: float) -> Excep
 
 def leave_process_group() -> None:
     """Leave the job's process group if this process is in one."""
+    global _PATIENT
+    _PATIENT = None  # destroyed with the default group
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -155,12 +168,14 @@ def agree(failure: PipeswapError | None, world_size: int) -> None:
         raise PipeswapError(f"rank {rank}: {exc}")
 
 
-def broadcast_from_rank0(value: Any, world_size: int) -> Any:
-    """Rank 0's ``value`` on every rank (a picklable object)."""
+def broadcast_from_rank0(value: Any, world_size: int, *, patient: bool = False) -> Any:
+    """Rank 0's ``value`` on every rank (a picklable object). ``patient``: rank 0 may take
+    long to make it (a plan): the others wait up to PATIENT_TIMEOUT_S, not the run's
+    timeout, when pipeswap made the process group."""
     if world_size == 1:
         return value
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=_PATIENT if patient else None)
     return box[0]
 
 

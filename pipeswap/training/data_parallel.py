@@ -208,7 +208,7 @@ def data_parallel_rank(
             payload = PlanPayload(error=exc.message)
         except PipeswapError as exc:
             payload = PlanPayload(error=str(exc))
-    payload = broadcast_from_rank0(payload, world_size)
+    payload = broadcast_from_rank0(payload, world_size, patient=True)  # rank 0 plans
     assert payload is not None
     if payload.error is not None:
         raise ConfigError(payload.error)

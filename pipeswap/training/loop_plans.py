@@ -295,7 +295,7 @@ class LoopPlanner:
                 payload = (result.plan.to_json(), result)
             except PipeswapError as exc:  # every rank stops, none waits for rank 0
                 payload = exc
-        payload = broadcast_from_rank0(payload, world)
+        payload = broadcast_from_rank0(payload, world, patient=True)  # rank 0 plans
         if isinstance(payload, PipeswapError):
             with offload_names():
                 raise payload

@@ -6,14 +6,15 @@ Covers: pipeswap/dist/group.py, pipeswap/dist/env.py.
 from __future__ import annotations
 
 import pickle
-
 import socket
 import time
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from pipeswap.config import ConfigError
 from pipeswap.dist.env import RankEnv, free_port, torchrun_env
 from pipeswap.dist.group import (
     agree,
@@ -29,7 +30,6 @@ from pipeswap.dist.group import (
     single_threaded,
 )
 from pipeswap.dist.launch import spawn
-from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 
 
@@ -137,3 +137,18 @@ def test_pair_groups_carry_one_direction_between_two_ranks() -> None:
     assert launched.results[0] == ([(0, 2), (2, 0)], 9.0)  # rank 2 sent 3 x 3.0
     assert launched.results[1] == ([], None)
     assert launched.results[2] == ([(0, 2), (2, 0)], 3.0)
+
+
+def _slow_rank_0(rank: int, world: int, patient: bool) -> Any:
+    if rank == 0:
+        time.sleep(3.5)  # planning under contention, longer than the run's timeout
+    return broadcast_from_rank0("the plan", world, patient=patient)
+
+
+def test_a_rank_waits_for_rank_0_s_plan_beyond_the_run_s_timeout() -> None:
+    """Hostile input round 4: under load, rank 1 timed out after 60 s while rank 0 was
+    still planning; a patient broadcast waits, while other collectives keep the timeout."""
+    waited = spawn(_slow_rank_0, 2, True, timeout_s=2)
+    assert waited.ok and list(waited.results) == ["the plan", "the plan"], waited
+    impatient = spawn(_slow_rank_0, 2, False, timeout_s=2)
+    assert not impatient.ok  # the run's own timeout, as before
