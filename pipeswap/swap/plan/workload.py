@@ -261,8 +261,9 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
         raise ConfigError(
             f"the profile of {profile.model} has no saved-tensor data, which swap planning "
             f"needs; measure it (pipeswap.measure) or estimate it (pipeswap.profiling.estimate, or "
-            f"`pipeswap profile {{model}} {profile.model} {{batch}} {profile.batch} {{estimate}} "
-            "{gpu} v100-32gb`)"
+            # A command to run: its flags are spelt out, in whichever vocabulary the rest is.
+            f"`pipeswap profile --model {profile.model} --batch {profile.batch} --estimate "
+            "--gpu v100-32gb`)"
         )
     if optimizer_step_s is None:
         optimizer_step_s = _optimizer_step_s(profile)

@@ -53,7 +53,9 @@ def test_swapped_tensor_lowers_the_peak_by_its_size(make_profile) -> None:
 
 def test_profile_without_saved_data_is_refused_with_the_command(make_profile) -> None:
     profile = dataclasses.replace(make_profile([(1,)] * 2), has_saved_data=False)
-    with pytest.raises(PipeswapError, match="pipeswap profile model toy batch 1 estimate"):
+    # A command to run keeps its dashes in every vocabulary (it had lost them in Python's).
+    command = "pipeswap profile --model toy --batch 1 --estimate --gpu v100-32gb"
+    with pytest.raises(PipeswapError, match=command):
         workload_from_profile(profile)
 
 
