@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from pipeswap.config import ConfigError
 from pipeswap.data import dataset_for
 from pipeswap.data_config import DataConfig, UserData
 from pipeswap.models.registry import build_model
@@ -97,9 +98,15 @@ def _dataset(
     split: str,
     data: UserData | None,
 ) -> Any:
-    return dataset_for(
-        model, seq_len=seq_len, image_size=image_size, split=split, seed=seed, data=data
-    )
+    try:
+        return dataset_for(
+            model, seq_len=seq_len, image_size=image_size, split=split, seed=seed, data=data
+        )
+    except ConfigError as exc:
+        if split == "train" or data is None or data.part != "all":
+            raise
+        # The held-out split read from its own file: what was wrong is --eval-data's.
+        raise ConfigError(exc.message.replace("{data}", "{eval_data}")) from None
 
 
 def check_user_data(config: TrainConfig) -> None:

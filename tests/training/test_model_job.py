@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
+from pipeswap.config import ConfigError
 from pipeswap.data_config import DataConfig
 from pipeswap.swap.config import SwapConfig
 from pipeswap.train_config import TrainConfig
@@ -33,3 +35,16 @@ def test_a_job_on_the_users_data_reads_the_held_out_file_for_val(tmp_path: Path)
     job = ModelJob.of(config)
     assert set(job.batch(0)[0].flatten().tolist()) == {ord("a")}
     assert set(job.batch(0, "val")[0].flatten().tolist()) == {ord("b")}
+
+
+def test_a_bad_held_out_file_is_named_as_eval_data(tmp_path: Path) -> None:
+    """Hostile input round 4: a bad --eval-data was reported as --data."""
+    (tmp_path / "train.txt").write_text("a" * 400)
+    missing = tmp_path / "held.txt"
+    data = DataConfig(data=str(tmp_path / "train.txt"), eval_data=str(missing))
+    config = TrainConfig("gpt2-micro", batch=2, seq_len=8, dataset=data).resolved()
+    job = ModelJob.of(config)
+    job.batch(0)
+    with pytest.raises(ConfigError) as refused:
+        job.batch(0, "val")
+    assert refused.value.message.startswith(f"{{eval_data}} {missing} does not exist")
