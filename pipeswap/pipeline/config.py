@@ -33,8 +33,7 @@ class PipelineConfig:
     parallel, D x K ranks): replica d trains on batch ``step * D + d`` of the data, and each
     stage averages its gradients over the replicas after the backward that completes them.
     ``weights="nesterov"`` is the Nesterov method of Ajanthan et al. (arXiv 2505.01099) as
-    released (pipeswap.pipeline.weights). ``error_feedback`` asks for the Error-Feedback
-    correction of Zmushko et al. (arXiv 2606.30634), refused for now.
+    released (pipeswap.pipeline.weights).
     """
 
     stages: int | None = option(None, metavar="K", help="cut the model into K stages")
@@ -72,11 +71,6 @@ class PipelineConfig:
         "replicas before its update (default: {nproc} / stages)",
     )
     emulate: bool = option(False, help="run every stage in this process (bit-identical on CPU)")
-    error_feedback: bool = option(
-        False,
-        help="the error-feedback correction of delayed gradients (arXiv 2606.30634); not "
-        "available yet, see docs/concepts.md",
-    )
 
     def __post_init__(self) -> None:
         require(
@@ -112,18 +106,6 @@ class PipelineConfig:
         require(
             self.replicas >= 1,
             f"{{replicas}} is {self.replicas}; use 1 (one pipeline) or more",
-        )
-        require(
-            not self.error_feedback or kind.asynchronous,
-            f"{{error_feedback}} corrects delayed gradients, but {{schedule}} {self.schedule} "
-            "is synchronous (every gradient is applied to the weights it was taken at): use "
-            "{schedule} async-1f1b, or drop {error_feedback}",
-        )
-        require(
-            not self.error_feedback,
-            "{error_feedback} is not available yet: the correction formula of Zmushko et al. "
-            "(arXiv 2606.30634, Section 3) could not be checked against the paper, and "
-            "pipeswap does not ship a guessed version; drop {error_feedback}",
         )
         require(
             mode.live or kind.asynchronous,

@@ -1,4 +1,4 @@
-"""``--weights nesterov`` (Ajanthan et al., arXiv 2505.01099, as released) and ``error_feedback``.
+"""``--weights nesterov`` (Ajanthan et al., arXiv 2505.01099, as released).
 
 Covers: pipeswap/pipeline/weights.py (the nesterov mode), pipeswap/optim.py (make_nadam),
 pipeswap/pipeline/config.py (what is refused).
@@ -131,11 +131,6 @@ def test_config_refuses_what_the_paper_does_not_define() -> None:
         _config(optimizer="sgd")
     with pytest.raises(PipeswapError, match="beta1"):
         _config(momentum=1.0)
-    assert pipeline_run("gpt2-micro", (1, 1)).require_pipeline().error_feedback is False
-    with pytest.raises(PipeswapError, match="synchronous.*schedule async-1f1b"):
-        _config(schedule="1f1b", weights="stash", error_feedback=True)
-    with pytest.raises(PipeswapError, match="not available"):
-        _config(weights="stash", optimizer="sgd", lr=0.05, error_feedback=True)
 
 
 def test_nesterov_resumes_bit_identically(tmp_path: Path) -> None:

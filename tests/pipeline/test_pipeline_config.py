@@ -36,8 +36,6 @@ def test_the_micro_batch_default_is_the_schedules() -> None:
         ({"stages": 2, "distances": "table"}, "schedule, official"),
         ({"stages": 2, "micro_batches": 0}, "micro_batches is 0"),
         ({"stages": 2, "schedule": "async-1f1b", "micro_batches": 2}, "takes no micro_batches"),
-        ({"stages": 2, "error_feedback": True}, "synchronous"),
-        ({"stages": 2, "schedule": "async-1f1b", "error_feedback": True}, "not available yet"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(fields: dict[str, object], message: str) -> None:
