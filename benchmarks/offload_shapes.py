@@ -72,7 +72,7 @@ def padded_batches(args: argparse.Namespace, device: torch.device) -> list[dict[
     out = []
     for _ in range(args.steps):
         lengths = torch.randint(args.low, args.high + 1, (args.batch,), generator=generator)
-        longest = int(lengths.max())
+        longest = -(-int(lengths.max()) // args.multiple) * args.multiple  # pad_to_multiple_of
         ids = torch.zeros(args.batch, longest, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, length in enumerate(lengths.tolist()):
@@ -159,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--high", type=int, default=192)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--ratio", type=float, default=1.5)
+    parser.add_argument(
+        "--multiple", type=int, default=1, help="pad each batch to a multiple of this (CUDA: 8)"
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
