@@ -47,12 +47,15 @@ NO_PLAN = StagePlan()
 class UnitMemory:
     """What one unit of a stage under a plan holds: ``held`` from its forward to its
     backward, ``swap`` of it on host in between, ``rerun`` allocated by the recompute
-    right before the backward; ``recompute_s`` the recompute's time."""
+    right before the backward; ``recompute_s`` the recompute's time. ``rerun_layer``:
+    the most one recomputed layer's forward allocates and lets go as it ends (its forward
+    saves nothing, but computes all it would have saved)."""
 
     held: int
     swap: int
     rerun: int
     recompute_s: float
+    rerun_layer: int = 0
 
     @property
     def recomputes(self) -> bool:
@@ -65,18 +68,20 @@ class UnitMemory:
 
 
 def unit_memory(costs: StageCosts, plan: StagePlan) -> UnitMemory:
-    held = swap = rerun = 0
+    held = costs.unit_extra_bytes  # the unit's input and outputs: never swapped
+    swap = rerun = rerun_layer = 0
     recompute_s = 0.0
     for i, layer in enumerate(costs.layers):
         if layer in plan.recomputed:
             held += costs.kept[i]
             rerun += costs.rerun[i]
+            rerun_layer = max(rerun_layer, costs.rerun[i])
             recompute_s += costs.layer_forward_s[i]
         elif layer in plan.swapped:
             swap += costs.saved[i]
         else:
             held += costs.saved[i]
-    return UnitMemory(held, swap, rerun, recompute_s)
+    return UnitMemory(held, swap, rerun, recompute_s, rerun_layer)
 
 
 def stage_order(schedule: Schedule, stage: int) -> list[StageAction]:
@@ -98,11 +103,14 @@ def prefetch_points(order: Sequence[StageAction], lead: int) -> dict[int, int]:
 def memory_by_action(order: Sequence[StageAction], costs: StageCosts, plan: StagePlan) -> list[int]:
     """Worst-case memory of the stage while each action of ``order`` runs.
 
-    A unit holds everything during its forward, and its swapped bytes also during the
-    next action (the copy may still run), and again from its prefetch's issue on; during
-    its backward it holds the recompute's tensors and both passes hold the stage's
-    largest working set. The simulator makes a pass wait for memory a copy still holds,
-    so a plan within the budget here never runs out of memory there.
+    A unit holds everything during its forward (a recomputed layer's tensors until that
+    layer ends), and its swapped bytes also during the next action (the copy may still
+    run), and again from its prefetch's issue on; during its backward it holds the
+    recompute's tensors; a forward holds the stage's largest forward working set, a
+    backward its largest backward one (a recompute's forward's if larger) and the weight
+    mode's copy of a pass (``pass_copy_bytes``), an update its temporaries. The simulator
+    makes a pass wait for memory a copy still holds, so a plan within the budget here
+    never runs out of memory there.
     """
     unit = unit_memory(costs, plan)
     forward: dict[int, int] = {}
@@ -113,7 +121,14 @@ def memory_by_action(order: Sequence[StageAction], costs: StageCosts, plan: Stag
         elif kind is ActionKind.B:
             backward[u] = i
     issue = prefetch_points(order, plan.lead)
-    memory = [costs.resident_bytes] * len(order)
+    memory = [
+        costs.resident_bytes + (costs.update_transient_bytes if kind is ActionKind.UPDATE else 0)
+        for kind, _ in order
+    ]
+    backward_working = costs.backward_working_bytes
+    if unit.recomputes:
+        backward_working = max(backward_working, costs.transient_bytes)
+    backward_working += costs.pass_copy_bytes
     for u, f in forward.items():
         b = backward.get(u, len(order) - 1)
         for p in range(f, b + 1):
@@ -121,9 +136,9 @@ def memory_by_action(order: Sequence[StageAction], costs: StageCosts, plan: Stag
             if p <= f + 1 or p > issue.get(u, b):
                 held += unit.swap
             if p == f:
-                held += costs.transient_bytes
+                held += costs.transient_bytes + unit.rerun_layer
             if p == b and u in backward:
-                held += unit.rerun + costs.transient_bytes
+                held += unit.rerun + backward_working
             memory[p] += held
     return memory
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.modes import weight_mode
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.schedule_kinds import schedule_kind
+from pipeswap.pipeline.stage_rehearsal import StageReading
 from pipeswap.profile import Profile
 from pipeswap.swap.plan.workload import workload_from_profile
 
@@ -25,6 +26,13 @@ class StageCosts:
     extra copies, held for the whole run; ``transient_bytes``: the largest working set
     of one of its layers, held while a pass runs. ``in_flight``: units whose activations
     the schedule keeps on the stage at once.
+
+    Measured on the stage itself (:func:`measured_stage_costs`), three more: what a unit
+    holds beyond its layers' saved tensors (``unit_extra_bytes``: its input, outputs),
+    a backward's working set (``backward_transient_bytes``; None: ``transient_bytes``)
+    and an update's (``update_transient_bytes``). ``weight_copy_bytes``: the weight
+    mode's extra copies, within ``resident_bytes``; ``pass_copy_bytes``: the copy of the
+    live weights a backward holds while a stashed version is in place (modes that stash).
     """
 
     stage: int
@@ -43,10 +51,21 @@ class StageCosts:
     saved: tuple[int, ...]
     kept: tuple[int, ...]
     rerun: tuple[int, ...]
+    weight_copy_bytes: int = 0
+    pass_copy_bytes: int = 0
+    unit_extra_bytes: int = 0
+    backward_transient_bytes: int | None = None
+    update_transient_bytes: int = 0
 
     @property
     def saved_bytes(self) -> int:
         return sum(self.saved)
+
+    @property
+    def backward_working_bytes(self) -> int:
+        if self.backward_transient_bytes is None:
+            return self.transient_bytes
+        return self.backward_transient_bytes
 
 
 def stage_costs(
@@ -91,6 +110,8 @@ def stage_costs(
                 update_s=workload.optimizer_step_s * params / total_params,
                 param_bytes=params,
                 resident_bytes=(2 + copies) * params + share,
+                weight_copy_bytes=copies * params,
+                pass_copy_bytes=params if mode.stashes else 0,
                 transient_bytes=_scaled(max(workload.transient[a:b]), scale),
                 out_bytes=_scaled(profile.layers[b - 1].output_bytes, scale),
                 in_flight=in_flight,
@@ -103,6 +124,21 @@ def stage_costs(
             )
         )
     return tuple(out)
+
+
+def measured_stage_costs(costs: StageCosts, reading: StageReading) -> StageCosts:
+    """``costs`` with what the stage's device held as it rehearsed (``reading``): its
+    resident bytes (tied copies, gradients, optimizer state, messages posted ahead, and
+    the weight mode's copies), a unit's bytes beyond its saved tensors, and the working
+    sets of a forward, a backward and an update. Never less than the profile's counts."""
+    return replace(
+        costs,
+        resident_bytes=max(costs.resident_bytes, reading.resident_bytes + costs.weight_copy_bytes),
+        transient_bytes=max(costs.transient_bytes, reading.forward_bytes),
+        backward_transient_bytes=max(costs.transient_bytes, reading.backward_bytes),
+        update_transient_bytes=reading.update_bytes,
+        unit_extra_bytes=max(0, reading.unit_bytes - costs.saved_bytes),
+    )
 
 
 def _scaled(nbytes: int, scale: float) -> int:

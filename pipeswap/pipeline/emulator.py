@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -23,17 +25,26 @@ from pipeswap.pipeline.shared import MailboxExchange
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import Packed, inspect_layers
 from pipeswap.pipeline.stage_memory import MemoryFactory
+from pipeswap.pipeline.stage_meter import StageMeter, metered_steps
 from pipeswap.pipeline.validate import validate
 from pipeswap.progress import progress_bar
 from pipeswap.train_config import TrainConfig
 
 
 class MailboxTransport:
-    """Transfers as copies through a dict shared by all stages (what a wire would deliver)."""
+    """Transfers as copies through a dict shared by all stages (what a wire would deliver).
 
-    def __init__(self, rank: int, mailbox: dict[tuple[ActionKind, int, int], Packed]) -> None:
+    With ``meters`` (the stages' meters, by rank), a copy counts on the stage it is sent to."""
+
+    def __init__(
+        self,
+        rank: int,
+        mailbox: dict[tuple[ActionKind, int, int], Packed],
+        meters: Sequence[StageMeter] = (),
+    ) -> None:
         self.rank = rank
         self.mailbox = mailbox
+        self.meters = meters
 
     def post(self, direction: ActionKind, unit: int) -> None:
         pass
@@ -43,7 +54,10 @@ class MailboxTransport:
 
     def send(self, direction: ActionKind, unit: int, tensors: Packed) -> None:
         dst = self.rank + direction.step
-        copies = tuple(t.detach().clone(memory_format=torch.contiguous_format) for t in tensors)
+        with self.meters[self.rank].aside() if self.meters else nullcontext():
+            copies = tuple(t.detach().clone(memory_format=torch.contiguous_format) for t in tensors)
+        if self.meters:
+            self.meters[dst].received(copies)
         self.mailbox[(direction, dst, unit)] = copies
 
     def progress(self) -> None:
@@ -103,6 +117,8 @@ class Emulator:
             "an emulation of fed batches scores no held-out batches: set {eval_batches} 0",
         )
         self.executors: list[StageExecutor] = []
+        # Each stage's device meter (pipeswap.pipeline.stage_meter), by slot.
+        self.meters: list[StageMeter] = []
         self._bar: Any = None
 
     def run(self, progress: bool = False) -> PipelineResult:
@@ -120,6 +136,7 @@ class Emulator:
             if self.checkpoint is not None:
                 request = StopRequest(self.checkpoint.directory, n, config.steps, decider=True)
             self.executors = []
+            meters: list[list[StageMeter]] = [[] for _ in range(replicas)]
             for replica in range(replicas):
                 mailbox: dict[tuple[ActionKind, int, int], Packed] = {}
                 tied_mailbox: dict[tuple[int, int, int, int], list[torch.Tensor]] = {}
@@ -130,7 +147,7 @@ class Emulator:
                         schedule,
                         models[replica],
                         infos,
-                        MailboxTransport(rank, mailbox),
+                        MailboxTransport(rank, mailbox, meters[replica]),
                         record=self.record,
                         keep_gradients=self.keep_gradients,
                         checkpoint=self.checkpoint,
@@ -146,6 +163,10 @@ class Emulator:
                     )
                     for rank in range(n)
                 ]
+                meters[replica] += [
+                    StageMeter(ex, metered_steps(config)) for ex in self.executors[-n:]
+                ]
+            self.meters = [meter for replica_meters in meters for meter in replica_meters]
             starts = [0] * len(self.executors)
             if self.resume is not None:
                 folder, done = self.resume
@@ -179,6 +200,8 @@ class Emulator:
                     ex.scorer.evaluate(unit)
             self.executors[n - 1].scorer.close_log()
             stages = [ex.finish() for ex in self.executors]
+            for stage, meter in zip(stages, self.meters, strict=True):
+                stage.peak_resident_bytes = meter.peak_bytes
         save_trained(config, [stage.state for stage in stages[:n]])
         return combine(config, stages, mode="emulate", task=model.task, wall_s=wall)
 
@@ -220,7 +243,9 @@ class Emulator:
                 for ex in replica:
                     ex.norm_parts[step] = parts
         for slot, queue in sorted(held.items()):
-            executors[slot].run(queue[0][2].action, end_step=False)
+            action = queue[0][2].action
+            with self.meters[slot].action(action):
+                executors[slot].run(action, end_step=False)
         if self.config.dataset.eval_due(step, self.config.steps):
             for unit in executors[0].scorer.units(step):
                 for ex in executors:
@@ -233,8 +258,12 @@ class Emulator:
             self._feed(seq, slot, timed)
 
     def _run(self, slot: int, action: Action, *, end_step: bool) -> None:
+        executor = self.executors[slot]
         try:
-            self.executors[slot].run(action, end_step=end_step)
+            with self.meters[slot].action(action):  # the step's end unmetered
+                executor.run(action, end_step=False)
+            if end_step and action.kind is ActionKind.UPDATE:
+                executor.end_step(action.unit)
         except StageAtCut as cut:
             self._cut(slot, cut)
             return

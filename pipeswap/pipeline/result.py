@@ -44,6 +44,9 @@ class PipelineResult:
     # order, what its swapper measured.
     stage_swap: dict[str, Any] | None = None
     stage_memory: tuple[dict[str, Any] | None, ...] = ()
+    # Per rank in rank order: the most its device held over the first steps, by the
+    # device's own meter (pipeswap.pipeline.stage_meter); -1 where none was metered.
+    peak_resident_bytes: tuple[int, ...] = ()
 
     @property
     def measured_step_s(self) -> float:
@@ -74,14 +77,34 @@ class PipelineResult:
             "version_distances": [
                 {"stage": k, "forward": f, "backward": b} for k, (f, b) in enumerate(self.distances)
             ],
+            "peak_resident_bytes": list(self.peak_resident_bytes),
+            "notes": dict(NOTES),
         }
         if self.stage_swap is not None:
-            report["stage_swap"] = {**self.stage_swap, "measured": list(self.stage_memory)}
+            peaks = self.peak_resident_bytes or (-1,) * len(self.stage_memory)
+            measured = [
+                None if m is None else {**m, "peak_resident_bytes": peak}
+                for m, peak in zip(self.stage_memory, peaks, strict=True)
+            ]
+            report["stage_swap"] = {**self.stage_swap, "measured": measured}
         if self.prediction_error is not None:
             report["prediction_error"] = [
                 {"stage": k, **err} for k, err in enumerate(self.prediction_error)
             ]
         return report
+
+
+# What the pipeline keys that need it mean, written into every report.
+NOTES = {
+    "peak_resident_bytes": "per rank in rank order, what the device's own meter read over "
+    "the stage's first steps (until its units in flight filled, then one step more, the "
+    "optimizer's state included; held-out scores and checkpoints left out); compare with "
+    "stage_swap.budget_bytes and stage_swap.stages[k].planned_peak_bytes (also under "
+    "stage_swap.measured): CUDA: torch.cuda.max_memory_allocated from the stage's first "
+    "action on; CPU: the live storages (as torch's MemTracker counts them) that the stage "
+    "holds, a message counted on the stage it is sent to, the host pool left out; "
+    "stage_swap.measured[rank].peak_saved_bytes is the swapper's ledger of saved tensors",
+}
 
 
 def pipeline_summary(config: TrainConfig) -> dict[str, Any]:
@@ -120,6 +143,7 @@ def combine(
     n, m = pipeline.num_stages, pipeline.micro_batch_count
     replicas = [stages[first : first + n] for first in range(0, len(stages), n)]
     memory = tuple(s.memory for s in stages)
+    peaks = tuple(s.peak_resident_bytes for s in stages)
     stages = replicas[0]
     last = stages[-1]
     per_replica = [
@@ -153,4 +177,5 @@ def combine(
         prediction_error=None if any(e is None for e in errors) else errors,  # type: ignore[arg-type]
         timeline=tuple(t for s in stages for t in s.timeline),
         stage_memory=memory if any(m is not None for m in memory) else (),
+        peak_resident_bytes=peaks,
     )

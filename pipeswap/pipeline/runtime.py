@@ -42,6 +42,7 @@ from pipeswap.pipeline.shared import SharedParam, find_shared
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, inspect_layers
 from pipeswap.pipeline.stage_memory import MemoryFactory
+from pipeswap.pipeline.stage_meter import StageMeter, metered_steps
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.progress import progress_bar
 from pipeswap.train_config import TrainConfig
@@ -329,9 +330,11 @@ def run_stage_rank(
         bar = progress_bar(config.steps, "train (rank 0)", enabled=progress and rank == 0)
         if bar is not None and resume is not None:
             bar.update(resume[1])
+        meter = StageMeter(executor, metered_steps(config))
         executor.start_clock()
+        meter.on()  # the posted receives count too: the whole loop is this stage's
         try:
-            run_actions(executor, transport, actions, bar, fault_hook(rank))
+            run_actions(executor, transport, actions, bar, fault_hook(rank), meter)
         except StageAtCut as cut:
             if log is not None:
                 log.close()
@@ -340,6 +343,7 @@ def run_stage_rank(
             exchange.finish(abandon=executor.tied.crossing if executor.tied is not None else ())
             raise RunStopped(checkpoint.directory, cut.args[0]) from None  # type: ignore[union-attr]
         finally:
+            meter.off()
             if request is not None:
                 request.close()
         executor.finish_training()
@@ -349,6 +353,7 @@ def run_stage_rank(
             executor.scorer.evaluate(unit)
         executor.scorer.close_log()
         result = executor.finish()
+        result.peak_resident_bytes = meter.peak_bytes
     gathered: list[StageResult] | None = gather_to_rank0(result, rank, world)
     wires.close()
     if rank != 0:
@@ -365,9 +370,11 @@ def run_actions(
     actions: tuple[Action, ...],
     bar: Any,
     after_step: Callable[[int], None] | None,
+    meter: StageMeter | None = None,
 ) -> None:
     """Run ``actions`` of this rank in order, posting each pass's receives and the next
-    pass's ahead (so they arrive while it computes)."""
+    pass's ahead (so they arrive while it computes); ``meter``, on (the caller's), reads
+    the device over them, each step's end left out (pipeswap.pipeline.stage_meter)."""
     compute = [i for i, a in enumerate(actions) if a.is_compute] + [len(actions)]
     posted_upto = 0
     next_compute = 0
@@ -381,8 +388,12 @@ def run_actions(
                 if actions[j].kind.is_receive:
                     transport.post(actions[j].kind.direction, actions[j].unit)
             posted_upto = max(posted_upto, horizon)
-        executor.run(action)
+        executor.run(action, end_step=False)
         if action.kind is ActionKind.UPDATE:
+            if meter is not None:
+                meter.ran(action)
+            with meter.aside() if meter is not None else nullcontext():
+                executor.end_step(action.unit)
             if bar is not None:
                 bar.update(1)
             if after_step is not None:

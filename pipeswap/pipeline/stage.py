@@ -270,7 +270,8 @@ class StageRunner:
         output, loss = self._run(value, target)
         if self.is_last:
             assert loss is not None
-            self.losses[unit] = loss.item()
+            if loss.device.type != "meta":  # a rehearsal's shapes (pipeline.stage_rehearsal)
+                self.losses[unit] = loss.item()
             self._pending[unit] = (leaves, (loss / self.micro_batches,))
             return None
         packed = pack(output, f"stage {self.index}")

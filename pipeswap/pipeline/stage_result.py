@@ -32,3 +32,5 @@ class StageResult:
     state: dict[str, torch.Tensor] | None = None
     # A stage that swaps: its swapper's figures (pipeswap.swap.runtime.unit_swapper.UnitSwapper.stats).
     memory: dict[str, Any] | None = None
+    # The device's meter over the first steps (pipeswap.pipeline.stage_meter); -1: none ran.
+    peak_resident_bytes: int = -1

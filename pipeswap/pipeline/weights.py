@@ -35,6 +35,7 @@ from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.modes import WeightMode, weight_mode
 from pipeswap.pipeline.predict import DIRECTED, Distances, step_direction
+from pipeswap.profiling.meter import unmetered
 
 
 @dataclass
@@ -282,6 +283,7 @@ class StageWeights:
         master.grad = None
         self.shared_applied[name] += 1
 
+    @unmetered()
     def _score(self, step: int) -> None:
         future = self._flat()
         done = [key for key in self._records if self.step_of[key[1]] == step]
@@ -293,9 +295,11 @@ class StageWeights:
             error.passes += 1
 
     def _flat(self) -> torch.Tensor:
-        if not self.params:
-            return torch.zeros(0)
-        return torch.cat([p.detach().reshape(-1).float().cpu() for p in self.params])
+        # A record on the CPU, which no device meter counts (a run does not hold it).
+        with unmetered():
+            if not self.params:
+                return torch.zeros(0)
+            return torch.cat([p.detach().reshape(-1).float().cpu() for p in self.params])
 
     # ---- checkpoints --------------------------------------------------------------
     @torch.no_grad()

@@ -15,7 +15,8 @@ A swap plan's ledger is a prediction; this meter is the evidence it is checked a
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -26,6 +27,38 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 # The caching allocator hands out blocks in multiples of 512 bytes (c10's kMinBlockSize).
 CUDA_BLOCK_BYTES = 512
+
+# Storages of host memory pipeswap keeps swapped tensors in (host pools): no meter counts them.
+_HOST: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def host_buffer(nbytes: int, *, pin: bool = False) -> torch.Tensor:
+    """A ``[nbytes]`` uint8 tensor of host memory that no :class:`StorageMeter` counts (a
+    host pool's): on a GPU machine it is not the device's, so it never is. Its storage is
+    made directly (no operator a meter sees) and known by identity from then on."""
+    if pin:  # page-locked, for CUDA, whose meter (its allocator) never counts host memory
+        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        _HOST[buffer.untyped_storage()] = True
+        return buffer
+    storage = torch.UntypedStorage(nbytes)
+    _HOST[storage] = True
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+class _Unmetered:
+    depth = 0  # unmetered() regions open now
+
+
+@contextmanager
+def unmetered() -> Iterator[None]:
+    """Make storages no :class:`StorageMeter` counts inside: pipeswap's own bookkeeping,
+    kept in host memory (an emulator's record of the weights each pass saw, on the CPU),
+    not what training holds on the device."""
+    _Unmetered.depth += 1
+    try:
+        yield
+    finally:
+        _Unmetered.depth -= 1
 
 
 def held_tensors(*things: Any) -> list[torch.Tensor]:
@@ -122,7 +155,7 @@ class StorageMeter(TorchDispatchMode):
         if tensor.device.type != self.device_type:
             return
         storage = tensor.untyped_storage()
-        if storage in self._excluded:
+        if storage in self._excluded or storage in _HOST:
             return
         nbytes = storage.nbytes()
         entry = self._sizes.get(storage)
@@ -142,6 +175,8 @@ class StorageMeter(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         out = func(*args, **(kwargs or {}))
+        if _Unmetered.depth:
+            return out
         for leaf in tree_flatten(out)[0]:
             if isinstance(leaf, torch.Tensor):
                 self._see(leaf)
@@ -209,6 +244,17 @@ class DeviceMeter:
     def exclude(self, *tensors: torch.Tensor) -> None:
         if self._storages is not None:
             self._storages.exclude(*tensors)
+
+    def hold(self, *things: Any) -> None:
+        """Count the storages ``things`` hold from now on (:meth:`StorageMeter.hold`; the
+        allocator already knows what it holds)."""
+        if self._storages is not None:
+            self._storages.hold(*things)
+
+    @property
+    def counting(self) -> bool:
+        """Whether new storages are seen now (between :meth:`resume` and :meth:`pause`)."""
+        return self._on
 
     def resume(self) -> None:
         """Count again (the storage count only sees what runs while it is on; a CUDA

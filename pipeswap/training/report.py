@@ -76,6 +76,10 @@ class PipelineDetails:
     predicted_step_s: float | None = None
     # Stages that swap: the plan per stage and what each rank's swapper measured.
     stage_swap: dict[str, Any] | None = None
+    # Per rank: the device's own meter over the first steps (-1: not metered); reports
+    # written before it have none.
+    peak_resident_bytes: list[int] | None = None
+    notes: dict[str, str] | None = None  # what the keys that need it mean
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -40,7 +40,7 @@ from pipeswap.layouts.stage_swap import (
     prefetch_points,
     stage_order,
 )
-from pipeswap.layouts.stages import StageCosts, stage_costs
+from pipeswap.layouts.stages import StageCosts, measured_stage_costs, stage_costs
 from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.job import build_full_model, build_meta_model
@@ -50,6 +50,7 @@ from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import version_distances
 from pipeswap.pipeline.schedule import Schedule
 from pipeswap.pipeline.stage_memory import MemoryFactory
+from pipeswap.pipeline.stage_rehearsal import rehearse_stages
 from pipeswap.precision import autocast
 from pipeswap.profile import Profile
 from pipeswap.profiling.estimate import estimate_layered
@@ -240,7 +241,11 @@ def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> Sta
     topology = swap_topology(config.topology, config.device, pipeline.num_ranks)
     gpus = topology.require_gpus(config.topology)[: pipeline.num_ranks]
     profile = profile or plan_profile(config, topology.node(gpus[0]).spec)
-    costs = micro_stage_costs(config, profile)
+    # What each stage's device holds, as its meter reads a rehearsal of the stage.
+    readings = rehearse_stages(config)
+    costs = tuple(
+        measured_stage_costs(c, r) for c, r in zip(micro_stage_costs(config, profile), readings)
+    )
     allowed = recompute_allowed(config, schedule)
     if MOVES.get(swap.policy, (False, False, False))[1] and any(allowed):
         kept, rerun = recompute_bytes(config)

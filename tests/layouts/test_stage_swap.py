@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from layout_toys import GB, toy
 
@@ -53,6 +55,32 @@ def test_recomputing_a_layer_holds_only_its_input() -> None:
     assert (unit.held, unit.swap) == (0, 0)  # the toy's outputs are empty
     assert unit.rerun == 2 * (GB // 4) and unit.recompute_s == pytest.approx(2 * 0.25)
     assert peak_bytes(order, c, plan) == c.resident_bytes + unit.rerun
+
+
+def test_what_a_stage_measured_counts_where_it_is_held() -> None:
+    order, c = _stage0()
+    measured = dataclasses.replace(
+        c,
+        unit_extra_bytes=1,  # a unit's input and outputs, from its forward to its backward
+        backward_transient_bytes=c.transient_bytes + 10,
+        update_transient_bytes=100,
+        pass_copy_bytes=1000,  # a stashing mode's live weights, kept aside in a backward
+    )
+    added = [
+        m - p
+        for m, p in zip(
+            memory_by_action(order, measured, NO_PLAN), memory_by_action(order, c, NO_PLAN)
+        )
+    ]
+    assert [kind for kind, _ in order] == [ActionKind.F] * 4 + [ActionKind.B] * 4 + [
+        ActionKind.UPDATE
+    ]
+    assert added == [1, 2, 3, 4, 4 + 1010, 3 + 1010, 2 + 1010, 1 + 1010, 100]
+    # A recomputed layer's forward computes all it would save: its unit holds it until the
+    # layer ends, within the forward.
+    plan = StagePlan(recomputed=frozenset(c.layers))
+    forwards = memory_by_action(order, c, plan)[:4]
+    assert forwards == [c.resident_bytes + c.transient_bytes + GB // 4] * 4  # kept: nothing
 
 
 def test_plans_fit_their_budget_and_none_fits_below_the_floor() -> None:

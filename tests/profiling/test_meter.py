@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeswap.profiling.meter import DeviceMeter, MemoryMarks, StorageMeter, held_tensors
+from pipeswap.profiling.meter import (
+    DeviceMeter,
+    MemoryMarks,
+    StorageMeter,
+    held_tensors,
+    host_buffer,
+    unmetered,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -63,6 +70,21 @@ def test_what_is_excluded_never_counts_and_freed_storages_leave() -> None:
         del a
         assert meter.current == 0
     assert meter.peak == 4000 + 10
+
+
+def test_a_host_buffer_and_unmetered_work_never_count() -> None:
+    with StorageMeter() as meter:
+        pool = host_buffer(1 << 20)  # made inside the meter, yet host memory
+        pool[:8].copy_(torch.arange(8, dtype=torch.uint8))  # 8 bytes of source, freed
+        assert pool.numel() == 1 << 20 and meter.current == 0
+        with unmetered():
+            record = torch.ones(1000)  # bookkeeping, not training's
+        record.add_(1)  # an in-place op hands back the same storage: counted from then on
+        kept = torch.ones(10)
+        assert meter.current == 4000 + 40
+        del record, kept
+    assert meter.peak == 4000 + 40
+    assert host_buffer(0).numel() == 0
 
 
 def test_marks_file_each_interval_s_peak() -> None:
