@@ -187,6 +187,6 @@ def found_calibration(device: str, nproc: int) -> Topology | None:
     except PipeswapError as exc:  # every later run would stop here: name the way out
         raise PipeswapError(
             f"the calibration kept for {nproc} {device} rank(s) at {path} cannot be read "
-            f"({first_line(exc)}): make it again with `pipeswap topology calibrate --device "
-            f"{device} --nproc {nproc}`, or delete the file to plan on a preset"
+            f"({first_line(exc)}): make it again (pipeswap topology calibrate, for this "
+            "device and number of ranks), or delete the file to plan on a preset"
         ) from None

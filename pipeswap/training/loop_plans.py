@@ -34,8 +34,6 @@ from pipeswap.units import format_bytes
 _ARGUMENT = {"gpu_memory_bytes": "gpu_memory"}
 # A plan is made again (for less memory) at most this often when its first step held more.
 REPLANS = 2
-# A budget no step reaches: what a plan run beyond the run's budget is checked against.
-UNBOUNDED = 2**62
 # The least time a search is given (a smaller one finds nothing beyond its first guess).
 MIN_SEARCH_S = 0.02
 
@@ -317,44 +315,6 @@ class LoopPlanner:
             with self.quiet():
                 executor.prepare(lambda: self.model(*args, **kwargs))
         return result, executor
-
-    def least_bytes(self, planned: ShapePlan, scale: float) -> int:
-        """The least any plan can hold for a call whose activations are ``scale`` times
-        ``planned``'s (its state and what it holds at the start stay as they are)."""
-        workload = workload_from_profile(planned.profile)
-        least = workload.min_budget_bytes(recomputing=True)
-        return workload.resident_bytes + int((least - workload.resident_bytes) * scale)
-
-    def recompute_all(self, like: ShapePlan, args: Any, kwargs: Any) -> ShapePlan:
-        """``like``'s plan with every layer recomputed and nothing swapped, for this call:
-        what a call no plan covers can hold least, checkpointing every layer."""
-        rank, _ = rank_and_world()
-        plan = like.result.plan
-        gpus = tuple(
-            # Beyond the budget by the user's choice: no budget for the executor to check.
-            replace(
-                gpu,
-                swaps=(),
-                recompute=tuple(self.layer_names),
-                offset_s=0.0,
-                budget_bytes=UNBOUNDED,
-            )
-            for gpu in plan.gpus
-        )
-        executor = SwapExecutor(
-            self.model,
-            replace(plan, policy="recompute", gpus=gpus),
-            rank=rank,
-            layers=self.layer_names,
-            device=self.device,
-            account=False,
-            strict=False,
-        )
-        with self.quiet():
-            executor.prepare(lambda: self.model(*args, **kwargs))
-        return replace(
-            like, executor=executor, call=None, measured_peak_bytes=None, recomputes_all=True
-        )
 
     def measured(self, planned: ShapePlan, peak: int) -> None:
         """A plan's first step held ``peak`` bytes: over the budget, plan again for less."""

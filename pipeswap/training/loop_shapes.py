@@ -13,16 +13,23 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from pipeswap.config import ConfigError
+from pipeswap.dist.group import rank_and_world
 from pipeswap.profile import StepMemory
 from pipeswap.profiling.block_timing import BlockTiming
+from pipeswap.swap.plan.workload import workload_from_profile
+from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.training.loop_calls import Signature
 from pipeswap.training.loop_plans import LoopPlanner, ShapePlan, on_device
 from pipeswap.units import format_bytes
+
+# A budget no step reaches: what a plan run beyond the run's budget is checked against.
+UNBOUNDED = 2**62
 
 
 def covers(large: Signature, small: Signature) -> bool:
@@ -124,7 +131,7 @@ class ShapePlans:
         # the smaller call's plan can hold, so scaled, is a bound that refuses before the
         # forward a call no plan can fit; anything below it is learnt.
         scale = _largest_leaf(signature) / max(1, _largest_leaf(smaller))
-        least = self.planner.least_bytes(self.plans[smaller], scale)
+        least = self.least_bytes(self.plans[smaller], scale)
         if least <= budget:
             return None, None
         over = (
@@ -181,7 +188,46 @@ class ShapePlans:
         warnings.warn(
             f"pipeswap.offload: {over}; it runs recomputing every layer", RuntimeWarning, 5
         )
-        return self.planner.recompute_all(like, args, kwargs)
+        return self.recompute_all(like, args, kwargs)
+
+    def least_bytes(self, planned: ShapePlan, scale: float) -> int:
+        """The least any plan can hold for a call whose activations are ``scale`` times
+        ``planned``'s (its state and what it holds at the start stay as they are)."""
+        workload = workload_from_profile(planned.profile)
+        least = workload.min_budget_bytes(recomputing=True)
+        return workload.resident_bytes + int((least - workload.resident_bytes) * scale)
+
+    def recompute_all(self, like: ShapePlan, args: Any, kwargs: Any) -> ShapePlan:
+        """``like``'s plan with every layer recomputed and nothing swapped, for this call:
+        what a call no plan covers can hold least, checkpointing every layer."""
+        planner = self.planner
+        rank, _ = rank_and_world()
+        plan = like.result.plan
+        # Beyond the budget by the user's choice: no budget for the executor to check.
+        gpus = tuple(
+            replace(
+                gpu,
+                swaps=(),
+                recompute=tuple(planner.layer_names),
+                offset_s=0.0,
+                budget_bytes=UNBOUNDED,
+            )
+            for gpu in plan.gpus
+        )
+        executor = SwapExecutor(
+            planner.model,
+            replace(plan, policy="recompute", gpus=gpus),
+            rank=rank,
+            layers=planner.layer_names,
+            device=planner.device,
+            account=False,
+            strict=False,
+        )
+        with planner.quiet():
+            executor.prepare(lambda: planner.model(*args, **kwargs))
+        return replace(
+            like, executor=executor, call=None, measured_peak_bytes=None, recomputes_all=True
+        )
 
     def close(self) -> None:
         for planned in self.plans.values():

@@ -81,6 +81,6 @@ def test_a_kept_calibration_that_cannot_be_read_names_the_way_out(
     with pytest.raises(
         PipeswapError,
         match=r"calibrated-cpu-2\.json cannot be read .*"
-        r"pipeswap topology calibrate --device cpu --nproc 2`, or delete",
+        r"make it again \(pipeswap topology calibrate.*or delete the file",
     ):
         found_calibration("cpu", 2)

@@ -201,7 +201,7 @@ def test_a_shape_the_bound_lets_through_but_no_plan_fits_names_the_largest_that_
     short, long = padded_batches(2, 32, 32), padded_batches(2, 256, 256)
     model = _llama(layers=3)
     off = offload(model, gpu_memory=2_600_000)
-    monkeypatch.setattr(off.planner, "least_bytes", lambda *_: 0)
+    monkeypatch.setattr(off.shapes, "least_bytes", lambda *_: 0)
     with pytest.raises(
         ConfigError, match=r"4x256.*the largest shape planned within it is 4x32, 4x32, 4x32"
     ):

@@ -260,10 +260,10 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
     if not profile.has_saved_data or len(missing) == len(profile.layers):
         raise ConfigError(
             f"the profile of {profile.model} has no saved-tensor data, which swap planning "
-            f"needs; measure it (pipeswap.measure) or estimate it (pipeswap.profiling.estimate, or "
-            # A command to run: its flags are spelt out, in whichever vocabulary the rest is.
-            f"`pipeswap profile --model {profile.model} --batch {profile.batch} --estimate "
-            "--gpu v100-32gb`)"
+            f"needs; measure it (pipeswap.measure), or estimate it from the model's config "
+            # Prose, not a command: it reads right with flags (CLI) and with field names.
+            f"(pipeswap.profiling.estimate, or the profile command with {{model}} "
+            f"{profile.model}, {{batch}} {profile.batch}, {{estimate}} and {{gpu}} v100-32gb)"
         )
     if optimizer_step_s is None:
         optimizer_step_s = _optimizer_step_s(profile)

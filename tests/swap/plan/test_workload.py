@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from pipeswap.errors import PipeswapError
+from pipeswap.config import ConfigError
 from pipeswap.hardware.presets import preset
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.plan.iteration import build_iteration_graph
@@ -53,10 +53,11 @@ def test_swapped_tensor_lowers_the_peak_by_its_size(make_profile) -> None:
 
 def test_profile_without_saved_data_is_refused_with_the_command(make_profile) -> None:
     profile = dataclasses.replace(make_profile([(1,)] * 2), has_saved_data=False)
-    # A command to run keeps its dashes in every vocabulary (it had lost them in Python's).
-    command = "pipeswap profile --model toy --batch 1 --estimate --gpu v100-32gb"
-    with pytest.raises(PipeswapError, match=command):
+    # Prose that reads right in both vocabularies (as a command it had lost its dashes).
+    with pytest.raises(ConfigError) as refused:
         workload_from_profile(profile)
+    flags = refused.value.render(lambda name: "--" + name.replace("_", "-"))
+    assert "the profile command with --model toy, --batch 1, --estimate and --gpu v100" in flags
 
 
 # ---- recomputation -------------------------------------------------------------------------
