@@ -242,7 +242,7 @@ def _two_ranks_one_gpu() -> str:
     from pipeswap.hardware.presets import preset
     from pipeswap.profiling import measure
     from pipeswap.swap.plan.planner import make_plan
-    from pipeswap.training.dp_rank import measured_step_s
+    from pipeswap.training.dp_result import measured_step_s
     from pipeswap.training.job import ModelJob
 
     name = "gpt2-tiny"

@@ -40,11 +40,14 @@ from typing import Any
 
 import torch
 
-from pipeswap.config import option, require
+from pipeswap.config import ConfigError, option, require
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import dump_json, fix_of, load_json, reason_of, write_atomic
 
 CHECKPOINT_FORMAT = "pipeswap.checkpoint/2"
+# Steps between checkpoints when a run has a checkpoint directory and no checkpoint_every
+# (Hugging Face's Trainer and torchtitan save every 500 steps too).
+DEFAULT_EVERY = 500
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
@@ -56,12 +59,13 @@ class CheckpointConfig:
         None,
         metavar="DIR",
         help="write checkpoints here (every {checkpoint_every} steps, after the last step, "
-        "and on SIGTERM)",
+        "and when stopped by SIGTERM or Ctrl-C)",
     )
-    checkpoint_every: int = option(
-        0,
+    checkpoint_every: int | None = option(
+        None,
         metavar="N",
-        help="steps between checkpoints (0: only after the last step and when stopped by SIGTERM)",
+        help=f"steps between checkpoints (default with {{checkpoint_dir}}: {DEFAULT_EVERY}; "
+        "0: only after the last step and when stopped by SIGTERM or Ctrl-C)",
     )
     resume: str | None = option(
         None, metavar="DIR", help="continue from the newest complete checkpoint in DIR"
@@ -76,9 +80,9 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         require(
-            self.checkpoint_every >= 0,
+            self.checkpoint_every is None or self.checkpoint_every >= 0,
             f"{{checkpoint_every}} is {self.checkpoint_every}; use a number of steps (0: only "
-            "when stopped by SIGTERM)",
+            "after the last step and when stopped by SIGTERM or Ctrl-C)",
         )
         named = (
             ("checkpoint_dir", self.checkpoint_dir),
@@ -95,6 +99,11 @@ class CheckpointConfig:
         if self.checkpoint_dir is not None:
             return self.checkpoint_dir
         return self.resume if self.checkpoint_every else None
+
+    @property
+    def every(self) -> int:
+        """Steps between checkpoints: ``checkpoint_every``, else :data:`DEFAULT_EVERY`."""
+        return DEFAULT_EVERY if self.checkpoint_every is None else self.checkpoint_every
 
     @property
     def directories(self) -> tuple[str, ...]:
@@ -133,21 +142,33 @@ class RunStopped(PipeswapError):
 
 
 class StopOnSigterm:
-    """Turns SIGTERM into a request to stop at the next step boundary (main thread only)."""
+    """Turns SIGTERM (and the other ``signals`` given) into a request to stop at the next
+    step boundary (main thread only); ``caught`` names the first signal that came.
 
-    def __init__(self) -> None:
+    A signal this process ignores stays ignored (a spawned rank leaves Ctrl-C to its
+    launcher). SIGTERM again changes nothing (a job scheduler may signal the launcher and
+    its ranks alike), but SIGINT again stops at once (KeyboardInterrupt): Ctrl-C twice.
+    """
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
         self.requested = False
-        self._previous: Any = None
+        self.caught: str | None = None
+        self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._request)
+            for signum in signals:
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self._previous[signum] = signal.signal(signum, self._request)
 
     def _request(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
         self.requested = True
+        self.caught = self.caught or signal.Signals(signum).name
 
     def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
 
 def step_dir(directory: str | os.PathLike[str], done: int) -> Path:
@@ -202,15 +223,47 @@ def _manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-def check_identity(manifest: dict[str, Any], identity: dict[str, Any], where: str) -> None:
-    """Refuse a checkpoint written by another run, naming the first field that differs."""
+def check_identity(
+    manifest: dict[str, Any],
+    identity: dict[str, Any],
+    where: str,
+    fields: dict[str, str] | None = None,
+) -> None:
+    """Refuse a checkpoint written by another run, naming the first field that differs.
+
+    ``fields`` names the config field that sets an identity key (``world_size``:
+    ``nproc``): the refusal is then a ConfigError naming it as the caller does (a flag on
+    the command line)."""
     theirs = manifest.get("identity", {})
     for key in sorted(set(theirs) | set(identity)):
-        if theirs.get(key) != identity.get(key):
+        if theirs.get(key) == identity.get(key):
+            continue
+        was, now = theirs.get(key), identity.get(key)
+        field_name = (fields or {}).get(key)
+        if field_name is None:
             raise PipeswapError(
-                f"{where} was written with {key} = {theirs.get(key)!r}, but this run has "
-                f"{identity.get(key)!r}; resume with the same settings or start afresh"
+                f"{where} was written with {key} = {was!r}, but this run has {now!r}; "
+                "resume with the same settings or start afresh"
             )
+        hint = ""
+        if field_name == "lr_decay_steps":
+            hint = (
+                " ({lr_decay_steps} defaults to the run's {steps}: give {lr_decay_steps} "
+                f"{was} to go on decaying as it did)"
+            )
+        raise ConfigError(
+            f"{where} was written with {{{field_name}}} {_shown(was)}, but this run has "
+            f"{{{field_name}}} {_shown(now)}{hint}; resume with the same settings or start afresh"
+        )
+
+
+def _shown(value: Any) -> str:
+    """A setting as its flag takes it: ``0.1``, ``adamw``, ``3,3,2`` (None: ``(none)``)."""
+    if value is None:
+        return "(none)"
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 def load_rank(directory: str | os.PathLike[str], done: int, rank: int) -> dict[str, Any]:

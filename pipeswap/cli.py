@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
 from pipeswap.commands.options import message
 from pipeswap.dist.peers import LOST_PEERS, lost_peers
+from pipeswap.dist.signals import sigterm_interrupts
 from pipeswap.errors import PipeswapError, crash_line, debugging
 
 # Each module defines register(subparsers), which adds its parser with func=run(args) -> int.
@@ -45,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with sigterm_interrupts():
+            return int(args.func(args) or 0)
     except PipeswapError as exc:
         print(f"pipeswap {args.command}: error: {message(exc)}", file=sys.stderr)
         # 2: bad input (the message names the fix); a crashed rank sets its own status.
@@ -64,8 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"pipeswap {args.command}: crashed: {crash_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        # 128 + the signal, as a shell reports it: 130 for SIGINT, 143 for SIGTERM.
-        return 128 + int(getattr(exc, "signum", 2))
+        # One line (what the ranks said as they stopped, when they did), and 128 + the
+        # signal, as a shell reports it: 130 for SIGINT, 143 for SIGTERM.
+        signum = int(getattr(exc, "signum", signal.SIGINT))
+        said = getattr(exc, "message", None) or f"stopped by {signal.Signals(signum).name}"
+        print(f"pipeswap {args.command}: {said}", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

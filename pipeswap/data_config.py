@@ -32,7 +32,9 @@ class DataConfig:
         "5%% of {data}; with it, all of {data} trains)",
     )
     eval_batches: int = option(
-        2, help="held-out batches (of {batch} samples) scored after training; 0: none"
+        2,
+        help="held-out batches (of {batch} samples) scored after training, by each "
+        "data-parallel rank (the report counts them all); 0: none",
     )
     eval_every: int = option(
         0,

@@ -1,4 +1,4 @@
-"""LogConfig and the per-step log of a run: a line on a terminal, JSON lines, TensorBoard."""
+"""LogConfig and the per-step log of a run: a line on stderr, JSON lines, TensorBoard."""
 
 from __future__ import annotations
 
@@ -10,20 +10,23 @@ from types import TracebackType
 from typing import IO, Any
 
 from pipeswap.config import ConfigError, option, require
+from pipeswap.progress import thread_lock_for_bars
 
 
 @dataclass(frozen=True, kw_only=True)
 class LogConfig:
-    """What a run logs per optimizer step, on rank 0: ``log_every`` prints a line on a
-    terminal every that many steps; ``metrics`` writes every step as a JSON line
-    (``step``, ``loss``, ``lr``, ``step_s``), each held-out score (``eval``, every
-    ``eval_every`` steps and at the end, last); ``tensorboard`` writes the same scalars
-    as TensorBoard event files. A step is logged as it ends by the process that knows its
-    loss: in data parallelism rank 0 (its share of the mini-batch), in a pipeline the
-    last stage (the mini-batch's loss)."""
+    """What a run logs per optimizer step, on rank 0: ``log_every`` prints a line on
+    stderr every that many steps (a terminal or a log file alike); ``metrics`` writes
+    every step as a JSON line (``step``, ``loss``, ``lr``, ``step_s``), each held-out
+    score (``eval``, every ``eval_every`` steps and at the end, last); ``tensorboard``
+    writes the same scalars as TensorBoard event files. A step is logged as it ends by
+    the process that knows its loss: in data parallelism rank 0 (its share of the
+    mini-batch), in a pipeline the last stage (the mini-batch's loss)."""
 
     log_every: int = option(
-        10, metavar="N", help="print a line every N steps on a terminal (0: never)"
+        10,
+        metavar="N",
+        help="print a line every N steps on stderr, to a terminal or a log file (0: never)",
     )
     metrics: str | None = option(
         None, metavar="PATH", help="write each step's loss, learning rate and time as JSON lines"
@@ -31,13 +34,32 @@ class LogConfig:
     tensorboard: str | None = option(
         None,
         metavar="DIR",
-        help="write the same scalars as TensorBoard event files (needs the tensorboard package)",
+        help="write the same scalars as TensorBoard event files (needs the tensorboard "
+        "package: pip install 'pipeswap[tensorboard]')",
     )
 
     def __post_init__(self) -> None:
         require(self.log_every >= 0, f"{{log_every}} is {self.log_every}; use 0 or more")
         for name, value in (("metrics", self.metrics), ("tensorboard", self.tensorboard)):
             require(value != "", f"{{{name}}} is empty; name a path")
+
+    def check_available(self) -> None:
+        """Refuse ``tensorboard`` without the package it needs, before a run starts."""
+        if self.tensorboard is not None:
+            _summary_writer()
+
+
+def _summary_writer() -> Any:
+    """TensorBoard's SummaryWriter, or the ConfigError that says what to install."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError(
+            "{tensorboard} needs the tensorboard package: pip install 'pipeswap[tensorboard]' "
+            "(or pip install tensorboard), or drop {tensorboard} ({metrics} writes JSON lines "
+            "without it)"
+        ) from None
+    return SummaryWriter
 
 
 @dataclass(frozen=True)
@@ -66,10 +88,11 @@ class HeldOutSums:
             out = out + part
         return out
 
-    def score(self, eval_batches: int, *, classify: bool) -> dict[str, float | int]:
-        """A report's ``eval``: the batches asked for (per rank), the mean batch loss and,
-        for classifiers, the accuracy; no loss when nothing was scored."""
-        score: dict[str, float | int] = {"batches": eval_batches}
+    def score(self, batches: int, *, classify: bool) -> dict[str, float | int]:
+        """A report's ``eval``: ``batches`` (data parallelism: every rank's, this sum's
+        ``batches``), the mean batch loss and, for classifiers, the accuracy; no loss
+        when nothing was scored."""
+        score: dict[str, float | int] = {"batches": batches}
         if self.batches:
             score["loss"] = self.loss_sum / self.batches
             if classify:
@@ -86,20 +109,14 @@ class StepLog:
         self.config, self.steps = config, steps
         self._file: IO[str] | None = None
         self._board: Any = None
-        self._terminal = enabled and live and sys.stderr.isatty() and config.log_every > 0
+        # A line every log_every steps, to a log file too: a run sent to one is followed.
+        self._lines = enabled and live and config.log_every > 0
         if not enabled:
             return
         if config.metrics is not None:
             self._file = open(config.metrics, "w", encoding="utf-8")  # noqa: SIM115
         if config.tensorboard is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError(
-                    "{tensorboard} needs the tensorboard package: pip install tensorboard, "
-                    "or drop {tensorboard} ({metrics} writes JSON lines without it)"
-                ) from None
-            self._board = SummaryWriter(config.tensorboard)
+            self._board = _summary_writer()(config.tensorboard)
 
     def step(self, step: int, loss: float, lr: float, step_s: float | None = None) -> None:
         """Record optimizer step ``step`` (0-based)."""
@@ -110,7 +127,7 @@ class StepLog:
         if self._board is not None:
             self._board.add_scalar("train/loss", loss, step + 1)
             self._board.add_scalar("train/lr", lr, step + 1)
-        if self._terminal and (step + 1) % self.config.log_every == 0:
+        if self._lines and (step + 1) % self.config.log_every == 0:
             took = "" if step_s is None else f"  {step_s * 1e3:.1f} ms"
             self._write(f"step {step + 1}/{self.steps}  loss {loss:.4f}  lr {lr:.3g}{took}")
 
@@ -121,7 +138,7 @@ class StepLog:
             self._file.write(json.dumps({"step": step + 1, "eval": score}) + "\n")
             self._file.flush()
         self._board_eval(score, step + 1)
-        if self._terminal and "loss" in score:
+        if self._lines and "loss" in score:
             extra = f"  accuracy {score['accuracy']:.4f}" if "accuracy" in score else ""
             self._write(f"step {step + 1}/{self.steps}  held-out loss {score['loss']:.4f}{extra}")
 
@@ -135,7 +152,9 @@ class StepLog:
     def _write(line: str) -> None:
         from tqdm import tqdm
 
+        thread_lock_for_bars()  # (tqdm's own lock would leak a semaphore at a rank's end)
         tqdm.write(line, file=sys.stderr)  # above a progress bar, not through it
+        sys.stderr.flush()
 
     def close(self, held_out: dict[str, float | int] | None = None) -> None:
         """Record the held-out score (when there is one) and close the files."""

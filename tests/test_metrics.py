@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,12 @@ def test_json_lines_hold_every_step_and_the_held_out_score_last(tmp_path: Path) 
     ]
 
 
-def test_a_line_every_n_steps_on_a_terminal_only(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_line_every_n_steps_on_a_terminal_or_in_a_log_file(
+    terminal: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    # Before: a run sent to a log file (`pipeswap train ... > run.log 2>&1`) logged nothing.
+    monkeypatch.setattr("sys.stderr.isatty", lambda: terminal)
     with StepLog(LogConfig(log_every=2), 4) as log:
         for step in range(4):
             log.step(step, 1.0 / (step + 1), 0.01, 0.002)
@@ -54,8 +57,27 @@ def test_bad_log_settings_are_refused_naming_the_field() -> None:
     importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed"
 )
 def test_tensorboard_without_its_package_says_what_to_install(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="pip install tensorboard"):
+    with pytest.raises(ConfigError, match=r"pip install 'pipeswap\[tensorboard\]'"):
         StepLog(LogConfig(tensorboard=str(tmp_path / "tb")), 1)
+
+
+def test_tensorboard_without_its_package_is_refused_before_any_rank_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Before: refused by every rank after they had started (48 s), three times, advising
+    # `pip install tensorboard` where the README says pipeswap[tensorboard].
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # its import fails
+
+    def no_ranks(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a rank started")
+
+    monkeypatch.setattr("pipeswap.dist.launch.spawn", no_ranks)
+    argv = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--steps", "2"]
+    argv += ["--nproc", "2", "--tensorboard", str(tmp_path / "tb")]
+    assert main(argv) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.count("needs the tensorboard package") == 1, err
+    assert "--tensorboard needs" in err and "pip install 'pipeswap[tensorboard]'" in err
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from typing import Any
 
 from pipeswap.checkpoint import CheckpointConfig
@@ -17,7 +19,7 @@ from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.swap.config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.report import TrainReport, write_report
-from pipeswap.training.run import train
+from pipeswap.training.run import TrainingStopped, train
 from pipeswap.units import format_bytes
 
 _EXAMPLES = """examples:
@@ -125,13 +127,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     _check_outputs(args)
-    outcome = train(config)
+    try:
+        outcome = train(config)
+    except TrainingStopped as stopped:  # after a step: report what ran
+        outcome = stopped.outcome
     if outcome is None:  # torchrun: another rank reports
         return 0
     report = outcome.report
     for line in summary_lines(report):
         print(line)
-    if config.checkpoint.save is not None:
+    if config.checkpoint.save is not None and report.stopped_by is None:
         print(f"trained model written to {config.checkpoint.save}")
     if args.report:
         write_report(args.report, report)
@@ -141,7 +146,20 @@ def run(args: argparse.Namespace) -> int:
             args.trace, list(outcome.timeline), title=report.model, seconds_per_unit=1.0
         )
         print(f"trace written to {args.trace}")
+    if report.stopped_by is not None:
+        sys.stdout.flush()
+        print(f"pipeswap train: {stopped_line(report, config)}", file=sys.stderr)
+        return 128 + signal.Signals[report.stopped_by]
     return 0
+
+
+def stopped_line(report: TrainReport, config: TrainConfig) -> str:
+    """What a run a signal stopped did: its steps, and where its checkpoint is."""
+    line = f"stopped by {report.stopped_by} after step {len(report.losses)} of {report.steps}"
+    target = config.checkpoint.target
+    if target is None:
+        return line + " (--checkpoint-dir DIR would have kept a checkpoint to resume from)"
+    return f"{line}; its checkpoint is in {target}: continue with --resume {target}"
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -164,6 +182,18 @@ def _error(predicted: float, measured: float) -> str:
     return f"{(predicted - measured) / measured:+.0%} off"
 
 
+def _prediction(report: TrainReport, predicted: float, measured: float) -> str:
+    """The predicted step beside the measured one, or why there is none: a simulation of a
+    machine that was never measured (no calibration) is no prediction for this one."""
+    if report.calibrated is False:
+        return (
+            "uncalibrated, so no prediction (`pipeswap topology calibrate --nproc "
+            f"{report.nproc} --device {report.device}` measures this machine once for every "
+            "later run)"
+        )
+    return f"{predicted * 1e3:.1f} ms predicted ({_error(predicted, measured)})"
+
+
 def summary_lines(report: TrainReport) -> list[str]:
     """What `pipeswap train` prints about a finished run, from its report."""
     losses = report.losses
@@ -173,8 +203,8 @@ def summary_lines(report: TrainReport) -> list[str]:
         return [
             f"pipeswap train: {report.model} x{report.nproc} ranks, policy {dp.policy}: budget "
             f"{format_bytes(dp.budget_bytes)}/GPU, swapped {swapped} per step; step "
-            f"{dp.measured_step_s * 1e3:.1f} ms measured, {dp.predicted_step_s * 1e3:.1f} ms "
-            f"predicted ({_error(dp.predicted_step_s, dp.measured_step_s)})",
+            f"{dp.measured_step_s * 1e3:.1f} ms measured, "
+            + _prediction(report, dp.predicted_step_s, dp.measured_step_s),
             f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
             + (f"; held-out {_held_out(dp.eval)}" if dp.eval and "loss" in dp.eval else "")
             + f"; params sha256 {report.params_sha256}",
@@ -205,8 +235,7 @@ def summary_lines(report: TrainReport) -> list[str]:
     if pipe.predicted_step_s is not None and pipe.measured_step_s is not None:
         lines.append(
             f"step {pipe.measured_step_s * 1e3:.1f} ms measured, "
-            f"{pipe.predicted_step_s * 1e3:.1f} ms predicted "
-            f"({_error(pipe.predicted_step_s, pipe.measured_step_s)})"
+            + _prediction(report, pipe.predicted_step_s, pipe.measured_step_s)
         )
     if pipe.prediction_error is not None:
         parts = [

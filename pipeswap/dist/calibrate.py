@@ -28,7 +28,6 @@ PyTorch itself sees.
 
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
@@ -37,6 +36,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from pipeswap.dist.threads import thread_share
 
 # Sizes (bytes) of the collective measurements, and of the copies.
 COLLECTIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
@@ -62,7 +63,7 @@ def measure_rank(rank: int, world: int, quick: bool = False) -> dict[str, Any]:
     dist.barrier()
     alone = _compute_s(device, repeats) if rank == 0 else None
     if device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        torch.set_num_threads(thread_share(world))
     dist.barrier()
     out["compute"] = {"alone": alone, "together": _compute_s(device, repeats)}
     out["copy"] = {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import multiprocessing
@@ -13,7 +12,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
@@ -22,6 +21,7 @@ from pipeswap.config import ConfigError
 from pipeswap.dist.env import free_port, torchrun_env
 from pipeswap.dist.group import backend_for, barrier, init_process_group, leave_process_group
 from pipeswap.dist.peers import LOST_PEERS, lost_peers
+from pipeswap.dist.signals import LauncherInterrupted, sigterm_interrupts
 from pipeswap.errors import PipeswapError, crash_line, debugging
 
 # A rank that failed with a PipeswapError (bad input found on the rank) exits with this
@@ -52,6 +52,7 @@ class LaunchResult:
     # (marked by the prefix below), so the launcher raises it as one again.
     messages: tuple[str | None, ...] = ()
     first_failed: int | None = None  # the rank seen failing first
+    interrupted: int | None = None  # the signal that stopped the launcher (it stopped the ranks)
 
     @property
     def ok(self) -> bool:
@@ -68,13 +69,22 @@ class LaunchResult:
         return f"rank {rank} exited with status {code}"
 
     def raise_failure(self) -> None:
-        """Raise one error for a failed launch, naming the rank that failed first."""
+        """Raise one error for a failed launch, naming the rank that failed first; a
+        launcher stopped by a signal raises :class:`LauncherInterrupted` with the ranks'
+        word on it (where they stopped, their checkpoint), or rank 0's value when every
+        rank ended well."""
+        if self.interrupted is not None and self.ok:
+            raise LauncherInterrupted(self.interrupted, value=self.results[0])
         if self.ok:
             return
         first = self.first_failed
         if first is None:
             first = next(r for r, code in enumerate(self.exit_codes) if code != 0)
         message = self.messages[first] if self.messages else None
+        if self.interrupted is not None:
+            if message and message.startswith(_CONFIG_ERROR):
+                message = str(ConfigError(message.removeprefix(_CONFIG_ERROR)))
+            raise LauncherInterrupted(self.interrupted, message)
         if message and message.startswith(_CONFIG_ERROR):
             raise ConfigError(_named(first, message.removeprefix(_CONFIG_ERROR)))
         if message:
@@ -104,7 +114,9 @@ def run_ranks(
     - ``nproc`` > 1: that many local processes with a rendezvous on 127.0.0.1; rank 0's
       value is returned. When a rank fails the others stop within ``timeout_s``, and one
       :class:`PipeswapError` names the rank that failed first (a :class:`RankFailedError`
-      when it crashed rather than refused its input).
+      when it crashed rather than refused its input). Stopped by a signal, the ranks
+      get ``stop_grace_s`` to end, then :class:`LauncherInterrupted` says what they said
+      as they stopped, or holds rank 0's value when every rank ended well.
 
     The backend is NCCL for ``device`` "cuda" when every local rank has a GPU, else gloo.
     """
@@ -132,14 +144,6 @@ def run_ranks(
     return launched.results[0]
 
 
-class LauncherInterrupted(KeyboardInterrupt):
-    """The launcher got SIGTERM (or SIGINT) while ranks ran; they were stopped first."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 def spawn(
     fn: Callable[..., Any],
     nproc: int,
@@ -159,9 +163,10 @@ def spawn(
     waiting for it would delay the report and change nothing in it.
 
     No rank outlives this process: on SIGINT or SIGTERM it passes the signal on to every
-    rank as SIGTERM, gives them ``stop_grace_s`` to exit (time to write a checkpoint), kills the rest and raises
-    :class:`LauncherInterrupted`; if it is killed outright (SIGKILL), each rank gets
-    SIGKILL from the kernel (Linux's parent-death signal) or, elsewhere, from its own
+    rank as SIGTERM and gives them ``stop_grace_s`` to end (time to finish a step, write a
+    checkpoint and send their results; a second SIGINT stops the wait), kills the rest and
+    raises :class:`LauncherInterrupted` with what they sent; if it is killed outright
+    (SIGKILL), each rank gets SIGKILL from the kernel (Linux's parent-death signal) or, elsewhere, from its own
     watchdog. Nothing is written to disk.
     """
     grace = _NOTICE_S if grace_s is None else grace_s
@@ -180,7 +185,8 @@ def spawn(
     start = time.monotonic()
     killed: list[int] = []
     first_failed: int | None = None
-    with _signals_raise_interrupt():
+    interrupted: int | None = None
+    with sigterm_interrupts():
         try:
             for proc in procs:
                 proc.start()
@@ -205,25 +211,31 @@ def spawn(
                             proc.kill()
                             killed.append(rank)
                     break
-        except BaseException as exc:
-            _stop(procs, stop_grace_s)
-            if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, LauncherInterrupted):
-                raise LauncherInterrupted(signal.SIGINT) from None
+        except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (a LauncherInterrupted)
+            interrupted = getattr(exc, "signum", signal.SIGINT)
+            _stop(procs, stop_grace_s, pipes, replies)
+        except BaseException:
+            _stop(procs, stop_grace_s, pipes, replies)
             raise
     for proc in procs:
-        proc.join()
+        if proc.pid is not None:  # (a signal may have come before every rank started)
+            proc.join()
     _receive(pipes, [reader for reader, _ in pipes if reader.poll()], replies)
     if first_failed is None:
         failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
         first_failed = failed[0] if failed else None
-    return LaunchResult(
+    launched = LaunchResult(
         exit_codes=tuple(None if r in killed else p.exitcode for r, p in enumerate(procs)),
         killed=tuple(killed),
         elapsed_s=time.monotonic() - start,
         results=tuple(_reply(replies, r, "ok") for r in range(nproc)),
         messages=tuple(_reply(replies, r, "error") for r in range(nproc)),
         first_failed=first_failed,
+        interrupted=interrupted,
     )
+    if interrupted is not None:
+        launched.raise_failure()  # a LauncherInterrupted, whatever the ranks did
+    return launched
 
 
 def _reply(replies: dict[int, tuple[str, Any]], rank: int, kind: str) -> Any:
@@ -232,15 +244,27 @@ def _reply(replies: dict[int, tuple[str, Any]], rank: int, kind: str) -> Any:
     return value if sent == kind else None
 
 
-def _stop(procs: list[Any], grace_s: float) -> None:
-    """SIGTERM every live rank, wait up to ``grace_s``, then kill the rest."""
+def _stop(
+    procs: list[Any], grace_s: float, pipes: list[Any], replies: dict[int, tuple[str, Any]]
+) -> None:
+    """SIGTERM every live rank and wait up to ``grace_s`` for them to end, reading what
+    they send meanwhile (SIGTERM again changes nothing; SIGINT stops waiting); then kill
+    the rest."""
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
     deadline = time.monotonic() + grace_s
-    for proc in procs:
-        if proc.pid is not None:
-            proc.join(max(0.0, deadline - time.monotonic()))
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
+            waitables: list[Any] = [p.sentinel for p in procs if p.is_alive()]
+            waitables += [pipes[r][0] for r in range(len(pipes)) if r not in replies]
+            _receive(pipes, wait(waitables, 0.25), replies)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
     for proc in procs:
         if proc.is_alive():
             proc.kill()
@@ -255,23 +279,6 @@ def _receive(pipes: list[Any], ready: list[Any], replies: dict[int, tuple[str, A
             replies[rank] = pickle.loads(reader.recv_bytes())
         except (EOFError, OSError):  # the rank died before it replied
             replies[rank] = ("died", None)
-
-
-@contextlib.contextmanager
-def _signals_raise_interrupt() -> Iterator[None]:
-    """While ranks run, SIGTERM (like SIGINT) interrupts the launcher so it can stop them."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise LauncherInterrupted(signum)
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _cause_order(code: int | None) -> int:
@@ -315,17 +322,17 @@ def _rank_main(
         leave_process_group()
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank non-zero
         if isinstance(exc, PipeswapError):
+            # The launcher says it, once, in its caller's words (flags on the command line).
             text = _CONFIG_ERROR + exc.message if isinstance(exc, ConfigError) else str(exc)
-            with contextlib.suppress(OSError):
+            try:
                 _send(reply, ("error", text))
-            # Also here: a launcher stopped by a signal reads no message (a SIGTERM cut).
-            print(f"rank {rank}: error: {exc}", file=sys.stderr)
+            except OSError:  # the launcher is gone: this rank's stderr is all there is
+                print(f"rank {rank}: error: {exc}", file=sys.stderr)
         elif debugging():
             print(f"rank {rank}: failed:", file=sys.stderr)
             traceback.print_exc()
         elif lost_peers(exc):
-            print(f"rank {rank}: stopped: it {LOST_PEERS}", file=sys.stderr)
-            sys.stderr.flush()
+            # Never the cause: the launcher names the rank that failed first.
             os._exit(_LOST_PEERS_STATUS)
         else:
             print(f"rank {rank}: crashed: {crash_line(exc)}", file=sys.stderr)

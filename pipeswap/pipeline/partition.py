@@ -203,17 +203,26 @@ def parse_balance(text: str, num_layers: int, num_stages: int) -> tuple[int, ...
     return check_balance(read_balance(text), num_layers, num_stages)
 
 
-def check_balance(balance: tuple[int, ...], num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """``balance`` if it gives every one of ``num_stages`` stages layers and covers them all."""
+def check_balance(
+    balance: tuple[int, ...],
+    num_layers: int,
+    num_stages: int,
+    names: Sequence[str] = (),
+) -> tuple[int, ...]:
+    """``balance`` if it gives every one of ``num_stages`` stages layers and covers them
+    all; a refusal lists the layers by ``names`` (the embedding and head count too)."""
     text = ",".join(map(str, balance))
     require(
         len(balance) == num_stages,
         f"{{balance}} {text} has {len(balance)} stages but {{stages}} is {num_stages}",
     )
+    shown = [*names[:3], "...", *names[-2:]] if len(names) > 8 else list(names)
+    listed = f": {', '.join(shown)}" if names else ""
     require(
         all(b >= 1 for b in balance) and sum(balance) == num_layers,
         f"{{balance}} {text}: every stage needs at least one layer and the counts must add "
-        f"up to the model's {num_layers} layers (they add up to {sum(balance)})",
+        f"up to the model's {num_layers} layers (they add up to {sum(balance)}); it counts "
+        f"every layer, the embedding and the head as well as the blocks{listed}",
     )
     return balance
 

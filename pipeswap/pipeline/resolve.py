@@ -66,7 +66,8 @@ def choose_balance(config: TrainConfig, infos: list[LayerInfo], model_name: str)
     layers, else the partitioner's (from the profile at ``profile_path``, or FLOP counts)."""
     pipeline = config.require_pipeline()
     if pipeline.balance is not None:
-        balance = check_balance(pipeline.balance, len(infos), pipeline.num_stages)
+        names = [info.name for info in infos]
+        balance = check_balance(pipeline.balance, len(infos), pipeline.num_stages, names)
     else:
         balance = _partition(config, infos, model_name)
     return replace(pipeline, stages=len(balance), balance=balance)

@@ -11,6 +11,7 @@ GPUs behind one PCIe switch) with the plan using its first ``nproc`` GPUs
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,6 +21,7 @@ from pipeswap.config import ConfigError, require
 from pipeswap.dist.env import local_rank_of
 from pipeswap.dist.group import all_gather, broadcast_from_rank0, rank_device
 from pipeswap.dist.launch import run_ranks
+from pipeswap.dist.signals import LauncherInterrupted
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.calibration import found_calibration
 from pipeswap.hardware.detect import detect_topology
@@ -38,7 +40,8 @@ from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import make_plan
 from pipeswap.swap.runtime.recompute import recompute_sizes
 from pipeswap.train_config import TrainConfig
-from pipeswap.training.dp_rank import RankResult, measured_step_s, train_rank
+from pipeswap.training.dp_rank import train_rank
+from pipeswap.training.dp_result import RankResult, measured_step_s
 from pipeswap.training.job import ModelJob
 from pipeswap.training.report import DataParallelDetails, TrainReport
 from pipeswap.training.resume import agree_on_run, checkpointing
@@ -55,6 +58,7 @@ class PlanPayload:
     predicted_step_s: float = 0.0
     lower_bound_s: float = 0.0
     error: str | None = None
+    calibrated: bool = False  # planned on this machine's calibration (a basis to predict)
 
 
 def default_topology(device: str, nproc: int) -> Topology:
@@ -186,6 +190,7 @@ def _plan(config: TrainConfig, world_size: int, device: torch.device) -> PlanPay
         topology=topology.name,
         predicted_step_s=result.iteration_s,
         lower_bound_s=result.lower_bound_s,
+        calibrated=topology.calibration is not None,
     )
 
 
@@ -243,16 +248,23 @@ def train_data_parallel(config: TrainConfig) -> TrainReport | None:
     """Train a resolved data-parallel config on ``config.nproc`` ranks; rank 0's report."""
     ModelJob.of(config)  # refuse what cannot train before any rank starts
     assert config.device is not None
-    # With checkpoints, SIGTERM gives the ranks time to finish their step and write one.
-    grace = config.timeout_s + 30.0 if config.checkpoint.target is not None else 5.0
-    return run_ranks(
-        _rank_entry,
-        config.nproc,
-        config,
-        device=config.device,
-        timeout_s=config.timeout_s,
-        stop_grace_s=grace,
-    )
+    try:
+        # A signal gives the ranks time to finish their step (and write a checkpoint).
+        report: TrainReport | None = run_ranks(
+            _rank_entry,
+            config.nproc,
+            config,
+            device=config.device,
+            timeout_s=config.timeout_s,
+            stop_grace_s=config.timeout_s + 30.0,
+        )
+    except LauncherInterrupted as stopped:
+        if not isinstance(stopped.value, TrainReport):
+            raise
+        report = stopped.value
+        if report.stopped_by is not None:  # the ranks heard SIGTERM: name the launcher's
+            report = replace(report, stopped_by=signal.Signals(stopped.signum).name)
+    return report
 
 
 # What the data-parallel keys mean, written into every report.
@@ -276,7 +288,10 @@ _NOTES = {
     "recomputed_bytes": "per rank, bytes of saved tensors those re-runs made in one "
     "iteration (held from the re-run to the end of the layer's backward)",
     "measured_step_s": "median over steps after the first of the slowest rank's step",
-    "predicted_step_s": "the simulator's iteration time for the plan",
+    "predicted_step_s": "the simulator's iteration time for the plan: a prediction for "
+    "this machine only where calibrated is true (pipeswap topology calibrate)",
+    "eval": "the held-out score after the last step: batches (every rank's, eval_batches "
+    "each), the mean batch loss and, for classifiers, the accuracy",
 }
 
 
@@ -288,6 +303,8 @@ def report(
     steps = len(ordered[0].losses)
     # Every rank trains an equal share of the mini-batch: the mean is the mini-batch loss.
     losses = [sum(r.losses[s] for r in ordered) / len(ordered) for s in range(steps)]
+    # Every rank scored its own held-out batches: the report counts them all.
+    held_out = HeldOutSums.total(r.held_out for r in ordered if r.held_out is not None)
     details = DataParallelDetails(
         policy=plan.policy,
         sync_every=config.optim.accumulate,
@@ -313,9 +330,7 @@ def report(
         dtype=ModelJob.of(config).dtype,
         plan=plan.to_json(),
         notes=_NOTES,
-        eval=HeldOutSums.total(r.held_out for r in ordered if r.held_out is not None).score(
-            config.dataset.eval_batches, classify=model_spec(config.model).task == "classify"
-        ),
+        eval=held_out.score(held_out.batches, classify=model_spec(config.model).task == "classify"),
     )
     return TrainReport.of(
         config,
@@ -324,4 +339,6 @@ def report(
         nproc=len(ordered),
         evals=[{"step": step, **score} for step, score in ordered[0].evals],
         data_parallel=details,
+        stopped_by=ordered[0].stopped_by,
+        calibrated=payload.calibrated,
     )

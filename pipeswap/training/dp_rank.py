@@ -13,17 +13,14 @@ them.
 
 from __future__ import annotations
 
-import os
-import statistics
+import signal
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
 from pipeswap.checkpoint import (
     CheckpointPlan,
-    RunStopped,
     StopOnSigterm,
     load_rank,
     rng_state,
@@ -35,6 +32,7 @@ from pipeswap.dist.ddp import accumulating, replicate
 from pipeswap.dist.digest import combine_digests, params_sha256, tensor_sha256
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import agree, all_gather, rank_and_world, rank_device
+from pipeswap.dist.threads import rank_threads
 from pipeswap.errors import PipeswapError
 from pipeswap.metrics import HeldOutSums, StepLog
 from pipeswap.models.base import evaluating
@@ -47,32 +45,8 @@ from pipeswap.progress import progress_bar
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.train_config import TrainConfig
+from pipeswap.training.dp_result import RankRecord, RankResult
 from pipeswap.training.job import Job
-
-
-@dataclass(frozen=True)
-class RankResult:
-    """What one rank measured."""
-
-    rank: int
-    losses: tuple[float, ...]  # per step: the mean of its micro-batch losses
-    step_s: tuple[float, ...]
-    params_sha256: str
-    peak_resident_bytes: int  # the device's meter over the first steps (step()); -1: none ran
-    peak_saved_bytes: int
-    budget_bytes: int
-    saved_budget_bytes: int
-    swapped_bytes: int  # per iteration
-    late_fetches: int  # over the whole run
-    offset_s: float
-    recomputed_layers: int = 0  # layers run forward again in the backward, per iteration
-    recomputed_bytes: int = 0  # bytes those re-runs saved, per iteration
-    # Buffers (BatchNorm statistics), digested as params_sha256 digests parameters: a
-    # recomputed layer's re-run must not update them a second time.
-    buffers_sha256: str = ""
-    held_out: HeldOutSums | None = None  # the held-out score after training, on this rank
-    # Every eval_every steps: (steps done, the score over every rank's held-out batches).
-    evals: tuple[tuple[int, dict[str, float | int]], ...] = ()
 
 
 def _to(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
@@ -80,20 +54,6 @@ def _to(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
     if device.type == "cpu":
         return tensor.clone(memory_format=torch.contiguous_format)
     return tensor.to(device, non_blocking=False).contiguous()
-
-
-@dataclass
-class _Record:
-    """What a rank has measured so far: carried across steps and in its checkpoints."""
-
-    done: int = 0
-    losses: list[float] = field(default_factory=list)
-    step_s: list[float] = field(default_factory=list)
-    late: int = 0
-    swapped: int = 0  # of the last step
-    recomputed_layers: int = 0
-    recomputed_bytes: int = 0
-    evals: list[tuple[int, dict[str, float | int]]] = field(default_factory=list)
 
 
 class _Rank:
@@ -114,7 +74,7 @@ class _Rank:
         self.job, self.config, self.rank, self.world_size = job, config, rank, world_size
         assert config.device is not None, "a resolved config names its device"
         if config.device == "cpu":
-            torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world_size))
+            torch.set_num_threads(threads or rank_threads(world_size))
         self.device = rank_device(config.device, rank if local_rank is None else local_rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -129,7 +89,7 @@ class _Rank:
         self.network = replicate(self.model, self.device, plan.bucket_bytes, world_size)
         self.optimizer = config.optim.build(self.model.parameters())
         self.scaler = LossScaler(config.precision, self.device)
-        self.record = _Record()
+        self.record = RankRecord()
         self.measured_peak_bytes = -1  # the meter's reading of the first steps, once run
         self._metered_steps = 0
 
@@ -175,7 +135,7 @@ class _Rank:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state.get("scaler", {}))
-        self.record = _Record(state["done"], state["losses"], state["step_s"], state["late"])
+        self.record = RankRecord(state["done"], state["losses"], state["step_s"], state["late"])
         self.record.evals = [tuple(e) for e in state.get("evals", [])]
         set_rng_state(state["rng"])
 
@@ -262,6 +222,16 @@ class _Rank:
             },
         )
 
+    def at_boundary(
+        self, step: int, caught: str | None, checkpoint: CheckpointPlan | None
+    ) -> str | None:
+        """After ``step``: the signal that stops the run here, as every rank agrees (None:
+        go on; a signal in the last step lets it end), having checkpointed when due."""
+        signals = [s for s in all_gather(caught, self.world_size) if s is not None]
+        if checkpoint is not None and (signals or checkpoint.due(step + 1, self.config.steps)):
+            self.save(checkpoint)
+        return signals[0] if signals and step + 1 < self.config.steps else None
+
     def evaluate(self) -> HeldOutSums:
         """Score ``eval_batches`` held-out batches in eval mode (ranks take disjoint ones)."""
         batches = self.config.dataset.eval_batches
@@ -282,7 +252,8 @@ class _Rank:
         """The held-out score over every rank's batches after ``step`` (collective)."""
         parts = all_gather(self.evaluate(), self.world_size)
         classify = getattr(self.model, "task", None) == "classify"
-        score = HeldOutSums.total(parts).score(self.config.dataset.eval_batches, classify=classify)
+        total = HeldOutSums.total(parts)
+        score = total.score(total.batches, classify=classify)
         self.record.evals.append((step + 1, score))
         return score
 
@@ -329,12 +300,14 @@ def train_rank(
     """Train ``job`` on this rank with its part of ``plan`` for ``config.steps`` steps.
 
     ``config`` (resolved) gives the steps, ``accumulate``, the optimizer and the device;
-    ``threads`` the CPU threads of this rank (default: the cores shared out over ranks).
-    With ``checkpoint``, every rank writes its state (weights, optimizer, data position,
-    RNG) every ``checkpoint.every`` steps, and after the step it is in when SIGTERM
-    arrives (the ranks agree on which step), then raises :class:`RunStopped`.
-    ``resume`` (directory, steps done) continues from such a checkpoint: the run then
-    ends bit-identical to one left alone. ``log`` records each step (rank 0's).
+    ``threads`` the CPU threads of this rank (default: its share of what this process may
+    use, pipeswap.dist.threads). SIGTERM or SIGINT stops the run after the step it is in
+    (the ranks agree on which): the result holds the steps done and names the signal
+    (``stopped_by``; no held-out score, no saved model). With ``checkpoint``, every rank
+    writes its state (weights, optimizer, data position, RNG) every ``checkpoint.every``
+    steps, after the last, and after the step a signal stopped. ``resume`` (directory,
+    steps done) continues from such a checkpoint: the run then ends bit-identical to one
+    left alone. ``log`` records each step (rank 0's).
     """
     trainer = _Rank(
         job,
@@ -353,7 +326,8 @@ def train_rank(
         if resume is not None:
             trainer.resume(*resume)
         after_step = fault_hook(rank)
-        stop = StopOnSigterm() if checkpoint is not None else None
+        stop = StopOnSigterm((signal.SIGTERM, signal.SIGINT))
+        stopped_by: str | None = None
         show = config.progress and rank == 0
         bar = progress_bar(config.steps, f"train {plan.policy}", enabled=show)
         try:
@@ -373,27 +347,18 @@ def train_rank(
                         log.eval(step, score)
                 if after_step is not None:
                     after_step(step)
-                if checkpoint is not None and stop is not None:
-                    stopping = any(all_gather(stop.requested, world_size))
-                    if stopping or checkpoint.due(step + 1, config.steps):
-                        trainer.save(checkpoint)
-                    if stopping:
-                        raise RunStopped(checkpoint.directory, step + 1)
+                stopped_by = trainer.at_boundary(step, stop.caught, checkpoint)
+                if stopped_by is not None:
+                    break
         finally:
-            if stop is not None:
-                stop.restore()
+            stop.restore()
             if bar is not None:
                 bar.close()
         result = trainer.result()
+    if stopped_by is not None:
+        return replace(result, stopped_by=stopped_by)
     # After the executor let go of the model: evaluation saves nothing to swap.
     result = replace(result, held_out=trainer.evaluate())
     if rank == 0:
         export_trained(trainer.model, config.checkpoint, source=config.model, steps=config.steps)
     return result
-
-
-def measured_step_s(results: Sequence[RankResult]) -> float:
-    """Median over steps (the first one left out when there are more) of the slowest rank."""
-    steps = len(results[0].step_s)
-    slowest = [max(r.step_s[s] for r in results) for s in range(steps)]
-    return statistics.median(slowest[1:] if steps > 1 else slowest)

@@ -180,6 +180,11 @@ def _stage_rank(
 def report(result: PipelineResult) -> TrainReport:
     """The ``pipeswap.train/2`` report of a pipeline run (runtime or emulator)."""
     config = result.config
+    calibrated = None
+    if result.predicted_step_s is not None:
+        assert config.device is not None
+        ranks = config.require_pipeline().num_ranks
+        calibrated = swap_topology(config.topology, config.device, ranks).calibration is not None
     return TrainReport.of(
         config,
         losses=result.losses,
@@ -187,4 +192,5 @@ def report(result: PipelineResult) -> TrainReport:
         nproc=1 if result.mode == "emulate" else config.require_pipeline().num_ranks,
         evals=result.evals,
         pipeline=details_from_json(PipelineDetails, result.to_report()),
+        calibrated=calibrated,
     )

@@ -107,6 +107,11 @@ class TrainReport:
     evals: list[dict[str, Any]] = field(default_factory=list)
     data_parallel: DataParallelDetails | None = None
     pipeline: PipelineDetails | None = None
+    # The signal (SIGTERM, SIGINT) that stopped the run after len(losses) of its steps.
+    stopped_by: str | None = None
+    # Whether predicted_step_s simulated this machine's calibration (pipeswap topology
+    # calibrate); false: it has no basis here. None: no prediction, or an older report.
+    calibrated: bool | None = None
 
     @classmethod
     def of(
@@ -119,6 +124,8 @@ class TrainReport:
         evals: Sequence[dict[str, Any]] = (),
         data_parallel: DataParallelDetails | None = None,
         pipeline: PipelineDetails | None = None,
+        stopped_by: str | None = None,
+        calibrated: bool | None = None,
     ) -> TrainReport:
         """The report of a run of the resolved ``config``, from what it measured."""
         optim = config.optim
@@ -143,6 +150,8 @@ class TrainReport:
             evals=list(evals),
             data_parallel=data_parallel,
             pipeline=pipeline,
+            stopped_by=stopped_by,
+            calibrated=calibrated,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pipeswap import __version__
 from pipeswap.checkpoint import CheckpointPlan, check_identity, latest_complete, step_dir
-from pipeswap.config import require
+from pipeswap.config import leaf_fields, require
 from pipeswap.dist.group import broadcast_from_rank0
 from pipeswap.train_config import TrainConfig
 
@@ -40,12 +40,13 @@ def checkpointing(
             "for a longer run (synchronous schedules and data parallelism continue for more "
             "steps)",
         )
-        check_identity(manifest, identity, f"the checkpoint {step_dir(settings.resume, done)}")
+        where = f"the checkpoint {step_dir(settings.resume, done)}"
+        check_identity(manifest, identity, where, identity_fields(identity))
         resume = (settings.resume, done)
     target = settings.target
     plan = None
     if target is not None:
-        plan = CheckpointPlan(target, settings.checkpoint_every, identity, world_size)
+        plan = CheckpointPlan(target, settings.every, identity, world_size)
     return plan, resume
 
 
@@ -57,6 +58,18 @@ def agree_on_run(plan: CheckpointPlan | None, world_size: int) -> CheckpointPlan
     if plan is None:
         return None
     return replace(plan, run_id=broadcast_from_rank0(plan.run_id, world_size))
+
+
+# Identity keys that are not the name of the config field that sets them.
+_SET_BY = {"world_size": "nproc", "sync_every": "accumulate"}
+
+
+def identity_fields(identity: dict[str, Any]) -> dict[str, str]:
+    """The config field that sets each key of ``identity`` (those a config sets), so a
+    refusal names it as the caller does (a flag on the command line)."""
+    names = {f.name for _, f in leaf_fields(TrainConfig)}
+    found = {key: _SET_BY.get(key, key) for key in identity}
+    return {key: name for key, name in found.items() if name in names}
 
 
 def run_identity(config: TrainConfig, world_size: int, **extra: Any) -> dict[str, Any]:

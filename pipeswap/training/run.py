@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +47,10 @@ class TrainOutcome:
 def train(config: TrainConfig) -> TrainOutcome | None:
     """Train ``config`` in its mode; the outcome on rank 0, None on torchrun's other ranks.
 
+    A data-parallel run stopped by SIGTERM or Ctrl-C ends after its step (and its
+    checkpoint, with one) and raises :class:`TrainingStopped`, a KeyboardInterrupt whose
+    ``outcome`` reports the steps done.
+
     Example (one process, data parallel without swapping)::
 
         from pipeswap import TrainConfig, train
@@ -64,7 +69,23 @@ def train(config: TrainConfig) -> TrainOutcome | None:
         check_ranks(resolved)  # before any process starts or any replica is built
         check_user_data(resolved)
     with hold_directory(resolved.checkpoint.target if launcher else None):
-        return _train(resolved)
+        outcome = _train(resolved)
+    if outcome is not None and outcome.report.stopped_by is not None:
+        raise TrainingStopped(outcome)
+    return outcome
+
+
+class TrainingStopped(KeyboardInterrupt):
+    """A signal stopped the run after a step; ``outcome`` reports the steps done (its
+    ``report.stopped_by`` names the signal). A KeyboardInterrupt, as Ctrl-C in a script
+    stays one."""
+
+    def __init__(self, outcome: TrainOutcome) -> None:
+        stopped_by = outcome.report.stopped_by
+        assert stopped_by is not None
+        super().__init__(f"stopped by {stopped_by} after step {len(outcome.report.losses)}")
+        self.outcome = outcome
+        self.signum = int(signal.Signals[stopped_by])
 
 
 def _train(resolved: TrainConfig) -> TrainOutcome | None:

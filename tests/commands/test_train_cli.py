@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from pipeswap.cli import build_parser, main
+from pipeswap.commands.train import summary_lines
 from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.profiling import measure
@@ -82,6 +83,22 @@ def test_single_process_report_has_every_field_and_matches_no_swapping(tmp_path:
     assert swapped["peak_resident_bytes"][0] < plain["peak_resident_bytes"][0]
     assert swapped["topology"] == "switch-4" and swapped["gpus"] == ["gpu0"]
     assert swapped["predicted_step_s"] > 0 and swapped["measured_step_s"] > 0
+    # A preset is no measurement of this machine: its step time is no prediction here.
+    assert swapped["calibrated"] is False and swapped["stopped_by"] is None
+
+
+def test_no_prediction_is_printed_without_a_calibration(tmp_path: Path) -> None:
+    # Before: "738.5 ms measured, 31.5 ms predicted (-96% off)" on a newcomer's first run.
+    report = tmp_path / "r.json"
+    argv = ["train", *GPT, "--steps", "2", "--device", "cpu", "--swap-policy", "none"]
+    assert main([*argv, "--report", str(report)]) == 0
+    uncalibrated = load_report(report)
+    assert uncalibrated.calibrated is False
+    line = summary_lines(uncalibrated)[0]
+    assert "ms measured, uncalibrated, so no prediction" in line and "predicted" not in line
+    assert "pipeswap topology calibrate --nproc 1 --device cpu" in line
+    calibrated = summary_lines(replace(uncalibrated, calibrated=True))[0]
+    assert "ms predicted (" in calibrated and "% off)" in calibrated
 
 
 def test_no_swapping_under_a_budget_too_small_says_by_how_much(
@@ -243,6 +260,8 @@ def test_the_issue_command_on_two_ranks(tmp_path: Path) -> None:
         "5",
         "--nproc",
         "2",
+        "--eval-batches",
+        "3",
     )
     swapped = _run(
         tmp_path, "swap", *command, "--swap-policy", "disjoint", "--footprint-ratio", "1.3"
@@ -260,6 +279,20 @@ def test_the_issue_command_on_two_ranks(tmp_path: Path) -> None:
     assert all(b > 0 for b in swapped["swapped_bytes"])
     peaks, budget = swapped["peak_resident_bytes"], swapped["budget_bytes"]
     assert all(peak <= budget * 1.02 for peak in peaks), (peaks, budget)
+    # Each rank scored its own 3 held-out batches: the report counts the 6 (it said 3).
+    assert swapped["eval"]["batches"] == 6 and swapped["eval"]["loss"] > 0
+
+
+@pytest.mark.dist
+def test_a_refusal_found_on_the_ranks_is_printed_once_in_flags(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # Before: three times (each rank naming gpu_memory_bytes, then the launcher --gpu-memory).
+    argv = ["train", *GPT, "--device", "cpu", "--nproc", "2", "--swap-policy", "none"]
+    assert main([*argv, "--footprint-ratio", "1.5"]) == 2  # found as the ranks prepare
+    err = capfd.readouterr().err
+    assert err.count("cannot keep its budget") == 1 and len(err.splitlines()) == 1, err
+    assert "--gpu-memory" in err and "gpu_memory_bytes" not in err
 
 
 def test_a_cuda_rank_binds_its_gpu_before_the_first_collective(

@@ -25,6 +25,14 @@ def test_a_given_balance_is_checked_against_the_model() -> None:
     config = TrainConfig("gpt2-micro", batch=4, pipeline=PipelineConfig(balance=(3, 2)))
     with pytest.raises(ConfigError, match="add up to the model's 4 layers"):
         resolve_pipeline(config)
+    # Before: balance (1, 1) for 2 blocks was refused without saying that it counts the
+    # embedding and the head too.
+    blocks = TrainConfig("gpt2-micro", batch=4, pipeline=PipelineConfig(balance=(1, 1)))
+    with pytest.raises(
+        ConfigError,
+        match="the embedding and the head as well as the blocks: embed, block0, block1, head$",
+    ):
+        resolve_pipeline(blocks)
     many = TrainConfig("gpt2-micro", batch=4, pipeline=PipelineConfig(stages=9))
     with pytest.raises(ConfigError, match="fewer than the 9 stages"):
         resolve_pipeline(many)

@@ -1,7 +1,8 @@
 """Data-parallel training with swapping or recomputation: every plan trains bit for bit like
 no swapping.
 
-Covers: pipeswap/training/dp_rank.py, pipeswap/training/data_parallel.py.
+Covers: pipeswap/training/dp_rank.py, pipeswap/training/dp_result.py,
+pipeswap/training/data_parallel.py.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from pipeswap.swap.runtime.capture import capture_records
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import PlanPayload
 from pipeswap.training.data_parallel import report as build_report
-from pipeswap.training.dp_rank import RankResult
 from pipeswap.training.dp_rank import train_rank as _train_rank
+from pipeswap.training.dp_result import RankResult
 from pipeswap.training.job import ModelJob
 from pipeswap.training.run import train
 

@@ -1,7 +1,7 @@
 """`pipeswap train --checkpoint-dir/--resume`: interrupted runs resume to the same bits.
 
 Covers: pipeswap/training/resume.py, pipeswap/checkpoint.py, pipeswap/training/dp_rank.py
-(checkpoints and SIGTERM).
+(checkpoints and SIGTERM), pipeswap/commands/train.py (a stopped run's report and line).
 """
 
 from __future__ import annotations
@@ -10,13 +10,20 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pipeswap.checkpoint import check_identity
 from pipeswap.cli import main
+from pipeswap.commands.options import flag_of
+from pipeswap.config import ConfigError
 from pipeswap.dist.faults import FAULT_ENV
+from pipeswap.optim import OptimizerConfig
+from pipeswap.train_config import TrainConfig
+from pipeswap.training.resume import identity_fields, run_identity
 
 DP = [
     "train",
@@ -75,7 +82,7 @@ def test_data_parallel_rank_killed_then_resumed_ends_as_if_left_alone(
     _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
     # Another world size, or another model, is refused with the field that differs.
     assert main([*DP, "--steps", "8", "--resume", str(tmp_path / "ckpt")]) == 2
-    assert "world_size = 2, but this run has 1" in capsys.readouterr().err
+    assert "--nproc 2, but this run has --nproc 1" in capsys.readouterr().err
 
 
 def test_sigterm_writes_a_checkpoint_and_the_resumed_run_ends_as_if_left_alone(
@@ -85,15 +92,29 @@ def test_sigterm_writes_a_checkpoint_and_the_resumed_run_ends_as_if_left_alone(
     assert main([*run, "--report", str(tmp_path / "alone.json")]) == 0
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env[FAULT_ENV] = "0:4:SIGTERM"  # SIGTERM arrives during step 4 (counted from 0)
-    done = subprocess.run(
-        [sys.executable, "-m", "pipeswap", *run, "--checkpoint-dir", str(tmp_path / "ckpt")],
-        env=env,
-        capture_output=True,
-        timeout=120,
+    stopped = tmp_path / "stopped.json"
+    # Output sent to a file, as `pipeswap train ... > run.log 2>&1` does.
+    with open(tmp_path / "run.log", "wb") as log:
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeswap", *run, "--checkpoint-dir", str(tmp_path / "ckpt")]
+            + ["--log-every", "2", "--report", str(stopped)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+        )
+    out = (tmp_path / "run.log").read_text()
+    assert done.returncode == 143, out[-2000:]
+    # Before: an empty log, no report. Now its lines, what ran, the report of the steps done.
+    assert "step 2/12  loss" in out and "step 4/12  loss" in out and "step 6/12" not in out
+    assert f"report written to {stopped}" in out and "Traceback" not in out
+    assert out.rstrip().endswith(
+        f"stopped by SIGTERM after step 5 of 12; its checkpoint is in {tmp_path / 'ckpt'}: "
+        f"continue with --resume {tmp_path / 'ckpt'}"
     )
-    err = done.stderr.decode()
-    assert done.returncode == 143, err[-2000:]
-    assert "stopped by SIGTERM after step 5" in err and "Traceback" not in err
+    partial = _report(stopped)
+    assert partial["stopped_by"] == "SIGTERM" and partial["steps"] == 12
+    assert partial["losses"] == _report(tmp_path / "alone.json")["losses"][:5]
     # One complete set, and the lock file of the directory (pipeswap.checkpoint.hold_directory).
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [".lock", "step-00000005"]
     assert (
@@ -174,3 +195,19 @@ def test_an_async_pipeline_continues_only_for_its_own_steps(
     assert main([*argv, "--steps", "2", "--checkpoint-dir", str(ckpt)]) == 0
     assert main([*argv, "--steps", "3", "--resume", str(ckpt)]) == 2
     assert "continues only with --steps 2" in capsys.readouterr().err
+
+
+def test_a_refused_resume_names_the_setting_as_the_caller_does() -> None:
+    # Before: "written with lr_decay_steps = 3" to a CLI user who never wrote it.
+    config = TrainConfig("gpt2-micro", steps=3, optim=OptimizerConfig(lr_schedule="cosine"))
+    written = {"identity": run_identity(config.resolved(), 1)}
+    longer = run_identity(replace(config, steps=5).resolved(), 1)
+    with pytest.raises(ConfigError) as refused:
+        check_identity(written, longer, "the checkpoint ck/step-00000003", identity_fields(longer))
+    assert refused.value.render(flag_of) == (
+        "the checkpoint ck/step-00000003 was written with --lr-decay-steps 3, but this run has "
+        "--lr-decay-steps 5 (--lr-decay-steps defaults to the run's --steps: give "
+        "--lr-decay-steps 3 to go on decaying as it did); resume with the same settings or "
+        "start afresh"
+    )
+    assert "written with lr_decay_steps 3" in str(refused.value)  # a Python caller's words
