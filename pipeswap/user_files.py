@@ -176,3 +176,29 @@ def map_npy(path: str) -> np.ndarray:
     if shape[0] == 0:
         return np.zeros(0, dtype=dtype)  # mmap refuses an empty map; no tokens either way
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(shape[0],))
+
+
+# A fingerprint reads this much of each end of a file: a changed file is seen without
+# reading a corpus of any size whole (its size and both ends).
+_FINGERPRINT_BYTES = 1 << 20
+
+
+def fingerprint(path: str | Path) -> str:
+    """What a run read, as a checkpoint records it: each regular file's size and a digest
+    of its first and last MiB (a folder: its files, by name). A resume compares it."""
+    import hashlib
+
+    root = Path(path)
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    digest = hashlib.sha256()
+    total = 0
+    for file in files:
+        size = require_regular(file).st_size
+        total += size
+        digest.update(f"{file.relative_to(root) if root.is_dir() else file.name}:{size};".encode())
+        with open_regular(file) as handle:
+            digest.update(handle.read(_FINGERPRINT_BYTES))
+            if size > _FINGERPRINT_BYTES:
+                handle.seek(max(_FINGERPRINT_BYTES, size - _FINGERPRINT_BYTES))
+                digest.update(handle.read(_FINGERPRINT_BYTES))
+    return f"{root.name}: {len(files)} file(s), {format_bytes(total)}, {digest.hexdigest()[:12]}"

@@ -10,6 +10,7 @@ from pipeswap.checkpoint import CheckpointPlan, check_identity, latest_complete,
 from pipeswap.config import leaf_fields, require
 from pipeswap.dist.group import broadcast_from_rank0
 from pipeswap.train_config import TrainConfig
+from pipeswap.user_files import fingerprint
 
 
 def checkpointing(
@@ -41,7 +42,16 @@ def checkpointing(
             "steps)",
         )
         where = f"the checkpoint {step_dir(settings.resume, done)}"
-        check_identity(manifest, identity, where, identity_fields(identity))
+        require(
+            done <= config.steps,
+            f"{{resume}} {settings.resume} has done {done} steps, more than this run's "
+            f"{{steps}} {config.steps}: give {{steps}} {done} or more to continue it, or "
+            "start afresh",
+        )
+        recorded = manifest.get("identity", {})
+        # Checkpoints written before a key was recorded are compared on the rest.
+        compared = {k: v for k, v in identity.items() if k in recorded or k not in _LATER}
+        check_identity(manifest, compared, where, identity_fields(identity))
         resume = (settings.resume, done)
     target = settings.target
     plan = None
@@ -60,6 +70,8 @@ def agree_on_run(plan: CheckpointPlan | None, world_size: int) -> CheckpointPlan
     return replace(plan, run_id=broadcast_from_rank0(plan.run_id, world_size))
 
 
+# Identity keys recorded since a version of pipeswap whose checkpoints lack them.
+_LATER = frozenset({"clip_grad_norm", "data", "eval_data"})
 # Identity keys that are not the name of the config field that sets them.
 _SET_BY = {"world_size": "nproc", "sync_every": "accumulate"}
 
@@ -92,6 +104,12 @@ def run_identity(config: TrainConfig, world_size: int, **extra: Any) -> dict[str
         "lr_warmup": optimizer.lr_warmup,
         "lr_schedule": optimizer.lr_schedule,
         "lr_decay_steps": optimizer.lr_decay_steps,
+        "clip_grad_norm": optimizer.clip_grad_norm,
+        # What the run read: a resume on other data (or changed files) is refused.
+        "data": None if config.dataset.data is None else fingerprint(config.dataset.data),
+        "eval_data": (
+            None if config.dataset.eval_data is None else fingerprint(config.dataset.eval_data)
+        ),
         **extra,
     }
     if config.pipeline is not None and config.pipeline.asynchronous:

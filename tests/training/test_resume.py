@@ -211,3 +211,30 @@ def test_a_refused_resume_names_the_setting_as_the_caller_does() -> None:
         "start afresh"
     )
     assert "written with lr_decay_steps 3" in str(refused.value)  # a Python caller's words
+
+
+def test_a_resume_is_refused_for_fewer_steps_or_for_what_the_run_did_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hostile input round 4 (UNCLEAR): one rule for what a resume may change."""
+    corpus, other = tmp_path / "a.txt", tmp_path / "b.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    other.write_text("pack my box with five dozen liquor jugs now. " * 200)
+    ckpt = tmp_path / "ckpt"
+    base = [*DP, "--data", str(corpus)]
+    assert main([*base, "--steps", "4", "--checkpoint-dir", str(ckpt)]) == 0
+    capsys.readouterr()
+    resume = ["--resume", str(ckpt)]
+    assert main([*base, "--steps", "2", *resume]) == 2
+    assert "has done 4 steps, more than this run's --steps 2" in capsys.readouterr().err
+    assert main([*DP, "--data", str(other), "--steps", "5", *resume]) == 2
+    assert "written with --data a.txt: 1 file(s)" in capsys.readouterr().err
+    corpus.write_text("the quick brown fox jumps over the lazy cat. " * 200)  # changed
+    assert main([*base, "--steps", "5", *resume]) == 2
+    assert "--data a.txt" in capsys.readouterr().err
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)  # as it was
+    assert main([*base, "--steps", "5", "--clip-grad-norm", "1.0", *resume]) == 2
+    assert "--clip-grad-norm (none), but this run has --clip-grad-norm 1.0" in (
+        capsys.readouterr().err
+    )
+    assert main([*base, "--steps", "5", *resume]) == 0
