@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeswap.errors import PipeswapError
 from pipeswap.swap.plan.case import Case, all_tensors
 from pipeswap.swap.plan.channels import channel_groups, group_shape, path_bytes_per_s, shared_links
 from pipeswap.swap.plan.hybrid import hybrid
@@ -258,11 +259,20 @@ def plan_mip(case: Case, *, time_limit_s: float) -> MipOutcome:
 
 def _plan_mip(case: Case, time_limit_s: float) -> MipOutcome:
     started = time.perf_counter()
-    heuristics = {name: case.score(heuristic(case, name)) for name in SWAP_ONLY}
-    heuristics["hybrid"] = case.score(hybrid(case))
-    for name in ("recompute", "save-on-cpu"):  # baselines that may not fit
-        if fits(case, heuristic(case, name)):
-            heuristics[name] = case.score(heuristic(case, name))
+    # The warm start: the fastest heuristic plan that fits (near the smallest budget the
+    # swap-only ones cannot: simulating one that does not fit would end the search).
+    heuristics: dict[str, Scored] = {}
+    for name in (*SWAP_ONLY, "hybrid", "recompute", "save-on-cpu"):
+        try:
+            assignment = hybrid(case) if name == "hybrid" else heuristic(case, name)
+        except PipeswapError:  # no plan of that heuristic fits
+            continue
+        if fits(case, assignment):
+            heuristics[name] = case.score(assignment)
+    if not heuristics:
+        raise PipeswapError(
+            f"no heuristic plan fits a budget of {case.budget_bytes} bytes to start from"
+        )
     warm_name = min(heuristics, key=lambda name: heuristics[name].iteration_s)
     warm = heuristics[warm_name]
     groups = channel_groups(case.topology, case.gpus)

@@ -116,3 +116,17 @@ def test_plan_reports_both_bounds_and_records_its_profile(make_profile) -> None:
     again = simulate(result.graph, preset("single-root-8"), gpu_memory_bytes=result.budget_bytes)
     assert again.makespan_s == result.iteration_s
     assert {g.offset_s for g in result.gpus} - {0.0}
+
+
+@pytest.mark.parametrize("policy", ["auto", "mip", "hybrid"])
+def test_the_smallest_budget_the_refusal_names_plans_with_the_searching_policies(
+    make_profile, policy: str
+) -> None:
+    """Given back, the smallest budget plans: the swap-only heuristics that cannot reach it
+    are left out of the search's start instead of ending it (found by the frontier run)."""
+    profile = make_profile([(4,), (2,), (3, 1)], output_gb=1)
+    smallest = workload_from_profile(profile).min_budget_bytes()
+    result = make_plan(
+        profile, preset("switch-4"), policy=policy, gpu_memory_bytes=smallest, time_limit_s=2
+    )
+    assert all(g.peak_bytes <= smallest for g in result.gpus)
