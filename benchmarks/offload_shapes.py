@@ -1,14 +1,16 @@
 """A loop that pads each batch to its own longest row: offload against its peers, interleaved.
 
     .venv/bin/python benchmarks/offload_shapes.py             # CPU: docs/results/offload_shapes.md
-    .venv/bin/python benchmarks/offload_shapes.py --device cuda --hidden 1024 --layers 12
+    .venv/bin/python benchmarks/offload_shapes.py --device cuda --hidden 1024 --layers 12 \
+        --vocab 8192 --low 256 --high 1024 --multiple 8 --ratio 1.12
     .venv/bin/python benchmarks/offload_shapes.py --quick     # a few steps, nothing written
 
 An HF Llama in the user's own loop (AdamW, the model's own loss), its batches padded as
 DataCollatorWithPadding pads them, so almost every step has a new length. Every way of
 running the loop takes its step in turn (interleaved, one run: the machine's noise falls on
 all alike); a second pass runs the same steps again under the device's meter (CUDA's
-allocator; on the CPU the live storages, pipeswap's host pool left out) for each step's peak.
+allocator; on the CPU the live storages, pipeswap's host pool left out) for each step's peak,
+one way at a time with only its own model built (CUDA's allocator counts the whole process).
 """
 
 from __future__ import annotations
@@ -89,9 +91,17 @@ def padded_batches(args: argparse.Namespace, device: torch.device) -> list[dict[
     return out
 
 
-def ways(args: argparse.Namespace, device: torch.device, longest: dict[str, Any]) -> list[Way]:
+WAYS = ("plain", "HF checkpointing", "save_on_cpu", "offload + plan_for", "offload")
+
+
+def ways(
+    args: argparse.Namespace,
+    device: torch.device,
+    longest: dict[str, Any],
+    names: Sequence[str] = WAYS,
+) -> list[Way]:
     out = []
-    for name in ("plain", "HF checkpointing", "save_on_cpu", "offload + plan_for", "offload"):
+    for name in names:
         model = build(args, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         wrap: Callable[[], AbstractContextManager[Any]] = nullcontext
@@ -143,6 +153,14 @@ def step(way: Way, batch: dict[str, Any], device: torch.device, meter: bool) -> 
         way.losses.append(loss.item())
 
 
+def _summary(way: Way) -> dict[str, Any]:
+    """What the page needs of a way's offload, kept before its model goes."""
+    if way.off is None:
+        return {}
+    plans = [(describe(sig), planned.planning_s) for sig, planned in way.off.shapes.plans.items()]
+    return {**way.off.stats(), "plans_made": plans}
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -175,11 +193,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     for batch in data:  # interleaved: each way takes the same step in turn
         for way in timed:
             step(way, batch, device, meter=False)
-    metered = ways(args, device, longest)
-    for batch in data:
-        for way in metered:
+    measured = [_summary(way) for way in timed]
+    for way in timed:  # what the timed pass built goes before the metered one
+        way.model = way.optimizer = way.off = None  # type: ignore[assignment]
+    # One way at a time: CUDA's allocator counts every tensor of the process, so each
+    # way's steps are metered with only its own model built.
+    metered = []
+    for name in WAYS:
+        (way,) = ways(args, device, longest, [name])
+        for batch in data:
             step(way, batch, device, meter=True)
-    page = render(args, data, timed, metered, argv)
+        metered.append(Way(name, None, None, nullcontext, peaks=way.peaks))  # type: ignore[arg-type]
+        del way
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    page = render(args, data, timed, measured, metered, argv)
     print(page)
     if not args.quick:
         name = "offload_shapes.md" if device.type == "cpu" else "offload_shapes_cuda.md"
@@ -191,17 +219,17 @@ def render(
     args: argparse.Namespace,
     data: list[dict[str, Any]],
     timed: list[Way],
+    measured: list[dict[str, Any]],
     metered: list[Way],
     argv: Sequence[str] | None,
 ) -> str:
     lengths = sorted({batch["input_ids"].shape[1] for batch in data})
     plain = statistics.median(timed[0].times)
     rows = []
-    for way, measured in zip(timed, metered, strict=True):
+    for way, stats, metered_way in zip(timed, measured, metered, strict=True):
         median = statistics.median(way.times)
-        stats = way.off.stats() if way.off is not None else {}
         budget = stats.get("budget_bytes")
-        peak = max(measured.peaks)
+        peak = max(metered_way.peaks)
         over = "-" if budget is None else f"{peak / budget:.3f}"
         diff = max(abs(a - b) for a, b in zip(way.losses, timed[0].losses, strict=True))
         rows.append(
@@ -212,8 +240,8 @@ def render(
                 f"{peak / MiB:.1f}",
                 "-" if budget is None else f"{budget / MiB:.1f}",
                 over,
-                "-" if way.off is None else str(stats["plain_steps"]),
-                "-" if way.off is None else f"{stats['total_planning_s']:.2f}",
+                "-" if not stats else str(stats["plain_steps"]),
+                "-" if not stats else f"{stats['total_planning_s']:.2f}",
                 "bit-identical" if diff == 0 else f"max diff {diff:.1e}",
             ]
         )
@@ -237,10 +265,9 @@ def render(
         "| way | shape | planning s |",
         "|---|---|---:|",
     ]
-    for way in timed:
-        if way.off is not None:
-            for signature, planned in way.off.shapes.plans.items():
-                lines.append(f"| {way.name} | {describe(signature)} | {planned.planning_s:.3f} |")
+    for way, stats in zip(timed, measured, strict=True):
+        for shape, planning_s in stats.get("plans_made", []):
+            lines.append(f"| {way.name} | {shape} | {planning_s:.3f} |")
     return "\n".join(lines) + "\n"
 
 
