@@ -73,8 +73,8 @@ def init_process_group(env: RankEnv, *, backend: str = "gloo", timeout_s: float)
     except RuntimeError as exc:  # torch's DistError family, raised by the TCP rendezvous
         raise rendezvous_error(exc, env, timeout_s) from None
     global _PATIENT
-    # Collective, in the same order on every rank: made here, once, by every rank.
-    _PATIENT = dist.new_group(timeout=timedelta(seconds=max(timeout_s, PATIENT_TIMEOUT_S)))
+    if dist.is_initialized():  # collective, in the same order on every rank: made here, once
+        _PATIENT = dist.new_group(timeout=timedelta(seconds=max(timeout_s, PATIENT_TIMEOUT_S)))
 
 
 # What a rank waits for rank 0's one-sided work (a plan made under heavy contention) before

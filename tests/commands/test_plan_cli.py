@@ -180,7 +180,7 @@ def test_profile_without_saved_data_exits_2_with_the_command(tmp_path, capsys) -
         ]
     )
     assert code == 2
-    assert "pipeswap profile --model toy --batch 1 --estimate" in capsys.readouterr().err
+    assert "the profile command with --model toy, --batch 1, --estimate" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("batch", ["0", "-3"])
