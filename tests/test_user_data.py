@@ -128,7 +128,10 @@ def test_a_masked_model_gets_masked_batches_of_the_user_s_text(tmp_path: Path) -
     assert bool((inputs[masked] == data.mask_token_id).all()) and 0 < int(masked.sum()) < 64
 
 
-@pytest.mark.parametrize("mode", [[], ["--nproc", "2"], ["--pipeline", "2", "--emulate"]])
+@pytest.mark.parametrize(
+    "mode",
+    [[], pytest.param(["--nproc", "2"], marks=pytest.mark.slow), ["--pipeline", "2", "--emulate"]],
+)
 def test_train_on_your_data_in_every_mode(tmp_path: Path, mode: list[str]) -> None:
     paths = _corpus(tmp_path / "c")
     reports = {}

@@ -46,6 +46,8 @@ def test_cpu_throughput_table(tmp_path: Path) -> None:
     assert _number(reference[3]) == 1.0
 
 
+# Minutes of the fast suite's budget: it runs in `make test-slow`.
+@pytest.mark.slow
 def test_convergence_table_and_plots(tmp_path: Path) -> None:
     text = _run("pipeline_convergence.py", tmp_path / "conv.md", "--jobs", "1")
     overview = _rows(text, "setting")
@@ -180,6 +182,8 @@ def test_stash_is_a_one_step_delayed_gradient(optimizer: str) -> None:
     assert list(emulated) == losses
 
 
+# Minutes of the fast suite's budget: it runs in `make test-slow`.
+@pytest.mark.slow
 def test_modes_quick_table_has_every_mode_its_memory_and_a_verdict(tmp_path: Path) -> None:
     text = _run("pipeline_modes.py", tmp_path / "modes.md", "--jobs", "1")
     for label in (

@@ -40,6 +40,8 @@ def test_the_demo_pipeline_trains_rather_than_diverges(tmp_path: Path) -> None:
     assert max(losses) <= losses[0] + 0.01  # never above where it started
 
 
+# Minutes of the fast suite's budget: it runs in `make test-slow`.
+@pytest.mark.slow
 def test_the_hugging_face_steps_train_save_and_generate(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     printed = []

@@ -90,6 +90,8 @@ def test_a_replicated_synchronous_pipeline_is_plain_training_on_both_batches(
     assert not torch.equal(first[0], first[1])
 
 
+# Minutes of the fast suite's budget: it runs in `make test-slow`.
+@pytest.mark.slow
 def test_a_replicated_pipeline_killed_mid_run_resumes_bit_identically(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

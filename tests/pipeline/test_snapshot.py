@@ -104,6 +104,7 @@ def test_a_half_written_set_is_passed_over_and_another_runs_set_refused(tmp_path
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # the SIGTERM test beside it stays in the fast suite
 def test_runtime_killed_mid_run_resumes_bit_identically_in_runtime_and_emulator(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,9 +6,13 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "swap_policies.py"
 
 
+# Minutes of the fast suite's budget: it runs in `make test-slow`.
+@pytest.mark.slow
 def test_quick_grid_report(tmp_path) -> None:
     spec = importlib.util.spec_from_file_location("swap_policies_bench", BENCH)
     assert spec is not None and spec.loader is not None

@@ -150,7 +150,9 @@ def test_bad_checkpoint_options_exit_2(
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("nproc, policy", [("1", "none"), ("2", "disjoint")])
+@pytest.mark.parametrize(
+    "nproc, policy", [("1", "none"), pytest.param("2", "disjoint", marks=pytest.mark.slow)]
+)
 def test_a_hugging_face_model_resumes_as_if_left_alone(
     tmp_path: Path, nproc: str, policy: str
 ) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support import toy_profile
 
 from pipeswap.profile import Profile
@@ -40,6 +41,8 @@ def test_banner_goes_to_the_logger_not_stdout() -> None:
     assert "Running HiGHS" in debug.stderr
 
 
+# Minutes of the fast suite's budget: it runs in `make test-slow`.
+@pytest.mark.slow
 def test_plan_json_is_only_json_for_solver_policies(tmp_path: Path) -> None:
     profile: Profile = toy_profile([(3, 3)] * 4)
     path = tmp_path / "profile.json"
