@@ -81,20 +81,27 @@ def padded_batches(count: int, low: int, high: int, *, rows: int = 4) -> list[di
 
 
 def metered_loop(model: nn.Module, wrap: Any, data: list[dict[str, Any]], pools: Any = list) -> Any:
-    """The user's loop, each whole step (forward, backward, optimizer) under the meter."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses, peaks = [], []
+    """The user's loop, each whole step (forward, backward, optimizer) under the meter:
+    (losses, weights, each step's peak, seconds)."""
+    peaks: list[int] = []
+    meters: list[DeviceMeter] = []
+
+    def metered(batch: dict[str, Any]) -> Any:
+        meter = DeviceMeter(CPU, holding=(model, *optimizers, batch), exclude=pools())
+        meters.append(meter)
+        return meter
+
+    optimizers: list[torch.optim.Optimizer] = []
     started = time.perf_counter()
-    for batch in data:
-        with DeviceMeter(CPU, holding=(model, optimizer, batch), exclude=pools()) as meter:
-            with wrap():
-                loss = model(**batch).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        losses.append(loss.item())
-        peaks.append(meter.peak)
-    weights = [p.detach().clone() for p in model.parameters()]
+    losses, weights = _loop(
+        model,
+        wrap,
+        data,
+        lr=1e-3,
+        around=metered,
+        made=optimizers.append,
+        each=lambda: peaks.append(meters[-1].peak),
+    )
     return losses, weights, peaks, time.perf_counter() - started
 
 
@@ -244,18 +251,28 @@ def _family(name: str, *, dropout: float = 0.0) -> nn.Module:
 
 
 def _loop(
-    model: nn.Module, wrap: Any, data: list[dict[str, Any]], *, each: Any = lambda: None
+    model: nn.Module,
+    wrap: Any,
+    data: list[dict[str, Any]],
+    *,
+    lr: float = 1e-2,
+    each: Any = lambda: None,
+    around: Any = nullcontext,
+    made: Any = lambda _: None,
 ) -> Any:
-    """The user's loop (dropout drawn from one seed), ``each`` called after every step."""
+    """The user's loop (dropout drawn from one seed): each whole step inside ``around(batch)``,
+    ``each`` called after it; (losses, weights)."""
     torch.manual_seed(5)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    made(optimizer)
     losses = []
     for batch in data:
-        with wrap():
-            loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        with around(batch):
+            with wrap():
+                loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
         losses.append(loss.item())
         each()
     return losses, [p.detach().clone() for p in model.parameters()]
