@@ -103,6 +103,14 @@ class Sends(Generic[Key]):
         """Let go of the sends that have completed."""
         self._pending = [s for s in self._pending if not s[0].is_completed()]
 
+    def settle(self, key: Key) -> None:
+        """Wait for the sends under ``key`` (known received: gloo says so only when
+        asked) and let their payloads go."""
+        for work, _, filed in self._pending:
+            if filed == key:
+                work.wait()
+        self._pending = [s for s in self._pending if s[2] != key]
+
     def wait(self, abandon: Collection[Key] = ()) -> None:
         """Wait for every send but those filed under a key in ``abandon``; forget them all."""
         for work, _, key in self._pending:

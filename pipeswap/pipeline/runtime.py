@@ -29,10 +29,10 @@ from pipeswap.dist.group import (
 )
 from pipeswap.dist.p2p import Receive, Sends, pack_tag, post_receives
 from pipeswap.dist.replica_groups import ReplicaMesh
-from pipeswap.errors import PipeswapError
 from pipeswap.metrics import StepLog
 from pipeswap.pipeline.actions import Action, ActionKind
 from pipeswap.pipeline.emulator import pipeline_schedule
+from pipeswap.pipeline.exchange import DistExchange
 from pipeswap.pipeline.executor import StageExecutor, Transport
 from pipeswap.pipeline.job import build_full_model, build_meta_model, save_trained
 from pipeswap.pipeline.partition import stage_bounds
@@ -59,12 +59,12 @@ def _tag(direction: ActionKind, unit: int, index: int) -> int:
 class DistTransport:
     """Transfers between neighbouring ranks (pipeswap.dist.p2p); receives posted ahead.
 
-    Sends are never waited for until the end (only polled), so a rank is never blocked
-    by a transfer its peer has not yet asked for: the schedule validator's model of a
-    non-blocking SEND. Transfers are tagged, and posted in schedule order (what NCCL,
-    which ignores tags, relies on). ``groups`` (forward, backward), when given, carries
-    each direction's transfers in a process group of its own; see :func:`run_stage_rank`.
-    """
+    A send is waited for only once its peer is known to have it (a unit's activations
+    when its gradient comes back; every send of a synchronous step at its end), so a rank
+    is never blocked by a transfer its peer has not asked for yet, and gloo (whose sends
+    say they are done only when waited for) frees them. Transfers are tagged and posted
+    in schedule order (what NCCL, which ignores tags, relies on); ``groups`` (forward,
+    backward) carries each direction in a process group of its own."""
 
     def __init__(
         self,
@@ -102,6 +102,8 @@ class DistTransport:
 
     def take(self, direction: ActionKind, unit: int) -> Packed:
         self.post(direction, unit)
+        if direction is ActionKind.B:  # the next stage had this unit's activations
+            self._sends.settle((ActionKind.F, unit))
         return self._posted.pop((direction, unit)).wait()
 
     def send(self, direction: ActionKind, unit: int, tensors: Packed) -> None:
@@ -125,55 +127,10 @@ class DistTransport:
         """Wait for every send but those in ``abandon`` (saved in a checkpoint instead)."""
         self._sends.wait(abandon)
 
-
-class DistExchange:
-    """Tied parameters' gradients between holding ranks, in a process group per pair.
-
-    ``groups[(src, dst)]`` carries src's gradients to dst only, so each group's stream
-    sees one direction in mini-batch order (what NCCL needs); the tag tells the mini-batch,
-    group and tensor apart (what gloo needs).
-    """
-
-    # At most this many tied tensors per group of holders (the tag packs the index), and
-    # this many groups of holders.
-    MAX_TENSORS = 64
-    MAX_GROUPS = 1024
-
-    def __init__(
-        self, rank: int, groups: dict[tuple[int, int], Any], device: torch.device, base: int = 0
-    ):
-        self.rank = rank
-        self.base = base  # the global rank of this replica's stage 0
-        self.groups = groups
-        self.device = device
-        self._sends: Sends[tuple[int, int, int]] = Sends()
-
-    def _tags(self, group: int, step: int, count: int) -> list[int]:
-        return [
-            pack_tag(step, (group, self.MAX_GROUPS), (i, self.MAX_TENSORS)) for i in range(count)
-        ]
-
-    def send(self, group: int, step: int, dst: int, tensors: list[torch.Tensor]) -> None:
-        if len(tensors) > self.MAX_TENSORS:
-            raise PipeswapError(
-                f"{len(tensors)} parameters are tied between the same stages, more than the "
-                f"{self.MAX_TENSORS} the runtime tags: tie fewer parameters across stages"
-            )
-        tags = self._tags(group, step, len(tensors))
-        where = self.base + dst
-        self._sends.start((group, step, dst), tensors, where, tags, self.groups[(self.rank, dst)])
-
-    def take(self, group: int, step: int, src: int, like: list[torch.Tensor]) -> list[torch.Tensor]:
-        buffers = [torch.empty_like(t, device=self.device) for t in like]
-        tags = self._tags(group, step, len(buffers))
-        group = self.groups[(src, self.rank)]
-        received = post_receives(buffers, self.base + src, tags, group).wait()
-        self._sends.poll()
-        return list(received)
-
-    def finish(self, abandon: Collection[tuple[int, int, int]] = ()) -> None:
-        """Wait for every send but those in ``abandon`` (saved in a checkpoint instead)."""
-        self._sends.wait(abandon)
+    def settle(self) -> None:
+        """A synchronous step ended: every send of it is received, or will be (its peers
+        need nothing more of this rank to finish the step)."""
+        self._sends.wait()
 
 
 class StageWires:
@@ -390,6 +347,8 @@ def run_actions(
             posted_upto = max(posted_upto, horizon)
         executor.run(action, end_step=False)
         if action.kind is ActionKind.UPDATE:
+            if isinstance(transport, DistTransport) and not executor.pipeline.asynchronous:
+                transport.settle()
             if meter is not None:
                 meter.ran(action)
             with meter.aside() if meter is not None else nullcontext():
