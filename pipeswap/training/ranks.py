@@ -11,12 +11,11 @@ optimizer state. Under torchrun each process is one rank, and the launcher count
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from pipeswap.config import ConfigError
 from pipeswap.dist.env import torchrun_env
+from pipeswap.dist.threads import usable_cpus
 from pipeswap.models.fits import memory_bytes
 from pipeswap.models.registry import build_model, count_parameters
 from pipeswap.optim import STATE_BUFFERS
@@ -26,14 +25,6 @@ from pipeswap.units import format_bytes
 RANKS_PER_CORE = 4
 PROCESS_RANK_BYTES = 256 * 2**20
 EMULATED_RANK_BYTES = 8 * 2**20
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, else every core)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity (macOS)
-        return os.cpu_count() or 1
 
 
 def _state_bytes(config: TrainConfig) -> int:
@@ -72,7 +63,7 @@ def check_ranks(config: TrainConfig) -> None:
                 f"machine's {format_bytes(memory)} of memory; lower {{replicas}}"
             )
         return
-    cores = usable_cores()
+    cores = usable_cpus()
     per_rank = PROCESS_RANK_BYTES + state
     bounds = [(cores * RANKS_PER_CORE, f"{RANKS_PER_CORE} ranks a core x {cores} cores")]
     if memory is not None:

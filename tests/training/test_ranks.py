@@ -8,6 +8,7 @@ import pytest
 
 from pipeswap.cli import main
 from pipeswap.config import ConfigError
+from pipeswap.dist.threads import usable_cpus
 from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training import ranks
@@ -16,7 +17,6 @@ from pipeswap.training.ranks import (
     PROCESS_RANK_BYTES,
     RANKS_PER_CORE,
     check_ranks,
-    usable_cores,
 )
 
 GPT = ["train", "--model", "gpt2-micro", "--batch", "4", "--steps", "1"]
@@ -50,7 +50,7 @@ def test_ranks_beyond_the_machine_exit_2_before_anything_starts(
 
 
 def test_the_process_bound_names_cores_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ranks, "usable_cores", lambda: 3)
+    monkeypatch.setattr(ranks, "usable_cpus", lambda: 3)
     check_ranks(TrainConfig(model="gpt2-micro", nproc=3 * RANKS_PER_CORE, device="cpu"))
     with pytest.raises(ConfigError) as refused:
         check_ranks(TrainConfig(model="gpt2-micro", nproc=3 * RANKS_PER_CORE + 1, device="cpu"))
@@ -77,7 +77,7 @@ def test_an_emulated_pipeline_is_bounded_by_memory(monkeypatch: pytest.MonkeyPat
 
 
 def test_one_rank_and_the_usual_runs_are_never_refused() -> None:
-    assert usable_cores() >= 1
+    assert usable_cpus() >= 1
     check_ranks(TrainConfig(model="gpt2-micro", device="cpu"))
     check_ranks(TrainConfig(model="gpt2-micro", nproc=2, device="cpu"))
     pipeline = PipelineConfig(stages=2, replicas=2, emulate=True)
