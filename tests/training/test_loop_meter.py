@@ -1,0 +1,48 @@
+"""pipeswap/training/loop_meter.py: what offload reads of the device around a user's step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeswap.profiling.block_timing import BlockTiming
+from pipeswap.training.loop_meter import LoopMeter
+from pipeswap.training.loop_plans import ShapePlan
+
+CPU = torch.device("cpu")
+
+
+def test_on_the_cpu_the_optimizer_step_after_a_timed_step_is_read() -> None:
+    """The storage count reads the step through the optimizer's hooks: at least the
+    parameters, their gradients and the momentum buffers the first step makes."""
+    model = nn.Linear(64, 64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    meter = LoopMeter(CPU, (model, optimizer), lambda *_: None)
+    meter.time(BlockTiming(), optimizer_hooked=True)
+    model(torch.randn(8, 64)).sum().backward()
+    meter.optimizer_step(True)
+    optimizer.step()
+    meter.optimizer_step(False)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert meter.step_peak_bytes >= 3 * params
+    assert meter.stop() is None  # nothing reads the CPU between forwards
+    meter.optimizer_step(True)  # a later step is not read again
+    assert meter.step_meter is None
+
+
+def test_a_plan_s_first_step_is_measured_until_the_next_forward() -> None:
+    seen: list[tuple[ShapePlan, int]] = []
+    meter = LoopMeter(CPU, (), lambda planned, peak: seen.append((planned, peak)))
+    placeholder: Any = None
+    planned = ShapePlan(None, placeholder, placeholder, 1 << 20, 0.0)
+    meter.watch(planned)
+    assert meter.meter is not None
+    meter.meter.__enter__()
+    held = torch.ones(1024)  # 4 KiB made and kept inside the step
+    assert meter.peak_so_far(planned) == held.numel() * held.element_size()
+    meter.meter.__exit__(None, None, None)
+    assert meter.stop() is not None and seen == [(planned, 4096)]
+    planned.measured_peak_bytes = 4096
+    assert meter.peak_so_far(planned) == 4096
