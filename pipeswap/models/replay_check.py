@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.blocks import removed_after
 
-if TYPE_CHECKING:
-    from pipeswap.models.replay import Replay
+
+class Replayed(Protocol):
+    """What the checks read of a model being split (pipeswap.models.replay.Replay)."""
+
+    @property
+    def root(self) -> nn.Module: ...
+    @property
+    def paths(self) -> list[str]: ...
+    @property
+    def blocks(self) -> list[nn.Module]: ...
+    @property
+    def output_fn(self) -> Callable[[Any], torch.Tensor]: ...
+    def run_root(self, inputs: torch.Tensor) -> Any: ...
 
 
-def expected_calls(replay: Replay, example: torch.Tensor) -> list[tuple[Any, Any, Any]]:
+def expected_calls(replay: Replayed, example: torch.Tensor) -> list[tuple[Any, Any, Any]]:
     """Each block's (args, kwargs, output) in a plain run of the model."""
     seen: list[tuple[Any, Any, Any]] = []
     hooks = [
@@ -34,7 +47,7 @@ def expected_calls(replay: Replay, example: torch.Tensor) -> list[tuple[Any, Any
     return seen
 
 
-def check_reproduces(replay: Replay, layered: LayeredModel, example: torch.Tensor) -> None:
+def check_reproduces(replay: Replayed, layered: LayeredModel, example: torch.Tensor) -> None:
     """Refuse a split whose layers compute other than the model: its forward reads more of
     a block's output than the hidden state (blocks' attention weights or caches that it
     uses), or calls them in a way the layers do not replay."""

@@ -26,6 +26,7 @@ from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import Packed, inspect_layers
 from pipeswap.pipeline.stage_memory import MemoryFactory
 from pipeswap.pipeline.stage_meter import StageMeter, metered_steps
+from pipeswap.pipeline.stage_restore import restore_stage
 from pipeswap.pipeline.validate import validate
 from pipeswap.progress import progress_bar
 from pipeswap.train_config import TrainConfig
@@ -170,7 +171,9 @@ class Emulator:
             starts = [0] * len(self.executors)
             if self.resume is not None:
                 folder, done = self.resume
-                starts = [ex.restore(load_rank(folder, done, ex.slot)) for ex in self.executors]
+                starts = [
+                    restore_stage(ex, load_rank(folder, done, ex.slot)) for ex in self.executors
+                ]
             self._bar = progress_bar(config.steps, "train", enabled=progress)
             if self._bar is not None and self.resume is not None:
                 self._bar.update(self.resume[1])

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pipeswap.checkpoint import CheckpointPlan
+from pipeswap.checkpoint import CheckpointPlan, rng_state, save_rank, write_manifest
 from pipeswap.dist.digest import combine_digests, tensor_sha256
 from pipeswap.metrics import StepLog
 from pipeswap.pipeline.actions import Action, ActionKind
@@ -21,10 +21,10 @@ from pipeswap.pipeline.replica_average import Averaging
 from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.pipeline.schedule import Schedule, TimedAction
 from pipeswap.pipeline.shared import Exchange, TiedParameters, find_shared, stage_module
-from pipeswap.pipeline.snapshot import StageAtCut, StopRequest, crossing_messages, positions
+from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
+from pipeswap.pipeline.stage_cuts import StageCuts
 from pipeswap.pipeline.stage_memory import MemoryFactory
-from pipeswap.pipeline.stage_restore import keep_crossing, restore_stage, save_stage
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.pipeline.step_end import clip_scale, step_loss
 from pipeswap.pipeline.weights import StageWeights
@@ -162,7 +162,7 @@ class StageExecutor:
             self.runner,
             self.result,
             self._eval_inputs,
-            self._stream,
+            self.stream,
             self.eval_transport,
             num_units=schedule.num_units,
             classify=getattr(model, "task", None) == "classify",
@@ -170,19 +170,10 @@ class StageExecutor:
         )
         self._outbox: dict[tuple[ActionKind, int], Packed] = {}
         self._t0 = self._step_ended = time.perf_counter()
-        self._index = 0
-        # Checkpoints: the weights each in-flight forward used, and the messages sent
-        # before the next checkpoint's cut that arrive after it (pipeswap.pipeline.snapshot).
+        self.index = 0  # of this rank's next action (a resume sets it)
         self.checkpoint = checkpoint
         self.stop = stop
-        self._forward_weights: dict[int, list[torch.Tensor]] = {}
-        self._keep: set[tuple[ActionKind, int]] = set()
-        # Keyed ("F", unit) with plain strings: a checkpoint holds plain data only.
-        self._kept: dict[tuple[str, int], Packed] = {}
-        self._cut_keep: set[tuple[ActionKind, int]] | None = None
-        self._last_crossing: set[tuple[ActionKind, int]] = set()
-        self._positions = positions(schedule) if checkpoint is not None else None
-        keep_crossing(self, 0)
+        self.cuts = StageCuts(checkpoint, schedule, rank, config.steps)
 
     # ---- training -----------------------------------------------------------------
     def start_clock(self) -> None:
@@ -196,15 +187,12 @@ class StageExecutor:
             self.transport.post(kind.direction, unit)
         elif kind.is_send:
             message = self._outbox.pop((kind.direction, unit))
-            if (kind.direction, unit) in self._keep:
-                self._kept[(kind.direction.value, unit)] = tuple(
-                    t.detach().clone() for t in message
-                )
+            self.cuts.sent(kind.direction, unit, message)
             self.transport.send(kind.direction, unit, message)
         else:
             start = time.perf_counter()
             if kind.is_pass and self.tied is not None:
-                self.tied.before_pass(self._index)
+                self.tied.before_pass(self.index)
             if kind is ActionKind.F:
                 self._forward(unit)
             elif kind is ActionKind.B:
@@ -217,17 +205,17 @@ class StageExecutor:
                 if average is None or average(step, self):
                     self.after_average()
                 else:
-                    self._deferred = self._index
+                    self._deferred = self.index
             else:
                 self._update(unit)
             if self.memory is not None:
-                self.memory.after_action(self._index)
+                self.memory.after_action(self.index)
             end = time.perf_counter()
             self.result.busy_s += end - start
             self.result.timeline.append(
-                TimedAction(self.rank, self._index, action, start - self._t0, end - self._t0)
+                TimedAction(self.rank, self.index, action, start - self._t0, end - self._t0)
             )
-        self._index += 1
+        self.index += 1
         self.transport.progress()
         if kind is ActionKind.UPDATE and end_step:
             self.end_step(unit)
@@ -235,7 +223,7 @@ class StageExecutor:
     def after_average(self) -> None:
         """The rest of a backward once its gradients are final: tied parameters' gradients
         leave for their other holders."""
-        index = self._index if self._deferred is None else self._deferred
+        index = self.index if self._deferred is None else self._deferred
         self._deferred = None
         if self.tied is not None:
             self.tied.after_backward(index)
@@ -285,12 +273,9 @@ class StageExecutor:
             if done == cut:
                 raise StageAtCut(done)
             if cut is not None:  # keep what will cross the SIGTERM cut, too
-                if self._cut_keep is None:
-                    crossing = crossing_messages(self.schedule, cut, self._positions)
-                    self._cut_keep = crossing[self.rank]
-                self._keep |= self._cut_keep
+                self.cuts.keep_for_cut(cut)
 
-    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device)
 
     def _inputs(
@@ -306,12 +291,12 @@ class StageExecutor:
         target = None
         if source is not None:
             x, y = source.micro(step, micro)
-            inputs, target = self._to_device(x), self._to_device(y)
+            inputs, target = self.to_device(x), self.to_device(y)
         if self.rank > 0:
             inputs = (transport or self.transport).take(ActionKind.F, unit)
         return inputs, target
 
-    def _stream(self, split: str, step: int, micro: int) -> AbstractContextManager[None]:
+    def stream(self, split: str, step: int, micro: int) -> AbstractContextManager[None]:
         """The RNG stream of this stage's forward of (step, micro) (pipeswap.pipeline.rng)."""
         return rng_stream(self.config.seed, split, step, micro, self.slot, self.device)
 
@@ -319,12 +304,11 @@ class StageExecutor:
         step, micro = divmod(unit, self.micro_batches)
         inputs, target = self._inputs(self.train_data, step, micro, unit)
         self.weights.before(ActionKind.F, unit)
-        if self.checkpoint is not None:
-            self._forward_weights[unit] = [p.detach().clone() for p in self.weights.params]
+        self.cuts.forward(unit, self.weights.params)
         target = target if self.runner.is_last else None
         memory = self.memory
         keep = memory.forward(unit, self.runner.trial(inputs, target)) if memory else nullcontext()
-        with self._stream(TRAIN, step, micro), keep:
+        with self.stream(TRAIN, step, micro), keep:
             out = self.runner.forward(unit, inputs, target)
             if memory is not None:  # what the runner holds anyway is not worth a copy
                 memory.keep(self.runner.held(unit))
@@ -338,7 +322,7 @@ class StageExecutor:
 
     def _backward(self, unit: int) -> None:
         grads = None if self.runner.is_last else self.transport.take(ActionKind.B, unit)
-        self._forward_weights.pop(unit, None)
+        self.cuts.forward_weights.pop(unit, None)
         self.weights.before(ActionKind.B, unit)
         out = self.runner.backward(unit, grads)
         if self.memory is not None:
@@ -364,18 +348,31 @@ class StageExecutor:
         return self._inputs(self.eval_data, step, micro, unit, self.eval_transport)
 
     # ---- checkpoints ----------------------------------------------------------------
-    @property
-    def crossing_keys(self) -> set[tuple[ActionKind, int]]:
-        """Messages this stage sent that cross the latest cut (saved in its checkpoint)."""
-        return self._last_crossing
-
     def save(self, plan: CheckpointPlan, done: int) -> None:
-        """Write this stage's state at its cut after ``done`` steps (see pipeline.snapshot)."""
-        save_stage(self, plan, done)
-
-    def restore(self, state: dict[str, Any]) -> int:
-        """Continue from a checkpoint of this stage (pipeswap.pipeline.stage_restore)."""
-        return restore_stage(self, state)
+        """Write this stage's state at its cut after ``done`` steps (pipeline.snapshot);
+        pipeswap.pipeline.stage_restore continues from it."""
+        assert not self._outbox
+        if self.slot == 0:
+            write_manifest(plan, done)
+        state = {
+            "done": done,
+            "index": self.index,
+            "weights": self.weights.state(),
+            "losses": dict(self.runner.losses),
+            "evals": list(self.result.evals),
+            "in_flight": {
+                unit: (self.cuts.forward_weights[unit], leaves)
+                for unit, leaves in self.runner.in_flight_inputs().items()
+            },
+            "sent": self.cuts.kept,
+            "rng": rng_state(),
+            "tied": self.tied.state(done) if self.tied is not None else {},
+            # What `pipeswap export` reads: the weights' names in the whole model.
+            "names": [name for name, _ in self.named_parameters()],
+            "buffers": {n: b.detach().clone() for n, b in self.module.named_buffers()},
+        }
+        save_rank(plan, done, self.slot, state)
+        self.cuts.saved(done)
 
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """This stage's parameters by their names in the whole model (a tied copy's too)."""

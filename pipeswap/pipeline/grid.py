@@ -74,7 +74,7 @@ def phase_summary(schedule: Schedule, rank: int, row: list[str]) -> str:
     The phases are the schedule's own caption (ScheduleKind.caption); the bubble is the
     idle share of the stage's ``row`` of grid cells.
     """
-    body = schedule.kind.caption(schedule, rank)
+    body = schedule.kind.caption(schedule.compute_actions(rank), schedule.micro_batches)
     idle = sum(1 for c in row if c == IDLE)
     bubble = idle / len(row) if row else 0.0
     return f"stage {rank}: {body}; bubble {bubble:.0%}"

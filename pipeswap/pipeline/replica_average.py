@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
+
+import torch
 
 from pipeswap.dist.replica_groups import mean_in_order
 
-if TYPE_CHECKING:
-    from pipeswap.pipeline.executor import StageExecutor
+
+class Replica(Protocol):
+    """What averaging reads of a stage's replica (pipeswap.pipeline.executor.StageExecutor)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def replica(self) -> int: ...
+    def gradients(self) -> list[torch.Tensor]: ...
+    def gradient_params(self) -> list[torch.nn.Parameter]: ...
+    def after_average(self) -> None: ...
 
 
 class Averaging(Protocol):
     """How a replicated stage averages its gradients: ``start`` before the backward that
     completes mini-batch ``step``'s gradient, the call after it (True: averaged; False:
-    the emulator finishes this backward later, :meth:`StageExecutor.after_average`)."""
+    the emulator finishes this backward later, :meth:`Replica.after_average`)."""
 
-    def start(self, step: int, stage: StageExecutor) -> None: ...
-    def __call__(self, step: int, stage: StageExecutor) -> bool: ...
+    def start(self, step: int, stage: Replica) -> None: ...
+    def __call__(self, step: int, stage: Replica) -> bool: ...
 
 
 class EmulatedReplicas:
@@ -30,12 +41,12 @@ class EmulatedReplicas:
 
     def __init__(self, replicas: int) -> None:
         self.replicas = replicas
-        self._arrived: dict[tuple[int, int], list[StageExecutor]] = {}
+        self._arrived: dict[tuple[int, int], list[Replica]] = {}
 
-    def start(self, step: int, stage: StageExecutor) -> None:
+    def start(self, step: int, stage: Replica) -> None:
         """Nothing to start: one process averages once every replica has its gradients."""
 
-    def __call__(self, step: int, stage: StageExecutor) -> bool:
+    def __call__(self, step: int, stage: Replica) -> bool:
         waiting = self._arrived.setdefault((step, stage.rank), [])
         waiting.append(stage)
         if len(waiting) < self.replicas:

@@ -43,6 +43,7 @@ from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, inspect_layers
 from pipeswap.pipeline.stage_memory import MemoryFactory
 from pipeswap.pipeline.stage_meter import StageMeter, metered_steps
+from pipeswap.pipeline.stage_restore import restore_stage
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.progress import progress_bar
 from pipeswap.train_config import TrainConfig
@@ -281,7 +282,9 @@ def run_stage_rank(
             average=mesh,
             memory=memory,
         )
-        first = 0 if resume is None else executor.restore(load_rank(resume[0], resume[1], rank))
+        first = (
+            0 if resume is None else restore_stage(executor, load_rank(resume[0], resume[1], rank))
+        )
         barrier()
         actions = schedule.actions[stage][first:]
         bar = progress_bar(config.steps, "train (rank 0)", enabled=progress and rank == 0)
@@ -296,7 +299,7 @@ def run_stage_rank(
             if log is not None:
                 log.close()
             # The checkpoint holds the messages that cross the cut; the rest must arrive.
-            transport.finish(abandon=executor.crossing_keys)
+            transport.finish(abandon=executor.cuts.crossing)
             exchange.finish(abandon=executor.tied.crossing if executor.tied is not None else ())
             raise RunStopped(checkpoint.directory, cut.args[0]) from None  # type: ignore[union-attr]
         finally:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pipeswap.config import ConfigError
 from pipeswap.pipeline.actions import Action, ActionKind
@@ -24,13 +23,11 @@ from pipeswap.pipeline.orders import (
     two_bw_orders,
 )
 
-if TYPE_CHECKING:
-    from pipeswap.pipeline.schedule import Schedule
-
 # (num_stages, stage, micro_batches) -> units whose activations the stage holds at once.
 InFlight = Callable[[int, int, int], int]
-# (schedule, rank) -> what the stage does per step, for the grid's line under the stage.
-Caption = Callable[["Schedule", int], str]
+# (a stage's compute actions, micro-batches per step) -> what the stage does per step, for
+# the grid's line under the stage.
+Caption = Callable[[list[Action], int], str]
 
 
 @dataclass(frozen=True)
@@ -105,28 +102,26 @@ def _phases(passes: list[Action]) -> str:
     return f"warm-up {warm}F, steady {steady}x(F,B), cool-down {cool}B"
 
 
-def _passes(schedule: Schedule, rank: int) -> list[Action]:
-    return [a for a in schedule.compute_actions(rank) if a.kind.is_pass]
+def _passes(actions: list[Action]) -> list[Action]:
+    return [a for a in actions if a.kind.is_pass]
 
 
-def _gpipe_caption(schedule: Schedule, rank: int) -> str:
-    m = schedule.micro_batches
+def _gpipe_caption(actions: list[Action], m: int) -> str:
     return f"per step {m}F then {m}B, then flush + UPDATE"
 
 
-def _flushed_caption(schedule: Schedule, rank: int) -> str:
-    first_step = [a for a in _passes(schedule, rank) if schedule.step_of(a.unit) == 0]
+def _flushed_caption(actions: list[Action], m: int) -> str:
+    first_step = [a for a in _passes(actions) if a.unit // m == 0]
     return "per step " + _phases(first_step) + ", then flush + UPDATE"
 
 
-def _two_bw_caption(schedule: Schedule, rank: int) -> str:
-    m = schedule.micro_batches
+def _two_bw_caption(actions: list[Action], m: int) -> str:
     every = "every B" if m == 1 else f"every {m} B (a mini-batch)"
-    return _phases(_passes(schedule, rank)) + f", no flush, UPDATE after {every}"
+    return _phases(_passes(actions)) + f", no flush, UPDATE after {every}"
 
 
-def _async_caption(schedule: Schedule, rank: int) -> str:
-    return _phases(_passes(schedule, rank)) + ", UPDATE after every B"
+def _async_caption(actions: list[Action], m: int) -> str:
+    return _phases(_passes(actions)) + ", UPDATE after every B"
 
 
 SCHEDULES: dict[str, ScheduleKind] = {

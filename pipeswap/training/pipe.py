@@ -158,7 +158,7 @@ class Pipeline:
             executor.train_data.put(self.done, inputs, target)
         t = self.done
         with self._threads():
-            start = executor._index
+            start = executor.index
             actions = executor.schedule.actions[self.rank]
             run_actions(executor, executor.transport, actions[start : self._ends[t]], None, None)
             if t == self.steps - 1:
@@ -196,7 +196,7 @@ class Pipeline:
                     if runner.is_first
                     else transport.take(ActionKind.F, unit)
                 )
-                with executor._stream(EVAL, self._evals, m):
+                with executor.stream(EVAL, self._evals, m):
                     out = runner.evaluate(value, target[part].to(self.device))
                 if runner.is_last:
                     total += float(out[0])

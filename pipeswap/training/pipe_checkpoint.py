@@ -16,6 +16,7 @@ from pipeswap.checkpoint import (
 from pipeswap.config import require
 from pipeswap.dist.group import barrier, broadcast_from_rank0, rank_and_world
 from pipeswap.pipeline.executor import StageExecutor
+from pipeswap.pipeline.stage_restore import restore_stage
 from pipeswap.training.resume import run_identity
 
 
@@ -65,7 +66,7 @@ class Checkpoint:
         where = str(step_dir(self.directory, self.done))
         check_identity(self.manifest, identity(executor, world), where)
         rank, _ = rank_and_world()
-        executor.restore(load_rank(self.directory, self.done, rank))
+        restore_stage(executor, load_rank(self.directory, self.done, rank))
 
 
 def newest_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
