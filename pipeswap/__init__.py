@@ -27,8 +27,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from pipeswap.errors import PipeswapError
-
-__version__ = "0.1.0"
+from pipeswap.version import __version__
 
 # Imported on first use, so that `import pipeswap` (and the CLI's start) stays quick.
 _PUBLIC = {

@@ -3,29 +3,29 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import signal
 import sys
 from collections.abc import Sequence
 
+from pipeswap.commands import (
+    demo,
+    env,
+    export,
+    plan,
+    profile,
+    schedule,
+    simulate,
+    topology,
+    train,
+)
 from pipeswap.commands.options import message
 from pipeswap.dist.peers import LOST_PEERS, lost_peers
 from pipeswap.dist.signals import sigterm_interrupts
 from pipeswap.errors import PipeswapError, crash_line, debugging
 
 # Each module defines register(subparsers), which adds its parser with func=run(args) -> int.
-_COMMANDS = (
-    "env",
-    "profile",
-    "topology",
-    "simulate",
-    "plan",
-    "schedule",
-    "train",
-    "export",
-    "demo",
-)
+_COMMANDS = (env, profile, topology, simulate, plan, schedule, train, export, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,8 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
         "pipelined model parallelism with weight prediction.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMANDS:
-        importlib.import_module(f"pipeswap.commands.{name}").register(subparsers)
+    for command in _COMMANDS:
+        command.register(subparsers)
+    # A command that runs others (`pipeswap demo`) calls them through ``args.main``.
+    parser.set_defaults(main=main)
     return parser
 
 

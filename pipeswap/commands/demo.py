@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeswap.cli import main
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_writable, load_json
 
@@ -345,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         argv = step() if callable(step) else step
         print(f"$ pipeswap {shlex.join(argv)}", flush=True)
-        status = main(argv)
+        status = args.main(argv)  # the `pipeswap` command (pipeswap.cli)
         if status != 0:
             print(f"demo: step {number} failed with exit status {status}")
             return status

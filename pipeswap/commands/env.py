@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import platform
 from typing import Any
@@ -37,7 +36,7 @@ def _gpus() -> list[dict[str, Any]]:
 def _topology() -> tuple[dict[str, Any] | None, str | None]:
     """The detected topology as JSON (None if none), and why detection failed, if it did."""
     try:
-        detect = importlib.import_module("pipeswap.hardware.detect")
+        from pipeswap.hardware import detect
     except ImportError:
         return None, None
     try:

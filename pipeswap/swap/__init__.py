@@ -9,25 +9,8 @@ SwapExecutor``); the mechanisms live in ``pipeswap.swap.plan`` (planning) and
 
 from __future__ import annotations
 
-import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
-
-_PUBLIC = {
-    "POLICY_NAMES": "pipeswap.swap.config",
-    "SwapConfig": "pipeswap.swap.config",
-    "SWAPPLAN_FORMAT": "pipeswap.swap.plan.contract",
-    "GpuPlan": "pipeswap.swap.plan.contract",
-    "SwapDecision": "pipeswap.swap.plan.contract",
-    "SwapPlan": "pipeswap.swap.plan.contract",
-    "POLICIES": "pipeswap.swap.plan.policy_table",
-    "GpuSummary": "pipeswap.swap.plan.planner",
-    "PlanResult": "pipeswap.swap.plan.planner",
-    "make_case": "pipeswap.swap.plan.planner",
-    "make_plan": "pipeswap.swap.plan.planner",
-    "plan_case": "pipeswap.swap.plan.planner",
-    "StepStats": "pipeswap.swap.runtime.stats",
-    "SwapExecutor": "pipeswap.swap.runtime.executor",
-}
 
 __all__ = [
     "GpuPlan",
@@ -55,11 +38,19 @@ if TYPE_CHECKING:
     from pipeswap.swap.runtime.stats import StepStats
 
 
+def _modules() -> tuple[ModuleType, ...]:
+    """The modules the public names come from, loaded on the first use of one of them."""
+    from pipeswap.swap import config
+    from pipeswap.swap.plan import contract, planner, policy_table
+    from pipeswap.swap.runtime import executor, stats
+
+    return config, contract, policy_table, planner, stats, executor
+
+
 def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
+    if name not in __all__:
         raise AttributeError(f"module 'pipeswap.swap' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = next(vars(m)[name] for m in _modules() if name in vars(m))
     globals()[name] = value
     return value
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pipeswap import __version__
 from pipeswap.checkpoint import CheckpointPlan, check_identity, latest_complete, step_dir
 from pipeswap.config import leaf_fields, require
 from pipeswap.dist.group import broadcast_from_rank0
 from pipeswap.train_config import TrainConfig
 from pipeswap.user_files import fingerprint
+from pipeswap.version import __version__
 
 
 def checkpointing(

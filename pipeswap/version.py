@@ -1,0 +1,3 @@
+"""pipeswap's version (pyproject.toml's), read by the package root and every record that names it."""
+
+__version__ = "0.1.0"
