@@ -12,7 +12,8 @@ from pipeswap.config import option, require
 class DataConfig:
     """The data of a run and its held-out split: ``data`` None trains on the built-in data
     (pipeswap.data); a path trains a language model on the user's own tokens or text
-    (pipeswap.user_data), whose last 5% is held out unless ``eval_data`` names the
+    (pipeswap.user_data), an encoder-decoder on its source/target pairs
+    (pipeswap.user_pairs), whose last 5% is held out unless ``eval_data`` names the
     held-out data (then every window of ``data`` trains). ``eval_batches`` held-out
     batches are scored after training, in every mode."""
 
@@ -21,10 +22,23 @@ class DataConfig:
         metavar="PATH",
         help="train on your own data: for language models .bin/.npy tokens, .txt files or a "
         "folder of them, .jsonl, .csv, .parquet, .arrow, or a save_to_disk directory; for "
-        "image models a folder with one sub-folder of images per class; 5%% of it is held "
+        "image models a folder with one sub-folder of images per class; for encoder-decoders "
+        ".jsonl, .csv or .parquet with {source_field} and {target_field}; 5%% of it is held "
         "out (default: the built-in data)",
     )
     text_field: str = option("text", help="the field holding the text in JSON lines and tables")
+    source_field: str | None = option(
+        None,
+        metavar="FIELD",
+        help="encoder-decoders (T5, BART): the field of {data} holding each example's input "
+        "text, with {target_field}",
+    )
+    target_field: str | None = option(
+        None,
+        metavar="FIELD",
+        help="encoder-decoders: the field of {data} holding the text to generate from "
+        "{source_field}'s",
+    )
     eval_data: str | None = option(
         None,
         metavar="PATH",
@@ -47,6 +61,25 @@ class DataConfig:
         require(self.data != "", "{data} is empty; name a file or a directory")
         require(self.text_field != "", "{text_field} is empty; name the field with the text")
         require(self.eval_data != "", "{eval_data} is empty; name a file or a directory")
+        for name, value in (
+            ("source_field", self.source_field),
+            ("target_field", self.target_field),
+        ):
+            require(value != "", f"{{{name}}} is empty; name the field")
+        require(
+            (self.source_field is None) == (self.target_field is None),
+            "{source_field} and {target_field} go together: give both, the fields of each "
+            "example's input and output text",
+        )
+        require(
+            self.source_field is None or self.data is not None,
+            "{source_field} and {target_field} name fields of {data}: give {data} PATH too",
+        )
+        require(
+            self.source_field is None or self.source_field != self.target_field,
+            f"{{source_field}} and {{target_field}} are both {self.source_field!r}; name the "
+            "input's field and the output's",
+        )
         require(
             self.eval_data is None or self.data is not None,
             "{eval_data} is held-out data for {data}: give {data} PATH too, or drop {eval_data}",

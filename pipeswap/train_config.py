@@ -189,6 +189,7 @@ class TrainConfig:
             spec.task != "classify" or self.seq_len is None,
             f"{self.model} is an image model: pass {{image_size}}, not {{seq_len}}",
         )
+        self._check_data_for(spec.encoder_decoder)
         require(
             self.device != "cuda" or torch.cuda.is_available(),
             "{device} cuda, but PyTorch sees no GPU here; use {device} cpu",
@@ -214,6 +215,35 @@ class TrainConfig:
             device=device,
             optim=optim,
             swap=self.require_swap() if self.pipeline is None else self.swap,
+        )
+
+    def _check_data_for(self, encoder_decoder: bool) -> None:
+        """An encoder-decoder trains data-parallel on source/target pairs; the fields of
+        pairs apply to nothing else."""
+        if not encoder_decoder:
+            require(
+                self.dataset.source_field is None,
+                f"{{source_field}} and {{target_field}} are for encoder-decoder models (T5, "
+                f"BART); {self.model} is a language model of one stack, which trains on "
+                "{data}'s {text_field}: drop them",
+            )
+            return
+        require(
+            self.pipeline is None,
+            f"{self.model} is an encoder-decoder model, which pipelines cannot cut yet (its "
+            "decoder reads the encoder's output at every block): drop {pipeline} to train "
+            "it data-parallel with swapping, or use pipeswap.offload in your own loop",
+        )
+        require(
+            self.dataset.source_field is not None,
+            f"{self.model} is an encoder-decoder model: it trains on source/target pairs; "
+            "give {data} FILE (.jsonl, .csv or .parquet) with {source_field} and "
+            "{target_field} naming its fields",
+        )
+        require(
+            self.profile_path is None,
+            f"{{profile_path}}: {self.model} is an encoder-decoder model, profiled in the run "
+            "itself; drop {profile_path}",
         )
 
     @property

@@ -33,6 +33,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,7 +60,9 @@ _TABLES = {
     ".parquet": "parquet",
     ".arrow": "arrow",
 }
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+# The table files datasets reads, by suffix (a save_to_disk directory is the other table).
+TABLE_SUFFIXES = frozenset(_TABLES)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 Encode = Callable[[str], list[int]]
 
@@ -67,7 +70,7 @@ Encode = Callable[[str], list[int]]
 def load_tokenizer(model: str) -> tuple[Encode, int] | None:
     """The encoder and end-of-text id of the model directory's own tokenizer, or None
     when ``model`` is no directory holding one (then text is tokenized byte by byte)."""
-    if not os.path.isdir(model) or not any((Path(model) / f).is_file() for f in _TOKENIZER_FILES):
+    if not os.path.isdir(model) or not any((Path(model) / f).is_file() for f in TOKENIZER_FILES):
         return None
     try:
         from transformers import AutoTokenizer
@@ -146,6 +149,23 @@ def _documents(path: str, suffix: str, text_field: str, stats: TextStats) -> Ite
 
 
 def _table_texts(path: str, suffix: str, text_field: str) -> Iterator[str]:
+    table = load_table(path, suffix)
+    if text_field not in table.column_names:
+        raise ConfigError(
+            f"{path} has no field {text_field!r} (its fields: {', '.join(table.column_names)}); "
+            "name the text's field with {text_field}"
+        )
+    for value in table[text_field]:
+        if not isinstance(value, str):
+            raise PipeswapError(
+                f"{path}: field {text_field!r} holds {type(value).__name__}, not text"
+            )
+        yield value
+
+
+def load_table(path: str, suffix: str) -> Any:
+    """The rows of a table file (JSON lines, CSV, Parquet, Arrow; ``suffix`` says which) or
+    of a ``save_to_disk`` directory, read offline with Hugging Face ``datasets``."""
     thread_lock_for_bars()  # before datasets builds tqdm's process-shared lock (see there)
     try:
         import datasets
@@ -163,17 +183,7 @@ def _table_texts(path: str, suffix: str, text_field: str) -> Iterator[str]:
             table = datasets.load_dataset(_TABLES[suffix], data_files=path, split="train")
     except Exception as exc:  # noqa: BLE001 - the user's file: say whose failure it is
         raise PipeswapError(f"cannot read {path} ({first_line(exc)})") from None
-    if text_field not in table.column_names:
-        raise ConfigError(
-            f"{path} has no field {text_field!r} (its fields: {', '.join(table.column_names)}); "
-            "name the text's field with {text_field}"
-        )
-    for value in table[text_field]:
-        if not isinstance(value, str):
-            raise PipeswapError(
-                f"{path}: field {text_field!r} holds {type(value).__name__}, not text"
-            )
-        yield value
+    return table
 
 
 def _read(tokens: np.ndarray, start: int, count: int) -> np.ndarray:

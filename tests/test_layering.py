@@ -18,7 +18,7 @@ LAYERS = """
 base: pipeswap, pipeswap.errors, pipeswap.units, pipeswap.jsonio, pipeswap.config, pipeswap.streams, pipeswap.progress, pipeswap.checkpoint -> base
 models: pipeswap.models -> base
 configs: pipeswap.optim, pipeswap.data_config, pipeswap.swap.config, pipeswap.pipeline.config, pipeswap.pipeline.modes, pipeswap.pipeline.schedule_kinds, pipeswap.pipeline.orders, pipeswap.pipeline.actions, pipeswap.train_config -> base, configs, models
-data: pipeswap.data, pipeswap.user_data, pipeswap.user_files, pipeswap.user_images -> base, models
+data: pipeswap.data, pipeswap.user_data, pipeswap.user_files, pipeswap.user_images, pipeswap.user_pairs -> base, models
 profile: pipeswap.profile, pipeswap.profiling -> base, models, configs, profile, hardware
 hardware: pipeswap.hardware -> base
 sim: pipeswap.sim -> base, hardware

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.replay import split_at_blocks
@@ -21,7 +22,8 @@ _HF_HEADS = (
     ("ForCausalLM", "lm"),
     ("LMHeadModel", "lm"),
     ("ForMaskedLM", "lm"),
-    ("ForConditionalGeneration", "lm"),  # a decoder-only one (Gemma 3); encoder-decoders refused
+    # A decoder-only one (Gemma 3); encoder-decoders train whole (pipeswap.models.seq2seq).
+    ("ForConditionalGeneration", "lm"),
     ("ForImageClassification", "classify"),
     ("ForSequenceClassification", "classify"),  # over token ids
 )
@@ -129,10 +131,11 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
         raise PipeswapError(f"{name}: {cls_name} has no head pipeswap trains; use a {heads} class")
     config: Any = model.config
     if getattr(config, "is_encoder_decoder", False):
-        raise PipeswapError(
-            f"{name}: {cls_name} is an encoder-decoder model; pipeswap.offload trains it in "
-            "your own loop, but pipelines and pipeswap train cut one stack of blocks "
-            "(decoder-only and encoder-only models)"
+        raise ConfigError(
+            f"{name}: {cls_name} is an encoder-decoder model, which is not cut into one stack "
+            "of layers: `pipeswap train` trains it data-parallel on source/target pairs "
+            "({data} FILE with {source_field} and {target_field}), pipeswap.offload in your "
+            "own loop; pipelines and `pipeswap profile` cut decoder-only and encoder-only models"
         )
     image = (
         task == "classify" and hasattr(config, "num_channels") and not hasattr(config, "vocab_size")

@@ -50,7 +50,11 @@ def replay_of(model: nn.Module) -> Replay | None:
 
 
 def source_module(model: nn.Module) -> nn.Module:
-    """The module a LayeredModel was adapted from (it shares its parameters), or ``model``."""
+    """The module a LayeredModel was adapted from (it shares its parameters), the one a
+    wrapper holds (``wrapped``: an encoder-decoder's, pipeswap.models.seq2seq), or ``model``."""
+    wrapped = getattr(model, "wrapped", None)
+    if isinstance(wrapped, nn.Module):
+        return wrapped
     replay = replay_of(model)
     return model if replay is None else replay.root
 

@@ -95,6 +95,15 @@ def load_user_model(
     return adapt(model, name=name, blocks=blocks)
 
 
+def load_hf_model(
+    directory: str, *, device: torch.device | str = "cpu", seed: int | None = 0
+) -> nn.Module:
+    """The Hugging Face model saved in ``directory`` as its own class (not cut into
+    layers), loaded as :func:`load_user_model` loads one: offline, checked before it is
+    built, seeded when the directory holds no weights."""
+    return _load_hf_directory(directory, torch.device(device), seed)
+
+
 def _import_function(name: str) -> Callable[[], Any]:
     module_name, _, attr = name.partition(":")
     try:

@@ -21,6 +21,7 @@ from pipeswap.models.gpt import GPTConfig, build_gpt
 from pipeswap.models.load import is_user_model, load_user_model
 from pipeswap.models.resnet import ResNetConfig, build_resnet
 from pipeswap.models.seeding import seeded
+from pipeswap.models.seq2seq import is_encoder_decoder, load_seq2seq, max_positions, stack_blocks
 from pipeswap.models.vgg import VGGConfig, build_vgg
 from pipeswap.models.vit import ViTConfig, build_vit
 
@@ -35,6 +36,8 @@ class ModelSpec:
     ``default_seq_len`` / ``max_seq_len`` are set for language models (``task == "lm"``),
     ``default_image_size`` for image classifiers. ``published_params`` is the parameter
     count the model's paper or model card gives (None for our own test sizes).
+    ``encoder_decoder``: a language model of two stacks (T5, BART: pipeswap.models.seq2seq),
+    trained on source/target pairs, whose ``seq_len`` bounds the source and the target.
     """
 
     name: str
@@ -48,6 +51,7 @@ class ModelSpec:
     published_params: int | None
     description: str
     max_seq_len: int | None = None
+    encoder_decoder: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"format": MODEL_SPEC_FORMAT, **asdict(self)}
@@ -192,6 +196,8 @@ def model_spec(name: str) -> ModelSpec:
 
 @functools.lru_cache(maxsize=16)
 def _user_spec(name: str) -> ModelSpec:
+    if is_encoder_decoder(name):
+        return _encoder_decoder_spec(name)
     model = load_user_model(name, device="meta")
     lm = model.task == "lm"
     context = model.max_positions
@@ -207,6 +213,26 @@ def _user_spec(name: str) -> ModelSpec:
         published_params=None,
         description=f"your model ({len(model)} layers: {', '.join(model.layer_names[:3])}...)",
         max_seq_len=context,
+    )
+
+
+def _encoder_decoder_spec(name: str) -> ModelSpec:
+    model = load_seq2seq(name, device="meta")
+    context = max_positions(model)
+    blocks = stack_blocks(model.model)
+    return ModelSpec(
+        name=name,
+        family="user",
+        task="lm",
+        default_batch=8,
+        default_seq_len=min(128, context) if context else 128,
+        default_image_size=None,
+        vocab_size=model.vocab_size,
+        num_classes=0,
+        published_params=None,
+        description=f"your encoder-decoder ({len(blocks)} blocks: {', '.join(blocks[:2])}...)",
+        max_seq_len=context,
+        encoder_decoder=True,
     )
 
 

@@ -107,28 +107,45 @@ def layered_step_memory(
     optimizer: str,
 ) -> StepMemory | None:
     """What the meter reads during one whole-model step of a LayeredModel (any device,
-    meta included: storages there have sizes too), with the optimizer state its steps
-    would hold added to every reading, and the optimizer step's peak: the state, the
-    gradients and one step's temporaries over stand-ins (0 where a step cannot run)."""
+    meta included: storages there have sizes too), as :func:`module_step_memory` reads it."""
     layers = dict(model.named_children())
-    timing, _ = metered_step(
+    return module_step_memory(
         model,
         lambda: model.loss(model(inputs), targets),
         {name: layers[name] for name in model.layer_names},
         device,
+        optimizer,
         holding=(model, inputs, targets),
         around=meta_attention_like_cpu,
-    )
-    memory = timing.step_memory(model.layer_names)
+    )[1]
+
+
+def module_step_memory(
+    model: nn.Module,
+    forward: Callable[[], Any],
+    layers: dict[str, nn.Module],
+    device: torch.device,
+    optimizer: str,
+    *,
+    holding: Any = (),
+    around: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> tuple[BlockTiming, StepMemory | None]:
+    """One step of ``forward`` (and a backward from its output) run aside under the meter:
+    its timing, and what the meter read with the optimizer state its steps would hold added
+    to every reading, and the optimizer step's peak: the state, the gradients and one
+    step's temporaries over stand-ins (0 where a step cannot run)."""
+    timing, _ = metered_step(model, forward, layers, device, holding=holding, around=around)
+    names = list(layers)
+    memory = timing.step_memory(names)
     if memory is None:
-        return None
+        return timing, None
     trainable = [p for p in model.parameters() if p.requires_grad]
     grads = sum(p.numel() * p.element_size() for p in trainable)
     state = optimizer_state_bytes(optimizer, grads)
-    with_state = timing.step_memory(model.layer_names, memory.start_bytes + state)
+    with_state = timing.step_memory(names, memory.start_bytes + state)
     assert with_state is not None
     step = with_state.start_bytes + grads + _optimizer_temporaries(trainable, optimizer, device)
-    return replace(with_state, step_peak_bytes=step)
+    return timing, replace(with_state, step_peak_bytes=step)
 
 
 def _optimizer_temporaries(params: list[nn.Parameter], optimizer: str, device: torch.device) -> int:

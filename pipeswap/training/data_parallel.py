@@ -42,9 +42,10 @@ from pipeswap.swap.runtime.recompute import recompute_sizes
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.dp_rank import train_rank
 from pipeswap.training.dp_result import RankResult, measured_step_s
-from pipeswap.training.job import ModelJob
+from pipeswap.training.job import ModelJob, job_for
 from pipeswap.training.report import DataParallelDetails, TrainReport
 from pipeswap.training.resume import agree_on_run, checkpointing
+from pipeswap.training.seq2seq_job import Seq2SeqJob
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,10 @@ def swap_topology(name: str | None, device: str, nproc: int) -> Topology:
     return resolve_topology(name)
 
 
-def _profile(config: TrainConfig, job: ModelJob, device: torch.device) -> Profile:
+def _profile(config: TrainConfig, job: ModelJob | Seq2SeqJob, device: torch.device) -> Profile:
+    if isinstance(job, Seq2SeqJob):  # no LayeredModel: profiled as a loop is
+        with autocast(config.precision, device):
+            return job.profile(device, config.optim.optimizer)
     if config.profile_path is not None:
         profile = Profile.load(config.profile_path)
         mine = (job.model, job.batch_size, job.dtype)
@@ -167,7 +171,7 @@ def _check_profile_precision(path: str, profile: Profile, precision: str) -> Non
 
 def _plan(config: TrainConfig, world_size: int, device: torch.device) -> PlanPayload:
     """Rank 0's work before training: profile, plan."""
-    profile = _profile(config, ModelJob.of(config), device)
+    profile = _profile(config, job_for(config), device)
     topology = _topology(config, world_size)
     slowdown = (topology.calibration or {}).get("compute_slowdown")
     if slowdown and world_size > 1:
@@ -221,7 +225,7 @@ def data_parallel_rank(
     plan = SwapPlan.from_json(payload.plan)
     with StepLog(config.log, config.steps, enabled=rank == 0) as log:
         result = train_rank(
-            ModelJob.of(config),
+            job_for(config),
             plan,
             config,
             rank=rank,
@@ -246,7 +250,7 @@ def _rank_entry(rank: int, world_size: int, config: TrainConfig) -> TrainReport 
 
 def train_data_parallel(config: TrainConfig) -> TrainReport | None:
     """Train a resolved data-parallel config on ``config.nproc`` ranks; rank 0's report."""
-    ModelJob.of(config)  # refuse what cannot train before any rank starts
+    job_for(config)  # refuse what cannot train before any rank starts
     assert config.device is not None
     try:
         # A signal gives the ranks time to finish their step (and write a checkpoint).
@@ -327,7 +331,7 @@ def report(
         lower_bound_s=payload.lower_bound_s,
         topology=payload.topology,
         gpus=[g.gpu for g in plan.gpus],
-        dtype=ModelJob.of(config).dtype,
+        dtype=job_for(config).dtype,
         plan=plan.to_json(),
         notes=_NOTES,
         eval=held_out.score(held_out.batches, classify=model_spec(config.model).task == "classify"),

@@ -13,9 +13,10 @@ from torch import nn
 from pipeswap.config import ConfigError
 from pipeswap.data import dataset_for
 from pipeswap.data_config import DataConfig, UserData
-from pipeswap.models.registry import build_model
+from pipeswap.models.registry import build_model, model_spec
 from pipeswap.profiling.step import parse_dtype
 from pipeswap.train_config import TrainConfig
+from pipeswap.training.seq2seq_job import Seq2SeqJob
 
 
 class Job(Protocol):
@@ -109,13 +110,21 @@ def _dataset(
         raise ConfigError(exc.message.replace("{data}", "{eval_data}")) from None
 
 
+def job_for(config: TrainConfig) -> ModelJob | Seq2SeqJob:
+    """What a resolved config trains: an encoder-decoder whole on its pairs
+    (pipeswap.training.seq2seq_job), any other model cut into layers on its data."""
+    if model_spec(config.model).encoder_decoder:
+        return Seq2SeqJob.of(config)
+    return ModelJob.of(config)
+
+
 def check_user_data(config: TrainConfig) -> None:
     """Read the first batch of the user's training data and, when it is scored, of the
     held-out data (a resolved config): data too small for one batch, unreadable files and
     the like are refused before any training, not after it."""
     if config.dataset.data is None:
         return
-    job = ModelJob.of(config)
+    job = job_for(config)
     job.batch(0)
     if config.dataset.eval_batches:
         job.batch(0, "val")

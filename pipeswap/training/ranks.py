@@ -17,9 +17,10 @@ from pipeswap.config import ConfigError
 from pipeswap.dist.env import torchrun_env
 from pipeswap.dist.threads import usable_cpus
 from pipeswap.models.fits import memory_bytes
-from pipeswap.models.registry import build_model, count_parameters
+from pipeswap.models.registry import count_parameters
 from pipeswap.optim import STATE_BUFFERS
 from pipeswap.train_config import TrainConfig
+from pipeswap.training.job import job_for
 from pipeswap.units import format_bytes
 
 RANKS_PER_CORE = 4
@@ -32,7 +33,7 @@ def _state_bytes(config: TrainConfig) -> int:
     host memory (the CPU); 0 on a GPU."""
     if config.device != "cpu":
         return 0
-    params = count_parameters(build_model(config.model, device="meta"))
+    params = count_parameters(job_for(config).build(torch.device("meta")))
     return params * 4 * (2 + STATE_BUFFERS.get(config.optim.optimizer, 2))
 
 

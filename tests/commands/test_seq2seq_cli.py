@@ -1,0 +1,145 @@
+"""Encoder-decoders from the CLI: `pipeswap train --model DIR --data PAIRS --source-field --target-field`.
+
+Covers pipeswap/models/seq2seq.py, pipeswap/training/seq2seq_job.py and the CLI's refusals:
+a tiny T5 trains on JSON lines with swapping, bit-identical to training without it, its
+``--save`` reloads with ``AutoModelForSeq2SeqLM`` and scores the report's held-out loss;
+BART trains on CSV; two gloo ranks swap as one; what cannot work is refused with exit 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pipeswap.cli import main
+from pipeswap.data_config import DataConfig
+from pipeswap.training.report import load_report
+from pipeswap.training.seq2seq_job import Seq2SeqJob
+from tests.models.hf_configs import save_config
+from tests.models.seq2seq_dirs import pair_rows, save_seq2seq, write_jsonl
+
+transformers = pytest.importorskip("transformers")
+
+_FIELDS = ["--source-field", "question", "--target-field", "answer"]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("seq2seq")
+    return {
+        "t5": save_seq2seq(root / "t5", "t5"),
+        "bart": save_seq2seq(root / "bart", "bart"),
+        "pairs": write_jsonl(root / "pairs.jsonl", pair_rows(120)),
+    }
+
+
+def _train(tmp_path: Path, name: str, model: str, *argv: str) -> dict[str, Any]:
+    report = tmp_path / f"{name}.json"
+    argv = ("--device", "cpu", "--seq-len", "8", "--batch", "4", "--report", str(report), *argv)
+    assert main(["train", "--model", model, *argv]) == 0
+    return load_report(report).to_json()
+
+
+def test_t5_trains_on_json_lines_saves_and_reloads_to_the_reports_held_out_loss(
+    tmp_path: Path, made: dict[str, str]
+) -> None:
+    out = tmp_path / "trained"
+    data = ["--data", made["pairs"], *_FIELDS, "--eval-batches", "2"]
+    swapped = _train(
+        tmp_path,
+        "swap",
+        made["t5"],
+        *data,
+        "--steps",
+        "3",
+        "--swap-policy",
+        "disjoint",
+        "--footprint-ratio",
+        "1.3",
+        "--save",
+        str(out),
+    )
+    assert swapped["swapped_bytes"][0] > 0
+    layers = swapped["plan"]["layers"]
+    assert layers[0] == "model.encoder.block.0" and layers[-1] == "model.decoder.block.1"
+    stated = swapped["eval"]
+    assert stated["batches"] == 2
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out, local_files_only=True).eval()
+    assert type(model).__name__ == "T5ForConditionalGeneration"
+    # The held-out pairs as the run read them (the last 5% of the rows, in the run's order).
+    job = Seq2SeqJob(made["t5"], 4, 8, data=DataConfig(data=made["pairs"], **_fields()))
+    losses = []
+    with torch.no_grad():
+        for index in range(2):
+            packed, labels = job.batch(index, "val")
+            assert bool((labels == -100).any())  # padded targets: the loss skips them
+            output = model(input_ids=packed[:, 0], attention_mask=packed[:, 1], labels=labels)
+            losses.append(float(output.loss))
+    assert abs(sum(losses) / 2 - stated["loss"]) <= 1e-6
+
+
+def _fields() -> dict[str, str]:
+    return {"source_field": "question", "target_field": "answer"}
+
+
+def test_swapping_t5_and_bart_changes_no_bit(tmp_path: Path, made: dict[str, str]) -> None:
+    """BART from CSV: every format the LM path reads holds pairs too."""
+    csv = tmp_path / "pairs.csv"
+    pytest.importorskip("datasets").Dataset.from_list(pair_rows(120)).to_csv(csv, index=False)
+    for family, data, ratio in (("t5", made["pairs"], "1.3"), ("bart", str(csv), "1.1")):
+        common = ["--steps", "2", "--data", data, *_FIELDS, "--eval-batches", "0"]
+        swapped = _train(
+            tmp_path, "s", made[family], *common, "--swap-policy", "disjoint",
+            "--footprint-ratio", ratio,
+        )  # fmt: skip
+        plain = _train(tmp_path, "p", made[family], *common, "--swap-policy", "none")
+        assert swapped["swapped_bytes"][0] > 0, family
+        assert swapped["losses"] == plain["losses"], family
+        assert swapped["params_sha256"] == plain["params_sha256"], family
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_two_ranks_swapped_equal_two_ranks_plain(tmp_path: Path, made: dict[str, str]) -> None:
+    common = ["--steps", "2", "--nproc", "2", "--data", made["pairs"], *_FIELDS]
+    swapped = _train(
+        tmp_path, "s", made["t5"], *common, "--swap-policy", "disjoint", "--footprint-ratio", "1.2"
+    )
+    plain = _train(tmp_path, "p", made["t5"], *common, "--swap-policy", "none")
+    assert all(b > 0 for b in swapped["swapped_bytes"])
+    assert swapped["losses_per_rank"] == plain["losses_per_rank"]
+    assert swapped["params_sha256"] == plain["params_sha256"]
+    assert swapped["eval"] == plain["eval"] and swapped["eval"]["batches"] == 4
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(["train", "--device", "cpu", "--seq-len", "8", "--steps", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1, err
+    return err
+
+
+def test_refusals_say_what_to_write(
+    tmp_path: Path, made: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    t5, pairs = ["--model", made["t5"]], made["pairs"]
+    err = _refused(capsys, [*t5, "--data", pairs, "--source-field", "prompt", "--target-field", "answer"])  # fmt: skip
+    assert "no field --source-field 'prompt'" in err and "question, answer" in err
+    err = _refused(capsys, [*t5, "--data", pairs])
+    assert "encoder-decoder" in err and "--source-field" in err and "--target-field" in err
+    err = _refused(capsys, [*t5])
+    assert "--data FILE" in err
+    err = _refused(capsys, [*t5, "--data", pairs, *_FIELDS, "--pipeline", "2", "--emulate"])
+    assert "drop --pipeline" in err and "pipeswap.offload" in err
+    err = _refused(capsys, [*t5, "--data", pairs, "--source-field", "question"])
+    assert "--source-field and --target-field go together" in err
+    text = tmp_path / "corpus.txt"
+    text.write_text("w1 w2 w3\n" * 50)
+    err = _refused(capsys, [*t5, "--data", str(text), *_FIELDS])
+    assert ".jsonl, .csv, .parquet" in err
+    gpt2 = save_config(tmp_path / "gpt2", "gpt2")
+    err = _refused(capsys, ["--model", gpt2, "--data", pairs, *_FIELDS])
+    assert "encoder-decoder models (T5, BART)" in err and "drop them" in err
