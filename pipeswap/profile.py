@@ -9,6 +9,7 @@ from typing import Any
 from pipeswap import json_fields as fields
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format, dump_json, load_json
+from pipeswap.step_memory import StepMemory
 
 PROFILE_FORMAT = "pipeswap.profile/1"
 
@@ -40,6 +41,12 @@ class LayerProfile:
     # wrapper, and what ops after it save), and what its re-run saves anew.
     kept_bytes: int | None = None
     rerun_bytes: int | None = None
+    # Measured selective recomputation (pipeswap.swap.runtime.selective; None: not
+    # measured): what the layer keeps (its input and the outputs dear to compute), what
+    # its re-run saves anew, and how long the re-run takes.
+    selective_kept_bytes: int | None = None
+    selective_rerun_bytes: int | None = None
+    selective_rerun_s: float | None = None
 
     @property
     def saved_bytes(self) -> int:
@@ -56,8 +63,7 @@ class LayerProfile:
             "workspace_bytes": self.workspace_bytes,
             "forward_flops": self.forward_flops,
             "backward_flops": self.backward_flops,
-            **({} if self.kept_bytes is None else {"kept_bytes": self.kept_bytes}),
-            **({} if self.rerun_bytes is None else {"rerun_bytes": self.rerun_bytes}),
+            **{key: value for key in _OPTIONAL if (value := getattr(self, key)) is not None},
         }
 
     @classmethod
@@ -89,93 +95,28 @@ class LayerProfile:
             workspace_bytes=fields.count_field(obj, "workspace_bytes", where, default=0),
             forward_flops=fields.count_field(obj, "forward_flops", where, default=0),
             backward_flops=fields.count_field(obj, "backward_flops", where, default=0),
-            kept_bytes=None
-            if obj.get("kept_bytes") is None
-            else fields.count_field(obj, "kept_bytes", where),
-            rerun_bytes=None
-            if obj.get("rerun_bytes") is None
-            else fields.count_field(obj, "rerun_bytes", where),
+            kept_bytes=_optional(obj, "kept_bytes", where, fields.count_field),
+            rerun_bytes=_optional(obj, "rerun_bytes", where, fields.count_field),
+            selective_kept_bytes=_optional(obj, "selective_kept_bytes", where, fields.count_field),
+            selective_rerun_bytes=_optional(
+                obj, "selective_rerun_bytes", where, fields.count_field
+            ),
+            selective_rerun_s=_optional(obj, "selective_rerun_s", where, fields.seconds_field),
         )
 
 
-@dataclass(frozen=True)
-class StepMemory:
-    """What the device held during one step, read by a meter that is not pipeswap's ledger
-    (pipeswap.profiling.meter: CUDA's allocator, or the live storages) at the layers' edges.
+# LayerProfile's measured fields, written only when measured.
+_OPTIONAL = (
+    "kept_bytes",
+    "rerun_bytes",
+    "selective_kept_bytes",
+    "selective_rerun_bytes",
+    "selective_rerun_s",
+)
 
-    Every figure is the most bytes held in an interval: ``forward_peak_bytes[i]`` while
-    layer i's forward ran (layer 0's from the model's forward start); ``turn_peak_bytes``
-    from the last layer's forward end to its backward's start (the model's head, logits,
-    loss and their backward); ``backward_peak_bytes[i]`` while layer i's backward ran
-    (layer 0's to the backward's end); ``step_peak_bytes`` from the end of the backward to
-    the next forward (the optimizer step; 0 when not seen).
-    ``start_bytes`` is what was held when the forward started: parameters, optimizer state,
-    gradients kept from the step before, the batch. ``meter`` names the meter.
-    """
 
-    start_bytes: int
-    forward_peak_bytes: tuple[int, ...]
-    turn_peak_bytes: int
-    backward_peak_bytes: tuple[int, ...]
-    step_peak_bytes: int = 0
-    meter: str = "storages"
-
-    @property
-    def peak_bytes(self) -> int:
-        """The most held over the whole step."""
-        return max(
-            self.start_bytes,
-            self.turn_peak_bytes,
-            self.step_peak_bytes,
-            *self.forward_peak_bytes,
-            *self.backward_peak_bytes,
-        )
-
-    def moved(self, nbytes: int) -> StepMemory:
-        """Every reading ``nbytes`` higher: what the run holds throughout beyond this step
-        (DDP's gradient buckets)."""
-        return replace(
-            self,
-            start_bytes=self.start_bytes + nbytes,
-            forward_peak_bytes=tuple(b + nbytes for b in self.forward_peak_bytes),
-            turn_peak_bytes=self.turn_peak_bytes + nbytes,
-            backward_peak_bytes=tuple(b + nbytes for b in self.backward_peak_bytes),
-            step_peak_bytes=self.step_peak_bytes + nbytes,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "meter": self.meter,
-            "start_bytes": self.start_bytes,
-            "forward_peak_bytes": list(self.forward_peak_bytes),
-            "turn_peak_bytes": self.turn_peak_bytes,
-            "backward_peak_bytes": list(self.backward_peak_bytes),
-            "step_peak_bytes": self.step_peak_bytes,
-        }
-
-    @classmethod
-    def from_json(cls, obj: Any, where: str, layers: int) -> StepMemory:
-        obj = fields.as_object(obj, where)
-        peaks = {}
-        for key in ("forward_peak_bytes", "backward_peak_bytes"):
-            values = fields.list_field(obj, key, where)
-            if len(values) != layers:
-                raise PipeswapError(
-                    f"{where}: {key} has {len(values)} entries for {layers} layers; write one "
-                    "per layer"
-                )
-            peaks[key] = tuple(
-                fields.count_field({key: v}, key, f"{where}: {key}[{k}]")
-                for k, v in enumerate(values)
-            )
-        return cls(
-            start_bytes=fields.count_field(obj, "start_bytes", where),
-            forward_peak_bytes=peaks["forward_peak_bytes"],
-            turn_peak_bytes=fields.count_field(obj, "turn_peak_bytes", where),
-            backward_peak_bytes=peaks["backward_peak_bytes"],
-            step_peak_bytes=fields.count_field(obj, "step_peak_bytes", where, default=0),
-            meter=fields.text_field(obj, "meter", where, "storages"),
-        )
+def _optional(obj: dict[str, Any], key: str, where: str, parse: Any) -> Any:
+    return None if obj.get(key) is None else parse(obj, key, where)
 
 
 @dataclass(frozen=True)

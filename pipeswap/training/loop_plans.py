@@ -25,7 +25,7 @@ from pipeswap.swap.plan.planner import PlanResult, make_plan
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.checks import rank_plan
 from pipeswap.swap.runtime.executor import SwapExecutor
-from pipeswap.swap.runtime.recompute import recompute_sizes
+from pipeswap.swap.runtime.recompute import RecomputeSizes, measure_recomputation
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.training.loop_profile import loop_profile
 from pipeswap.units import format_bytes
@@ -97,14 +97,12 @@ class LoopPlanner:
     def layer_names(self) -> list[str]:
         return list(self.layers)
 
-    def name_tensors(
-        self, args: Any, kwargs: Any
-    ) -> tuple[dict[str, Any], dict[str, int], dict[str, int]]:
+    def name_tensors(self, args: Any, kwargs: Any) -> RecomputeSizes:
         """What each layer saves (one forward as the plan names it), and what recomputing
-        each layer would keep and save again (one forward with every layer wrapped for
-        recomputation, as the runtime runs it)."""
+        each layer would keep and save again, whole or selectively (one forward with every
+        layer wrapped for recomputation, as the runtime runs it)."""
         with self.quiet():
-            return recompute_sizes(
+            return measure_recomputation(
                 self.model, self.layers, self.layer_names, lambda: self.model(*args, **kwargs)
             )
 
@@ -195,7 +193,7 @@ class LoopPlanner:
         budget (None: this is the first)."""
         started = time.perf_counter()
         args, kwargs = call
-        records, kept, rerun = self.name_tensors(args, kwargs)
+        records, kept, rerun, choices = self.name_tensors(args, kwargs)
         if memory is None:
             memory = self.metered_memory(args, kwargs, step_peak_bytes, state_bytes=state_bytes)
         profile = loop_profile(
@@ -208,6 +206,7 @@ class LoopPlanner:
             memory=memory,
             kept=kept,
             rerun=rerun,
+            choices=choices,
         )
         budget = self.budget(profile)
         recomputes_all = False

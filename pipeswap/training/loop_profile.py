@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten
 from pipeswap.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.step import dtype_name, optimizer_state_bytes
+from pipeswap.swap.runtime.selective import SelectiveChoice
 
 
 def loop_profile(
@@ -25,10 +26,12 @@ def loop_profile(
     memory: StepMemory | None,
     kept: dict[str, int],
     rerun: dict[str, int],
+    choices: Mapping[str, SelectiveChoice] | None = None,
 ) -> Profile:
     """The planner's view of one shape: each layer's times, saved tensors and parameters
     (those outside the layers count with the first, as resident memory), what recomputing
-    each keeps and saves again, and what the meter read during the timed step."""
+    each keeps and saves again (whole, and selectively where ``choices`` says how), and
+    what the meter read during the timed step."""
     names = list(layers)
     seen: set[int] = set()
     params: dict[str, int] = {}
@@ -46,6 +49,7 @@ def loop_profile(
             saved=tuple(SavedTensor(r.index, r.bytes) for r in records[name]),
             kept_bytes=kept.get(name),
             rerun_bytes=rerun.get(name),
+            **_selective(name, kept, (choices or {}).get(name), timing.forward_s[name]),
         )
         for name in names
     )
@@ -78,3 +82,17 @@ def _new_bytes(params: Iterable[torch.Tensor], seen: set[int]) -> int:
 def _model_name(model: nn.Module) -> str:
     name = getattr(model, "name", None)
     return name if isinstance(name, str) else type(model).__name__
+
+
+def _selective(
+    name: str, kept: dict[str, int], choice: SelectiveChoice | None, forward_s: float
+) -> dict[str, Any]:
+    """A layer's selective-recomputation fields: its input and kept outputs, what its
+    re-run saves, and the re-run's share of its timed forward."""
+    if choice is None or name not in kept:
+        return {}
+    return {
+        "selective_kept_bytes": kept[name] + choice.cached_bytes,
+        "selective_rerun_bytes": choice.rerun_bytes,
+        "selective_rerun_s": forward_s * choice.rerun_fraction,
+    }

@@ -73,6 +73,7 @@ def _assignment_key(assignment: Assignment, gpus: Sequence[str]) -> tuple[Any, .
             tuple(assignment.swaps.get(gpu, ())),
             float(assignment.offsets_s.get(gpu, 0.0)),
             tuple(sorted(assignment.recomputed(gpu))),
+            tuple(sorted(assignment.selective)),
         )
         for gpu in gpus
     )

@@ -62,7 +62,9 @@ class GpuPlan:
 
     ``recompute`` names the layers whose saved tensors are neither kept nor swapped: only
     the layer's input is kept, and the layer's forward is run again in the backward pass,
-    right before the layer's backward (recomputation of that block).
+    right before the layer's backward (recomputation of that block). Those also named in
+    ``selective`` are recomputed selectively: they keep the outputs dear to compute too,
+    and re-run the rest (pipeswap.swap.runtime.selective).
     """
 
     gpu: str
@@ -71,6 +73,7 @@ class GpuPlan:
     offset_s: float
     swaps: tuple[SwapDecision, ...] = ()
     recompute: tuple[str, ...] = ()
+    selective: tuple[str, ...] = ()
 
     @property
     def swapped_bytes(self) -> int:
@@ -86,6 +89,12 @@ class GpuPlan:
                 )
         if len(set(self.recompute)) != len(self.recompute):
             raise PipeswapError(f"{self.gpu}: a layer is listed twice under recompute")
+        for name in self.selective:
+            if name not in self.recompute:
+                raise PipeswapError(
+                    f"{self.gpu}: layer {name!r} is listed under selective but not under "
+                    "recompute; a layer recomputed selectively is listed under both"
+                )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +105,7 @@ class GpuPlan:
             "swapped_bytes": self.swapped_bytes,
             "swaps": [s.to_json() for s in self.swaps],
             "recompute": list(self.recompute),
+            **({"selective": list(self.selective)} if self.selective else {}),
         }
 
     @classmethod
@@ -107,6 +117,7 @@ class GpuPlan:
             offset_s=float(obj.get("offset_s", 0.0)),
             swaps=tuple(SwapDecision.from_json(s) for s in obj.get("swaps", [])),
             recompute=tuple(str(n) for n in obj.get("recompute", [])),
+            selective=tuple(str(n) for n in obj.get("selective", [])),
         )
 
 

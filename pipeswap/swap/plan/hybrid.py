@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from pipeswap.errors import PipeswapError
 from pipeswap.swap.plan.case import Case
+from pipeswap.swap.plan.finer import plan_finer
 from pipeswap.swap.plan.policies import (
     SWAP_ONLY,
     fits,
@@ -103,14 +104,19 @@ def plan_hybrid(case: Case) -> Assignment:
     micro-batches. From the best rung, ``bidirectional``'s offsets are tried on the rungs
     below it on its ladder (fewer recomputed layers) while they help (or one rung above
     when the first step down does not). The answer is the fastest on the whole case among
-    them, the cheapest recompute-only plan of each ladder, the swap-only heuristics, ``recompute`` and ``save-on-cpu`` (where they fit):
-    never slower than any of those.
+    them, the cheapest recompute-only plan of each ladder, the recompute-only plan of
+    finer choices (:func:`~pipeswap.swap.plan.finer.plan_finer`), the swap-only
+    heuristics, ``recompute`` and ``save-on-cpu`` (where they fit): never slower than any
+    of those.
     """
     candidates: dict[str, Assignment] = {}
     for name in (*SWAP_ONLY, "recompute", "save-on-cpu"):
         assignment = heuristic(case, name)
         if fits(case, assignment):
             candidates[name] = assignment
+    finer = plan_finer(case)  # recomputation finer than a block, where it was measured
+    if finer is not None:
+        candidates["recompute (finer)"] = finer
     ladders = [recompute_ladder(case.workload, case.budget_bytes, order) for order in ORDERS]
     # One list of rungs; a set both ladders reach is tried once.
     ladder = list(dict.fromkeys(rung for steps in ladders for rung in steps))

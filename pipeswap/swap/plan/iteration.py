@@ -188,7 +188,7 @@ def _microbatch(
             # the backward, its working set goes when it ends.
             previous = builder.compute(
                 gpu,
-                workload.forward_s[j],
+                workload.rerun_s[j],
                 deps=[previous],
                 alloc_bytes=again + transient,
                 free_bytes=transient,

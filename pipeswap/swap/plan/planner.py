@@ -334,8 +334,17 @@ def summarize(
         decisions = tuple(s.decision(names) for s in swaps)
         offset = float(assignment.offsets_s.get(gpu, 0.0))
         recomputed = sorted(assignment.recomputed(gpu))
+        selective = tuple(names[i] for i in recomputed if i in assignment.selective)
         gpu_plans.append(
-            GpuPlan(gpu, rank, budget, offset, decisions, tuple(names[i] for i in recomputed))
+            GpuPlan(
+                gpu,
+                rank,
+                budget,
+                offset,
+                decisions,
+                tuple(names[i] for i in recomputed),
+                selective,
+            )
         )
         stats = scored.result.gpus[gpu]
         summaries.append(

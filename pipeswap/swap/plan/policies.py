@@ -270,9 +270,9 @@ def plan_save_on_cpu(case: Case) -> Assignment:
 def fits(case: Case, assignment: Assignment) -> bool:
     """Whether every GPU of ``assignment`` stays within the budget (``Workload.fits``)."""
     return all(
-        case.workload.recomputing(assignment.recomputed(gpu)).fits(
-            assignment.swaps.get(gpu, ()), case.budget_bytes
-        )
+        case.workload.selecting(assignment.selective)
+        .recomputing(assignment.recomputed(gpu))
+        .fits(assignment.swaps.get(gpu, ()), case.budget_bytes)
         for gpu in case.gpus
     )
 

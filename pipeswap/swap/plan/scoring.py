@@ -17,11 +17,13 @@ from pipeswap.swap.plan.workload import Workload
 @dataclass(frozen=True)
 class Assignment:
     """What a policy decides: per GPU its swaps, its start offset (seconds) and the layers
-    it recomputes (none by default)."""
+    it recomputes (none by default); ``selective``: the recomputed layers that are
+    recomputed selectively (the same on every GPU)."""
 
     swaps: Mapping[str, tuple[Swap, ...]]
     offsets_s: Mapping[str, float] = field(default_factory=dict)
     recompute: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    selective: frozenset[int] = frozenset()
 
     def swapped_bytes(self, gpu: str) -> int:
         return sum(s.bytes for s in self.swaps.get(gpu, ()))
@@ -52,7 +54,7 @@ def score(
 ) -> Scored:
     """Simulate ``assignment``; ``topology`` already carries every GPU's memory budget."""
     graph = build_iteration_graph(
-        workload,
+        workload.selecting(assignment.selective),
         gpus,
         assignment.swaps,
         offsets_s=assignment.offsets_s,

@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import NamedTuple
 
 from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
-from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.profile import Profile
+from pipeswap.swap.plan.measured import (
+    MeasuredMemory,
+    estimated_optimizer_step_s,
+    measured_memory,
+    recomputed_inputs,
+    selective_fields,
+)
 from pipeswap.swap.plan.tensors import Swap
 
 
@@ -44,6 +49,12 @@ class Workload:
     kept input for a recomputed layer); ``all_saved_bytes`` ignore recomputation. A
     recomputed layer has no tensor to swap (``swappable``).
 
+    **Selective recomputation** (``selective``, a view from :meth:`selecting`): a layer
+    recomputed selectively keeps, beside its input, the outputs of the operations dear to
+    compute (``selective_kept``: both together), its re-run saves ``selective_rerun`` and
+    takes ``selective_s`` (pipeswap.swap.runtime.selective). Empty tuples: not measured,
+    no layer can be recomputed so.
+
     **Measured memory** (a profile with ``memory``, :func:`workload_from_profile`): the
     resident bytes are what the device held when the forward started, and each layer's
     working sets (``transient`` in its forward, ``backward_transient`` in its backward) are
@@ -75,6 +86,10 @@ class Workload:
     # Working memory at the turn (the model's code after the last layer: head, logits, loss
     # and their backward), above every layer's saved bytes; counted at the last forward.
     turn_bytes: int = 0
+    selective_kept: tuple[int, ...] = ()
+    selective_rerun: tuple[int, ...] = ()
+    selective_s: tuple[float, ...] = ()
+    selective: frozenset[int] = frozenset()  # recomputed layers recomputed selectively
 
     @cached_property
     def backward_working(self) -> tuple[int, ...]:
@@ -98,7 +113,12 @@ class Workload:
     @cached_property
     def kept_bytes(self) -> tuple[int, ...]:
         """Per layer: what it holds through the micro-batch if it is recomputed."""
-        return self.input_bytes or (0,) * self.num_layers
+        kept = self.input_bytes or (0,) * self.num_layers
+        if not self.selective:
+            return kept
+        return tuple(
+            self.selective_kept[i] if i in self.selective else k for i, k in enumerate(kept)
+        )
 
     @cached_property
     def freed_bytes(self) -> tuple[int, ...]:
@@ -120,9 +140,28 @@ class Workload:
         """Per layer: what its re-run allocates right before its backward (0 if kept)."""
         inputs = self.input_saved or (0,) * self.num_layers
         return tuple(
-            self.all_saved_bytes[i] - inputs[i] if i in self.recompute else 0
+            (
+                self.selective_rerun[i]
+                if i in self.selective
+                else self.all_saved_bytes[i] - inputs[i]
+            )
+            if i in self.recompute
+            else 0
             for i in range(self.num_layers)
         )
+
+    @cached_property
+    def rerun_s(self) -> tuple[float, ...]:
+        """Per layer: how long its re-run takes if it is recomputed (whole: its forward)."""
+        return tuple(
+            self.selective_s[i] if i in self.selective else self.forward_s[i]
+            for i in range(self.num_layers)
+        )
+
+    @property
+    def can_select(self) -> bool:
+        """Whether the profile measured selective recomputation."""
+        return len(self.selective_kept) == self.num_layers > 0
 
     @cached_property
     def swappable(self) -> tuple[tuple[tuple[int, int], ...], ...]:
@@ -146,10 +185,28 @@ class Workload:
             views[key] = view
         return views[key]
 
+    def selecting(self, layers: Collection[int]) -> Workload:
+        """This workload with ``layers``, where recomputed, recomputed selectively (and the
+        same recomputed layers); each selection is built once."""
+        key = frozenset(layers)
+        if key == self.selective:
+            return self
+        selections = self._selections
+        if key not in selections:
+            view = replace(self.recomputing(()), selective=key)
+            view.__dict__["_selections"] = selections
+            selections[key] = view
+        return selections[key].recomputing(self.recompute)
+
+    @cached_property
+    def _selections(self) -> dict[frozenset[int], Workload]:
+        # Shared by a workload and its selections (each with its own recompute views).
+        return {self.selective: self.recomputing(())}
+
     @property
     def recompute_s(self) -> float:
         """Compute added per micro-batch by the recomputed layers' second forward."""
-        return sum(self.forward_s[i] for i in self.recompute)
+        return sum(self.rerun_s[i] for i in self.recompute)
 
     @property
     def microbatch_s(self) -> float:
@@ -266,8 +323,8 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
             f"{profile.model}, {{batch}} {profile.batch}, {{estimate}} and {{gpu}} v100-32gb)"
         )
     if optimizer_step_s is None:
-        optimizer_step_s = _optimizer_step_s(profile)
-    inputs, input_saved = _inputs(profile)
+        optimizer_step_s = estimated_optimizer_step_s(profile)
+    inputs, input_saved = recomputed_inputs(profile)
     transient = tuple(layer.workspace_bytes + layer.output_bytes for layer in profile.layers)
     memory = MeasuredMemory(profile.resident_bytes, transient, transient, 0, 0)
     if profile.memory is not None:
@@ -287,85 +344,5 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
         backward_transient=memory.backward_transient,
         floor_bytes=memory.floor_bytes,
         turn_bytes=memory.turn_bytes,
+        **selective_fields(profile),
     )
-
-
-class MeasuredMemory(NamedTuple):
-    """The Workload's memory fields from what a meter read (see :func:`measured_memory`)."""
-
-    resident_bytes: int
-    transient: tuple[int, ...]
-    backward_transient: tuple[int, ...]
-    turn_bytes: int
-    floor_bytes: int
-
-
-def measured_memory(profile: Profile) -> MeasuredMemory:
-    """The Workload's memory fields from what the meter read (``profile.memory``): each
-    point's reading less the resident bytes and the saved tensors of the layers up to it,
-    so that with nothing swapped every point of the Workload is the reading itself (never
-    less: a negative remainder counts as 0). The turn comes after the last forward, before
-    a swap-out issued there has landed: it counts at the last layer's forward point."""
-    memory = profile.memory
-    assert memory is not None
-    start = memory.start_bytes
-    cumulative = []
-    total = 0
-    for layer in profile.layers:
-        total += layer.saved_bytes
-        cumulative.append(total)
-    forward = tuple(
-        max(0, peak - start - held) for peak, held in zip(memory.forward_peak_bytes, cumulative)
-    )
-    backward = tuple(
-        max(0, peak - start - held) for peak, held in zip(memory.backward_peak_bytes, cumulative)
-    )
-    turn = max(0, memory.turn_peak_bytes - start - cumulative[-1])
-    return MeasuredMemory(start, forward, backward, turn, memory.step_peak_bytes)
-
-
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-
-
-def _inputs(profile: Profile) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Per layer: the bytes recomputing it keeps (its input) and the bytes of its saved
-    tensor that is that input (0 if it saves no tensor of that size).
-
-    Measured profiles say both per layer (``kept_bytes``, ``rerun_bytes``). Otherwise
-    layer i > 0 keeps the previous layer's output. Layer 0 keeps the batch, which the
-    accounting counts only where layer 0 saves it: the batch is images (3 channels in the
-    profile's dtype) or token ids (int64), recognised among layer 0's saved tensors by size.
-    """
-    layers = profile.layers
-    if all(layer.kept_bytes is not None and layer.rerun_bytes is not None for layer in layers):
-        # Measured as the runtime recomputes: kept, and saved less what the re-run saves.
-        return (
-            tuple(layer.kept_bytes or 0 for layer in layers),
-            tuple(max(0, layer.saved_bytes - (layer.rerun_bytes or 0)) for layer in layers),
-        )
-    itemsize = _DTYPE_BYTES.get(profile.dtype, 4)
-    batch_sizes = set()
-    if profile.image_size:
-        batch_sizes.add(profile.batch * 3 * profile.image_size**2 * itemsize)
-    if profile.seq_len:
-        batch_sizes.add(profile.batch * profile.seq_len * 8)
-    first = next((t.bytes for t in layers[0].saved if t.bytes in batch_sizes), 0)
-    kept = [first] + [layer.output_bytes for layer in layers[:-1]]
-    saved_input = [
-        next((t.bytes for t in layer.saved if t.bytes == kept[i] and kept[i] > 0), 0)
-        for i, layer in enumerate(layers)
-    ]
-    return tuple(kept), tuple(saved_input)
-
-
-def _optimizer_step_s(profile: Profile) -> float:
-    if profile.optimizer_step_s is not None:
-        return profile.optimizer_step_s  # timed by pipeswap.measure
-    # The step streams parameters, gradients and optimizer state through HBM once; without
-    # a known GPU (a measured CPU profile) it is left out rather than guessed.
-    try:
-        spec = gpu_spec(profile.device)
-    except PipeswapError:
-        return 0.0
-    touched = 4 * profile.param_bytes + 2 * profile.optimizer_state_bytes
-    return touched / spec.hbm_bytes_per_s

@@ -13,8 +13,9 @@ from pipeswap.errors import PipeswapError
 from pipeswap.profile import Profile
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan, close_names
+from pipeswap.swap.plan.measured import measured_memory
 from pipeswap.swap.plan.tensors import SavedKey, Swap
-from pipeswap.swap.plan.workload import Workload, measured_memory
+from pipeswap.swap.plan.workload import Workload
 
 # How far this run's own sizes may put a plan over its budget before it is refused.
 PLAN_SLACK = 0.01

@@ -43,7 +43,8 @@ from pipeswap.precision import uncached_casts
 from pipeswap.profile import Profile
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.plan import SwapPlan
-from pipeswap.swap.plan.workload import measured_memory, workload_from_profile
+from pipeswap.swap.plan.measured import measured_memory
+from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.checks import (
     check_plan_identity,
@@ -75,9 +76,8 @@ class SwapExecutor:
     only swapped tensors are counted. ``strict`` False runs a forward that saves other
     tensors than prepare saw (a mixture of experts' routing) by keeping what does not fit
     on the device (:mod:`pipeswap.swap.runtime.step_tensors`; :attr:`unmatched` counts
-    them). The executor registers its module hooks (and wraps
-    the forward of each recomputed layer) at construction; call :meth:`close`, or use it
-    as a context manager, to remove them.
+    them). The executor registers its module hooks (and wraps the forward of each
+    recomputed layer) at construction; call :meth:`close` (or use it as a context manager).
     """
 
     def __init__(
@@ -118,7 +118,9 @@ class SwapExecutor:
             pin=self.device.type == "cuda",
         )
         self._ledger = DeviceLedger()
-        self._recomputation = Recomputation(self.layers, self.recompute, self._ledger, self.account)
+        self._recomputation = Recomputation(
+            self.layers, self.recompute, self._ledger, self.account, self.gpu_plan.selective
+        )
         self._transfer = SwapTransfer(self.pool, self.device, self._ledger)
         self._tensors = StepTensors(self.decisions, self._transfer, self._ledger, strict=strict)
         points = issue_points(self.decisions, self.layer_names)
@@ -286,9 +288,9 @@ class SwapExecutor:
             layer = profile.layer(name)
             return layer.workspace_bytes + layer.output_bytes
         position = self.layer_names.index(name)
-        workload = workload_from_profile(profile).recomputing(
-            [i for i, layer in enumerate(self.layer_names) if layer in self.recompute]
-        )
+        chosen = [self.layer_names.index(layer) for layer in self.gpu_plan.selective]
+        recomputed = [self.layer_names.index(layer) for layer in self.recompute]
+        workload = workload_from_profile(profile).selecting(chosen).recomputing(recomputed)
         return workload.saved_bytes[position] + workload.forward_working[position]
 
     def _end_forward(self, name: str) -> None:
@@ -377,6 +379,7 @@ class SwapExecutor:
             seconds=time.perf_counter() - self._step_started,
             recomputed_layers=recomputed_layers,
             recomputed_bytes=recomputed_bytes,
+            selective_layers=len(self.gpu_plan.selective),
         )
 
     def train_step(

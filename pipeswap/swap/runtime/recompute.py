@@ -9,12 +9,17 @@ layer's input is packed by the executor's hooks, as a tensor of the layer. The r
 the backward restores the layer's buffers afterwards (BatchNorm statistics are updated
 once per step, as without recomputation), and on the CPU its saved bytes count from the
 re-run to the end of the layer's backward.
+
+A layer named ``selective`` is recomputed selectively (pipeswap.swap.runtime.selective):
+it keeps, beside its input, the outputs of the operations dear to compute, and its re-run
+runs only the rest. The plain pass of :meth:`Recomputation.capture` notes every wrapped
+layer's operations and makes that choice for it (``choices``), so a plan can weigh both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -25,6 +30,7 @@ from pipeswap.precision import uncached_casts
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.capture import InnerSaves, capture_inner, capture_records, step_names
+from pipeswap.swap.runtime.selective import OpRecorder, SelectiveChoice, choose, context_fn
 from pipeswap.swap.runtime.transfer import DeviceLedger
 
 Capture = tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]]
@@ -42,9 +48,16 @@ class Recomputation:
     """
 
     def __init__(
-        self, layers: dict[str, nn.Module], names: list[str], ledger: DeviceLedger, account: bool
+        self,
+        layers: dict[str, nn.Module],
+        names: list[str],
+        ledger: DeviceLedger,
+        account: bool,
+        selective: Collection[str] = (),
     ) -> None:
         self.names = names
+        self.selective = frozenset(selective) & set(names)
+        self.choices: dict[str, SelectiveChoice] = {}  # per wrapped layer, from capture
         self.layers = {name: layers[name] for name in names}
         self._ledger = ledger
         self._account = account
@@ -54,6 +67,7 @@ class Recomputation:
         self.active = False
         self._inner: InnerSaves | None = None  # set while capture tags their saves
         self._live: dict[str, int] = {}  # re-run bytes held until the layer's backward ends
+        self._cached: dict[str, int] = {}  # selective layers' kept outputs, until their backward
         self._done: set[str] = set()
         self._forwards: dict[str, Any] = {}  # the layers' own forward attributes
 
@@ -89,10 +103,16 @@ class Recomputation:
             recomputed = capture_records(model, forward_loss, layer_names)
         finally:
             self.active = False
+            self.finish_step()  # no backward follows: what the pass kept is let go of
         names = step_names(plain, recomputed, self.names)
-        self.kept_bytes = names.kept_bytes
+        self.kept_bytes = dict(names.kept_bytes)
         self.rerun_bytes = {name: inner.rerun_bytes(name) for name in self.names}
         self.own_rerun_bytes = {name: inner.rerun_bytes(name, own=True) for name in self.names}
+        for name in self.selective:  # it keeps its dear outputs too, and re-runs the rest
+            choice = self.choices[name]
+            self.kept_bytes[name] += choice.cached_bytes
+            self.rerun_bytes[name] = choice.rerun_bytes
+            self.own_rerun_bytes[name] = min(self.own_rerun_bytes[name], choice.rerun_bytes)
         return (plain[0], names.pack_calls), names.sizes
 
     def name_step(
@@ -112,15 +132,16 @@ class Recomputation:
 
     def backward_done(self, name: str) -> None:
         """The layer's backward is done: what its re-run saved is let go of by now."""
-        self._ledger.shrink(self._live.pop(name, 0))
+        self._ledger.shrink(self._live.pop(name, 0) + self._cached.pop(name, 0))
 
     def finish_step(self) -> tuple[int, int]:
         """(layers re-run this step, bytes their re-runs saved). A layer whose input needs
         no gradient may have had its backward hook fire before its re-run: its re-run's
         bytes are let go of with the backward's end."""
-        for nbytes in self._live.values():
+        for nbytes in (*self._live.values(), *self._cached.values()):
             self._ledger.shrink(nbytes)
         self._live.clear()
+        self._cached.clear()
         return len(self._done), sum(self.rerun_bytes.get(name, 0) for name in self._done)
 
     def _wrapped(self, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
@@ -137,10 +158,15 @@ class Recomputation:
                     for t in tree_flatten((args, kwargs))[0]
                     if isinstance(t, torch.Tensor)
                 }
+                recorder = OpRecorder()
                 try:
-                    return forward(*args, **kwargs)
+                    with recorder:
+                        out = forward(*args, **kwargs)
                 finally:
                     inner.layer = None
+                calls = recorder.calls()
+                self.choices[name] = choose(calls, inner.saved.get(name, {}), inner.inputs[name])
+                return out
             if not (self.active and torch.is_grad_enabled()):
                 return forward(*args, **kwargs)  # outside steps (evaluation): a plain forward
             runs = 0
@@ -152,6 +178,19 @@ class Recomputation:
                     return forward(*args, **kwargs)
                 return self._rerun(name, module, forward, args, kwargs)
 
+            if name in self.selective:
+                choice = self.choices[name]
+                if self._account:
+                    self._cached[name] = self._cached.get(name, 0) + choice.cached_bytes
+                    self._ledger.grow(choice.cached_bytes)
+                return checkpoint(
+                    run,
+                    *args,
+                    use_reentrant=False,
+                    preserve_rng_state=True,
+                    context_fn=context_fn(choice.cached),
+                    **kwargs,
+                )
             # preserve_rng_state: the re-run starts from the CPU and CUDA generator states
             # the forward started from, so dropout draws the same masks.
             return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
@@ -176,15 +215,24 @@ class Recomputation:
                     buffer.copy_(values)
 
 
-def recompute_sizes(
+class RecomputeSizes(NamedTuple):
+    """What each layer saves (named as plans name it), and per layer what recomputing it
+    keeps through the step and what its re-run saves again, whole and selectively."""
+
+    records: dict[str, list[SavedRecord]]
+    kept: dict[str, int]
+    rerun: dict[str, int]
+    choices: dict[str, SelectiveChoice]
+
+
+def measure_recomputation(
     model: nn.Module,
     layers: dict[str, nn.Module],
     names: list[str],
     forward_loss: Callable[[], Any],
-) -> tuple[dict[str, list[SavedRecord]], dict[str, int], dict[str, int]]:
-    """What each layer saves (named as plans name it), and per layer what recomputing it
-    keeps through the step and what its re-run saves again: one plain forward and one with
-    every layer wrapped for recomputation, as the runtime runs them (autocast uncached)."""
+) -> RecomputeSizes:
+    """:class:`RecomputeSizes` from one plain forward and one with every layer wrapped for
+    recomputation, as the runtime runs them (autocast uncached)."""
     recomputation = Recomputation(layers, names, DeviceLedger(), account=False)
     recomputation.install()
     try:
@@ -192,4 +240,16 @@ def recompute_sizes(
             (records, _), _ = recomputation.capture(model, forward_loss, names)
     finally:
         recomputation.remove()
-    return records, recomputation.kept_bytes, recomputation.rerun_bytes
+    return RecomputeSizes(
+        records, recomputation.kept_bytes, recomputation.rerun_bytes, recomputation.choices
+    )
+
+
+def recompute_sizes(
+    model: nn.Module,
+    layers: dict[str, nn.Module],
+    names: list[str],
+    forward_loss: Callable[[], Any],
+) -> tuple[dict[str, list[SavedRecord]], dict[str, int], dict[str, int]]:
+    """:func:`measure_recomputation` without the selective choices."""
+    return measure_recomputation(model, layers, names, forward_loss)[:3]

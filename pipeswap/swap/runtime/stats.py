@@ -17,6 +17,7 @@ class StepStats:
     seconds: float
     recomputed_layers: int = 0  # layers whose forward was run again in the backward
     recomputed_bytes: int = 0  # bytes those re-runs saved (as measured by prepare)
+    selective_layers: int = 0  # of those, the layers recomputed selectively
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -27,4 +28,5 @@ class StepStats:
             "seconds": self.seconds,
             "recomputed_layers": self.recomputed_layers,
             "recomputed_bytes": self.recomputed_bytes,
+            "selective_layers": self.selective_layers,
         }

@@ -1,0 +1,259 @@
+"""Selective recomputation: inside a recomputed layer, keep what is dear to compute and
+recompute what is cheap.
+
+Whole-block recomputation (non-reentrant ``torch.utils.checkpoint``) keeps a layer's
+input and runs its whole forward again before its backward: matmuls and attention too.
+Most of the bytes a transformer block saves come from cheap operations (norms, casts,
+activations, elementwise products, a rotary embedding), so the choice is made per tensor,
+as torchtitan's op-level selective checkpointing and torch.compile's min-cut do:
+
+* a tensor autograd saves that a *dear* operation made (a matmul, a convolution,
+  attention) is kept: recomputing it costs most of the layer's time;
+* one a cheap operation made is recomputed from what is at hand (the layer's input,
+  parameters, kept tensors), unless recomputing it would keep more bytes than it frees
+  (a rotary embedding's output rather than the projection it comes from is kept);
+* a dear output that is not saved but that a recomputed tensor needs is kept too.
+
+:class:`OpRecorder` notes the operations of one plain forward of the layer, with the
+storages each reads and writes and its time; :func:`choose` makes the choice and says
+what it keeps, what the re-run saves again and what share of the forward's time the
+re-run spends. The runtime applies it with torch's selective checkpointing
+(:func:`context_fn`); operations are named as torch names them there, (op, n-th call).
+Whatever the choice, the re-run computes the same bits: only the bytes and time differ.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.checkpoint import (
+    SAC_IGNORED_OPS,
+    CheckpointPolicy,
+    create_selective_checkpoint_contexts,
+)
+
+_aten = torch.ops.aten
+# Dear to recompute: time grows with a product of dimensions, not with the bytes moved.
+DEAR_OPS = frozenset(
+    op.default
+    for op in (
+        _aten.mm,
+        _aten.addmm,
+        _aten.bmm,
+        _aten.baddbmm,
+        _aten._addmm_activation,
+        _aten.convolution,
+        _aten._convolution,
+        _aten.cudnn_convolution,
+        _aten.mkldnn_convolution,
+        _aten._scaled_mm,
+        _aten._scaled_dot_product_flash_attention,
+        _aten._scaled_dot_product_flash_attention_for_cpu,
+        _aten._scaled_dot_product_efficient_attention,
+        _aten._scaled_dot_product_cudnn_attention,
+        _aten._efficient_attention_forward,
+        _aten._flash_attention_forward,
+    )
+)
+
+OpName = tuple[Any, int]  # (the op, its n-th call in the layer's forward), as SAC counts
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """One operation of a layer's forward: what it wrote and read, and its time."""
+
+    name: OpName
+    outputs: Mapping[int, int]  # storage key -> bytes
+    inputs: frozenset[int]  # storage keys it read
+    seconds: float
+    dear: bool
+    writes: bool  # in place or into an out= tensor (a view only aliases its input)
+
+
+@dataclass(frozen=True)
+class SelectiveChoice:
+    """What a layer keeps and recomputes when it is recomputed selectively.
+
+    ``cached``: the operations whose outputs are kept from the forward to the re-run;
+    ``cached_bytes``: their bytes (device memory held through the step, beside the
+    layer's input, which the recomputation keeps either way); ``rerun_bytes``: what the
+    re-run saves anew; ``rerun_fraction``: the share of the forward's time the re-run
+    spends (the operations it runs before it has every saved tensor back).
+    """
+
+    cached: frozenset[OpName]
+    cached_bytes: int
+    rerun_bytes: int
+    rerun_fraction: float
+
+
+def _storages(tree: Any) -> dict[int, int]:
+    found: dict[int, int] = {}
+    for leaf in tree_flatten(tree)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
+            storage = leaf.untyped_storage()
+            found[storage._cdata] = storage.nbytes()
+    return found
+
+
+class OpRecorder(TorchDispatchMode):
+    """Notes each operation a forward runs, counted as torch's selective checkpointing
+    counts them (the ops it ignores are ignored here too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._counts: dict[Any, int] = defaultdict(int)
+        self._pending: list[tuple[OpName, dict[int, int], frozenset[int], Any, Any, bool]] = []
+        # Every output is held until the forward ends: a storage freed early could give
+        # its key to a later one, and two operations' tensors would read as one.
+        self._held: list[Any] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in SAC_IGNORED_OPS:
+            return func(*args, **kwargs)
+        inputs = frozenset(_storages((args, kwargs)))
+        cuda = any(
+            isinstance(t, torch.Tensor) and t.is_cuda for t in tree_flatten((args, kwargs))[0]
+        )
+        if cuda:  # kernels run later: time them with events, read after a synchronize
+            start: Any = torch.cuda.Event(enable_timing=True)
+            end: Any = torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = func(*args, **kwargs)
+            end.record()
+        else:
+            start = time.perf_counter()
+            out = func(*args, **kwargs)
+            end = time.perf_counter()
+        name = (func, self._counts[func])
+        self._counts[func] += 1
+        self._pending.append((name, _storages(out), inputs, start, end, cuda))
+        self._held.append(out)
+        return out
+
+    def calls(self) -> list[OpCall]:
+        """The operations noted; lets go of the tensors they made."""
+        self._held.clear()
+        if any(cuda for *_, cuda in self._pending):
+            torch.cuda.synchronize()
+        return [
+            OpCall(
+                name,
+                outputs,
+                inputs,
+                start.elapsed_time(end) / 1e3 if cuda else end - start,
+                name[0] in DEAR_OPS,
+                bool(getattr(name[0], "_schema", None) and name[0]._schema.is_mutable),
+            )
+            for name, outputs, inputs, start, end, cuda in self._pending
+        ]
+
+
+def choose(calls: list[OpCall], saved: Mapping[int, int], inputs: set[int]) -> SelectiveChoice:
+    """The selective choice for a layer whose forward ran ``calls``; ``saved``: the
+    storages autograd saved in it (key -> bytes), ``inputs``: the layer's input storages."""
+    produced: dict[int, int] = {}  # storage -> the operation that made it (not its views)
+    mutated: set[int] = set()  # written in place: a kept copy would go stale
+    for pos, call in enumerate(calls):
+        for key in call.outputs:
+            if call.writes:
+                mutated.add(key)
+            if key not in inputs:
+                produced.setdefault(key, pos)
+    # What cannot be kept: an operation whose output is written in place later.
+    unkeepable = {pos for pos, call in enumerate(calls) if set(call.outputs) & mutated}
+    needed = {key for key in saved if key in produced}
+    cheap_saved = [
+        pos
+        for pos, call in enumerate(calls)
+        if not call.dear and pos not in unkeepable and set(call.outputs) & needed
+    ]
+    keep: set[int] = set()
+    best = _walk(calls, produced, needed, keep, unkeepable)
+    # Keep a cheap saved tensor where recomputing it keeps more than it frees, or as much
+    # for more time (a rotary embedding's output rather than the projection it comes from).
+    # First the fewest bytes, then the least time for no more bytes.
+    for better in (_fewer_bytes, _less_time):
+        for pos in reversed(cheap_saved):
+            if pos in keep:
+                continue
+            trial = _walk(calls, produced, needed, keep | {pos}, unkeepable)
+            if better(trial, best):
+                keep.add(pos)
+                best = trial
+    cached_bytes, spent, cached, rerun = best
+    kept_keys = {key for pos in cached for key in calls[pos].outputs}
+    rerun_bytes = sum(n for key, n in saved.items() if key in produced and key not in kept_keys)
+    total = sum(call.seconds for call in calls)
+    return SelectiveChoice(
+        frozenset(calls[pos].name for pos in cached),
+        cached_bytes,
+        rerun_bytes,
+        spent / total if total > 0 else 0.0,
+    )
+
+
+def _fewer_bytes(trial: tuple[int, float, Any, Any], best: tuple[int, float, Any, Any]) -> bool:
+    return trial[0] < best[0]
+
+
+def _less_time(trial: tuple[int, float, Any, Any], best: tuple[int, float, Any, Any]) -> bool:
+    return trial[0] <= best[0] and trial[1] < best[1]
+
+
+def _walk(
+    calls: list[OpCall],
+    produced: Mapping[int, int],
+    saved: set[int],
+    keep: set[int],
+    unkeepable: set[int],
+) -> tuple[int, float, set[int], set[int]]:
+    """(bytes kept, seconds the re-run spends, operations kept, operations re-run) when
+    ``keep`` (cheap) and every dear operation are kept where their outputs are needed,
+    walking from the last operation back. The re-run runs every operation not kept until
+    it has every saved tensor back (torch stops it there)."""
+    needed = set(saved)
+    cached: set[int] = set()
+    rerun: set[int] = set()
+    for pos in range(len(calls) - 1, -1, -1):
+        call = calls[pos]
+        if not needed.intersection(call.outputs):
+            continue
+        if (call.dear or pos in keep) and pos not in unkeepable:
+            cached.add(pos)
+        else:
+            rerun.add(pos)
+            needed.update(key for key in call.inputs if produced.get(key, pos) < pos)
+    kept = {key: n for pos in cached for key, n in calls[pos].outputs.items()}
+    last = max(rerun, default=-1)
+    spent = sum(call.seconds for pos, call in enumerate(calls[: last + 1]) if pos not in cached)
+    return sum(kept.values()), spent, cached, rerun
+
+
+def policy(cached: frozenset[OpName]) -> Callable[..., CheckpointPolicy]:
+    """A selective-checkpointing policy that keeps the outputs of ``cached`` (counted per
+    call of the layer's forward: make one per call)."""
+    counts: dict[Any, int] = defaultdict(int)
+
+    def decide(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        index = counts[func]
+        counts[func] += 1
+        if (func, index) in cached:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return decide
+
+
+def context_fn(cached: frozenset[OpName]) -> Callable[[], Any]:
+    """``torch.utils.checkpoint``'s ``context_fn`` for a layer with this choice."""
+    return lambda: create_selective_checkpoint_contexts(policy(cached))

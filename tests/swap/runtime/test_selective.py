@@ -1,0 +1,100 @@
+"""pipeswap/swap/runtime/selective.py: what a layer keeps and recomputes selectively, in
+closed form, and a selective re-run that computes the same bits."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeswap.swap.runtime.recompute import Recomputation, measure_recomputation
+from pipeswap.swap.runtime.selective import OpCall, choose
+from pipeswap.swap.runtime.transfer import DeviceLedger
+
+B, D, H = 8, 16, 64  # rows, width, hidden width (float32: 4 bytes an element)
+
+
+class _Block(nn.Module):
+    """A transformer MLP block: RMS norm, gated SiLU, residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(D, H)
+        self.up = nn.Linear(D, H)
+        self.down = nn.Linear(H, D)
+        self.scale = nn.Parameter(torch.ones(D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.scale
+        return x + self.down(F.silu(self.gate(n)) * self.up(n))
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(_Block(), _Block())
+
+
+def test_a_block_keeps_its_matmuls_outputs_and_recomputes_the_rest() -> None:
+    model = _model()
+    x = torch.randn(B, D, requires_grad=True)
+    layers = dict(model.named_children())
+    sizes = measure_recomputation(model, layers, list(layers), lambda: model(x).sum())
+    choice = sizes.choices["1"]
+    # Kept: the gate's and the up projection's outputs (the down projection's is not needed).
+    assert choice.cached_bytes == 2 * B * H * 4
+    # Re-run: the norm's rsqrt (B x 1), x * rsqrt and the normed input (B x D each), the
+    # SiLU's output and the gated product (B x H each).
+    assert choice.rerun_bytes == B * 4 * (1 + 2 * D + 2 * H)
+    assert 0.0 < choice.rerun_fraction < 1.0
+    # Whole-block recomputation saves all of that again, and the two kept outputs too.
+    assert sizes.rerun["1"] == choice.rerun_bytes + choice.cached_bytes
+
+
+def _call(name: tuple[str, int], outputs: dict[int, int], inputs: set[int], dear: bool) -> OpCall:
+    return OpCall(name, outputs, frozenset(inputs), 1.0, dear, False)
+
+
+def test_a_cheap_tensor_is_kept_where_recomputing_it_would_keep_more() -> None:
+    # A matmul makes a large tensor nobody saves; a cheap reduction of it is saved.
+    # Recomputing the reduction would keep the large tensor: keep the small one instead.
+    calls = [
+        _call(("mm", 0), {1: 1000}, {0}, dear=True),
+        _call(("sum", 0), {2: 10}, {1}, dear=False),
+        _call(("relu", 0), {3: 500}, {0}, dear=False),
+    ]
+    choice = choose(calls, saved={2: 10, 3: 500}, inputs={0})
+    assert choice.cached == frozenset({("sum", 0)})
+    assert (choice.cached_bytes, choice.rerun_bytes) == (10, 500)
+    # The re-run runs what is not kept up to the last tensor it needs: mm and relu.
+    assert choice.rerun_fraction == 2 / 3
+
+
+def test_a_selective_rerun_computes_the_same_bits_and_counts_what_it_keeps() -> None:
+    model = _model()
+    x = torch.randn(B, D, requires_grad=True)
+    (model(x).square().sum()).backward()
+    expected = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+    x.grad = None
+    model.zero_grad(set_to_none=True)
+    layers = dict(model.named_children())
+    ledger = DeviceLedger()
+    recomputation = Recomputation(layers, ["0", "1"], ledger, account=True, selective=["1"])
+    recomputation.install()
+    try:
+        recomputation.capture(model, lambda: model(x).sum(), ["0", "1"])
+        cached = recomputation.choices["1"].cached_bytes
+        recomputation.start_step()
+        recomputation.active = True
+        out = model(x)
+        assert ledger.live_bytes == cached  # the kept outputs, held until the backward
+        out.square().sum().backward()
+        recomputation.active = False
+        recomputation.finish_step()
+    finally:
+        recomputation.remove()
+    got = [x.grad] + [p.grad for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert ledger.live_bytes == 0
+    # The selective layer holds its input and its kept outputs; its re-run saves the rest.
+    assert recomputation.kept_bytes["1"] == B * D * 4 + cached
+    assert recomputation.rerun_bytes["1"] == recomputation.choices["1"].rerun_bytes
