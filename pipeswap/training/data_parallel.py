@@ -38,7 +38,7 @@ from pipeswap.profiling.measure import measure
 from pipeswap.profiling.step import dtype_name
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import make_plan
-from pipeswap.swap.runtime.recompute import recompute_sizes
+from pipeswap.swap.runtime.recompute import measure_recomputation
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.dp_rank import train_rank
 from pipeswap.training.dp_result import RankResult, measured_step_s
@@ -143,13 +143,13 @@ def _with_recompute_sizes(profile: Profile, job: ModelJob, device: torch.device)
     children = dict(model.named_children())
     layers = {name: children[name] for name in model.layer_names}
     with untouched(model):
-        _, kept, rerun = recompute_sizes(
+        sizes = measure_recomputation(
             model, layers, list(layers), lambda: job.loss(model, model(inputs), targets)
         )
     return replace(
         profile,
         layers=tuple(
-            replace(layer, kept_bytes=kept.get(layer.name), rerun_bytes=rerun.get(layer.name))
+            replace(layer, **sizes.profile_fields(layer.name, layer.forward_s))
             for layer in profile.layers
         ),
     )

@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten
 from pipeswap.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.step import dtype_name, optimizer_state_bytes
+from pipeswap.swap.runtime.recompute import RecomputeSizes
 from pipeswap.swap.runtime.selective import SelectiveChoice
 
 
@@ -39,6 +40,7 @@ def loop_profile(
         params[name] = _new_bytes(layer.parameters(), seen)
     params[names[0]] += _new_bytes(model.parameters(), seen)
     backward_s = timing.backward_s(names)
+    sizes = RecomputeSizes(records, kept, rerun, dict(choices or {}))
     profiled = tuple(
         LayerProfile(
             name=name,
@@ -47,9 +49,7 @@ def loop_profile(
             param_bytes=params[name],
             output_bytes=timing.output_bytes.get(name, 0),
             saved=tuple(SavedTensor(r.index, r.bytes) for r in records[name]),
-            kept_bytes=kept.get(name),
-            rerun_bytes=rerun.get(name),
-            **_selective(name, kept, (choices or {}).get(name), timing.forward_s[name]),
+            **sizes.profile_fields(name, timing.forward_s[name]),
         )
         for name in names
     )
@@ -82,17 +82,3 @@ def _new_bytes(params: Iterable[torch.Tensor], seen: set[int]) -> int:
 def _model_name(model: nn.Module) -> str:
     name = getattr(model, "name", None)
     return name if isinstance(name, str) else type(model).__name__
-
-
-def _selective(
-    name: str, kept: dict[str, int], choice: SelectiveChoice | None, forward_s: float
-) -> dict[str, Any]:
-    """A layer's selective-recomputation fields: its input and kept outputs, what its
-    re-run saves, and the re-run's share of its timed forward."""
-    if choice is None or name not in kept:
-        return {}
-    return {
-        "selective_kept_bytes": kept[name] + choice.cached_bytes,
-        "selective_rerun_bytes": choice.rerun_bytes,
-        "selective_rerun_s": forward_s * choice.rerun_fraction,
-    }

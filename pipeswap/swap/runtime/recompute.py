@@ -224,6 +224,21 @@ class RecomputeSizes(NamedTuple):
     rerun: dict[str, int]
     choices: dict[str, SelectiveChoice]
 
+    def profile_fields(self, name: str, forward_s: float) -> dict[str, Any]:
+        """LayerProfile's recomputation fields for layer ``name`` (forward ``forward_s``):
+        whole, what it keeps and what its re-run saves; selectively, its input and kept
+        outputs, what its re-run saves and the re-run's share of its forward."""
+        fields: dict[str, Any] = {
+            "kept_bytes": self.kept.get(name),
+            "rerun_bytes": self.rerun.get(name),
+        }
+        choice = self.choices.get(name)
+        if choice is not None and name in self.kept:
+            fields["selective_kept_bytes"] = self.kept[name] + choice.cached_bytes
+            fields["selective_rerun_bytes"] = choice.rerun_bytes
+            fields["selective_rerun_s"] = forward_s * choice.rerun_fraction
+        return fields
+
 
 def measure_recomputation(
     model: nn.Module,
