@@ -51,6 +51,12 @@ class SwapConfig:
     time_limit_s: float = option(
         60.0, metavar="S", help="time limit of the mip and auto policies, in seconds"
     )
+    whole_blocks: bool = option(
+        False,
+        help="recompute whole blocks only (torch.utils.checkpoint's way); by default a "
+        "recomputed block may keep its matmuls' and attention's outputs and re-run only its "
+        "cheap operations, where that frees memory for less time",
+    )
     bucket_bytes: int = option(
         DEFAULT_BUCKET_BYTES,
         parse=parse_bytes,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeswap.config import ConfigError, require
@@ -208,6 +208,8 @@ def make_case(
     """
     config = swap_config(config, settings)
     workload = workload_from_profile(profile)
+    if config.whole_blocks:  # no selective recomputation: its measurements are not offered
+        workload = replace(workload, selective_kept=(), selective_rerun=(), selective_s=())
     chosen = select_gpus(topology, gpus)
     budget = resolve_budget(workload, topology, chosen, config)
     return Case(

@@ -102,3 +102,13 @@ def test_hybrid_is_never_slower_than_the_finer_plan() -> None:
     finer = plan_finer(case)
     assert finer is not None
     assert case.score(hybrid(case)).iteration_s <= case.score(finer).iteration_s + 1e-12
+
+
+def test_whole_blocks_only_when_the_config_says_so() -> None:
+    profile = _profile()
+    peak = workload_from_profile(profile).no_swap_peak_bytes()
+    settings = {"gpus": 1, "gpu_memory_bytes": peak - 6 * GB}
+    finer = plan_finer(make_case(profile, preset("switch-4"), **settings))
+    whole = plan_finer(make_case(profile, preset("switch-4"), whole_blocks=True, **settings))
+    assert finer is not None and finer.selective
+    assert whole is not None and not whole.selective and whole.recomputed("gpu0")
