@@ -93,7 +93,7 @@ def run_one(job: tuple[Setting, Row, int]) -> dict[str, Any]:
 
 def weight_copies(row: Row, stages: int) -> int:
     from pipeswap.pipeline.partition import extra_weight_copies
-    from pipeswap.pipeline.schedule_kinds import schedule_kind
+    from pipeswap.schedule.kinds import schedule_kind
 
     in_flight = stages - 1 if row.mode.schedule == "async-1f1b" else 1
     if not schedule_kind(row.mode.schedule).asynchronous:

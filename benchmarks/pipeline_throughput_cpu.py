@@ -73,7 +73,7 @@ def _config(setting: Setting, variant: str) -> Any:
     from pipeswap.config import replace_fields
     from pipeswap.data_config import DataConfig
     from pipeswap.optim import OptimizerConfig
-    from pipeswap.pipeline.config import PipelineConfig
+    from pipeswap.schedule.config import PipelineConfig
     from pipeswap.train_config import TrainConfig
 
     sync = TrainConfig(

@@ -42,10 +42,10 @@ from pipeswap.hardware.topology import Topology
 from pipeswap.jsonio import write_atomic
 from pipeswap.pipeline.partition import partition
 from pipeswap.pipeline.schedule import build_schedule
-from pipeswap.pipeline.schedule_kinds import SCHEDULE_NAMES, schedule_kind
 from pipeswap.pipeline.taskgraph import pipeline_graph
 from pipeswap.profile import Profile
 from pipeswap.profiling import estimate
+from pipeswap.schedule.kinds import SCHEDULE_NAMES, schedule_kind
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
 from pipeswap.swap.plan.iteration import build_iteration_graph

@@ -33,8 +33,8 @@ from _common import RESULTS_DIR, header
 from pipeswap.config import ConfigError
 from pipeswap.jsonio import write_atomic
 from pipeswap.optim import OptimizerConfig
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.resolve import resolve_pipeline
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.swap.config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipelined import run_pipeline

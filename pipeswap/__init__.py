@@ -39,7 +39,7 @@ _PUBLIC = {
     "preset": "pipeswap.hardware.presets",
     "make_plan": "pipeswap.swap.plan.planner",
     "SwapExecutor": "pipeswap.swap.runtime.executor",
-    "PipelineConfig": "pipeswap.pipeline.config",
+    "PipelineConfig": "pipeswap.schedule.config",
     "SwapConfig": "pipeswap.swap.config",
     "OptimizerConfig": "pipeswap.optim",
     "CheckpointConfig": "pipeswap.checkpoint",
@@ -72,8 +72,8 @@ if TYPE_CHECKING:
     from pipeswap.models.adapt import adapt
     from pipeswap.models.registry import build_model
     from pipeswap.optim import OptimizerConfig
-    from pipeswap.pipeline.config import PipelineConfig
     from pipeswap.profiling.measure import measure
+    from pipeswap.schedule.config import PipelineConfig
     from pipeswap.swap.config import SwapConfig
     from pipeswap.swap.plan.planner import make_plan
     from pipeswap.swap.runtime.executor import SwapExecutor

@@ -2,7 +2,7 @@
 
 Each component owns a frozen, keyword-only dataclass of its settings next to its code
 (``pipeswap.optim.OptimizerConfig``, ``pipeswap.swap.config.SwapConfig``,
-``pipeswap.pipeline.config.PipelineConfig``, ...). A field is declared with
+``pipeswap.schedule.config.PipelineConfig``, ...). A field is declared with
 :func:`option` (its default and the help the CLI shows) and checked once, in the
 dataclass's ``__post_init__``. A failed check raises :class:`ConfigError`, whose message
 names fields as ``{field}`` placeholders (field names are unique across every config):

@@ -21,6 +21,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models.base import IGNORE_INDEX, LayeredModel
 from pipeswap.models.load import is_user_model
 from pipeswap.models.registry import build_model, model_names, model_spec
+from pipeswap.models.tasks import task_kind
 from pipeswap.user_data import TextDataset, load_tokenizer, read_tokens
 from pipeswap.user_images import ImageFolderDataset
 
@@ -311,14 +312,14 @@ def dataset_for(
         )
         mask_token_id = model.mask_token_id
         fixed = model.fixed_image_size
-        if task == "classify" and fixed is not None and image_size not in (None, fixed):
+        if task_kind(task).has_image_size and fixed is not None and image_size not in (None, fixed):
             raise ConfigError(
                 f"{name} takes {fixed}x{fixed} images (its config's image_size); pass "
                 f"{{image_size}} {fixed}"
             )
-    if task == "lm":
-        if image_size is not None:
-            raise ConfigError(f"{name} is a language model: pass {{seq_len}}, not {{image_size}}")
+    entry = task_kind(task)
+    if entry.has_seq_len:
+        entry.check_sizes(name, seq_len, image_size)
         if data is not None:
             seq_len = seq_len if seq_len is not None else _default(name, "default_seq_len")
             path, text_field, part = data
@@ -339,8 +340,7 @@ def dataset_for(
             f"{name} classifies token sequences; pipeswap has no labelled text data to train "
             "it on: train it in your own loop with pipeswap.offload or pipeswap.Pipeline"
         )
-    if seq_len is not None:
-        raise ConfigError(f"{name} is an image model: pass {{image_size}}, not {{seq_len}}")
+    entry.check_sizes(name, seq_len, image_size)
     image_size = image_size if image_size is not None else _default(name, "default_image_size")
     if data is not None:
         path, _, part = data

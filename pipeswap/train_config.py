@@ -21,9 +21,9 @@ from pipeswap.config import option, require
 from pipeswap.data_config import DataConfig
 from pipeswap.metrics import LogConfig
 from pipeswap.optim import OptimizerConfig
-from pipeswap.pipeline.config import PipelineConfig
-from pipeswap.pipeline.modes import weight_mode
 from pipeswap.precision import DEFAULT_PRECISION, PRECISIONS, check_precision
+from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.modes import weight_mode
 from pipeswap.swap.config import SwapConfig
 
 DEVICES = ("cpu", "cuda")
@@ -181,14 +181,7 @@ class TrainConfig:
         from pipeswap.models.registry import model_spec, shape_defaults
 
         spec = model_spec(self.model)
-        require(
-            spec.task != "lm" or self.image_size is None,
-            f"{self.model} is a language model: pass {{seq_len}}, not {{image_size}}",
-        )
-        require(
-            spec.task != "classify" or self.seq_len is None,
-            f"{self.model} is an image model: pass {{image_size}}, not {{seq_len}}",
-        )
+        spec.task_entry.check_sizes(self.model, self.seq_len, self.image_size)
         self._check_data_for(spec.encoder_decoder)
         require(
             self.device != "cuda" or torch.cuda.is_available(),

@@ -7,8 +7,8 @@ from typing import Any
 
 from pipeswap.config import replace_fields
 from pipeswap.optim import OptimizerConfig
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
 

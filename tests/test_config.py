@@ -18,7 +18,7 @@ from pipeswap.config import (
     value_type,
 )
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
 

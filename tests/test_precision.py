@@ -14,10 +14,10 @@ import torch
 
 from pipeswap.config import ConfigError
 from pipeswap.data_config import DataConfig
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.stage import inspect_layers
 from pipeswap.precision import PRECISIONS, LossScaler, autocast, autocast_dtype
 from pipeswap.profiling import measure
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.swap.config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.run import train

@@ -9,7 +9,7 @@ import pytest
 from pipeswap.checkpoint import CheckpointConfig
 from pipeswap.config import ConfigError
 from pipeswap.optim import OptimizerConfig
-from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.swap.config import SwapConfig
 from pipeswap.train_config import TrainConfig
 

@@ -74,10 +74,7 @@ def run(args: argparse.Namespace) -> int:
     _check_counts(args)
     _check_out(args.out)
     spec = model_spec(args.model)  # unknown names: PipeswapError listing the zoo and the forms
-    if args.seq_len is not None and spec.task != "lm":
-        raise PipeswapError(f"{args.model} is an image model: pass --image-size, not --seq-len")
-    if args.image_size is not None and spec.task != "classify":
-        raise PipeswapError(f"{args.model} is a language model: pass --seq-len, not --image-size")
+    spec.task_entry.check_sizes(args.model, args.seq_len, args.image_size)
     if args.gpu is not None and not args.estimate:
         raise PipeswapError("--gpu applies to --estimate; add --estimate or drop --gpu")
     precision = args.precision or DEFAULT_PRECISION

@@ -11,8 +11,8 @@ from pipeswap.jsonio import check_writable
 from pipeswap.pipeline.chrome import dump_chrome_trace
 from pipeswap.pipeline.grid import render_grid
 from pipeswap.pipeline.schedule import SCHEDULE_NAMES, build_schedule, unit_time_order
-from pipeswap.pipeline.schedule_kinds import schedule_kind
 from pipeswap.pipeline.validate import validate
+from pipeswap.schedule.kinds import schedule_kind
 
 # Every (stage, unit) pair costs up to six actions (RECV, F, SEND for the forward and again
 # for the backward) plus an UPDATE per step; building, validating and printing them is

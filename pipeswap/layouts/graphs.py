@@ -33,8 +33,8 @@ from pipeswap.layouts.stage_swap import (
     unit_memory,
 )
 from pipeswap.layouts.stages import StageCosts
-from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.schedule import Schedule, unit_time_order
+from pipeswap.schedule.actions import ActionKind
 from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.swap.config import DEFAULT_BUCKET_BYTES

@@ -25,8 +25,8 @@ from pipeswap.layouts.stage_swap import NO_PLAN, StagePlan, floor_bytes, peak_by
 from pipeswap.layouts.stages import StageCosts, stage_costs
 from pipeswap.pipeline.partition import partition
 from pipeswap.pipeline.schedule import Schedule, build_schedule
-from pipeswap.pipeline.schedule_kinds import SCHEDULE_NAMES, schedule_kind
 from pipeswap.profile import Profile
+from pipeswap.schedule.kinds import SCHEDULE_NAMES, schedule_kind
 from pipeswap.swap.plan.planner import make_plan
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.units import format_bytes

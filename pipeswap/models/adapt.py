@@ -16,6 +16,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.replay import split_at_blocks
 from pipeswap.models.state import inspecting
+from pipeswap.models.tasks import task_kind
 
 # The head classes pipeswap can train, by the end of their class name, and the task.
 _HF_HEADS = (
@@ -57,23 +58,24 @@ def adapt(
         return _adapt_hf(model, label, _hf_info(model, label), blocks)
     first = next((m for m in model.modules() if isinstance(m, nn.Embedding | nn.Conv2d)), None)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    if isinstance(first, nn.Embedding) and task in (None, "lm"):
+    entry = None if task is None else task_kind(task)
+    if isinstance(first, nn.Embedding) and (entry is None or entry.takes_tokens):
         example = torch.arange(_EXAMPLE_TOKENS, device=device)[None] % first.num_embeddings
         return split_at_blocks(
             model,
             example=example,
-            task="lm",
+            task=task or "lm",
             name=label,
             blocks=blocks,
             vocab_size=first.num_embeddings,
         )
-    if isinstance(first, nn.Conv2d) and task in (None, "classify"):
+    if isinstance(first, nn.Conv2d) and (entry is None or entry.has_image_size):
         example = torch.zeros(1, first.in_channels, _EXAMPLE_IMAGE, _EXAMPLE_IMAGE, device=device)
         classes = _output_width(model, example)
         return split_at_blocks(
             model,
             example=example,
-            task="classify",
+            task=task or "classify",
             name=label,
             blocks=blocks,
             num_classes=classes,
@@ -137,10 +139,13 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
             "({data} FILE with {source_field} and {target_field}), pipeswap.offload in your "
             "own loop; pipelines and `pipeswap profile` cut decoder-only and encoder-only models"
         )
+    entry = task_kind(task)
     image = (
-        task == "classify" and hasattr(config, "num_channels") and not hasattr(config, "vocab_size")
+        entry.has_image_size
+        and hasattr(config, "num_channels")
+        and not hasattr(config, "vocab_size")
     )
-    tokens = task == "lm" or not image
+    tokens = entry.takes_tokens or not image
     info: dict[str, Any] = {"task": task, "masked": masked}
     info["takes_tokens"] = tokens
     if tokens:
@@ -160,7 +165,7 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
             if vocab > _BYTE_VOCAB
             else 0
         )
-    if task == "classify":
+    if not entry.per_position:  # one label per sample, of num_labels
         labels = int(getattr(config, "num_labels", 0))
         if labels < 2:
             raise PipeswapError(

@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
 from pipeswap.config import ConfigError
+from pipeswap.models.tasks import TASKS, Task, task_kind
 
 TASKS = ("lm", "classify")
 # Targets equal to this are not scored (the unmasked positions of a masked LM).
@@ -51,7 +52,7 @@ class LayeredModel(nn.Sequential):
     Every model pipeswap trains is one (zoo models are built as one; a user's module is
     cut into one by pipeswap.models.adapt), so the profiler can time each block and the
     pipeline can cut contiguous stages (``model.stage(3, 7)``). ``task`` says what the
-    output means:
+    output means (its entry, :attr:`task_entry`, says what follows: pipeswap.models.tasks):
 
     - ``"lm"``: input token ids ``[B, T]`` (int64), output logits ``[B, T, V]``,
       target the next tokens ``[B, T]``; with ``mask_token_id`` set it is a masked LM:
@@ -87,8 +88,13 @@ class LayeredModel(nn.Sequential):
         # Set by adapters: the one image size a model takes (ViT), its longest sequence.
         self.fixed_image_size: int | None = None
         # Whether its input is token ids (a language model, a sequence classifier).
-        self.takes_tokens = task == "lm"
+        self.takes_tokens = self.task_entry.takes_tokens
         self.max_positions: int | None = None
+    @property
+    def task_entry(self) -> Task:
+        """The entry of :attr:`task` in the task table (pipeswap.models.tasks)."""
+        return task_kind(self.task)
+
 
     @property
     def layer_names(self) -> list[str]:
@@ -119,7 +125,7 @@ class LayeredModel(nn.Sequential):
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of ``output`` against ``target`` for this model's task."""
-        if self.task == "lm":
+        if self.task_entry.per_position:
             return F.cross_entropy(
                 output.reshape(-1, output.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX
             )
@@ -137,7 +143,8 @@ class LayeredModel(nn.Sequential):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Random inputs and targets of the right shapes (meta device gives meta tensors)."""
         device = torch.device(device)
-        if self.task == "lm":
+        task = self.task_entry
+        if task.takes_tokens:
             if seq_len is None:
                 raise ConfigError(f"{self.name} is a language model: pass {{seq_len}}")
             if device.type == "meta":

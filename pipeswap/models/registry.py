@@ -22,6 +22,7 @@ from pipeswap.models.load import is_user_model, load_user_model
 from pipeswap.models.resnet import ResNetConfig, build_resnet
 from pipeswap.models.seeding import seeded
 from pipeswap.models.seq2seq import is_encoder_decoder, load_seq2seq, max_positions, stack_blocks
+from pipeswap.models.tasks import Task, task_kind
 from pipeswap.models.vgg import VGGConfig, build_vgg
 from pipeswap.models.vit import ViTConfig, build_vit
 
@@ -52,6 +53,11 @@ class ModelSpec:
     description: str
     max_seq_len: int | None = None
     encoder_decoder: bool = False
+
+    @property
+    def task_entry(self) -> Task:
+        """The entry of :attr:`task` in the task table (pipeswap.models.tasks)."""
+        return task_kind(self.task)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": MODEL_SPEC_FORMAT, **asdict(self)}
@@ -199,7 +205,7 @@ def _user_spec(name: str) -> ModelSpec:
     if is_encoder_decoder(name):
         return _encoder_decoder_spec(name)
     model = load_user_model(name, device="meta")
-    lm = model.task == "lm"
+    lm = model.task_entry.has_seq_len
     context = model.max_positions
     return ModelSpec(
         name=name,
@@ -245,13 +251,13 @@ def shape_defaults(
     no ``seq_len``, is refused naming the setting to pass (a ConfigError).
     """
     spec = model_spec(model_name)
-    if spec.task == "lm":
+    if spec.task_entry.has_seq_len:
         chosen = seq_len or spec.default_seq_len
         longest = spec.max_seq_len
         if chosen is None:
             most = f" (at most {longest})" if longest else ""
             raise ConfigError(
-                f"{model_name} is a language model with no default sequence length: pass "
+                f"{model_name} is {spec.task_entry.noun} with no default sequence length: pass "
                 f"{{seq_len}} N{most}"
             )
         if longest is not None and chosen > longest:
@@ -303,9 +309,9 @@ def build_model(
             )
         return model.to(dtype=dtype)
     spec, builder = _entry(name)
-    if tie_embeddings is not None and spec.task != "lm":
+    if tie_embeddings is not None and not spec.task_entry.takes_tokens:
         raise PipeswapError(f"{name} has no token embeddings to tie; leave tie_embeddings unset")
-    if image_size is not None and (spec.task != "classify" or image_size < 1):
+    if image_size is not None and (not spec.task_entry.has_image_size or image_size < 1):
         raise ConfigError(
             f"{{image_size}}={image_size} does not apply to {name}: pass a positive "
             "{image_size} to image models only"

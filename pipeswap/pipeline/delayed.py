@@ -13,16 +13,16 @@ import torch
 from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel, evaluating
-from pipeswap.pipeline.actions import ActionKind
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.job import BatchSource, build_full_model, build_meta_model
-from pipeswap.pipeline.modes import weight_mode
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import version_distances
 from pipeswap.pipeline.rng import EVAL, TRAIN, rng_stream
 from pipeswap.pipeline.schedule import Schedule, build_schedule
 from pipeswap.pipeline.shared import find_shared
 from pipeswap.precision import autocast
+from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.modes import weight_mode
 from pipeswap.train_config import TrainConfig
 
 
@@ -246,6 +246,6 @@ def _evaluate(
     evaluation: dict[str, float | int] = {"batches": config.dataset.eval_batches}
     if units:
         evaluation["loss"] = loss_sum / units
-        if model.task == "classify":
+        if model.task_entry.accuracy:
             evaluation["accuracy"] = correct / samples
     return evaluation

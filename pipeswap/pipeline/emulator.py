@@ -14,7 +14,6 @@ from pipeswap.config import require
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import single_threaded
 from pipeswap.metrics import StepLog
-from pipeswap.pipeline.actions import Action, ActionKind
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.job import build_full_model, save_trained
 from pipeswap.pipeline.replica_average import EmulatedReplicas
@@ -29,6 +28,7 @@ from pipeswap.pipeline.stage_meter import StageMeter, metered_steps
 from pipeswap.pipeline.stage_restore import restore_stage
 from pipeswap.pipeline.validate import validate
 from pipeswap.progress import progress_bar
+from pipeswap.schedule.actions import Action, ActionKind
 from pipeswap.train_config import TrainConfig
 
 

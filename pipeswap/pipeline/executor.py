@@ -12,7 +12,7 @@ import torch
 from pipeswap.checkpoint import CheckpointPlan, rng_state, save_rank, write_manifest
 from pipeswap.dist.digest import combine_digests, tensor_sha256
 from pipeswap.metrics import StepLog
-from pipeswap.pipeline.actions import Action, ActionKind
+from pipeswap.models.tasks import scores_accuracy
 from pipeswap.pipeline.held_out import HeldOutScorer
 from pipeswap.pipeline.job import BatchSource
 from pipeswap.pipeline.partition import stage_bounds
@@ -28,6 +28,7 @@ from pipeswap.pipeline.stage_memory import MemoryFactory
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.pipeline.step_end import clip_scale, step_loss
 from pipeswap.pipeline.weights import StageWeights
+from pipeswap.schedule.actions import Action, ActionKind
 from pipeswap.train_config import TrainConfig
 
 
@@ -165,7 +166,7 @@ class StageExecutor:
             self.stream,
             self.eval_transport,
             num_units=schedule.num_units,
-            classify=getattr(model, "task", None) == "classify",
+            classify=scores_accuracy(model),
             log=log,
         )
         self._outbox: dict[tuple[ActionKind, int], Packed] = {}

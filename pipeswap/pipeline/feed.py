@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeswap.pipeline.actions import Action, ActionKind
+from pipeswap.schedule.actions import Action, ActionKind
 
 
 class FedBatches:

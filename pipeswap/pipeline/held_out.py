@@ -9,10 +9,10 @@ from typing import Any, Protocol
 import torch
 
 from pipeswap.metrics import HeldOutSums, StepLog
-from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.rng import EVAL
 from pipeswap.pipeline.stage import Packed, StageRunner
 from pipeswap.pipeline.stage_result import StageResult
+from pipeswap.schedule.actions import ActionKind
 from pipeswap.train_config import TrainConfig
 
 

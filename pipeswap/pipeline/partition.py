@@ -9,10 +9,10 @@ from typing import Any
 
 from pipeswap.config import ConfigError, require
 from pipeswap.jsonio import check_format
-from pipeswap.pipeline.config import PipelineConfig, read_balance
-from pipeswap.pipeline.modes import weight_mode
-from pipeswap.pipeline.schedule_kinds import schedule_kind
 from pipeswap.profile import Profile
+from pipeswap.schedule.config import PipelineConfig, read_balance
+from pipeswap.schedule.kinds import schedule_kind
+from pipeswap.schedule.modes import weight_mode
 
 PARTITION_FORMAT = "pipeswap.partition/1"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pipeswap.config import ConfigError, require
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.job import build_meta_model
 from pipeswap.pipeline.partition import check_balance, check_stage_count, partition
 from pipeswap.pipeline.stage import LayerInfo, flop_profile, inspect_layers
 from pipeswap.profile import Profile
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
 

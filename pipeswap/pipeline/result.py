@@ -8,6 +8,7 @@ from typing import Any
 
 from pipeswap.dist.digest import combine_digests
 from pipeswap.errors import PipeswapError
+from pipeswap.models.tasks import task_kind
 from pipeswap.pipeline.schedule import TimedAction
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.pipeline.step_end import step_loss
@@ -158,7 +159,7 @@ def combine(
                     f"stage {k} of replica {d} ended with other weights than replica 0's: the "
                     "replicas' gradient averaging failed; please report this with the command"
                 )
-    evaluation = last.held_out.score(config.dataset.eval_batches, classify=task == "classify")
+    evaluation = last.held_out.score(config.dataset.eval_batches, classify=task_kind(task).accuracy)
     digests = tuple(s.sha256 for s in stages)
     errors = tuple(s.prediction_error for s in stages)
     samples = config.steps * (config.batch or 0) * len(replicas)

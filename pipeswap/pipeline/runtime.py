@@ -30,7 +30,6 @@ from pipeswap.dist.group import (
 from pipeswap.dist.p2p import Receive, Sends, pack_tag, post_receives
 from pipeswap.dist.replica_groups import ReplicaMesh
 from pipeswap.metrics import StepLog
-from pipeswap.pipeline.actions import Action, ActionKind
 from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.exchange import DistExchange
 from pipeswap.pipeline.executor import StageExecutor, Transport
@@ -46,6 +45,7 @@ from pipeswap.pipeline.stage_meter import StageMeter, metered_steps
 from pipeswap.pipeline.stage_restore import restore_stage
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.progress import progress_bar
+from pipeswap.schedule.actions import Action, ActionKind
 from pipeswap.train_config import TrainConfig
 
 # Each transfer of a unit is tagged (unit, direction, tensor index): at most this many

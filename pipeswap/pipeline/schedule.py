@@ -8,8 +8,8 @@ from typing import Any
 from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format
-from pipeswap.pipeline.actions import ACTION_KINDS, COMPUTE_KINDS, Action, ActionKind
-from pipeswap.pipeline.schedule_kinds import SCHEDULE_NAMES, ScheduleKind, schedule_kind
+from pipeswap.schedule.actions import ACTION_KINDS, COMPUTE_KINDS, Action, ActionKind
+from pipeswap.schedule.kinds import SCHEDULE_NAMES, ScheduleKind, schedule_kind
 
 __all__ = [
     "ACTION_KINDS",
@@ -36,7 +36,7 @@ class Schedule:
     Synchronous schedules (gpipe, 1f1b) split each mini-batch into ``micro_batches`` units
     and flush before one UPDATE per mini-batch; async-1f1b pipelines whole mini-batches
     (``micro_batches == 1``) and updates after every backward. ``name`` is an entry of
-    :data:`pipeswap.pipeline.schedule_kinds.SCHEDULES` (:attr:`kind`).
+    :data:`pipeswap.schedule.kinds.SCHEDULES` (:attr:`kind`).
     """
 
     name: str
@@ -116,7 +116,7 @@ def build_schedule(
 ) -> Schedule:
     """The named schedule for ``num_stages`` ranks and ``num_steps`` mini-batches.
 
-    ``delay`` applies to ``2bw`` only (see :func:`pipeswap.pipeline.orders.two_bw_orders`):
+    ``delay`` applies to ``2bw`` only (see :func:`pipeswap.schedule.orders.two_bw_orders`):
     1 is PipeDream-2BW, 0 makes every forward wait for the previous mini-batch's update
     (synchronous gradient accumulation, the same updates as ``1f1b``).
     """

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipeswap.pipeline.actions import Action, ActionKind
 from pipeswap.profiling.meter import DeviceMeter
+from pipeswap.schedule.actions import Action, ActionKind
 from pipeswap.train_config import TrainConfig
 
 if TYPE_CHECKING:

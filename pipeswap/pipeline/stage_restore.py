@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from pipeswap.checkpoint import set_rng_state
-from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.rng import TRAIN
+from pipeswap.schedule.actions import ActionKind
 
 
 @torch.no_grad()

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.schedule import Schedule
+from pipeswap.schedule.actions import ActionKind
 
 # torch.nn.utils.clip_grad_norm_'s guard against a zero norm.
 CLIP_EPS = 1e-6

@@ -32,10 +32,10 @@ from torch import nn
 
 from pipeswap.config import require
 from pipeswap.optim import OptimizerConfig
-from pipeswap.pipeline.actions import ActionKind
-from pipeswap.pipeline.modes import WeightMode, weight_mode
 from pipeswap.pipeline.predict import DIRECTED, Distances, step_direction
 from pipeswap.profiling.meter import unmetered
+from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.modes import WeightMode, weight_mode
 
 
 @dataclass

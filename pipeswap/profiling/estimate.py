@@ -268,8 +268,8 @@ def estimate_layered(
         optimizer=optimizer,
         optimizer_state_bytes=optimizer_state_bytes(optimizer, total_params),
         layers=tuple(layers),
-        seq_len=seq_len if model.task == "lm" else None,
-        image_size=image_size if model.task == "classify" else None,
+        seq_len=seq_len if model.task_entry.has_seq_len else None,
+        image_size=image_size if model.task_entry.has_image_size else None,
         memory=memory,
         notes={
             "gpu": spec.to_json(),

@@ -355,8 +355,8 @@ def _measure(
         optimizer=optimizer,
         optimizer_state_bytes=optimizer_state_bytes(optimizer, total_params),
         layers=tuple(layers),
-        seq_len=seq_len if model.task == "lm" else None,
-        image_size=image_size if model.task == "classify" else None,
+        seq_len=seq_len if model.task_entry.has_seq_len else None,
+        image_size=image_size if model.task_entry.has_image_size else None,
         optimizer_step_s=update_s,
         memory=memory,
         notes={

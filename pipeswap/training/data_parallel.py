@@ -334,7 +334,9 @@ def report(
         dtype=job_for(config).dtype,
         plan=plan.to_json(),
         notes=_NOTES,
-        eval=held_out.score(held_out.batches, classify=model_spec(config.model).task == "classify"),
+        eval=held_out.score(
+            held_out.batches, classify=model_spec(config.model).task_entry.accuracy
+        ),
     )
     return TrainReport.of(
         config,

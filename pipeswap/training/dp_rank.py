@@ -37,6 +37,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.metrics import HeldOutSums, StepLog
 from pipeswap.models.base import evaluating
 from pipeswap.models.export import export_trained
+from pipeswap.models.tasks import scores_accuracy
 from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.precision import LossScaler, autocast
 from pipeswap.profile import Profile
@@ -236,6 +237,7 @@ class _Rank:
         """Score ``eval_batches`` held-out batches in eval mode (ranks take disjoint ones)."""
         batches = self.config.dataset.eval_batches
         loss_sum, correct, samples = 0.0, 0, 0
+        accuracy = scores_accuracy(self.model)
         with evaluating(self.model):
             for i in range(batches):
                 inputs, targets = self.job.batch(i * self.world_size + self.rank, "val")
@@ -243,7 +245,7 @@ class _Rank:
                 with autocast(self.config.precision, self.device):
                     output = self.model(inputs)
                     loss_sum += self.job.loss(self.model, output, targets).item()
-                if getattr(self.model, "task", None) == "classify":
+                if accuracy:
                     correct += int((output.argmax(-1) == targets).sum().item())
                 samples += int(targets.shape[0])
         return HeldOutSums(batches, loss_sum, correct, samples)
@@ -253,7 +255,7 @@ class _Rank:
         parts = all_gather(self.evaluate(), self.world_size)
         classify = getattr(self.model, "task", None) == "classify"
         total = HeldOutSums.total(parts)
-        score = total.score(total.batches, classify=classify)
+        score = total.score(total.batches, classify=scores_accuracy(self.model))
         self.record.evals.append((step + 1, score))
         return score
 

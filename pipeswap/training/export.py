@@ -13,9 +13,9 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models.export import check_save_target, export_model
 from pipeswap.models.registry import build_model, model_names
 from pipeswap.optim import OptimizerConfig
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.job import load_stage_tensors
 from pipeswap.precision import DEFAULT_PRECISION
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.run import train
 

@@ -24,8 +24,6 @@ from pipeswap.models.adapt import adapt
 from pipeswap.models.base import evaluating
 from pipeswap.models.export import replay_of, source_module
 from pipeswap.optim import OptimizerConfig
-from pipeswap.pipeline.actions import ActionKind
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import MailboxTransport, pipeline_schedule
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.feed import FedBatches, step_ends
@@ -39,6 +37,8 @@ from pipeswap.pipeline.stage import layer_infos
 from pipeswap.pipeline.step_end import step_loss
 from pipeswap.pipeline.weights import describe_optimizer
 from pipeswap.precision import DEFAULT_PRECISION, autocast
+from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipe_checkpoint import Checkpoint, newest_checkpoint, save_stages
 
@@ -319,7 +319,7 @@ class Pipeline:
             f"a batch of {batch} does not split into {micro} micro_batches: pass "
             "micro_batches dividing the batch, or a batch that is a multiple of it",
         )
-        lm = model.task == "lm"
+        lm = model.task_entry.has_seq_len
         config = TrainConfig(
             model.name,
             batch=batch,

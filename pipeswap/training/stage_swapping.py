@@ -41,11 +41,8 @@ from pipeswap.layouts.stage_swap import (
     stage_order,
 )
 from pipeswap.layouts.stages import StageCosts, measured_stage_costs, stage_costs
-from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.job import build_full_model, build_meta_model
-from pipeswap.pipeline.modes import weight_mode
-from pipeswap.pipeline.orders import peak_in_flight
 from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import version_distances
 from pipeswap.pipeline.schedule import Schedule
@@ -56,6 +53,9 @@ from pipeswap.profile import Profile
 from pipeswap.profiling.estimate import estimate_layered
 from pipeswap.profiling.measure import measure
 from pipeswap.profiling.saved import meta_attention_like_cpu
+from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.modes import weight_mode
+from pipeswap.schedule.orders import peak_in_flight
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.recompute import Recomputation
 from pipeswap.swap.runtime.transfer import DeviceLedger

@@ -18,8 +18,8 @@ import torch
 from pipeswap.cli import build_parser, main
 from pipeswap.commands.train import summary_lines
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.profiling import measure
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.swap.config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training import data_parallel

@@ -11,8 +11,8 @@ import torch
 from pipeswap.config import ConfigError
 from pipeswap.dist.launch import spawn
 from pipeswap.dist.replica_groups import ReplicaMesh, buckets_of, mean_in_order
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.resolve import resolve_pipeline
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.feed import FedBatches, step_ends, step_of
 from pipeswap.pipeline.schedule import SCHEDULE_NAMES, Schedule, build_schedule
+from pipeswap.schedule.actions import ActionKind
 
 
 def _calls_finish(schedule: Schedule, steps: int) -> bool:

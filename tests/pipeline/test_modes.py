@@ -5,7 +5,7 @@ that must know a mode (the config and its optimizer check, the partitioner's mem
 model, StageWeights, the emulator, delayed.schedule_delays) and behaves exactly as
 ``stale``; then every entry of the table goes through the same places.
 
-Covers: pipeswap/pipeline/modes.py.
+Covers: pipeswap/schedule/modes.py.
 """
 
 from __future__ import annotations
@@ -20,10 +20,14 @@ from torch import nn
 
 from pipeswap.config import ConfigError, replace_fields
 from pipeswap.optim import OptimizerConfig
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.delayed import schedule_delays
 from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.modes import (
+from pipeswap.pipeline.partition import extra_weight_copies, stage_memory_bytes
+from pipeswap.pipeline.weights import StageWeights
+from pipeswap.profile import Profile
+from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.kinds import SCHEDULES
+from pipeswap.schedule.modes import (
     ADAM_FAMILY,
     ANY_OPTIMIZER,
     SGD_MOMENTUM,
@@ -31,10 +35,6 @@ from pipeswap.pipeline.modes import (
     WeightMode,
     weight_mode,
 )
-from pipeswap.pipeline.partition import extra_weight_copies, stage_memory_bytes
-from pipeswap.pipeline.schedule_kinds import SCHEDULES
-from pipeswap.pipeline.weights import StageWeights
-from pipeswap.profile import Profile
 from pipeswap.train_config import TrainConfig
 
 TWIN = "stale-twin"

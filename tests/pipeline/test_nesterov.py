@@ -1,7 +1,7 @@
 """``--weights nesterov`` (Ajanthan et al., arXiv 2505.01099, as released).
 
 Covers: pipeswap/pipeline/weights.py (the nesterov mode), pipeswap/optim.py (make_nadam),
-pipeswap/pipeline/config.py (what is refused).
+pipeswap/schedule/config.py (what is refused).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pipeswap.config import replace_fields
 from pipeswap.errors import PipeswapError
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.modes import WEIGHT_MODES
 from pipeswap.pipeline.weights import StageWeights
+from pipeswap.schedule.modes import WEIGHT_MODES
 from pipeswap.train_config import TrainConfig
 
 PSI = 0.004  # NAdam's momentum decay

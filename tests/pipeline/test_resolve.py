@@ -6,9 +6,9 @@ import pytest
 from support import pipeline_run
 
 from pipeswap.config import ConfigError, replace_fields
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.resolve import resolve_pipeline
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
 

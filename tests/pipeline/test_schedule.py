@@ -1,6 +1,6 @@
 """Schedules as data: string and JSON forms, the builder's checks, unit-time makespans.
 
-Covers: pipeswap/pipeline/schedule.py (the compute orders: tests/pipeline/test_orders.py).
+Covers: pipeswap/pipeline/schedule.py (the compute orders: tests/schedule/test_orders.py).
 """
 
 from __future__ import annotations

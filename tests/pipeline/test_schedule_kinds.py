@@ -4,7 +4,7 @@ Each entry is built, validated, walked for its version distances (and its delay-
 form), held against its in-flight count and caption, read by the config, and run by the
 emulator for one step.
 
-Covers: pipeswap/pipeline/schedule_kinds.py.
+Covers: pipeswap/schedule/kinds.py.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import pytest
 from support import pipeline_run
 
 from pipeswap.config import ConfigError, replace_fields
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.grid import render_grid
-from pipeswap.pipeline.orders import peak_in_flight
 from pipeswap.pipeline.partition import in_flight_units
 from pipeswap.pipeline.predict import delay_free_schedule, version_distances
 from pipeswap.pipeline.schedule import build_schedule
-from pipeswap.pipeline.schedule_kinds import SCHEDULE_NAMES, SCHEDULES, schedule_kind
 from pipeswap.pipeline.validate import validate
+from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.kinds import SCHEDULE_NAMES, SCHEDULES, schedule_kind
+from pipeswap.schedule.orders import peak_in_flight
 
 SHAPES = [(1, 1), (2, 2), (3, 2), (4, 4), (4, 1)]
 

@@ -15,10 +15,10 @@ import torch
 from support import pipeline_run
 from torch import nn
 
-from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.emulator import Emulator, pipeline_schedule
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.stage_memory import StageMemory
+from pipeswap.schedule.actions import ActionKind
 from pipeswap.swap.runtime.unit_swapper import UnitSwapper
 
 

@@ -16,11 +16,11 @@ import torch
 from support import pipeline_run
 
 from pipeswap.pipeline import emulator
-from pipeswap.pipeline.actions import Action, ActionKind
 from pipeswap.pipeline.emulator import Emulator, MailboxTransport
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import NOTES
 from pipeswap.pipeline.stage_meter import StageMeter, metered_steps
+from pipeswap.schedule.actions import Action, ActionKind
 from pipeswap.train_config import TrainConfig
 
 

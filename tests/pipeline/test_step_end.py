@@ -16,11 +16,11 @@ from support import pipeline_run
 from test_tied import NODROP, plain_losses
 
 from pipeswap.config import ConfigError, replace_fields
-from pipeswap.pipeline.actions import ActionKind
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.schedule import build_schedule
-from pipeswap.pipeline.schedule_kinds import SCHEDULE_NAMES, SCHEDULES
 from pipeswap.pipeline.step_end import clip_scale, meeting_points_hold
+from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.kinds import SCHEDULE_NAMES, SCHEDULES
 
 
 def test_clip_scale_is_torchs_over_every_stages_share() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from pipeswap.cli import main
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.profiling import estimate
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from pipeswap.hardware.calibration import Calibration
-from pipeswap.pipeline.config import PipelineConfig
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.profiling.measure import measure
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training import pipelined, stage_swapping
 

@@ -9,7 +9,7 @@ import pytest
 from pipeswap.cli import main
 from pipeswap.config import ConfigError
 from pipeswap.dist.threads import usable_cpus
-from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training import ranks
 from pipeswap.training.ranks import (

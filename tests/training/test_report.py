@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.config import PipelineConfig
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.swap.config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.report import REPORT_FORMAT, TrainReport, load_report, write_report

@@ -99,7 +99,10 @@ def _storages(tree: Any) -> dict[int, int]:
     found: dict[int, int] = {}
     for leaf in tree_flatten(tree)[0]:
         if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
-            storage = leaf.untyped_storage()
+            try:
+                storage = leaf.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a subclass without one storage
+                continue
             found[storage._cdata] = storage.nbytes()
     return found
 

@@ -1,11 +1,11 @@
-"""pipeswap/pipeline/config.py: PipelineConfig's defaults and checks."""
+"""pipeswap/schedule/config.py: PipelineConfig's defaults and checks."""
 
 from __future__ import annotations
 
 import pytest
 
 from pipeswap.config import ConfigError
-from pipeswap.pipeline.config import PipelineConfig, read_balance
+from pipeswap.schedule.config import PipelineConfig, read_balance
 
 
 def test_stages_or_balance_give_the_stage_count() -> None:

@@ -1,6 +1,6 @@
 """Actions: the compact string form, and ActionKind's members and properties.
 
-Covers: pipeswap/pipeline/actions.py.
+Covers: pipeswap/schedule/actions.py.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.actions import ACTION_KINDS, COMPUTE_KINDS, Action, ActionKind
+from pipeswap.schedule.actions import ACTION_KINDS, COMPUTE_KINDS, Action, ActionKind
 
 
 def test_action_string_round_trip() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.actions import Action, ActionKind
+from pipeswap.schedule.actions import Action, ActionKind
 
 # (num_stages, steps, micro_batches, delay) -> per stage, its compute actions in order.
 OrderBuilder = Callable[[int, int, int, int], list[list[Action]]]

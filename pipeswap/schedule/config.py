@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeswap.config import ConfigError, option, require
-from pipeswap.pipeline.modes import WEIGHT_MODES, weight_mode
-from pipeswap.pipeline.schedule_kinds import SCHEDULE_NAMES, ScheduleKind, schedule_kind
+from pipeswap.schedule.kinds import SCHEDULE_NAMES, ScheduleKind, schedule_kind
+from pipeswap.schedule.modes import WEIGHT_MODES, weight_mode
 from pipeswap.units import parse_bytes
 
 DISTANCE_RULES = ("schedule", "official")
@@ -129,7 +129,7 @@ class PipelineConfig:
 
     @property
     def schedule_kind(self) -> ScheduleKind:
-        """The table entry of ``schedule`` (pipeswap.pipeline.schedule_kinds)."""
+        """The table entry of ``schedule`` (pipeswap.schedule.kinds)."""
         return schedule_kind(self.schedule)
 
     @property

@@ -1,21 +1,21 @@
 """The per-stage compute orders of each schedule: warm-up, steady state, in-flight units.
 
-Covers: pipeswap/pipeline/orders.py (two_bw_orders: tests/pipeline/test_2bw.py).
+Covers: pipeswap/schedule/orders.py (two_bw_orders: tests/pipeline/test_2bw.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from pipeswap.pipeline.actions import ActionKind
-from pipeswap.pipeline.orders import (
+from pipeswap.pipeline.schedule import Schedule, build_schedule
+from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.orders import (
     async_orders,
     gpipe_orders,
     one_f_one_b_orders,
     peak_in_flight,
     two_bw_orders,
 )
-from pipeswap.pipeline.schedule import Schedule, build_schedule
 
 
 def _max_in_flight(schedule: Schedule, rank: int) -> int:

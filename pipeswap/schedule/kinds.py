@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeswap.config import ConfigError
-from pipeswap.pipeline.actions import Action, ActionKind
-from pipeswap.pipeline.orders import (
+from pipeswap.schedule.actions import Action, ActionKind
+from pipeswap.schedule.orders import (
     OrderBuilder,
     async_orders,
     gpipe_orders,
@@ -34,7 +34,7 @@ Caption = Callable[[list[Action], int], str]
 class ScheduleKind:
     """One schedule: how its stages order their passes, and what follows from that order.
 
-    ``build`` gives each stage's compute order (:mod:`pipeswap.pipeline.orders`).
+    ``build`` gives each stage's compute order (:mod:`pipeswap.schedule.orders`).
     ``forward_lag``: a forward of mini-batch t runs after the stage's UPDATE(t - 1 -
     forward_lag), so it sees weights at most that many updates older than those its
     mini-batch's update is applied to; 0 is a synchronous schedule (a flush per

@@ -17,7 +17,7 @@ from pipeswap.config import ConfigError
 
 if TYPE_CHECKING:
     from pipeswap.optim import OptimizerConfig
-    from pipeswap.pipeline.schedule_kinds import ScheduleKind
+    from pipeswap.schedule.kinds import ScheduleKind
 
 # What a mode needs of the optimizer: nothing, SGD with momentum, or the Adam family.
 ANY_OPTIMIZER = "any"
