@@ -11,7 +11,8 @@ from pipeswap.checkpoint import CheckpointConfig, latest_complete, load_rank
 from pipeswap.data_config import DataConfig
 from pipeswap.errors import PipeswapError
 from pipeswap.models.export import check_save_target, export_model
-from pipeswap.models.registry import build_model, model_names
+from pipeswap.models.registry import build_model, model_names, model_spec
+from pipeswap.models.seq2seq import load_seq2seq
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.job import load_stage_tensors
 from pipeswap.precision import DEFAULT_PRECISION
@@ -53,6 +54,12 @@ def export_checkpoint(directory: str, out: str, model: str | None = None) -> tup
         # Resumed for no step, the stages settle the updates of tied weights still in
         # flight at the cut, and save what a --save run would.
         train(_finished_pipeline(directory, out, {**identity, "model": name}, steps))
+        return done, name
+    if model_spec(name).encoder_decoder:  # trained whole, data-parallel only
+        with torch.random.fork_rng(devices=[]):
+            whole = load_seq2seq(name, device="cpu")
+        whole.load_state_dict(load_rank(directory, done, 0)["model"])
+        export_model(whole, out, source=name, steps=done, checkpoints=(directory,))
         return done, name
     with torch.random.fork_rng(devices=[]):
         built = build_model(name, device="cpu", image_size=identity.get("image_size"))

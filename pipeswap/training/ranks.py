@@ -17,10 +17,10 @@ from pipeswap.config import ConfigError
 from pipeswap.dist.env import torchrun_env
 from pipeswap.dist.threads import usable_cpus
 from pipeswap.models.fits import memory_bytes
-from pipeswap.models.registry import count_parameters
+from pipeswap.models.registry import build_model, count_parameters, model_spec
+from pipeswap.models.seq2seq import load_seq2seq
 from pipeswap.optim import STATE_BUFFERS
 from pipeswap.train_config import TrainConfig
-from pipeswap.training.job import job_for
 from pipeswap.units import format_bytes
 
 RANKS_PER_CORE = 4
@@ -33,7 +33,12 @@ def _state_bytes(config: TrainConfig) -> int:
     host memory (the CPU); 0 on a GPU."""
     if config.device != "cpu":
         return 0
-    params = count_parameters(job_for(config).build(torch.device("meta")))
+    name = config.model
+    encoder_decoder = model_spec(name).encoder_decoder  # built whole, not cut into layers
+    meta = (
+        load_seq2seq(name, device="meta") if encoder_decoder else build_model(name, device="meta")
+    )
+    params = count_parameters(meta)
     return params * 4 * (2 + STATE_BUFFERS.get(config.optim.optimizer, 2))
 
 

@@ -143,3 +143,19 @@ def test_refusals_say_what_to_write(
     gpt2 = save_config(tmp_path / "gpt2", "gpt2")
     err = _refused(capsys, ["--model", gpt2, "--data", pairs, *_FIELDS])
     assert "encoder-decoder models (T5, BART)" in err and "drop them" in err
+
+
+def test_a_resumed_run_ends_as_one_left_alone_and_its_checkpoint_exports(
+    tmp_path: Path, made: dict[str, str]
+) -> None:
+    common = ["--data", made["pairs"], *_FIELDS, "--eval-batches", "1"]
+    ckpt = str(tmp_path / "ckpt")
+    whole = _train(tmp_path, "whole", made["t5"], *common, "--steps", "3")
+    _train(tmp_path, "first", made["t5"], *common, "--steps", "2", "--checkpoint-dir", ckpt)
+    resumed = _train(tmp_path, "resumed", made["t5"], *common, "--steps", "3", "--resume", ckpt)
+    assert resumed["losses"] == whole["losses"]
+    assert resumed["params_sha256"] == whole["params_sha256"]
+    out = tmp_path / "exported"
+    assert main(["export", ckpt, "--model", made["t5"], "--out", str(out)]) == 0
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out, local_files_only=True)
+    assert type(model).__name__ == "T5ForConditionalGeneration"
