@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -16,14 +16,56 @@ from pipeswap.config import ConfigError, option, require
 STATE_BUFFERS = {"sgd": 1, "adam": 2, "adamw": 2}
 OPTIMIZERS = tuple(STATE_BUFFERS)
 DEFAULT_LR = {"sgd": 0.05, "adam": 1e-3, "adamw": 1e-3}
+# The optimizer whose state a profile counts when not told (pipeswap profile --optimizer):
+# a profile is measured without a run, so without the task's default.
+PROFILE_OPTIMIZER = "sgd"
 LR_SCHEDULES = ("constant", "linear", "cosine")
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a run trains with when it does not name {optimizer}: the optimizer, its rate,
+    the warm-up (a fraction of the run's steps) and the schedule after it."""
+
+    optimizer: str
+    lr: float
+    warmup_fraction: float
+    schedule: str
+
+    def warmup(self, steps: int) -> int:
+        return int(steps * self.warmup_fraction)
+
+    def describe(self) -> str:
+        """The recipe as --help states it (argparse reads ``%%`` as a percent sign)."""
+        text = f"{self.optimizer} at {self.lr:g}"
+        if self.warmup_fraction:
+            text += f", warmed up over the first {self.warmup_fraction * 100:.0f}%% of the steps"
+        if self.schedule != "constant":
+            text += f", {self.schedule} decay to 0"
+        return text
+
+
+# Each task's recipe. Language models take GPT training's AdamW, warm-up and cosine decay;
+# SGD at 0.05 diverges on deeper ones (issue 39: a 12-layer Llama went 5.75 -> 33 in 20
+# steps). 3e-3 is the rate measured to train the README's examples in their few steps (its
+# 4-block GPT-2 on byte-level text: held-out loss -35% in 20 steps, where 1e-3 gives -19%,
+# and higher rates end worse after 200; an 8-block Llama -41%, SGD -21%: docs/concepts.md,
+# "Defaults by task"). Image models keep the momentum SGD they always had. A task not
+# listed here (a new kind of text model) takes the language models' recipe.
+LM_RECIPE = Recipe("adamw", 3e-3, 0.1, "cosine")
+IMAGE_RECIPE = Recipe("sgd", 0.05, 0.0, "constant")
+TASK_RECIPES = {"lm": LM_RECIPE, "classify": IMAGE_RECIPE}
 
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     """The optimizer every mode updates with, and its learning rate over the steps.
 
-    ``lr`` None takes the optimizer's default (:data:`DEFAULT_LR`). ``lr_warmup`` ramps
+    ``optimizer`` None leaves the optimizer to the model's task (:data:`TASK_RECIPES`;
+    :meth:`filled` picks it when the run is resolved against its model), and with it the
+    rate, warm-up and schedule the user did not give; a named optimizer takes ``lr`` None
+    as its default (:data:`DEFAULT_LR`), no warm-up and a constant rate. ``lr_warmup`` ramps
     the rate linearly: the update of mini-batch t uses ``lr * min(1, (t + 1) / lr_warmup)``;
     after it, ``lr_schedule`` keeps it (constant) or decays it to 0 over ``lr_decay_steps``
     updates counted from the start (linear, or cosine: ``lr * (1 + cos(pi p)) / 2`` with p
@@ -33,25 +75,35 @@ class OptimizerConfig:
     updates past it use a rate of 0 unless ``lr_decay_steps`` is given again.
     """
 
-    optimizer: str = option("sgd", choices=OPTIMIZERS, help="the optimizer")
+    optimizer: str | None = option(
+        None,
+        choices=OPTIMIZERS,
+        help=f"the optimizer (default by the model's task: language models "
+        f"{LM_RECIPE.describe()}; image models {IMAGE_RECIPE.describe()} "
+        "(with {momentum}); naming it drops the task's warm-up and decay unless {lr_warmup}/{lr_schedule} "
+        "are given too)",
+    )
     lr: float | None = option(
-        None, help="learning rate (default 0.05 for sgd, 1e-3 for adam and adamw)"
+        None,
+        help="learning rate (default: the task's when {optimizer} is not given, else 0.05 "
+        "for sgd, 1e-3 for adam and adamw)",
     )
     momentum: float = option(
         0.9, help="SGD momentum (the nesterov weight mode's beta1: the smoothing of NAdam)"
     )
     weight_decay: float = option(0.0, help="weight decay (decoupled for adamw)")
-    lr_warmup: int = option(
-        0,
+    lr_warmup: int | None = option(
+        None,
         metavar="STEPS",
         help="ramp the learning rate linearly over the first STEPS mini-batches, in every "
-        "mode (0: constant)",
+        "mode (0: none; default: the task's when {optimizer} is not given, else 0)",
     )
-    lr_schedule: str = option(
-        "constant",
+    lr_schedule: str | None = option(
+        None,
         choices=LR_SCHEDULES,
         help="after the warm-up, keep the learning rate (constant) or decay it to 0 over "
-        "{lr_decay_steps} (linear, cosine), in every mode",
+        "{lr_decay_steps} (linear, cosine), in every mode (default: the task's when "
+        "{optimizer} is not given, else constant)",
     )
     lr_decay_steps: int | None = option(
         None,
@@ -79,13 +131,21 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         require(
-            self.optimizer in OPTIMIZERS,
+            self.optimizer is None or self.optimizer in OPTIMIZERS,
             f"{{optimizer}} {self.optimizer!r} is not an optimizer pipeswap has; valid: "
             + ", ".join(OPTIMIZERS),
         )
+        if self.optimizer is not None:
+            # A named optimizer is complete: what it leaves unset is the plain default, so
+            # only a config that leaves the optimizer to the task is filled later.
+            if self.lr_warmup is None:
+                object.__setattr__(self, "lr_warmup", 0)
+            if self.lr_schedule is None:
+                object.__setattr__(self, "lr_schedule", "constant")
         require(
             self.lr is None or (math.isfinite(self.lr) and self.lr > 0),
-            f"{{lr}} is {self.lr}; use a positive number such as {DEFAULT_LR[self.optimizer]:g}",
+            f"{{lr}} is {self.lr}; use a positive number such as "
+            f"{DEFAULT_LR[self.optimizer or LM_RECIPE.optimizer]:g}",
         )
         require(
             math.isfinite(self.momentum) and 0 <= self.momentum < 1,
@@ -103,40 +163,98 @@ class OptimizerConfig:
             f"{{clip_grad_norm}} is {self.clip_grad_norm}; use a positive number such as 1.0",
         )
         require(
-            self.lr_warmup >= 0,
+            self.lr_warmup is None or self.lr_warmup >= 0,
             f"{{lr_warmup}} must be 0 (no warm-up) or a number of steps, not {self.lr_warmup}",
         )
         require(
-            self.lr_schedule in LR_SCHEDULES,
+            self.lr_schedule is None or self.lr_schedule in LR_SCHEDULES,
             f"unknown {{lr_schedule}} {self.lr_schedule!r}; use one of " + ", ".join(LR_SCHEDULES),
         )
         require(
-            self.lr_decay_steps is None or self.lr_decay_steps > self.lr_warmup,
+            self.lr_decay_steps is None or self.lr_decay_steps > (self.lr_warmup or 0),
             f"{{lr_decay_steps}} is {self.lr_decay_steps}; use more steps than {{lr_warmup}} "
             f"({self.lr_warmup}), or leave it to the run's steps",
         )
 
+    def filled(
+        self, task: str, steps: int, *, fits: Callable[[str], bool] | None = None
+    ) -> OptimizerConfig:
+        """This config with what it leaves to the task filled in, for a run of ``steps``
+        training a model of ``task``: the task's recipe (:data:`TASK_RECIPES`) for every
+        field not given, then ``lr_decay_steps`` the run's steps when the rate decays.
+
+        ``fits`` says whether an optimizer suits the run's weight mode (spectrain predicts
+        with SGD's momentum): a recipe whose optimizer does not is passed over for one
+        that does, so leaving the optimizer unset never makes a mode refuse the run.
+        """
+        optim = self
+        if optim.optimizer is None:
+            recipes = [TASK_RECIPES.get(task, LM_RECIPE), *TASK_RECIPES.values()]
+            recipe = next((r for r in recipes if fits is None or fits(r.optimizer)), recipes[0])
+            optim = replace(
+                optim,
+                optimizer=recipe.optimizer,
+                lr=recipe.lr if optim.lr is None else optim.lr,
+                lr_warmup=recipe.warmup(steps) if optim.lr_warmup is None else optim.lr_warmup,
+                lr_schedule=recipe.schedule if optim.lr_schedule is None else optim.lr_schedule,
+            )
+        if optim.schedule != "constant" and optim.lr_decay_steps is None:
+            require(
+                steps > optim.warmup,
+                f"{{lr_schedule}} {optim.schedule} decays after {{lr_warmup}} "
+                f"{optim.warmup} over the run's {{steps}} {steps}: train more steps, "
+                "or give {lr_decay_steps}",
+            )
+            optim = replace(optim, lr_decay_steps=steps)
+        return optim
+
+    @property
+    def name(self) -> str:
+        """The optimizer this config builds (``sgd``, ``adam``, ``adamw``)."""
+        return self._given(self.optimizer)
+
+    @property
+    def warmup(self) -> int:
+        """``lr_warmup``, as given or filled."""
+        return self._given(self.lr_warmup)
+
+    @property
+    def schedule(self) -> str:
+        """``lr_schedule``, as given or filled."""
+        return self._given(self.lr_schedule)
+
+    def _given(self, value: _T | None) -> _T:
+        # Only a config that leaves the optimizer to the task has unset fields; a run
+        # fills them (TrainConfig.resolved) before anything builds or schedules with it.
+        if value is None:
+            raise ConfigError(
+                "this OptimizerConfig leaves {optimizer} to the model's task, which only a "
+                "run knows: give {optimizer} (sgd, adam or adamw), or train it through "
+                "TrainConfig, whose resolved() fills it"
+            )
+        return value
+
     @property
     def lr_varies(self) -> bool:
         """Whether the learning rate changes over the steps (:meth:`lr_at` sets it each one)."""
-        return self.lr_warmup > 0 or self.lr_schedule != "constant"
+        return self.warmup > 0 or self.schedule != "constant"
 
     @property
     def base_lr(self) -> float:
         """The learning rate after warm-up: ``lr``, or the optimizer's default."""
-        return DEFAULT_LR[self.optimizer] if self.lr is None else self.lr
+        return DEFAULT_LR[self.name] if self.lr is None else self.lr
 
     def lr_at(self, step: int) -> float:
         """The learning rate of the update of mini-batch ``step`` (0-based): warm-up, then
         the schedule (class docstring)."""
-        if step + 1 < self.lr_warmup:
-            return self.base_lr * (step + 1) / self.lr_warmup
-        if self.lr_schedule == "constant":
+        if step + 1 < self.warmup:
+            return self.base_lr * (step + 1) / self.warmup
+        if self.schedule == "constant":
             return self.base_lr
         assert self.lr_decay_steps is not None, "a run fills lr_decay_steps with its steps"
-        start = max(self.lr_warmup - 1, 0)  # the first update at the full rate
+        start = max(self.warmup - 1, 0)  # the first update at the full rate
         done = min(1.0, max(0.0, (step - start) / (self.lr_decay_steps - start)))
-        if self.lr_schedule == "linear":
+        if self.schedule == "linear":
             return self.base_lr * (1.0 - done)
         return self.base_lr * 0.5 * (1.0 + math.cos(math.pi * done))
 
@@ -155,7 +273,7 @@ class OptimizerConfig:
             cause = "the model or its data held non-finite values before any update; fix them"
         else:
             cause = (
-                f"training diverged with {{optimizer}} {self.optimizer} at learning rate "
+                f"training diverged with {{optimizer}} {self.name} at learning rate "
                 f"{self.lr_at(step):g}; lower {{lr}}, or ramp it up with {{lr_warmup}}"
             )
         raise ConfigError(
@@ -182,11 +300,11 @@ class OptimizerConfig:
                 weight_decay=decay,
                 decoupled=self.optimizer != "adam",
             )
-        if self.optimizer == "sgd":
+        if self.name == "sgd":
             return torch.optim.SGD(
                 params, lr=lr, momentum=self.momentum, weight_decay=decay, foreach=False
             )
-        if self.optimizer == "adam":
+        if self.name == "adam":
             return torch.optim.Adam(params, lr=lr, weight_decay=decay, foreach=False)
         return torch.optim.AdamW(params, lr=lr, weight_decay=decay, foreach=False)
 

@@ -16,7 +16,7 @@ import math
 from dataclasses import KW_ONLY, asdict, dataclass, field, replace
 from typing import Any
 
-from pipeswap.checkpoint import CheckpointConfig
+from pipeswap.checkpoint import CheckpointConfig, latest_complete
 from pipeswap.config import option, require
 from pipeswap.data_config import DataConfig
 from pipeswap.metrics import LogConfig
@@ -188,15 +188,12 @@ class TrainConfig:
             "{device} cuda, but PyTorch sees no GPU here; use {device} cpu",
         )
         seq_len, image_size = shape_defaults(self.model, self.seq_len, self.image_size)
-        optim = self.optim
-        if optim.lr_schedule != "constant" and optim.lr_decay_steps is None:
-            require(
-                self.steps > optim.lr_warmup,
-                f"{{lr_schedule}} {optim.lr_schedule} decays after {{lr_warmup}} "
-                f"{optim.lr_warmup} over the run's {{steps}} {self.steps}: train more steps, "
-                "or give {lr_decay_steps}",
-            )
-            optim = replace(optim, lr_decay_steps=self.steps)
+        # The optimizer by the model's task (unless given, or a resumed checkpoint's),
+        # one the weight mode runs with.
+        mode = None if self.pipeline is None else weight_mode(self.pipeline.weights)
+        optim = _resumed_optimizer(self.optim, self.checkpoint.resume).filled(
+            spec.task, self.steps, fits=None if mode is None else mode.fits
+        )
         device = self.device
         if device is None:
             device = "cuda" if self.pipeline is None and torch.cuda.is_available() else "cpu"
@@ -278,3 +275,31 @@ class TrainConfig:
                 "log": LogConfig(**values.get("log", {})),
             }
         )
+
+
+def _resumed_optimizer(optim: OptimizerConfig, resume: str | None) -> OptimizerConfig:
+    """``optim`` with what it leaves to the task taken from the checkpoint it resumes.
+
+    A checkpoint keeps the optimizer it was trained with when resumed without naming one:
+    one written when every model defaulted to SGD at 0.05 goes on with it, instead of
+    being refused because language models now default to AdamW. Settings the user gives
+    still win (and a checkpoint that disagrees with them is refused, naming the first).
+    No checkpoint there: the task's defaults (the resume itself then says what is wrong).
+    """
+    if resume is None or optim.optimizer is not None:
+        return optim
+    found = latest_complete(resume)
+    recorded = {} if found is None else found[1].get("identity", {})
+    if recorded.get("optimizer") is None:
+        return optim
+    return replace(
+        optim,
+        optimizer=recorded["optimizer"],
+        lr=recorded.get("lr") if optim.lr is None else optim.lr,
+        lr_warmup=recorded.get("lr_warmup", 0) if optim.lr_warmup is None else optim.lr_warmup,
+        lr_schedule=(
+            recorded.get("lr_schedule", "constant")
+            if optim.lr_schedule is None
+            else optim.lr_schedule
+        ),
+    )

@@ -29,7 +29,7 @@ def pipeline_run(
         model,
         batch=batch,
         steps=steps,
-        optim=OptimizerConfig(lr=lr),
+        optim=OptimizerConfig(optimizer="sgd", lr=lr),
         pipeline=PipelineConfig(balance=balance, micro_batches=micro_batches),
     )
     return replace_fields(base, **fields) if fields else base

@@ -37,27 +37,29 @@ def test_bad_values_are_refused_naming_the_field(fields: dict[str, object], mess
 
 
 def test_warm_up_ramps_linearly_then_holds() -> None:
-    config = OptimizerConfig(lr=0.3, lr_warmup=3)
+    config = OptimizerConfig(optimizer="sgd", lr=0.3, lr_warmup=3)
     assert [config.lr_at(t) for t in range(5)] == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])
-    assert OptimizerConfig(lr=0.3).lr_at(0) == 0.3
+    assert OptimizerConfig(optimizer="sgd", lr=0.3).lr_at(0) == 0.3
 
 
 def test_linear_and_cosine_decay_after_the_warm_up_in_closed_form() -> None:
-    linear = OptimizerConfig(lr=0.4, lr_warmup=2, lr_schedule="linear", lr_decay_steps=6)
+    linear = OptimizerConfig(
+        optimizer="sgd", lr=0.4, lr_warmup=2, lr_schedule="linear", lr_decay_steps=6
+    )
     # Warm-up 0.2, 0.4; from the first full-rate update (t = 1) down over 5 updates to 0.
     assert [linear.lr_at(t) for t in range(8)] == pytest.approx(
         [0.2, 0.4, 0.32, 0.24, 0.16, 0.08, 0.0, 0.0]
     )
-    cosine = OptimizerConfig(lr=1.0, lr_schedule="cosine", lr_decay_steps=4)
+    cosine = OptimizerConfig(optimizer="sgd", lr=1.0, lr_schedule="cosine", lr_decay_steps=4)
     expected = [0.5 * (1 + math.cos(math.pi * t / 4)) for t in range(4)]
     assert [cosine.lr_at(t) for t in range(4)] == pytest.approx(expected)
-    assert cosine.lr_varies and not OptimizerConfig().lr_varies
+    assert cosine.lr_varies and not OptimizerConfig(optimizer="sgd").lr_varies
 
 
 def test_a_run_decays_over_its_own_steps_unless_told_otherwise() -> None:
     from pipeswap.train_config import TrainConfig
 
-    optim = OptimizerConfig(lr_schedule="cosine")
+    optim = OptimizerConfig(optimizer="sgd", lr_schedule="cosine")
     run = TrainConfig("gpt2-micro", seq_len=16, steps=7, optim=optim).resolved()
     assert run.optim.lr_decay_steps == 7
     fixed = replace(optim, lr_decay_steps=20)
@@ -68,7 +70,7 @@ def test_a_run_decays_over_its_own_steps_unless_told_otherwise() -> None:
 
 def test_build_makes_the_named_optimizer_with_single_tensor_kernels() -> None:
     params = [torch.nn.Parameter(torch.zeros(2))]
-    sgd = OptimizerConfig(momentum=0.5).build(params)
+    sgd = OptimizerConfig(optimizer="sgd", momentum=0.5).build(params)
     assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.5
     assert sgd.defaults["foreach"] is False and sgd.defaults["lr"] == DEFAULT_LR["sgd"]
     assert isinstance(OptimizerConfig(optimizer="adamw").build(params), torch.optim.AdamW)
@@ -88,14 +90,16 @@ def test_a_loss_that_is_no_longer_finite_stops_the_run_naming_the_fix() -> None:
         assert info.value.message.endswith(
             "lower {lr}, or ramp it up with {lr_warmup}; {keep_nonfinite} trains on regardless"
         )
-    OptimizerConfig(keep_nonfinite=True).check_loss(float("nan"), 1)  # asked to go on
+    OptimizerConfig(optimizer="sgd", keep_nonfinite=True).check_loss(
+        float("nan"), 1
+    )  # asked to go on
 
 
 def test_the_first_non_finite_parameter_or_input_is_named() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     with torch.no_grad():
         model[1].bias[0] = float("inf")
-    config = OptimizerConfig()
+    config = OptimizerConfig(optimizer="sgd")
     with pytest.raises(
         ConfigError,
         match=r"\(parameter '1.bias' is not finite\): the model or its data held non-finite values before any update",

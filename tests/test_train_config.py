@@ -44,10 +44,10 @@ def test_run_fields_are_checked_when_built(changes: dict[str, object], message: 
 @pytest.mark.parametrize(
     "optim,weights,message",
     [
-        (OptimizerConfig(momentum=0.0), "spectrain", "SGD momentum buffer"),
+        (OptimizerConfig(optimizer="sgd", momentum=0.0), "spectrain", "SGD momentum buffer"),
         (OptimizerConfig(optimizer="adam"), "spectrain", "predict-adam"),
-        (OptimizerConfig(), "predict-adam", "Adam's step direction"),
-        (OptimizerConfig(), "nesterov", "no SGD variant"),
+        (OptimizerConfig(optimizer="sgd"), "predict-adam", "Adam's step direction"),
+        (OptimizerConfig(optimizer="sgd"), "nesterov", "no SGD variant"),
     ],
 )
 def test_a_weight_mode_needs_its_optimizer(

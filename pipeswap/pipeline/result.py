@@ -116,7 +116,7 @@ def pipeline_summary(config: TrainConfig) -> dict[str, Any]:
         "balance": list(pipeline.stage_balance),
         "schedule": pipeline.schedule,
         "weights": pipeline.weights,
-        "optimizer": optimizer.optimizer,
+        "optimizer": optimizer.name,
         "lr": optimizer.base_lr,
         "momentum": optimizer.momentum,
         "weight_decay": optimizer.weight_decay,
@@ -129,8 +129,8 @@ def pipeline_summary(config: TrainConfig) -> dict[str, Any]:
         "seed": config.seed,
         "eval_batches": config.dataset.eval_batches,
         "distances": pipeline.distances,
-        "lr_warmup": optimizer.lr_warmup,
-        "lr_schedule": optimizer.lr_schedule,
+        "lr_warmup": optimizer.warmup,
+        "lr_schedule": optimizer.schedule,
     }
 
 

@@ -177,7 +177,7 @@ def flop_profile(config: TrainConfig, infos: list[LayerInfo]) -> Profile:
         "float32",
         "estimate",
         "flops",
-        config.optim.optimizer,
+        config.optim.name,
         0,
         layers,
         seq_len=config.seq_len,

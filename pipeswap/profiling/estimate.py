@@ -34,7 +34,7 @@ from pipeswap.hardware.gpus import GpuSpec, gpu_spec
 from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
-from pipeswap.optim import OptimizerConfig
+from pipeswap.optim import PROFILE_OPTIMIZER
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.metered_step import layered_step_memory
 from pipeswap.profiling.saved import SavedTensorCapture, meta_attention_like_cpu
@@ -208,7 +208,7 @@ def estimate_layered(
     image_size: int | None = None,
     gpu: str | GpuSpec = "v100-32gb",
     dtype: str = "float32",
-    optimizer: str = OptimizerConfig.optimizer,
+    optimizer: str = PROFILE_OPTIMIZER,
     efficiency: Efficiency | None = None,
 ) -> Profile:
     """Estimate a training step of ``model`` on ``gpu``, running it on the meta device.
@@ -298,7 +298,7 @@ def estimate(
     image_size: int | None = None,
     gpu: str | GpuSpec = "v100-32gb",
     dtype: str = "float32",
-    optimizer: str = OptimizerConfig.optimizer,
+    optimizer: str = PROFILE_OPTIMIZER,
     efficiency: Efficiency | None = None,
 ) -> Profile:
     """Estimate one training step of the model named ``model_name`` (a zoo name, a Hugging

@@ -16,7 +16,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
-from pipeswap.optim import OptimizerConfig
+from pipeswap.optim import PROFILE_OPTIMIZER, OptimizerConfig
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.estimate import estimate_layered, meta_copy, moved_copy, on_device
 from pipeswap.profiling.metered_step import layered_step_memory
@@ -140,7 +140,7 @@ def measure(
     image_size: int | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | str = torch.float32,
-    optimizer: str = OptimizerConfig.optimizer,
+    optimizer: str = PROFILE_OPTIMIZER,
     warmup: int = 1,
     repeats: int = 3,
 ) -> Profile:

@@ -53,14 +53,23 @@ class WeightMode:
         thing a mode can mean on a synchronous schedule, where nothing is stale."""
         return not (self.stashes or self.predicts or self.nadam)
 
-    def check_optimizer(self, optim: OptimizerConfig) -> None:
-        """Raise ConfigError unless ``optim`` is an optimizer this mode can run with."""
+    def fits(self, optimizer: str) -> bool:
+        """Whether this mode runs with the optimizer named ``optimizer`` (SGD's momentum
+        aside): what a run whose optimizer is left to its task picks by."""
         if self.optimizer == SGD_MOMENTUM:
-            fits = optim.optimizer == "sgd" and optim.momentum > 0
-        elif self.optimizer == ADAM_FAMILY:
-            fits = optim.optimizer in ("adam", "adamw")
-        else:
-            fits = True
+            return optimizer == "sgd"
+        if self.optimizer == ADAM_FAMILY:
+            return optimizer in ("adam", "adamw")
+        return True
+
+    def check_optimizer(self, optim: OptimizerConfig) -> None:
+        """Raise ConfigError unless ``optim`` is an optimizer this mode can run with (one
+        left to the task is picked to fit: OptimizerConfig.filled)."""
+        if optim.optimizer is None:
+            return
+        fits = self.fits(optim.optimizer)
+        if self.optimizer == SGD_MOMENTUM:
+            fits = fits and optim.momentum > 0
         if not fits:
             values = {"optimizer": optim.optimizer, "momentum": optim.momentum}
             raise ConfigError(Template(self.refusal).substitute(values))

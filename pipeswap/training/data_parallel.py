@@ -105,7 +105,7 @@ def swap_topology(name: str | None, device: str, nproc: int) -> Topology:
 def _profile(config: TrainConfig, job: ModelJob | Seq2SeqJob, device: torch.device) -> Profile:
     if isinstance(job, Seq2SeqJob):  # no LayeredModel: profiled as a loop is
         with autocast(config.precision, device):
-            return job.profile(device, config.optim.optimizer)
+            return job.profile(device, config.optim.name)
     if config.profile_path is not None:
         profile = Profile.load(config.profile_path)
         mine = (job.model, job.batch_size, job.dtype)
@@ -127,7 +127,7 @@ def _profile(config: TrainConfig, job: ModelJob | Seq2SeqJob, device: torch.devi
             image_size=job.image_size,
             device=device,
             dtype=job.dtype,
-            optimizer=config.optim.optimizer,
+            optimizer=config.optim.name,
         )
         return _with_recompute_sizes(profile, job, device)
 

@@ -39,6 +39,7 @@ from pipeswap.pipeline.weights import describe_optimizer
 from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.modes import weight_mode
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipe_checkpoint import Checkpoint, newest_checkpoint, save_stages
 
@@ -103,7 +104,9 @@ class Pipeline:
         else:
             # Its settings, as far as pipeswap knows them, are checked as a config's are.
             probe = optimizer([nn.Parameter(torch.zeros(1))])
-            self.factory, self.optim = optimizer, describe_optimizer(probe) or OptimizerConfig()
+            # One pipeswap does not build keeps its own rate: a named optimizer's is constant.
+            described = describe_optimizer(probe) or OptimizerConfig(optimizer="sgd")
+            self.factory, self.optim = optimizer, described
         if clip_grad_norm is not None:
             self.optim = replace(self.optim, clip_grad_norm=clip_grad_norm)
         require(
@@ -111,13 +114,15 @@ class Pipeline:
             f"accumulate is {self.optim.accumulate}: hand pipe.step the {self.optim.accumulate} "
             "batches at once with that many times the micro_batches (the same updates)",
         )
-        if self.optim.lr_schedule != "constant" and self.optim.lr_decay_steps is None:
-            self.optim = replace(self.optim, lr_decay_steps=steps)
         self.steps, self.precision, self.seed = steps, precision, seed
         self.loss_fn = loss_fn
         self.rank, self.world, self._joined = join_as_stages(stages, _TIMEOUT_S)
         self.device = _device(device)
         self.layered = adapt(model, blocks=blocks)
+        # The defaults of `pipeswap train`: an optimizer left unset is the model's task's.
+        self.optim = self.optim.filled(
+            self.layered.task, steps, fits=weight_mode(self.pipeline.weights).fits
+        )
         self.done = 0  # pipe.step calls so far (or the checkpoint's steps)
         self._evals = 0
         self._executor: StageExecutor | None = None

@@ -39,7 +39,7 @@ def _state_bytes(config: TrainConfig) -> int:
         load_seq2seq(name, device="meta") if encoder_decoder else build_model(name, device="meta")
     )
     params = count_parameters(meta)
-    return params * 4 * (2 + STATE_BUFFERS.get(config.optim.optimizer, 2))
+    return params * 4 * (2 + STATE_BUFFERS.get(config.optim.name, 2))
 
 
 def check_ranks(config: TrainConfig) -> None:

@@ -139,7 +139,7 @@ class TrainReport:
             seq_len=config.seq_len,
             image_size=config.image_size,
             seed=config.seed,
-            optimizer=optim.optimizer,
+            optimizer=optim.name,
             lr=optim.base_lr,
             momentum=optim.momentum,
             weight_decay=optim.weight_decay,

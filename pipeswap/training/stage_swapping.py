@@ -145,7 +145,7 @@ def micro_profile(config: TrainConfig) -> Profile:
             seq_len=config.seq_len,
             image_size=config.image_size,
             device=config.device,
-            optimizer=config.optim.optimizer,
+            optimizer=config.optim.name,
         )
 
 
@@ -166,7 +166,7 @@ def plan_profile(config: TrainConfig, gpu: str | None) -> Profile:
         seq_len=config.seq_len,
         image_size=config.image_size,
         gpu=spec,
-        optimizer=config.optim.optimizer,
+        optimizer=config.optim.name,
     )
 
 

@@ -125,7 +125,7 @@ def _delays(config: TrainConfig) -> tuple[int, ...] | str:
 def test_a_copy_of_stale_is_one_entry_and_runs_everywhere_as_stale(twin: WeightMode) -> None:
     # The config takes it, with any optimizer.
     pipe = PipelineConfig(stages=2, schedule="async-1f1b", weights=TWIN)
-    for optimizer in (OptimizerConfig(), OptimizerConfig(optimizer="adam")):
+    for optimizer in (OptimizerConfig(optimizer="sgd"), OptimizerConfig(optimizer="adam")):
         TrainConfig("gpt2-micro", optim=optimizer, pipeline=pipe)
     # The partitioner's memory model.
     assert _memory(TWIN) == _memory("stale")
@@ -213,11 +213,11 @@ def test_unknown_modes_name_the_valid_ones() -> None:
 
 def test_refusals_name_the_optimizers_values() -> None:
     with pytest.raises(ConfigError) as info:
-        weight_mode("spectrain").check_optimizer(OptimizerConfig(momentum=0.0))
+        weight_mode("spectrain").check_optimizer(OptimizerConfig(optimizer="sgd", momentum=0.0))
     assert info.value.message.startswith(
         "{weights} spectrain predicts with the SGD momentum buffer, but {optimizer} sgd "
         "{momentum} 0.0 has none"
     )
     with pytest.raises(ConfigError, match="so optimizer sgd cannot run it"):
-        weight_mode("nesterov").check_optimizer(OptimizerConfig())
+        weight_mode("nesterov").check_optimizer(OptimizerConfig(optimizer="sgd"))
     weight_mode("stale").check_optimizer(OptimizerConfig(optimizer="adam"))

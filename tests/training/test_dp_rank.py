@@ -505,7 +505,7 @@ def test_cuda_a_hugging_face_llama_in_bf16_holds_its_budget_and_runs_without_one
 def test_clipping_bounds_the_first_update_by_lr_times_the_norm(
     tmp_path: Path, clip: float | None, bound: bool
 ) -> None:
-    optim = OptimizerConfig(lr=0.05, clip_grad_norm=clip)
+    optim = OptimizerConfig(optimizer="sgd", lr=0.05, clip_grad_norm=clip)
     save = CheckpointConfig(save=str(tmp_path / "out"))
     config = TrainConfig("gpt2-micro", batch=4, seq_len=16, steps=1, optim=optim, checkpoint=save)
     train(config)

@@ -223,7 +223,9 @@ def test_a_resume_is_refused_for_fewer_steps_or_for_what_the_run_did_not_read(
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
     other.write_text("pack my box with five dozen liquor jugs now. " * 200)
     ckpt = tmp_path / "ckpt"
-    base = [*DP, "--data", str(corpus)]
+    # A constant rate: a language model's default cosine decays over --steps, and this
+    # run continues for more.
+    base = [*DP, "--data", str(corpus), "--optimizer", "sgd"]
     assert main([*base, "--steps", "4", "--checkpoint-dir", str(ckpt)]) == 0
     capsys.readouterr()
     resume = ["--resume", str(ckpt)]
@@ -240,3 +242,24 @@ def test_a_resume_is_refused_for_fewer_steps_or_for_what_the_run_did_not_read(
         capsys.readouterr().err
     )
     assert main([*base, "--steps", "5", *resume]) == 0
+
+
+def test_a_checkpoint_of_the_old_default_resumes_with_its_own_optimizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every model once defaulted to SGD at 0.05; language models now take AdamW. A
+    # checkpoint written then (its identity: sgd, 0.05, no warm-up, constant) resumed
+    # without flags goes on with SGD, as the run left alone would have.
+    ckpt, resumed, alone = tmp_path / "ckpt", tmp_path / "r.json", tmp_path / "a.json"
+    old_default = ["--optimizer", "sgd", "--lr", "0.05", "--lr-warmup", "0"]
+    assert main([*DP, *old_default, "--steps", "2", "--checkpoint-dir", str(ckpt)]) == 0
+    assert main([*DP, "--steps", "4", "--resume", str(ckpt), "--report", str(resumed)]) == 0
+    assert main([*DP, *old_default, "--steps", "4", "--report", str(alone)]) == 0
+    report = _report(resumed)
+    assert (report["optimizer"], report["lr"]) == ("sgd", 0.05)
+    assert report["train_config"]["optim"]["lr_schedule"] == "constant"
+    _same_run(report, _report(alone))
+    # A setting given still wins, and one the checkpoint disagrees with is refused.
+    capsys.readouterr()
+    assert main([*DP, "--optimizer", "adamw", "--steps", "4", "--resume", str(ckpt)]) == 2
+    assert "written with --lr 0.05, but this run has --lr 0.001" in capsys.readouterr().err
