@@ -14,7 +14,6 @@ from torch.nn.modules.module import _IncompatibleKeys
 from pipeswap.config import ConfigError
 from pipeswap.models.tasks import TASKS, Task, task_kind
 
-TASKS = ("lm", "classify")
 # Targets equal to this are not scored (the unmasked positions of a masked LM).
 IGNORE_INDEX = -100
 
@@ -90,11 +89,11 @@ class LayeredModel(nn.Sequential):
         # Whether its input is token ids (a language model, a sequence classifier).
         self.takes_tokens = self.task_entry.takes_tokens
         self.max_positions: int | None = None
+
     @property
     def task_entry(self) -> Task:
         """The entry of :attr:`task` in the task table (pipeswap.models.tasks)."""
         return task_kind(self.task)
-
 
     @property
     def layer_names(self) -> list[str]:
@@ -146,7 +145,7 @@ class LayeredModel(nn.Sequential):
         task = self.task_entry
         if task.takes_tokens:
             if seq_len is None:
-                raise ConfigError(f"{self.name} is a language model: pass {{seq_len}}")
+                raise ConfigError(f"{self.name} is {task.noun}: pass {{seq_len}}")
             if device.type == "meta":
                 tokens = torch.empty(batch, seq_len, dtype=torch.long, device=device)
                 return tokens, torch.empty(batch, seq_len, dtype=torch.long, device=device)
@@ -154,7 +153,7 @@ class LayeredModel(nn.Sequential):
             data = torch.randint(0, self.vocab_size, (batch, seq_len + 1), generator=gen)
             return data[:, :-1].to(device), data[:, 1:].to(device)
         if image_size is None:
-            raise ConfigError(f"{self.name} is an image model: pass {{image_size}}")
+            raise ConfigError(f"{self.name} is {task.noun}: pass {{image_size}}")
         shape = (batch, self.in_channels, image_size, image_size)
         if device.type == "meta":
             images = torch.empty(shape, dtype=dtype, device=device)

@@ -253,7 +253,6 @@ class _Rank:
     def score_every_rank(self, step: int) -> dict[str, float | int]:
         """The held-out score over every rank's batches after ``step`` (collective)."""
         parts = all_gather(self.evaluate(), self.world_size)
-        classify = getattr(self.model, "task", None) == "classify"
         total = HeldOutSums.total(parts)
         score = total.score(total.batches, classify=scores_accuracy(self.model))
         self.record.evals.append((step + 1, score))

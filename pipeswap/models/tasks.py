@@ -1,0 +1,95 @@
+"""The model tasks as a table: what a model's output means, and everything that follows from it.
+
+A model's ``task`` is a name (``"lm"``, ``"classify"``: what JSON, reports and the CLI
+show); every place that depends on it asks the name's entry (:func:`task_kind`) instead of
+comparing names: the loss (:meth:`pipeswap.models.base.LayeredModel.loss`), the example
+batches, the input size that applies (``seq_len`` or ``image_size``, and the refusal of the
+other), the built-in data, whether held-out scores count accuracy. A new task is one more
+entry, as torchtitan's ``ModelSpec`` gathers one family's behaviour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeswap.config import ConfigError
+
+# The settings that size a model's input: the sequence length or the image side.
+SEQ_LEN = "seq_len"
+IMAGE_SIZE = "image_size"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task: what the model takes, what it outputs, how it is scored.
+
+    ``noun`` names a model of the task in messages (``a language model``). ``size``: the
+    setting that sizes its input, :data:`SEQ_LEN` (token sequences) or :data:`IMAGE_SIZE`
+    (square images); the other setting is refused. ``takes_tokens``: its input is token
+    ids (an embedding's; a model adapted from another task may take tokens too, see
+    ``LayeredModel.takes_tokens``). ``per_position``: its output has logits at every
+    position (``[B, T, V]`` against targets ``[B, T]``, positions equal to
+    ``IGNORE_INDEX`` not scored); otherwise one row of logits per sample (``[B, K]``
+    against ``[B]``). ``accuracy``: held-out scores count the predictions equal to the
+    label.
+    """
+
+    name: str
+    noun: str
+    size: str
+    takes_tokens: bool
+    per_position: bool
+    accuracy: bool
+
+    @property
+    def has_seq_len(self) -> bool:
+        return self.size == SEQ_LEN
+
+    @property
+    def has_image_size(self) -> bool:
+        return self.size == IMAGE_SIZE
+
+    def check_sizes(self, model: str, seq_len: int | None, image_size: int | None) -> None:
+        """Refuse the input size that does not apply to ``model`` (a ConfigError naming
+        the one to pass)."""
+        other, given = (IMAGE_SIZE, image_size) if self.has_seq_len else (SEQ_LEN, seq_len)
+        if given is not None:
+            raise ConfigError(f"{model} is {self.noun}: pass {{{self.size}}}, not {{{other}}}")
+
+
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (
+        Task(
+            "lm",
+            noun="a language model",
+            size=SEQ_LEN,
+            takes_tokens=True,
+            per_position=True,
+            accuracy=False,
+        ),
+        Task(
+            "classify",
+            noun="an image model",
+            size=IMAGE_SIZE,
+            takes_tokens=False,
+            per_position=False,
+            accuracy=True,
+        ),
+    )
+}
+
+
+def task_kind(name: str) -> Task:
+    """The entry of the task ``name``; a ConfigError naming the known ones otherwise."""
+    task = TASKS.get(name)
+    if task is None:
+        raise ConfigError(f"unknown task {name!r}; known: " + ", ".join(TASKS))
+    return task
+
+
+def scores_accuracy(model: object) -> bool:
+    """Whether held-out scores of ``model`` count accuracy, by its ``task``'s entry (a
+    module with no task, such as a user's encoder-decoder in its own loop: no)."""
+    name = getattr(model, "task", None)
+    return isinstance(name, str) and task_kind(name).accuracy
