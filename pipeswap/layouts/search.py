@@ -31,9 +31,6 @@ from pipeswap.swap.plan.planner import make_plan
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.units import format_bytes
 
-# The weight mode each schedule runs with (its extra weight copies count in memory).
-WEIGHTS = {"gpipe": "stale", "1f1b": "stale", "async-1f1b": "spectrain", "2bw": "stash"}
-
 
 @dataclass(frozen=True)
 class SearchSpace:
@@ -174,7 +171,8 @@ def _pipelines(
     replicas = len(gpus) // k
     used = tuple(gpus[: k * replicas])
     for name in space.schedules:
-        weights = WEIGHTS[name]
+        # The weight mode it runs with: its extra weight copies count in memory.
+        weights = schedule_kind(name).default_weights
         for unit_profile, micro, steps in _units(profile, k, name, space):
             schedule = build_schedule(name, k, steps, micro)
             for balance in _balances(unit_profile, k, name, micro, weights, budget_bytes):

@@ -45,7 +45,10 @@ class ScheduleKind:
     that a stage's in-flight forwards may have used (None: one per in-flight unit).
     ``spectrain_table``: the official SpecTrain distance table applies (its async 1F1B).
     ``in_flight`` and ``caption``: the partitioner's activation count per stage, and the
-    grid printer's summary of a stage's phases.
+    grid printer's summary of a stage's phases. ``default_weights``: the weight mode
+    (pipeswap.schedule.modes) the layout planner runs it with, whose extra weight copies
+    count in its memory: the live weights on a synchronous schedule, the method its paper
+    pairs it with on an asynchronous one.
     """
 
     name: str
@@ -57,6 +60,7 @@ class ScheduleKind:
     delay_free: int | None = None
     stash_versions: int | None = None
     spectrain_table: bool = False
+    default_weights: str = "stale"
 
     @property
     def asynchronous(self) -> bool:
@@ -151,6 +155,7 @@ SCHEDULES: dict[str, ScheduleKind] = {
             in_flight=lambda n, k, m: n - k,
             caption=_async_caption,
             spectrain_table=True,
+            default_weights="spectrain",  # SpecTrain's prediction (Chen et al.)
         ),
         ScheduleKind(
             "2bw",
@@ -162,6 +167,7 @@ SCHEDULES: dict[str, ScheduleKind] = {
             delay_free=0,
             # Forwards between two updates share one version (PipeDream-2BW's double buffer).
             stash_versions=1,
+            default_weights="stash",
         ),
     )
 }
