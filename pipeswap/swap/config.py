@@ -15,6 +15,7 @@ POLICY_NAMES = (
     "bidirectional",
     "recompute",
     "save-on-cpu",
+    "finer",
     "hybrid",
     "mip",
     "auto",
@@ -34,7 +35,8 @@ class SwapConfig:
         "auto",
         choices=POLICY_NAMES,
         help="which saved tensors go to host memory, and when: auto keeps the best simulated "
-        "plan; recompute and save-on-cpu are PyTorch's baselines, hybrid swaps or recomputes",
+        "plan; recompute and save-on-cpu are PyTorch's baselines, finer recomputes only (per "
+        "block kept, recomputed selectively or whole), hybrid swaps or recomputes",
     )
     gpu_memory_bytes: int | None = option(
         None,

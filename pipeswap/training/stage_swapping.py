@@ -74,6 +74,7 @@ MOVES = {
     "bidirectional": (True, False, True),
     "oblivious": (True, False, False),
     "recompute": (False, True, True),
+    "finer": (False, True, True),  # a stage recomputes whole blocks (no selective plan)
 }
 
 

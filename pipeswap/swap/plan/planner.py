@@ -151,7 +151,7 @@ def resolve_budget(
     policy = POLICIES.get(config.policy)
     if policy is not None and not policy.respects_budget:
         return budget  # a baseline plans by its rule; its peak is checked against the budget
-    smallest = workload.min_budget_bytes(recomputing=policy is None or policy.recomputes)
+    smallest = workload.min_budget_bytes() if policy is None else policy.least_budget(workload)
     require(
         budget >= smallest,
         f"a budget of {budget} bytes ({format_bytes(budget)}) per GPU is below what "

@@ -9,10 +9,12 @@ from typing import Any, NamedTuple
 from pipeswap.swap.config import POLICY_NAMES
 from pipeswap.swap.plan.auto import plan_auto
 from pipeswap.swap.plan.case import Case
+from pipeswap.swap.plan.finer import plan_finer
 from pipeswap.swap.plan.hybrid import hybrid
 from pipeswap.swap.plan.mip import plan_mip
 from pipeswap.swap.plan.policies import HEURISTICS, heuristic
 from pipeswap.swap.plan.scoring import Assignment, Scored
+from pipeswap.swap.plan.workload import Workload
 
 
 class Planned(NamedTuple):
@@ -42,6 +44,15 @@ class Policy:
     peak: str = ""
     assign: Callable[[Case], Assignment] | None = None  # rule-based: the plan before scoring
     recomputes: bool = False  # may recompute layers (the smallest budget it reaches is lower)
+    # The least budget its plans can hold, where it is not the workload's bound for plans
+    # that swap (and recompute, where ``recomputes``).
+    smallest: Callable[[Workload], int] | None = None
+
+    def least_budget(self, workload: Workload) -> int:
+        """The smallest budget this policy's plans can hold on ``workload``."""
+        if self.smallest is not None:
+            return self.smallest(workload)
+        return workload.min_budget_bytes(recomputing=self.recomputes)
 
 
 def _rule(
@@ -72,6 +83,18 @@ _PEAKS = {
 }
 
 
+def _finer(case: Case) -> Assignment:
+    """The finer recompute-only plan; where none fits, every block recomputed whole (which
+    does not fit either: the planner's simulation says by how much)."""
+    return plan_finer(case) or heuristic(case, "recompute")
+
+
+def _all_recomputed(workload: Workload) -> int:
+    """What every block recomputed whole holds, nothing swapped: the least a plan of
+    recomputation alone reaches."""
+    return workload.recomputing(range(workload.num_layers)).no_swap_peak_bytes()
+
+
 def _remembered(name: str) -> Callable[[Case], Assignment]:
     return lambda case: heuristic(case, name)
 
@@ -81,6 +104,13 @@ POLICIES: dict[str, Policy] = {
         name: _rule(name, _remembered(name), _PEAKS.get(name, ""), name == "recompute")
         for name in HEURISTICS
     },
+    "finer": Policy(
+        "finer",
+        lambda case, _: Planned(case.score(_finer(case)), {}),
+        assign=_finer,
+        recomputes=True,
+        smallest=_all_recomputed,
+    ),
     "hybrid": _rule("hybrid", hybrid, recomputes=True),
     "mip": Policy("mip", _mip, recomputes=True),
     "auto": Policy("auto", _auto, recomputes=True),

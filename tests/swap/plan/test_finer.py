@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from support import GB, toy_profile
 
+from pipeswap.config import ConfigError
 from pipeswap.hardware.presets import preset
 from pipeswap.profile import Profile
+from pipeswap.swap.plan import GpuPlan
 from pipeswap.swap.plan.finer import plan_finer, view
 from pipeswap.swap.plan.hybrid import hybrid
-from pipeswap.swap.plan.planner import make_case
+from pipeswap.swap.plan.planner import make_case, make_plan
 from pipeswap.swap.plan.policies import fits
 from pipeswap.swap.plan.workload import workload_from_profile
 
@@ -112,3 +115,17 @@ def test_whole_blocks_only_when_the_config_says_so() -> None:
     whole = plan_finer(make_case(profile, preset("switch-4"), whole_blocks=True, **settings))
     assert finer is not None and finer.selective
     assert whole is not None and not whole.selective and whole.recomputed("gpu0")
+
+
+def test_policy_finer_writes_its_choice_into_the_plan_and_names_its_smallest_budget() -> None:
+    profile = _profile()
+    peak = workload_from_profile(profile).no_swap_peak_bytes()
+    result = make_plan(
+        profile, preset("switch-4"), gpus=1, policy="finer", gpu_memory_bytes=peak - 6 * GB
+    )
+    gpu = result.plan.gpus[0]
+    assert gpu.selective and set(gpu.selective) <= set(gpu.recompute) and not gpu.swaps
+    assert GpuPlan.from_json(gpu.to_json()) == gpu  # the choice survives the plan's JSON
+    least = workload_from_profile(profile).recomputing(range(4)).no_swap_peak_bytes()
+    with pytest.raises(ConfigError, match=f"the smallest budget that works is {least} bytes"):
+        make_plan(profile, preset("switch-4"), gpus=1, policy="finer", gpu_memory_bytes=least - 1)
