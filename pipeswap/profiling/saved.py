@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
@@ -49,8 +50,10 @@ class SavedRecord:
 
 @dataclass
 class _StorageSeen:
-    # Held only while the capture runs: pins the storage so its address (our key) stays unique.
-    storage: torch.UntypedStorage | None
+    # Held only while the capture runs, so that its address (our key) stays unique: the
+    # storage itself, or (``release``) a weak reference, which keeps the address taken
+    # while the bytes are freed.
+    storage: torch.UntypedStorage | StorageWeakRef | None
     nbytes: int
     shape: tuple[int, ...]
     dtype: str
@@ -66,6 +69,10 @@ class _Packed:
         self.tensor = tensor
 
 
+# What autograd keeps of a saved tensor under SavedTensorCapture(release=True): nothing.
+_RELEASED = object()
+
+
 def storage_key(tensor: torch.Tensor) -> int:
     """Identity of the storage behind ``tensor``; exact on every device, meta included."""
     return tensor.untyped_storage()._cdata
@@ -79,10 +86,16 @@ class SavedTensorCapture:
     :meth:`records` gives the named saved tensors. The hooks stay attached to the saved
     tensors, so :attr:`live_bytes` / :attr:`peak_live_bytes` keep tracking how many bytes
     of distinct saved storages are alive through the backward that follows.
+
+    With ``release`` no backward may follow: autograd is handed a placeholder, not the
+    tensor, so each saved tensor is freed as soon as the forward lets go of it, and the
+    pass holds no more than a forward without gradients (a naming pass before a step
+    that must keep a budget).
     """
 
-    def __init__(self, model: LayeredModel) -> None:
+    def __init__(self, model: LayeredModel, *, release: bool = False) -> None:
         self.model = model
+        self.release = release
         self.layer: str | None = None
         self._resident = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
         self._seen: dict[int, _StorageSeen] = {}
@@ -113,7 +126,7 @@ class SavedTensorCapture:
         if seen is None:
             storage = tensor.untyped_storage()
             seen = _StorageSeen(
-                storage,
+                StorageWeakRef(storage) if self.release else storage,
                 storage.nbytes(),
                 tuple(tensor.shape),
                 str(tensor.dtype).removeprefix("torch."),
@@ -125,6 +138,8 @@ class SavedTensorCapture:
             self._order[self.layer].append(key)
         self._packs[self.layer].append(key)
         self._count_live(key, seen.nbytes)
+        if self.release:
+            return _RELEASED
         # Detached: a saved output keeps its grad_fn, whose node keeps what we return, a
         # cycle through C++ that Python's collector cannot see. A forward with no backward
         # (prepare's naming pass) would then never free its saved tensors.
@@ -134,6 +149,11 @@ class SavedTensorCapture:
 
     @staticmethod
     def _unpack(packed: Any) -> torch.Tensor:
+        if packed is _RELEASED:
+            raise RuntimeError(
+                "a backward through a forward run under SavedTensorCapture(release=True): "
+                "its saved tensors were let go of as the forward ran"
+            )
         return packed.tensor if isinstance(packed, _Packed) else packed
 
     def _count_live(self, key: int, nbytes: int) -> None:

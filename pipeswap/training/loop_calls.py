@@ -10,21 +10,46 @@ from torch.utils._pytree import tree_flatten
 
 from pipeswap.errors import PipeswapError
 
-# What a forward call looks like to a plan: every tensor's shape, dtype and device, every
+# What a forward call looks like to a plan: every tensor's shape, dtype, device and
+# whether it needs gradients (an integer matrix's: whether all its values are equal), every
 # other argument's value, and the autocast dtype it runs under.
 Signature = tuple[Any, ...]
 
 
 def signature(args: Any, kwargs: Any, device: torch.device) -> Signature:
     leaves, spec = tree_flatten((args, kwargs))
+    uniform = _uniform([x for x in leaves if isinstance(x, torch.Tensor)])
     shape = tuple(
-        (tuple(x.shape), x.dtype, x.device, x.requires_grad)
+        (tuple(x.shape), x.dtype, x.device, x.requires_grad, uniform.get(id(x)))
         if isinstance(x, torch.Tensor)
         else repr(x)
         for x in leaves
     )
     cast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
     return (str(spec), shape, cast)
+
+
+def _uniform(tensors: list[torch.Tensor]) -> dict[int, bool]:
+    """For each integer or boolean matrix, whether all its values are equal. A model may
+    save other tensors when they are: a Hugging Face attention mask with no padding is
+    dropped (the causal kernel runs without it), so a plan made for a padded batch would
+    not name what such a batch saves, and keep less than planned. One reading of each
+    device for them all."""
+    # Masks are a batch of rows: a vector (a classifier's labels) is left out, so that a
+    # batch whose labels happen to be equal does not take a plan of its own.
+    ints = [
+        t
+        for t in tensors
+        if t.dim() >= 2 and t.numel() and not (t.is_floating_point() or t.is_complex())
+    ]
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in ints:
+        by_device.setdefault(t.device, []).append(t)
+    out: dict[int, bool] = {}
+    for group in by_device.values():
+        flags = torch.stack([(t == t.reshape(-1)[0]).all() for t in group]).tolist()
+        out.update((id(t), bool(flag)) for t, flag in zip(group, flags, strict=True))
+    return out
 
 
 def takes_use_cache(forward: Any) -> bool:

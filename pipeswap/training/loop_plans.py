@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,6 +36,8 @@ _ARGUMENT = {"gpu_memory_bytes": "gpu_memory"}
 REPLANS = 2
 # The least time a search is given (a smaller one finds nothing beyond its first guess).
 MIN_SEARCH_S = 0.02
+# A budget no step reaches: what a plan run beyond the run's budget is checked against.
+UNBOUNDED = 2**62
 
 
 @contextmanager
@@ -70,6 +72,9 @@ class ShapePlan:
     # tensors of that call, whichever smaller call it served when measured.
     call: tuple[Any, Any] | None = None
     recomputes_all: bool = False  # on_infeasible="recompute-all" made it, over the budget
+    # The measured shapes its profile was derived from, before its first step (None: its
+    # own step was measured).
+    derived_from: str | None = None
 
 
 @dataclass
@@ -208,13 +213,35 @@ class LoopPlanner:
             rerun=rerun,
             choices=choices,
         )
+        return self.settle(profile, call, started, shape=shape, fits=fits, check=check_memory)
+
+    def settle(
+        self,
+        profile: Profile,
+        call: tuple[Any, Any],
+        started: float,
+        *,
+        shape: str,
+        fits: str | None,
+        check: bool,
+        configs: Sequence[SwapConfig | None] = (None,),
+        derived_from: str | None = None,
+    ) -> ShapePlan:
+        """The call's plan from its profile within the run's budget (``configs``: the
+        policies to try in turn, None the run's), checked (``check``) by a step run aside
+        on the CPU; a call no plan fits is refused or recomputes every layer (plan_shape)."""
+        args, kwargs = call
         budget = self.budget(profile)
         recomputes_all = False
-        try:
-            result, executor = self.make(profile, budget, args, kwargs)
-        except ConfigError:
-            if fits is None:  # the first shape: the refusal names the smallest budget
-                raise
+        for config in configs:
+            try:
+                result, executor = self.make(profile, budget, args, kwargs, config=config)
+                break
+            except ConfigError:
+                if config is configs[-1] and fits is None:  # the first shape: the
+                    raise  # refusal names the smallest budget
+        else:
+            assert fits is not None
             result, executor = self._beyond_budget(profile, budget, call, shape, fits)
             recomputes_all = True
         planned = ShapePlan(
@@ -225,8 +252,9 @@ class LoopPlanner:
             time.perf_counter() - started,
             call=_on_host(call),
             recomputes_all=recomputes_all,
+            derived_from=derived_from,
         )
-        if check_memory and self.device.type != "cuda" and not recomputes_all:
+        if check and self.device.type != "cuda" and not recomputes_all:
             # The storage count cannot watch the user's step: a step run aside with the
             # plan is measured, and the plan made again right away if it held more.
             while True:
@@ -267,7 +295,12 @@ class LoopPlanner:
             stacklevel=6,
         )
         everything = replace(self.config, policy="recompute")
-        return self.make(profile, least, *call, config=everything)
+        try:
+            return self.make(profile, least, *call, config=everything)
+        except ConfigError:
+            # A derived profile's least is a model's, not what the runtime then counts;
+            # beyond the budget by the user's choice, the plan has no budget to keep.
+            return self.make(profile, UNBOUNDED, *call, config=everything)
 
     def make(
         self,

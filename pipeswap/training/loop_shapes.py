@@ -6,7 +6,9 @@ at almost every step. A plan made for one call serves any call of the same struc
 any dimension: its layers save the same tensors in the same order, each no larger than
 its host slot, and what it holds at every moment is no more than the larger call held
 (pipeswap.swap.runtime.step_tensors swaps a smaller tensor into its slot). So only a call
-that no plan covers needs a plan of its own.
+that no plan covers needs a plan of its own: the first call of a structure is learnt (run
+as it is, timed and metered), every later one is planned before its forward from the
+calls measured (pipeswap.training.loop_derive).
 """
 
 from __future__ import annotations
@@ -22,14 +24,11 @@ from pipeswap.config import ConfigError
 from pipeswap.dist.group import rank_and_world
 from pipeswap.profile import StepMemory
 from pipeswap.profiling.block_timing import BlockTiming
-from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.training.loop_calls import Signature
-from pipeswap.training.loop_plans import LoopPlanner, ShapePlan, on_device
+from pipeswap.training.loop_derive import derive_plan, describe, same_structure
+from pipeswap.training.loop_plans import UNBOUNDED, LoopPlanner, ShapePlan, on_device
 from pipeswap.units import format_bytes
-
-# A budget no step reaches: what a plan run beyond the run's budget is checked against.
-UNBOUNDED = 2**62
 
 
 def covers(large: Signature, small: Signature) -> bool:
@@ -60,27 +59,6 @@ def smallest_covering(signature: Signature, planned: Iterable[Signature]) -> Sig
     return best
 
 
-def describe(signature: Signature) -> str:
-    """The call's tensor shapes, as a user would write them: ``4x128, 4x128``."""
-    shapes = [leaf[0] for leaf in signature[1] if not isinstance(leaf, str)]
-    return (
-        ", ".join("x".join(str(d) for d in shape) or "scalar" for shape in shapes) or "no tensors"
-    )
-
-
-def _largest_leaf(signature: Signature) -> int:
-    """The number of elements of the call's largest tensor."""
-    sizes = [_numel(leaf[0]) for leaf in signature[1] if not isinstance(leaf, str)]
-    return max(sizes, default=0)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for d in shape:
-        count *= d
-    return count
-
-
 def _size(signature: Signature) -> int:
     total = 0
     for leaf in signature[1]:
@@ -101,17 +79,21 @@ def largest_covered(signature: Signature, planned: Iterable[Signature]) -> Signa
 class ShapePlans:
     """A loop's plans by the call each was made for, and the plan that serves a call."""
 
-    def __init__(self, planner: LoopPlanner) -> None:
+    def __init__(self, planner: LoopPlanner, *, check_memory: bool = False) -> None:
         self.planner = planner
         self.plans: dict[Signature, ShapePlan] = {}
         self.declared: Signature | None = None  # the largest call, as plan_for gave it
+        self.check_memory = check_memory  # a derived plan is checked by a step run aside
 
     def serving(
         self, signature: Signature, args: Any, kwargs: Any, device: torch.device
     ) -> tuple[Signature | None, ShapePlan | None]:
         """The call whose plan serves this one, and the plan (None: none does yet, learn
-        it). A plan whose measured step held too much is made again first; a call larger
-        than plan_for's is refused, or recomputes every layer (see :meth:`beyond`)."""
+        it: the first call of its structure). A plan whose measured step held too much is
+        made again first; a call no plan covers is planned now, derived from the measured
+        calls of its structure (pipeswap.training.loop_derive), and refused if no plan
+        fits it (or run recomputing every layer); so is a call larger than plan_for's
+        (see :meth:`_beyond`)."""
         covering = smallest_covering(signature, self.plans)
         if covering is not None:
             planned = self.plans[covering]
@@ -123,25 +105,18 @@ class ShapePlans:
         if self.declared is not None:
             planned = self.plans[signature] = self.beyond_declared(signature, args, kwargs)
             return signature, planned
+        bases = [
+            (sig, p.profile)
+            for sig, p in self.plans.items()
+            if p.derived_from is None and not p.recomputes_all and same_structure(sig, signature)
+        ]
+        if self.planner.budget_bytes is None or not bases:  # the first of its structure
+            return None, None
         smaller = largest_covered(signature, self.plans)
-        budget = self.planner.budget_bytes
-        if smaller is None or budget is None:
-            return None, None
-        # Activations grow at least as the largest input does (tokens, pixels): the least
-        # the smaller call's plan can hold, so scaled, is a bound that refuses before the
-        # forward a call no plan can fit; anything below it is learnt.
-        scale = _largest_leaf(signature) / max(1, _largest_leaf(smaller))
-        least = self.least_bytes(self.plans[smaller], scale)
-        if least <= budget:
-            return None, None
-        over = (
-            f"a batch of shape {describe(signature)} needs at least {format_bytes(least)} "
-            f"with every layer recomputed (the least of {describe(smaller)}'s, scaled by "
-            f"{scale:.2f}x its largest input), more than the run's budget of "
-            f"{format_bytes(budget)}; the largest shape planned within it is "
-            f"{describe(smaller)}"
+        fits = "none of this structure" if smaller is None else describe(smaller)
+        planned = self.plans[signature] = derive_plan(
+            self.planner, signature, (args, kwargs), bases, fits=fits, check=self.check_memory
         )
-        planned = self.plans[signature] = self._beyond(over, self.plans[smaller], args, kwargs)
         return signature, planned
 
     def plan(
@@ -189,13 +164,6 @@ class ShapePlans:
             f"pipeswap.offload: {over}; it runs recomputing every layer", RuntimeWarning, 5
         )
         return self.recompute_all(like, args, kwargs)
-
-    def least_bytes(self, planned: ShapePlan, scale: float) -> int:
-        """The least any plan can hold for a call whose activations are ``scale`` times
-        ``planned``'s (its state and what it holds at the start stay as they are)."""
-        workload = workload_from_profile(planned.profile)
-        least = workload.min_budget_bytes(recomputing=True)
-        return workload.resident_bytes + int((least - workload.resident_bytes) * scale)
 
     def recompute_all(self, like: ShapePlan, args: Any, kwargs: Any) -> ShapePlan:
         """``like``'s plan with every layer recomputed and nothing swapped, for this call:

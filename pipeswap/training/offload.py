@@ -48,23 +48,23 @@ def offload(
     """Swap ``model``'s saved tensors to host memory in your own loop, planned for you.
 
     ``with off:`` around the forward (``off = offload(model, footprint_ratio=1.5)``); the
-    backward and the optimizer step stay yours. A call no plan covers yet runs as it is
-    while its layers are timed; the next forward plans it (the contention-aware planner,
-    ``policy``, within the run's budget, on ``topology`` or the one of this machine) and
-    every call it covers runs the plan from then on. ``off.plan_for(**largest_batch)``
-    plans before the loop, so that no step runs unplanned. Losses and weights stay
-    bit-identical to the loop without it (which a Hugging Face model runs with
-    ``use_cache=False``, as offload passes it). Under your own DDP, rank 0 plans for every
-    rank (disjoint and bidirectional swaps coordinate them): every rank must see the same
-    input shapes at the same steps, as a DistributedSampler gives. ``layers`` are the
-    submodules plans cut at (default: the model's repeated block list); ``optimizer`` says
-    which state the budget counts (pass the optimizer itself to have its state counted as
-    it is). ``time_limit_s`` bounds the search of the policies that search (``auto``,
-    ``mip``), inside the user's step; by default it is about two training steps' time, at
-    most 1 s.
+    backward and the optimizer step stay yours. The first call runs as it is while its
+    layers are timed; the next forward plans it (the contention-aware planner, ``policy``,
+    within the run's budget, on ``topology`` or the one of this machine) and every call it
+    covers runs the plan from then on. ``off.plan_for(**largest_batch)`` plans before the
+    loop, so that no step runs unplanned. Losses and weights stay bit-identical to the
+    loop without it (which a Hugging Face model runs with ``use_cache=False``, as offload
+    passes it). Under your own DDP, rank 0 plans for every rank (disjoint and
+    bidirectional swaps coordinate them): every rank must see the same input shapes at the
+    same steps, as a DistributedSampler gives. ``layers`` are the submodules plans cut at
+    (default: the model's repeated block list); ``optimizer`` says which state the budget
+    counts (pass the optimizer itself to have its state counted as it is).
+    ``time_limit_s`` bounds the search of the policies that search (``auto``, ``mip``; a
+    derived plan takes the heuristics), inside the user's step; by default it is about
+    two training steps' time, at most 1 s.
 
     The budget is what the device's own meter counts (pipeswap.profiling.meter: CUDA's
-    allocator; on the CPU the live storages): the first step of a shape reads the meter at
+    allocator; on the CPU the live storages): a measured shape's step reads the meter at
     every layer's edges, so the plan counts what the model holds outside the layers (its
     head, logits and loss), the working sets, autocast's weight copies and the optimizer
     step. ``check_memory`` (default: on CUDA) measures the first step that runs each plan;
@@ -74,11 +74,11 @@ def offload(
 
     Batches of every length: the budget is resolved once, at the first plan, and every
     later shape keeps it. A plan made for one call serves every smaller call of the same
-    structure (pipeswap.training.loop_shapes), so a loop that pads each batch to its own
-    longest sequence plans only the shapes no earlier plan covers. A shape no plan fits
-    within the budget is refused, naming the largest shape planned within it
-    (``on_infeasible="error"``), or runs recomputing every layer beyond the budget, with a
-    warning (``"recompute-all"``).
+    structure (pipeswap.training.loop_shapes); a shape no plan covers is planned before
+    its forward, its profile derived from the shapes measured (loop_derive; ``stats()``'s
+    ``derived_from``). A shape no plan fits within the budget is refused before its
+    forward, naming the largest shape planned within it (``on_infeasible="error"``), or
+    runs recomputing every layer beyond the budget, with a warning (``"recompute-all"``).
     """
     if on_infeasible not in INFEASIBLE:
         raise ConfigError(
@@ -183,7 +183,7 @@ class Offload:
             self.host_pools,
             on_infeasible,
         )
-        self.shapes = ShapePlans(self.planner)
+        self.shapes = ShapePlans(self.planner, check_memory=self.check_memory)
         self.meter = LoopMeter(device, (self.model, self.optimizer_state), self.planner.measured)
 
     @contextmanager
@@ -248,7 +248,7 @@ class Offload:
             "planned_shape": None if covering is None else describe(covering),
             "step_planning_s": time.perf_counter() - started,
         }
-        if planned is None:  # no plan covers this call yet: run it as it is, timed
+        if planned is None:  # the first call of its structure: run it as it is, timed
             self._timed = (signature, (args, kwargs), self._start_timing())
             self.plain_steps += 1
             self._last_plan = self._last = None
@@ -356,12 +356,12 @@ class Offload:
     # ---- what it did ----------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """What the last step did (call it after a step's backward): its ``shape``, the
-        shape whose plan it ran (``planned_shape``; None: it ran as it is, timed, as no
-        plan covered it yet) and the time its forward spent planning; bytes swapped and
-        recomputed, late fetches; the run's budget; of the plan it ran, the policy, the
-        predicted step and stall, the predicted peak beside the meter's measured one (of
-        the first step that ran the plan; while that step is still being read, the most
-        so far), its planning time and how often it was made again."""
+        shape whose plan it ran (``planned_shape``; None: run as it is, timed, the first of
+        its structure), its forward's planning time; bytes swapped and recomputed, late
+        fetches; the run's budget; of the plan it ran, the policy, the predicted step and
+        stall, the predicted peak beside the meter's (of its first step; while that runs,
+        the most so far), its planning time and replans, and ``derived_from``: the
+        measured shapes it was derived from before its first step (None: measured)."""
         self._end_pending()
         out: dict[str, Any] = {
             "steps": self.steps,
@@ -392,9 +392,8 @@ class Offload:
             workload = workload_from_profile(planned.profile)
             out["no_swap_peak_bytes"] = workload.no_swap_peak_bytes()
             out["smallest_budget_bytes"] = workload.min_budget_bytes()
-            out["memory_meter"] = (
-                None if planned.profile.memory is None else planned.profile.memory.meter
-            )
+            out["memory_meter"] = getattr(planned.profile.memory, "meter", None)
             out["planning_s"] = planned.planning_s
             out["replans"] = planned.replans
+            out["derived_from"] = planned.derived_from
         return out

@@ -21,6 +21,21 @@ def test_a_signature_is_the_shapes_the_other_values_and_the_autocast() -> None:
         assert signature((x,), {"flag": True}, CPU) != same
 
 
+def test_a_mask_without_padding_is_another_call() -> None:
+    """A Hugging Face model drops an attention mask of ones (it saves other tensors), so
+    a batch without padding is not the padded batch's call; a vector of labels that
+    happen to be equal is."""
+    padded = torch.ones(2, 8, dtype=torch.long)
+    padded[0, 5:] = 0
+    full = torch.ones(2, 8, dtype=torch.long)
+    assert signature((), {"mask": padded}, CPU) != signature((), {"mask": full}, CPU)
+    other = padded.clone()
+    other[1, 6:] = 0
+    assert signature((), {"mask": padded}, CPU) == signature((), {"mask": other}, CPU)
+    labels = signature((), {"labels": torch.tensor([1, 2])}, CPU)
+    assert labels == signature((), {"labels": torch.tensor([1, 1])}, CPU)
+
+
 def test_the_cache_is_off_unless_asked_and_asking_for_it_is_refused() -> None:
     assert without_cache({"a": 1}) == {"a": 1, "use_cache": False}
     assert without_cache({"use_cache": False}) == {"use_cache": False}

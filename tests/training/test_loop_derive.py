@@ -1,0 +1,170 @@
+"""A new shape planned before its first step, its profile derived from the shapes measured.
+
+Covers: pipeswap/training/loop_derive.py (and offload's use of it through loop_shapes),
+and the naming forward that lets go of what it saves (pipeswap/profiling/saved.py's
+``release``, which pipeswap/swap/runtime/capture.py uses).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+import torch
+
+from pipeswap.models.blocks import find_blocks
+from pipeswap.profile import Profile
+from pipeswap.profiling.meter import DeviceMeter
+from pipeswap.swap.plan.workload import workload_from_profile
+from pipeswap.swap.runtime.capture import capture_records
+from pipeswap.training.loop_calls import Signature, signature, without_cache
+from pipeswap.training.loop_derive import (
+    Scaling,
+    derive_profile,
+    features,
+    fit,
+    gradient_bytes,
+    name_call,
+)
+from pipeswap.training.offload import Offload, offload
+from tests.training.test_loop_shapes import CPU, _llama, _same, metered_loop, padded_batches
+
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize(
+    ("steps", "lengths"), [(20, 15), pytest.param(50, 30, marks=pytest.mark.slow)]
+)
+def test_a_padded_loop_runs_only_its_first_step_unplanned(steps: int, lengths: int) -> None:
+    """A loop of many lengths on one GPU's budget (two thirds of the longest step's
+    no-swap peak): the first step is learnt, every other runs a plan made before its
+    forward, and every step from the second on keeps the budget by the meter."""
+    data = padded_batches(1, 16, 16, rows=2) + padded_batches(steps, 8, 96, rows=2)
+    assert len({batch["input_ids"].shape[1] for batch in data}) >= lengths
+    plain = metered_loop(_llama(), nullcontext, data)
+    model = _llama()
+    budget = int(max(plain[2]) / 1.5)
+    off = offload(model, gpu_memory=budget)
+    seen: list[dict[str, Any]] = []
+    swapped = metered_loop(
+        model, lambda: off, data, off.host_pools, lambda: seen.append(off.stats())
+    )
+    assert _same(plain, swapped)
+    assert seen[0]["planned_shape"] is None and off.stats()["plain_steps"] == 1
+    assert all(step["planned_shape"] is not None for step in seen[1:])
+    planned = {seen[0]["shape"]}  # learnt, planned at the second step's forward
+    derived = []  # the steps that planned their own shape at their forward
+    for step in seen[1:]:
+        if step["planned_shape"] not in planned:
+            planned.add(step["planned_shape"])
+            derived.append(step)
+    assert len(derived) >= 3 and all(step["shape"] == step["planned_shape"] for step in derived)
+    for step in derived:  # from the shape measured
+        assert step["derived_from"] == "2x16, 2x16, 2x16"
+        assert 0 < step["planning_s"] <= step["step_planning_s"]
+    peaks = swapped[2]
+    assert max(peaks[1:]) <= budget * 1.02, [round(peak / budget, 3) for peak in peaks]
+    assert max(plain[2][1:]) > budget * 1.4  # the budget is a real cut
+
+
+def _measured(off: Offload, length: int) -> tuple[Signature, Profile, dict[str, Any]]:
+    """A shape measured (plan_for's step run aside): its signature, profile and call."""
+    batch = without_cache(padded_batches(1, length, length)[0])
+    off.plan_for(**batch)
+    key = signature((), batch, CPU)
+    return key, off.shapes.plans[key].profile, batch
+
+
+def _derived(
+    off: Offload, bases: list[tuple[Signature, Profile, dict[str, Any]]], length: int
+) -> tuple[Profile, Profile, Scaling]:
+    """The shape of ``length`` derived from ``bases``, and as measured."""
+    key, truth, batch = _measured(off, length)
+    named = name_call(off.model, off.layers, (), batch)
+    used = [(sig, profile) for sig, profile, _ in bases]
+    derived = derive_profile(
+        key,
+        used,
+        named.saved,
+        named.outputs,
+        later=gradient_bytes(off.layers, named.head),
+        batch=4,
+        source="test",
+    )
+    totals = {name: sum(t.bytes for t in tensors) for name, tensors in named.saved.items()}
+    return derived, truth, Scaling(key, used, totals)
+
+
+def _peaks(profile: Profile) -> tuple[int, int]:
+    workload = workload_from_profile(profile)
+    return workload.no_swap_peak_bytes(), workload.min_budget_bytes()
+
+
+def test_from_one_measured_shape_each_layer_scales_by_its_saved_bytes() -> None:
+    model = _llama()
+    off = offload(model, gpu_memory="1GiB")
+    short = _measured(off, 16)
+    derived, truth, scaling = _derived(off, [short], 64)
+    assert not scaling.fitting
+    for new, measured, old in zip(derived.layers, truth.layers, short[1].layers, strict=True):
+        # What it saves and outputs is named, not modelled.
+        assert (new.saved, new.output_bytes) == (measured.saved, measured.output_bytes)
+        ratio = new.saved_bytes / old.saved_bytes
+        assert new.forward_s == pytest.approx(old.forward_s * ratio)
+        assert new.kept_bytes == round((old.kept_bytes or 0) * ratio)
+    # The memory it would hold, within a few per cent of the measured step's, never
+    # much below (the gradients no shape changes are not scaled).
+    for mine, real in zip(_peaks(derived), _peaks(truth), strict=True):
+        assert real * 0.99 <= mine <= real * 1.06, (mine, real)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_from_two_measured_shapes_each_layer_is_fitted(attention: str) -> None:
+    """Eager attention saves its T x T scores: the fit finds the quadratic term."""
+    model = _llama(attention=attention)
+    off = offload(model, gpu_memory="1GiB")
+    bases = [_measured(off, 16), _measured(off, 40)]
+    derived, truth, scaling = _derived(off, bases, 85)
+    assert scaling.fitting
+    points = [features(sig) for sig, _, _ in bases]
+    for i, layer in enumerate(truth.layers):
+        saved = [profile.layers[i].saved_bytes for _, profile, _ in bases]
+        fitted = scaling.value(i, saved)
+        assert fitted == pytest.approx(layer.saved_bytes, rel=1e-3)
+        _, quadratic = fit([(n, q, y) for (n, q), y in zip(points, saved, strict=True)])
+        assert (quadratic > 0) == (attention == "eager")
+    for mine, real in zip(_peaks(derived), _peaks(truth), strict=True):
+        assert real * 0.99 <= mine <= real * 1.03, (mine, real)
+
+
+def test_the_fit_is_exact_on_its_model_and_never_negative() -> None:
+    points = [(n, n * n / 4, 3 * n + 0.5 * n * n / 4) for n in (64.0, 160.0, 340.0)]
+    assert fit(points) == pytest.approx((3.0, 0.5))
+    a, b = fit([(64.0, 1024.0, 900.0), (340.0, 28900.0, 500.0)])  # smaller when larger
+    assert a >= 0 and b >= 0
+
+
+def test_naming_a_call_holds_no_more_than_a_forward_without_gradients() -> None:
+    """No backward follows the naming forward: it lets each saved tensor go as the
+    forward does, so naming a new shape before its step keeps the step's budget."""
+    model = _llama()
+    batch = without_cache(padded_batches(1, 96, 96)[0])
+    names = find_blocks(model)
+
+    def peak(run: Any) -> int:
+        with DeviceMeter(CPU, holding=(model, batch)) as meter:
+            run()
+        return meter.peak
+
+    def inference() -> None:
+        with torch.no_grad():
+            model(**batch)
+
+    def training() -> Any:
+        return model(**batch)  # the graph holds every saved tensor until it is dropped
+
+    named = peak(lambda: capture_records(model, lambda: model(**batch), names))
+    assert named <= peak(inference) * 1.05 < peak(training) * 0.6
