@@ -23,7 +23,7 @@ from pipeswap.profile import Profile
 from pipeswap.profiling.metered_step import module_step_memory
 from pipeswap.profiling.step import parse_dtype
 from pipeswap.swap.runtime.capture import resolve_layers
-from pipeswap.swap.runtime.recompute import recompute_sizes
+from pipeswap.swap.runtime.recompute import measure_recomputation
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.loop_profile import loop_profile
 from pipeswap.user_pairs import PairDataset, tokenize_pairs
@@ -103,7 +103,7 @@ class Seq2SeqJob:
             return model(inputs)
 
         with untouched(model):
-            records, kept, rerun = recompute_sizes(model, layers, names, forward)
+            records, kept, rerun, choices = measure_recomputation(model, layers, names, forward)
         timing, memory = module_step_memory(
             model, forward, layers, device, optimizer, holding=(model, inputs, targets)
         )
@@ -117,6 +117,7 @@ class Seq2SeqJob:
             memory=memory,
             kept=kept,
             rerun=rerun,
+            choices=choices,
         )
         return replace(profile, seq_len=self.seq_len, notes={"source": _NOTE})
 

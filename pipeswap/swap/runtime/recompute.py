@@ -258,13 +258,3 @@ def measure_recomputation(
     return RecomputeSizes(
         records, recomputation.kept_bytes, recomputation.rerun_bytes, recomputation.choices
     )
-
-
-def recompute_sizes(
-    model: nn.Module,
-    layers: dict[str, nn.Module],
-    names: list[str],
-    forward_loss: Callable[[], Any],
-) -> tuple[dict[str, list[SavedRecord]], dict[str, int], dict[str, int]]:
-    """:func:`measure_recomputation` without the selective choices."""
-    return measure_recomputation(model, layers, names, forward_loss)[:3]
