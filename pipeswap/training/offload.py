@@ -44,6 +44,7 @@ def offload(
     time_limit_s: float | None = None,
     check_memory: bool | None = None,
     on_infeasible: str = "error",
+    whole_blocks: bool = False,
 ) -> Offload:
     """Swap ``model``'s saved tensors to host memory in your own loop, planned for you.
 
@@ -58,10 +59,10 @@ def offload(
     bidirectional swaps coordinate them): every rank must see the same input shapes at the
     same steps, as a DistributedSampler gives. ``layers`` are the submodules plans cut at
     (default: the model's repeated block list); ``optimizer`` says which state the budget
-    counts (pass the optimizer itself to have its state counted as it is).
-    ``time_limit_s`` bounds the search of the policies that search (``auto``, ``mip``; a
-    derived plan takes the heuristics), inside the user's step; by default it is about
-    two training steps' time, at most 1 s.
+    counts (pass the optimizer itself to have its state counted as it is); ``whole_blocks``
+    recomputes whole blocks only (SwapConfig.whole_blocks). ``time_limit_s`` bounds the
+    search of the policies that search (``auto``, ``mip``; a derived plan takes the
+    heuristics), inside the user's step; by default about two steps' time, at most 1 s.
 
     The budget is what the device's own meter counts (pipeswap.profiling.meter: CUDA's
     allocator; on the CPU the live storages): a measured shape's step reads the meter at
@@ -94,6 +95,7 @@ def offload(
             gpu_memory_bytes=memory,
             footprint_ratio=footprint_ratio,
             time_limit_s=SEARCH_AT_MOST_S if time_limit_s is None else time_limit_s,
+            whole_blocks=whole_blocks,
         )
     offloading = Offload(
         model,
@@ -108,8 +110,7 @@ def offload(
     return offloading
 
 
-# By default a plan's search takes about this many training steps' time, at most
-# SEARCH_AT_MOST_S: planning stays a small part of a loop however small its steps.
+# A plan's search takes about this many steps' time by default, at most SEARCH_AT_MOST_S.
 SEARCH_STEPS = 2.0
 SEARCH_AT_MOST_S = 1.0
 # What offload does with a shape no plan fits within the run's budget.
