@@ -21,13 +21,9 @@ from pipeswap.models import model_spec
 from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import Profile
 from pipeswap.profiling import estimate
-from pipeswap.swap.config import POLICY_NAMES, SwapConfig
+from pipeswap.swap.config import POLICY_KINDS, POLICY_NAMES, SwapConfig
 from pipeswap.swap.plan.planner import PlanResult, make_case, plan_case
 from pipeswap.units import format_bytes
-
-# Every policy: the swap heuristics, the two PyTorch baselines (checkpoint every block,
-# save_on_cpu), hybrid (swap or recompute), the MIP and auto.
-COMPARED = POLICY_NAMES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -163,7 +159,7 @@ def _profile(args: argparse.Namespace) -> Profile:
 
 def compare(case: Any, profile: Profile, *, time_limit_s: float) -> list[PlanResult]:
     """Every policy on one case (``auto`` starts from the MIP's answer, solved once)."""
-    results = [plan_case(case, profile, p, time_limit_s=time_limit_s) for p in COMPARED]
+    results = [plan_case(case, profile, p, time_limit_s=time_limit_s) for p in POLICY_KINDS]
     return results
 
 

@@ -1,26 +1,76 @@
-"""SwapConfig: how data-parallel training swaps, declared and checked once."""
+"""SwapConfig: how data-parallel training swaps, declared and checked once; the swap policies.
+
+A swap policy is one :class:`PolicyKind` entry of :data:`POLICY_KINDS` (its name, and
+what a pipeline's stages may do under it) plus its algorithm, the entry of the same
+name in :data:`pipeswap.swap.plan.policy_table.POLICIES` (how it plans, whether it keeps
+to the budget). The config's choices, the planner and the stages that swap ask them.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from pipeswap.config import option, require
+from pipeswap.config import ConfigError, option, require
 from pipeswap.units import parse_bytes
 
-POLICY_NAMES = (
-    "none",
-    "oblivious",
-    "disjoint",
-    "bidirectional",
-    "recompute",
-    "save-on-cpu",
-    "finer",
-    "hybrid",
-    "mip",
-    "auto",
-)
+
+@dataclass(frozen=True)
+class StageMoves:
+    """What a pipeline's stages may do under a policy, each planned from its own timeline
+    (pipeswap.layouts.stage_plans): ``swap`` saved tensors to host memory, ``recompute``
+    layers, ``coordinated`` with the stages that share its PCIe switch (False: each as if
+    its link were its own, Mobius-like). ``every_layer``: every layer's saved tensors go
+    to host memory, unplanned (PyTorch's save_on_cpu). None of these: they keep everything.
+    """
+
+    swap: bool = False
+    recompute: bool = False
+    coordinated: bool = True
+    every_layer: bool = False
+
+    @property
+    def moves_anything(self) -> bool:
+        return self.swap or self.recompute or self.every_layer
+
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """One swap policy: its name, and ``stages``, what a pipeline's stages do under it
+    (None: it plans data-parallel swaps only, and a pipeline refuses it)."""
+
+    name: str
+    stages: StageMoves | None
+
+
+POLICY_KINDS: dict[str, PolicyKind] = {
+    kind.name: kind
+    for kind in (
+        PolicyKind("none", StageMoves()),
+        PolicyKind("oblivious", StageMoves(swap=True, coordinated=False)),
+        PolicyKind("disjoint", StageMoves(swap=True)),
+        PolicyKind("bidirectional", StageMoves(swap=True)),
+        PolicyKind("recompute", StageMoves(recompute=True)),
+        PolicyKind("save-on-cpu", StageMoves(every_layer=True)),
+        # A stage recomputes whole blocks (a stage plan has no selective recomputation).
+        PolicyKind("finer", StageMoves(recompute=True)),
+        PolicyKind("hybrid", StageMoves(swap=True, recompute=True)),
+        PolicyKind("mip", None),
+        PolicyKind("auto", StageMoves(swap=True, recompute=True)),
+    )
+}
+POLICY_NAMES = tuple(POLICY_KINDS)
 DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+def policy_kind(name: str) -> PolicyKind:
+    """The entry of the swap policy ``name``; a ConfigError naming the valid ones otherwise."""
+    kind = POLICY_KINDS.get(name)
+    if kind is None:
+        raise ConfigError(
+            f"{{policy}} {name!r} is not a swap policy; use one of " + ", ".join(POLICY_KINDS)
+        )
+    return kind
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,11 +117,7 @@ class SwapConfig:
     )
 
     def __post_init__(self) -> None:
-        require(
-            self.policy in POLICY_NAMES,
-            f"{{policy}} {self.policy!r} is not a swap policy; use one of "
-            + ", ".join(POLICY_NAMES),
-        )
+        policy_kind(self.policy)
         require(
             self.gpu_memory_bytes is None or self.footprint_ratio is None,
             "give {gpu_memory_bytes} or {footprint_ratio}, not both",

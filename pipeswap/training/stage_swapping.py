@@ -7,11 +7,13 @@ the budget per GPU, the stages that share a PCIe switch coordinated as data-para
 are (pipeswap.layouts.stage_plans), and runs each plan with a
 :class:`~pipeswap.swap.runtime.unit_swapper.UnitSwapper` in the stage's executor.
 
-The policies, per stage: ``auto`` and ``hybrid`` swap or recompute, coordinated;
+What a policy lets a stage do is its entry's StageMoves (pipeswap.swap.config.POLICY_KINDS):
+``auto`` and ``hybrid`` swap or recompute, coordinated;
 ``disjoint`` and ``bidirectional`` only swap, coordinated (each stage swaps within its
 share of its switch); ``oblivious`` only swaps, each stage as if its link were its own
-(Mobius-like); ``recompute`` only recomputes; ``save-on-cpu`` swaps every layer;
-``none`` keeps everything. A stage recomputes only where its backward sees the weights
+(Mobius-like); ``recompute`` and ``finer`` only recompute (whole blocks);
+``save-on-cpu`` swaps every layer; ``none`` keeps everything; ``mip`` is refused.
+A stage recomputes only where its backward sees the weights
 its forward saw (synchronous schedules, or weights that stash): elsewhere a re-run would
 compute other activations, so those stages only swap.
 """
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeswap.config import require
+from pipeswap.config import ConfigError, require
 from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import gpu_spec
@@ -56,6 +58,7 @@ from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.orders import peak_in_flight
+from pipeswap.swap.config import POLICY_KINDS, policy_kind
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.recompute import Recomputation
 from pipeswap.swap.runtime.transfer import DeviceLedger
@@ -66,16 +69,6 @@ from pipeswap.units import format_bytes
 
 # The spec plans on CUDA are estimated at when the topology names none (pipeswap.hardware.gpus).
 DEFAULT_GPU = "v100-32gb"
-# policy -> (swap, recompute, coordinated); save-on-cpu and none are planned apart.
-MOVES = {
-    "auto": (True, True, True),
-    "hybrid": (True, True, True),
-    "disjoint": (True, False, True),
-    "bidirectional": (True, False, True),
-    "oblivious": (True, False, False),
-    "recompute": (False, True, True),
-    "finer": (False, True, True),  # a stage recomputes whole blocks (no selective plan)
-}
 
 
 @dataclass(frozen=True)
@@ -230,13 +223,17 @@ def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> Sta
     """The stage plans of a resolved pipeline run with swap settings (None: it keeps
     everything). Raises ConfigError for a budget no plan fits, naming the smallest."""
     swap, pipeline = config.swap, config.require_pipeline()
-    if swap is None or swap.policy == "none":
+    if swap is None:
         return None
-    require(
-        swap.policy != "mip",
-        "{policy} mip plans data-parallel swaps; a pipeline's stages plan with auto, hybrid, "
-        "disjoint, bidirectional, oblivious, recompute or save-on-cpu",
-    )
+    stages = policy_kind(swap.policy).stages
+    if stages is None:
+        planned = [k.name for k in POLICY_KINDS.values() if k.stages and k.stages.moves_anything]
+        raise ConfigError(
+            f"{{policy}} {swap.policy} plans data-parallel swaps; a pipeline's stages plan "
+            f"with {', '.join(planned[:-1])} or {planned[-1]}"
+        )
+    if not stages.moves_anything:
+        return None
     assert config.device is not None
     schedule = pipeline_schedule(config)
     topology = swap_topology(config.topology, config.device, pipeline.num_ranks)
@@ -248,7 +245,7 @@ def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> Sta
         measured_stage_costs(c, r) for c, r in zip(micro_stage_costs(config, profile), readings)
     )
     allowed = recompute_allowed(config, schedule)
-    if MOVES.get(swap.policy, (False, False, False))[1] and any(allowed):
+    if stages.recompute and any(allowed):
         kept, rerun = recompute_bytes(config)
         costs = tuple(
             replace(
@@ -266,11 +263,11 @@ def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> Sta
         budget = swap.gpu_memory_bytes
     else:
         budget = min(topology.node(g).memory_bytes for g in gpus)
-    if swap.policy == "save-on-cpu":
+    if stages.every_layer:
         plans = [StagePlan(frozenset(c.layers), frozenset(), LEADS[0]) for c in costs]
         placement = replica_major(gpus, pipeline.num_stages, pipeline.replicas)
     else:
-        moves, may, coordinated = MOVES[swap.policy]
+        moves, may, coordinated = stages.swap, stages.recompute, stages.coordinated
         found = plan_stages(
             topology,
             gpus,

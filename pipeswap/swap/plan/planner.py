@@ -19,7 +19,7 @@ from pipeswap.swap.plan import GpuPlan, SwapPlan
 from pipeswap.swap.plan.bounds import LowerBound, TurnBound, lower_bound, turn_bound
 from pipeswap.swap.plan.case import Case
 from pipeswap.swap.plan.policies import fits as assignment_fits
-from pipeswap.swap.plan.policy_table import POLICIES, Policy
+from pipeswap.swap.plan.policy_table import Policy, policy_entry
 from pipeswap.swap.plan.scoring import Scored
 from pipeswap.swap.plan.workload import Workload, workload_from_profile
 from pipeswap.units import format_bytes
@@ -148,10 +148,10 @@ def resolve_budget(
             f"topology {topology.name!r} gives no GPU memory; pass {{gpu_memory_bytes}} or "
             "{footprint_ratio}",
         )
-    policy = POLICIES.get(config.policy)
-    if policy is not None and not policy.respects_budget:
+    policy = policy_entry(config.policy)
+    if not policy.respects_budget:
         return budget  # a baseline plans by its rule; its peak is checked against the budget
-    smallest = workload.min_budget_bytes() if policy is None else policy.least_budget(workload)
+    smallest = policy.least_budget(workload)
     require(
         budget >= smallest,
         f"a budget of {budget} bytes ({format_bytes(budget)}) per GPU is below what "
@@ -246,7 +246,7 @@ def make_plan(
 def plan_case(case: Case, profile: Profile, policy: str, *, time_limit_s: float) -> PlanResult:
     """Run ``policy`` on an already checked ``case``."""
     started = time.perf_counter()
-    entry = POLICIES[policy]
+    entry = policy_entry(policy)
     if not entry.respects_budget:
         return _score_unchecked(case, profile, entry, started)
     try:

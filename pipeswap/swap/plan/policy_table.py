@@ -1,4 +1,9 @@
-"""Every swap policy, one entry each: how it plans, and whether it keeps to the budget."""
+"""Every swap policy's algorithm, one entry each: how it plans, and whether it keeps to the budget.
+
+A policy is declared in pipeswap.swap.config.POLICY_KINDS (its name, what a pipeline's
+stages do under it); its entry here is how it plans. :func:`policy_entry` finds it, and
+names the missing piece when a declared policy has none.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from pipeswap.swap.config import POLICY_NAMES
+from pipeswap.config import ConfigError
+from pipeswap.swap.config import policy_kind
 from pipeswap.swap.plan.auto import plan_auto
 from pipeswap.swap.plan.case import Case
 from pipeswap.swap.plan.finer import plan_finer
@@ -115,4 +121,15 @@ POLICIES: dict[str, Policy] = {
     "mip": Policy("mip", _mip, recomputes=True),
     "auto": Policy("auto", _auto, recomputes=True),
 }
-assert tuple(POLICIES) == POLICY_NAMES, "SwapConfig offers exactly the policies of this table"
+
+
+def policy_entry(name: str) -> Policy:
+    """The algorithm of the swap policy ``name``: a ConfigError naming the valid policies for
+    a name in no entry of pipeswap.swap.config.POLICY_KINDS, or the missing entry here."""
+    entry = POLICIES.get(policy_kind(name).name)
+    if entry is None:
+        raise ConfigError(
+            f"swap policy {name!r} is declared (pipeswap.swap.config.POLICY_KINDS) but has no "
+            "algorithm: add its entry to POLICIES in pipeswap.swap.plan.policy_table"
+        )
+    return entry
