@@ -19,6 +19,7 @@ layer's operations and makes that choice for it (``choices``), so a plan can wei
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import torch
@@ -30,7 +31,13 @@ from pipeswap.precision import uncached_casts
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.capture import InnerSaves, capture_inner, capture_records, step_names
-from pipeswap.swap.runtime.selective import OpRecorder, SelectiveChoice, choose, context_fn
+from pipeswap.swap.runtime.selective import (
+    OpRecorder,
+    SelectiveChoice,
+    choose,
+    context_fn,
+    dispatch_seconds,
+)
 from pipeswap.swap.runtime.transfer import DeviceLedger
 
 Capture = tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]]
@@ -57,7 +64,8 @@ class Recomputation:
     ) -> None:
         self.names = names
         self.selective = frozenset(selective) & set(names)
-        self.choices: dict[str, SelectiveChoice] = {}  # per wrapped layer, from capture
+        self.choices: dict[str, SelectiveChoice] = {}  # per layer of ``choosing``, from capture
+        self.choosing = self.selective  # the layers whose selective choice capture makes
         self.layers = {name: layers[name] for name in names}
         self._ledger = ledger
         self._account = account
@@ -158,14 +166,19 @@ class Recomputation:
                     for t in tree_flatten((args, kwargs))[0]
                     if isinstance(t, torch.Tensor)
                 }
-                recorder = OpRecorder()
+                recorder = OpRecorder() if name in self.choosing else nullcontext()
                 try:
                     with recorder:
                         out = forward(*args, **kwargs)
                 finally:
                     inner.layer = None
+                if not isinstance(recorder, OpRecorder):
+                    return out
+                # On a GPU the kernels hide selective checkpointing's dispatch; not on a CPU.
+                dispatch_s = 0.0 if recorder.on_cuda else dispatch_seconds()
+                saved = inner.saved.get(name, {})
                 calls = recorder.calls()
-                self.choices[name] = choose(calls, inner.saved.get(name, {}), inner.inputs[name])
+                self.choices[name] = choose(calls, saved, inner.inputs[name], dispatch_s=dispatch_s)
                 return out
             if not (self.active and torch.is_grad_enabled()):
                 return forward(*args, **kwargs)  # outside steps (evaluation): a plain forward
@@ -245,10 +258,15 @@ def measure_recomputation(
     layers: dict[str, nn.Module],
     names: list[str],
     forward_loss: Callable[[], Any],
+    *,
+    selective: bool = True,
 ) -> RecomputeSizes:
     """:class:`RecomputeSizes` from one plain forward and one with every layer wrapped for
-    recomputation, as the runtime runs them (autocast uncached)."""
+    recomputation, as the runtime runs them (autocast uncached); with ``selective``, each
+    layer's selective choice too (its operations noted: a slower plain forward)."""
     recomputation = Recomputation(layers, names, DeviceLedger(), account=False)
+    if selective:
+        recomputation.choosing = frozenset(names)
     recomputation.install()
     try:
         with uncached_casts():

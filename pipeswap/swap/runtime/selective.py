@@ -24,6 +24,7 @@ Whatever the choice, the re-run computes the same bits: only the bytes and time 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -143,10 +144,14 @@ class OpRecorder(TorchDispatchMode):
         self._held.append(out)
         return out
 
+    @property
+    def on_cuda(self) -> bool:
+        return any(cuda for *_, cuda in self._pending)
+
     def calls(self) -> list[OpCall]:
         """The operations noted; lets go of the tensors they made."""
         self._held.clear()
-        if any(cuda for *_, cuda in self._pending):
+        if self.on_cuda:
             torch.cuda.synchronize()
         return [
             OpCall(
@@ -161,9 +166,14 @@ class OpRecorder(TorchDispatchMode):
         ]
 
 
-def choose(calls: list[OpCall], saved: Mapping[int, int], inputs: set[int]) -> SelectiveChoice:
+def choose(
+    calls: list[OpCall], saved: Mapping[int, int], inputs: set[int], *, dispatch_s: float = 0.0
+) -> SelectiveChoice:
     """The selective choice for a layer whose forward ran ``calls``; ``saved``: the
-    storages autograd saved in it (key -> bytes), ``inputs``: the layer's input storages."""
+    storages autograd saved in it (key -> bytes), ``inputs``: the layer's input storages;
+    ``dispatch_s``: what selective checkpointing's dispatch costs per operation, in the
+    forward and again in the re-run (:func:`dispatch_seconds`; 0 where the device's
+    kernels hide it)."""
     produced: dict[int, int] = {}  # storage -> the operation that made it (not its views)
     mutated: set[int] = set()  # written in place: a kept copy would go stale
     for pos, call in enumerate(calls):
@@ -194,6 +204,7 @@ def choose(calls: list[OpCall], saved: Mapping[int, int], inputs: set[int]) -> S
                 keep.add(pos)
                 best = trial
     cached_bytes, spent, cached, rerun = best
+    spent += dispatch_s * (len(calls) + max(rerun, default=-1) + 1)
     kept_keys = {key for pos in cached for key in calls[pos].outputs}
     rerun_bytes = sum(n for key, n in saved.items() if key in produced and key not in kept_keys)
     total = sum(call.seconds for call in calls)
@@ -240,6 +251,33 @@ def _walk(
     last = max(rerun, default=-1)
     spent = sum(call.seconds for pos, call in enumerate(calls[: last + 1]) if pos not in cached)
     return sum(kept.values()), spent, cached, rerun
+
+
+@functools.cache
+def dispatch_seconds() -> float:
+    """Seconds selective checkpointing adds to each operation on this CPU, in the forward
+    (the caching mode) and the re-run (the cached one), against a plain call: measured
+    once per process on a one-element tensor, the least of three tries."""
+    x = torch.ones(1)
+    count = 200
+
+    def run() -> float:
+        started = time.perf_counter()
+        y = x
+        for _ in range(count):
+            y = torch.add(y, 1)
+        return time.perf_counter() - started
+
+    def with_modes() -> float:
+        forward, rerun = create_selective_checkpoint_contexts(policy(frozenset()))
+        with forward:
+            first = run()
+        with rerun:  # nothing kept: every call runs, through the cached mode's dispatch
+            second = run()
+        return (first + second) / 2
+
+    plain = min(run() for _ in range(3))
+    return max(0.0, min(with_modes() for _ in range(3)) - plain) / count
 
 
 def policy(cached: frozenset[OpName]) -> Callable[..., CheckpointPolicy]:
