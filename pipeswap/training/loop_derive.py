@@ -73,7 +73,7 @@ def input_bytes(signature: Signature) -> int:
     for leaf in signature[1]:
         if not isinstance(leaf, str):
             shape, dtype = leaf[0], leaf[1]
-            total += math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            total += math.prod(shape) * dtype.itemsize
     return total
 
 
@@ -120,7 +120,7 @@ class Scaling:
         self.bases = list(bases)
         self.saved = saved
         self.at = [features(sig) for sig, _ in self.bases]
-        n = self.point[0]
+        n = max(self.point[0], 1.0)
         self.nearest = min(
             range(len(self.bases)), key=lambda i: abs(math.log(max(self.at[i][0], 1.0) / n))
         )

@@ -31,8 +31,9 @@ from pipeswap.training.loop_plans import UNBOUNDED, LoopPlanner, ShapePlan, on_d
 from pipeswap.units import format_bytes
 
 
-def covers(large: Signature, small: Signature) -> bool:
-    """Whether a plan made for ``large`` serves a call of ``small``."""
+def covers(large: Signature, small: Signature, *, values: bool = True) -> bool:
+    """Whether a plan made for ``large`` serves a call of ``small`` (``values=False``:
+    whether ``small`` is no larger, whatever its masks hold)."""
     (spec, leaves, cast), (other_spec, other_leaves, other_cast) = large, small
     if spec != other_spec or cast != other_cast or len(leaves) != len(other_leaves):
         return False
@@ -43,6 +44,8 @@ def covers(large: Signature, small: Signature) -> bool:
             continue
         shape, *rest = big
         other_shape, *other_rest = little
+        if not values:  # the last is whether an integer matrix's values are all equal
+            rest, other_rest = rest[:-1], other_rest[:-1]
         if rest != other_rest or len(shape) != len(other_shape):
             return False
         if any(b < s for b, s in zip(shape, other_shape, strict=True)):
@@ -102,7 +105,7 @@ class ShapePlans:
                 call = on_device(planned.call, device)
                 planned = self.plans[covering] = self.planner.replan(planned, *call)
             return covering, planned
-        if self.declared is not None:
+        if self.declared is not None and not covers(self.declared, signature, values=False):
             planned = self.plans[signature] = self.beyond_declared(signature, args, kwargs)
             return signature, planned
         bases = [

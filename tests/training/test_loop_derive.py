@@ -28,7 +28,14 @@ from pipeswap.training.loop_derive import (
     name_call,
 )
 from pipeswap.training.offload import Offload, offload
-from tests.training.test_loop_shapes import CPU, _llama, _same, metered_loop, padded_batches
+from tests.training.test_loop_shapes import (
+    CPU,
+    _llama,
+    _loop,
+    _same,
+    metered_loop,
+    padded_batches,
+)
 
 pytest.importorskip("transformers")
 
@@ -68,6 +75,27 @@ def test_a_padded_loop_runs_only_its_first_step_unplanned(steps: int, lengths: i
     peaks = swapped[2]
     assert max(peaks[1:]) <= budget * 1.02, [round(peak / budget, 3) for peak in peaks]
     assert max(plain[2][1:]) > budget * 1.4  # the budget is a real cut
+
+
+def test_a_batch_without_padding_is_planned_apart_even_under_plan_for() -> None:
+    """Its mask is all ones, which the model drops (it saves other tensors): the padded
+    plan does not serve it, and as it is no larger than plan_for's batch it is not
+    refused either, but derived before its forward from plan_for's shape."""
+    data = padded_batches(3, 40, 64)
+    full = padded_batches(1, 48, 48)  # every row 48 long
+    assert all(bool((batch["attention_mask"] == 0).any()) for batch in data)
+    plain = _loop(_llama(layers=3), nullcontext, data + full, lr=1e-3)
+    model = _llama(layers=3)
+    off = offload(model, footprint_ratio=1.5)
+    longest = max(data, key=lambda batch: batch["input_ids"].shape[1])
+    off.plan_for(**longest)
+    swapped = metered_loop(model, lambda: off, data + full, off.host_pools)
+    assert _same(plain, swapped)
+    stats = off.stats()
+    width = longest["input_ids"].shape[1]
+    assert stats["shape"] == stats["planned_shape"] == "4x48, 4x48, 4x48"
+    assert stats["derived_from"] == ", ".join([f"4x{width}"] * 3)
+    assert max(swapped[2]) <= stats["budget_bytes"] * 1.02
 
 
 def _measured(off: Offload, length: int) -> tuple[Signature, Profile, dict[str, Any]]:
