@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from pipeswap.config import ConfigError, option, require
+from pipeswap.models.tasks import TASKS, task_kind
 
 # Parameter-sized buffers each optimizer keeps: momentum SGD one, Adam(W) two.
 STATE_BUFFERS = {"sgd": 1, "adam": 2, "adamw": 2}
@@ -23,47 +24,18 @@ LR_SCHEDULES = ("constant", "linear", "cosine")
 _T = TypeVar("_T")
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """What a run trains with when it does not name {optimizer}: the optimizer, its rate,
-    the warm-up (a fraction of the run's steps) and the schedule after it."""
-
-    optimizer: str
-    lr: float
-    warmup_fraction: float
-    schedule: str
-
-    def warmup(self, steps: int) -> int:
-        return int(steps * self.warmup_fraction)
-
-    def describe(self) -> str:
-        """The recipe as --help states it (argparse reads ``%%`` as a percent sign)."""
-        text = f"{self.optimizer} at {self.lr:g}"
-        if self.warmup_fraction:
-            text += f", warmed up over the first {self.warmup_fraction * 100:.0f}%% of the steps"
-        if self.schedule != "constant":
-            text += f", {self.schedule} decay to 0"
-        return text
-
-
-# Each task's recipe. Language models take GPT training's AdamW, warm-up and cosine decay;
-# SGD at 0.05 diverges on deeper ones (issue 39: a 12-layer Llama went 5.75 -> 33 in 20
-# steps). 3e-3 is the rate measured to train the README's examples in their few steps (its
-# 4-block GPT-2 on byte-level text: held-out loss -35% in 20 steps, where 1e-3 gives -19%,
-# and higher rates end worse after 200; an 8-block Llama -41%, SGD -21%: docs/concepts.md,
-# "Defaults by task"). Image models keep the momentum SGD they always had. A task not
-# listed here (a new kind of text model) takes the language models' recipe.
-LM_RECIPE = Recipe("adamw", 3e-3, 0.1, "cosine")
-IMAGE_RECIPE = Recipe("sgd", 0.05, 0.0, "constant")
-TASK_RECIPES = {"lm": LM_RECIPE, "classify": IMAGE_RECIPE}
+# Each task's recipe is its entry's (pipeswap.models.tasks, "Defaults by task" in
+# docs/concepts.md); these two the --help text states.
+LM_RECIPE = TASKS["lm"].recipe
+IMAGE_RECIPE = TASKS["classify"].recipe
 
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     """The optimizer every mode updates with, and its learning rate over the steps.
 
-    ``optimizer`` None leaves the optimizer to the model's task (:data:`TASK_RECIPES`;
-    :meth:`filled` picks it when the run is resolved against its model), and with it the
+    ``optimizer`` None leaves the optimizer to the model's task (its entry's recipe,
+    pipeswap.models.tasks; :meth:`filled` picks it when the run is resolved against its model), and with it the
     rate, warm-up and schedule the user did not give; a named optimizer takes ``lr`` None
     as its default (:data:`DEFAULT_LR`), no warm-up and a constant rate. ``lr_warmup`` ramps
     the rate linearly: the update of mini-batch t uses ``lr * min(1, (t + 1) / lr_warmup)``;
@@ -180,7 +152,7 @@ class OptimizerConfig:
         self, task: str, steps: int, *, fits: Callable[[str], bool] | None = None
     ) -> OptimizerConfig:
         """This config with what it leaves to the task filled in, for a run of ``steps``
-        training a model of ``task``: the task's recipe (:data:`TASK_RECIPES`) for every
+        training a model of ``task``: the task's recipe (its entry's) for every
         field not given, then ``lr_decay_steps`` the run's steps when the rate decays.
 
         ``fits`` says whether an optimizer suits the run's weight mode (spectrain predicts
@@ -189,7 +161,7 @@ class OptimizerConfig:
         """
         optim = self
         if optim.optimizer is None:
-            recipes = [TASK_RECIPES.get(task, LM_RECIPE), *TASK_RECIPES.values()]
+            recipes = [task_kind(task).recipe, *(t.recipe for t in TASKS.values())]
             recipe = next((r for r in recipes if fits is None or fits(r.optimizer)), recipes[0])
             optim = replace(
                 optim,

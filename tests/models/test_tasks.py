@@ -3,8 +3,8 @@
 A copy of each entry under a new name, registered for one test, goes through every place
 that used to compare task names (the loss and example batches of a LayeredModel, a
 model spec's size checks and defaults, the built-in data, the profilers, the run's
-config, held-out scoring, the pipeline emulator) and behaves exactly as the entry it
-copies. A task in no entry is refused naming the known ones.
+config and its default optimizer, held-out scoring, the pipeline emulator) and behaves
+exactly as the entry it copies. A task in no entry is refused naming the known ones.
 
 Covers: pipeswap/models/tasks.py.
 """
@@ -130,7 +130,10 @@ def test_a_copy_of_an_entry_is_one_entry_and_runs_everywhere_as_it(twin: Task) -
         assert _same(shape_defaults, name, name_ref, seq_len, image_size)
     assert isinstance(_outcome(_resolved, name_ref, **sizes, **other), str)  # both sizes: refused
     assert _same(_resolved, name, name_ref, **sizes, **other)
-    TrainConfig(name, **sizes).resolved()
+    # A run that names no optimizer trains with the entry's recipe.
+    optim = TrainConfig(name, **sizes).resolved().optim
+    assert optim == TrainConfig(name_ref, **sizes).resolved().optim
+    assert (optim.optimizer, optim.lr) == (twin.recipe.optimizer, twin.recipe.lr)
 
 
 def test_a_copy_of_the_language_model_task_pipelines_as_it() -> None:

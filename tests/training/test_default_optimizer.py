@@ -1,6 +1,6 @@
 """Defaults by task: the README's language-model example trains with the defaults alone.
 
-Covers: pipeswap/optim.py (TASK_RECIPES, OptimizerConfig.filled), TrainConfig.resolved's
+Covers: pipeswap/optim.py (each task's recipe, OptimizerConfig.filled), TrainConfig.resolved's
 optimizer, pipeswap train --help. Issue 39: with SGD at 0.05 for every model, language
 models trained poorly (and a 12-layer Llama diverged); now they take AdamW with warm-up and
 cosine decay, image models keep SGD, and what the user gives wins.
