@@ -19,7 +19,7 @@ from pipeswap.commands import (
     topology,
     train,
 )
-from pipeswap.commands.options import message
+from pipeswap.commands.options import message, removed_flags
 from pipeswap.dist.peers import LOST_PEERS, lost_peers
 from pipeswap.dist.signals import sigterm_interrupts
 from pipeswap.errors import PipeswapError, crash_line, debugging
@@ -44,7 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # A removed flag says what to write instead; anything else, as argparse says it.
+        hints = removed_flags(getattr(args, "command", None), unknown)
+        if hints:
+            parser.exit(2, f"pipeswap {args.command}: error: {'; '.join(hints)}\n")
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

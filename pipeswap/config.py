@@ -34,13 +34,21 @@ def option(
     choices: Sequence[str] | None = None,
     parse: Callable[[str], Any] | None = None,
     metavar: str | None = None,
+    const: str | None = None,
 ) -> Any:
     """A config field with its default and help; ``parse`` reads the CLI's text (e.g. sizes).
 
     ``choices`` lists the values the field takes (the CLI offers them); help text names
-    other fields as ``{field}`` placeholders, as :class:`ConfigError` messages do.
+    other fields as ``{field}`` placeholders, as :class:`ConfigError` messages do. ``const``:
+    the flag may be given without its value, which then reads as ``const``.
     """
-    metadata = {"help": help, "choices": choices, "parse": parse, "metavar": metavar}
+    metadata = {
+        "help": help,
+        "choices": choices,
+        "parse": parse,
+        "metavar": metavar,
+        "const": const,
+    }
     return dataclasses.field(default=default, metadata=metadata)
 
 

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeswap.commands.options import add_options
+from pipeswap.commands.settings import Outputs
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_writable, load_json
 
@@ -28,6 +30,11 @@ class PythonStep:
 Argv = list[str] | Callable[[], list[str]] | PythonStep
 
 
+# Where the demo writes when --out is not given.
+DEMO_OUT = "out/demo"
+_OUT_HELP = f"folder for the files it writes (default {DEMO_OUT})"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
@@ -40,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "with transformers to generate text. Every command is printed before it runs, so "
         "you can copy it.",
     )
-    parser.add_argument("--out", default="out/demo", help="folder for the files it writes")
+    add_options(parser, Outputs, only=("out",), helps={"out": _OUT_HELP})
     parser.set_defaults(func=run)
 
 
@@ -332,7 +339,7 @@ def _prepare_folder(out: Path, steps: list[tuple[str, Argv]]) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
-    out = Path(args.out)
+    out = Path(args.out or DEMO_OUT)
     steps = demo_commands(out)
     _prepare_folder(out, steps)
     started = time.perf_counter()

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 
 import pipeswap
+from pipeswap.commands.options import add_options
+from pipeswap.commands.settings import Outputs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show versions, CUDA, NCCL/gloo, the GPUs seen and the detected topology",
         description="Describe this machine as pipeswap sees it (paste it into bug reports).",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_options(parser, Outputs, only=("json",), helps={"json": "print one JSON object"})
     parser.set_defaults(func=run)
 
 

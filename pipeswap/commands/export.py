@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from pipeswap.commands.options import add_options
+from pipeswap.commands.settings import Outputs
+from pipeswap.train_config import TrainConfig
 from pipeswap.training.export import export_checkpoint
 
 _EXAMPLES = """examples:
@@ -11,6 +14,15 @@ _EXAMPLES = """examples:
   pipeswap export ckpt --model my-gpt2 --out my-gpt2-trained   # then from_pretrained("my-gpt2-trained")
   pipeswap export ckpt --out trained            # a zoo model's checkpoint needs no --model
 """
+
+
+_HELPS = {
+    "out": "the folder to write the model into",
+    "model": "the model the run trained (its {model}: a Hugging Face directory or "
+    "module:function); required unless it is a zoo model. A checkpoint only records the "
+    "name, and export refuses one that differs: nothing a checkpoint names is imported or "
+    "loaded on its own say",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,15 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="a run's --checkpoint-dir")
-    parser.add_argument("--out", required=True, metavar="DIR", help="where to write the model")
-    parser.add_argument(
-        "--model",
-        metavar="NAME",
-        help="the model the run trained (its --model: a Hugging Face directory or "
-        "module:function); required unless it is a zoo model. A checkpoint only records "
-        "the name, and export refuses one that differs: nothing a checkpoint names is "
-        "imported or loaded on its own say",
-    )
+    add_options(parser, Outputs, only=("out",), required=("out",), helps=_HELPS)
+    add_options(parser, TrainConfig, only=("model",), helps=_HELPS)
     parser.set_defaults(func=run)
 
 

@@ -5,12 +5,18 @@ A field's flag is ``--`` and its name with dashes (``seq_len``: ``--seq-len``) u
 declaration (:func:`pipeswap.config.option`); its check is the config's own. Messages of
 :class:`pipeswap.config.ConfigError` name fields as ``{field}``, which :func:`message`
 spells as flags, so a CLI user reads flags and a Python caller reads field names.
+
+Every flag of every command is made here, from a field: a flag two commands take is one
+field both declare with :func:`add_options` (tests/commands/test_flag_table.py walks the
+parsers). A command may word a shared field's help for its own use (``helps``: what its
+``--out`` writes, its own default), never its name, type, choices or check.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from pipeswap.config import ConfigError, field_types, value_type
@@ -26,10 +32,29 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "profile_path": ("--profile",),
     "memory_cap_bytes": ("--memory-cap",),
     "stages": ("--pipeline",),
+    "grid_stages": ("--stages",),
     # The nested configs, as messages name a whole mode.
     "swap": ("--swap-policy",),
     "pipeline": ("--pipeline",),
 }
+
+# Flags a command no longer takes, and what to write instead: the parser's refusal of one
+# says so (pipeswap.cli). A removed flag is no argument of any parser.
+REMOVED: dict[tuple[str, str], str] = {
+    ("profile", "--dtype"): "--dtype is gone: write --precision, as train takes it (fp32, "
+    "bf16-mixed, fp16-mixed; for --dtype bfloat16 the nearest is --precision bf16-mixed, "
+    "autocast with float32 weights, measured); a pure-bfloat16 profile is "
+    "pipeswap.profiling.measure or estimate(..., dtype='bfloat16') in Python",
+}
+
+# The attribute add_options sets on each argument it makes: the config and field behind it.
+FIELD_OF = "pipeswap_field"
+
+
+def removed_flags(command: str | None, unknown: list[str]) -> list[str]:
+    """What to write instead of each removed flag among ``unknown`` (``--dtype=x`` too)."""
+    said = [REMOVED.get((command or "", arg.split("=", 1)[0])) for arg in unknown]
+    return [hint for hint in said if hint is not None]
 
 
 def flags_of(name: str) -> tuple[str, ...]:
@@ -61,10 +86,12 @@ def add_options(
     skip: tuple[str, ...] = (),
     required: tuple[str, ...] = (),
     no_default: tuple[str, ...] = (),
+    helps: Mapping[str, str] | None = None,
 ) -> None:
     """An argument per option field of ``config`` on ``target`` (a parser or a group):
     those named in ``only`` (default every one), less those in ``skip``. The help of those
-    in ``no_default`` shows no default (the command asks for them, or for another flag).
+    in ``no_default`` shows no default (the command asks for them, or for another flag);
+    ``helps`` words a field's help for this command (what it means here, its default here).
 
     Every argument defaults to None, so what was given is known (:func:`given`) and the
     config's own default applies to the rest.
@@ -73,10 +100,13 @@ def add_options(
         if f.name in skip or (only is not None and f.name not in only):
             continue
         kind = value_type(field_types(config)[f.name])
+        own = (helps or {}).get(f.name)
         kwargs: dict[str, Any] = {
             "dest": f.name,
             "default": None,
-            "help": _help(f, show_default=f.name not in no_default),
+            "help": _help(f, show_default=f.name not in no_default)
+            if own is None
+            else ConfigError(own).render(flag_of),
         }
         if kind is bool:
             kwargs["action"] = "store_true"
@@ -87,9 +117,12 @@ def add_options(
                 kwargs["choices"] = f.metadata["choices"]
             if f.metadata["metavar"] is not None:
                 kwargs["metavar"] = f.metadata["metavar"]
+            if f.metadata.get("const") is not None:
+                kwargs.update(nargs="?", const=f.metadata["const"])
         if f.name in required:
             kwargs["required"] = True
-        target.add_argument(*flags_of(f.name), **kwargs)
+        action = target.add_argument(*flags_of(f.name), **kwargs)
+        setattr(action, FIELD_OF, (config, f.name))
 
 
 def _help(f: dataclasses.Field[Any], *, show_default: bool = True) -> str:

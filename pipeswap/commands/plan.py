@@ -14,6 +14,7 @@ from pipeswap.commands.plan_layouts import (
     run_layouts,
     write_views,
 )
+from pipeswap.commands.settings import Outputs, PlanOptions
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import resolve_topology, topology_file
 from pipeswap.jsonio import check_writable
@@ -21,9 +22,19 @@ from pipeswap.models import model_spec
 from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import Profile
 from pipeswap.profiling import estimate
+from pipeswap.profiling.profile_config import DEFAULT_GPU, ProfileConfig
 from pipeswap.swap.config import POLICY_KINDS, POLICY_NAMES, SwapConfig
 from pipeswap.swap.plan.planner import PlanResult, make_case, plan_case
+from pipeswap.train_config import TrainConfig
 from pipeswap.units import format_bytes
+
+_HELPS = {
+    "profile_path": "a pipeswap.profile/1 JSON file (`pipeswap profile ... --out`); or {estimate}",
+    "model": "the model {estimate} estimates, when {estimate} names none",
+    "batch": "samples per GPU for {estimate} (default: the model's)",
+    "topology": "a preset (switch-4, single-root-8, dual-root-8, ...) or a JSON file",
+    "out": "write the pipeswap.swapplan/2 plan",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,51 +46,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "to host memory and when, aware of GPUs that share a PCIe channel, and (hybrid, mip, "
         "auto) which layers to recompute instead; score the plan with the simulator.",
     )
-    parser.add_argument(
-        "--profile",
-        metavar="FILE",
-        help="a pipeswap.profile/1 JSON file (`pipeswap profile ... --out`); or --estimate",
-    )
-    parser.add_argument(
-        "--estimate",
-        metavar="MODEL",
-        help="estimate the profile of MODEL (a zoo name) for --gpu instead of reading one",
-    )
-    parser.add_argument(
-        "--batch",
-        type=int,
-        default=None,
-        help="samples per GPU for --estimate (default: the model's)",
-    )
-    parser.add_argument("--gpu", default=None, help="GPU spec for --estimate (default v100-32gb)")
-    parser.add_argument(
-        "--topology",
-        required=True,
-        metavar="NAME|FILE",
-        help="a preset (switch-4, single-root-8, dual-root-8, ...) or a JSON file",
-    )
-    parser.add_argument(
-        "--gpus",
-        type=int,
-        default=None,
-        metavar="N",
-        help="data-parallel degree: the first N GPUs (default: all)",
-    )
+    source = parser.add_argument_group("the profile (--profile FILE, or --estimate MODEL)")
+    add_options(source, TrainConfig, only=("profile_path",), helps=_HELPS)
+    add_options(source, ProfileConfig, only=("estimate",))
+    add_options(source, TrainConfig, only=("model", "batch"), helps=_HELPS)
+    add_options(source, ProfileConfig, only=("gpu",))
+    add_options(parser, TrainConfig, only=("topology",), required=("topology",), helps=_HELPS)
+    add_options(parser, PlanOptions, only=("gpus",))
     # plan asks for a policy (or --compare): its help shows no default.
     add_options(parser, SwapConfig, no_default=("policy",))
     add_options(parser, OptimizerConfig, only=("accumulate",))
-    parser.add_argument(
-        "--compare", action="store_true", help="run every policy and print one table"
+    add_options(parser, PlanOptions, only=("compare",))
+    add_options(
+        parser, Outputs, only=("out", "graph_out", "trace", "timeline", "json"), helps=_HELPS
     )
-    parser.add_argument("--out", metavar="FILE", help="write the pipeswap.swapplan/2 plan")
-    parser.add_argument(
-        "--graph-out",
-        metavar="FILE",
-        help="write the exact task graph that was scored (pipeswap.graph/1)",
-    )
-    parser.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")
-    parser.add_argument("--timeline", metavar="FILE", help="write a PNG Gantt chart")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_layout_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -136,25 +116,35 @@ def run(args: argparse.Namespace) -> int:
 
 def _profile(args: argparse.Namespace) -> Profile:
     """The profile file, or the estimate --estimate asks for (one of them)."""
-    if (args.profile is None) == (args.estimate is None):
+    if (args.profile_path is None) == (args.estimate is None):
         raise PipeswapError(
             "give the profile as --profile FILE or --estimate MODEL [--batch N --gpu SPEC], "
             "one of them"
         )
-    if args.profile is None:
+    if args.profile_path is None:
+        model = args.estimate or args.model
+        if model is None:
+            raise PipeswapError("--estimate needs the model: write --estimate MODEL")
+        if args.estimate and args.model not in (None, args.estimate):
+            raise PipeswapError(
+                f"--estimate {args.estimate} and --model {args.model} name two models; "
+                f"write --estimate {args.estimate} alone"
+            )
         if args.batch is not None and args.batch < 1:
             raise PipeswapError(
                 f"--batch is {args.batch}; use a whole number >= 1 (or leave it out for the "
                 "model's default)"
             )
         return estimate(
-            args.estimate,
-            args.batch or model_spec(args.estimate).default_batch or 8,
-            gpu=args.gpu or "v100-32gb",
+            model,
+            args.batch or model_spec(model).default_batch or 8,
+            gpu=args.gpu or DEFAULT_GPU,
         )
-    if args.batch is not None or args.gpu is not None:
-        raise PipeswapError("--batch and --gpu apply to --estimate; drop them with --profile")
-    return Profile.load(args.profile)
+    if args.batch is not None or args.gpu is not None or args.model is not None:
+        raise PipeswapError(
+            "--batch, --gpu and --model apply to --estimate; drop them with --profile"
+        )
+    return Profile.load(args.profile_path)
 
 
 def compare(case: Any, profile: Profile, *, time_limit_s: float) -> list[PlanResult]:
@@ -179,7 +169,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         ("--timeline", args.timeline),
         ("--layout-out", args.layout_out),
     ]
-    inputs = (args.profile, topology_file(args.topology))
+    inputs = (args.profile_path, topology_file(args.topology))
     for i, (flag, path) in enumerate(named):
         if path == "":
             raise PipeswapError(f"{flag} is empty; give a file name")

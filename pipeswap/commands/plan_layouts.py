@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from pipeswap.commands.options import add_options
+from pipeswap.commands.settings import Outputs, PlanOptions
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
 from pipeswap.layouts.layout import DATA_PARALLEL, Layout
@@ -20,15 +22,8 @@ from pipeswap.units import format_bytes
 
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("layouts (--layouts)")
-    group.add_argument(
-        "--layouts",
-        action="store_true",
-        help="search data parallel, pipelines, pipelines that swap and pipeline x data "
-        "parallel, simulated, and print the fastest that fits the budget",
-    )
-    group.add_argument(
-        "--layout-out", metavar="FILE", help="write the best layout (pipeswap.layout/1)"
-    )
+    add_options(group, PlanOptions, only=("layouts",))
+    add_options(group, Outputs, only=("layout_out",))
 
 
 def run_layouts(

@@ -6,19 +6,33 @@ import argparse
 import json
 import sys
 
-from pipeswap.commands.options import add_options
+from pipeswap.commands.options import add_options, given
+from pipeswap.commands.settings import Outputs
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.jsonio import check_writable
 from pipeswap.models import model_spec
+from pipeswap.optim import PROFILE_OPTIMIZER, OptimizerConfig
 from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.profiling import estimate, fit_warning, format_profile, measure
+from pipeswap.profiling.profile_config import DEFAULT_GPU, ProfileConfig
 from pipeswap.train_config import TrainConfig
 
 _EXAMPLES = """examples:
   pipeswap profile --model gpt2-tiny --batch 8 --device cpu --out gpt2-tiny.json
   pipeswap profile --model gpt2-xl --batch 4 --estimate --gpu v100-32gb --out xl.json
 """
+
+
+_DEVICE_HELP = "measure on this device (default cpu)"
+_OPT_HELP = (
+    f"whose state the profile counts (default {PROFILE_OPTIMIZER}; sgd means SGD with "
+    "momentum, state 1x params; adam(w): 2x)"
+)
+_OUT_HELPS = {
+    "out": "where to write the profile JSON",
+    "json": "print the profile JSON, no table",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,72 +45,53 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--model",
-        required=True,
-        help="zoo model name (e.g. gpt2-tiny), a local "
-        "Hugging Face model directory, or module:function returning an nn.Module",
-    )
-    parser.add_argument("--batch", type=int, default=None, help="batch size (default: the model's)")
+    add_options(parser, TrainConfig, only=("model", "batch"), required=("model",))
     shape = parser.add_mutually_exclusive_group()
-    shape.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (LMs)")
-    shape.add_argument("--image-size", type=int, default=None, help="image side (image models)")
+    add_options(shape, TrainConfig, only=("seq_len", "image_size"))
     where = parser.add_mutually_exclusive_group()
-    where.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default=None,
-        help="measure on this device (default cpu)",
-    )
-    where.add_argument(
-        "--estimate",
-        action="store_true",
-        help="estimate on the meta device for --gpu instead of running",
-    )
-    parser.add_argument("--gpu", default=None, help="GPU spec for --estimate (default v100-32gb)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    add_options(where, TrainConfig, only=("device",), helps={"device": _DEVICE_HELP})
+    add_options(where, ProfileConfig, only=("estimate",))
+    add_options(parser, ProfileConfig, only=("gpu",))
     add_options(parser, TrainConfig, only=("precision",))
-    parser.add_argument(
-        "--optimizer",
-        choices=("sgd", "adam", "adamw"),
-        default="sgd",
-        help="sgd means SGD with momentum (state: 1x params; adam(w): 2x)",
-    )
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps (measure only)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps; median reported")
-    parser.add_argument("--out", required=True, help="where to write the profile JSON")
-    parser.add_argument("--json", action="store_true", help="print the profile JSON, no table")
+    add_options(parser, OptimizerConfig, only=("optimizer",), helps={"optimizer": _OPT_HELP})
+    add_options(parser, ProfileConfig, only=("warmup", "repeats"))
+    add_options(parser, Outputs, only=("out", "json"), required=("out",), helps=_OUT_HELPS)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-
     _check_counts(args)
+    source = ProfileConfig(**given(args, ProfileConfig))
     _check_out(args.out)
     spec = model_spec(args.model)  # unknown names: PipeswapError listing the zoo and the forms
     spec.task_entry.check_sizes(args.model, args.seq_len, args.image_size)
-    if args.gpu is not None and not args.estimate:
+    estimating = source.estimate is not None
+    if source.estimate not in (None, "", args.model):
+        raise PipeswapError(
+            f"--estimate {source.estimate} and --model {args.model} name two models; write "
+            f"--model {args.model} --estimate (or --model {source.estimate} --estimate)"
+        )
+    if source.gpu is not None and not estimating:
         raise PipeswapError("--gpu applies to --estimate; add --estimate or drop --gpu")
     precision = args.precision or DEFAULT_PRECISION
-    if args.estimate and precision != DEFAULT_PRECISION:
+    if estimating and precision != DEFAULT_PRECISION:
         raise PipeswapError(
             f"--estimate cannot see what autocast casts in --precision {precision} (the meta "
-            "device does not autocast): measure it (drop --estimate), or estimate pure "
-            "half precision with --dtype bfloat16"
+            "device does not autocast): measure it (drop --estimate)"
         )
     batch = spec.default_batch if args.batch is None else args.batch
+    optimizer = args.optimizer or PROFILE_OPTIMIZER
     gpu = None
     try:
-        if args.estimate:
-            gpu = gpu_spec(args.gpu or "v100-32gb")
+        if estimating:
+            gpu = gpu_spec(source.gpu or DEFAULT_GPU)
             profile = estimate(
                 args.model,
                 batch,
                 seq_len=args.seq_len,
                 image_size=args.image_size,
                 gpu=gpu,
-                dtype=args.dtype,
-                optimizer=args.optimizer,
+                optimizer=optimizer,
             )
         else:
             with autocast(precision, args.device or "cpu"):
@@ -106,10 +101,9 @@ def run(args: argparse.Namespace) -> int:
                     seq_len=args.seq_len,
                     image_size=args.image_size,
                     device=args.device or "cpu",
-                    dtype=args.dtype,
-                    optimizer=args.optimizer,
-                    warmup=args.warmup,
-                    repeats=args.repeats,
+                    optimizer=optimizer,
+                    warmup=source.warmup,
+                    repeats=source.repeats,
                 )
     except RuntimeError as exc:
         # VGG's max-pools halve the image once per stage; torch refuses an image they
@@ -151,14 +145,10 @@ def _check_counts(args: argparse.Namespace) -> None:
         ("--batch", args.batch, 1),
         ("--seq-len", args.seq_len, 1),
         ("--image-size", args.image_size, 1),
-        ("--repeats", args.repeats, 1),
-        ("--warmup", args.warmup, 0),
     )
     for flag, value, minimum in least:
         if value is not None and value < minimum:
-            hint = (
-                ""
-                if flag in ("--repeats", "--warmup")
-                else (" (or leave it out for the model's default)")
+            raise PipeswapError(
+                f"{flag} is {value}; use a whole number >= {minimum} (or leave it out for the "
+                "model's default)"
             )
-            raise PipeswapError(f"{flag} is {value}; use a whole number >= {minimum}{hint}")

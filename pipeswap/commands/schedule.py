@@ -6,13 +6,17 @@ import argparse
 import json
 import sys
 
+from pipeswap.commands.options import add_options, given
+from pipeswap.commands.settings import GridOptions, Outputs
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_writable
 from pipeswap.pipeline.chrome import dump_chrome_trace
 from pipeswap.pipeline.grid import render_grid
-from pipeswap.pipeline.schedule import SCHEDULE_NAMES, build_schedule, unit_time_order
+from pipeswap.pipeline.schedule import build_schedule, unit_time_order
 from pipeswap.pipeline.validate import validate
+from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.kinds import schedule_kind
+from pipeswap.train_config import TrainConfig
 
 # Every (stage, unit) pair costs up to six actions (RECV, F, SEND for the forward and again
 # for the backward) plus an UPDATE per step; building, validating and printing them is
@@ -24,30 +28,35 @@ MAX_SCHEDULE_ACTIONS = 2_000_000
 MAX_GRID_CELLS = 2_000_000
 
 
+# Mini-batches shown when --steps is not given.
+DEFAULT_STEPS = 4
+_HELPS = {
+    "steps": f"mini-batches (default {DEFAULT_STEPS})",
+    "micro_batches": "micro-batches per mini-batch for gpipe/1f1b (default: the number of stages)",
+    "json": "print the schedule as JSON instead",
+    "trace": "write a Chrome trace of the grid",
+}
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("schedule", help="show pipeline schedules as grids")
     actions = parser.add_subparsers(dest="schedule_command", metavar="ACTION")
     show = actions.add_parser("show", help="print the grid of a schedule")
-    show.add_argument("--schedule", required=True, choices=SCHEDULE_NAMES)
-    show.add_argument("--stages", type=int, required=True, help="pipeline stages (ranks)")
-    show.add_argument("--steps", type=int, default=4, help="mini-batches (default 4)")
-    show.add_argument(
-        "--micro-batches",
-        type=int,
-        default=None,
-        help="micro-batches per mini-batch for gpipe/1f1b (default: the number of stages)",
+    add_options(
+        show, PipelineConfig, only=("schedule",), required=("schedule",), no_default=("schedule",)
     )
-    show.add_argument("--forward-cost", type=int, default=1, help="time slots per forward")
-    show.add_argument("--backward-cost", type=int, default=1, help="time slots per backward")
-    show.add_argument("--actions", action="store_true", help="also print each rank's actions")
-    show.add_argument("--json", action="store_true", help="print the schedule as JSON instead")
-    show.add_argument("--trace", metavar="PATH", help="write a Chrome trace of the grid")
+    add_options(show, GridOptions, only=("grid_stages",), required=("grid_stages",))
+    add_options(show, TrainConfig, only=("steps",), helps=_HELPS)
+    add_options(show, PipelineConfig, only=("micro_batches",), helps=_HELPS)
+    add_options(show, GridOptions, only=("forward_cost", "backward_cost", "actions"))
+    add_options(show, Outputs, only=("json", "trace"), helps=_HELPS)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "schedule_command", None) != "show":
         raise PipeswapError("say what to do: `pipeswap schedule show --schedule 1f1b --stages 4`")
+    _fill_defaults(args)
     micro = args.micro_batches
     if micro is None:
         micro = schedule_kind(args.schedule).default_micro_batches(args.stages)
@@ -76,6 +85,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"\nChrome trace written to {args.trace}")
     return 0
+
+
+def _fill_defaults(args: argparse.Namespace) -> None:
+    """The grid's settings not given take GridOptions' defaults; --steps takes 4."""
+    grid = GridOptions(**given(args, GridOptions))
+    args.stages = grid.grid_stages
+    args.forward_cost, args.backward_cost = grid.forward_cost, grid.backward_cost
+    if args.steps is None:
+        args.steps = DEFAULT_STEPS
 
 
 def _check_trace(path: str) -> None:

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from pipeswap.commands.options import add_options, given
+from pipeswap.commands.settings import Outputs, SimulateOptions
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import resolve_topology, topology_file
 from pipeswap.jsonio import check_writable
@@ -13,7 +15,9 @@ from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.sim.trace import write_trace
-from pipeswap.units import format_bytes, parse_bytes
+from pipeswap.swap.config import SwapConfig
+from pipeswap.train_config import TrainConfig
+from pipeswap.units import format_bytes
 
 EXAMPLES = """examples:
   pipeswap simulate --graph plan.graph.json --topology dual-root-8
@@ -21,6 +25,14 @@ EXAMPLES = """examples:
   pipeswap simulate --graph g.json --topology my-server.json --trace run.trace.json \\
       --timeline run.png      # open the trace in ui.perfetto.dev or chrome://tracing
 """
+
+
+_HELPS = {
+    "topology": "a preset (switch-4, single-root-8, dual-root-8, direct-4; append :gen4/:gen5) "
+    "or a topology JSON file",
+    "gpu_memory_bytes": "every GPU's memory limit, e.g. 16GiB, 16GB, 512MiB, 1.5e9 (default: "
+    "the topology's memory_bytes; 0 = unlimited)",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,27 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--graph", required=True, metavar="FILE", help="task graph JSON (format pipeswap.graph/1)"
-    )
-    parser.add_argument(
-        "--topology",
-        required=True,
-        metavar="NAME|FILE",
-        help="a preset (switch-4, single-root-8, dual-root-8, direct-4; "
-        "append :gen4/:gen5) or a topology JSON file",
-    )
-    parser.add_argument(
-        "--gpu-memory",
-        metavar="SIZE",
-        help="every GPU's memory limit, e.g. 16GiB, 16GB, 512MiB, 1.5e9 "
-        "(default: the topology's memory_bytes; 0 = unlimited)",
-    )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument(
-        "--trace", metavar="FILE", help="write a Chrome/Perfetto trace (JSON) of the run"
-    )
-    parser.add_argument("--timeline", metavar="FILE", help="write a PNG Gantt chart of the run")
+    add_options(parser, SimulateOptions, required=("graph",))
+    add_options(parser, TrainConfig, only=("topology",), required=("topology",), helps=_HELPS)
+    add_options(parser, SwapConfig, only=("gpu_memory_bytes",), helps=_HELPS)
+    add_options(parser, Outputs, only=("json", "trace", "timeline"))
     parser.set_defaults(func=run)
 
 
@@ -62,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     graph = TaskGraph.load(args.graph)
     topology = resolve_topology(args.topology)
     topology.require_gpus(args.topology)
-    memory = None if args.gpu_memory is None else parse_bytes(args.gpu_memory)
+    memory = given(args, SwapConfig).get("gpu_memory_bytes")
     wants_rates = args.trace is not None or args.timeline is not None
     result = simulate(graph, topology, gpu_memory_bytes=memory, record_rates=wants_rates)
     # With --json, stdout carries the JSON alone; notes about written files go to stderr.

@@ -5,15 +5,29 @@ from __future__ import annotations
 import argparse
 import json
 
+from pipeswap.commands.options import add_options
+from pipeswap.commands.settings import Outputs, TopologyOptions
 from pipeswap.hardware.detect import detect_topology
 from pipeswap.hardware.presets import (
-    PCIE_GB_PER_S,
     preset_description,
     preset_names,
     resolve_topology,
 )
 from pipeswap.hardware.render import render_tree
 from pipeswap.hardware.topology import Topology
+from pipeswap.train_config import TrainConfig
+
+_JSON = "print pipeswap.topology/1 JSON"
+# Ranks `topology calibrate` measures with when --nproc is not given.
+CALIBRATE_NPROC = 2
+_CALIBRATE_HELPS = {
+    "nproc": f"ranks to measure with (default {CALIBRATE_NPROC})",
+    "device": "default: cuda when PyTorch sees a GPU, else cpu",
+    "out": "the topology JSON to write (default: $PIPESWAP_HOME, else ~/.cache/pipeswap, "
+    "/calibrated-DEVICE-N.json, which runs of N ranks on DEVICE then plan and predict with "
+    "unless {topology} names another)",
+    "json": "print the calibration as JSON",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,17 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     show = actions.add_parser("show", help="a preset or a topology JSON file as a tree or JSON")
     show.add_argument("topology", metavar="NAME|FILE", help="a preset name or a topology JSON file")
-    show.add_argument(
-        "--pcie",
-        choices=list(PCIE_GB_PER_S),
-        default=None,
-        help="PCIe generation of a preset's links (default gen3; measured x16 bandwidth)",
-    )
-    show.add_argument("--json", action="store_true", help="print pipeswap.topology/1 JSON")
+    add_options(show, TopologyOptions, only=("pcie",))
+    add_options(show, Outputs, only=("json",), helps={"json": _JSON})
     show.set_defaults(topology_action=_show)
 
     detect = actions.add_parser("detect", help="this machine's NVIDIA GPUs (NVML or nvidia-smi)")
-    detect.add_argument("--json", action="store_true", help="print pipeswap.topology/1 JSON")
+    add_options(detect, Outputs, only=("json",), helps={"json": _JSON})
     detect.set_defaults(topology_action=_detect)
 
     calibrate = actions.add_parser(
@@ -52,23 +61,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "topology JSON whose links carry the measured copy rate and whose calibration block "
         "holds every number, the date and this command; --topology FILE plans with it.",
     )
-    calibrate.add_argument("--nproc", type=int, default=2, help="ranks to measure with (default 2)")
-    calibrate.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default=None,
-        help="default: cuda when PyTorch sees a GPU, else cpu",
-    )
-    calibrate.add_argument(
-        "--out",
-        metavar="FILE",
-        default=None,
-        help="the topology JSON to write (default: $PIPESWAP_HOME, else ~/.cache/pipeswap, "
-        "/calibrated-DEVICE-N.json, which runs of N ranks on DEVICE then plan and predict "
-        "with unless --topology names another)",
-    )
-    calibrate.add_argument("--quick", action="store_true", help="small sizes, few repeats (tests)")
-    calibrate.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    add_options(calibrate, TrainConfig, only=("nproc", "device"), helps=_CALIBRATE_HELPS)
+    add_options(calibrate, Outputs, only=("out",), helps=_CALIBRATE_HELPS)
+    add_options(calibrate, TopologyOptions, only=("quick",))
+    add_options(calibrate, Outputs, only=("json",), helps=_CALIBRATE_HELPS)
     calibrate.set_defaults(topology_action=_calibrate)
 
 
@@ -88,7 +84,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    _print(resolve_topology(args.topology, pcie=args.pcie), as_json=args.json)
+    _print(resolve_topology(args.topology, pcie=args.pcie), as_json=bool(args.json))
     return 0
 
 
@@ -97,7 +93,7 @@ def _detect(args: argparse.Namespace) -> int:
     if topology is None:
         print("no NVIDIA GPU was found (neither NVML nor nvidia-smi reports one)")
         return 0
-    _print(topology, as_json=args.json)
+    _print(topology, as_json=bool(args.json))
     return 0
 
 
@@ -114,16 +110,17 @@ def _calibrate(args: argparse.Namespace) -> int:
     from pipeswap.hardware.calibration import Calibration, calibrated_path, host_memory_bytes
     from pipeswap.jsonio import check_writable
 
-    require(args.nproc >= 1, f"--nproc {args.nproc}: measure with 1 rank or more")
+    nproc = CALIBRATE_NPROC if args.nproc is None else args.nproc
+    require(nproc >= 1, f"--nproc {nproc}: measure with 1 rank or more")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     require(
         device == "cpu" or torch.cuda.is_available(),
         "--device cuda, but PyTorch sees no GPU here; use --device cpu",
     )
-    out = args.out or calibrated_path(device, args.nproc)
+    out = args.out or calibrated_path(device, nproc)
     check_writable(out)  # before measuring, not after
     launched = spawn(
-        measure_rank, args.nproc, args.quick, backend=backend_for(device, args.nproc), timeout_s=300
+        measure_rank, nproc, bool(args.quick), backend=backend_for(device, nproc), timeout_s=300
     )
     require(launched.ok, f"calibration failed on a rank: {launched.messages}")
     command = "pipeswap " + " ".join(sys.argv[1:])
@@ -133,15 +130,15 @@ def _calibrate(args: argparse.Namespace) -> int:
     memory = (
         torch.cuda.get_device_properties(0).total_memory
         if device == "cuda"
-        else host_memory_bytes() // args.nproc
+        else host_memory_bytes() // nproc
     )
-    topology = calibration.topology(f"calibrated-{device}-{args.nproc}", memory)
+    topology = calibration.topology(f"calibrated-{device}-{nproc}", memory)
     topology.save(out)  # makes the folder it goes in
     if args.json:
         print(json.dumps(calibration.to_json(), indent=1))
         return 0
     shown = calibration.to_json()
-    print(f"measured {args.nproc} ranks on {calibration.device} ({calibration.backend}):")
+    print(f"measured {nproc} ranks on {calibration.device} ({calibration.backend}):")
     for kind, rates in shown["copy_gb_per_s"].items():
         print(
             f"  copy {kind:<13} {rates['alone']:7.2f} GB/s alone, {rates['every_rank']:7.2f} GB/s each with every rank"

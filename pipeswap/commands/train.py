@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeswap.checkpoint import CheckpointConfig
 from pipeswap.commands.options import add_options, flag_of, given
+from pipeswap.commands.settings import Outputs
 from pipeswap.data_config import DataConfig
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_writable
@@ -74,10 +75,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Every option of `pipeswap train`: the fields of TrainConfig's tree, and the outputs."""
     for title, config, only in _GROUPS:
         add_options(parser.add_argument_group(title), config, only=only, required=("model",))
-    output = parser.add_argument_group("output")
-    output.add_argument("--report", metavar="PATH", help="write the pipeswap.train/2 JSON report")
-    output.add_argument(
-        "--trace", metavar="PATH", help="write a Chrome trace of a pipeline's passes"
+    add_options(
+        parser.add_argument_group("output"),
+        Outputs,
+        only=("report", "trace"),
+        helps={"trace": "write a Chrome trace of a pipeline's passes"},
     )
 
 

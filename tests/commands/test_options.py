@@ -9,8 +9,10 @@ import pytest
 
 from pipeswap.cli import build_parser, main
 from pipeswap.commands.options import FLAGS, add_options, flag_of, given, message, option_fields
+from pipeswap.commands.settings import COMMAND_SETTINGS
 from pipeswap.commands.train import config_from_args
 from pipeswap.config import ConfigError, leaf_fields, nested_config
+from pipeswap.profiling.profile_config import ProfileConfig
 from pipeswap.swap.config import SwapConfig
 from pipeswap.train_config import TrainConfig
 
@@ -21,7 +23,7 @@ def _train_parser() -> argparse.ArgumentParser:
 
 def _all_names() -> set[str]:
     names: set[str] = set()
-    stack: list[type] = [TrainConfig]
+    stack: list[type] = [TrainConfig, ProfileConfig, *COMMAND_SETTINGS]
     while stack:
         config = stack.pop()
         for f in dataclasses.fields(config):

@@ -99,8 +99,6 @@ def test_json_flag_prints_what_it_writes(tmp_path: Path, capsys: Capture) -> Non
             "--estimate",
             "--gpu",
             "h200",
-            "--dtype",
-            "bfloat16",
             "--out",
             str(out),
             "--json",
@@ -112,7 +110,7 @@ def test_json_flag_prints_what_it_writes(tmp_path: Path, capsys: Capture) -> Non
     assert (printed["source"], printed["device"], printed["dtype"]) == (
         "estimate",
         "h200",
-        "bfloat16",
+        "float32",
     )
     assert printed["image_size"] == model_spec("vit-micro").default_image_size
 
