@@ -16,7 +16,8 @@ from pipeswap.commands.plan_layouts import (
 )
 from pipeswap.commands.settings import Outputs, PlanOptions
 from pipeswap.errors import PipeswapError
-from pipeswap.hardware.presets import resolve_topology, topology_file
+from pipeswap.hardware.detect import named_topology
+from pipeswap.hardware.presets import topology_file
 from pipeswap.jsonio import check_writable
 from pipeswap.models import model_spec
 from pipeswap.optim import OptimizerConfig
@@ -32,7 +33,8 @@ _HELPS = {
     "profile_path": "a pipeswap.profile/1 JSON file (`pipeswap profile ... --out`); or {estimate}",
     "model": "the model {estimate} estimates, when {estimate} names none",
     "batch": "samples per GPU for {estimate} (default: the model's)",
-    "topology": "a preset (switch-4, single-root-8, dual-root-8, ...) or a JSON file",
+    "topology": "a preset (switch-4, single-root-8, dual-root-8, ...), a JSON file, or "
+    "detect (this machine's GPUs)",
     "out": "write the pipeswap.swapplan/2 plan",
 }
 
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         config = SwapConfig(**given(args, SwapConfig))
         _check_outputs(args)
         profile = _profile(args)
-        topology = resolve_topology(args.topology)
+        topology = named_topology(args.topology)
         topology.require_gpus(args.topology)
         budget = config.gpu_memory_bytes or min(
             topology.node(g).memory_bytes for g in topology.gpus
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     config = SwapConfig(**given(args, SwapConfig))
     _check_outputs(args)
     profile = _profile(args)
-    topology = resolve_topology(args.topology)
+    topology = named_topology(args.topology)
     topology.require_gpus(args.topology)
     accumulate = OptimizerConfig(**given(args, OptimizerConfig)).accumulate
     case = make_case(profile, topology, config, gpus=args.gpus, sync_every=accumulate)

@@ -9,7 +9,8 @@ import sys
 from pipeswap.commands.options import add_options, given
 from pipeswap.commands.settings import Outputs, SimulateOptions
 from pipeswap.errors import PipeswapError
-from pipeswap.hardware.presets import resolve_topology, topology_file
+from pipeswap.hardware.detect import named_topology
+from pipeswap.hardware.presets import topology_file
 from pipeswap.jsonio import check_writable
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
@@ -28,8 +29,8 @@ EXAMPLES = """examples:
 
 
 _HELPS = {
-    "topology": "a preset (switch-4, single-root-8, dual-root-8, direct-4; append :gen4/:gen5) "
-    "or a topology JSON file",
+    "topology": "a preset (switch-4, single-root-8, dual-root-8, direct-4; append "
+    ":gen4/:gen5), a topology JSON file, or detect (this machine's GPUs)",
     "gpu_memory_bytes": "every GPU's memory limit, e.g. 16GiB, 16GB, 512MiB, 1.5e9 (default: "
     "the topology's memory_bytes; 0 = unlimited)",
 }
@@ -55,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_outputs(args)
     graph = TaskGraph.load(args.graph)
-    topology = resolve_topology(args.topology)
+    topology = named_topology(args.topology)
     topology.require_gpus(args.topology)
     memory = given(args, SwapConfig).get("gpu_memory_bytes")
     wants_rates = args.trace is not None or args.timeline is not None

@@ -9,9 +9,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pipeswap.config import ConfigError
+from pipeswap.config import ConfigError, require
 from pipeswap.errors import PipeswapError
-from pipeswap.hardware.presets import INTER_SOCKET_GB_PER_S, INTER_SOCKET_KIND, PCIE_GB_PER_S
+from pipeswap.hardware.presets import (
+    INTER_SOCKET_GB_PER_S,
+    INTER_SOCKET_KIND,
+    PCIE_GB_PER_S,
+    resolve_topology,
+)
 from pipeswap.hardware.topology import Link, Node, Topology
 from pipeswap.hardware.unionfind import UnionFind
 
@@ -220,6 +225,21 @@ def build_topology(
                     uplink(gpu_ids[i], parent, [i])
     gpu_nodes = [Node(gpu_ids[i], "gpu", copy_engines, gpus[i].memory_bytes) for i in range(count)]
     return Topology(name, tuple(cpus + switches + gpu_nodes), tuple(links))
+
+
+def named_topology(name: str) -> Topology:
+    """The topology ``name`` says (the field ``topology``): a preset, a topology JSON
+    file, or ``detect``, this machine's GPUs (refused where none is found)."""
+    if name != "detect":
+        return resolve_topology(name)
+    found = detect_topology()
+    require(
+        found is not None,
+        "{topology} detect found no NVIDIA GPU here; name a preset (switch-4, "
+        "single-root-8, dual-root-8, direct-4) or a topology JSON file",
+    )
+    assert found is not None
+    return found
 
 
 def detect_topology(*, copy_engines: int = 2) -> Topology | None:

@@ -24,8 +24,8 @@ from pipeswap.dist.launch import run_ranks
 from pipeswap.dist.signals import LauncherInterrupted
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.calibration import found_calibration
-from pipeswap.hardware.detect import detect_topology
-from pipeswap.hardware.presets import preset, resolve_topology
+from pipeswap.hardware.detect import detect_topology, named_topology
+from pipeswap.hardware.presets import preset
 from pipeswap.hardware.topology import Topology
 from pipeswap.metrics import HeldOutSums, StepLog
 from pipeswap.models.base import LayeredModel
@@ -90,16 +90,7 @@ def swap_topology(name: str | None, device: str, nproc: int) -> Topology:
     (a preset, a file, or ``detect``), else :func:`default_topology`."""
     if name is None:
         return default_topology(device, nproc)
-    if name == "detect":
-        found = detect_topology()
-        require(
-            found is not None,
-            "{topology} detect found no NVIDIA GPU here; name a preset (switch-4, "
-            "single-root-8, dual-root-8, direct-4) or a topology JSON file",
-        )
-        assert found is not None
-        return found
-    return resolve_topology(name)
+    return named_topology(name)
 
 
 def _profile(config: TrainConfig, job: ModelJob | Seq2SeqJob, device: torch.device) -> Profile:

@@ -125,3 +125,29 @@ def test_estimate_is_one_field_in_plan_and_profile(
     assert json.loads(capsys.readouterr().out)["source"] == "estimate"
     assert main([*profile, "--estimate", "gpt2-tiny"]) == 2
     assert "write --model gpt2-micro --estimate" in capsys.readouterr().err
+
+
+def test_topology_detect_means_this_machine_in_every_command_that_takes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeswap.hardware import detect
+    from pipeswap.hardware.presets import resolve_topology
+
+    graph = tmp_path / "g.json"
+    graph.write_text(
+        json.dumps(
+            {
+                "format": "pipeswap.graph/1",
+                "tasks": [{"id": "f0", "kind": "compute", "gpu": "gpu0", "duration_s": 1.0}],
+            }
+        )
+    )
+    simulate = ["simulate", "--graph", str(graph), "--topology", "detect"]
+    monkeypatch.setattr(detect, "detect_topology", lambda **kwargs: None)
+    assert main(simulate) == 2
+    assert "--topology detect found no NVIDIA GPU here" in capsys.readouterr().err
+    monkeypatch.setattr(detect, "detect_topology", lambda **kwargs: resolve_topology("switch-4"))
+    assert main(simulate) == 0
+    assert capsys.readouterr().out.startswith("topology switch-4, 1 tasks")
+    plan = ["plan", "--estimate", "gpt2-micro", "--topology", "detect", "--policy", "none"]
+    assert main(plan) == 0
