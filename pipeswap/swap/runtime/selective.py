@@ -7,12 +7,11 @@ Most of the bytes a transformer block saves come from cheap operations (norms, c
 activations, elementwise products, a rotary embedding), so the choice is made per tensor,
 as torchtitan's op-level selective checkpointing and torch.compile's min-cut do:
 
-* a tensor autograd saves that a *dear* operation made (a matmul, a convolution,
-  attention) is kept: recomputing it costs most of the layer's time;
-* one a cheap operation made is recomputed from what is at hand (the layer's input,
-  parameters, kept tensors), unless recomputing it would keep more bytes than it frees
-  (a rotary embedding's output rather than the projection it comes from is kept);
-* a dear output that is not saved but that a recomputed tensor needs is kept too.
+* the output of every *dear* operation (a matmul, a convolution, attention) is kept,
+  whether autograd saves it or a recomputed tensor needs it or the re-run would run it
+  before it stops: recomputing one costs most of the layer's time;
+* everything a cheap operation made is recomputed from the layer's input, parameters
+  and the kept outputs.
 
 :class:`OpRecorder` notes the operations of one plain forward of the layer, with the
 storages each reads and writes and its time; :func:`choose` makes the choice and says
@@ -173,84 +172,42 @@ def choose(
     storages autograd saved in it (key -> bytes), ``inputs``: the layer's input storages;
     ``dispatch_s``: what selective checkpointing's dispatch costs per operation, in the
     forward and again in the re-run (:func:`dispatch_seconds`; 0 where the device's
-    kernels hide it)."""
-    produced: dict[int, int] = {}  # storage -> the operation that made it (not its views)
+    kernels hide it).
+
+    The re-run stops once the last operation that saves a tensor for the backward has run
+    (its kernel too unless kept: a matmul saves its input as it runs). Every dear
+    operation up to there is kept, so no matmul runs twice; every other one runs again.
+    """
+    produced: set[int] = set()  # storages the layer's operations made (not its inputs)
     mutated: set[int] = set()  # written in place: a kept copy would go stale
-    for pos, call in enumerate(calls):
-        for key in call.outputs:
-            if call.writes:
-                mutated.add(key)
-            if key not in inputs:
-                produced.setdefault(key, pos)
-    # What cannot be kept: an operation whose output is written in place later.
-    unkeepable = {pos for pos, call in enumerate(calls) if set(call.outputs) & mutated}
-    needed = {key for key in saved if key in produced}
-    cheap_saved = [
+    for call in calls:
+        produced.update(key for key in call.outputs if key not in inputs)
+        if call.writes:
+            mutated.update(call.outputs)
+    stop = max(
+        (
+            pos
+            for pos, call in enumerate(calls)
+            if call.dear or call.inputs & saved.keys() or saved.keys() & call.outputs.keys()
+        ),
+        default=-1,
+    )
+    cached = [
         pos
-        for pos, call in enumerate(calls)
-        if not call.dear and pos not in unkeepable and set(call.outputs) & needed
+        for pos, call in enumerate(calls[: stop + 1])
+        if call.dear and not mutated.intersection(call.outputs)
     ]
-    keep: set[int] = set()
-    best = _walk(calls, produced, needed, keep, unkeepable)
-    # Keep a cheap saved tensor where recomputing it keeps more than it frees, or as much
-    # for more time (a rotary embedding's output rather than the projection it comes from).
-    # First the fewest bytes, then the least time for no more bytes.
-    for better in (_fewer_bytes, _less_time):
-        for pos in reversed(cheap_saved):
-            if pos in keep:
-                continue
-            trial = _walk(calls, produced, needed, keep | {pos}, unkeepable)
-            if better(trial, best):
-                keep.add(pos)
-                best = trial
-    cached_bytes, spent, cached, rerun = best
-    spent += dispatch_s * (len(calls) + max(rerun, default=-1) + 1)
-    kept_keys = {key for pos in cached for key in calls[pos].outputs}
-    rerun_bytes = sum(n for key, n in saved.items() if key in produced and key not in kept_keys)
+    kept = {key: n for pos in cached for key, n in calls[pos].outputs.items()}
+    rerun_bytes = sum(n for key, n in saved.items() if key in produced and key not in kept)
+    spent = sum(c.seconds for pos, c in enumerate(calls[: stop + 1]) if pos not in cached)
+    spent += dispatch_s * (len(calls) + stop + 1)
     total = sum(call.seconds for call in calls)
     return SelectiveChoice(
         frozenset(calls[pos].name for pos in cached),
-        cached_bytes,
+        sum(kept.values()),
         rerun_bytes,
         spent / total if total > 0 else 0.0,
     )
-
-
-def _fewer_bytes(trial: tuple[int, float, Any, Any], best: tuple[int, float, Any, Any]) -> bool:
-    return trial[0] < best[0]
-
-
-def _less_time(trial: tuple[int, float, Any, Any], best: tuple[int, float, Any, Any]) -> bool:
-    return trial[0] <= best[0] and trial[1] < best[1]
-
-
-def _walk(
-    calls: list[OpCall],
-    produced: Mapping[int, int],
-    saved: set[int],
-    keep: set[int],
-    unkeepable: set[int],
-) -> tuple[int, float, set[int], set[int]]:
-    """(bytes kept, seconds the re-run spends, operations kept, operations re-run) when
-    ``keep`` (cheap) and every dear operation are kept where their outputs are needed,
-    walking from the last operation back. The re-run runs every operation not kept until
-    it has every saved tensor back (torch stops it there)."""
-    needed = set(saved)
-    cached: set[int] = set()
-    rerun: set[int] = set()
-    for pos in range(len(calls) - 1, -1, -1):
-        call = calls[pos]
-        if not needed.intersection(call.outputs):
-            continue
-        if (call.dear or pos in keep) and pos not in unkeepable:
-            cached.add(pos)
-        else:
-            rerun.add(pos)
-            needed.update(key for key in call.inputs if produced.get(key, pos) < pos)
-    kept = {key: n for pos in cached for key, n in calls[pos].outputs.items()}
-    last = max(rerun, default=-1)
-    spent = sum(call.seconds for pos, call in enumerate(calls[: last + 1]) if pos not in cached)
-    return sum(kept.values()), spent, cached, rerun
 
 
 @functools.cache

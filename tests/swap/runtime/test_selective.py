@@ -40,38 +40,40 @@ def test_a_block_keeps_its_matmuls_outputs_and_recomputes_the_rest() -> None:
     layers = dict(model.named_children())
     sizes = measure_recomputation(model, layers, list(layers), lambda: model(x).sum())
     choice = sizes.choices["1"]
-    # Kept: the gate's and the up projection's outputs (the down projection's is not needed).
-    assert choice.cached_bytes == 2 * B * H * 4
+    # Kept: the gate's, the up and the down projection's outputs (the down projection saves
+    # its input as it runs, so the re-run would run it again: no matmul runs twice).
+    assert choice.cached_bytes == 2 * B * H * 4 + B * D * 4
     # Re-run: the norm's rsqrt (B x 1), x * rsqrt and the normed input (B x D each), the
     # SiLU's output and the gated product (B x H each).
     assert choice.rerun_bytes == B * 4 * (1 + 2 * D + 2 * H)
     # Its share of the forward: the re-run's operations, and on a CPU selective
     # checkpointing's dispatch per operation (on these tiny tensors, most of it).
     assert choice.rerun_fraction > 0.0
-    # Whole-block recomputation saves all of that again, and the two kept outputs too.
-    assert sizes.rerun["1"] == choice.rerun_bytes + choice.cached_bytes
+    # Whole-block recomputation saves all of that again, and the two saved projections too.
+    assert sizes.rerun["1"] == choice.rerun_bytes + 2 * B * H * 4
 
 
 def _call(name: tuple[str, int], outputs: dict[int, int], inputs: set[int], dear: bool) -> OpCall:
     return OpCall(name, outputs, frozenset(inputs), 1.0, dear, False)
 
 
-def test_a_cheap_tensor_is_kept_where_recomputing_it_would_keep_more() -> None:
-    # A matmul makes a large tensor nobody saves; a cheap reduction of it is saved.
-    # Recomputing the reduction would keep the large tensor: keep the small one instead.
+def test_every_matmul_up_to_the_re_run_s_end_is_kept_and_nothing_after_it_runs() -> None:
+    # mm -> relu (saved) -> mm (saves the relu's output as it runs) -> add (saves nothing).
     calls = [
         _call(("mm", 0), {1: 1000}, {0}, dear=True),
-        _call(("sum", 0), {2: 10}, {1}, dear=False),
-        _call(("relu", 0), {3: 500}, {0}, dear=False),
+        _call(("relu", 0), {2: 500}, {1}, dear=False),
+        _call(("mm", 1), {3: 800}, {2}, dear=True),
+        _call(("add", 0), {4: 300}, {3}, dear=False),
     ]
-    choice = choose(calls, saved={2: 10, 3: 500}, inputs={0})
-    assert choice.cached == frozenset({("sum", 0)})
-    assert (choice.cached_bytes, choice.rerun_bytes) == (10, 500)
-    # The re-run runs what is not kept up to the last tensor it needs: mm and relu.
-    assert choice.rerun_fraction == 2 / 3
-    # Selective checkpointing's dispatch, per operation in the forward and in the re-run.
-    slow = choose(calls, saved={2: 10, 3: 500}, inputs={0}, dispatch_s=0.5)
-    assert slow.rerun_fraction == (2 + 0.5 * (3 + 3)) / 3
+    choice = choose(calls, saved={2: 500}, inputs={0})
+    # Both matmuls kept (the second runs before the re-run stops), the relu re-run, the
+    # add never: the re-run spends one of the four operations' seconds.
+    assert choice.cached == frozenset({("mm", 0), ("mm", 1)})
+    assert (choice.cached_bytes, choice.rerun_bytes) == (1800, 500)
+    assert choice.rerun_fraction == 1 / 4
+    # Selective checkpointing's dispatch, per operation in the forward (4) and the re-run (3).
+    slow = choose(calls, saved={2: 500}, inputs={0}, dispatch_s=0.5)
+    assert slow.rerun_fraction == (1 + 0.5 * (4 + 3)) / 4
 
 
 def test_a_selective_rerun_computes_the_same_bits_and_counts_what_it_keeps() -> None:
