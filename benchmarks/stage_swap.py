@@ -73,7 +73,9 @@ def config_of(case: Case, policy: str, *, quick: bool) -> TrainConfig:
         seq_len=32 if quick else 128,
         steps=2 if quick else 6,
         device="cpu",
-        optim=OptimizerConfig(lr=0.05, momentum=0.9 if case.weights == "spectrain" else 0.0),
+        optim=OptimizerConfig(
+            optimizer="sgd", lr=0.05, momentum=0.9 if case.weights == "spectrain" else 0.0
+        ),
         pipeline=PipelineConfig(
             stages=case.stages,
             schedule=case.schedule,

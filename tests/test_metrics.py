@@ -86,7 +86,16 @@ def test_tensorboard_without_its_package_is_refused_before_any_rank_starts(
 def test_the_metrics_file_agrees_with_the_report(tmp_path: Path, mode: list[str]) -> None:
     metrics, report = tmp_path / "m.jsonl", tmp_path / "r.json"
     argv = ["train", "--model", "gpt2-micro", "--seq-len", "16", "--batch", "4", "--steps", "3"]
-    argv += ["--lr-warmup", "2", "--eval-every", "2", "--metrics", str(metrics)]
+    argv += [
+        "--optimizer",
+        "sgd",
+        "--lr-warmup",
+        "2",
+        "--eval-every",
+        "2",
+        "--metrics",
+        str(metrics),
+    ]
     argv += ["--report", str(report), *mode]
     assert main(argv) == 0
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]

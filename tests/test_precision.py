@@ -14,6 +14,7 @@ import torch
 
 from pipeswap.config import ConfigError
 from pipeswap.data_config import DataConfig
+from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.stage import inspect_layers
 from pipeswap.precision import PRECISIONS, LossScaler, autocast, autocast_dtype
 from pipeswap.profiling import measure
@@ -85,6 +86,8 @@ def _run(precision: str, **changes: object) -> tuple[list[float], str]:
         device="cpu",
         precision=precision,
         progress=False,
+        # The footprint ratios below were set for SGD's one state buffer.
+        optim=OptimizerConfig(optimizer="sgd"),
         **changes,  # type: ignore[arg-type]
     )
     outcome = train(config)

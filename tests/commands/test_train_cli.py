@@ -69,8 +69,10 @@ GPT = ("--model", "gpt2-tiny", "--batch", "4", "--seq-len", "32", "--steps", "3"
 
 
 def test_single_process_report_has_every_field_and_matches_no_swapping(tmp_path: Path) -> None:
-    swapped = _run(tmp_path, "swap", *GPT, "--swap-policy", "disjoint", "--footprint-ratio", "1.3")
-    plain = _run(tmp_path, "none", *GPT, "--swap-policy", "none", "--footprint-ratio", "1")
+    # SGD's one state buffer: the ratio was set for it (AdamW's two leave less to swap).
+    sgd = (*GPT, "--optimizer", "sgd")
+    swapped = _run(tmp_path, "swap", *sgd, "--swap-policy", "disjoint", "--footprint-ratio", "1.3")
+    plain = _run(tmp_path, "none", *sgd, "--swap-policy", "none", "--footprint-ratio", "1")
     for key in (*COMMON_KEYS, *DP_KEYS):
         assert key in swapped, key
     assert swapped["format"] == "pipeswap.train/2" and swapped["mode"] == "data-parallel"
@@ -311,7 +313,7 @@ def test_a_cuda_rank_binds_its_gpu_before_the_first_collective(
     config = TrainConfig(
         "gpt2-tiny", batch=2, seq_len=8, steps=1, device="cpu", swap=SwapConfig(policy="none")
     )
-    cuda = replace(config, device="cuda")
+    cuda = replace(config.resolved(), device="cuda")  # ranks get a resolved config
     with pytest.raises(PipeswapError, match="stop after planning"):
         data_parallel.data_parallel_rank(0, 1, cuda, local_rank=1)
     gpu = torch.device("cuda", 1)
@@ -384,8 +386,8 @@ def test_recompute_save_on_cpu_and_hybrid_policies_train_like_no_swapping(tmp_pa
     "mode", [[], ["--nproc", "2"], ["--pipeline", "2", "--emulate"], ["--pipeline", "2"]]
 )
 def test_a_diverging_run_exits_2_in_every_mode(mode: list[str], capsys: Any) -> None:
-    # Before: losses [5.42, 9.3e8, nan] and exit 0.
-    argv = ["--model", "gpt2-micro", "--lr", "1e5", "--steps", "5", *mode]
+    # Before: losses [5.42, 9.3e8, nan] and exit 0 (with SGD, then every model's default).
+    argv = ["--model", "gpt2-micro", "--optimizer", "sgd", "--lr", "1e5", "--steps", "5", *mode]
     assert main(["train", *argv, "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "the loss is nan at mini-batch 2" in err and "training diverged" in err
