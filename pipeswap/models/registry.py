@@ -34,9 +34,10 @@ class ModelSpec:
     """What a model name builds (a zoo name, a Hugging Face directory or ``module:function``)
     and how it is usually trained.
 
-    ``default_seq_len`` / ``max_seq_len`` are set for language models (``task == "lm"``),
-    ``default_image_size`` for image classifiers. ``published_params`` is the parameter
-    count the model's paper or model card gives (None for our own test sizes).
+    ``default_seq_len`` / ``max_seq_len`` are set for models of a task sized by ``seq_len``
+    (language models: :attr:`task_entry`), ``default_image_size`` for image classifiers.
+    ``published_params`` is the parameter count the model's paper or model card gives
+    (None for our own test sizes).
     ``encoder_decoder``: a language model of two stacks (T5, BART: pipeswap.models.seq2seq),
     trained on source/target pairs, whose ``seq_len`` bounds the source and the target.
     """
