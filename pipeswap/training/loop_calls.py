@@ -6,7 +6,7 @@ import inspect
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from pipeswap.errors import PipeswapError
 
@@ -83,3 +83,12 @@ def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
     """The optimizer's name as the state model knows it (adam, adamw or sgd)."""
     name = type(optimizer).__name__.lower()
     return name if name in ("adam", "adamw", "sgd") else "adamw"
+
+
+def on_host(call: tuple[Any, Any]) -> tuple[Any, Any]:
+    """The call's tensors copied to the host (a plan made again moves them back)."""
+    return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, call)
+
+
+def on_device(call: tuple[Any, Any], device: torch.device) -> tuple[Any, Any]:
+    return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, call)

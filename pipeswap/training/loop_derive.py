@@ -372,6 +372,7 @@ def derive_plan(
         check=check,
         configs=configs,
         derived_from="; ".join(shapes),
+        heuristic=DERIVED_POLICIES[-1] if config.policy in SEARCHES else None,
     )
 
 

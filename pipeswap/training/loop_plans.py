@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from pipeswap.config import ConfigError
 from pipeswap.dist.group import all_gather, broadcast_from_rank0, rank_and_world
@@ -27,6 +26,7 @@ from pipeswap.swap.runtime.checks import rank_plan
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.recompute import RecomputeSizes, measure_recomputation
 from pipeswap.training.data_parallel import swap_topology
+from pipeswap.training.loop_calls import on_host
 from pipeswap.training.loop_profile import loop_profile
 from pipeswap.units import format_bytes
 
@@ -73,8 +73,9 @@ class ShapePlan:
     call: tuple[Any, Any] | None = None
     recomputes_all: bool = False  # on_infeasible="recompute-all" made it, over the budget
     # The measured shapes its profile was derived from, before its first step (None: its
-    # own step was measured).
+    # own step was measured), and the policy it is made again with (None: the run's).
     derived_from: str | None = None
+    heuristic: str | None = None
 
 
 @dataclass
@@ -226,6 +227,7 @@ class LoopPlanner:
         check: bool,
         configs: Sequence[SwapConfig | None] = (None,),
         derived_from: str | None = None,
+        heuristic: str | None = None,
     ) -> ShapePlan:
         """The call's plan from its profile within the run's budget (``configs``: the
         policies to try in turn, None the run's), checked (``check``) by a step run aside
@@ -250,9 +252,10 @@ class LoopPlanner:
             profile,
             budget,
             time.perf_counter() - started,
-            call=_on_host(call),
+            call=on_host(call),
             recomputes_all=recomputes_all,
             derived_from=derived_from,
+            heuristic=heuristic,
         )
         if check and self.device.type != "cuda" and not recomputes_all:
             # The storage count cannot watch the user's step: a step run aside with the
@@ -367,8 +370,10 @@ class LoopPlanner:
         target = planned.budget_bytes - planned.margin_bytes
         held = format_bytes(planned.measured_peak_bytes or 0)
         over = f"a step held {held}, more than the budget of {format_bytes(planned.budget_bytes)}"
+        policy = planned.heuristic
+        config = None if policy is None else replace(self.config, policy=policy)
         try:
-            result, executor = self.make(planned.profile, target, args, kwargs)
+            result, executor = self.make(planned.profile, target, args, kwargs, config=config)
         except PipeswapError as exc:
             warnings.warn(
                 f"pipeswap.offload: {over}, and no plan fits {format_bytes(target)} "
@@ -393,12 +398,3 @@ class LoopPlanner:
             measured_peak_bytes=None,
             planning_s=planned.planning_s + time.perf_counter() - started,
         )
-
-
-def _on_host(call: tuple[Any, Any]) -> tuple[Any, Any]:
-    """The call's tensors copied to the host (a plan made again moves them back)."""
-    return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, call)
-
-
-def on_device(call: tuple[Any, Any], device: torch.device) -> tuple[Any, Any]:
-    return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, call)

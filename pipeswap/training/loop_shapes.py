@@ -25,9 +25,9 @@ from pipeswap.dist.group import rank_and_world
 from pipeswap.profile import StepMemory
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.swap.runtime.executor import SwapExecutor
-from pipeswap.training.loop_calls import Signature
+from pipeswap.training.loop_calls import Signature, on_device
 from pipeswap.training.loop_derive import derive_plan, describe, same_structure
-from pipeswap.training.loop_plans import UNBOUNDED, LoopPlanner, ShapePlan, on_device
+from pipeswap.training.loop_plans import UNBOUNDED, LoopPlanner, ShapePlan
 from pipeswap.units import format_bytes
 
 
@@ -73,9 +73,12 @@ def _size(signature: Signature) -> int:
     return total
 
 
-def largest_covered(signature: Signature, planned: Iterable[Signature]) -> Signature | None:
-    """The largest of ``planned`` that ``signature`` covers (None: none)."""
-    smaller = [c for c in planned if covers(signature, c)]
+def largest_covered(
+    signature: Signature, planned: Iterable[Signature], *, values: bool = True
+) -> Signature | None:
+    """The largest of ``planned`` that ``signature`` covers (None: none; ``values``: see
+    :func:`covers`)."""
+    smaller = [c for c in planned if covers(signature, c, values=values)]
     return max(smaller, key=_size, default=None)
 
 
@@ -115,8 +118,9 @@ class ShapePlans:
         ]
         if self.planner.budget_bytes is None or not bases:  # the first of its structure
             return None, None
-        smaller = largest_covered(signature, self.plans)
-        fits = "none of this structure" if smaller is None else describe(smaller)
+        # What the refusal names: the largest shape planned no larger, whatever its masks.
+        smaller = largest_covered(signature, self.plans, values=False)
+        fits = "none no larger" if smaller is None else describe(smaller)
         planned = self.plans[signature] = derive_plan(
             self.planner, signature, (args, kwargs), bases, fits=fits, check=self.check_memory
         )

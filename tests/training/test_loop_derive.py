@@ -98,6 +98,20 @@ def test_a_batch_without_padding_is_planned_apart_even_under_plan_for() -> None:
     assert max(swapped[2]) <= stats["budget_bytes"] * 1.02
 
 
+def test_a_derived_plan_whose_step_held_more_is_made_again_by_the_heuristics() -> None:
+    model = _llama(layers=3)
+    off = offload(model, footprint_ratio=1.2)  # auto: a search for the measured shape
+    _loop(model, lambda: off, padded_batches(1, 40, 40) + padded_batches(1, 48, 48))
+    (planned,) = [p for p in off.shapes.plans.values() if p.derived_from is not None]
+    assert planned.derived_from == "4x40, 4x40, 4x40" and planned.heuristic == "hybrid"
+    off.planner.measured(planned, planned.budget_bytes + 20_000)  # as the meter would say
+    with pytest.warns(RuntimeWarning, match="planned again"):
+        _loop(model, lambda: off, padded_batches(1, 48, 48))
+    (again,) = [p for p in off.shapes.plans.values() if p.derived_from is not None]
+    assert again.replans == 1 and again.result.policy == "hybrid"
+    assert again.result.budget_bytes == planned.budget_bytes - 20_000
+
+
 def _measured(off: Offload, length: int) -> tuple[Signature, Profile, dict[str, Any]]:
     """A shape measured (plan_for's step run aside): its signature, profile and call."""
     batch = without_cache(padded_batches(1, length, length)[0])
