@@ -16,8 +16,9 @@ import torch
 from pipeswap.models.blocks import find_blocks
 from pipeswap.profile import Profile
 from pipeswap.profiling.meter import DeviceMeter
+from pipeswap.profiling.saved import SavedTensorCapture
 from pipeswap.swap.plan.workload import workload_from_profile
-from pipeswap.swap.runtime.capture import capture_records
+from pipeswap.swap.runtime.capture import _LayerView, capture_records, resolve_layers
 from pipeswap.training.loop_calls import Signature, signature, without_cache
 from pipeswap.training.loop_derive import (
     Scaling,
@@ -210,3 +211,8 @@ def test_naming_a_call_holds_no_more_than_a_forward_without_gradients() -> None:
 
     named = peak(lambda: capture_records(model, lambda: model(**batch), names))
     assert named <= peak(inference) * 1.05 < peak(training) * 0.6
+    view = _LayerView(model, resolve_layers(model, names))
+    with SavedTensorCapture(view, release=True):  # type: ignore[arg-type]
+        loss = model(**batch).loss
+    with pytest.raises(RuntimeError, match="let go of as the forward ran"):
+        loss.backward()
