@@ -98,16 +98,14 @@ def metered_loop(
         meters.append(meter)
         return meter
 
+    def after() -> None:
+        peaks.append(meters[-1].peak)
+        each()
+
     optimizers: list[torch.optim.Optimizer] = []
     started = time.perf_counter()
     losses, weights = _loop(
-        model,
-        wrap,
-        data,
-        lr=1e-3,
-        around=metered,
-        made=optimizers.append,
-        each=lambda: (peaks.append(meters[-1].peak), each()),
+        model, wrap, data, lr=1e-3, around=metered, made=optimizers.append, each=after
     )
     return losses, weights, peaks, time.perf_counter() - started
 
