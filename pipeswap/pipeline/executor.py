@@ -16,7 +16,7 @@ from pipeswap.models.tasks import scores_accuracy
 from pipeswap.pipeline.held_out import HeldOutScorer
 from pipeswap.pipeline.job import BatchSource
 from pipeswap.pipeline.partition import stage_bounds
-from pipeswap.pipeline.predict import steady_distances, version_distances
+from pipeswap.pipeline.predict import delay_lr_scale, steady_distances, version_distances
 from pipeswap.pipeline.replica_average import Averaging
 from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.pipeline.schedule import Schedule, TimedAction
@@ -140,6 +140,7 @@ class StageExecutor:
             keep_gradients=keep_gradients,
             shared=copies,
             optimizer_factory=optimizer_factory,
+            lr_scale=delay_lr_scale(schedule, rank, pipeline.delay_power),
         )
         self.tied: TiedParameters | None = None
         if copies:

@@ -51,6 +51,7 @@ __all__ = [
     "DISTANCE_RULES",
     "Distances",
     "delay_free_schedule",
+    "delay_lr_scale",
     "official_distances",
     "steady_distances",
     "step_direction",
@@ -122,6 +123,23 @@ def steady_distances(schedule: Schedule, stage: int, rule: str = "schedule") -> 
         values = Counter(s for (k, _), s in distances.items() if k == kind)
         result.append(max(values.items(), key=lambda kv: (kv[1], kv[0]))[0])
     return result[0], result[1]
+
+
+def delay_lr_scale(schedule: Schedule, stage: int, power: float) -> float:
+    """The factor on ``stage``'s learning rate of the delay-scaled rule: ``(1 + tau) ** -power``.
+
+    ``tau`` is the delay of the stage's gradients, walked from the schedule: the steady
+    forward distance (N - k - 1 on stage k of async-1f1b, 1 on 2bw, 0 on a synchronous
+    schedule, whose rate is kept bit for bit). Delayed gradient descent on a quadratic is
+    stable only for a rate that shrinks with the delay (``lr * h < 2 sin(pi / (4 tau + 2))``,
+    about 1 / (1 + 2 tau) of the undelayed bound), and SGD with momentum tolerates much
+    less: the stages whose gradients are most stale step least (Zhang et al., IJCAI 2016,
+    divide by tau: ``power`` 1; PipelineConfig.DELAY_LR_POWER is what pipeswap measured).
+    """
+    if power == 0:
+        return 1.0
+    tau = steady_distances(schedule, stage)[0]
+    return float((1.0 + tau) ** -power)
 
 
 def official_distances(num_stages: int, stage: int) -> tuple[int, int]:

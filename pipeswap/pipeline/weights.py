@@ -80,6 +80,10 @@ class StageWeights:
     ``clip_scales[t]``, when set, multiplies the gradient of mini-batch ``t`` (a tied
     copy's summed one too) before its update: clipping by the global norm, which the
     stages find together (pipeswap.pipeline.step_end).
+
+    ``lr_scale`` multiplies the learning rate of every update of the stage's own parameters
+    and so of its predictions (the delay-scaled rule: pipeswap.pipeline.predict.
+    delay_lr_scale); tied copies keep the config's rate, so every holder steps them alike.
     """
 
     module: nn.Module
@@ -96,6 +100,7 @@ class StageWeights:
     clip_scales: dict[int, float] = field(default_factory=dict)
     # Builds each optimizer instead of ``optimizer_config`` (pipeswap.Pipeline's optimizer=).
     optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None
+    lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         self.entry: WeightMode = weight_mode(self.mode)
@@ -110,6 +115,8 @@ class StageWeights:
         own = [m for i, m in enumerate(self.masters) if i not in tied]
         if own:
             self.optimizer = self._make_optimizer(own)
+            for group in self.optimizer.param_groups:
+                group["lr"] *= self.lr_scale
         if self.optimizer_factory is not None:
             self._check_factory()
         self.shared_optimizers = {
@@ -199,6 +206,7 @@ class StageWeights:
                 optimizer, done = self.optimizer, self.updates
             # The target is the stage's version updates + s: a copy that lags predicts more.
             ahead = s + self.updates - done
+            scale = 1.0 if i in tied else self.lr_scale
             if optimizer is None or ahead <= 0:
                 continue
             d = step_direction(optimizer, m)
@@ -206,7 +214,7 @@ class StageWeights:
                 continue
             if self.optimizer_config.lr_varies:
                 # The next updates are those of mini-batches done .. done + ahead - 1.
-                distance = sum(self.optimizer_config.lr_at(done + j) for j in range(ahead))
+                distance = scale * sum(self.optimizer_config.lr_at(done + j) for j in range(ahead))
             else:
                 distance = ahead * optimizer.param_groups[0]["lr"]
             moves.append((p, d, distance))
@@ -233,7 +241,7 @@ class StageWeights:
         if self.optimizer is not None:
             if self.optimizer_config.lr_varies:
                 for group in self.optimizer.param_groups:
-                    group["lr"] = self.optimizer_config.lr_at(step)
+                    group["lr"] = self.optimizer_config.lr_at(step) * self.lr_scale
             self.optimizer.step()
         if self.keep_gradients:
             # What this stage computed: a tied copy's own gradient, before the holders' sum.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pipeswap.config import ConfigError, option, require
@@ -10,6 +11,9 @@ from pipeswap.schedule.modes import WEIGHT_MODES, weight_mode
 from pipeswap.units import parse_bytes
 
 DISTANCE_RULES = ("schedule", "official")
+# P of the delay-scaled learning rate lr / (1 + tau) ** P where a weight mode turns it on by
+# default (WeightMode.delay_lr): measured in docs/results/pipeline_robustness.md.
+DELAY_LR_POWER = 2.0
 
 
 def read_balance(text: str) -> tuple[int, ...]:
@@ -70,6 +74,15 @@ class PipelineConfig:
         "on its own {batch} of every step, each stage's gradients averaged across the "
         "replicas before its update (default: {nproc} / stages)",
     )
+    delay_lr_power: float | None = option(
+        None,
+        metavar="P",
+        help="the stability rule of asynchronous schedules: a stage whose gradients arrive "
+        "tau updates late (tau walked from the schedule: N-1-k on stage k of async-1f1b, 1 "
+        f"on 2bw) steps at lr / (1 + tau)^P (default: P = {DELAY_LR_POWER:g} for spectrain "
+        "and predict-adam, the modes pipeswap recommends, which do not diverge where 1f1b "
+        "converges with it; 0, off, for the others; synchronous schedules have tau = 0)",
+    )
     emulate: bool = option(False, help="run every stage in this process (bit-identical on CPU)")
 
     def __post_init__(self) -> None:
@@ -108,12 +121,25 @@ class PipelineConfig:
             f"{{replicas}} is {self.replicas}; use 1 (one pipeline) or more",
         )
         require(
+            self.delay_lr_power is None
+            or (math.isfinite(self.delay_lr_power) and self.delay_lr_power >= 0),
+            f"{{delay_lr_power}} is {self.delay_lr_power}; use 0 (off) or more",
+        )
+        require(
             mode.live or kind.asynchronous,
             f"{{weights}} {self.weights} chooses the weight versions of a schedule with no "
             f"flush, but {{schedule}} {self.schedule} is synchronous (every pass runs on the "
             "weights of its own update, so nothing is stale): use {schedule} async-1f1b, or "
             "drop {weights}",
         )
+
+    @property
+    def delay_power(self) -> float:
+        """P of the delay-scaled learning rate: ``delay_lr_power``, or the weight mode's
+        default (:data:`DELAY_LR_POWER` where its entry's ``delay_lr`` is set, else 0)."""
+        if self.delay_lr_power is not None:
+            return self.delay_lr_power
+        return DELAY_LR_POWER if weight_mode(self.weights).delay_lr else 0.0
 
     @property
     def num_stages(self) -> int:

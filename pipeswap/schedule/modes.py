@@ -38,6 +38,10 @@ class WeightMode:
     is not that, naming settings as ``{field}`` (a :class:`pipeswap.config.ConfigError`)
     and the config's values as ``$optimizer`` and ``$momentum``. ``nadam``: the stage
     updates with NAdam instead of the configured optimizer (:meth:`OptimizerConfig.build`).
+    ``delay_lr``: the delay-scaled learning rate (``PipelineConfig.delay_lr_power``) is on
+    by default, as for the modes pipeswap recommends: a stage whose gradients arrive
+    ``tau`` updates late steps at ``lr / (1 + tau) ** P``
+    (:func:`pipeswap.pipeline.predict.delay_lr_scale`).
     """
 
     name: str
@@ -46,6 +50,7 @@ class WeightMode:
     optimizer: str = ANY_OPTIMIZER
     nadam: bool = False
     refusal: str = ""
+    delay_lr: bool = False
 
     @property
     def live(self) -> bool:
@@ -121,6 +126,7 @@ WEIGHT_MODES: dict[str, WeightMode] = {
             "spectrain",
             predicts=True,
             optimizer=SGD_MOMENTUM,
+            delay_lr=True,
             refusal="{weights} spectrain predicts with the SGD momentum buffer, but {optimizer} "
             "$optimizer {momentum} $momentum has none: use {optimizer} sgd {momentum} 0.9, or "
             "{weights} predict-adam with {optimizer} adam or adamw",
@@ -129,6 +135,7 @@ WEIGHT_MODES: dict[str, WeightMode] = {
             "predict-adam",
             predicts=True,
             optimizer=ADAM_FAMILY,
+            delay_lr=True,
             refusal="{weights} predict-adam predicts with Adam's step direction: use "
             "{optimizer} adam or adamw, or {weights} spectrain for SGD with momentum",
         ),

@@ -15,13 +15,19 @@ from pipeswap.train_config import TrainConfig
 
 pytestmark = pytest.mark.dist
 
-MODES = [
-    ("gpipe", "stale", "sgd", 4),
-    ("1f1b", "stale", "adamw", 4),
-    ("async-1f1b", "stale", "sgd", 1),
-    ("async-1f1b", "stash", "sgd", 1),
-    ("async-1f1b", "spectrain", "sgd", 1),
-    ("async-1f1b", "predict-adam", "adam", 1),
+# (schedule, weights, optimizer, micro-batches, delay_lr_power: None is the mode's default,
+# the stability rule for spectrain and predict-adam, pipeswap.pipeline.predict.delay_lr_scale).
+MODES: list[tuple[str, str, str, int, float | None]] = [
+    ("gpipe", "stale", "sgd", 4, None),
+    ("1f1b", "stale", "adamw", 4, None),
+    ("async-1f1b", "stale", "sgd", 1, None),
+    ("async-1f1b", "stash", "sgd", 1, None),
+    ("async-1f1b", "spectrain", "sgd", 1, None),
+    ("async-1f1b", "predict-adam", "adam", 1, None),
+    # The rule off where it is on by default, on where it is off, and on 2bw (delay 1).
+    ("async-1f1b", "spectrain", "sgd", 1, 0.0),
+    ("async-1f1b", "stash", "sgd", 1, 1.0),
+    ("2bw", "predict-adam", "adamw", 2, None),
 ]
 
 
@@ -34,15 +40,17 @@ def _configs(base: TrainConfig) -> list[TrainConfig]:
             optimizer=o,
             micro_batches=m,
             lr=0.05 if o == "sgd" else 0.003,
+            delay_lr_power=power,
         )
-        for s, w, o, m in MODES
+        for s, w, o, m, power in MODES
     ]
 
 
 def _check(configs: list[TrainConfig], nproc: int) -> None:
     reports = assert_runtime_matches_emulator(configs, nproc)
-    # Different modes really train differently (the comparison is not vacuous).
-    assert len({r["params_sha256"] for r in reports[2:6]}) == 4
+    # Different modes really train differently (the comparison is not vacuous), and so do
+    # the rule's settings: spectrain with and without it, stash with and without it.
+    assert len({r["params_sha256"] for r in reports[2:8]}) == 6
 
 
 def test_two_stages_bitwise_equal_to_emulator() -> None:
