@@ -13,7 +13,9 @@ torch.compile's min-cut rematerialization under ``activation_memory_budget``, an
 ``torch.autograd.graph.save_on_cpu``. pipeswap (``offload(..., optimizer=...)`` and
 ``plan_for`` before the loop) runs at the no-swap peak / each ``--ratios`` and at the peak of
 the best (least-memory) peer; a budget it refuses is a row naming the smallest budget that
-works, and pipeswap runs at that one too.
+works, and pipeswap runs at that one too. At each ratio pipeswap's policy ``finer`` also runs
+twice, recomputing only: per layer kept, recomputed whole or recomputed selectively, and
+with ``whole_blocks`` (whole blocks only); the page compares the time each adds to plain.
 
 Every way takes two warm-up steps (compiling; the peers' second is metered to find the best
 peer's peak) and then the same steps, each way its step i in turn, so the machine's noise
@@ -57,6 +59,7 @@ MiB = 2**20
 WARMUP = 2  # steps every way takes before the timed ones (data[0]: compile; data[1]: probe)
 SMALLEST = "the smallest that works"
 CHECKED = ("plain", "compile")  # ways whose storage count is checked against the allocator
+FINER = "pipeswap recompute"  # the rows of policy finer: "<FINER> <way>, no-swap/<r>"
 OVER = 1.02  # a pipeswap row's measured peak may exceed its budget by this factor at most
 NOT_HERE = {"trl": "TRL activation offloading", "transformer_engine": "Transformer Engine offload"}
 KINDS = {
@@ -78,6 +81,7 @@ class Spec:
     best: bool = False  # pipeswap at the best peer's peak (resolved in the run)
     activation_budget: float | None = None  # torch.compile's activation_memory_budget
     policy: str | None = None  # pipeswap's policy (None: offload's default)
+    whole_blocks: bool = False  # pipeswap recomputes whole blocks only
     origin: str = ""  # where a pipeswap budget came from, or why an absent peer is absent
 
 
@@ -112,6 +116,15 @@ def pipeswap_specs(args: argparse.Namespace) -> list[Spec]:
         Spec(f"pipeswap no-swap/{r:g}", "pipeswap", ratio=r, origin=f"no-swap peak / {r:g}")
         for r in args.ratios
     ]
+    # Recomputation only, finer than a block against whole blocks, at the same budgets.
+    for r in args.ratios:
+        for whole in (True, False):
+            way = "whole blocks" if whole else "finer"
+            origin = f"no-swap peak / {r:g}; recompute only, {way}"
+            name = f"{FINER} {way}, no-swap/{r:g}"
+            out.append(
+                Spec(name, "pipeswap", ratio=r, policy="finer", whole_blocks=whole, origin=origin)
+            )
     return out + [Spec("pipeswap at best peer", "pipeswap", best=True)]
 
 
@@ -203,6 +216,7 @@ def build(
             gpu_memory=spec.budget,
             optimizer=optimizer,
             policy=spec.policy or SwapConfig.policy,
+            whole_blocks=spec.whole_blocks,
         )
         with _autocast(device):
             off.plan_for(**first)  # raises ConfigError for a budget it refuses
@@ -416,7 +430,8 @@ def _record(way: Entry) -> dict[str, Any]:
         budget = int(stats["budget_bytes"])
         notes = [
             f"policy {stats.get('policy')}",
-            f"layers recomputed: {stats.get('recomputed_layers', 0)}",
+            f"layers recomputed: {stats.get('recomputed_layers', 0)} "
+            f"({stats.get('selective_layers', 0)} selectively)",
             f"{stats.get('swapped_bytes', 0) / MiB:.1f} MiB swapped",
         ]
         if way.spec.origin:
@@ -551,6 +566,37 @@ def same_memory(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def finer_than_blocks(records: list[dict[str, Any]]) -> list[str]:
+    """At each budget: recomputation finer than a block against whole blocks, both
+    recompute-only plans of policy finer; the time each adds to plain's step, as a ratio."""
+    plain = next(
+        (r for r in records if r["spec"]["kind"] == "plain" and r["status"] == "ran"), None
+    )
+    ran = {r["spec"]["name"]: r for r in records if r["status"] == "ran"}
+    lines = [
+        "| budget | whole blocks: peak MiB, step ms | finer: peak MiB, step ms | "
+        "time added to plain's step, finer / whole | step, finer / whole |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for record in records:
+        name = record["spec"]["name"]
+        if not name.startswith(f"{FINER} whole blocks, "):
+            continue
+        ratio = name.split(", ")[-1]
+        whole, finer = ran.get(name), ran.get(f"{FINER} finer, {ratio}")
+        if whole is None or finer is None or plain is None:
+            lines.append(f"| {ratio} | - | - | - | - |")
+            continue
+        base = _median(plain)
+        added = (_median(finer) - base) / max(_median(whole) - base, 1e-9)
+        lines.append(
+            f"| {ratio} ({record['budget'] / MiB:.1f} MiB) | {_peak(whole) / MiB:.1f}, "
+            f"{_median(whole) * 1e3:.0f} | {_peak(finer) / MiB:.1f}, {_median(finer) * 1e3:.0f} "
+            f"| {added:.2f} | {_median(finer) / _median(whole):.2f} |"
+        )
+    return lines
+
+
 def summary(records: list[dict[str, Any]]) -> str:
     plain = next(
         (r for r in records if r["spec"]["kind"] == "plain" and r["status"] == "ran"), None
@@ -622,6 +668,14 @@ def render(
             "At the same memory: for each peer, the fastest pipeswap row whose measured peak "
             "is at most the peer's.\n",
             *same_memory(records),
+            "",
+            "Finer than a block: at each budget, policy `finer` recomputing only (nothing "
+            "swapped), per layer kept, recomputed whole or recomputed selectively (its "
+            "matmuls' and attention's outputs kept, its cheap operations re-run), against "
+            "the same policy with `whole_blocks` (whole blocks only, the fewest that fit). "
+            "Both rows are in the table above, interleaved in one run; the ratio compares "
+            "the time each adds to plain's median step.\n",
+            *finer_than_blocks(records),
             "",
             f"![peak memory against step time]({_png_name(device)})",
             "",

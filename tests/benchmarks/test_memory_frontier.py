@@ -28,3 +28,11 @@ def test_quick_memory_frontier(tmp_path: Path) -> None:
         assert table[name][-1] in ("not installed here", "installed, but not run by this benchmark")
     assert (tmp_path / "memory_frontier.png").stat().st_size > 0
     assert "](memory_frontier.png)" in text
+    # Finer than a block: both recompute-only rows of each budget ran or were both refused,
+    # and where they ran, the finer row's time added to plain is stated as a ratio.
+    finer = rows(text, "budget")
+    assert finer, "no finer-than-a-block table"
+    for budget, whole, chosen, added, step in finer:
+        assert (whole == "-") == (chosen == "-"), budget
+        if whole != "-":  # a ratio (noise may make it anything on a shared CPU)
+            assert float(added) == float(added) and float(step) > 0, budget
