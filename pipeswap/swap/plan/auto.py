@@ -104,14 +104,18 @@ def local_search(
 ) -> tuple[Assignment | None, dict[str, Any]]:
     """Iterated local search from ``start`` until ``deadline``.
 
-    Random moves (see ``_Moves``) are simulated one at a time; one that shortens the
-    simulated iteration, with every GPU still within budget, is kept. After ``_PATIENCE``
+    Layers ``start`` recomputes selectively stay so where they are recomputed (moves are
+    weighed with them). Random moves (see ``_Moves``) are simulated one at a time; one
+    that shortens the simulated iteration, with every GPU still within budget, is kept. After ``_PATIENCE``
     moves in a row that do not help, the best plan so far is kicked with a few random
     moves and the descent starts again; after ``_STALE_RESTARTS`` restarts in a row that
     do not beat the best, the search stops before the deadline. Candidates are ranked on
     one channel group when all groups have one shape (as ``bidirectional`` ranks its
     offsets); the result is the whole case's assignment, or None when nothing improved.
     """
+    chosen = start.selective
+    if chosen:  # its selectively recomputed layers stay so: every move is weighed with them
+        case = replace(case, workload=case.workload.selecting(chosen))
     ranking = case.reduced()
     members = list(ranking.gpus)
     swaps: Swaps = {g: ordered(start.swaps.get(g, ())) for g in members}
@@ -137,6 +141,7 @@ def local_search(
                         candidate_swaps,
                         {g: o for g, o in candidate_offsets.items() if o},
                         {g: r for g, r in candidate_recompute.items() if r},
+                        chosen,
                     ),
                     sync_every=ranking.sync_every,
                     bucket_bytes=ranking.bucket_bytes,
@@ -180,7 +185,7 @@ def local_search(
     }
     if best[3] >= initial_s:
         return None, stats
-    return _expand(case, members, best[0], best[1], best[2]), stats
+    return replace(_expand(case, members, best[0], best[1], best[2]), selective=chosen), stats
 
 
 def _expand(

@@ -4,6 +4,7 @@ selectively or whole, for the least recomputation time that fits, in closed form
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 from support import GB, toy_profile
@@ -12,6 +13,7 @@ from pipeswap.config import ConfigError
 from pipeswap.hardware.presets import preset
 from pipeswap.profile import Profile
 from pipeswap.swap.plan import GpuPlan
+from pipeswap.swap.plan.auto import local_search
 from pipeswap.swap.plan.finer import plan_finer, view
 from pipeswap.swap.plan.hybrid import hybrid
 from pipeswap.swap.plan.planner import make_case, make_plan
@@ -129,3 +131,15 @@ def test_policy_finer_writes_its_choice_into_the_plan_and_names_its_smallest_bud
     least = workload_from_profile(profile).recomputing(range(4)).no_swap_peak_bytes()
     with pytest.raises(ConfigError, match=f"the smallest budget that works is {least} bytes"):
         make_plan(profile, preset("switch-4"), gpus=1, policy="finer", gpu_memory_bytes=least - 1)
+
+
+def test_local_search_keeps_the_selective_layers_of_its_start() -> None:
+    profile = _profile()
+    peak = workload_from_profile(profile).no_swap_peak_bytes()
+    case = make_case(profile, preset("switch-4"), gpus=2, gpu_memory_bytes=peak - 6 * GB)
+    start = plan_finer(case)
+    assert start is not None and start.selective
+    refined, _ = local_search(case, start, deadline=time.perf_counter() + 0.5)
+    if refined is not None:  # better as simulated with the same layers selective
+        assert refined.selective == start.selective and fits(case, refined)
+        assert case.score(refined).iteration_s < case.score(start).iteration_s
