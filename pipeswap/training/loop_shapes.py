@@ -118,8 +118,10 @@ class ShapePlans:
         ]
         if self.planner.budget_bytes is None or not bases:  # the first of its structure
             return None, None
-        # What the refusal names: the largest shape planned no larger, whatever its masks.
-        smaller = largest_covered(signature, self.plans, values=False)
+        # What a refusal names: the largest shape planned within the budget no larger than
+        # this one, whatever its masks.
+        within = [sig for sig, p in self.plans.items() if not p.recomputes_all]
+        smaller = largest_covered(signature, within, values=False)
         fits = "none no larger" if smaller is None else describe(smaller)
         planned = self.plans[signature] = derive_plan(
             self.planner, signature, (args, kwargs), bases, fits=fits, check=self.check_memory
