@@ -15,7 +15,7 @@ and ``nesterov`` (arXiv 2505.01099 as released: stashing + NAdamW, beta1 0.99; A
 only). "Recovers" is (stale - mode) / (stale - sync) in held-out loss, from the means over
 seeds, with the range of the per-seed ratios; "weight copies" is what the mode keeps per
 stage beyond the live weights, at the stage that keeps most
-(pipeswap.pipeline.partition.extra_weight_copies).
+(pipeswap.schedule.partition.extra_weight_copies).
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def run_one(job: tuple[Setting, Row, int]) -> dict[str, Any]:
 
 
 def weight_copies(row: Row, stages: int) -> int:
-    from pipeswap.pipeline.partition import extra_weight_copies
     from pipeswap.schedule.kinds import schedule_kind
+    from pipeswap.schedule.partition import extra_weight_copies
 
     in_flight = stages - 1 if row.mode.schedule == "async-1f1b" else 1
     if not schedule_kind(row.mode.schedule).asynchronous:

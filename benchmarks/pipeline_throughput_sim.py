@@ -40,12 +40,12 @@ from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.hardware.presets import preset
 from pipeswap.hardware.topology import Topology
 from pipeswap.jsonio import write_atomic
-from pipeswap.pipeline.partition import partition
-from pipeswap.pipeline.schedule import build_schedule
-from pipeswap.pipeline.taskgraph import pipeline_graph
 from pipeswap.profile import Profile
 from pipeswap.profiling import estimate
 from pipeswap.schedule.kinds import SCHEDULE_NAMES, schedule_kind
+from pipeswap.schedule.partition import partition
+from pipeswap.schedule.taskgraph import pipeline_graph
+from pipeswap.schedule.timetable import build_schedule
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
 from pipeswap.swap.plan.iteration import build_iteration_graph

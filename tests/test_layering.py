@@ -23,17 +23,18 @@ PACKAGE = ROOT / "pipeswap"
 LAYERS = """
 base: pipeswap.errors, pipeswap.units, pipeswap.jsonio, pipeswap.json_fields, pipeswap.config, pipeswap.version, pipeswap.streams, pipeswap.progress, pipeswap.precision, pipeswap.metrics, pipeswap.step_memory, pipeswap.checkpoint -> base
 models: pipeswap.models -> base
-configs: pipeswap.optim, pipeswap.data_config, pipeswap.swap.config, pipeswap.schedule, pipeswap.train_config -> base, configs, models
+configs: pipeswap.optim, pipeswap.data_config, pipeswap.swap.config, pipeswap.schedule.actions, pipeswap.schedule.orders, pipeswap.schedule.kinds, pipeswap.schedule.modes, pipeswap.schedule.config, pipeswap.train_config -> base, configs, models
 data: pipeswap.data, pipeswap.user_data, pipeswap.user_files, pipeswap.user_images, pipeswap.user_pairs -> base, models
 profile: pipeswap.profile, pipeswap.profiling -> base, models, configs, profile, hardware
 hardware: pipeswap.hardware -> base
 sim: pipeswap.sim -> base, hardware
+schedule: pipeswap.schedule -> base, configs, profile, hardware, sim
 dist: pipeswap.dist -> base
 swap: pipeswap.swap -> base, configs, models, profile, hardware, sim
-pipeline: pipeswap.pipeline -> base, configs, models, data, profile, hardware, sim, dist
-layouts: pipeswap.layouts -> base, configs, models, profile, hardware, sim, swap, pipeline
-training: pipeswap.training -> base, configs, models, data, profile, hardware, sim, dist, swap, pipeline, layouts
-commands: pipeswap, pipeswap.commands, pipeswap.cli, pipeswap.__main__ -> base, configs, models, data, profile, hardware, sim, dist, swap, pipeline, layouts, training, commands
+pipeline: pipeswap.pipeline -> base, configs, models, data, profile, hardware, sim, schedule, dist
+layouts: pipeswap.layouts -> base, configs, models, profile, hardware, sim, schedule, swap, pipeline
+training: pipeswap.training -> base, configs, models, data, profile, hardware, sim, schedule, dist, swap, pipeline, layouts
+commands: pipeswap, pipeswap.commands, pipeswap.cli, pipeswap.__main__ -> base, configs, models, data, profile, hardware, sim, schedule, dist, swap, pipeline, layouts, training, commands
 """
 
 # The package root loads its public names on first use (``pipeswap.train``); every other

@@ -12,10 +12,10 @@ from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_writable
 from pipeswap.pipeline.chrome import dump_chrome_trace
 from pipeswap.pipeline.grid import render_grid
-from pipeswap.pipeline.schedule import build_schedule, unit_time_order
-from pipeswap.pipeline.validate import validate
 from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.kinds import schedule_kind
+from pipeswap.schedule.timetable import build_schedule, unit_time_order
+from pipeswap.schedule.validate import validate
 from pipeswap.train_config import TrainConfig
 
 # Every (stage, unit) pair costs up to six actions (RECV, F, SEND for the forward and again

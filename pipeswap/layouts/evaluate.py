@@ -18,8 +18,8 @@ from pipeswap.layouts.layout import (
 )
 from pipeswap.layouts.stage_swap import StagePlan
 from pipeswap.layouts.stages import StageCosts
-from pipeswap.pipeline.schedule import Schedule
 from pipeswap.profile import Profile
+from pipeswap.schedule.timetable import Schedule
 from pipeswap.sim.engine import DeadlockError, simulate
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult

@@ -2,7 +2,7 @@
 
 Stage k of replica r runs on ``placement[r][k]``. Every F/B/UPDATE is a compute task
 after the previous one of its GPU, every SEND a p2p, as
-:func:`pipeswap.pipeline.taskgraph.pipeline_task_graph` builds them; on top of that:
+:func:`pipeswap.schedule.taskgraph.pipeline_task_graph` builds them; on top of that:
 
 - **stage swapping** (a :class:`StagePlan` per stage): after a unit's forward a d2h
   takes its swapped bytes to host (freeing them); an h2d brings them back (allocating
@@ -33,8 +33,8 @@ from pipeswap.layouts.stage_swap import (
     unit_memory,
 )
 from pipeswap.layouts.stages import StageCosts
-from pipeswap.pipeline.schedule import Schedule, unit_time_order
 from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.timetable import Schedule, unit_time_order
 from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.swap.config import DEFAULT_BUCKET_BYTES

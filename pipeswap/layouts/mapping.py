@@ -16,8 +16,8 @@ from itertools import combinations
 from pipeswap.hardware.topology import Topology
 from pipeswap.layouts.stage_swap import StagePlan, prefetch_points, stage_order, unit_memory
 from pipeswap.layouts.stages import StageCosts
-from pipeswap.pipeline.schedule import Schedule, unit_time_order
 from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.timetable import Schedule, unit_time_order
 from pipeswap.swap.plan.channels import channel_groups, path_bytes_per_s
 
 Placement = tuple[tuple[str, ...], ...]

@@ -22,7 +22,7 @@ from pipeswap.layouts.mapping import (
 )
 from pipeswap.layouts.stage_swap import StageAction, StagePlan, plan_stage, unit_memory
 from pipeswap.layouts.stages import StageCosts
-from pipeswap.pipeline.schedule import Schedule
+from pipeswap.schedule.timetable import Schedule
 from pipeswap.swap.plan.channels import channel_groups, path_bytes_per_s
 
 

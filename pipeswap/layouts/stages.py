@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.stage_rehearsal import StageReading
 from pipeswap.profile import Profile
 from pipeswap.schedule.kinds import schedule_kind
 from pipeswap.schedule.modes import weight_mode
+from pipeswap.schedule.partition import stage_bounds
 from pipeswap.swap.plan.workload import workload_from_profile
 
 

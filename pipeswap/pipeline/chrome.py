@@ -6,8 +6,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from pipeswap.pipeline.schedule import TimedAction
 from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.timetable import TimedAction
 from pipeswap.sim.trace import metadata_event, trace_document, write_chrome_trace
 
 _NAMES = {ActionKind.F: "forward", ActionKind.B: "backward", ActionKind.UPDATE: "update"}

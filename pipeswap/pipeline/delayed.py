@@ -14,15 +14,15 @@ from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel, evaluating
 from pipeswap.pipeline.job import BatchSource, build_full_model, build_meta_model
-from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import version_distances
 from pipeswap.pipeline.rng import EVAL, TRAIN, rng_stream
-from pipeswap.pipeline.schedule import Schedule, build_schedule
 from pipeswap.pipeline.shared import find_shared
 from pipeswap.precision import autocast
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.modes import weight_mode
+from pipeswap.schedule.partition import stage_bounds
+from pipeswap.schedule.timetable import Schedule, build_schedule
 from pipeswap.train_config import TrainConfig
 
 

@@ -19,16 +19,16 @@ from pipeswap.pipeline.job import build_full_model, save_trained
 from pipeswap.pipeline.replica_average import EmulatedReplicas
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult, combine
-from pipeswap.pipeline.schedule import Schedule, TimedAction, build_schedule, unit_time_order
 from pipeswap.pipeline.shared import MailboxExchange
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import Packed, inspect_layers
 from pipeswap.pipeline.stage_memory import MemoryFactory
 from pipeswap.pipeline.stage_meter import StageMeter, metered_steps
 from pipeswap.pipeline.stage_restore import restore_stage
-from pipeswap.pipeline.validate import validate
 from pipeswap.progress import progress_bar
 from pipeswap.schedule.actions import Action, ActionKind
+from pipeswap.schedule.timetable import Schedule, TimedAction, build_schedule, unit_time_order
+from pipeswap.schedule.validate import validate
 from pipeswap.train_config import TrainConfig
 
 

@@ -15,11 +15,9 @@ from pipeswap.metrics import StepLog
 from pipeswap.models.tasks import scores_accuracy
 from pipeswap.pipeline.held_out import HeldOutScorer
 from pipeswap.pipeline.job import BatchSource
-from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import delay_lr_scale, steady_distances, version_distances
 from pipeswap.pipeline.replica_average import Averaging
 from pipeswap.pipeline.rng import TRAIN, rng_stream
-from pipeswap.pipeline.schedule import Schedule, TimedAction
 from pipeswap.pipeline.shared import Exchange, TiedParameters, find_shared, stage_module
 from pipeswap.pipeline.snapshot import StageAtCut, StopRequest
 from pipeswap.pipeline.stage import BoundarySpec, LayerInfo, Packed, StageRunner
@@ -29,6 +27,8 @@ from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.pipeline.step_end import clip_scale, step_loss
 from pipeswap.pipeline.weights import StageWeights
 from pipeswap.schedule.actions import Action, ActionKind
+from pipeswap.schedule.partition import stage_bounds
+from pipeswap.schedule.timetable import Schedule, TimedAction
 from pipeswap.train_config import TrainConfig
 
 

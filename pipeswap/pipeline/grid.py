@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.schedule import Schedule, TimedAction, unit_time_order
 from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.timetable import Schedule, TimedAction, unit_time_order
 
 IDLE = "."
 

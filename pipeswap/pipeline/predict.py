@@ -42,9 +42,9 @@ from collections import Counter
 
 import torch
 
-from pipeswap.pipeline.schedule import Schedule, build_schedule
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.config import DISTANCE_RULES
+from pipeswap.schedule.timetable import Schedule, build_schedule
 
 __all__ = [
     "DIRECTED",

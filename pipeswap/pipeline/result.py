@@ -9,9 +9,9 @@ from typing import Any
 from pipeswap.dist.digest import combine_digests
 from pipeswap.errors import PipeswapError
 from pipeswap.models.tasks import task_kind
-from pipeswap.pipeline.schedule import TimedAction
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.pipeline.step_end import step_loss
+from pipeswap.schedule.timetable import TimedAction
 from pipeswap.train_config import TrainConfig
 
 

@@ -34,7 +34,6 @@ from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.exchange import DistExchange
 from pipeswap.pipeline.executor import StageExecutor, Transport
 from pipeswap.pipeline.job import build_full_model, build_meta_model, save_trained
-from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult, combine
 from pipeswap.pipeline.shared import SharedParam, find_shared
@@ -46,6 +45,7 @@ from pipeswap.pipeline.stage_restore import restore_stage
 from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.progress import progress_bar
 from pipeswap.schedule.actions import Action, ActionKind
+from pipeswap.schedule.partition import stage_bounds
 from pipeswap.train_config import TrainConfig
 
 # Each transfer of a unit is tagged (unit, direction, tensor index): at most this many

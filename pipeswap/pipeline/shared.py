@@ -30,10 +30,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from pipeswap.pipeline.partition import stage_bounds
-from pipeswap.pipeline.schedule import Schedule, unit_time_order
 from pipeswap.pipeline.weights import StageWeights, squared_norm
 from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.partition import stage_bounds
+from pipeswap.schedule.timetable import Schedule, unit_time_order
 
 
 @dataclass(frozen=True)

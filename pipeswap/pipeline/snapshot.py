@@ -19,8 +19,8 @@ from pathlib import Path
 from pipeswap.checkpoint import StopOnSigterm
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import write_atomic
-from pipeswap.pipeline.schedule import Schedule
 from pipeswap.schedule.actions import Action, ActionKind
+from pipeswap.schedule.timetable import Schedule
 
 _SENDS = (ActionKind.SEND_F, ActionKind.SEND_B)
 

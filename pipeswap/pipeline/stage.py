@@ -14,9 +14,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import evaluating
 from pipeswap.pipeline.job import build_full_model, build_meta_model
-from pipeswap.pipeline.partition import check_stage_count
 from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.profile import LayerProfile, Profile
+from pipeswap.schedule.partition import check_stage_count
 from pipeswap.train_config import TrainConfig
 
 # What travels between stages: a tensor, or a tuple of tensors, packed as a tuple.

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from pipeswap.checkpoint import CheckpointPlan
-from pipeswap.pipeline.schedule import Schedule
 from pipeswap.pipeline.snapshot import crossing_messages, positions
 from pipeswap.pipeline.stage import Packed
 from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.timetable import Schedule
 
 Message = tuple[ActionKind, int]
 

@@ -22,7 +22,6 @@ import torch
 
 from pipeswap.dist.group import single_threaded
 from pipeswap.pipeline.job import build_full_model, build_meta_model
-from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.shared import find_shared, stage_module
 from pipeswap.pipeline.stage import (
     BoundarySpec,
@@ -34,6 +33,7 @@ from pipeswap.pipeline.stage import (
 from pipeswap.profiling.meter import DeviceMeter
 from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.schedule.modes import weight_mode
+from pipeswap.schedule.partition import stage_bounds
 from pipeswap.train_config import TrainConfig
 
 

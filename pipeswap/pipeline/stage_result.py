@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from pipeswap.metrics import HeldOutSums
-from pipeswap.pipeline.schedule import TimedAction
+from pipeswap.schedule.timetable import TimedAction
 
 
 @dataclass

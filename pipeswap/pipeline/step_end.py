@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from pipeswap.pipeline.schedule import Schedule
 from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.timetable import Schedule
 
 # torch.nn.utils.clip_grad_norm_'s guard against a zero norm.
 CLIP_EPS = 1e-6

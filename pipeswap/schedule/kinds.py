@@ -1,7 +1,7 @@
 """The pipeline schedules as a table: each ScheduleKind says how it orders, delays and holds units.
 
 Every place that depends on the schedule asks its entry (:func:`schedule_kind`): the
-config's choices and micro-batch default, :func:`pipeswap.pipeline.schedule.build_schedule`,
+config's choices and micro-batch default, :func:`pipeswap.schedule.timetable.build_schedule`,
 the validator's ordering rules, the version distances and their delay-free form, the
 partitioner's memory model and the grid's caption. A new schedule is one more entry.
 """

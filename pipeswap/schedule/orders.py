@@ -1,7 +1,7 @@
 """The compute order of every stage of each schedule: its forwards, backwards and updates.
 
 A builder returns, per stage, the F/B/UPDATE actions in the order the stage runs them;
-:func:`pipeswap.pipeline.schedule.build_schedule` wraps them in their transfers. Every
+:func:`pipeswap.schedule.timetable.build_schedule` wraps them in their transfers. Every
 builder takes ``(num_stages, steps, micro_batches, delay)``; only ``2bw`` reads ``delay``.
 """
 

@@ -28,7 +28,6 @@ from pipeswap.pipeline.emulator import MailboxTransport, pipeline_schedule
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.feed import FedBatches, step_ends
 from pipeswap.pipeline.job import load_stage_tensors
-from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.resolve import choose_balance
 from pipeswap.pipeline.rng import EVAL
 from pipeswap.pipeline.runtime import StageWires, run_actions
@@ -40,6 +39,7 @@ from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.modes import weight_mode
+from pipeswap.schedule.partition import stage_bounds
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipe_checkpoint import Checkpoint, newest_checkpoint, save_stages
 

@@ -18,7 +18,7 @@ from pipeswap.pipeline.emulator import Emulator, pipeline_schedule
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult
 from pipeswap.pipeline.runtime import run_stage_rank
-from pipeswap.pipeline.taskgraph import pipeline_graph
+from pipeswap.schedule.taskgraph import pipeline_graph
 from pipeswap.sim.engine import simulate
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import swap_topology
@@ -99,7 +99,7 @@ def with_plans(result: PipelineResult, plans: StageSwapPlans | None) -> Pipeline
 
 def predicted_step_s(config: TrainConfig, plans: StageSwapPlans | None = None) -> float:
     """The simulator's step time of a resolved pipeline run: its schedule as a task graph
-    (pipeswap.pipeline.taskgraph) over a profile of the model measured here, alone, on
+    (pipeswap.schedule.taskgraph) over a profile of the model measured here, alone, on
     the run's device, simulated on its ``topology`` or the device's default (the run's whole
     makespan over its steps: fill and drain included, as a measured run's wall time).
 

@@ -11,7 +11,7 @@ from pipeswap.checkpoint import hold_directory
 from pipeswap.config import require
 from pipeswap.dist.env import torchrun_env
 from pipeswap.models.export import check_save_target, load_saved
-from pipeswap.pipeline.schedule import TimedAction
+from pipeswap.schedule.timetable import TimedAction
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import train_data_parallel
 from pipeswap.training.job import check_user_data

@@ -45,9 +45,7 @@ from pipeswap.layouts.stage_swap import (
 from pipeswap.layouts.stages import StageCosts, measured_stage_costs, stage_costs
 from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.job import build_full_model, build_meta_model
-from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.predict import version_distances
-from pipeswap.pipeline.schedule import Schedule
 from pipeswap.pipeline.stage_memory import MemoryFactory
 from pipeswap.pipeline.stage_rehearsal import rehearse_stages
 from pipeswap.precision import autocast
@@ -58,6 +56,8 @@ from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.orders import peak_in_flight
+from pipeswap.schedule.partition import stage_bounds
+from pipeswap.schedule.timetable import Schedule
 from pipeswap.swap.config import POLICY_KINDS, policy_kind
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.recompute import Recomputation

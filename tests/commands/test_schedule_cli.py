@@ -82,7 +82,7 @@ def test_bad_sizes_exit_2_quickly(
 
 def test_largest_allowed_size_is_built() -> None:
     from pipeswap.commands.schedule import MAX_SCHEDULE_ACTIONS, estimated_actions
-    from pipeswap.pipeline.schedule import build_schedule
+    from pipeswap.schedule.timetable import build_schedule
 
     # The estimate is an upper bound, so the refusal never turns away a schedule that fits.
     for name, stages, steps, micro in (

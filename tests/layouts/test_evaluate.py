@@ -12,7 +12,7 @@ from pipeswap.layouts.graphs import layout_graph
 from pipeswap.layouts.layout import DATA_PARALLEL, PIPELINE
 from pipeswap.layouts.stage_swap import NO_PLAN
 from pipeswap.layouts.stages import stage_costs
-from pipeswap.pipeline.schedule import build_schedule
+from pipeswap.schedule.timetable import build_schedule
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.plan.planner import make_plan
 

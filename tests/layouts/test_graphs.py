@@ -12,8 +12,8 @@ from pipeswap.hardware.presets import preset
 from pipeswap.layouts.graphs import layout_graph
 from pipeswap.layouts.stage_swap import NO_PLAN, StagePlan, peak_bytes, stage_order
 from pipeswap.layouts.stages import stage_costs
-from pipeswap.pipeline.schedule import build_schedule
-from pipeswap.pipeline.taskgraph import pipeline_graph
+from pipeswap.schedule.taskgraph import pipeline_graph
+from pipeswap.schedule.timetable import build_schedule
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
 

@@ -18,7 +18,7 @@ from pipeswap.layouts.mapping import (
 )
 from pipeswap.layouts.stage_swap import NO_PLAN, StagePlan
 from pipeswap.layouts.stages import stage_costs
-from pipeswap.pipeline.schedule import build_schedule
+from pipeswap.schedule.timetable import build_schedule
 from pipeswap.swap.plan.channels import channel_groups
 
 GPUS = [f"gpu{i}" for i in range(8)]

@@ -12,7 +12,7 @@ from pipeswap.layouts.mapping import mobius_mapping
 from pipeswap.layouts.stage_plans import plan_stages, water_fill
 from pipeswap.layouts.stage_swap import peak_bytes, stage_order, unit_memory
 from pipeswap.layouts.stages import stage_costs
-from pipeswap.pipeline.schedule import build_schedule
+from pipeswap.schedule.timetable import build_schedule
 from pipeswap.swap.plan.channels import channel_groups
 
 

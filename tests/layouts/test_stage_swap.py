@@ -19,8 +19,8 @@ from pipeswap.layouts.stage_swap import (
     unit_memory,
 )
 from pipeswap.layouts.stages import stage_costs
-from pipeswap.pipeline.schedule import build_schedule
 from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.timetable import build_schedule
 
 
 def _stage0(micro: int = 4):

@@ -7,7 +7,7 @@ from layout_toys import GB, toy
 
 from pipeswap.errors import PipeswapError
 from pipeswap.layouts.stages import stage_costs
-from pipeswap.pipeline.partition import stage_memory_bytes
+from pipeswap.schedule.partition import stage_memory_bytes
 
 
 def test_units_split_the_mini_batch_and_the_step_by_parameters() -> None:

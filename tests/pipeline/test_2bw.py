@@ -1,7 +1,7 @@
 """PipeDream-2BW: the schedule's version rule, its delay-free form, runtime == emulator.
 
-Covers: pipeswap/pipeline/schedule.py (two_bw_orders), pipeswap/pipeline/predict.py
-(version_distances, delay_free_schedule), pipeswap/pipeline/validate.py.
+Covers: pipeswap/schedule/timetable.py (two_bw_orders), pipeswap/pipeline/predict.py
+(version_distances, delay_free_schedule), pipeswap/schedule/validate.py.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pipeswap.config import replace_fields
 from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.grid import render_grid
-from pipeswap.pipeline.partition import extra_weight_copies, in_flight_units
 from pipeswap.pipeline.predict import delay_free_schedule, version_distances
-from pipeswap.pipeline.schedule import Schedule, build_schedule, unit_time_order
-from pipeswap.pipeline.validate import ScheduleError, validate
+from pipeswap.schedule.partition import extra_weight_copies, in_flight_units
+from pipeswap.schedule.timetable import Schedule, build_schedule, unit_time_order
+from pipeswap.schedule.validate import ScheduleError, validate
 from pipeswap.train_config import TrainConfig
 
 SHAPES = [(1, 3), (2, 1), (2, 2), (3, 2), (4, 4), (4, 2), (3, 5)]

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from pipeswap.pipeline.chrome import chrome_trace, dump_chrome_trace, timeline_events
-from pipeswap.pipeline.schedule import build_schedule, unit_time_order
+from pipeswap.schedule.timetable import build_schedule, unit_time_order
 
 
 def test_trace_has_one_complete_event_per_pass(tmp_path: Path) -> None:

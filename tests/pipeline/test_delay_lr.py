@@ -19,11 +19,11 @@ from pipeswap.config import ConfigError, replace_fields
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.predict import delay_lr_scale
-from pipeswap.pipeline.schedule import build_schedule
 from pipeswap.pipeline.weights import StageWeights
 from pipeswap.schedule.config import DELAY_LR_POWER, PipelineConfig
 from pipeswap.schedule.kinds import SCHEDULES
 from pipeswap.schedule.modes import WEIGHT_MODES
+from pipeswap.schedule.timetable import build_schedule
 
 GPT = pipeline_run("gpt2-micro", (1, 1, 1, 1), batch=8, seq_len=16, steps=4, lr=0.05)
 

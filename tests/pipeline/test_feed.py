@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from pipeswap.pipeline.feed import FedBatches, step_ends, step_of
-from pipeswap.pipeline.schedule import SCHEDULE_NAMES, Schedule, build_schedule
 from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.timetable import SCHEDULE_NAMES, Schedule, build_schedule
 
 
 def _calls_finish(schedule: Schedule, steps: int) -> bool:

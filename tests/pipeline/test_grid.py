@@ -6,7 +6,7 @@ Covers: pipeswap/pipeline/grid.py.
 from __future__ import annotations
 
 from pipeswap.pipeline.grid import render_grid
-from pipeswap.pipeline.schedule import build_schedule
+from pipeswap.schedule.timetable import build_schedule
 
 
 def _rows(grid: str) -> dict[int, list[str]]:

@@ -22,7 +22,6 @@ from pipeswap.config import ConfigError, replace_fields
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.delayed import schedule_delays
 from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.partition import extra_weight_copies, stage_memory_bytes
 from pipeswap.pipeline.weights import StageWeights
 from pipeswap.profile import Profile
 from pipeswap.schedule.config import PipelineConfig
@@ -35,6 +34,7 @@ from pipeswap.schedule.modes import (
     WeightMode,
     weight_mode,
 )
+from pipeswap.schedule.partition import extra_weight_copies, stage_memory_bytes
 from pipeswap.train_config import TrainConfig
 
 TWIN = "stale-twin"

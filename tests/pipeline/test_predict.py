@@ -13,7 +13,7 @@ from pipeswap.pipeline.predict import (
     step_direction,
     version_distances,
 )
-from pipeswap.pipeline.schedule import build_schedule
+from pipeswap.schedule.timetable import build_schedule
 
 
 @pytest.mark.parametrize("stages", [2, 3, 4, 5, 6, 8])

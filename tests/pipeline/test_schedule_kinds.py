@@ -15,13 +15,13 @@ from support import pipeline_run
 from pipeswap.config import ConfigError, replace_fields
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.grid import render_grid
-from pipeswap.pipeline.partition import in_flight_units
 from pipeswap.pipeline.predict import delay_free_schedule, version_distances
-from pipeswap.pipeline.schedule import build_schedule
-from pipeswap.pipeline.validate import validate
 from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.kinds import SCHEDULE_NAMES, SCHEDULES, schedule_kind
 from pipeswap.schedule.orders import peak_in_flight
+from pipeswap.schedule.partition import in_flight_units
+from pipeswap.schedule.timetable import build_schedule
+from pipeswap.schedule.validate import validate
 
 SHAPES = [(1, 1), (2, 2), (3, 2), (4, 4), (4, 1)]
 

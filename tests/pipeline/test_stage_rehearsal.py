@@ -12,10 +12,10 @@ from support import pipeline_run
 
 from pipeswap.layouts.stages import measured_stage_costs, stage_costs
 from pipeswap.pipeline.job import build_full_model, build_meta_model
-from pipeswap.pipeline.partition import stage_bounds
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.stage_rehearsal import rehearse_stages
 from pipeswap.profiling.measure import measure
+from pipeswap.schedule.partition import stage_bounds
 from pipeswap.train_config import TrainConfig
 
 

@@ -17,10 +17,10 @@ from test_tied import NODROP, plain_losses
 
 from pipeswap.config import ConfigError, replace_fields
 from pipeswap.pipeline.emulator import Emulator
-from pipeswap.pipeline.schedule import build_schedule
 from pipeswap.pipeline.step_end import clip_scale, meeting_points_hold
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.kinds import SCHEDULE_NAMES, SCHEDULES
+from pipeswap.schedule.timetable import build_schedule
 
 
 def test_clip_scale_is_torchs_over_every_stages_share() -> None:

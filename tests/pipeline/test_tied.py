@@ -16,12 +16,12 @@ from pipeswap.dist.digest import params_sha256
 from pipeswap.dist.group import single_threaded
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.job import BatchSource, build_full_model
-from pipeswap.pipeline.schedule import build_schedule
 from pipeswap.pipeline.shared import find_shared, plan_sharing, stage_module
 from pipeswap.pipeline.stage import StageRunner
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.kinds import SCHEDULE_NAMES, SCHEDULES
 from pipeswap.schedule.modes import WEIGHT_MODES
+from pipeswap.schedule.timetable import build_schedule
 from pipeswap.train_config import TrainConfig
 
 TIED = pipeline_run(

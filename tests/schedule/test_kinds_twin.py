@@ -25,14 +25,14 @@ from pipeswap.layouts.search import SearchSpace, search_layouts
 from pipeswap.pipeline.delayed import schedule_delays
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.grid import render_grid
-from pipeswap.pipeline.partition import extra_weight_copies, in_flight_units, stage_memory_bytes
 from pipeswap.pipeline.predict import delay_free_schedule, version_distances
-from pipeswap.pipeline.schedule import build_schedule
-from pipeswap.pipeline.validate import validate
 from pipeswap.profile import Profile
 from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.kinds import SCHEDULES, ScheduleKind, schedule_kind
 from pipeswap.schedule.modes import WEIGHT_MODES
+from pipeswap.schedule.partition import extra_weight_copies, in_flight_units, stage_memory_bytes
+from pipeswap.schedule.timetable import build_schedule
+from pipeswap.schedule.validate import validate
 from pipeswap.train_config import TrainConfig
 
 TWIN = "twin-schedule"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from pipeswap.pipeline.schedule import Schedule, build_schedule
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.orders import (
     async_orders,
@@ -16,6 +15,7 @@ from pipeswap.schedule.orders import (
     peak_in_flight,
     two_bw_orders,
 )
+from pipeswap.schedule.timetable import Schedule, build_schedule
 
 
 def _max_in_flight(schedule: Schedule, rank: int) -> int:

@@ -1,14 +1,14 @@
 """The validator accepts every built schedule and pinpoints broken ones.
 
-Covers: pipeswap/pipeline/validate.py.
+Covers: pipeswap/schedule/validate.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from pipeswap.pipeline.schedule import Schedule, build_schedule, unit_time_order
-from pipeswap.pipeline.validate import ScheduleError, validate
+from pipeswap.schedule.timetable import Schedule, build_schedule, unit_time_order
+from pipeswap.schedule.validate import ScheduleError, validate
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "async-1f1b"])

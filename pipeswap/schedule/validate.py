@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeswap.pipeline.schedule import Schedule, ScheduleError, listing, unit_time_order
 from pipeswap.schedule.actions import Action, ActionKind
+from pipeswap.schedule.timetable import Schedule, ScheduleError, listing, unit_time_order
 
 __all__ = ["ScheduleError", "validate"]
 

@@ -1,6 +1,6 @@
 """Schedules as data: string and JSON forms, the builder's checks, unit-time makespans.
 
-Covers: pipeswap/pipeline/schedule.py (the compute orders: tests/schedule/test_orders.py).
+Covers: pipeswap/schedule/timetable.py (the compute orders: tests/schedule/test_orders.py).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from pipeswap.config import ConfigError
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline import schedule as schedule_module
-from pipeswap.pipeline.schedule import (
+from pipeswap.schedule import timetable as schedule_module
+from pipeswap.schedule.timetable import (
     Schedule,
     ScheduleError,
     build_schedule,

@@ -1,6 +1,6 @@
 """The partitioner is exact: it matches brute force over every contiguous cut.
 
-Covers: pipeswap/pipeline/partition.py.
+Covers: pipeswap/schedule/partition.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 from support import toy_layer, toy_profile_of
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.partition import (
+from pipeswap.profile import Profile
+from pipeswap.schedule.partition import (
     Partition,
     describe,
     parse_balance,
@@ -20,7 +21,6 @@ from pipeswap.pipeline.partition import (
     stage_bounds,
     stage_memory_bytes,
 )
-from pipeswap.profile import Profile
 
 
 def _profile(

@@ -1,6 +1,6 @@
 """Schedule + profile + topology -> task graph; simulated makespans match closed forms.
 
-Covers: pipeswap/pipeline/taskgraph.py.
+Covers: pipeswap/schedule/taskgraph.py.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from support import toy_layer, toy_profile_of
 
 from pipeswap.hardware.topology import Link, Node, Topology
-from pipeswap.pipeline.schedule import build_schedule
-from pipeswap.pipeline.taskgraph import pipeline_graph, pipeline_task_graph
 from pipeswap.profile import Profile
+from pipeswap.schedule.taskgraph import pipeline_graph, pipeline_task_graph
+from pipeswap.schedule.timetable import build_schedule
 from pipeswap.sim.engine import simulate
 
 
