@@ -64,8 +64,9 @@ class Pipeline:
     run's length: an asynchronous one drains at its end). Rank k keeps stage k: its
     layers (cut at the model's repeated blocks, pipeswap.adapt; ``balance`` layers per
     stage or the partitioner's), their weight versions (``weights``: the modes of
-    ``pipeswap train``) and their optimizer, ``optimizer`` (an OptimizerConfig, or a
-    function from a list of parameters to a torch optimizer). The first batch fixes the
+    ``pipeswap train``) and their optimizer, ``optimizer`` (an OptimizerConfig, whose unset
+    fields take the model's task's defaults as ``pipeswap train`` does, or a function from
+    a list of parameters to a torch optimizer). The first batch fixes the
     shapes every later one must have. Training is the code ``pipeswap train --pipeline``
     runs, so a run gives its losses and weights bit for bit (CPU stages run one intra-op
     thread each, as there). Between steps, do nothing that waits for another rank (a
