@@ -30,9 +30,9 @@ hardware: pipeswap.hardware -> base
 sim: pipeswap.sim -> base, hardware
 schedule: pipeswap.schedule -> base, configs, profile, hardware, sim
 dist: pipeswap.dist -> base
-swap: pipeswap.swap -> base, configs, models, profile, hardware, sim
+swap: pipeswap.swap -> base, configs, models, profile, hardware, sim, schedule
 pipeline: pipeswap.pipeline -> base, configs, models, data, profile, hardware, sim, schedule, dist
-layouts: pipeswap.layouts -> base, configs, models, profile, hardware, sim, schedule, swap, pipeline
+layouts: pipeswap.layouts -> base, configs, models, profile, hardware, sim, schedule, swap
 training: pipeswap.training -> base, configs, models, data, profile, hardware, sim, schedule, dist, swap, pipeline, layouts
 commands: pipeswap, pipeswap.commands, pipeswap.cli, pipeswap.__main__ -> base, configs, models, data, profile, hardware, sim, schedule, dist, swap, pipeline, layouts, training, commands
 """

@@ -16,14 +16,14 @@ from pipeswap.layouts.layout import (
     Layout,
     StageLayout,
 )
-from pipeswap.layouts.stage_swap import StagePlan
-from pipeswap.layouts.stages import StageCosts
 from pipeswap.profile import Profile
 from pipeswap.schedule.timetable import Schedule
 from pipeswap.sim.engine import DeadlockError, simulate
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.swap.plan.planner import PlanResult
+from pipeswap.swap.plan.stage_costs import StageCosts
+from pipeswap.swap.plan.stage_swap import StagePlan
 
 
 @dataclass(frozen=True)

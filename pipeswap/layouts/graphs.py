@@ -24,7 +24,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeswap.errors import PipeswapError
-from pipeswap.layouts.stage_swap import (
+from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.timetable import Schedule, unit_time_order
+from pipeswap.sim.builder import GraphBuilder
+from pipeswap.sim.graph import TaskGraph
+from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
+from pipeswap.swap.plan.iteration import Bucket, buckets_of
+from pipeswap.swap.plan.stage_costs import StageCosts
+from pipeswap.swap.plan.stage_swap import (
     NO_PLAN,
     StagePlan,
     UnitMemory,
@@ -32,13 +39,6 @@ from pipeswap.layouts.stage_swap import (
     stage_order,
     unit_memory,
 )
-from pipeswap.layouts.stages import StageCosts
-from pipeswap.schedule.actions import ActionKind
-from pipeswap.schedule.timetable import Schedule, unit_time_order
-from pipeswap.sim.builder import GraphBuilder
-from pipeswap.sim.graph import TaskGraph
-from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
-from pipeswap.swap.plan.iteration import Bucket, buckets_of
 
 
 def layout_graph(

@@ -19,15 +19,15 @@ from pipeswap.config import ConfigError
 from pipeswap.hardware.topology import Topology
 from pipeswap.layouts.evaluate import Scored, score_data_parallel, score_pipeline
 from pipeswap.layouts.layout import FAMILIES, FAMILY_TITLES
-from pipeswap.layouts.mapping import Placement, replica_major, stage_major
-from pipeswap.layouts.stage_plans import plan_stages
-from pipeswap.layouts.stage_swap import NO_PLAN, StagePlan, floor_bytes, peak_bytes, stage_order
-from pipeswap.layouts.stages import StageCosts, stage_costs
 from pipeswap.profile import Profile
 from pipeswap.schedule.kinds import SCHEDULE_NAMES, schedule_kind
 from pipeswap.schedule.partition import partition
 from pipeswap.schedule.timetable import Schedule, build_schedule
 from pipeswap.swap.plan.planner import make_plan
+from pipeswap.swap.plan.stage_costs import StageCosts, stage_costs
+from pipeswap.swap.plan.stage_mapping import Placement, replica_major, stage_major
+from pipeswap.swap.plan.stage_plans import plan_stages
+from pipeswap.swap.plan.stage_swap import NO_PLAN, StagePlan, floor_bytes, peak_bytes, stage_order
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.units import format_bytes
 

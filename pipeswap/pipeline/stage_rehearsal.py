@@ -8,7 +8,7 @@ temporaries. Each stage here runs what its actions run, at one micro-batch, unde
 :class:`~pipeswap.profiling.meter.DeviceMeter` (the live storages: on the CPU, or on the
 meta device, where plans for CUDA are made): two forwards, their two backwards (the
 second accumulating), and an update. :class:`StageReading` is what it read, the figures
-a stage's plan counts (pipeswap.layouts.stages.StageCosts).
+a stage's plan counts (pipeswap.swap.plan.stage_costs.StageCosts).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from pipeswap.units import parse_bytes
 @dataclass(frozen=True)
 class StageMoves:
     """What a pipeline's stages may do under a policy, each planned from its own timeline
-    (pipeswap.layouts.stage_plans): ``swap`` saved tensors to host memory, ``recompute``
+    (pipeswap.swap.plan.stage_plans): ``swap`` saved tensors to host memory, ``recompute``
     layers, ``coordinated`` with the stages that share its PCIe switch (False: each as if
     its link were its own, Mobius-like). ``every_layer``: every layer's saved tensors go
     to host memory, unplanned (PyTorch's save_on_cpu). None of these: they keep everything.

@@ -13,13 +13,13 @@ from pipeswap.dist.group import rank_device
 from pipeswap.dist.launch import run_ranks
 from pipeswap.dist.replica_groups import BUCKET_BYTES
 from pipeswap.layouts.graphs import layout_graph
-from pipeswap.layouts.mapping import replica_major
 from pipeswap.pipeline.emulator import Emulator, pipeline_schedule
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.result import PipelineResult
 from pipeswap.pipeline.runtime import run_stage_rank
 from pipeswap.schedule.taskgraph import pipeline_graph
 from pipeswap.sim.engine import simulate
+from pipeswap.swap.plan.stage_mapping import replica_major
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.training.report import PipelineDetails, TrainReport, details_from_json

@@ -1,10 +1,10 @@
 """Stages that swap: each stage's plan from the run's swap settings, and the swapper that runs it.
 
 A pipeline run with swap settings (``--pipeline K --swap-policy P --gpu-memory SIZE``)
-plans every stage from its own timeline (pipeswap.layouts.stage_swap: which layers'
+plans every stage from its own timeline (pipeswap.swap.plan.stage_swap: which layers'
 saved tensors go to host memory, which recompute, how early each unit comes back) within
 the budget per GPU, the stages that share a PCIe switch coordinated as data-parallel GPUs
-are (pipeswap.layouts.stage_plans), and runs each plan with a
+are (pipeswap.swap.plan.stage_plans), and runs each plan with a
 :class:`~pipeswap.swap.runtime.unit_swapper.UnitSwapper` in the stage's executor.
 
 What a policy lets a stage do is its entry's StageMoves (pipeswap.swap.config.POLICY_KINDS):
@@ -32,22 +32,11 @@ from pipeswap.config import ConfigError, require
 from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import gpu_spec
-from pipeswap.layouts.mapping import Placement, replica_major
-from pipeswap.layouts.stage_plans import plan_stages
-from pipeswap.layouts.stage_swap import (
-    LEADS,
-    StagePlan,
-    floor_bytes,
-    peak_bytes,
-    prefetch_points,
-    stage_order,
-)
-from pipeswap.layouts.stages import StageCosts, measured_stage_costs, stage_costs
 from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.job import build_full_model, build_meta_model
 from pipeswap.pipeline.predict import version_distances
 from pipeswap.pipeline.stage_memory import MemoryFactory
-from pipeswap.pipeline.stage_rehearsal import rehearse_stages
+from pipeswap.pipeline.stage_rehearsal import StageReading, rehearse_stages
 from pipeswap.precision import autocast
 from pipeswap.profile import Profile
 from pipeswap.profiling.estimate import estimate_layered
@@ -59,6 +48,17 @@ from pipeswap.schedule.orders import peak_in_flight
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.schedule.timetable import Schedule
 from pipeswap.swap.config import POLICY_KINDS, policy_kind
+from pipeswap.swap.plan.stage_costs import StageCosts, stage_costs
+from pipeswap.swap.plan.stage_mapping import Placement, replica_major
+from pipeswap.swap.plan.stage_plans import plan_stages
+from pipeswap.swap.plan.stage_swap import (
+    LEADS,
+    StagePlan,
+    floor_bytes,
+    peak_bytes,
+    prefetch_points,
+    stage_order,
+)
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.recompute import Recomputation
 from pipeswap.swap.runtime.transfer import DeviceLedger
@@ -316,6 +316,21 @@ _NO_RECOMPUTE = (
     " (stages whose backward runs on newer weights than their forward only swap: "
     "weights that stash, or a synchronous schedule, let them recompute)"
 )
+
+
+def measured_stage_costs(costs: StageCosts, reading: StageReading) -> StageCosts:
+    """``costs`` with what the stage's device held as it rehearsed (``reading``): its
+    resident bytes (tied copies, gradients, optimizer state, messages posted ahead, and
+    the weight mode's copies), a unit's bytes beyond its saved tensors, and the working
+    sets of a forward, a backward and an update. Never less than the profile's counts."""
+    return replace(
+        costs,
+        resident_bytes=max(costs.resident_bytes, reading.resident_bytes + costs.weight_copy_bytes),
+        transient_bytes=max(costs.transient_bytes, reading.forward_bytes),
+        backward_transient_bytes=max(costs.transient_bytes, reading.backward_bytes),
+        update_transient_bytes=reading.update_bytes,
+        unit_extra_bytes=max(0, reading.unit_bytes - costs.saved_bytes),
+    )
 
 
 def placed_gpu(plans: StageSwapPlans, rank: int, ranks: int, gpu_count: int) -> int | None:

@@ -10,11 +10,11 @@ from pipeswap.hardware.presets import preset
 from pipeswap.layouts.evaluate import score_data_parallel, score_pipeline, steady_rate_s
 from pipeswap.layouts.graphs import layout_graph
 from pipeswap.layouts.layout import DATA_PARALLEL, PIPELINE
-from pipeswap.layouts.stage_swap import NO_PLAN
-from pipeswap.layouts.stages import stage_costs
 from pipeswap.schedule.timetable import build_schedule
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.plan.planner import make_plan
+from pipeswap.swap.plan.stage_costs import stage_costs
+from pipeswap.swap.plan.stage_swap import NO_PLAN
 
 
 def _gpipe(steps: int):

@@ -10,12 +10,12 @@ from layout_toys import GB, toy
 
 from pipeswap.hardware.presets import preset
 from pipeswap.layouts.graphs import layout_graph
-from pipeswap.layouts.stage_swap import NO_PLAN, StagePlan, peak_bytes, stage_order
-from pipeswap.layouts.stages import stage_costs
 from pipeswap.schedule.taskgraph import pipeline_graph
 from pipeswap.schedule.timetable import build_schedule
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
+from pipeswap.swap.plan.stage_costs import stage_costs
+from pipeswap.swap.plan.stage_swap import NO_PLAN, StagePlan, peak_bytes, stage_order
 
 SCHEDULES = [
     ("gpipe", "stale", 4),

@@ -1,7 +1,7 @@
 """What each stage holds as it rehearses, read by the meter: on the CPU and on the meta device alike.
 
-Covers: pipeswap/pipeline/stage_rehearsal.py (and pipeswap.layouts.stages.measured_stage_costs,
-which counts it in a stage's plan).
+Covers: pipeswap/pipeline/stage_rehearsal.py (and
+pipeswap.training.stage_swapping.measured_stage_costs, which counts it in a stage's plan).
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ from dataclasses import replace
 
 from support import pipeline_run
 
-from pipeswap.layouts.stages import measured_stage_costs, stage_costs
 from pipeswap.pipeline.job import build_full_model, build_meta_model
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.pipeline.stage_rehearsal import rehearse_stages
 from pipeswap.profiling.measure import measure
 from pipeswap.schedule.partition import stage_bounds
+from pipeswap.swap.plan.stage_costs import stage_costs
 from pipeswap.train_config import TrainConfig
+from pipeswap.training.stage_swapping import measured_stage_costs
 
 
 def _config(**fields: object) -> TrainConfig:

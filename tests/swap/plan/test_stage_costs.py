@@ -6,8 +6,8 @@ import pytest
 from layout_toys import GB, toy
 
 from pipeswap.errors import PipeswapError
-from pipeswap.layouts.stages import stage_costs
 from pipeswap.schedule.partition import stage_memory_bytes
+from pipeswap.swap.plan.stage_costs import stage_costs
 
 
 def test_units_split_the_mini_batch_and_the_step_by_parameters() -> None:

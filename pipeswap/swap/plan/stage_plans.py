@@ -2,7 +2,7 @@
 
 Coordinated (as TMO coordinates data-parallel GPUs): stages are first mapped to GPUs so
 that those copying at the same time sit under different switches
-(:func:`pipeswap.layouts.mapping.cross_mapping`); then the GPUs under one switch share
+(:func:`pipeswap.swap.plan.stage_mapping.cross_mapping`); then the GPUs under one switch share
 its bandwidth, each stage's share (max-min fair over what each would swap alone) is
 what it may swap at no cost, and beyond it the stage recomputes layers where that is
 cheaper than waiting for the link. Uncoordinated (Mobius-like): the Mobius mapping, and
@@ -14,16 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeswap.hardware.topology import Topology
-from pipeswap.layouts.mapping import (
+from pipeswap.schedule.timetable import Schedule
+from pipeswap.swap.plan.channels import channel_groups, path_bytes_per_s
+from pipeswap.swap.plan.stage_costs import StageCosts
+from pipeswap.swap.plan.stage_mapping import (
     Placement,
     cross_mapping,
     mobius_mapping,
     transfer_windows,
 )
-from pipeswap.layouts.stage_swap import StageAction, StagePlan, plan_stage, unit_memory
-from pipeswap.layouts.stages import StageCosts
-from pipeswap.schedule.timetable import Schedule
-from pipeswap.swap.plan.channels import channel_groups, path_bytes_per_s
+from pipeswap.swap.plan.stage_swap import StageAction, StagePlan, plan_stage, unit_memory
 
 
 def water_fill(capacity: float, demands: Sequence[float]) -> list[float]:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pipeswap.errors import PipeswapError
-from pipeswap.pipeline.stage_rehearsal import StageReading
 from pipeswap.profile import Profile
 from pipeswap.schedule.kinds import schedule_kind
 from pipeswap.schedule.modes import weight_mode
@@ -27,7 +26,8 @@ class StageCosts:
     of one of its layers, held while a pass runs. ``in_flight``: units whose activations
     the schedule keeps on the stage at once.
 
-    Measured on the stage itself (:func:`measured_stage_costs`), three more: what a unit
+    Measured on the stage itself
+    (:func:`pipeswap.training.stage_swapping.measured_stage_costs`), three more: what a unit
     holds beyond its layers' saved tensors (``unit_extra_bytes``: its input, outputs),
     a backward's working set (``backward_transient_bytes``; None: ``transient_bytes``)
     and an update's (``update_transient_bytes``). ``weight_copy_bytes``: the weight
@@ -124,21 +124,6 @@ def stage_costs(
             )
         )
     return tuple(out)
-
-
-def measured_stage_costs(costs: StageCosts, reading: StageReading) -> StageCosts:
-    """``costs`` with what the stage's device held as it rehearsed (``reading``): its
-    resident bytes (tied copies, gradients, optimizer state, messages posted ahead, and
-    the weight mode's copies), a unit's bytes beyond its saved tensors, and the working
-    sets of a forward, a backward and an update. Never less than the profile's counts."""
-    return replace(
-        costs,
-        resident_bytes=max(costs.resident_bytes, reading.resident_bytes + costs.weight_copy_bytes),
-        transient_bytes=max(costs.transient_bytes, reading.forward_bytes),
-        backward_transient_bytes=max(costs.transient_bytes, reading.backward_bytes),
-        update_transient_bytes=reading.update_bytes,
-        unit_extra_bytes=max(0, reading.unit_bytes - costs.saved_bytes),
-    )
 
 
 def _scaled(nbytes: int, scale: float) -> int:

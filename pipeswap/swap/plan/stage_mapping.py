@@ -14,11 +14,11 @@ from collections.abc import Iterator, Sequence
 from itertools import combinations
 
 from pipeswap.hardware.topology import Topology
-from pipeswap.layouts.stage_swap import StagePlan, prefetch_points, stage_order, unit_memory
-from pipeswap.layouts.stages import StageCosts
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.timetable import Schedule, unit_time_order
 from pipeswap.swap.plan.channels import channel_groups, path_bytes_per_s
+from pipeswap.swap.plan.stage_costs import StageCosts
+from pipeswap.swap.plan.stage_swap import StagePlan, prefetch_points, stage_order, unit_memory
 
 Placement = tuple[tuple[str, ...], ...]
 # Per stage, per direction ("d2h", "h2d"): when its copies run on the idealized timeline.

@@ -8,7 +8,10 @@ import pytest
 from layout_toys import toy
 
 from pipeswap.hardware.presets import preset
-from pipeswap.layouts.mapping import (
+from pipeswap.schedule.timetable import build_schedule
+from pipeswap.swap.plan.channels import channel_groups
+from pipeswap.swap.plan.stage_costs import stage_costs
+from pipeswap.swap.plan.stage_mapping import (
     cross_mapping,
     mobius_mapping,
     overlap_s,
@@ -16,10 +19,7 @@ from pipeswap.layouts.mapping import (
     stage_major,
     transfer_windows,
 )
-from pipeswap.layouts.stage_swap import NO_PLAN, StagePlan
-from pipeswap.layouts.stages import stage_costs
-from pipeswap.schedule.timetable import build_schedule
-from pipeswap.swap.plan.channels import channel_groups
+from pipeswap.swap.plan.stage_swap import NO_PLAN, StagePlan
 
 GPUS = [f"gpu{i}" for i in range(8)]
 

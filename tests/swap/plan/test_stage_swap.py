@@ -7,7 +7,10 @@ import dataclasses
 import pytest
 from layout_toys import GB, toy
 
-from pipeswap.layouts.stage_swap import (
+from pipeswap.schedule.actions import ActionKind
+from pipeswap.schedule.timetable import build_schedule
+from pipeswap.swap.plan.stage_costs import stage_costs
+from pipeswap.swap.plan.stage_swap import (
     NO_PLAN,
     StagePlan,
     floor_bytes,
@@ -18,9 +21,6 @@ from pipeswap.layouts.stage_swap import (
     stage_order,
     unit_memory,
 )
-from pipeswap.layouts.stages import stage_costs
-from pipeswap.schedule.actions import ActionKind
-from pipeswap.schedule.timetable import build_schedule
 
 
 def _stage0(micro: int = 4):

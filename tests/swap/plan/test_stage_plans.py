@@ -8,12 +8,12 @@ from support import toy_layer, toy_profile_of
 
 from pipeswap.hardware.presets import preset
 from pipeswap.layouts.evaluate import score_pipeline
-from pipeswap.layouts.mapping import mobius_mapping
-from pipeswap.layouts.stage_plans import plan_stages, water_fill
-from pipeswap.layouts.stage_swap import peak_bytes, stage_order, unit_memory
-from pipeswap.layouts.stages import stage_costs
 from pipeswap.schedule.timetable import build_schedule
 from pipeswap.swap.plan.channels import channel_groups
+from pipeswap.swap.plan.stage_costs import stage_costs
+from pipeswap.swap.plan.stage_mapping import mobius_mapping
+from pipeswap.swap.plan.stage_plans import plan_stages, water_fill
+from pipeswap.swap.plan.stage_swap import peak_bytes, stage_order, unit_memory
 
 
 def test_water_fill_is_max_min_fair() -> None:

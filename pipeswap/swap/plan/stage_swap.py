@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeswap.layouts.stages import StageCosts
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.timetable import Schedule
+from pipeswap.swap.plan.stage_costs import StageCosts
 
 # Prefetch leads tried, latest first: lead 1 issues the copy when the action right before
 # the backward ends (the backward then waits for all of it), so plans start at 2.
