@@ -44,7 +44,7 @@ def offload(
     time_limit_s: float | None = None,
     check_memory: bool | None = None,
     on_infeasible: str = "error",
-    whole_blocks: bool = False,
+    whole_blocks: bool = SwapConfig.whole_blocks,
 ) -> Offload:
     """Swap ``model``'s saved tensors to host memory in your own loop, planned for you.
 
