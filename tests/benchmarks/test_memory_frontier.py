@@ -34,5 +34,6 @@ def test_quick_memory_frontier(tmp_path: Path) -> None:
     assert finer, "no finer-than-a-block table"
     for budget, whole, chosen, added, step in finer:
         assert (whole == "-") == (chosen == "-"), budget
-        if whole != "-":  # a ratio (noise may make it anything on a shared CPU)
-            assert float(added) == float(added) and float(step) > 0, budget
+        if whole != "-":  # a ratio, or a dash where noise put plain's median above
+            assert added.startswith("-") or float(added) >= 0, budget
+            assert float(step) > 0, budget
