@@ -148,9 +148,10 @@ def test_on_cuda_a_plan_holds_its_budget_as_the_allocator_counts(policy: str) ->
 
 
 def test_recomputation_finer_than_a_block_keeps_the_budget_and_the_bits() -> None:
-    """Policy finer on an HF Llama in bf16: layers recomputed selectively (their matmuls'
-    and attention's outputs kept) train bit for bit as plain, within the budget, as do
-    whole blocks only."""
+    """Policy finer on an HF Llama in bf16 (per layer kept, selective or whole, as the
+    measured times say: tests/swap/runtime/test_selective.py runs selective layers of this
+    model whatever the times) trains bit for bit as plain, within the budget, as do whole
+    blocks only."""
     plain = _run(LLAMA, "bf16-mixed", "adamw")
     finer = _run(LLAMA, "bf16-mixed", "adamw", policy="finer", footprint_ratio=1.25)
     whole = _run(
@@ -160,4 +161,4 @@ def test_recomputation_finer_than_a_block_keeps_the_budget_and_the_bits() -> Non
         _holds(run)
         assert _identical(plain, run)
         assert run.stats["recomputed_layers"] > 0 and run.stats["swapped_bytes"] == 0
-    assert finer.stats["selective_layers"] > 0 and whole.stats["selective_layers"] == 0
+    assert whole.stats["selective_layers"] == 0

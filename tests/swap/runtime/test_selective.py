@@ -3,10 +3,12 @@ closed form, and a selective re-run that computes the same bits."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeswap.precision import uncached_casts
 from pipeswap.swap.runtime.recompute import Recomputation, measure_recomputation
 from pipeswap.swap.runtime.selective import OpCall, choose
 from pipeswap.swap.runtime.transfer import DeviceLedger
@@ -105,3 +107,46 @@ def test_a_selective_rerun_computes_the_same_bits_and_counts_what_it_keeps() -> 
     # The selective layer holds its input and its kept outputs; its re-run saves the rest.
     assert recomputation.kept_bytes["1"] == B * D * 4 + cached
     assert recomputation.rerun_bytes["1"] == recomputation.choices["1"].rerun_bytes
+
+
+def test_an_hf_llama_recomputed_selectively_in_bf16_computes_the_same_bits() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=172,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 128, (2, 32))
+
+    def step() -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16), uncached_casts():
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    expected = step()
+    names = ["model.layers.0", "model.layers.1"]
+    layers = {name: model.get_submodule(name) for name in names}
+    recomputation = Recomputation(layers, names, DeviceLedger(), account=False, selective=names)
+    recomputation.install()
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16), uncached_casts():
+            recomputation.capture(
+                model, lambda: model(input_ids=ids, labels=ids, use_cache=False).loss, names
+            )
+        assert all(recomputation.choices[name].cached for name in names)
+        recomputation.start_step()
+        recomputation.active = True
+        got = step()
+        recomputation.active = False
+        assert recomputation.finish_step()[0] == 2  # both layers ran again
+    finally:
+        recomputation.remove()
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
