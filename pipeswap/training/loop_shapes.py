@@ -32,23 +32,16 @@ from pipeswap.units import format_bytes
 
 
 def covers(large: Signature, small: Signature, *, values: bool = True) -> bool:
-    """Whether a plan made for ``large`` serves a call of ``small`` (``values=False``:
-    whether ``small`` is no larger, whatever its masks hold)."""
-    (spec, leaves, cast), (other_spec, other_leaves, other_cast) = large, small
-    if spec != other_spec or cast != other_cast or len(leaves) != len(other_leaves):
+    """Whether a plan made for ``large`` serves a call of ``small``: the same structure, no
+    dimension larger, and the same masks (``values=False``: whatever its masks hold)."""
+    if not same_structure(large, small):
         return False
-    for big, little in zip(leaves, other_leaves, strict=True):
-        if isinstance(big, str) or isinstance(little, str):
-            if big != little:
-                return False
+    for big, little in zip(large[1], small[1], strict=True):
+        if isinstance(big, str):
             continue
-        shape, *rest = big
-        other_shape, *other_rest = little
-        if not values:  # the last is whether an integer matrix's values are all equal
-            rest, other_rest = rest[:-1], other_rest[:-1]
-        if rest != other_rest or len(shape) != len(other_shape):
+        if values and big[-1] != little[-1]:  # whether an integer matrix's values are equal
             return False
-        if any(b < s for b, s in zip(shape, other_shape, strict=True)):
+        if any(b < s for b, s in zip(big[0], little[0], strict=True)):
             return False
     return True
 
