@@ -39,6 +39,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from pipeswap.profiling.saved import storage_key
+
 _aten = torch.ops.aten
 # Dear to recompute: time grows with a product of dimensions, not with the bytes moved.
 DEAR_OPS = frozenset(
@@ -100,10 +102,9 @@ def _storages(tree: Any) -> dict[int, int]:
     for leaf in tree_flatten(tree)[0]:
         if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
             try:
-                storage = leaf.untyped_storage()
+                found[storage_key(leaf)] = leaf.untyped_storage().nbytes()
             except (RuntimeError, NotImplementedError):  # a subclass without one storage
                 continue
-            found[storage._cdata] = storage.nbytes()
     return found
 
 
@@ -159,6 +160,7 @@ class OpRecorder(TorchDispatchMode):
                 inputs,
                 start.elapsed_time(end) / 1e3 if cuda else end - start,
                 name[0] in DEAR_OPS,
+                # torch names an operation's signature only so: writes in place or out=.
                 bool(getattr(name[0], "_schema", None) and name[0]._schema.is_mutable),
             )
             for name, outputs, inputs, start, end, cuda in self._pending
