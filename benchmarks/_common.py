@@ -170,7 +170,7 @@ def emulate(config: Any, *, record: bool) -> dict[str, Any]:
     """One emulated pipeline run as a record: its losses, held-out scores and prediction
     error. pipeswap stops a run whose loss stops being finite (a ConfigError saying the
     training diverged); the benchmarks count such a run as diverged, with NaN scores."""
-    from pipeswap.config import ConfigError
+    from pipeswap.config_fields import ConfigError
     from pipeswap.pipeline.emulator import Emulator
 
     try:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from _common import RESULTS_DIR, header
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.presets import preset
 from pipeswap.jsonio import write_atomic
 from pipeswap.layouts.layout import (

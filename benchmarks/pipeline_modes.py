@@ -66,7 +66,7 @@ ROWS = (
 
 
 def config_of(setting: Setting, row: Row, seed: int) -> Any:
-    from pipeswap.config import replace_fields
+    from pipeswap.config_fields import replace_fields
 
     config = _config(setting, row.mode, seed)
     # Adam's learning rate for AdamW too (nesterov): the same step size as the Adam rows.

@@ -142,7 +142,7 @@ ASYNC_RATES = 2  # the grid's time on 2 shared CPUs: async cells at the two lowe
 
 
 def config_of(task: Task, stages: int, optimizer: str, lr: float, row: Row) -> Any:
-    from pipeswap.config import replace_fields
+    from pipeswap.config_fields import replace_fields
 
     mode = Mode(row.label, row.schedule, row.weights, optimizer)
     config = _config(Setting(task, stages), mode, 0)

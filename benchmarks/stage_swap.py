@@ -30,7 +30,7 @@ from typing import Any
 
 from _common import RESULTS_DIR, header
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.jsonio import write_atomic
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.resolve import resolve_pipeline

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from pipeswap.config import ConfigError, option, require
+from pipeswap.config_fields import ConfigError, option, require
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import dump_json, fix_of, load_json, reason_of, write_atomic
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import IGNORE_INDEX, LayeredModel
 from pipeswap.models.load import is_user_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from pipeswap.config import option, require
+from pipeswap.config_fields import option, require
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, Any
 
-from pipeswap.config import ConfigError, option, require
+from pipeswap.config_fields import ConfigError, option, require
 from pipeswap.progress import thread_lock_for_bars
 
 

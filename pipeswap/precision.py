@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from pipeswap.config import require
+from pipeswap.config_fields import require
 
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 DEFAULT_PRECISION = PRECISIONS[0]

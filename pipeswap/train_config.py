@@ -17,7 +17,7 @@ from dataclasses import KW_ONLY, asdict, dataclass, field, replace
 from typing import Any
 
 from pipeswap.checkpoint import CheckpointConfig, latest_complete
-from pipeswap.config import option, require
+from pipeswap.config_fields import option, require
 from pipeswap.data_config import DataConfig
 from pipeswap.metrics import LogConfig
 from pipeswap.optim import OptimizerConfig

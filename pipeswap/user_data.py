@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.progress import thread_lock_for_bars
 from pipeswap.units import format_bytes

@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.units import format_bytes
 
 # Text (and tables of text) is tokenized in memory, about 10 bytes per byte of text with

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.jsonio import load_json
 from pipeswap.user_data import HELD_OUT_FRACTION, EpochOrder

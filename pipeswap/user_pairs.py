@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.models.base import IGNORE_INDEX
 from pipeswap.models.seq2seq import LABELS, MASK, ROWS, SOURCE

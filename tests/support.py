@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.schedule.config import PipelineConfig

@@ -20,7 +20,7 @@ from pipeswap.checkpoint import (
     step_dir,
     write_manifest,
 )
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 
 

@@ -21,7 +21,7 @@ PACKAGE = ROOT / "pipeswap"
 
 # Each layer: the modules and packages it holds, and the layers it may import.
 LAYERS = """
-base: pipeswap.errors, pipeswap.units, pipeswap.jsonio, pipeswap.json_fields, pipeswap.config, pipeswap.version, pipeswap.streams, pipeswap.progress, pipeswap.precision, pipeswap.metrics, pipeswap.step_memory, pipeswap.checkpoint -> base
+base: pipeswap.errors, pipeswap.units, pipeswap.jsonio, pipeswap.json_fields, pipeswap.config_fields, pipeswap.config, pipeswap.version, pipeswap.streams, pipeswap.progress, pipeswap.precision, pipeswap.metrics, pipeswap.step_memory, pipeswap.checkpoint -> base
 models: pipeswap.models -> base
 configs: pipeswap.optim, pipeswap.data_config, pipeswap.swap.config, pipeswap.schedule.actions, pipeswap.schedule.orders, pipeswap.schedule.kinds, pipeswap.schedule.modes, pipeswap.schedule.config, pipeswap.train_config -> base, configs, models
 data: pipeswap.data, pipeswap.user_data, pipeswap.user_files, pipeswap.user_images, pipeswap.user_pairs -> base, models
@@ -320,7 +320,7 @@ def test_only_dist_touches_process_groups() -> None:
 
 
 def test_mechanism_packages_name_no_flags() -> None:
-    # Only the CLI speaks of --flags; mechanisms name config fields ({field}, pipeswap.config).
+    # Only the CLI speaks of --flags; mechanisms name config fields ({field}, pipeswap.config_fields).
     flag = re.compile(r"[\"'][^\"']*(^|[^a-zA-Z0-9_-])--[a-z][a-z-]+")
     found = [
         f"{path.relative_to(ROOT)}:{number}: {line.strip()}"

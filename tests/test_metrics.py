@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeswap.cli import main
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.metrics import LogConfig, StepLog
 
 

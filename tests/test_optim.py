@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.optim import DEFAULT_LR, OptimizerConfig
 
 

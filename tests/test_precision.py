@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.data_config import DataConfig
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.stage import inspect_layers

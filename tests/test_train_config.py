@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from pipeswap.checkpoint import CheckpointConfig
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.optim import OptimizerConfig
 from pipeswap.schedule.config import PipelineConfig
 from pipeswap.swap.config import SwapConfig

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeswap.cli import main
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.data import MaskedLMDataset, dataset_for
 from pipeswap.data_config import DataConfig, UserData
 from pipeswap.errors import PipeswapError

@@ -21,7 +21,7 @@ import pytest
 
 from pipeswap import user_files
 from pipeswap.cli import main
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.user_data import TextDataset, read_tokens
 from pipeswap.user_files import MAX_NOT_TEXT, TextStats, open_regular, read_text

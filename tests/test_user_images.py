@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from pipeswap.cli import main
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.data import dataset_for
 from pipeswap.errors import PipeswapError
 from pipeswap.user_images import ImageFolderDataset

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.user_pairs import PairDataset, read_pairs, tokenize_pairs
 from tests.models.seq2seq_dirs import pair_rows, save_seq2seq, write_jsonl

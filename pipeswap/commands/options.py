@@ -2,8 +2,8 @@
 
 A field's flag is ``--`` and its name with dashes (``seq_len``: ``--seq-len``) unless
 :data:`FLAGS` names it otherwise. Its help, choices and default come from the field's
-declaration (:func:`pipeswap.config.option`); its check is the config's own. Messages of
-:class:`pipeswap.config.ConfigError` name fields as ``{field}``, which :func:`message`
+declaration (:func:`pipeswap.config_fields.option`); its check is the config's own. Messages of
+:class:`pipeswap.config_fields.ConfigError` name fields as ``{field}``, which :func:`message`
 spells as flags, so a CLI user reads flags and a Python caller reads field names.
 
 Every flag of every command is made here, from a field: a flag two commands take is one
@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from pipeswap.config import ConfigError, field_types, value_type
+from pipeswap.config_fields import ConfigError, field_types, value_type
 from pipeswap.errors import PipeswapError
 
 # Fields whose flag is not their name with dashes; the first flag is the one messages use.
@@ -74,7 +74,7 @@ def message(exc: PipeswapError) -> str:
 
 
 def option_fields(config: type) -> list[dataclasses.Field[Any]]:
-    """The fields of ``config`` declared with :func:`pipeswap.config.option` (not nested)."""
+    """The fields of ``config`` declared with :func:`pipeswap.config_fields.option` (not nested)."""
     return [f for f in dataclasses.fields(config) if "help" in f.metadata]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeswap.config import option
+from pipeswap.config_fields import option
 from pipeswap.hardware.presets import PCIE_GB_PER_S
 
 

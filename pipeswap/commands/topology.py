@@ -103,7 +103,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     import torch
 
-    from pipeswap.config import require
+    from pipeswap.config_fields import require
     from pipeswap.dist.calibrate import measure_rank
     from pipeswap.dist.group import backend_for
     from pipeswap.dist.launch import spawn

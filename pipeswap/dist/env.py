@@ -6,7 +6,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 
 
 @dataclass(frozen=True)

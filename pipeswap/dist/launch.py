@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.dist.env import free_port, torchrun_env
 from pipeswap.dist.group import backend_for, barrier, init_process_group, leave_process_group
 from pipeswap.dist.peers import LOST_PEERS, lost_peers

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pipeswap.config import ConfigError, require
+from pipeswap.config_fields import ConfigError, require
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import (
     INTER_SOCKET_GB_PER_S,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.topology import Topology
 from pipeswap.layouts.graphs import layout_graph
 from pipeswap.layouts.layout import (

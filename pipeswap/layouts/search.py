@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.topology import Topology
 from pipeswap.layouts.evaluate import Scored, score_data_parallel, score_pipeline
 from pipeswap.layouts.layout import FAMILIES, FAMILY_TITLES

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.replay import split_at_blocks

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.models.tasks import TASKS, Task, task_kind
 
 # Targets equal to this are not scored (the unmasked positions of a masked LM).

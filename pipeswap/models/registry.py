@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format
 from pipeswap.models.base import LayeredModel

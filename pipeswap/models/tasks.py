@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 
 # The settings that size a model's input: the sequence length or the image side.
 SEQ_LEN = "seq_len"

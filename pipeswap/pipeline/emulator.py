@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from pipeswap.checkpoint import CheckpointPlan, RunStopped, load_rank
-from pipeswap.config import require
+from pipeswap.config_fields import require
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import single_threaded
 from pipeswap.metrics import StepLog

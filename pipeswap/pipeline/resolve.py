@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipeswap.config import ConfigError, require
+from pipeswap.config_fields import ConfigError, require
 from pipeswap.pipeline.job import build_meta_model
 from pipeswap.pipeline.stage import LayerInfo, flop_profile, inspect_layers
 from pipeswap.profile import Profile

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from pipeswap.checkpoint import CheckpointPlan, RunStopped, load_rank
-from pipeswap.config import ConfigError, require
+from pipeswap.config_fields import ConfigError, require
 from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import (
     all_gather,

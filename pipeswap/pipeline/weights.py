@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeswap.config import require
+from pipeswap.config_fields import require
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.predict import DIRECTED, Distances, step_direction
 from pipeswap.profiling.meter import unmetered

@@ -28,7 +28,7 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import GpuSpec, gpu_spec
 from pipeswap.models import build_model, shape_defaults

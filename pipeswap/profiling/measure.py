@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeswap.config import option, require
+from pipeswap.config_fields import option, require
 
 DEFAULT_GPU = "v100-32gb"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models.adapt import adapt
 from pipeswap.models.base import LayeredModel

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeswap.config import ConfigError, option, require
+from pipeswap.config_fields import ConfigError, option, require
 from pipeswap.schedule.kinds import SCHEDULE_NAMES, ScheduleKind, schedule_kind
 from pipeswap.schedule.modes import WEIGHT_MODES, weight_mode
 from pipeswap.units import parse_bytes

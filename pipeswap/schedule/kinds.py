@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.schedule.actions import Action, ActionKind
 from pipeswap.schedule.orders import (
     OrderBuilder,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from string import Template
 from typing import TYPE_CHECKING
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 
 if TYPE_CHECKING:
     from pipeswap.optim import OptimizerConfig
@@ -35,7 +35,7 @@ class WeightMode:
     (:func:`pipeswap.pipeline.predict.step_direction`: SGD's momentum buffer, Adam's
     ``m_hat / (sqrt(v_hat) + eps)``). ``optimizer`` is what it needs: ``any``,
     ``sgd-momentum`` or ``adam-family``; ``refusal`` says why when the config's optimizer
-    is not that, naming settings as ``{field}`` (a :class:`pipeswap.config.ConfigError`)
+    is not that, naming settings as ``{field}`` (a :class:`pipeswap.config_fields.ConfigError`)
     and the config's values as ``$optimizer`` and ``$momentum``. ``nadam``: the stage
     updates with NAdam instead of the configured optimizer (:meth:`OptimizerConfig.build`).
     ``delay_lr``: the delay-scaled learning rate (``PipelineConfig.delay_lr_power``) is on

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeswap.config import ConfigError, require
+from pipeswap.config_fields import ConfigError, require
 from pipeswap.jsonio import check_format
 from pipeswap.profile import Profile
 from pipeswap.schedule.config import PipelineConfig, read_balance

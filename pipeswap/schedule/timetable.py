@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format
 from pipeswap.schedule.actions import ACTION_KINDS, COMPUTE_KINDS, Action, ActionKind

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import GB, Topology
 from pipeswap.sim.collectives import (

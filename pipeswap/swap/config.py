@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeswap.config import ConfigError, option, require
+from pipeswap.config_fields import ConfigError, option, require
 from pipeswap.units import parse_bytes
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pipeswap.config import ConfigError, require
+from pipeswap.config_fields import ConfigError, require
 from pipeswap.dist.env import local_rank_of
 from pipeswap.dist.group import all_gather, broadcast_from_rank0, rank_device
 from pipeswap.dist.launch import run_ranks

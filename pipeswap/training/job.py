@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.data import dataset_for
 from pipeswap.data_config import DataConfig, UserData
 from pipeswap.models.registry import build_model, model_spec

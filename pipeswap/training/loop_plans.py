@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.dist.group import all_gather, broadcast_from_rank0, rank_and_world
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.profile import Profile, StepMemory

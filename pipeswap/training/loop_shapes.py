@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.dist.group import rank_and_world
 from pipeswap.profile import StepMemory
 from pipeswap.profiling.block_timing import BlockTiming

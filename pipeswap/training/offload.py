@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.dist.ddp import unwrap
 from pipeswap.dist.group import rank_and_world
 from pipeswap.errors import PipeswapError

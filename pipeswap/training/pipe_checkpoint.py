@@ -13,7 +13,7 @@ from pipeswap.checkpoint import (
     load_rank,
     step_dir,
 )
-from pipeswap.config import require
+from pipeswap.config_fields import require
 from pipeswap.dist.group import barrier, broadcast_from_rank0, rank_and_world
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.stage_restore import restore_stage

@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 
 from pipeswap.checkpoint import CheckpointPlan
-from pipeswap.config import require
+from pipeswap.config_fields import require
 from pipeswap.dist.env import local_rank_of, torchrun_env
 from pipeswap.dist.group import rank_device
 from pipeswap.dist.launch import run_ranks

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.dist.env import torchrun_env
 from pipeswap.dist.threads import usable_cpus
 from pipeswap.models.fits import memory_bytes

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from pipeswap.checkpoint import CheckpointPlan, check_identity, latest_complete, step_dir
-from pipeswap.config import leaf_fields, require
+from pipeswap.config_fields import leaf_fields, require
 from pipeswap.dist.group import broadcast_from_rank0
 from pipeswap.train_config import TrainConfig
 from pipeswap.user_files import fingerprint

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeswap.checkpoint import hold_directory
-from pipeswap.config import require
+from pipeswap.config_fields import require
 from pipeswap.dist.env import torchrun_env
 from pipeswap.models.export import check_save_target, load_saved
 from pipeswap.schedule.timetable import TimedAction

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.data_config import DataConfig
 from pipeswap.models.seq2seq import Seq2SeqModel, load_seq2seq
 from pipeswap.models.state import untouched

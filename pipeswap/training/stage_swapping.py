@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeswap.config import ConfigError, require
+from pipeswap.config_fields import ConfigError, require
 from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import gpu_spec

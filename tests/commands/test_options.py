@@ -11,7 +11,7 @@ from pipeswap.cli import build_parser, main
 from pipeswap.commands.options import FLAGS, add_options, flag_of, given, message, option_fields
 from pipeswap.commands.settings import COMMAND_SETTINGS
 from pipeswap.commands.train import config_from_args
-from pipeswap.config import ConfigError, leaf_fields, nested_config
+from pipeswap.config_fields import ConfigError, leaf_fields, nested_config
 from pipeswap.profiling.profile_config import ProfileConfig
 from pipeswap.swap.config import SwapConfig
 from pipeswap.train_config import TrainConfig

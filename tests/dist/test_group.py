@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.dist.env import RankEnv, free_port, torchrun_env
 from pipeswap.dist.group import (
     agree,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.dist.launch import spawn
 from pipeswap.dist.replica_groups import ReplicaMesh, buckets_of, mean_in_order
 from pipeswap.pipeline.resolve import resolve_pipeline

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import (
     INTER_SOCKET_GB_PER_S,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from layout_toys import GB, toy
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.presets import preset
 from pipeswap.layouts.layout import DATA_PARALLEL, PIPELINE, PIPELINE_DP, PIPELINE_SWAP
 from pipeswap.layouts.search import SearchSpace, search_layouts

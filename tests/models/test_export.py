@@ -15,7 +15,7 @@ import torch
 
 from pipeswap.checkpoint import latest_complete
 from pipeswap.cli import main
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.data import dataset_for
 from pipeswap.data_config import UserData
 from pipeswap.dist.digest import params_sha256
@@ -377,7 +377,7 @@ def test_train_hands_back_the_trained_state_dict_by_the_model_s_own_names(
     tmp_path: Path,
 ) -> None:
     from pipeswap.checkpoint import CheckpointConfig
-    from pipeswap.config import ConfigError
+    from pipeswap.config_fields import ConfigError
     from pipeswap.train_config import TrainConfig
     from pipeswap.training.run import train
 

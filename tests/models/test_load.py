@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.data import MaskedLMDataset, dataset_for
 from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, model_spec, shape_defaults

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models.export import source_module
 from pipeswap.models.registry import build_model, model_spec

@@ -18,7 +18,7 @@ import pytest
 import torch
 from support import pipeline_run
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.data import dataset_for
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.registry import build_model, model_spec, shape_defaults

@@ -13,7 +13,7 @@ from runtime_check import assert_runtime_matches_emulator
 from support import pipeline_run
 
 import pipeswap.pipeline.emulator as emulator_module
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.grid import render_grid

@@ -15,7 +15,7 @@ import torch
 from support import pipeline_run
 from torch import nn
 
-from pipeswap.config import ConfigError, replace_fields
+from pipeswap.config_fields import ConfigError, replace_fields
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.predict import delay_lr_scale

@@ -9,7 +9,7 @@ import pytest
 import torch
 from support import pipeline_run
 
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.dist.group import single_threaded
 from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.emulator import Emulator

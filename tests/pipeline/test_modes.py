@@ -18,7 +18,7 @@ import torch
 from support import pipeline_run, toy_layer, toy_profile_of
 from torch import nn
 
-from pipeswap.config import ConfigError, replace_fields
+from pipeswap.config_fields import ConfigError, replace_fields
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.delayed import schedule_delays
 from pipeswap.pipeline.emulator import Emulator

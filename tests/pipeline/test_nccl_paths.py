@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from support import pipeline_run
 
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.dist import group
 from pipeswap.dist.env import RankEnv, torchrun_env
 from pipeswap.dist.group import init_process_group

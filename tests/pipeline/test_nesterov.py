@@ -16,7 +16,7 @@ from support import pipeline_run
 from torch import nn
 
 from pipeswap.checkpoint import CheckpointPlan
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.errors import PipeswapError
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.emulator import Emulator

@@ -16,7 +16,7 @@ from runtime_check import assert_runtime_matches_emulator, train_checkpointed
 from support import pipeline_run
 
 from pipeswap.checkpoint import CheckpointPlan, latest_complete
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.dist.digest import params_sha256
 from pipeswap.dist.faults import FAULT_ENV
 from pipeswap.dist.group import single_threaded

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support import pipeline_run
 
-from pipeswap.config import ConfigError, replace_fields
+from pipeswap.config_fields import ConfigError, replace_fields
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.schedule.config import PipelineConfig

@@ -10,7 +10,7 @@ import itertools
 import torch
 from support import pipeline_run
 
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.rng import EVAL, TRAIN, rng_stream, stream_seed
 

@@ -10,7 +10,7 @@ from runtime_check import assert_runtime_matches_emulator
 from support import pipeline_run
 from test_tied import plain_losses
 
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.train_config import TrainConfig
 
 pytestmark = pytest.mark.dist

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from support import pipeline_run
 
-from pipeswap.config import ConfigError, replace_fields
+from pipeswap.config_fields import ConfigError, replace_fields
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.grid import render_grid
 from pipeswap.pipeline.predict import delay_free_schedule, version_distances

@@ -19,7 +19,7 @@ from pipeswap.checkpoint import (
     latest_complete,
     step_dir,
 )
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.dist.faults import FAULT_ENV
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError

@@ -15,7 +15,7 @@ from runtime_check import assert_runtime_matches_emulator
 from support import pipeline_run
 from test_tied import NODROP, plain_losses
 
-from pipeswap.config import ConfigError, replace_fields
+from pipeswap.config_fields import ConfigError, replace_fields
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.step_end import clip_scale, meeting_points_hold
 from pipeswap.schedule.actions import ActionKind

@@ -11,7 +11,7 @@ import pytest
 import torch
 from support import pipeline_run
 
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.dist.digest import params_sha256
 from pipeswap.dist.group import single_threaded
 from pipeswap.pipeline.emulator import Emulator

@@ -13,7 +13,7 @@ from torch.distributed.pipelining import (
     pipeline,
 )
 
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.dist.group import single_threaded
 from pipeswap.dist.launch import spawn
 from pipeswap.pipeline.emulator import Emulator

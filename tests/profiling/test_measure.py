@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from pipeswap.cli import main
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, model_spec
 from pipeswap.models.base import LayeredModel

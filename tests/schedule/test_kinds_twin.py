@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from support import GB, pipeline_run, toy_profile
 
-from pipeswap.config import ConfigError, replace_fields
+from pipeswap.config_fields import ConfigError, replace_fields
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.layouts.search import SearchSpace, search_layouts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.schedule.config import PipelineConfig, read_balance
 
 

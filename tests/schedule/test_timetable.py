@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.schedule import timetable as schedule_module
 from pipeswap.schedule.timetable import (

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.hardware.topology import Link, Node, Topology

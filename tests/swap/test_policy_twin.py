@@ -23,7 +23,7 @@ import pytest
 from support import pipeline_run, toy_profile
 
 from pipeswap.commands.plan import compare
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.presets import preset
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.profile import Profile

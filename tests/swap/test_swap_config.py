@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.swap.config import DEFAULT_BUCKET_BYTES, POLICY_NAMES, SwapConfig

@@ -21,7 +21,7 @@ from torch import nn
 from user_models import DROPOUT_LAYERS, USER_LAYERS, DropoutNet, UserNet
 
 from pipeswap.checkpoint import CheckpointConfig
-from pipeswap.config import replace_fields
+from pipeswap.config_fields import replace_fields
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset

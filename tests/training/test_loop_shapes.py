@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.profiling.meter import DeviceMeter
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.training.loop_calls import signature

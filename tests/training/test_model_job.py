@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.data_config import DataConfig
 from pipeswap.swap.config import SwapConfig
 from pipeswap.train_config import TrainConfig

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
 from pipeswap.training.offload import Offload, offload

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from pipeswap.cli import main
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.dist.threads import usable_cpus
 from pipeswap.optim import OptimizerConfig
 from pipeswap.schedule.config import PipelineConfig

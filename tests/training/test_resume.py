@@ -19,7 +19,7 @@ import pytest
 from pipeswap.checkpoint import check_identity
 from pipeswap.cli import main
 from pipeswap.commands.options import flag_of
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.dist.faults import FAULT_ENV
 from pipeswap.optim import OptimizerConfig
 from pipeswap.train_config import TrainConfig

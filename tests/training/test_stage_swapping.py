@@ -18,7 +18,7 @@ import pytest
 from support import pipeline_run
 
 from pipeswap.cli import main
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.profile import Profile

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pipeswap.config import ConfigError, require
+from pipeswap.config_fields import ConfigError, require
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.hardware.topology import Topology
 from pipeswap.profile import Profile

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.swap.config import policy_kind
 from pipeswap.swap.plan.auto import plan_auto
 from pipeswap.swap.plan.case import Case

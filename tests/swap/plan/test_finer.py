@@ -9,7 +9,7 @@ import time
 import pytest
 from support import GB, toy_profile
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.presets import preset
 from pipeswap.profile import Profile
 from pipeswap.swap.plan import GpuPlan

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.presets import preset
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.plan.iteration import build_iteration_graph

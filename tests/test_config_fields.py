@@ -1,4 +1,4 @@
-"""pipeswap/config.py: fields declared once, errors that name fields, trees replaced by name."""
+"""pipeswap/config_fields.py: fields declared once, errors that name fields, trees replaced by name."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeswap.config import (
+from pipeswap.config_fields import (
     ConfigError,
     leaf_fields,
     nested_config,
