@@ -52,7 +52,7 @@ from benchmarks.memory_truth import Model  # noqa: E402
 from benchmarks.offload_shapes import Way, _always, _on_cpu, _sync  # noqa: E402
 from pipeswap.config_fields import ConfigError  # noqa: E402
 from pipeswap.profiling.meter import DeviceMeter, StorageMeter  # noqa: E402
-from pipeswap.swap.config import SwapConfig  # noqa: E402
+from pipeswap.swap.swap_config import SwapConfig  # noqa: E402
 from pipeswap.training.offload import offload  # noqa: E402
 
 MiB = 2**20

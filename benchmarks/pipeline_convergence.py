@@ -197,7 +197,7 @@ def even_balance(layers: int, stages: int) -> tuple[int, ...]:
 def _config(setting: Setting, mode: Mode, seed: int) -> Any:
     from pipeswap.data_config import DataConfig
     from pipeswap.optim import OptimizerConfig
-    from pipeswap.schedule.config import PipelineConfig
+    from pipeswap.schedule.pipeline_config import PipelineConfig
     from pipeswap.train_config import TrainConfig
 
     task = setting.task

@@ -47,9 +47,9 @@ from pipeswap.schedule.partition import partition
 from pipeswap.schedule.taskgraph import pipeline_graph
 from pipeswap.schedule.timetable import build_schedule
 from pipeswap.sim.engine import simulate
-from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
 from pipeswap.swap.plan.iteration import build_iteration_graph
 from pipeswap.swap.plan.workload import Workload, workload_from_profile
+from pipeswap.swap.swap_config import DEFAULT_BUCKET_BYTES
 
 RESULTS = RESULTS_DIR / "pipeline_throughput_sim.md"
 MODELS = ("vgg16", "resnet152", "gpt2-medium")

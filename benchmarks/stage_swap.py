@@ -34,8 +34,8 @@ from pipeswap.config_fields import ConfigError
 from pipeswap.jsonio import write_atomic
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.resolve import resolve_pipeline
-from pipeswap.schedule.config import PipelineConfig
-from pipeswap.swap.config import SwapConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipelined import run_pipeline
 from pipeswap.units import format_bytes

@@ -206,8 +206,8 @@ def _predicted_vs_measured() -> str:
     from pipeswap.hardware.detect import detect_topology
     from pipeswap.hardware.presets import preset
     from pipeswap.profiling import measure
-    from pipeswap.swap.config import SwapConfig
     from pipeswap.swap.plan.planner import make_plan
+    from pipeswap.swap.swap_config import SwapConfig
     from pipeswap.train_config import TrainConfig
     from pipeswap.training.dp_rank import train_rank
     from pipeswap.training.job import ModelJob
@@ -265,7 +265,7 @@ def _two_ranks_one_gpu() -> str:
 
 
 def _shared_gpu_rank(rank: int, world: int, job: Any, plan: SwapPlan, profile: Any) -> Any:
-    from pipeswap.swap.config import SwapConfig
+    from pipeswap.swap.swap_config import SwapConfig
     from pipeswap.train_config import TrainConfig
     from pipeswap.training.dp_rank import train_rank
 

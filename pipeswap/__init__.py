@@ -39,8 +39,8 @@ _PUBLIC = {
     "preset": "pipeswap.hardware.presets",
     "make_plan": "pipeswap.swap.plan.planner",
     "SwapExecutor": "pipeswap.swap.runtime.executor",
-    "PipelineConfig": "pipeswap.schedule.config",
-    "SwapConfig": "pipeswap.swap.config",
+    "PipelineConfig": "pipeswap.schedule.pipeline_config",
+    "SwapConfig": "pipeswap.swap.swap_config",
     "OptimizerConfig": "pipeswap.optim",
     "CheckpointConfig": "pipeswap.checkpoint",
     "TrainConfig": "pipeswap.train_config",
@@ -73,10 +73,10 @@ if TYPE_CHECKING:
     from pipeswap.models.registry import build_model
     from pipeswap.optim import OptimizerConfig
     from pipeswap.profiling.measure import measure
-    from pipeswap.schedule.config import PipelineConfig
-    from pipeswap.swap.config import SwapConfig
+    from pipeswap.schedule.pipeline_config import PipelineConfig
     from pipeswap.swap.plan.planner import make_plan
     from pipeswap.swap.runtime.executor import SwapExecutor
+    from pipeswap.swap.swap_config import SwapConfig
     from pipeswap.train_config import TrainConfig
     from pipeswap.training.offload import offload
     from pipeswap.training.pipe import Pipeline

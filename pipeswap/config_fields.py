@@ -1,8 +1,8 @@
 """Config fields declared once: default and help per field, checks whose errors name the field.
 
 Each component owns a frozen, keyword-only dataclass of its settings next to its code
-(``pipeswap.optim.OptimizerConfig``, ``pipeswap.swap.config.SwapConfig``,
-``pipeswap.schedule.config.PipelineConfig``, ...). A field is declared with
+(``pipeswap.optim.OptimizerConfig``, ``pipeswap.swap.swap_config.SwapConfig``,
+``pipeswap.schedule.pipeline_config.PipelineConfig``, ...). A field is declared with
 :func:`option` (its default and the help the CLI shows) and checked once, in the
 dataclass's ``__post_init__``. A failed check raises :class:`ConfigError`, whose message
 names fields as ``{field}`` placeholders (field names are unique across every config):

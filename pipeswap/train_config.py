@@ -22,9 +22,9 @@ from pipeswap.data_config import DataConfig
 from pipeswap.metrics import LogConfig
 from pipeswap.optim import OptimizerConfig
 from pipeswap.precision import DEFAULT_PRECISION, PRECISIONS, check_precision
-from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.modes import weight_mode
-from pipeswap.swap.config import SwapConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
+from pipeswap.swap.swap_config import SwapConfig
 
 DEVICES = ("cpu", "cuda")
 

@@ -18,7 +18,7 @@ from pipeswap.config_fields import (
     value_type,
 )
 from pipeswap.errors import PipeswapError
-from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
 

@@ -18,8 +18,8 @@ from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.stage import inspect_layers
 from pipeswap.precision import PRECISIONS, LossScaler, autocast, autocast_dtype
 from pipeswap.profiling import measure
-from pipeswap.schedule.config import PipelineConfig
-from pipeswap.swap.config import SwapConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.run import train
 

@@ -9,8 +9,8 @@ import pytest
 from pipeswap.checkpoint import CheckpointConfig
 from pipeswap.config_fields import ConfigError
 from pipeswap.optim import OptimizerConfig
-from pipeswap.schedule.config import PipelineConfig
-from pipeswap.swap.config import SwapConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 
 

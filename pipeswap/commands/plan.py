@@ -24,8 +24,8 @@ from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import Profile
 from pipeswap.profiling import estimate
 from pipeswap.profiling.profile_config import DEFAULT_GPU, ProfileConfig
-from pipeswap.swap.config import POLICY_KINDS, POLICY_NAMES, SwapConfig
 from pipeswap.swap.plan.planner import PlanResult, make_case, plan_case
+from pipeswap.swap.swap_config import POLICY_KINDS, POLICY_NAMES, SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.units import format_bytes
 

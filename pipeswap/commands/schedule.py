@@ -12,8 +12,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_writable
 from pipeswap.pipeline.chrome import dump_chrome_trace
 from pipeswap.pipeline.grid import render_grid
-from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.kinds import schedule_kind
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.schedule.timetable import build_schedule, unit_time_order
 from pipeswap.schedule.validate import validate
 from pipeswap.train_config import TrainConfig

@@ -16,7 +16,7 @@ from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.sim.trace import write_trace
-from pipeswap.swap.config import SwapConfig
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.units import format_bytes
 

@@ -16,8 +16,8 @@ from pipeswap.jsonio import check_writable
 from pipeswap.metrics import LogConfig
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.chrome import dump_chrome_trace
-from pipeswap.schedule.config import PipelineConfig
-from pipeswap.swap.config import SwapConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.report import TrainReport, write_report
 from pipeswap.training.run import TrainingStopped, train

@@ -28,7 +28,6 @@ from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.timetable import Schedule, unit_time_order
 from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.graph import TaskGraph
-from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
 from pipeswap.swap.plan.iteration import Bucket, buckets_of
 from pipeswap.swap.plan.stage_costs import StageCosts
 from pipeswap.swap.plan.stage_swap import (
@@ -39,6 +38,7 @@ from pipeswap.swap.plan.stage_swap import (
     stage_order,
     unit_memory,
 )
+from pipeswap.swap.swap_config import DEFAULT_BUCKET_BYTES
 
 
 def layout_graph(

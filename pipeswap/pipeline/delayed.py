@@ -19,9 +19,9 @@ from pipeswap.pipeline.rng import EVAL, TRAIN, rng_stream
 from pipeswap.pipeline.shared import find_shared
 from pipeswap.precision import autocast
 from pipeswap.schedule.actions import ActionKind
-from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.schedule.timetable import Schedule, build_schedule
 from pipeswap.train_config import TrainConfig
 

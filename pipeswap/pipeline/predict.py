@@ -43,7 +43,7 @@ from collections import Counter
 import torch
 
 from pipeswap.schedule.actions import ActionKind
-from pipeswap.schedule.config import DISTANCE_RULES
+from pipeswap.schedule.pipeline_config import DISTANCE_RULES
 from pipeswap.schedule.timetable import Schedule, build_schedule
 
 __all__ = [

@@ -9,9 +9,9 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
 from pipeswap.profile import Profile
 from pipeswap.schedule.actions import ActionKind
-from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.schedule.timetable import Schedule, unit_time_order
 from pipeswap.sim.graph import GRAPH_FORMAT, TaskGraph
 

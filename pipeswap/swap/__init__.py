@@ -1,6 +1,6 @@
 """Contention-aware tensor swapping for data-parallel training: plans, policies, the executor.
 
-The package imports nothing when it is imported: ``pipeswap.swap.config`` is read by
+The package imports nothing when it is imported: ``pipeswap.swap.swap_config`` is read by
 every config, so reading it must not load the planner or torch. The public names below
 are loaded on first use (``pipeswap.swap.make_plan``, ``from pipeswap.swap import
 SwapExecutor``); the mechanisms live in ``pipeswap.swap.plan`` (planning) and
@@ -30,21 +30,21 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from pipeswap.swap.config import POLICY_NAMES, SwapConfig
     from pipeswap.swap.plan.contract import SWAPPLAN_FORMAT, GpuPlan, SwapDecision, SwapPlan
     from pipeswap.swap.plan.planner import GpuSummary, PlanResult, make_case, make_plan, plan_case
     from pipeswap.swap.plan.policy_table import POLICIES
     from pipeswap.swap.runtime.executor import SwapExecutor
     from pipeswap.swap.runtime.stats import StepStats
+    from pipeswap.swap.swap_config import POLICY_NAMES, SwapConfig
 
 
 def _modules() -> tuple[ModuleType, ...]:
     """The modules the public names come from, loaded on the first use of one of them."""
-    from pipeswap.swap import config
+    from pipeswap.swap import swap_config
     from pipeswap.swap.plan import contract, planner, policy_table
     from pipeswap.swap.runtime import executor, stats
 
-    return config, contract, policy_table, planner, stats, executor
+    return swap_config, contract, policy_table, planner, stats, executor
 
 
 def __getattr__(name: str) -> Any:

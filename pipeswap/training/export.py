@@ -16,7 +16,7 @@ from pipeswap.models.seq2seq import load_seq2seq
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.job import load_stage_tensors
 from pipeswap.precision import DEFAULT_PRECISION
-from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.run import train
 

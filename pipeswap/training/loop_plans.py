@@ -18,13 +18,13 @@ from pipeswap.errors import PipeswapError, first_line
 from pipeswap.profile import Profile, StepMemory
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.metered_step import metered_step
-from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import PlanResult, make_plan
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.checks import rank_plan
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.recompute import RecomputeSizes, measure_recomputation
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.training.loop_calls import on_host
 from pipeswap.training.loop_profile import loop_profile

@@ -19,11 +19,11 @@ from pipeswap.models.blocks import find_blocks
 from pipeswap.profile import StepMemory
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
 from pipeswap.profiling.step import optimizer_state_bytes
-from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.stats import StepStats
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.training.loop_calls import Signature, optimizer_name, takes_use_cache, without_cache
 from pipeswap.training.loop_calls import signature as call_signature
 from pipeswap.training.loop_meter import LoopMeter

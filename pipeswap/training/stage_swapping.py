@@ -7,7 +7,7 @@ the budget per GPU, the stages that share a PCIe switch coordinated as data-para
 are (pipeswap.swap.plan.stage_plans), and runs each plan with a
 :class:`~pipeswap.swap.runtime.unit_swapper.UnitSwapper` in the stage's executor.
 
-What a policy lets a stage do is its entry's StageMoves (pipeswap.swap.config.POLICY_KINDS):
+What a policy lets a stage do is its entry's StageMoves (pipeswap.swap.swap_config.POLICY_KINDS):
 ``auto`` and ``hybrid`` swap or recompute, coordinated;
 ``disjoint`` and ``bidirectional`` only swap, coordinated (each stage swaps within its
 share of its switch); ``oblivious`` only swaps, each stage as if its link were its own
@@ -47,7 +47,6 @@ from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.orders import peak_in_flight
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.schedule.timetable import Schedule
-from pipeswap.swap.config import POLICY_KINDS, policy_kind
 from pipeswap.swap.plan.stage_costs import StageCosts, stage_costs
 from pipeswap.swap.plan.stage_mapping import Placement, replica_major
 from pipeswap.swap.plan.stage_plans import plan_stages
@@ -63,6 +62,7 @@ from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.recompute import Recomputation
 from pipeswap.swap.runtime.transfer import DeviceLedger
 from pipeswap.swap.runtime.unit_swapper import UnitSwapper
+from pipeswap.swap.swap_config import POLICY_KINDS, policy_kind
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.units import format_bytes

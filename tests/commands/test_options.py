@@ -13,7 +13,7 @@ from pipeswap.commands.settings import COMMAND_SETTINGS
 from pipeswap.commands.train import config_from_args
 from pipeswap.config_fields import ConfigError, leaf_fields, nested_config
 from pipeswap.profiling.profile_config import ProfileConfig
-from pipeswap.swap.config import SwapConfig
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 
 

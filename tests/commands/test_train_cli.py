@@ -19,8 +19,8 @@ from pipeswap.cli import build_parser, main
 from pipeswap.commands.train import summary_lines
 from pipeswap.errors import PipeswapError
 from pipeswap.profiling import measure
-from pipeswap.schedule.config import PipelineConfig
-from pipeswap.swap.config import SwapConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training import data_parallel
 from pipeswap.training.data_parallel import default_topology

@@ -12,7 +12,7 @@ from pipeswap.config_fields import ConfigError
 from pipeswap.dist.launch import spawn
 from pipeswap.dist.replica_groups import ReplicaMesh, buckets_of, mean_in_order
 from pipeswap.pipeline.resolve import resolve_pipeline
-from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
 
@@ -39,7 +39,12 @@ def test_nproc_sets_the_replicas_and_a_mismatch_is_refused() -> None:
 def test_buckets_follow_the_backward_one_dtype_each_within_the_size() -> None:
     params = [
         torch.nn.Parameter(torch.zeros(n, dtype=dtype))
-        for n, dtype in ((4, torch.float32), (4, torch.float32), (2, torch.float32), (8, torch.bfloat16))
+        for n, dtype in (
+            (4, torch.float32),
+            (4, torch.float32),
+            (2, torch.float32),
+            (8, torch.bfloat16),
+        )
     ]
     buckets = buckets_of(params, bucket_bytes=32)
     # Last parameter first; a new bucket at the dtype change and where 32 bytes overflow.

@@ -16,7 +16,7 @@ import torch
 
 from pipeswap.dist import threads
 from pipeswap.dist.threads import cgroup_cpus, rank_threads, thread_share, usable_cpus
-from pipeswap.swap.config import SwapConfig
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.run import train
 
@@ -116,7 +116,7 @@ def test_a_one_rank_run_under_omp_num_threads_1_runs_one_thread(tmp_path: Path) 
     script = (
         "import torch\n"
         "from pipeswap import TrainConfig, train\n"
-        "from pipeswap.swap.config import SwapConfig\n"
+        "from pipeswap.swap.swap_config import SwapConfig\n"
         "train(TrainConfig('gpt2-micro', batch=2, seq_len=8, steps=1, device='cpu',\n"
         "                  swap=SwapConfig(policy='none'), progress=False))\n"
         "print(torch.get_num_threads())\n"

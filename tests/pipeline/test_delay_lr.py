@@ -1,7 +1,7 @@
 """The delay-scaled learning rate: asynchronous stages step at lr / (1 + tau)^P.
 
 Covers: pipeswap/pipeline/predict.py (delay_lr_scale), pipeswap/pipeline/weights.py
-(StageWeights.lr_scale), pipeswap/schedule/config.py (delay_lr_power, delay_power),
+(StageWeights.lr_scale), pipeswap/schedule/pipeline_config.py (delay_lr_power, delay_power),
 pipeswap/schedule/modes.py (WeightMode.delay_lr). The runtime == emulator equality with the
 rule on is in test_runtime.py.
 """
@@ -20,9 +20,9 @@ from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.predict import delay_lr_scale
 from pipeswap.pipeline.weights import StageWeights
-from pipeswap.schedule.config import DELAY_LR_POWER, PipelineConfig
 from pipeswap.schedule.kinds import SCHEDULES
 from pipeswap.schedule.modes import WEIGHT_MODES
+from pipeswap.schedule.pipeline_config import DELAY_LR_POWER, PipelineConfig
 from pipeswap.schedule.timetable import build_schedule
 
 GPT = pipeline_run("gpt2-micro", (1, 1, 1, 1), batch=8, seq_len=16, steps=4, lr=0.05)

@@ -1,6 +1,6 @@
 """The emulator: sync schedules equal plain gradient accumulation; async modes behave.
 
-Covers: pipeswap/pipeline/result.py, pipeswap/pipeline/weights.py, pipeswap/schedule/config.py.
+Covers: pipeswap/pipeline/result.py, pipeswap/pipeline/weights.py, pipeswap/schedule/pipeline_config.py.
 """
 
 from __future__ import annotations

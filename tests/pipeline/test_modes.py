@@ -24,7 +24,6 @@ from pipeswap.pipeline.delayed import schedule_delays
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.weights import StageWeights
 from pipeswap.profile import Profile
-from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.kinds import SCHEDULES
 from pipeswap.schedule.modes import (
     ADAM_FAMILY,
@@ -35,6 +34,7 @@ from pipeswap.schedule.modes import (
     weight_mode,
 )
 from pipeswap.schedule.partition import extra_weight_copies, stage_memory_bytes
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
 TWIN = "stale-twin"

@@ -1,7 +1,7 @@
 """``--weights nesterov`` (Ajanthan et al., arXiv 2505.01099, as released).
 
 Covers: pipeswap/pipeline/weights.py (the nesterov mode), pipeswap/optim.py (make_nadam),
-pipeswap/schedule/config.py (what is refused).
+pipeswap/schedule/pipeline_config.py (what is refused).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from support import pipeline_run
 from pipeswap.config_fields import ConfigError, replace_fields
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.resolve import resolve_pipeline
-from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
 

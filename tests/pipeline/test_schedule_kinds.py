@@ -16,10 +16,10 @@ from pipeswap.config_fields import ConfigError, replace_fields
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.grid import render_grid
 from pipeswap.pipeline.predict import delay_free_schedule, version_distances
-from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.kinds import SCHEDULE_NAMES, SCHEDULES, schedule_kind
 from pipeswap.schedule.orders import peak_in_flight
 from pipeswap.schedule.partition import in_flight_units
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.schedule.timetable import build_schedule
 from pipeswap.schedule.validate import validate
 

@@ -27,10 +27,10 @@ from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.grid import render_grid
 from pipeswap.pipeline.predict import delay_free_schedule, version_distances
 from pipeswap.profile import Profile
-from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.kinds import SCHEDULES, ScheduleKind, schedule_kind
 from pipeswap.schedule.modes import WEIGHT_MODES
 from pipeswap.schedule.partition import extra_weight_copies, in_flight_units, stage_memory_bytes
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.schedule.timetable import build_schedule
 from pipeswap.schedule.validate import validate
 from pipeswap.train_config import TrainConfig

@@ -1,11 +1,11 @@
-"""pipeswap/schedule/config.py: PipelineConfig's defaults and checks."""
+"""pipeswap/schedule/pipeline_config.py: PipelineConfig's defaults and checks."""
 
 from __future__ import annotations
 
 import pytest
 
 from pipeswap.config_fields import ConfigError
-from pipeswap.schedule.config import PipelineConfig, read_balance
+from pipeswap.schedule.pipeline_config import PipelineConfig, read_balance
 
 
 def test_stages_or_balance_give_the_stage_count() -> None:

@@ -1,13 +1,13 @@
 """The swap policies: a new policy is one entry plus its algorithm, and every place asks them.
 
-A copy of each policy under a new name (its PolicyKind in pipeswap.swap.config.POLICY_KINDS,
+A copy of each policy under a new name (its PolicyKind in pipeswap.swap.swap_config.POLICY_KINDS,
 its algorithm in pipeswap.swap.plan.policy_table.POLICIES), registered for one test, goes
 through every place that must know a policy (the config, the data-parallel planner and
 its budget check, `pipeswap plan --compare`, the stage plans of a pipeline that swaps)
 and behaves exactly as the policy it copies. A policy missing either half is refused
 naming the missing piece, never a KeyError.
 
-Covers: pipeswap/swap/config.py (POLICY_KINDS), pipeswap/swap/plan/policy_table.py
+Covers: pipeswap/swap/swap_config.py (POLICY_KINDS), pipeswap/swap/plan/policy_table.py
 (policy_entry), the policy's stage moves in pipeswap/training/stage_swapping.py.
 """
 
@@ -27,9 +27,9 @@ from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.presets import preset
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.profile import Profile
-from pipeswap.swap.config import POLICY_KINDS, PolicyKind, StageMoves, SwapConfig, policy_kind
 from pipeswap.swap.plan.planner import PlanResult, make_case, make_plan, plan_case
 from pipeswap.swap.plan.policy_table import POLICIES, policy_entry
+from pipeswap.swap.swap_config import POLICY_KINDS, PolicyKind, StageMoves, SwapConfig, policy_kind
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.stage_swapping import micro_profile, plan_stage_swaps
 

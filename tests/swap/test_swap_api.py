@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pipeswap.swap as swap
-from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import PlanResult, make_plan
 from pipeswap.swap.runtime.executor import SwapExecutor
+from pipeswap.swap.swap_config import SwapConfig
 
 
 def test_public_names_are_the_modules_own() -> None:
@@ -28,7 +28,7 @@ def test_public_names_are_the_modules_own() -> None:
 
 def test_reading_the_config_loads_neither_the_planner_nor_torch() -> None:
     code = (
-        "import sys, pipeswap.swap.config; "
+        "import sys, pipeswap.swap.swap_config; "
         "print(sorted(m for m in ('torch', 'pipeswap.swap.plan.planner') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,6 +1,6 @@
 """SwapConfig: every swap setting checked once, each refusal naming the field it is about.
 
-Covers: pipeswap/swap/config.py.
+Covers: pipeswap/swap/swap_config.py.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
-from pipeswap.swap.config import DEFAULT_BUCKET_BYTES, POLICY_NAMES, SwapConfig
 from pipeswap.swap.plan.planner import make_case, make_plan
+from pipeswap.swap.swap_config import DEFAULT_BUCKET_BYTES, POLICY_NAMES, SwapConfig
 
 
 def test_defaults() -> None:

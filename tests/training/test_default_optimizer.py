@@ -20,7 +20,7 @@ import torch
 from pipeswap.cli import main
 from pipeswap.models.base import evaluating
 from pipeswap.optim import IMAGE_RECIPE, LM_RECIPE, OptimizerConfig
-from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.job import ModelJob
 

@@ -29,12 +29,12 @@ from pipeswap.models.registry import build_model
 from pipeswap.optim import OptimizerConfig
 from pipeswap.profile import Profile, SavedTensor
 from pipeswap.profiling import measure
-from pipeswap.swap.config import POLICY_NAMES as POLICIES
-from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.plan.planner import make_plan
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import capture_records
+from pipeswap.swap.swap_config import POLICY_NAMES as POLICIES
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import PlanPayload
 from pipeswap.training.data_parallel import report as build_report

@@ -13,7 +13,7 @@ import pytest
 from pipeswap.cli import main
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.profiling import estimate
-from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
 

@@ -12,7 +12,7 @@ import torch
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.data_config import DataConfig
-from pipeswap.swap.config import SwapConfig
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.job import ModelJob
 

@@ -10,7 +10,7 @@ from pipeswap.cli import main
 from pipeswap.config_fields import ConfigError
 from pipeswap.dist.threads import usable_cpus
 from pipeswap.optim import OptimizerConfig
-from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training import ranks
 from pipeswap.training.ranks import (

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipeswap.errors import PipeswapError
-from pipeswap.schedule.config import PipelineConfig
-from pipeswap.swap.config import SwapConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.report import REPORT_FORMAT, TrainReport, load_report, write_report
 from pipeswap.training.run import train

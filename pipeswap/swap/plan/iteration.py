@@ -8,9 +8,9 @@ from typing import NamedTuple
 from pipeswap.errors import PipeswapError
 from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.graph import TaskGraph
-from pipeswap.swap.config import DEFAULT_BUCKET_BYTES
 from pipeswap.swap.plan.tensors import Swap
 from pipeswap.swap.plan.workload import Workload
+from pipeswap.swap.swap_config import DEFAULT_BUCKET_BYTES
 
 
 class Bucket(NamedTuple):

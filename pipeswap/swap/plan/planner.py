@@ -14,7 +14,6 @@ from pipeswap.profile import Profile
 from pipeswap.sim.engine import OutOfMemoryError
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
-from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan import GpuPlan, SwapPlan
 from pipeswap.swap.plan.bounds import LowerBound, TurnBound, lower_bound, turn_bound
 from pipeswap.swap.plan.case import Case
@@ -22,6 +21,7 @@ from pipeswap.swap.plan.policies import fits as assignment_fits
 from pipeswap.swap.plan.policy_table import Policy, policy_entry
 from pipeswap.swap.plan.scoring import Scored
 from pipeswap.swap.plan.workload import Workload, workload_from_profile
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.units import format_bytes
 
 

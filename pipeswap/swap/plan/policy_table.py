@@ -1,6 +1,6 @@
 """Every swap policy's algorithm, one entry each: how it plans, and whether it keeps to the budget.
 
-A policy is declared in pipeswap.swap.config.POLICY_KINDS (its name, what a pipeline's
+A policy is declared in pipeswap.swap.swap_config.POLICY_KINDS (its name, what a pipeline's
 stages do under it); its entry here is how it plans. :func:`policy_entry` finds it, and
 names the missing piece when a declared policy has none.
 """
@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from pipeswap.config_fields import ConfigError
-from pipeswap.swap.config import policy_kind
 from pipeswap.swap.plan.auto import plan_auto
 from pipeswap.swap.plan.case import Case
 from pipeswap.swap.plan.finer import plan_finer
@@ -21,6 +20,7 @@ from pipeswap.swap.plan.mip import plan_mip
 from pipeswap.swap.plan.policies import HEURISTICS, heuristic
 from pipeswap.swap.plan.scoring import Assignment, Scored
 from pipeswap.swap.plan.workload import Workload
+from pipeswap.swap.swap_config import policy_kind
 
 
 class Planned(NamedTuple):
@@ -125,11 +125,11 @@ POLICIES: dict[str, Policy] = {
 
 def policy_entry(name: str) -> Policy:
     """The algorithm of the swap policy ``name``: a ConfigError naming the valid policies for
-    a name in no entry of pipeswap.swap.config.POLICY_KINDS, or the missing entry here."""
+    a name in no entry of pipeswap.swap.swap_config.POLICY_KINDS, or the missing entry here."""
     entry = POLICIES.get(policy_kind(name).name)
     if entry is None:
         raise ConfigError(
-            f"swap policy {name!r} is declared (pipeswap.swap.config.POLICY_KINDS) but has no "
+            f"swap policy {name!r} is declared (pipeswap.swap.swap_config.POLICY_KINDS) but has no "
             "algorithm: add its entry to POLICIES in pipeswap.swap.plan.policy_table"
         )
     return entry

@@ -13,10 +13,10 @@ from pipeswap.hardware.presets import preset
 from pipeswap.hardware.topology import Link, Node, Topology
 from pipeswap.sim.collectives import ring_allreduce_time_s
 from pipeswap.sim.engine import simulate
-from pipeswap.swap.config import SwapConfig
 from pipeswap.swap.plan.iteration import build_iteration_graph, gradient_buckets
 from pipeswap.swap.plan.tensors import Swap
 from pipeswap.swap.plan.workload import Workload, workload_from_profile
+from pipeswap.swap.swap_config import SwapConfig
 
 GB = 10**9
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pipeswap.hardware.presets import preset
-from pipeswap.swap.config import POLICY_NAMES
 from pipeswap.swap.plan.planner import make_case, plan_case
 from pipeswap.swap.plan.policy_table import POLICIES
+from pipeswap.swap.swap_config import POLICY_NAMES
 
 
 def test_the_table_is_the_configs_choices() -> None:

@@ -21,13 +21,13 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.models import build_model
 from pipeswap.profiling import measure
-from pipeswap.swap.config import POLICY_NAMES as POLICIES
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.plan.planner import make_plan
 from pipeswap.swap.runtime.capture import capture_records
 from pipeswap.swap.runtime.checks import PLAN_SLACK
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.stats import StepStats
+from pipeswap.swap.swap_config import POLICY_NAMES as POLICIES
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
