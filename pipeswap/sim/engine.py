@@ -16,7 +16,7 @@ from pipeswap.sim.collectives import (
 from pipeswap.sim.flows import Flow, FlowNetwork, directed_path
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import GpuStats, LinkStats, SimResult, TaskTiming
-from pipeswap.sim.streams import task_streams
+from pipeswap.sim.task_streams import task_streams
 from pipeswap.units import format_bytes
 
 __all__ = [

@@ -11,7 +11,7 @@ from pipeswap.hardware.topology import Topology
 from pipeswap.jsonio import write_atomic
 from pipeswap.sim.graph import TASK_KINDS, TaskGraph
 from pipeswap.sim.result import SimResult
-from pipeswap.sim.streams import gpu_streams, task_streams
+from pipeswap.sim.task_streams import gpu_streams, task_streams
 
 matplotlib.use("Agg")  # files only; never open a window; before pyplot is imported
 

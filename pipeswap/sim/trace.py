@@ -11,7 +11,7 @@ from pipeswap.hardware.topology import Topology
 from pipeswap.jsonio import write_atomic
 from pipeswap.sim.graph import Task, TaskGraph
 from pipeswap.sim.result import SimResult
-from pipeswap.sim.streams import STREAM_ORDER, gpu_streams, task_streams
+from pipeswap.sim.task_streams import STREAM_ORDER, gpu_streams, task_streams
 
 _US = 1e6  # trace timestamps are microseconds
 LINKS_PROCESS = "links"

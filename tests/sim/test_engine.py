@@ -17,7 +17,7 @@ from pipeswap.hardware.topology import Link, Node, Topology
 from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.engine import DeadlockError, OutOfMemoryError, simulate
 from pipeswap.sim.graph import TaskGraph
-from pipeswap.sim.streams import task_streams
+from pipeswap.sim.task_streams import task_streams
 
 GB = 10**9
 REL = 1e-9

@@ -1,4 +1,4 @@
-"""Tests of which streams a task occupies (pipeswap.sim.streams)."""
+"""Tests of which streams a task occupies (pipeswap.sim.task_streams)."""
 
 from dataclasses import replace
 
@@ -8,7 +8,7 @@ from pipeswap.hardware.presets import preset
 from pipeswap.hardware.topology import Link, Node, Topology
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import Task, TaskGraph
-from pipeswap.sim.streams import gpu_streams, task_streams
+from pipeswap.sim.task_streams import gpu_streams, task_streams
 
 
 def test_copy_engines_decide_the_copy_streams() -> None:
