@@ -35,8 +35,8 @@ from pipeswap.layouts.layout import (
     PIPELINE_DP,
 )
 from pipeswap.layouts.search import LayoutSearch, SearchSpace, search_layouts
-from pipeswap.profile import Profile
-from pipeswap.profiling import estimate
+from pipeswap.profiling.estimate import estimate
+from pipeswap.profiling.profile import Profile
 from pipeswap.units import format_bytes
 
 RESULTS = RESULTS_DIR / "layouts.md"

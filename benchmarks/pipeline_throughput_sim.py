@@ -40,8 +40,8 @@ from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.hardware.presets import preset
 from pipeswap.hardware.topology import Topology
 from pipeswap.jsonio import write_atomic
-from pipeswap.profile import Profile
-from pipeswap.profiling import estimate
+from pipeswap.profiling.estimate import estimate
+from pipeswap.profiling.profile import Profile
 from pipeswap.schedule.kinds import SCHEDULE_NAMES, schedule_kind
 from pipeswap.schedule.partition import partition
 from pipeswap.schedule.taskgraph import pipeline_graph

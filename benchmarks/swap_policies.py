@@ -33,8 +33,8 @@ from pathlib import Path
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.jsonio import write_atomic
-from pipeswap.profile import Profile
-from pipeswap.profiling import estimate
+from pipeswap.profiling.estimate import estimate
+from pipeswap.profiling.profile import Profile
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.swap.plan.bounds import lower_bound, turn_bound

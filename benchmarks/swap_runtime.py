@@ -205,7 +205,7 @@ def cuda_sections(repeats: int, warmup: int) -> str:
 def _predicted_vs_measured() -> str:
     from pipeswap.hardware.detect import detect_topology
     from pipeswap.hardware.presets import preset
-    from pipeswap.profiling import measure
+    from pipeswap.profiling.measure import measure
     from pipeswap.swap.plan.planner import make_plan
     from pipeswap.swap.swap_config import SwapConfig
     from pipeswap.train_config import TrainConfig
@@ -240,7 +240,7 @@ def _predicted_vs_measured() -> str:
 def _two_ranks_one_gpu() -> str:
     from pipeswap.dist.launch import spawn
     from pipeswap.hardware.presets import preset
-    from pipeswap.profiling import measure
+    from pipeswap.profiling.measure import measure
     from pipeswap.swap.plan.planner import make_plan
     from pipeswap.training.dp_result import measured_step_s
     from pipeswap.training.job import ModelJob

@@ -6,7 +6,7 @@ import dataclasses
 
 from support import GB, toy_profile
 
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 
 
 def toy(

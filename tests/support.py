@@ -7,7 +7,7 @@ from typing import Any
 
 from pipeswap.config_fields import replace_fields
 from pipeswap.optim import OptimizerConfig
-from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 

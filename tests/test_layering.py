@@ -25,7 +25,7 @@ base: pipeswap.errors, pipeswap.units, pipeswap.jsonio, pipeswap.json_fields, pi
 models: pipeswap.models -> base
 configs: pipeswap.optim, pipeswap.data_config, pipeswap.swap.swap_config, pipeswap.swap.config, pipeswap.schedule.actions, pipeswap.schedule.orders, pipeswap.schedule.kinds, pipeswap.schedule.modes, pipeswap.schedule.pipeline_config, pipeswap.schedule.config, pipeswap.train_config -> base, configs, models
 data: pipeswap.data, pipeswap.user_data, pipeswap.user_files, pipeswap.user_images, pipeswap.user_pairs -> base, models
-profile: pipeswap.profile, pipeswap.profiling -> base, models, configs, profile, hardware
+profile: pipeswap.profiling, pipeswap.profile -> base, models, configs, profile, hardware
 hardware: pipeswap.hardware -> base
 sim: pipeswap.sim -> base, hardware
 schedule: pipeswap.schedule -> base, configs, profile, hardware, sim

@@ -17,7 +17,7 @@ from pipeswap.data_config import DataConfig
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.stage import inspect_layers
 from pipeswap.precision import PRECISIONS, LossScaler, autocast, autocast_dtype
-from pipeswap.profiling import measure
+from pipeswap.profiling.measure import measure
 from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig

@@ -21,8 +21,8 @@ from pipeswap.hardware.presets import topology_file
 from pipeswap.jsonio import check_writable
 from pipeswap.models import model_spec
 from pipeswap.optim import OptimizerConfig
-from pipeswap.profile import Profile
-from pipeswap.profiling import estimate
+from pipeswap.profiling.estimate import estimate
+from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.profile_config import DEFAULT_GPU, ProfileConfig
 from pipeswap.swap.plan.planner import PlanResult, make_case, plan_case
 from pipeswap.swap.swap_config import POLICY_KINDS, POLICY_NAMES, SwapConfig

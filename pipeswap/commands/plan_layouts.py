@@ -13,7 +13,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
 from pipeswap.layouts.layout import DATA_PARALLEL, Layout
 from pipeswap.layouts.search import LayoutSearch, family_summary, search_layouts
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.sim.trace import write_trace

@@ -14,8 +14,10 @@ from pipeswap.jsonio import check_writable
 from pipeswap.models import model_spec
 from pipeswap.optim import PROFILE_OPTIMIZER, OptimizerConfig
 from pipeswap.precision import DEFAULT_PRECISION, autocast
-from pipeswap.profiling import estimate, fit_warning, format_profile, measure
+from pipeswap.profiling.estimate import estimate
+from pipeswap.profiling.measure import measure
 from pipeswap.profiling.profile_config import DEFAULT_GPU, ProfileConfig
+from pipeswap.profiling.table import fit_warning, format_profile
 from pipeswap.train_config import TrainConfig
 
 _EXAMPLES = """examples:

@@ -16,7 +16,7 @@ from pipeswap.layouts.layout import (
     Layout,
     StageLayout,
 )
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.schedule.timetable import Schedule
 from pipeswap.sim.engine import DeadlockError, simulate
 from pipeswap.sim.graph import TaskGraph

@@ -19,7 +19,7 @@ from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.topology import Topology
 from pipeswap.layouts.evaluate import Scored, score_data_parallel, score_pipeline
 from pipeswap.layouts.layout import FAMILIES, FAMILY_TITLES
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.schedule.kinds import SCHEDULE_NAMES, schedule_kind
 from pipeswap.schedule.partition import partition
 from pipeswap.schedule.timetable import Schedule, build_schedule

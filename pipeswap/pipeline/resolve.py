@@ -7,7 +7,7 @@ from dataclasses import replace
 from pipeswap.config_fields import ConfigError, require
 from pipeswap.pipeline.job import build_meta_model
 from pipeswap.pipeline.stage import LayerInfo, flop_profile, inspect_layers
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.schedule.partition import check_balance, check_stage_count, partition
 from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig

@@ -15,7 +15,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models.base import evaluating
 from pipeswap.pipeline.job import build_full_model, build_meta_model
 from pipeswap.precision import DEFAULT_PRECISION, autocast
-from pipeswap.profile import LayerProfile, Profile
+from pipeswap.profiling.profile import LayerProfile, Profile
 from pipeswap.schedule.partition import check_stage_count
 from pipeswap.train_config import TrainConfig
 

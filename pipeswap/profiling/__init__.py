@@ -1,25 +1,11 @@
-"""Per-layer costs of a training step: measured on a device or estimated on meta."""
+"""Per-layer costs of a training step: the Profile contract and how it is measured or estimated.
 
-from pipeswap.profiling.estimate import Efficiency, estimate, estimate_layered, meta_copy
-from pipeswap.profiling.measure import measure
-from pipeswap.profiling.saved import (
-    SavedRecord,
-    SavedTensorCapture,
-    capture_saved,
-    meta_attention_like_cpu,
-)
-from pipeswap.profiling.table import fit_warning, format_profile
+The package imports nothing when it is imported, so that reading a profile
+(:mod:`pipeswap.profiling.profile`) loads no torch: the schedule and the planner read
+profiles and need none. The modules: ``profile`` (the pipeswap.profile/1 contract),
+``measure`` (on a device), ``estimate`` (on meta), ``saved`` (which tensors autograd
+saves, named), ``table`` (a profile as text), ``profile_config`` (the ``profile``
+command's settings), and the meters of a step's memory and time.
+"""
 
-__all__ = [
-    "Efficiency",
-    "SavedRecord",
-    "SavedTensorCapture",
-    "capture_saved",
-    "estimate",
-    "estimate_layered",
-    "fit_warning",
-    "format_profile",
-    "measure",
-    "meta_attention_like_cpu",
-    "meta_copy",
-]
+__all__: list[str] = []

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from pipeswap.profile import StepMemory
 from pipeswap.profiling.meter import MemoryMarks
+from pipeswap.profiling.profile import StepMemory
 
 
 @dataclass

@@ -35,8 +35,8 @@ from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
 from pipeswap.optim import PROFILE_OPTIMIZER
-from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.metered_step import layered_step_memory
+from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.saved import SavedTensorCapture, meta_attention_like_cpu
 from pipeswap.profiling.step import (
     dtype_name,

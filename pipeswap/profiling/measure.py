@@ -17,9 +17,9 @@ from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
 from pipeswap.optim import PROFILE_OPTIMIZER, OptimizerConfig
-from pipeswap.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.estimate import estimate_layered, meta_copy, moved_copy, on_device
 from pipeswap.profiling.metered_step import layered_step_memory
+from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.saved import SavedTensorCapture
 from pipeswap.profiling.step import (
     dtype_name,

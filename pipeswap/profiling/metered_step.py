@@ -15,9 +15,9 @@ from torch.utils._pytree import tree_flatten
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
 from pipeswap.optim import OptimizerConfig
-from pipeswap.profile import StepMemory
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
 from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
+from pipeswap.profiling.profile import StepMemory
 from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.profiling.step import is_allocation_error, optimizer_state_bytes
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeswap.hardware.gpus import GpuSpec
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 
 _MiB = 2**20
 _GiB = 2**30

@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeswap.config_fields import ConfigError, require
 from pipeswap.jsonio import check_format
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.schedule.kinds import schedule_kind
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.pipeline_config import PipelineConfig, read_balance

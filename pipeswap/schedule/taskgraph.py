@@ -7,7 +7,7 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds

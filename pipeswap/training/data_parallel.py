@@ -33,8 +33,8 @@ from pipeswap.models.registry import model_spec
 from pipeswap.models.state import untouched
 from pipeswap.pipeline.resolve import check_profile_shape
 from pipeswap.precision import autocast, autocast_dtype
-from pipeswap.profile import Profile
 from pipeswap.profiling.measure import measure
+from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.step import dtype_name
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import make_plan

@@ -40,8 +40,8 @@ from pipeswap.models.export import export_trained
 from pipeswap.models.tasks import scores_accuracy
 from pipeswap.pipeline.rng import TRAIN, rng_stream
 from pipeswap.precision import LossScaler, autocast
-from pipeswap.profile import Profile
 from pipeswap.profiling.meter import DeviceMeter
+from pipeswap.profiling.profile import Profile
 from pipeswap.progress import progress_bar
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.runtime.executor import SwapExecutor

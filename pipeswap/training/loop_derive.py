@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from pipeswap.precision import uncached_casts
-from pipeswap.profile import LayerProfile, Profile, SavedTensor, StepMemory
+from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.swap.runtime.capture import capture_records
 from pipeswap.training.loop_calls import Signature
 from pipeswap.training.loop_plans import LoopPlanner, ShapePlan

@@ -15,9 +15,9 @@ from torch import nn
 from pipeswap.config_fields import ConfigError
 from pipeswap.dist.group import all_gather, broadcast_from_rank0, rank_and_world
 from pipeswap.errors import PipeswapError, first_line
-from pipeswap.profile import Profile, StepMemory
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.metered_step import metered_step
+from pipeswap.profiling.profile import Profile, StepMemory
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import PlanResult, make_plan
 from pipeswap.swap.plan.workload import workload_from_profile

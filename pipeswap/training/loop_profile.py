@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from pipeswap.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.profiling.block_timing import BlockTiming
+from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.profiling.step import dtype_name, optimizer_state_bytes
 from pipeswap.swap.runtime.recompute import RecomputeSizes
 from pipeswap.swap.runtime.selective import SelectiveChoice

@@ -22,8 +22,8 @@ import torch
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.dist.group import rank_and_world
-from pipeswap.profile import StepMemory
 from pipeswap.profiling.block_timing import BlockTiming
+from pipeswap.profiling.profile import StepMemory
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.training.loop_calls import Signature, on_device
 from pipeswap.training.loop_derive import derive_plan, describe, same_structure

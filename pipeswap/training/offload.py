@@ -16,8 +16,8 @@ from pipeswap.dist.ddp import unwrap
 from pipeswap.dist.group import rank_and_world
 from pipeswap.errors import PipeswapError
 from pipeswap.models.blocks import find_blocks
-from pipeswap.profile import StepMemory
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
+from pipeswap.profiling.profile import StepMemory
 from pipeswap.profiling.step import optimizer_state_bytes
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import resolve_layers

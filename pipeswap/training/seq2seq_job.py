@@ -19,8 +19,8 @@ from pipeswap.config_fields import ConfigError
 from pipeswap.data_config import DataConfig
 from pipeswap.models.seq2seq import Seq2SeqModel, load_seq2seq
 from pipeswap.models.state import untouched
-from pipeswap.profile import Profile
 from pipeswap.profiling.metered_step import module_step_memory
+from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.step import parse_dtype
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.recompute import measure_recomputation

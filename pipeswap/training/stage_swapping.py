@@ -38,9 +38,9 @@ from pipeswap.pipeline.predict import version_distances
 from pipeswap.pipeline.stage_memory import MemoryFactory
 from pipeswap.pipeline.stage_rehearsal import StageReading, rehearse_stages
 from pipeswap.precision import autocast
-from pipeswap.profile import Profile
 from pipeswap.profiling.estimate import estimate_layered
 from pipeswap.profiling.measure import measure
+from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.modes import weight_mode

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from bench_support import number, rows, run_quick
 
-from pipeswap.profiling import estimate
+from pipeswap.profiling.estimate import estimate
 
 
 def test_quick_layouts_table(tmp_path: Path) -> None:

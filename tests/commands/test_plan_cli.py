@@ -8,7 +8,7 @@ import pytest
 from support import toy_profile
 
 from pipeswap.cli import main
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import torch
 from pipeswap.cli import main
 from pipeswap.hardware.gpus import gpu_names
 from pipeswap.models import model_spec
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 
 Capture = pytest.CaptureFixture[str]
 

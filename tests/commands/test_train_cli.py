@@ -18,7 +18,7 @@ import torch
 from pipeswap.cli import build_parser, main
 from pipeswap.commands.train import summary_lines
 from pipeswap.errors import PipeswapError
-from pipeswap.profiling import measure
+from pipeswap.profiling.measure import measure
 from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig

@@ -23,7 +23,7 @@ from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.delayed import schedule_delays
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.weights import StageWeights
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.schedule.kinds import SCHEDULES
 from pipeswap.schedule.modes import (
     ADAM_FAMILY,

@@ -10,7 +10,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.models import model_spec
 from pipeswap.models.base import LayeredModel
-from pipeswap.profiling import Efficiency, estimate, estimate_layered, measure, meta_copy
+from pipeswap.profiling.estimate import Efficiency, estimate, estimate_layered, meta_copy
+from pipeswap.profiling.measure import measure
 
 SMALL_MODELS = [
     ("gpt2-micro", {"seq_len": 16}),

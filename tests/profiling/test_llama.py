@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from pipeswap.models.base import LayeredModel
-from pipeswap.profiling import estimate_layered, measure, meta_copy
+from pipeswap.profiling.estimate import estimate_layered, meta_copy
+from pipeswap.profiling.measure import measure
 
 transformers = pytest.importorskip("transformers")
 

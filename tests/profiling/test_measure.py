@@ -10,10 +10,11 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, model_spec
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.gpt import GPTHead
-from pipeswap.profiling import estimate_layered, measure, meta_copy
+from pipeswap.profiling.estimate import estimate_layered, meta_copy
 from pipeswap.profiling.measure import (
     _Timer,
     is_allocation_error,
+    measure,
     requested_bytes,
     transient_bytes,
 )

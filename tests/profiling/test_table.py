@@ -3,7 +3,7 @@
 from support import toy_layer, toy_profile_of
 
 from pipeswap.hardware.gpus import gpu_spec
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.table import fit_warning, format_profile
 
 MiB, GiB = 2**20, 2**30

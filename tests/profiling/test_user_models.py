@@ -11,8 +11,9 @@ from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
-from pipeswap.profile import Profile
-from pipeswap.profiling import estimate_layered, measure, meta_copy
+from pipeswap.profiling.estimate import estimate_layered, meta_copy
+from pipeswap.profiling.measure import measure
+from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.step import run_step
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.runtime.capture import capture_records

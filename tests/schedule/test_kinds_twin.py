@@ -26,7 +26,7 @@ from pipeswap.pipeline.delayed import schedule_delays
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.grid import render_grid
 from pipeswap.pipeline.predict import delay_free_schedule, version_distances
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.schedule.kinds import SCHEDULES, ScheduleKind, schedule_kind
 from pipeswap.schedule.modes import WEIGHT_MODES
 from pipeswap.schedule.partition import extra_weight_copies, in_flight_units, stage_memory_bytes

@@ -12,7 +12,7 @@ import pytest
 from support import toy_layer, toy_profile_of
 
 from pipeswap.errors import PipeswapError
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.schedule.partition import (
     Partition,
     describe,

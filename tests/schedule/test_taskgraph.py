@@ -11,7 +11,7 @@ import pytest
 from support import toy_layer, toy_profile_of
 
 from pipeswap.hardware.topology import Link, Node, Topology
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.schedule.taskgraph import pipeline_graph, pipeline_task_graph
 from pipeswap.schedule.timetable import build_schedule
 from pipeswap.sim.engine import simulate

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from support import GB, toy_profile
 
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.swap.plan.workload import Workload, workload_from_profile
 
 ProfileFactory = Callable[..., Profile]

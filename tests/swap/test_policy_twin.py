@@ -26,7 +26,7 @@ from pipeswap.commands.plan import compare
 from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.presets import preset
 from pipeswap.pipeline.resolve import resolve_pipeline
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.swap.plan.planner import PlanResult, make_case, make_plan, plan_case
 from pipeswap.swap.plan.policy_table import POLICIES, policy_entry
 from pipeswap.swap.swap_config import POLICY_KINDS, PolicyKind, StageMoves, SwapConfig, policy_kind

@@ -27,8 +27,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.models.registry import build_model
 from pipeswap.optim import OptimizerConfig
-from pipeswap.profile import Profile, SavedTensor
-from pipeswap.profiling import measure
+from pipeswap.profiling.measure import measure
+from pipeswap.profiling.profile import Profile, SavedTensor
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.plan.planner import make_plan
 from pipeswap.swap.plan.workload import workload_from_profile

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from pipeswap.models.blocks import find_blocks
-from pipeswap.profile import Profile
 from pipeswap.profiling.meter import DeviceMeter
+from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.saved import SavedTensorCapture
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import _LayerView, capture_records, resolve_layers

@@ -12,7 +12,7 @@ import pytest
 
 from pipeswap.cli import main
 from pipeswap.pipeline.resolve import resolve_pipeline
-from pipeswap.profiling import estimate
+from pipeswap.profiling.estimate import estimate
 from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 

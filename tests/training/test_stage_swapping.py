@@ -21,7 +21,7 @@ from pipeswap.cli import main
 from pipeswap.config_fields import ConfigError
 from pipeswap.pipeline.emulator import pipeline_schedule
 from pipeswap.pipeline.resolve import resolve_pipeline
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.swap.plan.stage_swap import floor_bytes, stage_order
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig

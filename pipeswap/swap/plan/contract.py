@@ -10,7 +10,7 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format, dump_json, load_json
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.swap.swap_config import DEFAULT_BUCKET_BYTES
 
 SWAPPLAN_FORMAT = "pipeswap.swapplan/2"

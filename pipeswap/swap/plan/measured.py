@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import gpu_spec
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 
 
 class MeasuredMemory(NamedTuple):

@@ -10,7 +10,7 @@ from typing import Any
 from pipeswap.config_fields import ConfigError, require
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.hardware.topology import Topology
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.sim.engine import OutOfMemoryError
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult

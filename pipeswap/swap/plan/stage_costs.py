@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeswap.errors import PipeswapError
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.schedule.kinds import schedule_kind
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds

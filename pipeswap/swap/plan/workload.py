@@ -8,7 +8,7 @@ from functools import cached_property
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.swap.plan.measured import (
     MeasuredMemory,
     estimated_optimizer_step_s,

@@ -10,7 +10,7 @@ from torch import nn
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan, close_names
 from pipeswap.swap.plan.measured import measured_memory

@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from pipeswap.errors import PipeswapError
 from pipeswap.precision import uncached_casts
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.saved import SavedRecord
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.measured import measured_memory

@@ -11,7 +11,7 @@ from support import GB, toy_profile
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.presets import preset
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.swap.plan import GpuPlan
 from pipeswap.swap.plan.auto import local_search
 from pipeswap.swap.plan.finer import plan_finer, view

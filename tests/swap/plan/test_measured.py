@@ -7,7 +7,7 @@ import dataclasses
 
 from support import toy_layer, toy_profile_of
 
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 from pipeswap.step_memory import StepMemory
 from pipeswap.swap.plan.measured import (
     estimated_optimizer_step_s,

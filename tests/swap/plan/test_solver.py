@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support import toy_profile
 
-from pipeswap.profile import Profile
+from pipeswap.profiling.profile import Profile
 
 _BUILD = """
 import logging, sys

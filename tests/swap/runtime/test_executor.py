@@ -20,7 +20,7 @@ from user_models import DROPOUT_LAYERS, USER_LAYERS, DropoutNet, UserNet
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.models import build_model
-from pipeswap.profiling import measure
+from pipeswap.profiling.measure import measure
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.plan.planner import make_plan
 from pipeswap.swap.runtime.capture import capture_records

@@ -1,4 +1,4 @@
-"""Tests of the Profile contract (pipeswap.profile)."""
+"""Tests of the Profile contract (pipeswap.profiling.profile)."""
 
 import dataclasses
 import random
@@ -8,7 +8,7 @@ import pytest
 from support import toy_profile
 
 from pipeswap.errors import PipeswapError
-from pipeswap.profile import LayerProfile, Profile, SavedTensor
+from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor
 
 
 def _profile() -> Profile:
