@@ -37,7 +37,7 @@ from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
-from pipeswap.training.pipelined import run_pipeline
+from pipeswap.training.pipeline_parallel import run_pipeline
 from pipeswap.units import format_bytes
 
 RESULTS = RESULTS_DIR / "stage_swap.md"

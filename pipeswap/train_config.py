@@ -5,7 +5,7 @@ The run's own fields (model, batch shape, steps, seed, where it runs) sit at the
 components that own them (each declares, defaults and checks its fields once).
 ``pipeline`` says the mode: data parallelism with swapping (None, the default) or a
 pipeline; ``swap`` says how data parallelism swaps, and on a pipeline how its stages
-swap (None: they keep everything; pipeswap.training.stage_swapping). Checks that need two components (a weight mode
+swap (None: they keep everything; pipeswap.training.pipeline_stage_swaps). Checks that need two components (a weight mode
 and its optimizer, a memory cap and a profile) live here; checks that need the model
 (its layers, its default shapes) run when the run is resolved (pipeswap.training.resolve).
 """

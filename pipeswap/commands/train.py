@@ -34,7 +34,7 @@ _EXAMPLES = """examples:
 
 DATA_PARALLEL = "data-parallel"
 PIPELINE = "pipeline"
-# The swap settings a pipeline's stages take (pipeswap.training.stage_swapping).
+# The swap settings a pipeline's stages take (pipeswap.training.pipeline_stage_swaps).
 STAGE_SWAP_FIELDS = ("policy", "gpu_memory_bytes", "footprint_ratio")
 
 # The argument groups of --help, in order: (title, config class, its fields there or None).

@@ -39,9 +39,9 @@ class PipelineResult:
     prediction_error: tuple[dict[str, float | None], ...] | None
     timeline: tuple[TimedAction, ...] = ()
     evals: tuple[dict[str, float | int], ...] = ()  # every eval_every steps: {"step", **eval}
-    # The simulator's step for this run (pipeswap.training.pipelined), processes only.
+    # The simulator's step for this run (pipeswap.training.pipeline_parallel), processes only.
     predicted_step_s: float | None = None
-    # Stages that swap: the plan (pipeswap.training.stage_swapping) and, per rank in rank
+    # Stages that swap: the plan (pipeswap.training.pipeline_stage_swaps) and, per rank in rank
     # order, what its swapper measured.
     stage_swap: dict[str, Any] | None = None
     stage_memory: tuple[dict[str, Any] | None, ...] = ()

@@ -4,7 +4,7 @@ A pipeline stage holds the saved tensors of every unit in flight. A :class:`Stag
 (pipeswap.swap.runtime.unit_swapper.UnitSwapper) sees each unit's forward, each action's end and
 each unit's backward's end, and moves or recomputes tensors in between; the executor
 knows nothing of how. The training layer builds one per stage (``MemoryFactory``) from
-the run's swap settings (pipeswap.training.stage_swapping).
+the run's swap settings (pipeswap.training.pipeline_stage_swaps).
 """
 
 from __future__ import annotations

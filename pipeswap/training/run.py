@@ -15,8 +15,8 @@ from pipeswap.schedule.timetable import TimedAction
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import train_data_parallel
 from pipeswap.training.job import check_user_data
-from pipeswap.training.pipelined import report as pipeline_report
-from pipeswap.training.pipelined import run_pipeline
+from pipeswap.training.pipeline_parallel import report as pipeline_report
+from pipeswap.training.pipeline_parallel import run_pipeline
 from pipeswap.training.ranks import check_ranks
 from pipeswap.training.report import TrainReport
 

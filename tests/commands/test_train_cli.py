@@ -1,7 +1,7 @@
 """`pipeswap train`: one option table, one report for every mode, refusals that name the mode.
 
 Covers: pipeswap/commands/train.py, pipeswap/training/config.py, pipeswap/training/data_parallel.py,
-pipeswap/training/pipelined.py, pipeswap/training/report.py, pipeswap/training/run.py.
+pipeswap/training/pipeline_parallel.py, pipeswap/training/report.py, pipeswap/training/run.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`pipeswap train --pipeline K`: report keys, runtime == emulator, errors that name the fix.
 
-Covers: pipeswap/commands/train.py, pipeswap/training/pipelined.py.
+Covers: pipeswap/commands/train.py, pipeswap/training/pipeline_parallel.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the stage it is sent to, and the figures in the result and the report.
 
 Covers: pipeswap/pipeline/stage_meter.py (and its use in pipeswap/pipeline/emulator.py,
 pipeswap/pipeline/runtime.py and pipeswap/pipeline/result.py). Stages that swap, held to
-their budget by this meter: tests/training/test_stage_swapping.py.
+their budget by this meter: tests/training/test_pipeline_stage_swaps.py.
 """
 
 from __future__ import annotations

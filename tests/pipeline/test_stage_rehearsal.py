@@ -1,7 +1,7 @@
 """What each stage holds as it rehearses, read by the meter: on the CPU and on the meta device alike.
 
 Covers: pipeswap/pipeline/stage_rehearsal.py (and
-pipeswap.training.stage_swapping.measured_stage_costs, which counts it in a stage's plan).
+pipeswap.training.pipeline_stage_swaps.measured_stage_costs, which counts it in a stage's plan).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pipeswap.profiling.measure import measure
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.swap.plan.stage_costs import stage_costs
 from pipeswap.train_config import TrainConfig
-from pipeswap.training.stage_swapping import measured_stage_costs
+from pipeswap.training.pipeline_stage_swaps import measured_stage_costs
 
 
 def _config(**fields: object) -> TrainConfig:

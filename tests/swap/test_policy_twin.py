@@ -8,7 +8,7 @@ and behaves exactly as the policy it copies. A policy missing either half is ref
 naming the missing piece, never a KeyError.
 
 Covers: pipeswap/swap/swap_config.py (POLICY_KINDS), pipeswap/swap/plan/policy_table.py
-(policy_entry), the policy's stage moves in pipeswap/training/stage_swapping.py.
+(policy_entry), the policy's stage moves in pipeswap/training/pipeline_stage_swaps.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pipeswap.swap.plan.planner import PlanResult, make_case, make_plan, plan_ca
 from pipeswap.swap.plan.policy_table import POLICIES, policy_entry
 from pipeswap.swap.swap_config import POLICY_KINDS, PolicyKind, StageMoves, SwapConfig, policy_kind
 from pipeswap.train_config import TrainConfig
-from pipeswap.training.stage_swapping import micro_profile, plan_stage_swaps
+from pipeswap.training.pipeline_stage_swaps import micro_profile, plan_stage_swaps
 
 TWIN = "twin-policy"
 

@@ -1,6 +1,6 @@
 """`pipeswap train --profile`: a profile of another model, batch or shape is refused by name.
 
-Covers: pipeswap/training/data_parallel.py, pipeswap/training/pipelined.py.
+Covers: pipeswap/training/data_parallel.py, pipeswap/training/pipeline_parallel.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """torchrun across nodes: two torchrun launchers (node ranks 0 and 1, over loopback) train
 one replicated pipeline whose stages swap, bit for bit as its emulation.
 
-Covers: pipeswap/training/pipelined.py under a multi-node torchrun (world = stages x
+Covers: pipeswap/training/pipeline_parallel.py under a multi-node torchrun (world = stages x
 replicas across the nodes; local ranks restart at 0 on each node).
 """
 

@@ -27,7 +27,7 @@ class StageCosts:
     the schedule keeps on the stage at once.
 
     Measured on the stage itself
-    (:func:`pipeswap.training.stage_swapping.measured_stage_costs`), three more: what a unit
+    (:func:`pipeswap.training.pipeline_stage_swaps.measured_stage_costs`), three more: what a unit
     holds beyond its layers' saved tensors (``unit_extra_bytes``: its input, outputs),
     a backward's working set (``backward_transient_bytes``; None: ``transient_bytes``)
     and an update's (``update_transient_bytes``). ``weight_copy_bytes``: the weight

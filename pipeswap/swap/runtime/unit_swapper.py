@@ -4,7 +4,7 @@ A pipeline stage holds the saved tensors of every unit (micro-batch) whose forwa
 and whose backward has not: stage 0 of 1F1B holds K of them. The swapper applies one
 plan to every unit alike: the saved tensors of the ``swapped`` layers go to host memory
 when the unit's forward ends and come back when the caller prefetches the unit (the
-stage's own timeline says when: pipeswap.training.stage_swapping); the ``recomputed``
+stage's own timeline says when: pipeswap.training.pipeline_stage_swaps); the ``recomputed``
 layers run their forward again right before their backward, holding only their input.
 
 Saved tensors are named as the profiler names them (:mod:`pipeswap.swap.runtime.capture`),
