@@ -16,7 +16,10 @@ PROFILE_FORMAT = "pipeswap.profile/1"
 
 @dataclass(frozen=True)
 class SavedTensor:
-    """One tensor autograd keeps for a layer's backward (parameters excluded)."""
+    """One saved tensor of a layer as the profile keeps it: its saved index and its bytes.
+
+    A saved tensor is a storage autograd keeps for the layer's backward (parameters
+    excluded), named (layer, index) from the profiler through the plan to the executor."""
 
     index: int
     bytes: int

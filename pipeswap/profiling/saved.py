@@ -36,8 +36,10 @@ from pipeswap.models.base import LayeredModel
 
 
 @dataclass(frozen=True)
-class SavedRecord:
-    """One distinct storage autograd saves for ``layer``'s backward."""
+class CapturedSavedTensor:
+    """One saved tensor as a capture sees it: a distinct storage autograd saves for ``layer``'s
+    backward, with what the profile's :class:`~pipeswap.profiling.profile.SavedTensor` leaves
+    out (its layer's name, shape, dtype, and the earlier layers that saved it too)."""
 
     layer: str
     index: int
@@ -54,7 +56,7 @@ class _StorageSeen:
     # storage itself, or (``release``) a weak reference, which keeps the address taken
     # while the bytes are freed.
     storage: torch.UntypedStorage | StorageWeakRef | None
-    nbytes: int
+    bytes: int
     shape: tuple[int, ...]
     dtype: str
     savers: list[str]  # layers whose forward saved it, in order of first save
@@ -102,12 +104,12 @@ class SavedTensorCapture:
         self._order: dict[str, list[int]] = {name: [] for name in model.layer_names}
         self._packs: dict[str, list[int | None]] = {name: [] for name in model.layer_names}
         self._live_refs: dict[int, int] = {}
-        self._live_nbytes: dict[int, int] = {}
+        self._live_bytes: dict[int, int] = {}
         self.live_bytes = 0
         self.peak_live_bytes = 0
         self._handles: list[Any] = []
         self._hooks: Any = None
-        self._final: dict[str, list[SavedRecord]] | None = None
+        self._final: dict[str, list[CapturedSavedTensor]] | None = None
 
     # ---- hooks --------------------------------------------------------------------
     def _enter_layer(self, name: str) -> Any:
@@ -137,7 +139,7 @@ class SavedTensorCapture:
             seen.savers.append(self.layer)
             self._order[self.layer].append(key)
         self._packs[self.layer].append(key)
-        self._count_live(key, seen.nbytes)
+        self._count_live(key, seen.bytes)
         if self.release:
             return _RELEASED
         # Detached: a saved output keeps its grad_fn, whose node keeps what we return, a
@@ -160,7 +162,7 @@ class SavedTensorCapture:
         refs = self._live_refs.get(key, 0)
         self._live_refs[key] = refs + 1
         if refs == 0:
-            self._live_nbytes[key] = nbytes
+            self._live_bytes[key] = nbytes
             self.live_bytes += nbytes
             self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
 
@@ -168,7 +170,7 @@ class SavedTensorCapture:
         refs = self._live_refs[key] - 1
         self._live_refs[key] = refs
         if refs == 0:
-            self.live_bytes -= self._live_nbytes.pop(key)
+            self.live_bytes -= self._live_bytes.pop(key)
             del self._live_refs[key]
 
     def __enter__(self) -> SavedTensorCapture:
@@ -191,15 +193,15 @@ class SavedTensorCapture:
     def _owner(self, key: int) -> str:
         return self._seen[key].savers[-1]
 
-    def _build_records(self) -> dict[str, list[SavedRecord]]:
-        records: dict[str, list[SavedRecord]] = {}
+    def _build_records(self) -> dict[str, list[CapturedSavedTensor]]:
+        records: dict[str, list[CapturedSavedTensor]] = {}
         for layer, keys in self._order.items():
             owned = [key for key in keys if self._owner(key) == layer]
             records[layer] = [
-                SavedRecord(
+                CapturedSavedTensor(
                     layer=layer,
                     index=index,
-                    bytes=self._seen[key].nbytes,
+                    bytes=self._seen[key].bytes,
                     shape=self._seen[key].shape,
                     dtype=self._seen[key].dtype,
                     also_saved_by=tuple(self._seen[key].savers[:-1]),
@@ -208,7 +210,7 @@ class SavedTensorCapture:
             ]
         return records
 
-    def records(self) -> dict[str, list[SavedRecord]]:
+    def records(self) -> dict[str, list[CapturedSavedTensor]]:
         """Saved tensors per layer name (every layer present, in forward order)."""
         if self._final is None:
             raise RuntimeError("SavedTensorCapture.records() is available after the with-block")
@@ -231,7 +233,7 @@ class SavedTensorCapture:
 
 def capture_saved(
     model: LayeredModel, inputs: torch.Tensor, targets: torch.Tensor | None = None
-) -> dict[str, list[SavedRecord]]:
+) -> dict[str, list[CapturedSavedTensor]]:
     """Run one forward (and the loss, if ``targets``) and name the tensors saved per layer.
 
     Works on any device; on ``meta`` attention is run the way the CPU would run it (see

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from pipeswap.profiling.block_timing import BlockTiming
-from pipeswap.profiling.saved import SavedRecord
+from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.training.loop_profile import loop_profile
 
 
@@ -23,8 +23,8 @@ def test_parameters_outside_the_layers_count_with_the_first_and_the_batch_is_the
         ended=1.5,
     )
     records = {
-        "0": [SavedRecord("0", 0, 64, (4, 4), "float32")],
-        "1": [SavedRecord("1", 0, 64, (4, 4), "float32")],
+        "0": [CapturedSavedTensor("0", 0, 64, (4, 4), "float32")],
+        "1": [CapturedSavedTensor("1", 0, 64, (4, 4), "float32")],
     }
     profile = loop_profile(
         model,

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from pipeswap.hardware.topology import Topology
 from pipeswap.swap.plan.channels import representative_group
 from pipeswap.swap.plan.scoring import Assignment, Scored, score
-from pipeswap.swap.plan.tensors import TensorRef
+from pipeswap.swap.plan.tensors import SavedTensorAt
 from pipeswap.swap.plan.workload import Workload
 
 T = TypeVar("T")
@@ -79,11 +79,11 @@ def _assignment_key(assignment: Assignment, gpus: Sequence[str]) -> tuple[Any, .
     )
 
 
-def all_tensors(workload: Workload) -> list[TensorRef]:
+def all_tensors(workload: Workload) -> list[SavedTensorAt]:
     """Every saved tensor a plan could swap (empty ones cannot help; a recomputed layer
     has none), in forward order."""
     return [
-        TensorRef(layer, index, nbytes)
+        SavedTensorAt(layer, index, nbytes)
         for layer, tensors in enumerate(workload.swappable)
         for index, nbytes in tensors
         if nbytes > 0

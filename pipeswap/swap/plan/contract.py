@@ -20,7 +20,8 @@ READABLE_FORMATS = ("pipeswap.swapplan/1", SWAPPLAN_FORMAT)
 
 @dataclass(frozen=True)
 class SwapDecision:
-    """One saved tensor sent to host memory and brought back.
+    """The plan's swap decision about one saved tensor, by layer name (its JSON form): the
+    tensor goes to host memory and comes back.
 
     ``layer``/``index`` name the tensor as the profiler does (layer name, saved index).
     The swap-out is issued right after the forward of layer ``out_after`` (the owner or a

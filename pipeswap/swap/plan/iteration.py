@@ -8,7 +8,7 @@ from typing import NamedTuple
 from pipeswap.errors import PipeswapError
 from pipeswap.sim.builder import GraphBuilder
 from pipeswap.sim.graph import TaskGraph
-from pipeswap.swap.plan.tensors import Swap
+from pipeswap.swap.plan.tensors import SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload
 from pipeswap.swap.swap_config import DEFAULT_BUCKET_BYTES
 
@@ -53,7 +53,7 @@ def buckets_of(param_bytes: Sequence[int], bucket_bytes: int | None) -> list[Buc
 def build_iteration_graph(
     workload: Workload,
     gpus: Sequence[str],
-    swaps: Mapping[str, Sequence[Swap]] | None = None,
+    swaps: Mapping[str, Sequence[SwapDecisionAt]] | None = None,
     *,
     offsets_s: Mapping[str, float] | None = None,
     recompute: Mapping[str, Collection[int]] | None = None,
@@ -138,14 +138,14 @@ def _microbatch(
     workload: Workload,
     prefix: str,
     gpu: str,
-    plan: Sequence[Swap],
+    plan: Sequence[SwapDecisionAt],
     previous: str,
 ) -> tuple[str, list[str]]:
     n = workload.num_layers
     # One copy per tensor, as the executor issues them: at each point, later layers first,
     # then by saved index (the copy engines are FIFO, so this order is part of the plan).
-    outs: dict[int, list[Swap]] = {}
-    ins: dict[int, list[Swap]] = {}
+    outs: dict[int, list[SwapDecisionAt]] = {}
+    ins: dict[int, list[SwapDecisionAt]] = {}
     for s in sorted(plan, key=lambda s: (-s.layer, s.index)):
         outs.setdefault(s.out, []).append(s)
         ins.setdefault(s.prefetch, []).append(s)

@@ -20,7 +20,7 @@ from pipeswap.swap.plan.hybrid import hybrid
 from pipeswap.swap.plan.policies import SWAP_ONLY, fits, heuristic, with_prefetch
 from pipeswap.swap.plan.scoring import Assignment, Scored
 from pipeswap.swap.plan.solver import quiet_highs
-from pipeswap.swap.plan.tensors import SMALLEST_TENSOR_BYTES, Swap, TensorRef
+from pipeswap.swap.plan.tensors import SMALLEST_TENSOR_BYTES, SavedTensorAt, SwapDecisionAt
 
 GB = 1e9  # the model counts bytes in GB and time in seconds, so coefficients stay near 1
 
@@ -30,7 +30,7 @@ class GroupSolution:
     """The MIP's answer for one channel group: a tensor set per member, the layers every
     member recomputes, and its numbers."""
 
-    choice: list[list[TensorRef]]
+    choice: list[list[SavedTensorAt]]
     stall_s: float  # predicted stall per micro-batch
     mip_gap: float
     status: str
@@ -54,7 +54,7 @@ def _group_key(case: Case, group: Sequence[str]) -> tuple[Any, ...]:
 def solve_group(
     case: Case,
     group: Sequence[str],
-    warm: Sequence[Sequence[TensorRef]] | None,
+    warm: Sequence[Sequence[SavedTensorAt]] | None,
     *,
     time_limit_s: float,
     warm_recompute: frozenset[int] = frozenset(),
@@ -213,7 +213,7 @@ def solve_group(
             len(members) * len(candidates),
         )
     solved = h.vals([v for row in x for v in row])
-    choice: list[list[TensorRef]] = []
+    choice: list[list[SavedTensorAt]] = []
     for m in range(len(members)):
         row = solved[m * len(candidates) : (m + 1) * len(candidates)]
         choice.append([t for t, v in zip(candidates, row) if v > 0.5])
@@ -242,8 +242,8 @@ def _points(workload: Any) -> list[int]:
     return points
 
 
-def _fits(case: Case, tensors: Sequence[TensorRef], recompute: frozenset[int]) -> bool:
-    latest = [Swap.latest(t) for t in tensors]
+def _fits(case: Case, tensors: Sequence[SavedTensorAt], recompute: frozenset[int]) -> bool:
+    latest = [SwapDecisionAt.latest(t) for t in tensors]
     return case.workload.recomputing(recompute).fits(latest, case.budget_bytes)
 
 
@@ -277,7 +277,7 @@ def _plan_mip(case: Case, time_limit_s: float) -> MipOutcome:
     warm = heuristics[warm_name]
     groups = channel_groups(case.topology, case.gpus)
     solved: dict[tuple[Any, ...], GroupSolution] = {}
-    choice: dict[str, list[TensorRef]] = {}
+    choice: dict[str, list[SavedTensorAt]] = {}
     recompute: dict[str, frozenset[int]] = {}
     stalls: list[float] = []
     gaps: list[float] = []

@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pipeswap.swap.plan.case import Case, all_tensors
-from pipeswap.swap.plan.tensors import SMALLEST_TENSOR_BYTES, Swap, TensorRef
+from pipeswap.swap.plan.tensors import SMALLEST_TENSOR_BYTES, SavedTensorAt, SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload
 
 # A plan in search form: per member its swaps, its start offset and its recomputed layers.
-Swaps = dict[str, tuple[Swap, ...]]
+Swaps = dict[str, tuple[SwapDecisionAt, ...]]
 Offsets = dict[str, float]
 Recomputes = dict[str, frozenset[int]]
 State = tuple[Swaps, Offsets, Recomputes]
@@ -19,7 +19,7 @@ State = tuple[Swaps, Offsets, Recomputes]
 OFFSET_FACTORS = (0.8, 0.9, 0.95, 0.98, 1.02, 1.05, 1.1, 1.25)
 
 
-def ordered(swaps: Iterable[Swap]) -> tuple[Swap, ...]:
+def ordered(swaps: Iterable[SwapDecisionAt]) -> tuple[SwapDecisionAt, ...]:
     return tuple(sorted(swaps, key=lambda s: (s.layer, s.index)))
 
 
@@ -87,7 +87,7 @@ class Moves:
             if not view.fits(plan, self.budget):
                 return None
             return {**swaps, gpu: plan}, offsets, {**recompute, gpu: layers}
-        moved: dict[str, list[Swap]] | None = kind(gpu, swaps)
+        moved: dict[str, list[SwapDecisionAt]] | None = kind(gpu, swaps)
         if not moved:
             return None
         changed = {g: ordered(plan) for g, plan in moved.items()}
@@ -98,7 +98,9 @@ class Moves:
             return None
         return {**swaps, **changed}, offsets, recompute
 
-    def _recompute(self, gpu: str, swaps: Swaps) -> tuple[frozenset[int], tuple[Swap, ...]] | None:
+    def _recompute(
+        self, gpu: str, swaps: Swaps
+    ) -> tuple[frozenset[int], tuple[SwapDecisionAt, ...]] | None:
         if not self.layers:
             return None
         layer = self.rng.choice(self.layers)
@@ -107,14 +109,14 @@ class Moves:
             return current - {layer}, swaps[gpu]
         return current | {layer}, tuple(s for s in swaps[gpu] if s.layer != layer)
 
-    def _pick(self, swaps: Swaps, gpu: str) -> tuple[Swap, list[Swap]] | None:
+    def _pick(self, swaps: Swaps, gpu: str) -> tuple[SwapDecisionAt, list[SwapDecisionAt]] | None:
         plan = list(swaps[gpu])
         if not plan:
             return None
         k = self.rng.randrange(len(plan))
         return plan[k], plan[:k] + plan[k + 1 :]
 
-    def _shift_out(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+    def _shift_out(self, gpu: str, swaps: Swaps) -> dict[str, list[SwapDecisionAt]] | None:
         picked = self._pick(swaps, gpu)
         if picked is None:
             return None
@@ -122,9 +124,9 @@ class Moves:
         out = s.out + self.rng.choice((-2, -1, 1, 2))
         if not s.layer <= out < self.n:
             return None
-        return {gpu: [*rest, Swap(s.layer, s.index, s.bytes, out, s.prefetch)]}
+        return {gpu: [*rest, SwapDecisionAt(s.layer, s.index, s.bytes, out, s.prefetch)]}
 
-    def _shift_prefetch(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+    def _shift_prefetch(self, gpu: str, swaps: Swaps) -> dict[str, list[SwapDecisionAt]] | None:
         picked = self._pick(swaps, gpu)
         if picked is None:
             return None
@@ -132,13 +134,13 @@ class Moves:
         point = s.prefetch + self.rng.choice((-2, -1, 1, 2))
         if not s.layer < point <= self.n:
             return None
-        return {gpu: [*rest, Swap(s.layer, s.index, s.bytes, s.out, point)]}
+        return {gpu: [*rest, SwapDecisionAt(s.layer, s.index, s.bytes, s.out, point)]}
 
-    def _drop(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+    def _drop(self, gpu: str, swaps: Swaps) -> dict[str, list[SwapDecisionAt]] | None:
         picked = self._pick(swaps, gpu)
         return None if picked is None else {gpu: picked[1]}
 
-    def _unswapped(self, swaps: Swaps, gpu: str, near: int | None = None) -> list[TensorRef]:
+    def _unswapped(self, swaps: Swaps, gpu: str, near: int | None = None) -> list[SavedTensorAt]:
         taken = {(s.layer, s.index) for s in swaps[gpu]}
         recomputed = self.view(gpu).recompute
         return [
@@ -149,15 +151,15 @@ class Moves:
             and (near is None or abs(t.layer - near) <= 2)
         ]
 
-    def _add(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+    def _add(self, gpu: str, swaps: Swaps) -> dict[str, list[SwapDecisionAt]] | None:
         free = self._unswapped(swaps, gpu)
         if not free:
             return None
         layer, index, nbytes = self.rng.choice(free)
         point = self.rng.choice((layer + 1, self.n))
-        return {gpu: [*swaps[gpu], Swap(layer, index, nbytes, layer, point)]}
+        return {gpu: [*swaps[gpu], SwapDecisionAt(layer, index, nbytes, layer, point)]}
 
-    def _replace(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+    def _replace(self, gpu: str, swaps: Swaps) -> dict[str, list[SwapDecisionAt]] | None:
         picked = self._pick(swaps, gpu)
         if picked is None:
             return None
@@ -174,13 +176,13 @@ class Moves:
             return {
                 gpu: [
                     *rest,
-                    Swap(layer, index, nbytes, s.out, point),
-                    Swap(s.layer, s.index, s.bytes, later, s.prefetch),
+                    SwapDecisionAt(layer, index, nbytes, s.out, point),
+                    SwapDecisionAt(s.layer, s.index, s.bytes, later, s.prefetch),
                 ]
             }
-        return {gpu: [*rest, Swap(layer, index, nbytes, layer, point)]}
+        return {gpu: [*rest, SwapDecisionAt(layer, index, nbytes, layer, point)]}
 
-    def _exchange(self, gpu: str, swaps: Swaps) -> dict[str, list[Swap]] | None:
+    def _exchange(self, gpu: str, swaps: Swaps) -> dict[str, list[SwapDecisionAt]] | None:
         others = [g for g in self.members if g != gpu]
         if not others:
             return None

@@ -9,7 +9,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.swap.plan.case import Case, all_tensors
 from pipeswap.swap.plan.channels import channel_groups, path_bytes_per_s
 from pipeswap.swap.plan.scoring import Assignment
-from pipeswap.swap.plan.tensors import Swap, TensorRef
+from pipeswap.swap.plan.tensors import SavedTensorAt, SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload
 
 
@@ -61,29 +61,29 @@ class Coverage:
 
 
 def with_prefetch(
-    workload: Workload, chosen: Sequence[TensorRef], budget_bytes: int
-) -> tuple[Swap, ...]:
+    workload: Workload, chosen: Sequence[SavedTensorAt], budget_bytes: int
+) -> tuple[SwapDecisionAt, ...]:
     """Swaps issued right after their forward, prefetched as early as memory allows.
 
     Tensors needed first claim memory first; each prefetch moves earlier one backward
     step at a time while every backward point it would overlap stays within budget.
     """
     n = workload.num_layers
-    latest = [Swap.latest(t) for t in chosen]
+    latest = [SwapDecisionAt.latest(t) for t in chosen]
     _, backward = workload.memory_points(latest)
     if max(backward, default=0) > budget_bytes:
         raise PipeswapError("internal: chosen swaps do not fit the budget")  # pragma: no cover
-    swaps: list[Swap] = []
+    swaps: list[SwapDecisionAt] = []
     for s in sorted(latest, key=lambda s: (-s.layer, -s.bytes, s.index)):
         point = s.layer + 1
         while point < n and backward[point] + s.bytes <= budget_bytes:
             backward[point] += s.bytes
             point += 1
-        swaps.append(Swap(s.layer, s.index, s.bytes, s.layer, point))
+        swaps.append(SwapDecisionAt(s.layer, s.index, s.bytes, s.layer, point))
     return tuple(sorted(swaps, key=lambda s: (s.layer, s.index)))
 
 
-def _fill(coverage: Coverage, order: Sequence[TensorRef], chosen: list[TensorRef]) -> None:
+def _fill(coverage: Coverage, order: Sequence[SavedTensorAt], chosen: list[SavedTensorAt]) -> None:
     for tensor in order:
         if coverage.met:
             return
@@ -110,19 +110,21 @@ def plan_oblivious(case: Case) -> Assignment:
     forward_end, backward_start = timeline(workload)
     by_size = sorted(all_tensors(workload), key=lambda t: (-t.bytes, t.layer, t.index))
 
-    def hidden(t: TensorRef) -> bool:
+    def hidden(t: SavedTensorAt) -> bool:
         return backward_start[t.layer] - forward_end[t.layer] >= 2 * t.bytes / bandwidth
 
     order = [t for t in by_size if hidden(t)] + [t for t in by_size if not hidden(t)]
     coverage = Coverage(workload.needs(case.budget_bytes))
-    chosen: list[TensorRef] = []
+    chosen: list[SavedTensorAt] = []
     _fill(coverage, order, chosen)
     swaps = with_prefetch(workload, chosen, case.budget_bytes)
     return Assignment({gpu: swaps for gpu in case.gpus})
 
 
-def disjoint_choice(workload: Workload, members: int, budget_bytes: int) -> list[list[TensorRef]]:
-    """TensorRef sets for ``members`` GPUs sharing a channel, disjoint where possible.
+def disjoint_choice(
+    workload: Workload, members: int, budget_bytes: int
+) -> list[list[SavedTensorAt]]:
+    """SavedTensorAt sets for ``members`` GPUs sharing a channel, disjoint where possible.
 
     The tensors produced before memory first gets tight are dealt out one at a time, in
     forward order (longest forward-to-backward distance first), to the member furthest
@@ -134,7 +136,7 @@ def disjoint_choice(workload: Workload, members: int, budget_bytes: int) -> list
     first_tight = next((i for i, need in enumerate(needs) if need > 0), len(needs))
     order = sorted(all_tensors(workload), key=lambda t: (t.layer, -t.bytes, t.index))
     coverages = [Coverage(needs) for _ in range(members)]
-    chosen: list[list[TensorRef]] = [[] for _ in range(members)]
+    chosen: list[list[SavedTensorAt]] = [[] for _ in range(members)]
     for tensor in order:
         if tensor.layer >= first_tight:
             break
@@ -155,7 +157,7 @@ def plan_disjoint(case: Case, recompute: Collection[int] = ()) -> Assignment:
     ``recompute``: layers every GPU recomputes; the swaps cover what they leave to free.
     """
     workload = case.workload.recomputing(recompute)
-    swaps: dict[str, tuple[Swap, ...]] = {}
+    swaps: dict[str, tuple[SwapDecisionAt, ...]] = {}
     for group in channel_groups(case.topology, case.gpus):
         choice = disjoint_choice(workload, len(group), case.budget_bytes)
         for gpu, tensors in zip(group, choice):
@@ -189,7 +191,7 @@ def plan_bidirectional(case: Case, recompute: Collection[int] = ()) -> Assignmen
     """
     workload = case.workload.recomputing(recompute)
     layers = _everywhere(case, recompute)
-    swaps: dict[str, tuple[Swap, ...]] = {}
+    swaps: dict[str, tuple[SwapDecisionAt, ...]] = {}
     late: list[str] = []
     for group in channel_groups(case.topology, case.gpus):
         phases = [group[0::2], group[1::2]]
@@ -213,7 +215,7 @@ def late_members(case: Case) -> list[str]:
 
 def with_best_offset(
     case: Case,
-    swaps: Mapping[str, tuple[Swap, ...]],
+    swaps: Mapping[str, tuple[SwapDecisionAt, ...]],
     late: Sequence[str],
     recompute: Mapping[str, frozenset[int]] | None = None,
 ) -> Assignment:
@@ -263,7 +265,7 @@ def plan_save_on_cpu(case: Case) -> Assignment:
     after the next layer's backward, so the backward waits for the whole copy); no GPU
     coordinates with another, no offsets. Copies are asynchronous here, which favours the
     baseline: torch's pack hook copies on the compute stream."""
-    swaps = tuple(Swap.latest(t) for t in all_tensors(case.workload))
+    swaps = tuple(SwapDecisionAt.latest(t) for t in all_tensors(case.workload))
     return Assignment({gpu: swaps for gpu in case.gpus})
 
 

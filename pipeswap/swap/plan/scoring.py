@@ -10,7 +10,7 @@ from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.swap.plan.iteration import build_iteration_graph
-from pipeswap.swap.plan.tensors import Swap
+from pipeswap.swap.plan.tensors import SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload
 
 
@@ -20,7 +20,7 @@ class Assignment:
     it recomputes (none by default); ``selective``: the recomputed layers that are
     recomputed selectively (the same on every GPU)."""
 
-    swaps: Mapping[str, tuple[Swap, ...]]
+    swaps: Mapping[str, tuple[SwapDecisionAt, ...]]
     offsets_s: Mapping[str, float] = field(default_factory=dict)
     recompute: Mapping[str, frozenset[int]] = field(default_factory=dict)
     selective: frozenset[int] = frozenset()

@@ -1,7 +1,10 @@
-"""One saved tensor in index form and in name form, and the one conversion between them.
+"""One saved tensor and the swap decision about it, by layer position and by layer name.
 
-Planning counts layers by position (:class:`TensorRef`, :class:`Swap`); plans and the
-executor name them (:class:`~pipeswap.swap.plan.contract.SwapDecision`, ``SavedKey``).
+A *saved tensor* is named (layer, index) everywhere and its size is ``bytes``. Planning
+counts layers by their position in forward order: the ``...At`` types
+(:class:`SavedTensorAt`, :class:`SwapDecisionAt`). Plans and the executor name layers:
+``SavedKey`` (layer name, index) and :class:`~pipeswap.swap.plan.contract.SwapDecision`.
+:meth:`SwapDecisionAt.decision` and :meth:`SwapDecisionAt.of_decision` convert between them.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from pipeswap.swap.plan.contract import SwapDecision
 SMALLEST_TENSOR_BYTES = 2**20
 
 
-class TensorRef(NamedTuple):
-    """A saved tensor in index form: its layer's position, its saved index, its bytes."""
+class SavedTensorAt(NamedTuple):
+    """A saved tensor by its layer's position in forward order: position, saved index, bytes."""
 
     layer: int
     # The profiler's name; it shadows tuple.index, which nothing here calls.
@@ -31,8 +34,8 @@ SavedKey = tuple[str, int]
 
 
 @dataclass(frozen=True)
-class Swap:
-    """A swap in index form: layer ``layer``'s saved tensor ``index``.
+class SwapDecisionAt:
+    """A swap decision by layer position: layer ``layer``'s saved tensor ``index``.
 
     The swap-out is issued after forward ``out`` (>= layer); the prefetch after backward
     ``prefetch`` (in layer+1 .. L-1), or at the turn when ``prefetch == L``.
@@ -45,11 +48,11 @@ class Swap:
     prefetch: int
 
     @property
-    def tensor(self) -> TensorRef:
-        return TensorRef(self.layer, self.index, self.bytes)
+    def tensor(self) -> SavedTensorAt:
+        return SavedTensorAt(self.layer, self.index, self.bytes)
 
     @classmethod
-    def latest(cls, tensor: TensorRef) -> Swap:
+    def latest(cls, tensor: SavedTensorAt) -> SwapDecisionAt:
         """``tensor`` out right after its layer's forward, back right after the next
         layer's backward: the latest prefetch that is still issued before it is needed."""
         return cls(tensor.layer, tensor.index, tensor.bytes, tensor.layer, tensor.layer + 1)
@@ -65,7 +68,7 @@ class Swap:
         )
 
     @classmethod
-    def of_decision(cls, decision: SwapDecision, position: Mapping[str, int]) -> Swap:
+    def of_decision(cls, decision: SwapDecision, position: Mapping[str, int]) -> SwapDecisionAt:
         """A decision in index form (``position``: layer name -> its place in forward order);
         a prefetch at the turn is the position after the last layer."""
         turn = len(position)

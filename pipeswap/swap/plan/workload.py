@@ -16,7 +16,7 @@ from pipeswap.swap.plan.measured import (
     recomputed_inputs,
     selective_fields,
 )
-from pipeswap.swap.plan.tensors import Swap
+from pipeswap.swap.plan.tensors import SwapDecisionAt
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ class Workload:
         """
         return [max(0, self.resident_bytes + point - budget_bytes) for point in self._points()]
 
-    def memory_points(self, swaps: Sequence[Swap]) -> tuple[list[int], list[int]]:
+    def memory_points(self, swaps: Sequence[SwapDecisionAt]) -> tuple[list[int], list[int]]:
         """Worst-case memory while each forward and each backward runs, per layer.
 
         Counts a swapped tensor as gone once its swap-out was issued before the forward
@@ -304,7 +304,7 @@ class Workload:
             )
         return forward, backward
 
-    def fits(self, swaps: Sequence[Swap], budget_bytes: int) -> bool:
+    def fits(self, swaps: Sequence[SwapDecisionAt], budget_bytes: int) -> bool:
         forward, backward = self.memory_points(swaps)
         return max(max(forward), max(backward), self.floor_bytes) <= budget_bytes
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.state import untouched
-from pipeswap.profiling.saved import SavedRecord, SavedTensorCapture, storage_key
+from pipeswap.profiling.saved import CapturedSavedTensor, SavedTensorCapture, storage_key
 from pipeswap.swap.plan import close_names
 from pipeswap.swap.plan.tensors import SavedKey
 
@@ -66,7 +66,7 @@ def capture_records(
     model: nn.Module,
     forward_loss: Callable[[], torch.Tensor],
     layers: Sequence[str] | None = None,
-) -> tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]]:
+) -> tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]:
     """Run ``forward_loss`` once (no backward) and name the tensors it saves per layer.
 
     Returns the profiler's records and, per layer, the name each pack call saved (None for
@@ -129,7 +129,7 @@ def capture_inner(
     forward_loss: Callable[[], torch.Tensor],
     layers: Sequence[str] | None,
     inner: InnerSaves,
-) -> tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]]:
+) -> tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]:
     """:func:`capture_records`, also noting in ``inner`` what recomputed layers save."""
     capture = _capture(model, forward_loss, layers, inner)
     return capture.records(), capture.pack_calls()
@@ -173,8 +173,8 @@ class StepNames(NamedTuple):
 
 
 def step_names(
-    plain: tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]],
-    recomputing: tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]],
+    plain: tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]],
+    recomputing: tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]],
     recompute: Sequence[str],
 ) -> StepNames:
     """Name the pack calls of a step with recomputed layers as the plan (the profiler)

@@ -11,10 +11,10 @@ from torch import nn
 from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.profiling.profile import Profile
-from pipeswap.profiling.saved import SavedRecord
+from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan, close_names
 from pipeswap.swap.plan.measured import measured_memory
-from pipeswap.swap.plan.tensors import SavedKey, Swap
+from pipeswap.swap.plan.tensors import SavedKey, SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload
 
 # How far this run's own sizes may put a plan over its budget before it is refused.
@@ -24,7 +24,7 @@ PLAN_SLACK = 0.01
 def check_budget(
     gpu_plan: GpuPlan,
     decisions: dict[SavedKey, SwapDecision],
-    records: dict[str, list[SavedRecord]],
+    records: dict[str, list[CapturedSavedTensor]],
     names: list[str],
     *,
     resident_bytes: int,
@@ -68,7 +68,7 @@ def check_budget(
         turn_bytes=turn_bytes,
     )
     position = {name: i for i, name in enumerate(names)}
-    swaps = [Swap.of_decision(d, position) for d in decisions.values()]
+    swaps = [SwapDecisionAt.of_decision(d, position) for d in decisions.values()]
     forward, backward = workload.memory_points(swaps)
     needed = max(max(forward), max(backward), floor_bytes)
     budget = gpu_plan.budget_bytes
@@ -96,7 +96,7 @@ def check_budget(
 def step_budget(
     gpu_plan: GpuPlan,
     decisions: dict[SavedKey, SwapDecision],
-    records: dict[str, list[SavedRecord]],
+    records: dict[str, list[CapturedSavedTensor]],
     names: list[str],
     *,
     profile: Profile | None,
@@ -243,7 +243,7 @@ def checked_recompute(gpu_plan: GpuPlan, layers: dict[str, nn.Module]) -> list[s
 
 
 def check_records(
-    decisions: dict[SavedKey, SwapDecision], records: dict[str, list[SavedRecord]]
+    decisions: dict[SavedKey, SwapDecision], records: dict[str, list[CapturedSavedTensor]]
 ) -> None:
     """Refuse a plan whose tensors this run does not save, or saves at another size."""
     for (layer, index), decision in decisions.items():

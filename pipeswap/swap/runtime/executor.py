@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_flatten
 from pipeswap.errors import PipeswapError
 from pipeswap.precision import uncached_casts
 from pipeswap.profiling.profile import Profile
-from pipeswap.profiling.saved import SavedRecord
+from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.measured import measured_memory
 from pipeswap.swap.plan.workload import workload_from_profile
@@ -127,7 +127,7 @@ class SwapExecutor:
         self._outs_after, self._outs_at_turn, self._prefetch_after, self._prefetch_at_turn = points
         self._previous_layer = dict(zip(self.layer_names[1:], self.layer_names))
         self._ended: set[str] = set()
-        self.records: dict[str, list[SavedRecord]] | None = None
+        self.records: dict[str, list[CapturedSavedTensor]] | None = None
         # The most bytes a step needs by the plan's memory model (resident state, saved
         # tensors, working sets), as prepare checked it against the budget.
         self.needed_bytes: int | None = None

@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import checkpoint
 
 from pipeswap.precision import uncached_casts
-from pipeswap.profiling.saved import SavedRecord
+from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.capture import InnerSaves, capture_inner, capture_records, step_names
 from pipeswap.swap.runtime.selective import (
@@ -40,7 +40,7 @@ from pipeswap.swap.runtime.selective import (
 )
 from pipeswap.swap.runtime.transfer import DeviceLedger
 
-Capture = tuple[dict[str, list[SavedRecord]], dict[str, list[SavedKey | None]]]
+Capture = tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]
 
 
 class Recomputation:
@@ -232,7 +232,7 @@ class RecomputeSizes(NamedTuple):
     """What each layer saves (named as plans name it), and per layer what recomputing it
     keeps through the step and what its re-run saves again, whole and selectively."""
 
-    records: dict[str, list[SavedRecord]]
+    records: dict[str, list[CapturedSavedTensor]]
     kept: dict[str, int]
     rerun: dict[str, int]
     choices: dict[str, SelectiveChoice]

@@ -29,7 +29,7 @@ from pipeswap.swap.runtime.transfer import (
     ON_DEVICE,
     DeviceLedger,
     HeldTensor,
-    SavedEntry,
+    SavedTensorState,
     SwappedHandle,
     SwapTransfer,
     bytes_of_storage,
@@ -61,7 +61,7 @@ class StepTensors:
         self.sizes: dict[SavedKey, int] = {}
         self.layer: str | None = None  # the layer whose forward is running
         self._calls: dict[str, int] = {}
-        self._entries: dict[SavedKey, SavedEntry] = {}
+        self._entries: dict[SavedKey, SavedTensorState] = {}
         self.swapped = self.prefetched = self.late = 0
         self.late_total = self.swapped_total = 0
 
@@ -103,7 +103,7 @@ class StepTensors:
         self.unmatched += 1
         return tensor
 
-    def _new_entry(self, key: SavedKey, tensor: torch.Tensor) -> SavedEntry | None:
+    def _new_entry(self, key: SavedKey, tensor: torch.Tensor) -> SavedTensorState | None:
         if key in self.decisions:
             storage = bytes_of_storage(tensor)
             planned = self.decisions[key].bytes
@@ -117,11 +117,11 @@ class StepTensors:
             # Without strict, a smaller call the plan covers (pipeswap.training.loop_shapes)
             # swaps a smaller tensor into the front of its slot.
             pool_key = key if self.slot is None else (self.slot, *key)
-            entry = SavedEntry(pool_key, storage.numel(), True, storage)
+            entry = SavedTensorState(pool_key, storage.numel(), True, storage)
         else:
-            entry = SavedEntry(key, self.sizes[key], False, None)
+            entry = SavedTensorState(key, self.sizes[key], False, None)
         self._entries[key] = entry
-        self.ledger.grow(entry.nbytes)
+        self.ledger.grow(entry.bytes)
         return entry
 
     def unpack(self, handle: Any) -> torch.Tensor:
@@ -133,7 +133,7 @@ class StepTensors:
         if self.transfer.ready(entry):
             self.late_total += 1
             self.late += 1
-            self.prefetched += entry.nbytes
+            self.prefetched += entry.bytes
         assert entry.device is not None
         rebuilt = torch.empty(0, dtype=handle.dtype, device=entry.device.device)
         # The bytes start where entry.device does in its storage (a host slot on the CPU).
@@ -153,8 +153,8 @@ class StepTensors:
                 "must see the same forward as the steps"
             )
         self.transfer.swap_out(entry)
-        self.swapped_total += entry.nbytes
-        self.swapped += entry.nbytes
+        self.swapped_total += entry.bytes
+        self.swapped += entry.bytes
 
     def holds_one_of(self, key: SavedKey, pointers: set[int]) -> bool:
         """Whether ``key``'s storage (on the device) is one of those at ``pointers``."""
@@ -172,10 +172,10 @@ class StepTensors:
     def prefetch(self, key: SavedKey) -> None:
         entry = self._entries.get(key)
         if entry is not None and self.transfer.prefetch(entry):
-            self.prefetched += entry.nbytes
+            self.prefetched += entry.bytes
 
 
-def _holds(entry: SavedEntry, tensor: torch.Tensor) -> bool:
+def _holds(entry: SavedTensorState, tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is a view of the storage ``entry`` still holds on the device (a
     kept entry holds no storage of its own: any tensor under its name stays as it is)."""
     if not entry.swapped:

@@ -42,19 +42,19 @@ from pipeswap.swap.runtime.pool import HostPool
 ON_DEVICE, COPYING_OUT, ON_HOST, FETCHING, BACK, GONE = range(6)
 
 
-class SavedEntry:
-    """One saved storage during one step."""
+class SavedTensorState:
+    """Where one saved tensor (its whole storage) is during one step, and who still holds it."""
 
-    __slots__ = ("key", "nbytes", "swapped", "state", "device", "event", "refs")
+    __slots__ = ("key", "bytes", "swapped", "state", "device", "event", "refs")
 
     def __init__(
-        self, key: Hashable, nbytes: int, swapped: bool, device: torch.Tensor | None
+        self, key: Hashable, bytes: int, swapped: bool, device: torch.Tensor | None
     ) -> None:
         self.key = key
-        self.nbytes = nbytes
+        self.bytes = bytes
         self.swapped = swapped
         self.state = ON_DEVICE
-        self.device: torch.Tensor | None = device  # [nbytes] uint8 over the whole storage
+        self.device: torch.Tensor | None = device  # [bytes] uint8 over the whole storage
         self.event: AnyEvent | None = None  # the copy that last read or wrote ``device``
         self.refs = 0
 
@@ -86,7 +86,9 @@ class HeldTensor:
 
     __slots__ = ("transfer", "entry", "tensor")
 
-    def __init__(self, transfer: SwapTransfer, entry: SavedEntry, tensor: torch.Tensor) -> None:
+    def __init__(
+        self, transfer: SwapTransfer, entry: SavedTensorState, tensor: torch.Tensor
+    ) -> None:
         self.transfer = transfer
         self.entry = entry
         # Detached: a saved output's grad_fn would keep this holder alive through C++, a
@@ -106,7 +108,9 @@ class SwappedHandle:
 
     __slots__ = ("transfer", "entry", "dtype", "offset", "size", "stride")
 
-    def __init__(self, transfer: SwapTransfer, entry: SavedEntry, tensor: torch.Tensor) -> None:
+    def __init__(
+        self, transfer: SwapTransfer, entry: SavedTensorState, tensor: torch.Tensor
+    ) -> None:
         self.transfer = transfer
         self.entry = entry
         entry.refs += 1
@@ -141,27 +145,27 @@ class SwapTransfer:
         self.ledger = ledger
         self.out_stream: AnyStream = new_stream(device)
         self.in_stream: AnyStream = new_stream(device)
-        self._pending_out: deque[SavedEntry] = deque()
+        self._pending_out: deque[SavedTensorState] = deque()
         # Per slot, the event of the prefetch that last read it, until a swap-out into that
         # slot has been ordered after it.
         self._slot_readers: dict[Hashable, AnyEvent] = {}
 
-    def swap_out(self, entry: SavedEntry) -> None:
+    def swap_out(self, entry: SavedTensorState) -> None:
         """Start copying ``entry`` (on the device) into its host slot."""
         assert entry.state == ON_DEVICE and entry.device is not None
         out = self.out_stream
         if not is_cuda(out):  # the CPU: the copy is done when the call returns
-            _copy(self.pool.slot(entry.key, entry.nbytes), entry.device, non_blocking=False)
+            _copy(self.pool.slot(entry.key, entry.bytes), entry.device, non_blocking=False)
             entry.device = None
             entry.state = ON_HOST
-            self.ledger.shrink(entry.nbytes)
+            self.ledger.shrink(entry.bytes)
             return
         wait_stream(out, current_stream(self.device))  # the producer must have finished
         reader = self._slot_readers.pop(entry.key, None)
         if reader is not None:
             wait_event(out, reader)  # the last prefetch from this slot must have read it
         with use_stream(out):
-            _copy(self.pool.slot(entry.key, entry.nbytes), entry.device, non_blocking=True)
+            _copy(self.pool.slot(entry.key, entry.bytes), entry.device, non_blocking=True)
         entry.event = record_event(out)
         entry.state = COPYING_OUT
         self._pending_out.append(entry)
@@ -178,7 +182,7 @@ class SwapTransfer:
                 entry.device = None
                 entry.event = None
                 entry.state = ON_HOST
-                self.ledger.shrink(entry.nbytes)
+                self.ledger.shrink(entry.bytes)
             pending.popleft()
 
     def make_room(self, over_budget: Callable[[], bool]) -> None:
@@ -192,7 +196,7 @@ class SwapTransfer:
                 entry.event.synchronize()
             self.poll()
 
-    def prefetch(self, entry: SavedEntry) -> bool:
+    def prefetch(self, entry: SavedTensorState) -> bool:
         """Start bringing ``entry`` back ahead of its use; True when a copy was issued."""
         if entry.state == COPYING_OUT:
             self.poll()
@@ -204,7 +208,7 @@ class SwapTransfer:
             return True
         return False
 
-    def ready(self, entry: SavedEntry) -> bool:
+    def ready(self, entry: SavedTensorState) -> bool:
         """Make ``entry``'s device bytes safe for the compute stream to read from now on.
 
         True when the bytes were still on the host and had to be fetched there and then.
@@ -220,9 +224,9 @@ class SwapTransfer:
             entry.state = BACK  # still on the device: keep it, forget the release
         return False
 
-    def _fetch(self, entry: SavedEntry, *, late: bool) -> None:
-        self.ledger.grow(entry.nbytes)
-        slot = self.pool.slot(entry.key, entry.nbytes)
+    def _fetch(self, entry: SavedTensorState, *, late: bool) -> None:
+        self.ledger.grow(entry.bytes)
+        slot = self.pool.slot(entry.key, entry.bytes)
         if not is_cuda(self.in_stream):
             # Host and "device" memory are one: the backward reads the slot itself, as
             # save_on_cpu does on the CPU (the slot is written again only by the next step's
@@ -232,7 +236,7 @@ class SwapTransfer:
             return
         compute = current_stream(self.device)
         # Allocated on the compute stream, which will read and free it.
-        device = torch.empty(entry.nbytes, dtype=torch.uint8, device=self.device)
+        device = torch.empty(entry.bytes, dtype=torch.uint8, device=self.device)
         if late:
             # Synchronous: PyTorch waits for a blocking host-to-device copy to finish.
             _copy(device, slot, non_blocking=False)
@@ -246,14 +250,14 @@ class SwapTransfer:
             entry.state = FETCHING
         entry.device = device
 
-    def forget(self, entry: SavedEntry) -> None:
+    def forget(self, entry: SavedTensorState) -> None:
         """Autograd let go of the storage's last view: its device bytes can go."""
         if entry.state == GONE:
             return
         if entry.event is not None and not entry.event.query():
             entry.event.synchronize()  # a copy still reads or writes these bytes
         if entry.state != ON_HOST:
-            self.ledger.shrink(entry.nbytes)
+            self.ledger.shrink(entry.bytes)
         entry.device = None
         entry.event = None
         entry.state = GONE

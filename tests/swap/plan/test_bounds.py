@@ -21,7 +21,7 @@ from pipeswap.swap.plan.planner import make_case
 from pipeswap.swap.plan.policies import fits
 from pipeswap.swap.plan.policy_table import POLICIES
 from pipeswap.swap.plan.scoring import Assignment
-from pipeswap.swap.plan.tensors import Swap
+from pipeswap.swap.plan.tensors import SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload
 
 # Every policy that plans by rule (hybrid too), by name.
@@ -30,29 +30,29 @@ RULES = {name: p.assign for name, p in POLICIES.items() if p.assign is not None}
 GB = 10**9
 
 
-def _random_plan(rng: random.Random, w: Workload, budget: int) -> list[Swap]:
+def _random_plan(rng: random.Random, w: Workload, budget: int) -> list[SwapDecisionAt]:
     """A random plan that fits: random tensors, swap-out and prefetch points."""
     n = w.num_layers
     tensors = [
         (layer, index, nbytes) for layer, saved in enumerate(w.swappable) for index, nbytes in saved
     ]
     rng.shuffle(tensors)
-    chosen: list[Swap] = []
+    chosen: list[SwapDecisionAt] = []
     for layer, index, nbytes in tensors:
         if w.fits(chosen, budget):
             break
         out = rng.randint(layer, max(layer, n - 2))
-        chosen.append(Swap(layer, index, nbytes, out, rng.randint(layer + 1, n)))
+        chosen.append(SwapDecisionAt(layer, index, nbytes, out, rng.randint(layer + 1, n)))
     if not w.fits(chosen, budget):
         # Everything swapped, out at once and back just in time, always fits.
-        chosen = [Swap(s.layer, s.index, s.bytes, s.layer, s.layer + 1) for s in chosen]
+        chosen = [SwapDecisionAt(s.layer, s.index, s.bytes, s.layer, s.layer + 1) for s in chosen]
     assert w.fits(chosen, budget)
     return chosen
 
 
 def _can_fit(w: Workload, budget: int) -> bool:
     everything = [
-        Swap(layer, index, nbytes, layer, layer + 1)
+        SwapDecisionAt(layer, index, nbytes, layer, layer + 1)
         for layer, saved in enumerate(w.swappable)
         for index, nbytes in saved
     ]

@@ -10,7 +10,7 @@ from pipeswap.sim.engine import simulate
 from pipeswap.swap.plan.case import Case, all_tensors
 from pipeswap.swap.plan.planner import make_case
 from pipeswap.swap.plan.scoring import Assignment
-from pipeswap.swap.plan.tensors import Swap
+from pipeswap.swap.plan.tensors import SwapDecisionAt
 from pipeswap.swap.plan.workload import workload_from_profile
 
 GB = 10**9
@@ -26,7 +26,7 @@ def test_an_assignment_is_simulated_once_and_reproducible(make_profile) -> None:
         make_profile([(4,), (2,), (3,)]), preset("switch-4"), gpus=2, gpu_memory_bytes=6 * GB
     )
     assert isinstance(case, Case) and case.topology.node("gpu0").memory_bytes == 6 * GB
-    swaps = {gpu: (Swap(0, 0, 4 * GB, 0, 1),) for gpu in case.gpus}
+    swaps = {gpu: (SwapDecisionAt(0, 0, 4 * GB, 0, 1),) for gpu in case.gpus}
     first = case.score(Assignment(swaps))
     # An equal assignment (a new object) is answered from memory.
     assert case.score(Assignment(dict(swaps), {})) is first

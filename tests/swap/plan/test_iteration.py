@@ -14,7 +14,7 @@ from pipeswap.hardware.topology import Link, Node, Topology
 from pipeswap.sim.collectives import ring_allreduce_time_s
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.plan.iteration import build_iteration_graph, gradient_buckets
-from pipeswap.swap.plan.tensors import Swap
+from pipeswap.swap.plan.tensors import SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload, workload_from_profile
 from pipeswap.swap.swap_config import SwapConfig
 
@@ -47,7 +47,7 @@ def test_each_tensor_is_its_own_copy_in_the_executors_order(make_profile) -> Non
     w = workload_from_profile(make_profile([(4, 2), (2,), (3,)]))
     budget = w.resident_bytes + 6 * GB
     assert w.needs(budget) == [0, 2 * GB, 5 * GB]
-    swaps = [Swap(0, 0, 4 * GB, 0, 1), Swap(0, 1, 2 * GB, 0, 1)]
+    swaps = [SwapDecisionAt(0, 0, 4 * GB, 0, 1), SwapDecisionAt(0, 1, 2 * GB, 0, 1)]
     assert w.fits(swaps, budget)
     graph = build_iteration_graph(w, ["gpu0"], {"gpu0": swaps})
     result = simulate(graph, preset("switch-4").with_gpu_memory(budget))

@@ -13,7 +13,7 @@ from pipeswap.config_fields import ConfigError
 from pipeswap.hardware.presets import preset
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.plan.iteration import build_iteration_graph
-from pipeswap.swap.plan.tensors import Swap
+from pipeswap.swap.plan.tensors import SwapDecisionAt
 from pipeswap.swap.plan.workload import workload_from_profile
 
 GB = 10**9
@@ -33,7 +33,7 @@ def test_peak_minimum_and_needs_closed_form(make_profile) -> None:
 
 def test_swapped_tensor_lowers_the_peak_by_its_size(make_profile) -> None:
     w = workload_from_profile(make_profile([(4,), (2,), (3,)]))
-    swap = Swap(layer=0, index=0, bytes=4 * GB, out=0, prefetch=1)
+    swap = SwapDecisionAt(layer=0, index=0, bytes=4 * GB, out=0, prefetch=1)
     forward, backward = w.memory_points([swap])
     resident = w.resident_bytes
     # Gone from forward 1 on, back from backward 0 on (prefetch issued after backward 1).
@@ -91,7 +91,7 @@ def test_recompute_and_swap_together_within_budget(make_profile) -> None:
     # Layer 0's 4 GB swapped, layers 1 and 2 recomputed: every point fits resident + 6 GB.
     w = workload_from_profile(_recompute_profile(make_profile))
     view = w.recomputing({1, 2})
-    swap = Swap(0, 0, 4 * GB, out=0, prefetch=1)
+    swap = SwapDecisionAt(0, 0, 4 * GB, out=0, prefetch=1)
     budget = w.resident_bytes + 6 * GB
     assert view.fits([swap], budget) and not view.fits([swap], budget - 1)
     assert not w.fits([swap], budget)

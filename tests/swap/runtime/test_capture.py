@@ -11,7 +11,7 @@ from user_models import USER_LAYERS, UserNet
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model
-from pipeswap.profiling.saved import SavedRecord
+from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.runtime.capture import (
     InnerSaves,
     capture_records,
@@ -56,8 +56,8 @@ def test_the_capture_leaves_batchnorm_statistics_untouched() -> None:
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def _record(layer: str, index: int, nbytes: int) -> SavedRecord:
-    return SavedRecord(layer, index, nbytes, (nbytes // 4,), "float32")
+def _record(layer: str, index: int, nbytes: int) -> CapturedSavedTensor:
+    return CapturedSavedTensor(layer, index, nbytes, (nbytes // 4,), "float32")
 
 
 def test_a_recomputed_layers_kept_input_gets_its_own_name() -> None:

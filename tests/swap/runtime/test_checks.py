@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError
-from pipeswap.profiling.saved import SavedRecord
+from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.runtime.checks import (
     check_budget,
@@ -29,9 +29,11 @@ def _gpu(*swaps: SwapDecision, recompute: tuple[str, ...] = (), budget: int = 10
     return GpuPlan("gpu0", 0, budget, 0.0, swaps, recompute)
 
 
-def _records(sizes: dict[str, list[int]]) -> dict[str, list[SavedRecord]]:
+def _records(sizes: dict[str, list[int]]) -> dict[str, list[CapturedSavedTensor]]:
     return {
-        layer: [SavedRecord(layer, i, n, (n // 4,), "float32") for i, n in enumerate(nbytes)]
+        layer: [
+            CapturedSavedTensor(layer, i, n, (n // 4,), "float32") for i, n in enumerate(nbytes)
+        ]
         for layer, nbytes in sizes.items()
     }
 

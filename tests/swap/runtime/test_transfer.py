@@ -27,7 +27,7 @@ from pipeswap.swap.runtime.transfer import (
     GONE,
     ON_HOST,
     DeviceLedger,
-    SavedEntry,
+    SavedTensorState,
     SwapTransfer,
     bytes_of_storage,
 )
@@ -44,7 +44,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
 
 def _setup(
     fake: FakeCuda, sizes: dict[str, int]
-) -> tuple[SwapTransfer, DeviceLedger, dict[str, SavedEntry], dict[str, torch.Tensor]]:
+) -> tuple[SwapTransfer, DeviceLedger, dict[str, SavedTensorState], dict[str, torch.Tensor]]:
     """A transfer over a pool with one slot per name, and a saved tensor per name."""
     pool = HostPool(sizes.items())
     ledger = DeviceLedger()
@@ -56,10 +56,10 @@ def _setup(
     return moved, ledger, entries, tensors
 
 
-def _entry(key: str, tensor: torch.Tensor, ledger: DeviceLedger) -> SavedEntry:
+def _entry(key: str, tensor: torch.Tensor, ledger: DeviceLedger) -> SavedTensorState:
     storage = bytes_of_storage(tensor)
     ledger.grow(storage.numel())
-    return SavedEntry(key, storage.numel(), True, storage)
+    return SavedTensorState(key, storage.numel(), True, storage)
 
 
 def _events(fake: FakeCuda, stream: FakeStream) -> list[FakeEvent]:
@@ -343,7 +343,7 @@ def test_cuda_round_trip_frees_memory_and_never_overwrites_a_slot_being_read() -
     assert torch.equal(entry.device.view(torch.float32).cpu(), expected)
     assert torch.equal(pool.slot("a").view(torch.float32), second.cpu())
     # A tensor of slot ``a`` used before any prefetch: fetched there and then, complete.
-    late = SavedEntry("a", nbytes, True, None)
+    late = SavedTensorState("a", nbytes, True, None)
     late.state = ON_HOST
     assert moved.ready(late) is True
     assert late.device is not None
