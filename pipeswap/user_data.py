@@ -250,9 +250,11 @@ class EpochOrder:
         return values
 
     def chosen(self, batch_size: int, index: int) -> torch.Tensor:
-        epoch, slot = divmod(index, self.count // batch_size)
+        epoch, batch_in_epoch = divmod(index, self.count // batch_size)
         rounds = self._rounds(epoch)
-        positions = torch.arange(slot * batch_size, (slot + 1) * batch_size, dtype=torch.int64)
+        positions = torch.arange(
+            batch_in_epoch * batch_size, (batch_in_epoch + 1) * batch_size, dtype=torch.int64
+        )
         values = self._permute(positions, rounds)
         while bool((outside := values >= self.count).any()):
             values[outside] = self._permute(values[outside], rounds)

@@ -23,7 +23,7 @@ from pipeswap.train_config import TrainConfig
 # linear in that count, so a bound on it keeps a typo like `--steps 100000` from running for
 # minutes and growing to gigabytes. Two million actions take about ten seconds.
 MAX_SCHEDULE_ACTIONS = 2_000_000
-# The grid is one cell per stage and time slot (a slot is one unit of --forward-cost or
+# The grid is one cell per stage and tick (a tick is one unit of --forward-cost or
 # --backward-cost); a few characters per cell, so two million cells is about 12 MB of text.
 MAX_GRID_CELLS = 2_000_000
 
@@ -150,7 +150,7 @@ def estimated_actions(stages: int, steps: int, micro: int) -> int:
     return stages * steps * micro * 7
 
 
-def estimated_grid_cells(stages: int, steps: int, micro: int, slots_per_unit: int) -> int:
+def estimated_grid_cells(stages: int, steps: int, micro: int, ticks_per_unit: int) -> int:
     """An upper bound on the grid's cells: a flushed mini-batch spans its units plus the
-    pipeline's fill and drain, each unit ``slots_per_unit`` slots long."""
-    return stages * steps * (micro + stages) * slots_per_unit
+    pipeline's fill and drain, each unit ``ticks_per_unit`` ticks long."""
+    return stages * steps * (micro + stages) * ticks_per_unit

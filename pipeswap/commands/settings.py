@@ -53,11 +53,11 @@ class PlanOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class GridOptions:
-    """`pipeswap schedule show`'s own settings: the pipeline's size and the grid's slots."""
+    """`pipeswap schedule show`'s own settings: the pipeline's size and the grid's ticks."""
 
     grid_stages: int | None = option(None, metavar="STAGES", help="pipeline stages (ranks)")
-    forward_cost: int = option(1, help="time slots per forward")
-    backward_cost: int = option(1, help="time slots per backward")
+    forward_cost: int = option(1, help="ticks per forward")
+    backward_cost: int = option(1, help="ticks per backward")
     actions: bool = option(False, help="also print each rank's actions")
 
 

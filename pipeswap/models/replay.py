@@ -52,7 +52,7 @@ class _Stop(Exception):
 
 
 @dataclass(frozen=True)
-class _Slot:
+class _Source:
     """Where a block's argument leaf comes from: the hidden state, a context tensor, a constant."""
 
     kind: str  # "hidden" | "context" | "constant"
@@ -61,10 +61,11 @@ class _Slot:
 
 @dataclass
 class _BlockCall:
-    """How the model calls one block: its arguments as a tree whose leaves are slots."""
+    """How the model calls one block: its arguments as a tree whose leaves are sources
+    (the hidden state, a context tensor, a constant)."""
 
     spec: pytree.TreeSpec
-    slots: list[_Slot]
+    sources: list[_Source]
     output_arity: int  # 0: the block returns a tensor; n: a tuple (or list) of n, hidden first
     output_list: bool = False
 
@@ -223,7 +224,7 @@ class _Block(nn.Module):
         hidden, context = packed[0], packed[1 : 1 + replay.num_context]
         leaves = [
             hidden if s.kind == "hidden" else context[s.value] if s.kind == "context" else s.value
-            for s in call.slots
+            for s in call.sources
         ]
         args, kwargs = pytree.tree_unflatten(leaves, call.spec)
         output = self.get_submodule("block")(*args, **kwargs)
@@ -370,25 +371,25 @@ def _learn_calls(
                 f"{where} is called differently when earlier blocks are skipped; its "
                 "arguments depend on their outputs, so pipeswap cannot cut there"
             )
-        slots: list[_Slot] = []
+        sources: list[_Source] = []
         for position, (leaf, want) in enumerate(zip(leaves, want_leaves)):
             if isinstance(leaf, torch.Tensor):
                 if leaf is hidden:
-                    slots.append(_Slot("hidden"))
+                    sources.append(_Source("hidden"))
                     continue
                 if not isinstance(want, torch.Tensor) or not same_tensor(leaf, want):
                     raise PipeswapError(
                         f"{where} receives a tensor that depends on earlier blocks' outputs "
                         f"(argument leaf {position}); pipeswap cannot cut there"
                     )
-                slots.append(_Slot("context", context_index[id(leaf)]))
+                sources.append(_Source("context", context_index[id(leaf)]))
             elif isinstance(leaf, _CONSTANT_TYPES):
-                slots.append(_Slot("constant", leaf))
+                sources.append(_Source("constant", leaf))
             else:
                 raise PipeswapError(
                     f"{where} receives a {type(leaf).__name__}; pipeswap passes tensors and "
                     "constants between stages (for Hugging Face models it sets use_cache=False)"
                 )
         learned = replay.calls[index]
-        replay.calls[index] = _BlockCall(spec, slots, learned.output_arity, learned.output_list)
+        replay.calls[index] = _BlockCall(spec, sources, learned.output_arity, learned.output_list)
     replay.num_context = len(context_index)

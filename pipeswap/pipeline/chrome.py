@@ -19,7 +19,7 @@ def chrome_trace(
     """Trace events for the compute actions of ``timeline`` (times scaled to microseconds).
 
     ``seconds_per_unit`` converts the timeline's time unit: 1e-3 shows an idealized
-    schedule's slots as milliseconds; measured timelines (in seconds) pass 1.0.
+    schedule's ticks as milliseconds; measured timelines (in seconds) pass 1.0.
     Transfers appear as instant events on the sending and receiving tracks.
     """
     return trace_document(timeline_events(timeline, title=title, seconds_per_unit=seconds_per_unit))

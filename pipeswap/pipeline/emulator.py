@@ -118,7 +118,7 @@ class Emulator:
             "an emulation of fed batches scores no held-out batches: set {eval_batches} 0",
         )
         self.executors: list[StageExecutor] = []
-        # Each stage's device meter (pipeswap.pipeline.stage_meter), by slot.
+        # Each stage's device meter (pipeswap.pipeline.stage_meter), by worker.
         self.meters: list[StageMeter] = []
         self._bar: Any = None
 
@@ -180,16 +180,16 @@ class Emulator:
             start = time.perf_counter()
             for ex in self.executors:
                 ex.start_clock()
-            self._faults = [fault_hook(slot) for slot in range(len(self.executors))]
+            self._faults = [fault_hook(worker) for worker in range(len(self.executors))]
             self._at_cut: set[int] = set()
             self._held: dict[int, list[tuple[int, int, TimedAction]]] = {}
             try:
                 # Replicas in lockstep: each action of the order runs in every replica.
                 for seq, timed in enumerate(unit_time_order(schedule)):
                     for replica in range(replicas):
-                        slot = replica * n + timed.rank
-                        if timed.index >= starts[slot]:
-                            self._feed(seq, slot, timed)
+                        worker = replica * n + timed.rank
+                        if timed.index >= starts[worker]:
+                            self._feed(seq, worker, timed)
             finally:
                 if request is not None:
                     request.close()
@@ -215,22 +215,22 @@ class Emulator:
             step, config.steps
         )
 
-    def _feed(self, seq: int, slot: int, timed: TimedAction) -> None:
-        """Run the next action of the schedule's order (``seq``) on executor ``slot``
+    def _feed(self, seq: int, worker: int, timed: TimedAction) -> None:
+        """Run the next action of the schedule's order (``seq``) on executor ``worker``
         (replica x stages + stage), or hold it while its stage waits at a meeting for the
         others, as it would in its own process."""
         action = timed.action
-        if slot in self._at_cut:
+        if worker in self._at_cut:
             return
-        if slot in self._held:
-            self._held[slot].append((seq, slot, timed))
+        if worker in self._held:
+            self._held[worker].append((seq, worker, timed))
             return
         if action.kind is ActionKind.UPDATE and self._meets(action.unit):
-            self._held[slot] = [(seq, slot, timed)]
+            self._held[worker] = [(seq, worker, timed)]
             if len(self._held) + len(self._at_cut) == len(self.executors):
                 self._meet(action.unit)
             return
-        self._run(slot, action, end_step=True)
+        self._run(worker, action, end_step=True)
 
     def _meet(self, step: int) -> None:
         """Every stage waits at UPDATE(``step``): the global norm (of each replica's
@@ -245,53 +245,53 @@ class Emulator:
                 parts = [ex.squared_norm(step) for ex in replica]
                 for ex in replica:
                     ex.norm_parts[step] = parts
-        for slot, queue in sorted(held.items()):
+        for worker, queue in sorted(held.items()):
             action = queue[0][2].action
-            with self.meters[slot].action(action):
-                executors[slot].run(action, end_step=False)
+            with self.meters[worker].action(action):
+                executors[worker].run(action, end_step=False)
         if self.config.dataset.eval_due(step, self.config.steps):
             for unit in executors[0].scorer.units(step):
                 for ex in executors:
                     ex.scorer.evaluate(unit)
             for ex in executors:
                 ex.scorer.score_round(step)
-        for slot in sorted(held):
-            self._end_step(slot, step, evaluate=False)
-        for seq, slot, timed in sorted(item for queue in held.values() for item in queue[1:]):
-            self._feed(seq, slot, timed)
+        for worker in sorted(held):
+            self._end_step(worker, step, evaluate=False)
+        for seq, worker, timed in sorted(item for queue in held.values() for item in queue[1:]):
+            self._feed(seq, worker, timed)
 
-    def _run(self, slot: int, action: Action, *, end_step: bool) -> None:
-        executor = self.executors[slot]
+    def _run(self, worker: int, action: Action, *, end_step: bool) -> None:
+        executor = self.executors[worker]
         try:
-            with self.meters[slot].action(action):  # the step's end unmetered
+            with self.meters[worker].action(action):  # the step's end unmetered
                 executor.run(action, end_step=False)
             if end_step and action.kind is ActionKind.UPDATE:
                 executor.end_step(action.unit)
         except StageAtCut as cut:
-            self._cut(slot, cut)
+            self._cut(worker, cut)
             return
         if action.kind is ActionKind.UPDATE:
-            self._after_step(slot, action.unit)
+            self._after_step(worker, action.unit)
 
-    def _end_step(self, slot: int, step: int, *, evaluate: bool) -> None:
+    def _end_step(self, worker: int, step: int, *, evaluate: bool) -> None:
         try:
-            self.executors[slot].end_step(step, evaluate=evaluate)
+            self.executors[worker].end_step(step, evaluate=evaluate)
         except StageAtCut as cut:
-            self._cut(slot, cut)
+            self._cut(worker, cut)
             return
-        self._after_step(slot, step)
+        self._after_step(worker, step)
 
-    def _cut(self, slot: int, cut: StageAtCut) -> None:
-        self._at_cut.add(slot)
+    def _cut(self, worker: int, cut: StageAtCut) -> None:
+        self._at_cut.add(worker)
         if len(self._at_cut) == len(self.executors):
             assert self.checkpoint is not None
             raise RunStopped(self.checkpoint.directory, cut.args[0]) from None
 
-    def _after_step(self, slot: int, step: int) -> None:
-        fault = self._faults[slot]
+    def _after_step(self, worker: int, step: int) -> None:
+        fault = self._faults[worker]
         if fault is not None:
             fault(step)
-        if slot == 0 and self._bar is not None:
+        if worker == 0 and self._bar is not None:
             last = self.executors[self.config.require_pipeline().num_stages - 1].runner.losses
             m = self.config.require_pipeline().micro_batch_count
             step_loss = last.get((step + 1) * m - 1)

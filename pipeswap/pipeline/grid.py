@@ -1,4 +1,4 @@
-"""Text grid of a schedule: one row per stage, one column per time slot."""
+"""Text grid of a schedule: one row per stage, one column per tick."""
 
 from __future__ import annotations
 
@@ -19,19 +19,19 @@ def render_grid(
     """The schedule on an idealized machine (F, B of integer cost; UPDATE and transfers free).
 
     A cell ``F3`` is the forward of unit 3, ``B3/U1`` a backward followed by the update of
-    mini-batch 1, ``~`` the continuation of a multi-slot pass, ``.`` an idle slot (bubble).
+    mini-batch 1, ``~`` the continuation of a multi-tick pass, ``.`` an idle tick (bubble).
     ``mark=(rank, time)`` brackets one cell, e.g. to point at a failing step. Below the grid,
     one line per stage names its warm-up, steady state and cool-down (and, for synchronous
     schedules, the flush before each update) and its bubble fraction.
     """
     if forward_cost < 1 or backward_cost < 1:
-        raise PipeswapError("grid costs must be whole time slots of at least 1")
+        raise PipeswapError("grid costs must be whole ticks of at least 1")
     timeline = unit_time_order(schedule, forward_cost=forward_cost, backward_cost=backward_cost)
     makespan = int(max((t.end for t in timeline), default=0))
     cells = [[IDLE] * makespan for _ in range(schedule.num_stages)]
-    last_slot: dict[int, int] = {}
+    last_tick: dict[int, int] = {}
     for timed in timeline:
-        _place(cells[timed.rank], timed, last_slot)
+        _place(cells[timed.rank], timed, last_tick)
     if mark is not None and 0 <= int(mark[1]) < makespan:
         mark_row, mark_col = mark[0], int(mark[1])
         cells[mark_row][mark_col] = f"[{cells[mark_row][mark_col]}]"
@@ -41,7 +41,7 @@ def render_grid(
     unit_word = "micro-batches" if schedule.micro_batches > 1 else "mini-batches"
     title = (
         f"{schedule.name}: {schedule.num_stages} stages, {schedule.num_steps} steps, "
-        f"{schedule.num_units} {unit_word} (F={forward_cost}, B={backward_cost} slots)"
+        f"{schedule.num_units} {unit_word} (F={forward_cost}, B={backward_cost} ticks)"
     )
     lines = [title, header.rstrip()]
     for rank, row in enumerate(cells):
@@ -52,12 +52,12 @@ def render_grid(
     return "\n".join(lines)
 
 
-def _place(row: list[str], timed: TimedAction, last_slot: dict[int, int]) -> None:
+def _place(row: list[str], timed: TimedAction, last_tick: dict[int, int]) -> None:
     act = timed.action
     if act.kind is ActionKind.UPDATE:
-        slot = last_slot.get(timed.rank)
-        if slot is not None:
-            row[slot] += f"/U{act.unit}"
+        tick = last_tick.get(timed.rank)
+        if tick is not None:
+            row[tick] += f"/U{act.unit}"
         return
     if not act.kind.is_pass:
         return
@@ -65,7 +65,7 @@ def _place(row: list[str], timed: TimedAction, last_slot: dict[int, int]) -> Non
     row[start] = f"{act.kind}{act.unit}"
     for t in range(start + 1, end):
         row[t] = "~"
-    last_slot[timed.rank] = start
+    last_tick[timed.rank] = start
 
 
 def phase_summary(schedule: Schedule, rank: int, row: list[str]) -> str:

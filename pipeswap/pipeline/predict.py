@@ -14,7 +14,7 @@ steady state, forward ``N - k - 1`` and backward ``0``: every value is exactly
 ``floor(k/2)`` smaller. The table targets a different version: the weights when the
 mini-batch's update has been applied by *every* stage. Its gradient reaches stage 0
 last, k stages after stage k; with forward and backward of equal length a stage runs one
-(F, B) pair per two slots, so it applies floor(k/2) more updates while the gradient
+(F, B) pair per two ticks, so it applies floor(k/2) more updates while the gradient
 travels from stage k to stage 0. Our target is per stage (the version this stage's own
 update is applied to), which needs no timing assumption. In the warm-up (the first
 N - k mini-batches of stage k) the walk also gives smaller forward distances, because

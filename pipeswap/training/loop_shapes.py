@@ -4,8 +4,8 @@ A loop that pads each batch to its own longest sequence calls the model with a n
 at almost every step. A plan made for one call serves any call of the same structure
 (the same arguments, dtypes, devices and other values) whose every tensor is no larger in
 any dimension: its layers save the same tensors in the same order, each no larger than
-its host slot, and what it holds at every moment is no more than the larger call held
-(pipeswap.swap.runtime.step_tensors swaps a smaller tensor into its slot). So only a call
+its host region, and what it holds at every moment is no more than the larger call held
+(pipeswap.swap.runtime.step_tensors swaps a smaller tensor into its region). So only a call
 that no plan covers needs a plan of its own: the first call of a structure is learnt (run
 as it is, timed and metered), every later one is planned before its forward from the
 calls measured (pipeswap.training.loop_derive).

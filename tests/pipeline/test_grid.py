@@ -23,10 +23,10 @@ def test_gpipe_grid_places_each_pass_and_the_flush() -> None:
     grid = render_grid(build_schedule("gpipe", stages, 2, micro))
     rows = _rows(grid)
     for k in range(stages):
-        # Stage k idles k slots (fill), then runs micro forwards.
+        # Stage k idles k ticks (fill), then runs micro forwards.
         assert rows[k][:k] == ["."] * k
         assert rows[k][k : k + micro] == [f"F{u}" for u in range(micro)]
-    # The last stage turns around immediately; stage 0 waits 2*(N-1) slots for B0 (bubble).
+    # The last stage turns around immediately; stage 0 waits 2*(N-1) ticks for B0 (bubble).
     assert rows[3][7] == "B0"
     assert rows[0][micro : micro + 2 * (stages - 1)] == ["."] * 6
     assert "B3/U0" in rows[0] and "B7/U1" in rows[0]
@@ -56,7 +56,7 @@ def test_async_grid_has_no_flush_and_updates_after_every_backward() -> None:
     assert "stage 0: warm-up 3F, steady 5x(F,B), cool-down 3B" in grid
 
 
-def test_backward_cost_spans_slots_and_mark_brackets_a_cell() -> None:
+def test_backward_cost_spans_ticks_and_mark_brackets_a_cell() -> None:
     grid = render_grid(build_schedule("1f1b", 2, 1, 2), backward_cost=2, mark=(1, 2))
     rows = _rows(grid)
     assert rows[1][1:4] == ["F0", "[B0]", "~"]

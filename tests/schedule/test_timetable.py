@@ -36,7 +36,7 @@ def test_sync_makespan_is_two_times_micro_plus_stages_minus_one(
 ) -> None:
     steps = 2
     timeline = unit_time_order(build_schedule(name, stages, steps, micro))
-    # Each step fills and drains the pipe: (M + N - 1) forward and backward slots, flush.
+    # Each step fills and drains the pipe: (M + N - 1) forward and backward ticks, flush.
     assert max(t.end for t in timeline) == steps * 2 * (micro + stages - 1)
 
 

@@ -62,15 +62,15 @@ def solve_group(
     """Choose each member's swapped tensors, and the layers the members recompute, to
     minimize the predicted stall plus recompute time of one micro-batch.
 
-    Slots are the forward and backward steps of the micro-batch (the members run in step).
-    Per member and slot, continuous swap-out and prefetch volumes; binaries choose the
+    Intervals are the forward and backward passes of the micro-batch (the members run in step).
+    Per member and interval, continuous swap-out and prefetch volumes; binaries choose the
     tensors, and per layer whether the group recomputes it (a recomputed layer swaps
-    nothing, frees ``Workload.freed_bytes`` from its forward on, and its backward slot
-    lasts its forward longer, with the re-run's saved tensors held at that slot: the
+    nothing, frees ``Workload.freed_bytes`` from its forward on, and its backward interval
+    lasts its forward longer, with the re-run's saved tensors held at that interval: the
     memory model of ``Workload``). Constraints: a tensor moves out only after its
     forward; memory within budget at every forward and backward step; every tensor back
-    before its backward; each direction of every link carries at most bandwidth x (slot
-    time + stall) per slot. Objective: the sum of the slots' stalls and recompute times.
+    before its backward; each direction of every link carries at most bandwidth x (interval
+    time + stall) per interval. Objective: the sum of the intervals' stalls and recompute times.
     """
     import highspy  # here, not at the top: HiGHS loads only when a MIP is solved
 
@@ -95,16 +95,16 @@ def solve_group(
     if last_short < 0 or not (candidates or layers):
         return GroupSolution([[] for _ in members], 0.0, 0.0, "nothing to swap", 0)
     durations = list(workload.forward_s) + [workload.backward_s[j] for j in reversed(range(n))]
-    slots = len(durations)
-    backward_slot = {j: 2 * n - 1 - j for j in range(n)}
+    intervals = len(durations)
+    backward_interval = {j: 2 * n - 1 - j for j in range(n)}
 
     h = quiet_highs(time_limit_s=time_limit_s)
     inf = highspy.kHighsInf
-    # Each slot is a stall (a wait before its compute starts) then its compute: phase 2s
+    # Each interval is a stall (a wait before its compute starts) then its compute: phase 2s
     # lasts stall[s], phase 2s+1 lasts durations[s]. Copies flow in both phases.
-    stall = [h.addVariable(lb=0.0, ub=inf) for _ in range(slots)]
+    stall = [h.addVariable(lb=0.0, ub=inf) for _ in range(intervals)]
     rec = {i: h.addVariable(lb=0.0, ub=1.0, type=highspy.HighsVarType.kInteger) for i in layers}
-    phases = 2 * slots
+    phases = 2 * intervals
     x = [
         [h.addVariable(lb=0.0, ub=1.0, type=highspy.HighsVarType.kInteger) for _ in candidates]
         for _ in members
@@ -116,13 +116,13 @@ def solve_group(
     def swapped(m: int, layers: range) -> Any:
         return h.qsum(sizes[k] * x[m][k] for k, t in enumerate(candidates) if t.layer in layers)
 
-    slot_layer = {backward_slot[j]: j for j in range(n)}
+    interval_layer = {backward_interval[j]: j for j in range(n)}
 
     def window(phase: int) -> Any:
         if phase % 2 == 0:
             return stall[phase // 2]
-        layer = slot_layer.get(phase // 2)
-        if layer in rec:  # a recomputed layer's backward slot runs its forward first
+        layer = interval_layer.get(phase // 2)
+        if layer in rec:  # a recomputed layer's backward interval runs its forward first
             return durations[phase // 2] + workload.forward_s[layer] * rec[layer]
         return durations[phase // 2]
 
@@ -146,17 +146,17 @@ def solve_group(
             ins_before.append(cum_in)
             cum_out = cum_out + out[m][phase]
             cum_in = cum_in + inn[m][phase]
-            slot = phase // 2
-            if slot < n:
-                # Only tensors of layers before this forward slot can be on their way out.
-                h.addConstr(cum_out - swapped(m, range(slot)) <= 0)
+            interval = phase // 2
+            if interval < n:
+                # Only tensors of layers before this forward interval can be on their way out.
+                h.addConstr(cum_out - swapped(m, range(interval)) <= 0)
             # Nothing comes back before it has gone.
             h.addConstr(cum_in - outs_before[phase] <= 0)
         h.addConstr(cum_out - total == 0)
         h.addConstr(cum_in - total == 0)
         for i in range(n):
             run_f = 2 * i + 1
-            run_b = 2 * backward_slot[i] + 1
+            run_b = 2 * backward_interval[i] + 1
             if raw[i] > 0:
                 h.addConstr(outs_before[run_f] + freed_through(i) >= raw[i])
             extra = over[i] * rec[i] if i in rec else 0.0

@@ -12,7 +12,7 @@ Saved tensors are named (layer, index) exactly as the profiler names them: ``pre
 runs one forward under :class:`pipeswap.profiling.saved.SavedTensorCapture` and keeps, per
 layer, which named tensor each pack call saves; every later step's pack calls are matched
 to that list by position. Parameters and buffers are never swapped (the capture excludes
-them). A swapped storage is copied whole into its slot of a :class:`HostPool` on a side
+them). A swapped storage is copied whole into its region of a :class:`HostPool` on a side
 stream; the executor drops its device reference only once the copy's event has completed.
 Prefetches run on their own stream from module full backward hooks; the backward waits on
 their events, and a tensor unpacked before its prefetch was issued is fetched there and

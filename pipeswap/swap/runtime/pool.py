@@ -1,4 +1,4 @@
-"""HostPool: one host buffer, allocated once (pinned for CUDA), with a fixed slot per swapped tensor."""
+"""HostPool: one host buffer, allocated once (pinned for CUDA), with a fixed region per swapped tensor."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from pipeswap.errors import PipeswapError
 from pipeswap.profiling.meter import host_buffer
 
-# Slots start on 512-byte boundaries: copy engines move aligned blocks fastest.
-SLOT_ALIGNMENT = 512
+# Regions start on 512-byte boundaries: copy engines move aligned blocks fastest.
+REGION_ALIGNMENT = 512
 
 
 def _align(nbytes: int, alignment: int) -> int:
@@ -20,27 +20,27 @@ def _align(nbytes: int, alignment: int) -> int:
 class HostPool:
     """Host memory for every tensor a rank swaps, reused by every step.
 
-    ``slots`` gives each swapped tensor (any hashable key, e.g. ``(layer, index)``) its
+    ``regions`` gives each swapped tensor (any hashable key, e.g. ``(layer, index)``) its
     size in bytes. The whole pool is one ``uint8`` tensor allocated in the constructor,
     pinned when ``pin`` is true (page-locked memory is what lets a CUDA copy run
-    asynchronously on a side stream); a slot is a fixed view into it, so no step ever
+    asynchronously on a side stream); a region is a fixed view into it, so no step ever
     allocates host memory, pinned or not. ``allocations`` counts the buffers made (1).
     """
 
     def __init__(
         self,
-        slots: Iterable[tuple[Hashable, int]],
+        regions: Iterable[tuple[Hashable, int]],
         *,
         pin: bool = False,
-        alignment: int = SLOT_ALIGNMENT,
+        alignment: int = REGION_ALIGNMENT,
     ) -> None:
         offsets: dict[Hashable, tuple[int, int]] = {}
         total = 0
-        for key, nbytes in slots:
+        for key, nbytes in regions:
             if key in offsets:
-                raise PipeswapError(f"host pool slot {key!r} is listed twice; list each once")
+                raise PipeswapError(f"host pool region {key!r} is listed twice; list each once")
             if nbytes < 0:
-                raise PipeswapError(f"host pool slot {key!r} has {nbytes} bytes; use 0 or more")
+                raise PipeswapError(f"host pool region {key!r} has {nbytes} bytes; use 0 or more")
             offsets[key] = (total, nbytes)
             total += _align(nbytes, alignment)
         self.capacity_bytes = total
@@ -61,25 +61,25 @@ class HostPool:
         return len(self._views)
 
     @property
-    def slot_bytes(self) -> int:
-        """Bytes the slots use, without alignment padding."""
+    def region_bytes(self) -> int:
+        """Bytes the regions use, without alignment padding."""
         return sum(nbytes for _, nbytes in self._offsets.values())
 
     def offset(self, key: Hashable) -> int:
         return self._offsets[key][0]
 
-    def slot(self, key: Hashable, nbytes: int | None = None) -> torch.Tensor:
+    def region(self, key: Hashable, nbytes: int | None = None) -> torch.Tensor:
         """The ``[nbytes]`` uint8 view that holds tensor ``key`` while it is on the host
         (its first ``nbytes`` when given: a smaller tensor of a call the plan covers)."""
         view = self._views.get(key)
         if view is None:
             raise PipeswapError(
-                f"the host pool has no slot for {key!r}; it holds {len(self)} slots"
+                f"the host pool has no region for {key!r}; it holds {len(self)} regions"
             )
         if nbytes is None or nbytes == view.numel():
             return view
         if nbytes > view.numel():
             raise PipeswapError(
-                f"tensor {key!r} has {nbytes} bytes but its host slot {view.numel()}"
+                f"tensor {key!r} has {nbytes} bytes but its host region {view.numel()}"
             )
         return view.narrow(0, 0, nbytes)

@@ -47,12 +47,12 @@ class StepTensors:
         ledger: DeviceLedger,
         *,
         strict: bool = True,
-        slot: int | None = None,
+        lane: int | None = None,
     ) -> None:
         self.decisions = decisions
         # Several in-flight units swap the same names: each unit's copies go to the host
-        # pool's slots (slot, layer, index) of the slot it holds (pipeswap.swap.runtime.unit_swapper).
-        self.slot = slot
+        # pool's regions (lane, layer, index) of the lane it holds (pipeswap.swap.runtime.unit_swapper).
+        self.lane = lane
         self.strict = strict
         self.unmatched = 0  # tensors kept or swaps skipped because their names did not fit
         self.transfer = transfer
@@ -115,8 +115,8 @@ class StepTensors:
                     f"{planned} in the plan; steps must keep their shapes"
                 )
             # Without strict, a smaller call the plan covers (pipeswap.training.loop_shapes)
-            # swaps a smaller tensor into the front of its slot.
-            pool_key = key if self.slot is None else (self.slot, *key)
+            # swaps a smaller tensor into the front of its region.
+            pool_key = key if self.lane is None else (self.lane, *key)
             entry = SavedTensorState(pool_key, storage.numel(), True, storage)
         else:
             entry = SavedTensorState(key, self.sizes[key], False, None)
@@ -136,7 +136,7 @@ class StepTensors:
             self.prefetched += entry.bytes
         assert entry.device is not None
         rebuilt = torch.empty(0, dtype=handle.dtype, device=entry.device.device)
-        # The bytes start where entry.device does in its storage (a host slot on the CPU).
+        # The bytes start where entry.device does in its storage (a host region on the CPU).
         start = entry.device.storage_offset() // handle.dtype.itemsize
         return rebuilt.set_(
             entry.device.untyped_storage(), start + handle.offset, handle.size, handle.stride

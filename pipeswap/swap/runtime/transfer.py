@@ -12,8 +12,8 @@ trivially):
   freed there a moment ago), copies on the copy-in stream and records an event; the
   compute stream waits on that event before the tensor is first used. A tensor needed
   before its prefetch was issued is copied synchronously on the compute stream (late).
-- A host slot is written again only after the copy that last read it: the next step's
-  swap-out into a slot waits on the event of the prefetch that read the slot.
+- A host region is written again only after the copy that last read it: the next step's
+  swap-out into a region waits on the event of the prefetch that read the region.
 - Bytes whose copy may still be in flight are never released without synchronizing on
   that copy's event first.
 """
@@ -137,7 +137,7 @@ def _copy(destination: torch.Tensor, source: torch.Tensor, *, non_blocking: bool
 
 
 class SwapTransfer:
-    """Copies entries between ``device`` and their slots of ``pool``, counting in ``ledger``."""
+    """Copies entries between ``device`` and their regions of ``pool``, counting in ``ledger``."""
 
     def __init__(self, pool: HostPool, device: torch.device, ledger: DeviceLedger) -> None:
         self.pool = pool
@@ -146,26 +146,26 @@ class SwapTransfer:
         self.out_stream: AnyStream = new_stream(device)
         self.in_stream: AnyStream = new_stream(device)
         self._pending_out: deque[SavedTensorState] = deque()
-        # Per slot, the event of the prefetch that last read it, until a swap-out into that
-        # slot has been ordered after it.
-        self._slot_readers: dict[Hashable, AnyEvent] = {}
+        # Per region, the event of the prefetch that last read it, until a swap-out into that
+        # region has been ordered after it.
+        self._region_readers: dict[Hashable, AnyEvent] = {}
 
     def swap_out(self, entry: SavedTensorState) -> None:
-        """Start copying ``entry`` (on the device) into its host slot."""
+        """Start copying ``entry`` (on the device) into its host region."""
         assert entry.state == ON_DEVICE and entry.device is not None
         out = self.out_stream
         if not is_cuda(out):  # the CPU: the copy is done when the call returns
-            _copy(self.pool.slot(entry.key, entry.bytes), entry.device, non_blocking=False)
+            _copy(self.pool.region(entry.key, entry.bytes), entry.device, non_blocking=False)
             entry.device = None
             entry.state = ON_HOST
             self.ledger.shrink(entry.bytes)
             return
         wait_stream(out, current_stream(self.device))  # the producer must have finished
-        reader = self._slot_readers.pop(entry.key, None)
+        reader = self._region_readers.pop(entry.key, None)
         if reader is not None:
-            wait_event(out, reader)  # the last prefetch from this slot must have read it
+            wait_event(out, reader)  # the last prefetch from this region must have read it
         with use_stream(out):
-            _copy(self.pool.slot(entry.key, entry.bytes), entry.device, non_blocking=True)
+            _copy(self.pool.region(entry.key, entry.bytes), entry.device, non_blocking=True)
         entry.event = record_event(out)
         entry.state = COPYING_OUT
         self._pending_out.append(entry)
@@ -226,12 +226,12 @@ class SwapTransfer:
 
     def _fetch(self, entry: SavedTensorState, *, late: bool) -> None:
         self.ledger.grow(entry.bytes)
-        slot = self.pool.slot(entry.key, entry.bytes)
+        region = self.pool.region(entry.key, entry.bytes)
         if not is_cuda(self.in_stream):
-            # Host and "device" memory are one: the backward reads the slot itself, as
-            # save_on_cpu does on the CPU (the slot is written again only by the next step's
+            # Host and "device" memory are one: the backward reads the region itself, as
+            # save_on_cpu does on the CPU (the region is written again only by the next step's
             # swap-out, after this backward). The bytes still count as back on the device.
-            entry.device = slot
+            entry.device = region
             entry.state = BACK
             return
         compute = current_stream(self.device)
@@ -239,14 +239,14 @@ class SwapTransfer:
         device = torch.empty(entry.bytes, dtype=torch.uint8, device=self.device)
         if late:
             # Synchronous: PyTorch waits for a blocking host-to-device copy to finish.
-            _copy(device, slot, non_blocking=False)
+            _copy(device, region, non_blocking=False)
             entry.state = BACK
         else:
             wait_stream(self.in_stream, compute)  # the block may have been freed there just now
             with use_stream(self.in_stream):
-                _copy(device, slot, non_blocking=True)
+                _copy(device, region, non_blocking=True)
             entry.event = record_event(self.in_stream)
-            self._slot_readers[entry.key] = entry.event
+            self._region_readers[entry.key] = entry.event
             entry.state = FETCHING
         entry.device = device
 

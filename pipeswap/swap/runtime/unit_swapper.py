@@ -9,8 +9,8 @@ layers run their forward again right before their backward, holding only their i
 
 Saved tensors are named as the profiler names them (:mod:`pipeswap.swap.runtime.capture`),
 from one pass over the first unit's inputs; each unit names its pack calls by position
-(:class:`~pipeswap.swap.runtime.step_tensors.StepTensors`, one per slot). A unit takes a
-slot of the host pool at its forward and gives it back after its backward, so the pool
+(:class:`~pipeswap.swap.runtime.step_tensors.StepTensors`, one per lane). A unit takes a
+lane of the host pool at its forward and gives it back after its backward, so the pool
 holds ``capacity`` units' swapped bytes, allocated once. On the CPU every saved tensor is
 counted (:attr:`peak_saved_bytes`); the bytes are copied to the pool and read from it
 as on a GPU. Swapping only moves bytes, so a unit's backward computes the same bits.
@@ -84,15 +84,15 @@ class UnitSwapper:
             self.layers, self.recomputed, self._ledger, self.account
         )
         self._transfer: SwapTransfer | None = None
-        self._slots: list[StepTensors] = []
+        self._lanes: list[StepTensors] = []
         self._free: list[int] = []
-        self._units: dict[int, int] = {}  # unit in flight -> its slot
+        self._units: dict[int, int] = {}  # unit in flight -> its lane
         self._keys: list[SavedKey] = []  # what every unit swaps
         self._current: StepTensors | None = None
         self._kept: set[int] = set()  # storages the caller keeps anyway (this unit's)
         self.kept_bytes = 0  # planned swaps skipped: the caller held those storages anyway
         self._last_swap: int | None = None  # what the latest unit sent to host memory
-        # Units whose swap-outs may still run: [slot, actions until they must be done].
+        # Units whose swap-outs may still run: [lane, actions until they must be done].
         self._settling: list[list[int]] = []
         self.swapped_bytes = 0
         self.prefetched_units = 0
@@ -119,14 +119,14 @@ class UnitSwapper:
     @property
     def late_fetches(self) -> int:
         """Swapped tensors the backward needed before their prefetch was issued."""
-        return sum(t.late_total for t in self._slots)
+        return sum(t.late_total for t in self._lanes)
 
     @property
     def unit_swap_bytes(self) -> int:
         """Bytes one unit sends to host memory (the latest unit's; before any, the plan's)."""
         if self._last_swap is not None:
             return self._last_swap
-        return sum(self._sizes[key] for key in self._keys) if self._slots else 0
+        return sum(self._sizes[key] for key in self._keys) if self._lanes else 0
 
     def stats(self) -> dict[str, Any]:
         """What the swapper did over the run, as plain data."""
@@ -136,7 +136,7 @@ class UnitSwapper:
             "unit_swap_bytes": self.unit_swap_bytes,
             "late_fetches": self.late_fetches,
             "kept_bytes": self.kept_bytes,
-            "unmatched": sum(t.unmatched for t in self._slots),
+            "unmatched": sum(t.unmatched for t in self._lanes),
             "swapped_layers": [n for n in self.layer_names if n in self.swapped],
             "recomputed_layers": list(self.recomputed),
             "capacity": self.capacity,
@@ -159,8 +159,8 @@ class UnitSwapper:
         self._sizes = sizes
         pool = HostPool(
             (
-                ((slot, *key), d.bytes)
-                for slot in range(self.capacity)
+                ((lane, *key), d.bytes)
+                for lane in range(self.capacity)
                 for key, d in decisions.items()
             ),
             pin=self.device.type == "cuda",
@@ -168,10 +168,10 @@ class UnitSwapper:
         self._transfer = SwapTransfer(pool, self.device, self._ledger)
         if not self.account:
             pack_calls = only_swapped(pack_calls, decisions)
-        for slot in range(self.capacity):
-            tensors = StepTensors(decisions, self._transfer, self._ledger, strict=False, slot=slot)
+        for lane in range(self.capacity):
+            tensors = StepTensors(decisions, self._transfer, self._ledger, strict=False, lane=lane)
             tensors.pack_calls, tensors.sizes = pack_calls, sizes
-            self._slots.append(tensors)
+            self._lanes.append(tensors)
         self._free = list(range(self.capacity))
 
     def _enter(self, name: str) -> Callable[..., None]:
@@ -214,10 +214,10 @@ class UnitSwapper:
                 f"for; run a backward before forward {unit}"
             )
         self._kept = set()
-        slot = self._free.pop(0)
-        tensors = self._slots[slot]
+        lane = self._free.pop(0)
+        tensors = self._lanes[lane]
         tensors.start_step(self.layer_names)
-        self._units[unit] = slot
+        self._units[unit] = lane
         self._current = tensors
         self._recomputation.active = True
         try:
@@ -238,7 +238,7 @@ class UnitSwapper:
             tensors.swap_out(key)
         self._last_swap = tensors.swapped - before
         self.swapped_bytes += self._last_swap
-        self._settling.append([slot, 2])  # this forward's action, then the next one
+        self._settling.append([lane, 2])  # this forward's action, then the next one
 
     def keep(self, tensors: Sequence[torch.Tensor]) -> None:
         """The caller holds ``tensors`` until the unit's backward anyway (a stage's input
@@ -248,12 +248,12 @@ class UnitSwapper:
 
     def prefetch(self, unit: int) -> None:
         """Start bringing ``unit``'s swapped tensors back (a no-op for a unit not in flight)."""
-        slot = self._units.get(unit)
-        if slot is None:
+        lane = self._units.get(unit)
+        if lane is None:
             return
         self.prefetched_units += 1
         for key in self._keys:
-            self._slots[slot].prefetch(key)
+            self._lanes[lane].prefetch(key)
 
     def after_action(self, index: int) -> None:
         """The caller's action ``index`` has run: release finished copies, issue prefetches.
@@ -263,18 +263,18 @@ class UnitSwapper:
         running (on CUDA; on the CPU a copy is done when issued) and lets their bytes go."""
         for item in self._settling:
             item[1] -= 1
-        due = [slot for slot, left in self._settling if left <= 0]
+        due = [lane for lane, left in self._settling if left <= 0]
         self._settling = [item for item in self._settling if item[1] > 0]
         if self._transfer is not None:
-            for slot in due:
-                self._transfer.make_room(self._slots[slot].copying)
+            for lane in due:
+                self._transfer.make_room(self._lanes[lane].copying)
             self._transfer.poll()
         for unit in self.prefetch_at.get(index, ()):
             self.prefetch(unit)
 
     def after_backward(self, unit: int) -> None:
-        """``unit``'s backward is done: what its re-runs saved is gone, its slot is free."""
+        """``unit``'s backward is done: what its re-runs saved is gone, its lane is free."""
         self._recomputation.finish_step()
-        slot = self._units.pop(unit, None)
-        if slot is not None:
-            self._free.append(slot)
+        lane = self._units.pop(unit, None)
+        if lane is not None:
+            self._free.append(lane)

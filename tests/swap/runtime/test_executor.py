@@ -356,7 +356,7 @@ def test_host_pool_is_allocated_once_and_reused() -> None:
     _train(model, batches, executor)
     assert executor.pool.allocations == 1
     assert executor.pool.buffer.data_ptr() == pointer
-    assert executor.pool.slot_bytes == sum(d.bytes for d in plan.gpus[0].swaps)
+    assert executor.pool.region_bytes == sum(d.bytes for d in plan.gpus[0].swaps)
     assert not executor.pool.pinned  # plain host memory on the CPU
 
 

@@ -1,4 +1,4 @@
-"""HostPool: one allocation, aligned disjoint slots, reusable views.
+"""HostPool: one allocation, aligned disjoint regions, reusable views.
 
 Covers: pipeswap/swap/runtime/pool.py.
 """
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeswap.errors import PipeswapError
-from pipeswap.swap.runtime.pool import SLOT_ALIGNMENT, HostPool
+from pipeswap.swap.runtime.pool import REGION_ALIGNMENT, HostPool
 
 
 def test_slots_are_disjoint_aligned_views_of_one_buffer() -> None:
@@ -17,13 +17,13 @@ def test_slots_are_disjoint_aligned_views_of_one_buffer() -> None:
     pool = HostPool(sizes.items())
     assert pool.allocations == 1
     assert len(pool) == 3 and ("a", 1) in pool
-    assert pool.slot_bytes == 1125
+    assert pool.region_bytes == 1125
     ranges = []
     for key, nbytes in sizes.items():
-        view = pool.slot(key)
+        view = pool.region(key)
         assert view.dtype == torch.uint8 and view.numel() == nbytes
         assert view.untyped_storage().data_ptr() == pool.buffer.untyped_storage().data_ptr()
-        assert pool.offset(key) % SLOT_ALIGNMENT == 0
+        assert pool.offset(key) % REGION_ALIGNMENT == 0
         ranges.append((pool.offset(key), pool.offset(key) + nbytes))
     ranges.sort()
     assert all(end <= start for (_, end), (start, _) in zip(ranges, ranges[1:]))
@@ -32,18 +32,18 @@ def test_slots_are_disjoint_aligned_views_of_one_buffer() -> None:
 
 def test_slots_are_the_same_memory_every_time() -> None:
     pool = HostPool([("x", 64)])
-    first = pool.slot("x")
+    first = pool.region("x")
     first.fill_(7)
-    again = pool.slot("x")
+    again = pool.region("x")
     assert again.data_ptr() == first.data_ptr()
     assert int(again.sum()) == 7 * 64
 
 
 def test_writing_one_slot_leaves_the_others_alone() -> None:
     pool = HostPool([(0, 600), (1, 600)])
-    pool.slot(0).fill_(1)
-    pool.slot(1).fill_(2)
-    assert int(pool.slot(0).sum()) == 600 and int(pool.slot(1).sum()) == 1200
+    pool.region(0).fill_(1)
+    pool.region(1).fill_(2)
+    assert int(pool.region(0).sum()) == 600 and int(pool.region(1).sum()) == 1200
 
 
 def test_cpu_pool_is_not_pinned_and_empty_pool_works() -> None:
@@ -55,8 +55,8 @@ def test_cpu_pool_is_not_pinned_and_empty_pool_works() -> None:
 def test_bad_slots_are_refused() -> None:
     with pytest.raises(PipeswapError, match="twice"):
         HostPool([("x", 8), ("x", 8)])
-    with pytest.raises(PipeswapError, match="no slot"):
-        HostPool([("x", 8)]).slot("y")
+    with pytest.raises(PipeswapError, match="no region"):
+        HostPool([("x", 8)]).region("y")
 
 
 @pytest.mark.cuda
@@ -64,5 +64,5 @@ def test_bad_slots_are_refused() -> None:
 def test_cuda_pool_is_pinned_once() -> None:
     pool = HostPool([("x", 1 << 20), ("y", 4096)], pin=True)
     assert pool.pinned and pool.buffer.is_pinned()
-    assert pool.slot("x").is_pinned()
+    assert pool.region("x").is_pinned()
     assert pool.allocations == 1

@@ -52,7 +52,7 @@ def test_without_strict_what_does_not_fit_stays_and_is_counted() -> None:
     assert tensors.pack(too_large) is too_large  # 20 bytes under a 16-byte name: kept
     tensors.swap_out(("l0", 0))  # the step never saved that name: the swap is skipped
     assert tensors.unmatched == 2
-    # A smaller call the plan covers: 12 bytes go to the front of the 16-byte slot.
+    # A smaller call the plan covers: 12 bytes go to the front of the 16-byte region.
     tensors.start_step(["l0"])
     tensors.layer = "l0"
     smaller = torch.arange(3.0)

@@ -45,7 +45,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
 def _setup(
     fake: FakeCuda, sizes: dict[str, int]
 ) -> tuple[SwapTransfer, DeviceLedger, dict[str, SavedTensorState], dict[str, torch.Tensor]]:
-    """A transfer over a pool with one slot per name, and a saved tensor per name."""
+    """A transfer over a pool with one region per name, and a saved tensor per name."""
     pool = HostPool(sizes.items())
     ledger = DeviceLedger()
     moved = SwapTransfer(pool, CPU, ledger)
@@ -88,7 +88,7 @@ def test_swap_out_waits_for_the_producer_and_keeps_the_bytes_until_its_event(
     moved.poll()
     assert entry.state == ON_HOST and entry.device is None and entry.event is None
     assert ledger.live_bytes == 0
-    assert torch.equal(moved.pool.slot("a").view(torch.float32), tensors["a"])
+    assert torch.equal(moved.pool.region("a").view(torch.float32), tensors["a"])
 
 
 def test_prefetch_runs_on_its_own_stream_and_compute_waits_for_it(fake: FakeCuda) -> None:
@@ -154,17 +154,17 @@ def test_the_next_swap_out_into_a_slot_waits_for_the_prefetch_that_read_it(fake:
     for event in _events(fake, moved.out_stream):
         event.done = True
     moved.poll()
-    moved.prefetch(entries["a"])  # step 1 reads slot a on the copy-in stream ...
+    moved.prefetch(entries["a"])  # step 1 reads region a on the copy-in stream ...
     (read_a,) = _events(fake, moved.in_stream)
-    moved.ready(entries["b"])  # ... and slot b synchronously (late)
+    moved.ready(entries["b"])  # ... and region b synchronously (late)
     fake.log.clear()
-    # Step 2 saves new tensors under the same names: their copies reuse the slots.
+    # Step 2 saves new tensors under the same names: their copies reuse the regions.
     again = {key: _entry(key, tensors[key] * 2, ledger) for key in ("a", "b")}
     moved.swap_out(again["a"])
     out = moved.out_stream
     assert fake.log[:3] == [
         ("wait_stream", out, fake.compute),
-        ("wait_event", out, read_a),  # slot a is overwritten only after step 1 read it
+        ("wait_event", out, read_a),  # region a is overwritten only after step 1 read it
         ("copy", out, "d2h", True),
     ]
     fake.log.clear()
@@ -172,7 +172,7 @@ def test_the_next_swap_out_into_a_slot_waits_for_the_prefetch_that_read_it(fake:
     assert [item[0] for item in fake.log] == ["wait_stream", "copy", "record"]
     fake.log.clear()
     third = _entry("a", tensors["a"], ledger)
-    moved.swap_out(third)  # step 2 has not read slot a: no stale wait
+    moved.swap_out(third)  # step 2 has not read region a: no stale wait
     assert [item[0] for item in fake.log] == ["wait_stream", "copy", "record"]
 
 
@@ -331,9 +331,9 @@ def test_cuda_round_trip_frees_memory_and_never_overwrites_a_slot_being_read() -
     moved.poll()
     assert entry.state == ON_HOST and ledger.live_bytes == 0
     assert torch.cuda.memory_allocated(device) == before - nbytes  # released after the copy
-    assert torch.equal(pool.slot("a").view(torch.float32), expected)
+    assert torch.equal(pool.region("a").view(torch.float32), expected)
     assert moved.prefetch(entry)
-    # The next step's swap-out into the same slot, issued while the prefetch may still run.
+    # The next step's swap-out into the same region, issued while the prefetch may still run.
     second = torch.rand(nbytes // 4, device=device) + 2.0
     again = _entry("a", second, ledger)
     moved.swap_out(again)
@@ -341,8 +341,8 @@ def test_cuda_round_trip_frees_memory_and_never_overwrites_a_slot_being_read() -
     torch.cuda.synchronize(device)
     assert entry.device is not None
     assert torch.equal(entry.device.view(torch.float32).cpu(), expected)
-    assert torch.equal(pool.slot("a").view(torch.float32), second.cpu())
-    # A tensor of slot ``a`` used before any prefetch: fetched there and then, complete.
+    assert torch.equal(pool.region("a").view(torch.float32), second.cpu())
+    # A tensor of region ``a`` used before any prefetch: fetched there and then, complete.
     late = SavedTensorState("a", nbytes, True, None)
     late.state = ON_HOST
     assert moved.ready(late) is True

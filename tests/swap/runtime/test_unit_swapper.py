@@ -1,7 +1,7 @@
 """UnitSwapper: many in-flight forwards of one module, their swapped tensors sent to host
 memory and brought back, the same gradients as without it, and the bytes it counts.
 
-Covers: pipeswap/swap/runtime/unit_swapper.py (and StepTensors' slots in
+Covers: pipeswap/swap/runtime/unit_swapper.py (and StepTensors' lanes in
 pipeswap/swap/runtime/step_tensors.py).
 """
 
@@ -116,7 +116,7 @@ def test_slots_are_reused_and_capacity_is_enforced() -> None:
     model = _model()
     swapper = UnitSwapper(model, LAYERS, swapped=["2"], capacity=1)
     x = _inputs()[0]
-    for unit in range(3):  # one slot, used by one unit after another
+    for unit in range(3):  # one lane, used by one unit after another
         with swapper.forward(unit, _loss(model, x)):
             loss = _loss(model, x)()
         loss.backward()
