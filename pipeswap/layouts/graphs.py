@@ -94,7 +94,7 @@ def layout_graph(
     )
     ordered = sorted(range(len(timeline)), key=lambda i: (timeline[i].start, i))
     for i in ordered:
-        k, action = timeline[i].rank, timeline[i].action
+        k, action = timeline[i].stage, timeline[i].action
         kind, u = action.kind, action.unit
         c, unit = stages[k], units[k]
         closes = replicas > 1 and kind is ActionKind.B and closing[(k, schedule.step_of(u))] == u

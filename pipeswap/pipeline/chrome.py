@@ -38,11 +38,11 @@ def timeline_events(
     """The events of :func:`chrome_trace`: a thread per stage, "X" per pass, "i" per transfer."""
     scale = seconds_per_unit * 1e6
     events = [metadata_event("process_name", 0, 0, {"name": title})]
-    for rank in sorted({t.rank for t in timeline}):
-        events.append(metadata_event("thread_name", 0, rank, {"name": f"stage {rank}"}))
+    for stage in sorted({t.stage for t in timeline}):
+        events.append(metadata_event("thread_name", 0, stage, {"name": f"stage {stage}"}))
     for timed in timeline:
         act = timed.action
-        base = {"pid": 0, "tid": timed.rank, "ts": timed.start * scale, "cat": act.kind}
+        base = {"pid": 0, "tid": timed.stage, "ts": timed.start * scale, "cat": act.kind}
         if act.kind in _NAMES:
             events.append(
                 base

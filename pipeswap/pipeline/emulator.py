@@ -35,15 +35,15 @@ from pipeswap.train_config import TrainConfig
 class MailboxTransport:
     """Transfers as copies through a dict shared by all stages (what a wire would deliver).
 
-    With ``meters`` (the stages' meters, by rank), a copy counts on the stage it is sent to."""
+    With ``meters`` (the stages' meters, by stage), a copy counts on the stage it is sent to."""
 
     def __init__(
         self,
-        rank: int,
+        stage: int,
         mailbox: dict[tuple[ActionKind, int, int], Packed],
         meters: Sequence[StageMeter] = (),
     ) -> None:
-        self.rank = rank
+        self.stage = stage
         self.mailbox = mailbox
         self.meters = meters
 
@@ -51,11 +51,11 @@ class MailboxTransport:
         pass
 
     def take(self, direction: ActionKind, unit: int) -> Packed:
-        return self.mailbox.pop((direction, self.rank, unit))
+        return self.mailbox.pop((direction, self.stage, unit))
 
     def send(self, direction: ActionKind, unit: int, tensors: Packed) -> None:
-        dst = self.rank + direction.step
-        with self.meters[self.rank].aside() if self.meters else nullcontext():
+        dst = self.stage + direction.step
+        with self.meters[self.stage].aside() if self.meters else nullcontext():
             copies = tuple(t.detach().clone(memory_format=torch.contiguous_format) for t in tensors)
         if self.meters:
             self.meters[dst].received(copies)
@@ -144,25 +144,25 @@ class Emulator:
                 self.executors += [
                     StageExecutor(
                         config,
-                        rank,
+                        stage,
                         schedule,
                         models[replica],
                         infos,
-                        MailboxTransport(rank, mailbox, meters[replica]),
+                        MailboxTransport(stage, mailbox, meters[replica]),
                         record=self.record,
                         keep_gradients=self.keep_gradients,
                         checkpoint=self.checkpoint,
                         stop=request,
-                        exchange=MailboxExchange(rank, tied_mailbox),
-                        log=log if rank == n - 1 and replica == 0 else None,
+                        exchange=MailboxExchange(stage, tied_mailbox),
+                        log=log if stage == n - 1 and replica == 0 else None,
                         data=(self.data, None)
-                        if self.data is not None and rank in (0, n - 1)
+                        if self.data is not None and stage in (0, n - 1)
                         else None,
                         replica=replica,
                         average=average,
                         memory=self.memory,
                     )
-                    for rank in range(n)
+                    for stage in range(n)
                 ]
                 meters[replica] += [
                     StageMeter(ex, metered_steps(config)) for ex in self.executors[-n:]
@@ -187,7 +187,7 @@ class Emulator:
                 # Replicas in lockstep: each action of the order runs in every replica.
                 for seq, timed in enumerate(unit_time_order(schedule)):
                     for replica in range(replicas):
-                        worker = replica * n + timed.rank
+                        worker = replica * n + timed.stage
                         if timed.index >= starts[worker]:
                             self._feed(seq, worker, timed)
             finally:

@@ -1,4 +1,4 @@
-"""Tied parameters' gradients between the ranks that hold them, in a process group per pair."""
+"""Tied parameters' gradients between the stages that hold them, in a process group per pair."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pipeswap.errors import PipeswapError
 
 
 class DistExchange:
-    """Tied parameters' gradients between holding ranks, in a process group per pair.
+    """Tied parameters' gradients between holding stages, in a process group per pair.
 
     ``groups[(src, dst)]`` carries src's gradients to dst only, so each group's stream
     sees one direction in mini-batch order (what NCCL needs); the tag tells the mini-batch,
@@ -25,9 +25,9 @@ class DistExchange:
     MAX_GROUPS = 1024
 
     def __init__(
-        self, rank: int, groups: dict[tuple[int, int], Any], device: torch.device, base: int = 0
+        self, stage: int, groups: dict[tuple[int, int], Any], device: torch.device, base: int = 0
     ):
-        self.rank = rank
+        self.stage = stage
         self.base = base  # the global rank of this replica's stage 0
         self.groups = groups
         self.device = device
@@ -46,12 +46,12 @@ class DistExchange:
             )
         tags = self._tags(group, step, len(tensors))
         where = self.base + dst
-        self._sends.start((group, step, dst), tensors, where, tags, self.groups[(self.rank, dst)])
+        self._sends.start((group, step, dst), tensors, where, tags, self.groups[(self.stage, dst)])
 
     def take(self, group: int, step: int, src: int, like: list[torch.Tensor]) -> list[torch.Tensor]:
         buffers = [torch.empty_like(t, device=self.device) for t in like]
         tags = self._tags(group, step, len(buffers))
-        group = self.groups[(src, self.rank)]
+        group = self.groups[(src, self.stage)]
         received = post_receives(buffers, self.base + src, tags, group).wait()
         self._sends.poll()
         return list(received)

@@ -20,7 +20,7 @@ def render_grid(
 
     A cell ``F3`` is the forward of unit 3, ``B3/U1`` a backward followed by the update of
     mini-batch 1, ``~`` the continuation of a multi-tick pass, ``.`` an idle tick (bubble).
-    ``mark=(rank, time)`` brackets one cell, e.g. to point at a failing step. Below the grid,
+    ``mark=(stage, time)`` brackets one cell, e.g. to point at a failing step. Below the grid,
     one line per stage names its warm-up, steady state and cool-down (and, for synchronous
     schedules, the flush before each update) and its bubble fraction.
     """
@@ -31,7 +31,7 @@ def render_grid(
     cells = [[IDLE] * makespan for _ in range(schedule.num_stages)]
     last_tick: dict[int, int] = {}
     for timed in timeline:
-        _place(cells[timed.rank], timed, last_tick)
+        _place(cells[timed.stage], timed, last_tick)
     if mark is not None and 0 <= int(mark[1]) < makespan:
         mark_row, mark_col = mark[0], int(mark[1])
         cells[mark_row][mark_col] = f"[{cells[mark_row][mark_col]}]"
@@ -44,18 +44,18 @@ def render_grid(
         f"{schedule.num_units} {unit_word} (F={forward_cost}, B={backward_cost} ticks)"
     )
     lines = [title, header.rstrip()]
-    for rank, row in enumerate(cells):
-        name = f"stage {rank}".ljust(len(label))
+    for stage, row in enumerate(cells):
+        name = f"stage {stage}".ljust(len(label))
         lines.append((name + " " + "".join(f"{c:<{width}}" for c in row)).rstrip())
     lines.append("")
-    lines += [phase_summary(schedule, rank, cells[rank]) for rank in range(schedule.num_stages)]
+    lines += [phase_summary(schedule, stage, cells[stage]) for stage in range(schedule.num_stages)]
     return "\n".join(lines)
 
 
 def _place(row: list[str], timed: TimedAction, last_tick: dict[int, int]) -> None:
     act = timed.action
     if act.kind is ActionKind.UPDATE:
-        tick = last_tick.get(timed.rank)
+        tick = last_tick.get(timed.stage)
         if tick is not None:
             row[tick] += f"/U{act.unit}"
         return
@@ -65,16 +65,16 @@ def _place(row: list[str], timed: TimedAction, last_tick: dict[int, int]) -> Non
     row[start] = f"{act.kind}{act.unit}"
     for t in range(start + 1, end):
         row[t] = "~"
-    last_tick[timed.rank] = start
+    last_tick[timed.stage] = start
 
 
-def phase_summary(schedule: Schedule, rank: int, row: list[str]) -> str:
+def phase_summary(schedule: Schedule, stage: int, row: list[str]) -> str:
     """``stage 1: warm-up 2F, steady 2x(F,B), cool-down 2B, flush+UPDATE; bubble 33%``.
 
     The phases are the schedule's own caption (ScheduleKind.caption); the bubble is the
     idle share of the stage's ``row`` of grid cells.
     """
-    body = schedule.kind.caption(schedule.compute_actions(rank), schedule.micro_batches)
+    body = schedule.kind.caption(schedule.compute_actions(stage), schedule.micro_batches)
     idle = sum(1 for c in row if c == IDLE)
     bubble = idle / len(row) if row else 0.0
-    return f"stage {rank}: {body}; bubble {bubble:.0%}"
+    return f"stage {stage}: {body}; bubble {bubble:.0%}"

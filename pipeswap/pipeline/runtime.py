@@ -58,7 +58,7 @@ def _tag(direction: ActionKind, unit: int, index: int) -> int:
 
 
 class DistTransport:
-    """Transfers between neighbouring ranks (pipeswap.dist.p2p); receives posted ahead.
+    """Transfers between neighbouring stages (pipeswap.dist.p2p); receives posted ahead.
 
     A send is waited for only once its peer is known to have it (a unit's activations
     when its gradient comes back; every send of a synchronous step at its end), so a rank
@@ -69,14 +69,14 @@ class DistTransport:
 
     def __init__(
         self,
-        rank: int,
+        stage: int,
         input_spec: BoundarySpec | None,
         output_spec: BoundarySpec | None,
         device: torch.device,
         groups: tuple[Any, Any] | None = None,
         base: int = 0,
     ) -> None:
-        self.rank = rank
+        self.stage = stage
         self.base = base  # the global rank of this replica's stage 0
         self.input_spec = input_spec
         self.output_spec = output_spec
@@ -94,10 +94,10 @@ class DistTransport:
         spec = self.input_spec if direction is ActionKind.F else self.output_spec
         if spec is not None:
             self._check_count(len(spec.tensors))
-        assert spec is not None, f"rank {self.rank} receives no {direction} transfers"
+        assert spec is not None, f"stage {self.stage} receives no {direction} transfers"
         buffers = spec.empty(self.device, grads=direction is ActionKind.B)
         tags = [_tag(direction, unit, i) for i in range(len(buffers))]
-        src = self.base + self.rank - direction.step
+        src = self.base + self.stage - direction.step
         receive = post_receives(buffers, src, tags, self._groups.get(direction))
         self._posted[(direction, unit)] = receive
 
@@ -110,7 +110,7 @@ class DistTransport:
     def send(self, direction: ActionKind, unit: int, tensors: Packed) -> None:
         self._check_count(len(tensors))
         tags = [_tag(direction, unit, i) for i in range(len(tensors))]
-        dst = self.base + self.rank + direction.step
+        dst = self.base + self.stage + direction.step
         self._sends.start((direction, unit), tensors, dst, tags, self._groups.get(direction))
 
     def progress(self) -> None:
@@ -119,7 +119,7 @@ class DistTransport:
     def _check_count(self, tensors: int) -> None:
         if tensors > MAX_TENSORS_PER_CUT:
             raise ConfigError(
-                f"{tensors} tensors cross a cut of stage {self.rank}, more than the "
+                f"{tensors} tensors cross a cut of stage {self.stage}, more than the "
                 f"{MAX_TENSORS_PER_CUT} the runtime tags: cut the model where fewer tensors "
                 "pass between layers ({balance})"
             )
@@ -161,10 +161,10 @@ class StageWires:
         split_directions: bool | None = None,
         mesh: ReplicaMesh | None = None,
     ) -> None:
-        rank, world = rank_and_world()
+        stage, stages = rank_and_world()  # without replicas each process is one stage
         base, replicas = 0, 1
         if mesh is not None:
-            base, rank, world, replicas = (
+            base, stage, stages, replicas = (
                 mesh.global_rank(0),
                 mesh.stage,
                 mesh.stages,
@@ -183,20 +183,24 @@ class StageWires:
         pairs = sorted({(a, b) for hs in holders for a in hs for b in hs if a != b})
         # Each replica's holders in groups of their own (keyed here by stage).
         made = pair_groups(
-            [(d * world + a, d * world + b) for d in range(replicas) for a, b in pairs]
+            [(d * stages + a, d * stages + b) for d in range(replicas) for a, b in pairs]
         )
         self._tied_groups = {(a - base, b - base): group for (a, b), group in made.items()}
-        start, stop = stage_bounds(balance)[rank]
+        start, stop = stage_bounds(balance)[stage]
         specs = (
-            infos[start - 1].output if rank > 0 else None,
-            infos[stop - 1].output if rank < world - 1 else None,
+            infos[start - 1].output if stage > 0 else None,
+            infos[stop - 1].output if stage < stages - 1 else None,
         )
-        self.world = world
-        self.transport = DistTransport(rank, *specs, device, self._groups, base)
+        self.world = stages  # the processes of this pipeline: its stages
+        self.transport = DistTransport(stage, *specs, device, self._groups, base)
         self.eval_transport = DistTransport(
-            rank, *specs, device, (eval_group, eval_group) if eval_group is not None else None, base
+            stage,
+            *specs,
+            device,
+            (eval_group, eval_group) if eval_group is not None else None,
+            base,
         )
-        self.exchange = DistExchange(rank, self._tied_groups, device, base)
+        self.exchange = DistExchange(stage, self._tied_groups, device, base)
 
     def joins(self) -> dict[str, Any]:
         """The StageExecutor arguments these wires give, besides the training transport."""

@@ -1,6 +1,6 @@
 """Where a pipeline can be checkpointed: each stage's cut after an UPDATE, and what crosses it.
 
-A checkpoint after ``done`` optimizer steps cuts every rank's action list right after its
+A checkpoint after ``done`` optimizer steps cuts every stage's action list right after its
 ``UPDATE(done - 1)``. Stages are at different points of the schedule there: stage k still
 has forwards in flight (async-1f1b keeps up to N - k - 1), and an activation sent before the
 sender's cut may be received after the receiver's. So a stage's checkpoint holds, besides
@@ -28,7 +28,7 @@ Positions = dict[tuple[int, ActionKind, int], int]
 
 
 def positions(schedule: Schedule) -> Positions:
-    """Where each (rank, kind, unit) action stands in its rank's list (computed once per run)."""
+    """Where each (stage, kind, unit) action stands in its stage's list (computed once per run)."""
     return {
         (r, a.kind, a.unit): i
         for r, acts in enumerate(schedule.actions)
@@ -36,15 +36,15 @@ def positions(schedule: Schedule) -> Positions:
     }
 
 
-def cut_index(schedule: Schedule, rank: int, done: int) -> int:
-    """Position of rank's ``UPDATE(done - 1)``: its last action before a checkpoint."""
-    return schedule.actions[rank].index(Action(rank, ActionKind.UPDATE, done - 1))
+def cut_index(schedule: Schedule, stage: int, done: int) -> int:
+    """Position of stage's ``UPDATE(done - 1)``: its last action before a checkpoint."""
+    return schedule.actions[stage].index(Action(stage, ActionKind.UPDATE, done - 1))
 
 
 def crossing_messages(
     schedule: Schedule, done: int, where: Positions | None = None
 ) -> dict[int, set[tuple[ActionKind, int]]]:
-    """Per rank, the (direction, unit) messages it sends before the cut that arrive after.
+    """Per stage, the (direction, unit) messages it sends before the cut that arrive after.
 
     Only units within N + 1 steps of the cut can cross it: no stage runs further ahead
     or behind, so the search looks at those alone (``where`` from :func:`positions`).
@@ -54,21 +54,21 @@ def crossing_messages(
     cuts = [where[(r, ActionKind.UPDATE, done - 1)] for r in range(n)]
     window = range(max(0, (done - n - 1) * micro), min(schedule.num_units, (done + n + 1) * micro))
     keep: dict[int, set[tuple[ActionKind, int]]] = {r: set() for r in range(n)}
-    for rank, kind, unit in (
+    for stage, kind, unit in (
         (r, k, u) for r in range(n) for k in _SENDS for u in window if (r, k, u) in where
     ):
-        i = where[(rank, kind, unit)]
-        peer = kind.peer(rank)
+        i = where[(stage, kind, unit)]
+        peer = kind.peer(stage)
         j = where[(peer, kind.receive, unit)]
-        sent, received = i <= cuts[rank], j <= cuts[peer]
+        sent, received = i <= cuts[stage], j <= cuts[peer]
         if received and not sent:
             raise PipeswapError(
                 f"{schedule.name} cannot be checkpointed after step {done}: stage "
-                f"{peer} receives unit {unit} before its cut but stage {rank} sends it "
+                f"{peer} receives unit {unit} before its cut but stage {stage} sends it "
                 "after; checkpoint at another step"
             )
         if sent and not received:
-            keep[rank].add((kind.direction, unit))
+            keep[stage].add((kind.direction, unit))
     return keep
 
 
@@ -97,17 +97,17 @@ class StopRequest:
             self._file.unlink(missing_ok=True)
         self._signal = StopOnSigterm()
 
-    def cut_after(self, rank: int, done: int) -> int | None:
+    def cut_after(self, worker: int, done: int) -> int | None:
         """After this stage's ``done``-th update: the steps after which all stages stop."""
         if self.target is None:
-            if rank == 0 and self._signal.requested:
+            if worker == 0 and self._signal.requested:
                 target = done + self.num_stages + 2
                 if target >= self.steps:  # the run ends first: let it finish
                     self._signal.requested = False
                     return None
                 self.target = target
                 write_atomic(self._file, json.dumps({"step": target}))
-            elif rank != 0 and self._file.exists():
+            elif worker != 0 and self._file.exists():
                 self.target = int(json.loads(self._file.read_text())["step"])
         return self.target
 

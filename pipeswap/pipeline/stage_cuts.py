@@ -15,7 +15,7 @@ Message = tuple[ActionKind, int]
 
 
 class StageCuts:
-    """Stage ``rank``'s bookkeeping for the checkpoints of ``plan`` (None: it keeps nothing).
+    """Stage ``stage``'s bookkeeping for the checkpoints of ``plan`` (None: it keeps nothing).
 
     ``forward_weights``: the weights each in-flight forward used (a resume re-runs it with
     them). ``kept``: copies of the sends since the last checkpoint that cross the next cut,
@@ -24,11 +24,11 @@ class StageCuts:
     """
 
     def __init__(
-        self, plan: CheckpointPlan | None, schedule: Schedule, rank: int, steps: int
+        self, plan: CheckpointPlan | None, schedule: Schedule, stage: int, steps: int
     ) -> None:
         self.plan = plan
         self.schedule = schedule
-        self.rank = rank
+        self.stage = stage
         self.steps = steps
         self.forward_weights: dict[int, list[torch.Tensor]] = {}
         self.kept: dict[tuple[str, int], Packed] = {}
@@ -55,12 +55,12 @@ class StageCuts:
             return
         upcoming = (done // plan.every + 1) * plan.every
         if plan.due(upcoming, self.steps):
-            self._keep = crossing_messages(self.schedule, upcoming, self._positions)[self.rank]
+            self._keep = crossing_messages(self.schedule, upcoming, self._positions)[self.stage]
 
     def keep_for_cut(self, cut: int) -> None:
         """Keep copies of the sends crossing the cut after ``cut`` steps too (a SIGTERM's)."""
         if self._cut_keep is None:
-            self._cut_keep = crossing_messages(self.schedule, cut, self._positions)[self.rank]
+            self._cut_keep = crossing_messages(self.schedule, cut, self._positions)[self.stage]
         self._keep |= self._cut_keep
 
     def saved(self, done: int) -> None:

@@ -42,11 +42,11 @@ def meeting_points_hold(schedule: Schedule) -> bool:
         for actions in schedule.actions
     ]
     sent_at: dict[tuple[ActionKind, int, int], int] = {}
-    for rank, actions in enumerate(schedule.actions):
+    for stage, actions in enumerate(schedule.actions):
         for i, a in enumerate(actions):
             if a.kind.is_send:
-                sent_at[(a.kind.direction, rank, a.unit)] = i
-    for rank, actions in enumerate(schedule.actions):
+                sent_at[(a.kind.direction, stage, a.unit)] = i
+    for stage, actions in enumerate(schedule.actions):
         step = 0
         for a in actions:
             if a.kind is ActionKind.UPDATE:
@@ -54,8 +54,8 @@ def meeting_points_hold(schedule: Schedule) -> bool:
                 continue
             if not a.kind.is_receive:
                 continue
-            src = a.kind.peer(rank)
-            # Received before this rank's UPDATE(step): sent before the sender's.
+            src = a.kind.peer(stage)
+            # Received before this stage's UPDATE(step): sent before the sender's.
             if (
                 step < schedule.num_steps
                 and sent_at[(a.kind.direction, src, a.unit)] > (update_at[src][step])

@@ -1,4 +1,4 @@
-"""What a pipeline rank does, one action at a time: ActionKind, and Action with its compact form."""
+"""What a pipeline stage does, one action at a time: ActionKind, and Action with its compact form."""
 
 from __future__ import annotations
 
@@ -66,9 +66,9 @@ class ActionKind(StrEnum):
         """The receive of this direction's data."""
         return ActionKind.RECV_F if self.direction is ActionKind.F else ActionKind.RECV_B
 
-    def peer(self, rank: int) -> int:
-        """The rank a transfer of ``rank`` goes to (a send) or comes from (a receive)."""
-        return rank - self.step if self.is_receive else rank + self.step
+    def peer(self, stage: int) -> int:
+        """The stage a transfer of ``stage`` goes to (a send) or comes from (a receive)."""
+        return stage - self.step if self.is_receive else stage + self.step
 
 
 _DIRECTION = {
@@ -86,7 +86,7 @@ _ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|UPDATE|F|B)(\d+)$")
 
 @dataclass(frozen=True, order=True)
 class Action:
-    """One thing a rank does: ``Action(2, ActionKind.F, 5)`` (or ``"F"``) is written ``2F5``.
+    """One thing a stage does: ``Action(2, ActionKind.F, 5)`` (or ``"F"``) is written ``2F5``.
 
     ``unit`` is the global micro-batch index (step * micro_batches + m) for F, B and the
     transfers, and the mini-batch (step) index for UPDATE.

@@ -123,7 +123,11 @@ def two_bw_orders(
 
     while any(updates[k] < steps for k in range(n)):
         best = min(
-            ((start, rank, k, kind) for k in range(n) for start, rank, kind in candidates(k)),
+            (
+                (start, priority, k, kind)
+                for k in range(n)
+                for start, priority, kind in candidates(k)
+            ),
             default=(inf, 0, -1, ActionKind.UPDATE),
         )
         start, _, k, kind = best

@@ -29,7 +29,7 @@ def pipeline_task_graph(
 ) -> dict[str, Any]:
     """The task graph of ``schedule`` with stage k on ``gpus[k]`` (default: topology order).
 
-    Each F/B/UPDATE becomes a compute task that depends on the previous one of its rank
+    Each F/B/UPDATE becomes a compute task that depends on the previous one of its stage
     (a GPU runs its actions in schedule order) and on the transfer it receives; each SEND
     becomes a p2p task of the activations (F) or input gradients (B) crossing the cut.
     The profile is per mini-batch, so a unit costs ``unit_scale`` of it (default
@@ -84,7 +84,7 @@ def pipeline_task_graph(
     ordered = sorted(range(len(timeline)), key=lambda i: (timeline[i].start, i))
     previous_of = {k: f"s{k}:init" for k in range(n)}
     for i in ordered:
-        k, action = timeline[i].rank, timeline[i].action
+        k, action = timeline[i].stage, timeline[i].action
         task = _action_task(
             k,
             action.kind,

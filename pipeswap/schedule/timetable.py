@@ -1,4 +1,4 @@
-"""Pipeline schedules as data: per-rank ordered actions, their string form, their unit-time run."""
+"""Pipeline schedules as data: per-stage ordered actions, their string form, their unit-time run."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ SCHEDULE_FORMAT = "pipeswap.schedule/1"
 
 @dataclass(frozen=True)
 class Schedule:
-    """The ordered actions of every rank (rank k runs stage k) for ``num_steps`` mini-batches.
+    """The ordered actions of every stage (``actions[k]``: stage k's) for ``num_steps`` mini-batches.
 
     Synchronous schedules (gpipe, 1f1b) split each mini-batch into ``micro_batches`` units
     and flush before one UPDATE per mini-batch; async-1f1b pipelines whole mini-batches
@@ -62,13 +62,13 @@ class Schedule:
         """The mini-batch (step) a unit belongs to."""
         return unit // self.micro_batches
 
-    def compute_actions(self, rank: int) -> list[Action]:
-        return [a for a in self.actions[rank] if a.is_compute]
+    def compute_actions(self, stage: int) -> list[Action]:
+        return [a for a in self.actions[stage] if a.is_compute]
 
     def to_string(self) -> str:
-        """One line per rank: ``0: 0F0 0SEND_F0 0F1 ...``."""
+        """One line per stage: ``0: 0F0 0SEND_F0 0F1 ...``."""
         return "\n".join(
-            f"{rank}: " + " ".join(str(a) for a in acts) for rank, acts in enumerate(self.actions)
+            f"{stage}: " + " ".join(str(a) for a in acts) for stage, acts in enumerate(self.actions)
         )
 
     @classmethod
@@ -114,7 +114,7 @@ MAX_ACTIONS = 5_000_000
 def build_schedule(
     name: str, num_stages: int, num_steps: int, micro_batches: int = 1, *, delay: int = 1
 ) -> Schedule:
-    """The named schedule for ``num_stages`` ranks and ``num_steps`` mini-batches.
+    """The named schedule for ``num_stages`` stages and ``num_steps`` mini-batches.
 
     ``delay`` applies to ``2bw`` only (see :func:`pipeswap.schedule.orders.two_bw_orders`):
     1 is PipeDream-2BW, 0 makes every forward wait for the previous mini-batch's update
@@ -165,23 +165,28 @@ def _with_transfers(order: list[Action], n: int) -> tuple[Action, ...]:
 
 
 class ScheduleError(PipeswapError):
-    """An invalid schedule; ``rank`` and ``index`` point at the offending action."""
+    """An invalid schedule; ``stage`` and ``index`` point at the offending action."""
 
-    def __init__(self, message: str, rank: int | None = None, index: int | None = None) -> None:
+    def __init__(self, message: str, stage: int | None = None, index: int | None = None) -> None:
         super().__init__(message)
-        self.rank = rank
+        self.stage = stage
         self.index = index
 
 
 @dataclass(frozen=True)
 class TimedAction:
-    """An action placed on a rank's timeline by :func:`unit_time_order` (transfers take no time)."""
+    """An action placed on a stage's timeline by :func:`unit_time_order` (transfers take no time)."""
 
-    rank: int
+    stage: int
     index: int
     action: Action
     start: float
     end: float
+
+    @property
+    def rank(self) -> int:
+        """Old name of :attr:`stage`, until pipeline/shared.py moves (then deleted)."""
+        return self.stage
 
 
 def unit_time_order(
@@ -206,45 +211,45 @@ def unit_time_order(
     n = schedule.num_stages
     pointer = [0] * n
     clock = [0.0] * n
-    # (direction, receiving rank, unit) -> when the message was sent.
+    # (direction, receiving stage, unit) -> when the message was sent.
     sent: dict[tuple[ActionKind, int, int], float] = {}
     order: list[TimedAction] = []
     progress = True
     while progress:
         progress = False
-        for rank in range(n):
-            acts = schedule.actions[rank]
-            while pointer[rank] < len(acts):
-                act = acts[pointer[rank]]
-                start = clock[rank]
+        for stage in range(n):
+            acts = schedule.actions[stage]
+            while pointer[stage] < len(acts):
+                act = acts[pointer[stage]]
+                start = clock[stage]
                 if act.kind.is_receive:
-                    key = (act.kind.direction, rank, act.unit)
+                    key = (act.kind.direction, stage, act.unit)
                     if key not in sent:
                         break
-                    start = clock[rank] = max(clock[rank], sent[key])
+                    start = clock[stage] = max(clock[stage], sent[key])
                 elif act.kind.is_send:
-                    sent[(act.kind.direction, act.kind.peer(rank), act.unit)] = clock[rank]
+                    sent[(act.kind.direction, act.kind.peer(stage), act.unit)] = clock[stage]
                 else:
-                    clock[rank] += costs[act.kind]
-                order.append(TimedAction(rank, pointer[rank], act, start, clock[rank]))
-                pointer[rank] += 1
+                    clock[stage] += costs[act.kind]
+                order.append(TimedAction(stage, pointer[stage], act, start, clock[stage]))
+                pointer[stage] += 1
                 progress = True
     if any(pointer[r] < len(schedule.actions[r]) for r in range(n)):
         stuck = [r for r in range(n) if pointer[r] < len(schedule.actions[r])]
-        waits = ", ".join(f"rank {r} at {schedule.actions[r][pointer[r]]}" for r in stuck)
+        waits = ", ".join(f"stage {r} at {schedule.actions[r][pointer[r]]}" for r in stuck)
         raise ScheduleError(
-            f"{schedule.name}: deadlock, every unfinished rank waits for a message that is "
+            f"{schedule.name}: deadlock, every unfinished stage waits for a message that is "
             f"never sent ({waits})\n" + listing(schedule, {r: pointer[r] for r in stuck}),
-            rank=stuck[0],
+            stage=stuck[0],
             index=pointer[stuck[0]],
         )
     return order
 
 
 def listing(schedule: Schedule, marks: dict[int, int]) -> str:
-    """Each rank's actions, the marked one (``marks[rank]``, an index) in brackets."""
+    """Each stage's actions, the marked one (``marks[stage]``, an index) in brackets."""
     lines = []
-    for rank, acts in enumerate(schedule.actions):
-        cells = [f"[{a}]" if marks.get(rank) == i else str(a) for i, a in enumerate(acts)]
-        lines.append(f"rank {rank}: " + " ".join(cells))
+    for stage, acts in enumerate(schedule.actions):
+        cells = [f"[{a}]" if marks.get(stage) == i else str(a) for i, a in enumerate(acts)]
+        lines.append(f"stage {stage}: " + " ".join(cells))
     return "\n".join(lines)

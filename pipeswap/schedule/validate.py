@@ -7,9 +7,9 @@ from pipeswap.schedule.timetable import Schedule, ScheduleError, listing, unit_t
 
 __all__ = ["ScheduleError", "validate"]
 
-# Where each (kind, unit) action stands in one rank's list.
+# Where each (kind, unit) action stands in one stage's list.
 _Where = dict[tuple[ActionKind, int], int]
-# The order in which missing or unexpected actions of a rank are looked for.
+# The order in which missing or unexpected actions of a stage are looked for.
 _REPORT_ORDER = (
     ActionKind.F,
     ActionKind.B,
@@ -27,10 +27,10 @@ def validate(schedule: Schedule) -> None:
     unit_time_order(schedule)
 
 
-def _fail(schedule: Schedule, rank: int, index: int, message: str) -> ScheduleError:
+def _fail(schedule: Schedule, stage: int, index: int, message: str) -> ScheduleError:
     return ScheduleError(
-        f"{schedule.name}: rank {rank}: {message}\n" + listing(schedule, {rank: index}),
-        rank=rank,
+        f"{schedule.name}: stage {stage}: {message}\n" + listing(schedule, {stage: index}),
+        stage=stage,
         index=index,
     )
 
@@ -38,24 +38,24 @@ def _fail(schedule: Schedule, rank: int, index: int, message: str) -> ScheduleEr
 def _check_structure(schedule: Schedule) -> None:
     n = schedule.num_stages
     if len(schedule.actions) != n:
-        raise ScheduleError(f"{schedule.name}: {len(schedule.actions)} ranks for {n} stages")
+        raise ScheduleError(f"{schedule.name}: {len(schedule.actions)} action lists for {n} stages")
     units = set(range(schedule.num_units))
     steps = set(range(schedule.num_steps))
-    for rank, acts in enumerate(schedule.actions):
+    for stage, acts in enumerate(schedule.actions):
         where: _Where = {}
         for i, act in enumerate(acts):
-            if act.stage != rank:
-                raise _fail(schedule, rank, i, f"{act} belongs to stage {act.stage}")
+            if act.stage != stage:
+                raise _fail(schedule, stage, i, f"{act} belongs to stage {act.stage}")
             key = (act.kind, act.unit)
             if key in where:
-                raise _fail(schedule, rank, i, f"{act} appears twice")
+                raise _fail(schedule, stage, i, f"{act} appears twice")
             where[key] = i
         expected = {ActionKind.F: units, ActionKind.B: units, ActionKind.UPDATE: steps}
         for direction in (ActionKind.F, ActionKind.B):
-            # A rank receives a direction's data unless it is first, sends it unless last.
-            if 0 <= rank - direction.step < n:
+            # A stage receives a direction's data unless it is first, sends it unless last.
+            if 0 <= stage - direction.step < n:
                 expected[direction.receive] = units
-            if 0 <= rank + direction.step < n:
+            if 0 <= stage + direction.step < n:
                 expected[direction.send] = units
         for kind in _REPORT_ORDER:
             have = {u for (k, u) in where if k is kind}
@@ -64,8 +64,8 @@ def _check_structure(schedule: Schedule) -> None:
                 extra, missing = sorted(have - want), sorted(want - have)
                 detail = f"unexpected {kind} {extra}" if extra else f"missing {kind} {missing}"
                 idx = where[(kind, extra[0])] if extra else len(acts) - 1
-                raise _fail(schedule, rank, idx, detail)
-        _check_order(schedule, rank, where)
+                raise _fail(schedule, stage, idx, detail)
+        _check_order(schedule, stage, where)
     for kind_send in (ActionKind.SEND_F, ActionKind.SEND_B):
         kind_recv = kind_send.receive
         for src in range(n):
@@ -81,26 +81,26 @@ def _check_structure(schedule: Schedule) -> None:
                     schedule,
                     dst,
                     idx,
-                    f"receives from rank {src} in the order {recvs[: i + 1]}... but rank {src} "
-                    f"sends {sends[: i + 1]}...; transfers between two ranks must match in order",
+                    f"receives from stage {src} in the order {recvs[: i + 1]}... but stage {src} "
+                    f"sends {sends[: i + 1]}...; transfers between two stages must match in order",
                 )
 
 
-def _check_order(schedule: Schedule, rank: int, where: _Where) -> None:
+def _check_order(schedule: Schedule, stage: int, where: _Where) -> None:
     n = schedule.num_stages
     lag = schedule.kind.forward_lag
     F, B, UPDATE = ActionKind.F, ActionKind.B, ActionKind.UPDATE  # noqa: N806 - the kinds
     for unit in range(schedule.num_units):
         f, b = where[(F, unit)], where[(B, unit)]
         if b < f:
-            raise _fail(schedule, rank, b, f"backward of unit {unit} before its forward")
+            raise _fail(schedule, stage, b, f"backward of unit {unit} before its forward")
         pairs = []
-        if rank > 0:
+        if stage > 0:
             pairs += [
                 ((ActionKind.RECV_F, unit), (F, unit)),
                 ((B, unit), (ActionKind.SEND_B, unit)),
             ]
-        if rank < n - 1:
+        if stage < n - 1:
             pairs += [
                 ((F, unit), (ActionKind.SEND_F, unit)),
                 ((ActionKind.RECV_B, unit), (B, unit)),
@@ -119,7 +119,7 @@ def _check_order(schedule: Schedule, rank: int, where: _Where) -> None:
             if where[first] > where[then]:
                 raise _fail(
                     schedule,
-                    rank,
+                    stage,
                     where[then],
-                    f"{rank}{then[0]}{then[1]} comes before {rank}{first[0]}{first[1]}",
+                    f"{stage}{then[0]}{then[1]} comes before {stage}{first[0]}{first[1]}",
                 )

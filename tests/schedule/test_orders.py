@@ -18,9 +18,9 @@ from pipeswap.schedule.orders import (
 from pipeswap.schedule.timetable import Schedule, build_schedule
 
 
-def _max_in_flight(schedule: Schedule, rank: int) -> int:
+def _max_in_flight(schedule: Schedule, stage: int) -> int:
     live, peak = 0, 0
-    for action in schedule.compute_actions(rank):
+    for action in schedule.compute_actions(stage):
         live += {"F": 1, "B": -1}.get(action.kind, 0)
         peak = max(peak, live)
     return peak

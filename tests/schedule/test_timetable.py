@@ -59,10 +59,10 @@ def test_unit_time_order_waits_for_sends_and_names_a_deadlock() -> None:
     schedule = build_schedule("1f1b", 2, 1, 1)
     timeline = unit_time_order(schedule, forward_cost=2, backward_cost=3)
     at = {str(t.action): t for t in timeline}
-    # Rank 1 receives unit 0 when rank 0's forward has sent it, then computes.
+    # Stage 1 receives unit 0 when stage 0's forward has sent it, then computes.
     assert (at["1RECV_F0"].start, at["1F0"].start, at["1F0"].end) == (2, 2, 4)
     assert at["0B0"].start == at["1SEND_B0"].end == 7 and at["0B0"].end == 10
-    assert [t.index for t in timeline if t.rank == 0] == list(range(len(schedule.actions[0])))
+    assert [t.index for t in timeline if t.stage == 0] == list(range(len(schedule.actions[0])))
     stuck = Schedule.from_string(
         "0: 0F0 0RECV_B0 0SEND_F0 0B0 0UPDATE0\n1: 1RECV_F0 1F0 1B0 1SEND_B0 1UPDATE0",
         name="1f1b",
@@ -71,8 +71,8 @@ def test_unit_time_order_waits_for_sends_and_names_a_deadlock() -> None:
     )
     with pytest.raises(ScheduleError, match="deadlock") as info:
         unit_time_order(stuck)
-    assert (info.value.rank, info.value.index) == (0, 1)
-    assert listing(stuck, {0: 1}).splitlines()[0] == "rank 0: 0F0 [0RECV_B0] 0SEND_F0 0B0 0UPDATE0"
+    assert (info.value.stage, info.value.index) == (0, 1)
+    assert listing(stuck, {0: 1}).splitlines()[0] == "stage 0: 0F0 [0RECV_B0] 0SEND_F0 0B0 0UPDATE0"
 
 
 def test_a_schedule_knows_its_table_entry() -> None:

@@ -22,19 +22,21 @@ def test_every_built_schedule_is_valid(name: str, stages: int, micro: int) -> No
     assert len(order) == sum(len(acts) for acts in schedule.actions)
 
 
-def _two_stage(rank0: str, rank1: str, name: str = "1f1b") -> Schedule:
-    return Schedule.from_string(f"0: {rank0}\n1: {rank1}", name=name, num_steps=1, micro_batches=1)
+def _two_stage(stage0: str, stage1: str, name: str = "1f1b") -> Schedule:
+    return Schedule.from_string(
+        f"0: {stage0}\n1: {stage1}", name=name, num_steps=1, micro_batches=1
+    )
 
 
 def test_deadlock_is_reported_with_the_stuck_actions_marked() -> None:
-    # Rank 0 waits for the gradient before it has sent the activation that produces it.
+    # Stage 0 waits for the gradient before it has sent the activation that produces it.
     schedule = _two_stage(
         "0F0 0RECV_B0 0SEND_F0 0B0 0UPDATE0", "1RECV_F0 1F0 1B0 1SEND_B0 1UPDATE0"
     )
     with pytest.raises(ScheduleError, match="deadlock") as info:
         validate(schedule)
     assert "[0RECV_B0]" in str(info.value) and "[1RECV_F0]" in str(info.value)
-    assert info.value.rank == 0 and info.value.index == 1
+    assert info.value.stage == 0 and info.value.index == 1
 
 
 def test_backward_before_forward_is_refused() -> None:
@@ -52,7 +54,7 @@ def test_unmatched_send_is_refused() -> None:
 
 
 def test_transfers_out_of_order_are_refused() -> None:
-    # Rank 1 receives unit 1 first although rank 0 sends unit 0 first.
+    # Stage 1 receives unit 1 first although stage 0 sends unit 0 first.
     rows = build_schedule("gpipe", 2, 1, 2).to_string().splitlines()
     rows[1] = "1: 1RECV_F1 1F1 1RECV_F0 1F0 1B0 1SEND_B0 1B1 1SEND_B1 1UPDATE0"
     schedule = Schedule.from_string("\n".join(rows), name="gpipe", num_steps=1, micro_batches=2)

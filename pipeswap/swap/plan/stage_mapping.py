@@ -60,7 +60,7 @@ def transfer_windows(
     ends: list[list[float]] = [[] for _ in range(n)]
     for timed in timeline:
         if timed.action.is_compute:
-            ends[timed.rank].append(timed.end)
+            ends[timed.stage].append(timed.end)
     windows: Windows = []
     for k in range(n):
         order = stage_order(schedule, k)
