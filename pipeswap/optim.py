@@ -149,11 +149,16 @@ class OptimizerConfig:
         )
 
     def filled(
-        self, task: str, steps: int, *, fits: Callable[[str], bool] | None = None
+        self, task: str, steps: int | None, *, fits: Callable[[str], bool] | None = None
     ) -> OptimizerConfig:
         """This config with what it leaves to the task filled in, for a run of ``steps``
         training a model of ``task``: the task's recipe (its entry's) for every
         field not given, then ``lr_decay_steps`` the run's steps when the rate decays.
+
+        ``steps`` None is a run of unknown length (pipeswap.Pipeline in a loop that does
+        not know its own): the recipe's optimizer and rate, but no warm-up and a constant
+        rate unless given, as both are fractions of the run; a decay needs
+        ``lr_decay_steps``.
 
         ``fits`` says whether an optimizer suits the run's weight mode (spectrain predicts
         with SGD's momentum): a recipe whose optimizer does not is passed over for one
@@ -163,14 +168,25 @@ class OptimizerConfig:
         if optim.optimizer is None:
             recipes = [task_kind(task).recipe, *(t.recipe for t in TASKS.values())]
             recipe = next((r for r in recipes if fits is None or fits(r.optimizer)), recipes[0])
+            warmup = 0 if steps is None else recipe.warmup(steps)
             optim = replace(
                 optim,
                 optimizer=recipe.optimizer,
                 lr=recipe.lr if optim.lr is None else optim.lr,
-                lr_warmup=recipe.warmup(steps) if optim.lr_warmup is None else optim.lr_warmup,
-                lr_schedule=recipe.schedule if optim.lr_schedule is None else optim.lr_schedule,
+                lr_warmup=warmup if optim.lr_warmup is None else optim.lr_warmup,
+                lr_schedule=(
+                    ("constant" if steps is None else recipe.schedule)
+                    if optim.lr_schedule is None
+                    else optim.lr_schedule
+                ),
             )
         if optim.schedule != "constant" and optim.lr_decay_steps is None:
+            require(
+                steps is not None,
+                f"{{lr_schedule}} {optim.schedule} decays to 0 over the run's steps, and this "
+                "run does not say how many: give {lr_decay_steps}, or the run's steps",
+            )
+            assert steps is not None
             require(
                 steps > optim.warmup,
                 f"{{lr_schedule}} {optim.schedule} decays after {{lr_warmup}} "

@@ -117,3 +117,22 @@ def test_clip_grad_norm_must_be_positive() -> None:
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match="clip_grad_norm"):
             OptimizerConfig(clip_grad_norm=bad)
+
+
+def test_a_run_of_unknown_length_keeps_the_task_s_rate_constant() -> None:
+    """steps None (pipeswap.Pipeline without steps=): the task's optimizer and rate, no
+    warm-up or decay, which are fractions of the run; a decay given needs its length."""
+    filled = OptimizerConfig().filled("lm", None)
+    assert (filled.name, filled.base_lr, filled.warmup, filled.schedule) == (
+        "adamw",
+        3e-3,
+        0,
+        "constant",
+    )
+    assert filled.lr_at(0) == filled.lr_at(10**6) == 3e-3
+    given = OptimizerConfig(lr_warmup=5).filled("lm", None)
+    assert given.warmup == 5 and given.lr_at(0) == pytest.approx(3e-3 / 5)
+    with pytest.raises(ConfigError, match="give .*lr_decay_steps"):
+        OptimizerConfig(lr_schedule="cosine").filled("lm", None)
+    decaying = OptimizerConfig(lr_schedule="cosine", lr_decay_steps=100).filled("lm", None)
+    assert decaying.lr_at(100) == 0.0

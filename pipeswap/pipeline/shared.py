@@ -252,6 +252,12 @@ class TiedParameters:
         self._taken: dict[tuple[int, int], list[list[torch.Tensor]]] = {}
         self.crossing: set[tuple[int, int, int]] = set()
 
+    def replan(self, schedule: Schedule) -> None:
+        """Plan every group over ``schedule``, a longer or shorter form of the one so far
+        with the same actions up to where the stages are (pipeswap.pipeline.horizon): a
+        plan's choices there depend only on those actions, so they stay as they were."""
+        self.groups = [(names, plan_sharing(schedule, plan.holders)) for names, plan in self.groups]
+
     def after_backward(self, index: int) -> None:
         """After action ``index`` (a backward): send the gradients it completed, if any."""
         for g, (names, plan) in enumerate(self.groups):

@@ -22,11 +22,12 @@ from pipeswap.dist.group import (
 from pipeswap.errors import PipeswapError
 from pipeswap.models.adapt import adapt
 from pipeswap.models.base import evaluating
-from pipeswap.models.export import replay_of, source_module
+from pipeswap.models.export import source_module
 from pipeswap.optim import OptimizerConfig
-from pipeswap.pipeline.emulator import MailboxTransport, pipeline_schedule
+from pipeswap.pipeline.emulator import MailboxTransport
 from pipeswap.pipeline.executor import StageExecutor
-from pipeswap.pipeline.feed import FedBatches, step_ends
+from pipeswap.pipeline.feed import FedBatches
+from pipeswap.pipeline.horizon import ScheduleHorizon
 from pipeswap.pipeline.job import load_stage_tensors
 from pipeswap.pipeline.resolve import choose_balance
 from pipeswap.pipeline.rng import EVAL
@@ -42,6 +43,7 @@ from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipe_checkpoint import Checkpoint, newest_checkpoint, save_stages
+from pipeswap.training.pipe_target import ScoredAgainst
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 # How long a rank of a group the pipeline joins itself waits for a silent peer.
@@ -53,15 +55,22 @@ class Pipeline:
 
     ::
 
-        pipe = pipeswap.Pipeline(model, stages=2, steps=len(loader), schedule="1f1b",
-                                 micro_batches=4, optimizer=lambda ps: torch.optim.AdamW(ps))
+        pipe = pipeswap.Pipeline(model, stages=2, schedule="1f1b", micro_batches=4,
+                                 optimizer=lambda ps: torch.optim.AdamW(ps))
         for x, y in loader:                  # every rank: the same batches
             loss = pipe.step(x, target=y)    # one mini-batch; the optimizer steps inside
         weights = pipe.state_dict()          # the whole model's, on rank 0
+        pipe.close()
 
     Every rank builds ``model`` the same way (seeded, or ``from_pretrained``) and calls
-    :meth:`step` with the same batches, ``steps`` times (the schedule is built for the
-    run's length: an asynchronous one drains at its end). Rank k keeps stage k: its
+    :meth:`step` with the same batches. ``steps`` (optional) is how many: the pipeline
+    is then the one ``pipeswap train --steps`` runs, and an unset optimizer gets the
+    task's warm-up and decay over those steps. Without it the schedule is built ahead of
+    the calls and the mini-batches an asynchronous schedule still has in flight are
+    finished at :meth:`state_dict` or :meth:`close` (training ends there; the same weights
+    as a pipeline built for that many steps), and an unset optimizer keeps the task's
+    rate constant (a warm-up or decay is a fraction of a length it does not know: give
+    ``steps``, or an OptimizerConfig with ``lr_warmup``/``lr_decay_steps``). Rank k keeps stage k: its
     layers (cut at the model's repeated blocks, pipeswap.adapt; ``balance`` layers per
     stage or the partitioner's), their weight versions (``weights``: the modes of
     ``pipeswap train``) and their optimizer, ``optimizer`` (an OptimizerConfig, whose unset
@@ -78,7 +87,7 @@ class Pipeline:
         model: nn.Module,
         *,
         stages: int,
-        steps: int,
+        steps: int | None = None,
         schedule: str = PipelineConfig.schedule,
         micro_batches: int | None = None,
         weights: str = PipelineConfig.weights,
@@ -91,7 +100,10 @@ class Pipeline:
         device: torch.device | str | None = None,
         blocks: list[str] | None = None,
     ) -> None:
-        require(steps >= 1, f"steps is {steps}: give the number of pipe.step calls, 1 or more")
+        require(
+            steps is None or steps >= 1,
+            f"steps is {steps}: give the number of pipe.step calls (1 or more), or leave it out",
+        )
         self.pipeline = PipelineConfig(
             stages=stages,
             balance=balance,
@@ -127,11 +139,13 @@ class Pipeline:
         self.done = 0  # pipe.step calls so far (or the checkpoint's steps)
         self._evals = 0
         self._executor: StageExecutor | None = None
+        self._horizon: ScheduleHorizon | None = None
+        # Why no step may follow: the training ended (the last step, or a drain), or failed.
+        self._ended: str | None = None
         self._resume: Checkpoint | None = None
         self._shape: tuple[torch.Size, torch.dtype] | None = None
         self._wires: StageWires | None = None
-        self._ends: list[int] = []
-        self._own_loss: bool | None = None  # labels= (the model's own loss) or target=
+        self.scored = ScoredAgainst(self.layered, loss_fn)
 
     # ---- training -------------------------------------------------------------------
     @property
@@ -153,22 +167,27 @@ class Pipeline:
         update included. Returns the mini-batch's loss on the last stage, None elsewhere.
         """
         require(
-            self.done < self.steps,
+            self.steps is None or self.done < self.steps,
             f"pipe.step was called {self.done + 1} times, but this pipeline was built for "
-            f"steps={self.steps}: build it with the number of steps you train",
+            f"steps={self.steps}: build it with the number of steps you train, or without steps",
         )
-        target = self._target(inputs, target, labels)
+        require(self._ended is None, f"pipe.step after {self._ended}")
+        target = self.scored.choose(target, labels)
         executor = self._built(inputs, target)
+        assert self._horizon is not None
         assert executor.train_data is not None or 0 < self.rank < self.world - 1
         if executor.train_data is not None:
             executor.train_data.put(self.done, inputs, target)
         t = self.done
+        self._ended = "a pipe.step that failed: build a new pipeline (pipe.load continues a save)"
         with self._threads():
-            start = executor.index
-            actions = executor.schedule.actions[self.rank]
-            run_actions(executor, executor.transport, actions[start : self._ends[t]], None, None)
-            if t == self.steps - 1:
+            end = self._horizon.stop_after(t, executor)
+            actions = executor.schedule.actions[self.rank][executor.index : end]
+            run_actions(executor, executor.transport, actions, None, None)
+            last = t + 1 == self.steps
+            if last:
                 executor.finish_training()
+        self._ended = f"the steps={self.steps} it was built for" if last else None
         self.done += 1
         if not executor.runner.is_last:
             return None
@@ -188,7 +207,7 @@ class Pipeline:
         Between steps of a synchronous schedule these are the weights after the last step;
         on an asynchronous one each stage's own newest (a stage may be a step behind).
         """
-        target = self._target(inputs, target, labels)
+        target = self.scored.choose(target, labels)
         executor = self._built(inputs, target)
         runner, transport = executor.runner, executor.eval_transport
         micro, size = executor.micro_batches, executor.config.micro_batch_size
@@ -215,8 +234,12 @@ class Pipeline:
     # ---- weights and checkpoints ----------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor] | None:
         """The whole model's weights by its own names, on rank 0 (None elsewhere); every
-        rank calls it. Rank 0's ``model`` then holds them too (save_pretrained works)."""
+        rank calls it. Rank 0's ``model`` then holds them too (save_pretrained works).
+
+        Built without ``steps``, the pipeline first finishes the mini-batches in flight, and
+        its training ends: take the weights after the loop."""
         executor = self._require_built("state_dict")
+        self._drain("pipe.state_dict")
         named = [*executor.named_parameters(), *executor.module.named_buffers()]
         mine = {name: t.detach().to("cpu", copy=True) for name, t in named}
         states = gather_to_rank0(mine, self.rank, self.world) if self.world > 1 else [mine]
@@ -246,7 +269,10 @@ class Pipeline:
 
     def close(self) -> None:
         """Free the process groups this pipeline made (the default one too when it joined
-        it from torchrun's variables; one your script made stays yours)."""
+        it from torchrun's variables; one your script made stays yours). Built without
+        ``steps``, the pipeline first finishes the mini-batches in flight (every rank calls
+        it, unless a step failed)."""
+        self._drain("pipe.close")
         if self._wires is not None:
             self._wires.close()
             self._wires = None
@@ -255,36 +281,21 @@ class Pipeline:
             self._joined = False
 
     # ---- inside -----------------------------------------------------------------------
-    def _target(
-        self, inputs: torch.Tensor, target: torch.Tensor | None, labels: torch.Tensor | None
-    ) -> torch.Tensor:
-        """What the last stage scores against. ``labels`` go to the model's own forward,
-        which computes its own loss (shifted or not, as the family does); ``target`` is
-        scored by cross-entropy of the logits. One of them, the same in every call."""
-        if (target is None) == (labels is None):
-            raise PipeswapError("pass the batch's target or its labels (one of them)")
-        own = labels is not None
-        if self._own_loss is None:
-            replay = replay_of(self.layered)
-            require(
-                not own or (replay is not None and replay.input_name is not None),
-                "labels= hands the labels to a Hugging Face model's own loss; this model "
-                "computes none: pass target= (cross-entropy of its logits)",
-            )
-            require(
-                not own or self.loss_fn is None,
-                "labels= scores with the model's own loss, loss_fn with yours: pass target= "
-                "with loss_fn, or drop loss_fn",
-            )
-            self._own_loss = own
-        require(
-            own == self._own_loss,
-            f"this pipeline was first called with {'labels' if self._own_loss else 'target'}=; "
-            "keep to it (the loss would change meaning)",
+    def _drain(self, what: str) -> None:
+        """End the training of a pipeline built without ``steps``, once: run the actions
+        that finish the mini-batches in flight, on the schedule of the steps done."""
+        executor, horizon = self._executor, self._horizon
+        if self.steps is not None or executor is None or horizon is None or self._ended:
+            return
+        with self._threads():
+            actions = horizon.drain(self.done, executor)
+            run_actions(executor, executor.transport, actions, None, None)
+            executor.finish_training()
+        self._ended = (
+            f"{what}, which ended the training of this pipeline built without steps (it "
+            "finishes the mini-batches in flight): call it after your loop, or build the "
+            "pipeline with steps= to take its weights mid-run"
         )
-        chosen = labels if labels is not None else target
-        assert chosen is not None
-        return chosen
 
     def _check_synchronous(self, what: str) -> None:
         require(
@@ -331,7 +342,7 @@ class Pipeline:
             batch=batch,
             seq_len=int(inputs.shape[1]) if lm else None,
             image_size=None if lm else int(inputs.shape[-1]),
-            steps=self.steps,
+            steps=self.steps or 1,  # the schedule's horizon decides (ScheduleHorizon)
             seed=self.seed,
             device=self.device.type,
             precision=self.precision,
@@ -348,8 +359,8 @@ class Pipeline:
         balance = config.require_pipeline().stage_balance
         first, end = stage_bounds(balance)[rank]
         model.stage(first, end).to(self.device)
-        schedule = pipeline_schedule(config)
-        self._ends = step_ends(schedule.actions[rank], micro, self.steps)
+        self._horizon = ScheduleHorizon(config, rank, self.steps, self.done)
+        config, schedule = self._horizon.config, self._horizon.schedule
         if self.world > 1:
             self._wires = StageWires(infos, balance, find_shared(model, balance), self.device)
             wired: dict[str, Any] = {"transport": self._wires.transport, **self._wires.joins()}
@@ -370,12 +381,7 @@ class Pipeline:
                 optimizer_factory=self.factory,
                 **wired,
             )
-            # The last stage's own copy of the model's head (a stage holding a tied weight
-            # has a copy of its layers) computes the model's own loss from the labels.
-            replay = replay_of(executor.module)
-            if self._own_loss and replay is not None and executor.runner.is_last:
-                executor.runner.labelled = replay.labelled
-                executor.runner.loss_fn = lambda _logits, _labels: replay.own_loss()
+            self.scored.wire(executor)
             if self._resume is not None:
                 self._resume.restore(executor, self.world)
         return executor

@@ -77,6 +77,42 @@ def test_a_loop_of_pipe_steps_is_the_emulated_run_bit_for_bit(config: TrainConfi
     assert set(first["state"]) == set(build_full_model(config).state_dict())
 
 
+def _train_without_steps(rank: int, world: int, config: TrainConfig) -> dict[str, Any]:
+    """The user's loop, with no steps= given: the schedule is built 2 steps ahead and
+    lengthened as the calls come (several times here), then drained at state_dict."""
+    from pipeswap.pipeline import horizon
+
+    horizon.FIRST_HORIZON = 2
+    pipe = _pipe(config, steps=None)
+    data = BatchSource(config, build_full_model(config))
+    losses = [pipe.step(*data.batch(t)) for t in range(config.steps)]
+    state = pipe.state_dict()
+    held_out = pipe.eval(*data.batch(config.steps))
+    with pytest.raises(ConfigError, match="ended the training of this pipeline"):
+        pipe.step(*data.batch(0))
+    pipe.close()
+    digest = params_sha256(pipe.layered) if rank == 0 else None
+    return {"losses": losses, "eval": held_out, "state": state, "digest": digest}
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(
+    "config", CASES[::2] + CASES[3:], ids=["1f1b", "async-spectrain", "2bw-stash"]
+)
+def test_a_pipeline_without_steps_drains_at_state_dict_as_one_built_for_them(
+    config: TrainConfig,
+) -> None:
+    """Bit for bit the run of a pipeline told the steps in advance (tied weights across
+    the stages, weight prediction, 2BW's stash), the same held-out loss after it."""
+    unknown = spawn(_train_without_steps, 2, config, timeout_s=120)
+    known = spawn(_train, 2, config, timeout_s=120)
+    assert unknown.ok and known.ok, (unknown.exit_codes, known.exit_codes)
+    for mine, theirs in zip(unknown.results, known.results):
+        assert mine["losses"] == theirs["losses"]
+        assert mine["digest"] == theirs["digest"] and mine["eval"] == theirs["eval"]
+    assert unknown.results[0]["digest"] == Emulator(config).run().params_sha256
+
+
 def test_a_pipeline_of_one_stage_is_plain_training() -> None:
     config = replace_fields(BASE, balance=(4,), steps=3)
     pipe = _pipe(config)

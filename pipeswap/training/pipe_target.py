@@ -1,0 +1,65 @@
+"""What a pipeline's last stage scores against: the batch's target, or its labels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pipeswap.config import require
+from pipeswap.errors import PipeswapError
+from pipeswap.models.base import LayeredModel
+from pipeswap.models.export import replay_of
+from pipeswap.pipeline.executor import StageExecutor
+
+__all__ = ["ScoredAgainst"]
+
+
+class ScoredAgainst:
+    """``labels`` go to the model's own forward, which computes its own loss (shifted or
+    not, as the family does); ``target`` is scored by cross-entropy of the logits (or the
+    user's ``loss_fn``). A pipeline's first call chooses one; every later call keeps it."""
+
+    def __init__(
+        self, model: LayeredModel, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None
+    ) -> None:
+        self.model, self.loss_fn = model, loss_fn
+        self.own_loss: bool | None = None  # labels= (the model's own loss) or target=
+
+    def choose(self, target: torch.Tensor | None, labels: torch.Tensor | None) -> torch.Tensor:
+        """The call's target or labels, refused when it gives both, neither, or the other
+        one than the first call."""
+        if (target is None) == (labels is None):
+            raise PipeswapError("pass the batch's target or its labels (one of them)")
+        own = labels is not None
+        if self.own_loss is None:
+            replay = replay_of(self.model)
+            require(
+                not own or (replay is not None and replay.input_name is not None),
+                "labels= hands the labels to a Hugging Face model's own loss; this model "
+                "computes none: pass target= (cross-entropy of its logits)",
+            )
+            require(
+                not own or self.loss_fn is None,
+                "labels= scores with the model's own loss, loss_fn with yours: pass target= "
+                "with loss_fn, or drop loss_fn",
+            )
+            self.own_loss = own
+        require(
+            own == self.own_loss,
+            f"this pipeline was first called with {'labels' if self.own_loss else 'target'}=; "
+            "keep to it (the loss would change meaning)",
+        )
+        chosen = labels if labels is not None else target
+        assert chosen is not None
+        return chosen
+
+    def wire(self, executor: StageExecutor) -> None:
+        """Score with the model's own loss on the last stage when the calls give labels:
+        its own copy of the model's head (a stage holding a tied weight has a copy of its
+        layers) computes it from the labels."""
+        replay = replay_of(executor.module)
+        if self.own_loss and replay is not None and executor.runner.is_last:
+            executor.runner.labelled = replay.labelled
+            executor.runner.loss_fn = lambda _logits, _labels: replay.own_loss()
