@@ -18,6 +18,8 @@ from pipeswap.models.replay import split_at_blocks
 from pipeswap.models.state import inspecting
 from pipeswap.models.tasks import task_kind
 
+__all__ = ["adapt"]
+
 # The head classes pipeswap can train, by the end of their class name, and the task.
 _HF_HEADS = (
     ("ForCausalLM", "lm"),
@@ -41,6 +43,7 @@ def adapt(
     name: str | None = None,
     blocks: Sequence[str] | None = None,
     task: str | None = None,
+    example: torch.Tensor | None = None,
 ) -> LayeredModel:
     """Any ``nn.Module`` (or Hugging Face model) as a LayeredModel cut at ``blocks``.
 
@@ -50,6 +53,12 @@ def adapt(
     returned as it is. The task is read off the model when not given: a Hugging Face head
     class says it; a plain module whose first layer is an ``nn.Embedding`` is a language
     model, one whose first layer is an ``nn.Conv2d`` an image classifier.
+
+    ``example`` is an input the model takes (a batch of your token ids or images, one row
+    is enough): the model runs on it once to learn how its forward calls the blocks. Left
+    out, a plain module runs on 8 tokens or one 32x32 image; a model that takes only other
+    shapes (a fixed sequence length) needs its own. A Hugging Face model runs on a probe
+    its config allows.
     """
     if isinstance(model, LayeredModel):
         return model
@@ -60,21 +69,28 @@ def adapt(
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     entry = None if task is None else task_kind(task)
     if isinstance(first, nn.Embedding) and (entry is None or entry.takes_tokens):
-        example = torch.arange(_EXAMPLE_TOKENS, device=device)[None] % first.num_embeddings
-        return split_at_blocks(
+        probe = torch.arange(_EXAMPLE_TOKENS, device=device)[None] % first.num_embeddings
+        return _probing(
+            split_at_blocks,
             model,
-            example=example,
+            label,
+            given=example,
+            example=probe if example is None else example.to(device),
             task=task or "lm",
             name=label,
             blocks=blocks,
             vocab_size=first.num_embeddings,
         )
     if isinstance(first, nn.Conv2d) and (entry is None or entry.has_image_size):
-        example = torch.zeros(1, first.in_channels, _EXAMPLE_IMAGE, _EXAMPLE_IMAGE, device=device)
-        classes = _output_width(model, example)
-        return split_at_blocks(
+        image = torch.zeros(1, first.in_channels, _EXAMPLE_IMAGE, _EXAMPLE_IMAGE, device=device)
+        image = image if example is None else example.to(device)
+        classes = _probing(_output_width, model, label, given=example, example=image)
+        return _probing(
+            split_at_blocks,
             model,
-            example=example,
+            label,
+            given=example,
+            example=image,
             task=task or "classify",
             name=label,
             blocks=blocks,
@@ -88,7 +104,27 @@ def adapt(
     )
 
 
-def _output_width(model: nn.Module, example: torch.Tensor) -> int:
+def _probing(
+    run: Any, model: nn.Module, label: str, *, given: torch.Tensor | None, **kwargs: Any
+) -> Any:
+    """``run(model, **kwargs)``, whose ``example`` the model runs on; a model that fails on
+    pipeswap's own probe is refused asking for an input of the user's."""
+    try:
+        return run(model, **kwargs)
+    except PipeswapError:
+        raise
+    except Exception as error:
+        if given is not None:
+            raise
+        shape = tuple(kwargs["example"].shape)
+        raise PipeswapError(
+            f"{label} does not run on pipeswap's probe input of shape {shape} "
+            f"({type(error).__name__}: {error}): pass example= (one batch of your inputs) to "
+            "pipeswap.adapt, or give your model inputs of any length"
+        ) from error
+
+
+def _output_width(model: nn.Module, *, example: torch.Tensor) -> int:
     with inspecting(model):
         out = model(example)
     if not isinstance(out, torch.Tensor) or out.dim() != 2:

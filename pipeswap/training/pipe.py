@@ -13,6 +13,7 @@ from torch import nn
 
 from pipeswap.config import require
 from pipeswap.data_config import DataConfig
+from pipeswap.dist.env import local_rank_of
 from pipeswap.dist.group import (
     gather_to_rank0,
     join_as_stages,
@@ -21,7 +22,7 @@ from pipeswap.dist.group import (
 )
 from pipeswap.errors import PipeswapError
 from pipeswap.models.adapt import adapt
-from pipeswap.models.base import evaluating
+from pipeswap.models.base import LayeredModel, evaluating
 from pipeswap.models.export import source_module
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.emulator import MailboxTransport
@@ -30,20 +31,18 @@ from pipeswap.pipeline.feed import FedBatches
 from pipeswap.pipeline.horizon import ScheduleHorizon
 from pipeswap.pipeline.job import load_stage_tensors
 from pipeswap.pipeline.resolve import choose_balance
-from pipeswap.pipeline.rng import EVAL
 from pipeswap.pipeline.runtime import StageWires, run_actions
 from pipeswap.pipeline.shared import find_shared
 from pipeswap.pipeline.stage import layer_infos
 from pipeswap.pipeline.step_end import step_loss
 from pipeswap.pipeline.weights import describe_optimizer
 from pipeswap.precision import DEFAULT_PRECISION, autocast
-from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipe_checkpoint import Checkpoint, newest_checkpoint, save_stages
-from pipeswap.training.pipe_target import ScoredAgainst
+from pipeswap.training.pipe_target import ScoredAgainst, score_batch
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 # How long a rank of a group the pipeline joins itself waits for a silent peer.
@@ -130,12 +129,12 @@ class Pipeline:
         self.steps, self.precision, self.seed = steps, precision, seed
         self.loss_fn = loss_fn
         self.rank, self.world, self._joined = join_as_stages(stages, _TIMEOUT_S)
-        self.device = _device(device)
-        self.layered = adapt(model, blocks=blocks)
-        # The defaults of `pipeswap train`: an optimizer left unset is the model's task's.
-        self.optim = self.optim.filled(
-            self.layered.task, steps, fits=weight_mode(self.pipeline.weights).fits
-        )
+        # Without device=: torchrun's LOCAL_RANK names this rank's GPU, if there is one.
+        gpu = torch.cuda.is_available()
+        own = torch.device("cuda", local_rank_of(self.rank)) if gpu else torch.device("cpu")
+        self.device = own if device is None else torch.device(device)
+        self.model, self.blocks = model, blocks
+        self._layered: LayeredModel | None = None  # adapted on the first batch
         self.done = 0  # pipe.step calls so far (or the checkpoint's steps)
         self._evals = 0
         self._executor: StageExecutor | None = None
@@ -145,9 +144,16 @@ class Pipeline:
         self._resume: Checkpoint | None = None
         self._shape: tuple[torch.Size, torch.dtype] | None = None
         self._wires: StageWires | None = None
-        self.scored = ScoredAgainst(self.layered, loss_fn)
+        self._scored: ScoredAgainst | None = None
 
     # ---- training -------------------------------------------------------------------
+    @property
+    def layered(self) -> LayeredModel:
+        """The model as pipeswap cuts it (pipeswap.adapt), from the first batch on."""
+        if self._layered is None:
+            raise PipeswapError("pipe.layered exists from the first pipe.step or pipe.eval on")
+        return self._layered
+
     @property
     def is_last(self) -> bool:
         """Whether this rank runs the last stage (the one that knows the losses)."""
@@ -172,7 +178,7 @@ class Pipeline:
             f"steps={self.steps}: build it with the number of steps you train, or without steps",
         )
         require(self._ended is None, f"pipe.step after {self._ended}")
-        target = self.scored.choose(target, labels)
+        target = self._scored_by(inputs).choose(target, labels)
         executor = self._built(inputs, target)
         assert self._horizon is not None
         assert executor.train_data is not None or 0 < self.rank < self.world - 1
@@ -189,9 +195,14 @@ class Pipeline:
                 executor.finish_training()
         self._ended = f"the steps={self.steps} it was built for" if last else None
         self.done += 1
+        # A loop may run for ever: keep no per-action record, nor the losses handed back.
+        executor.result.timeline.clear()
         if not executor.runner.is_last:
             return None
-        return step_loss(executor.runner.losses, t, executor.micro_batches)
+        loss = step_loss(executor.runner.losses, t, executor.micro_batches)
+        for unit in range(t * executor.micro_batches, (t + 1) * executor.micro_batches):
+            del executor.runner.losses[unit]
+        return loss
 
     @torch.no_grad()
     def eval(
@@ -207,29 +218,12 @@ class Pipeline:
         Between steps of a synchronous schedule these are the weights after the last step;
         on an asynchronous one each stage's own newest (a stage may be a step behind).
         """
-        target = self.scored.choose(target, labels)
+        target = self._scored_by(inputs).choose(target, labels)
         executor = self._built(inputs, target)
-        runner, transport = executor.runner, executor.eval_transport
-        micro, size = executor.micro_batches, executor.config.micro_batch_size
-        total = 0.0
         with self._threads():
-            for m in range(micro):
-                unit = self._evals * micro + m  # in a process group of their own
-                part = slice(m * size, (m + 1) * size)
-                value: Any = (
-                    inputs[part].to(self.device)
-                    if runner.is_first
-                    else transport.take(ActionKind.F, unit)
-                )
-                with executor.stream(EVAL, self._evals, m):
-                    out = runner.evaluate(value, target[part].to(self.device))
-                if runner.is_last:
-                    total += float(out[0])
-                else:
-                    transport.send(ActionKind.F, unit, out)  # type: ignore[arg-type]
-            transport.finish()
+            loss = score_batch(executor, inputs, target, self._evals, self.device)
         self._evals += 1
-        return total / micro if runner.is_last else None
+        return loss
 
     # ---- weights and checkpoints ----------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -297,12 +291,30 @@ class Pipeline:
             "pipeline with steps= to take its weights mid-run"
         )
 
+    def _scored_by(self, inputs: torch.Tensor) -> ScoredAgainst:
+        """What the last stage scores against, once the model is adapted: on the first
+        batch, which the model runs on to learn how its forward calls its blocks (so a
+        model that takes only its own sequence length works as it is)."""
+        if self._scored is None:
+            self._layered = adapt(self.model, blocks=self.blocks, example=inputs[:1])
+            # The defaults of `pipeswap train`: an optimizer left unset is the model's task's.
+            fits = weight_mode(self.pipeline.weights).fits
+            self.optim = self.optim.filled(self._layered.task, self.steps, fits=fits)
+            self._scored = ScoredAgainst(self._layered, self.loss_fn)
+        return self._scored
+
     def _check_synchronous(self, what: str) -> None:
         require(
             not self.pipeline.asynchronous,
             f"pipe.{what}: an asynchronous schedule ({self.pipeline.schedule}) has mini-batches "
             "in flight between steps; checkpoint a synchronous one (gpipe, 1f1b)",
         )
+
+    @property
+    def balance(self) -> tuple[int, ...]:
+        """Layers per stage (the embeddings and the head count as layers): as given, or as
+        the partitioner chose them on the first batch."""
+        return self._require_built("balance").pipeline.stage_balance
 
     def _require_built(self, what: str) -> StageExecutor:
         if self._executor is None:
@@ -381,15 +393,7 @@ class Pipeline:
                 optimizer_factory=self.factory,
                 **wired,
             )
-            self.scored.wire(executor)
+            self._scored_by(inputs).wire(executor)
             if self._resume is not None:
                 self._resume.restore(executor, self.world)
         return executor
-
-
-def _device(device: torch.device | str | None) -> torch.device:
-    if device is not None:
-        return torch.device(device)
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")

@@ -1,4 +1,4 @@
-"""What a pipeline's last stage scores against: the batch's target, or its labels."""
+"""What a user's pipeline scores: against the batch's target or its labels, and a held-out batch."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.export import replay_of
 from pipeswap.pipeline.executor import StageExecutor
+from pipeswap.pipeline.rng import EVAL
+from pipeswap.schedule.actions import ActionKind
 
-__all__ = ["ScoredAgainst"]
+__all__ = ["ScoredAgainst", "score_batch"]
 
 
 class ScoredAgainst:
@@ -63,3 +65,33 @@ class ScoredAgainst:
         if self.own_loss and replay is not None and executor.runner.is_last:
             executor.runner.labelled = replay.labelled
             executor.runner.loss_fn = lambda _logits, _labels: replay.own_loss()
+
+
+def score_batch(
+    executor: StageExecutor,
+    inputs: torch.Tensor,
+    target: torch.Tensor,
+    scoring: int,
+    device: torch.device,
+) -> float | None:
+    """The loss of a held-out batch through every stage, this stage's side of it: the
+    mean of its micro-batches' losses on the last stage, None elsewhere. ``scoring``
+    counts the batches scored before: each has its own units on the stages' held-out
+    transport, so its transfers never meet another's."""
+    runner, transport = executor.runner, executor.eval_transport
+    micro, size = executor.micro_batches, executor.config.micro_batch_size
+    total = 0.0
+    for m in range(micro):
+        unit = scoring * micro + m
+        part = slice(m * size, (m + 1) * size)
+        value: Any = (
+            inputs[part].to(device) if runner.is_first else transport.take(ActionKind.F, unit)
+        )
+        with executor.stream(EVAL, scoring, m):
+            out = runner.evaluate(value, target[part].to(device))
+        if runner.is_last:
+            total += float(out[0])
+        else:
+            transport.send(ActionKind.F, unit, out)  # type: ignore[arg-type]
+    transport.finish()
+    return total / micro if runner.is_last else None

@@ -46,6 +46,21 @@ def test_cpu_throughput_table(tmp_path: Path) -> None:
     assert _number(reference[3]) == 1.0
 
 
+@pytest.mark.dist
+def test_user_loop_table_runs_a_user_s_script_under_torchrun(tmp_path: Path) -> None:
+    text = _run("pipeline_user_loop.py", tmp_path / "loop.md", timeout=300)
+    rows = _rows(text, "variant")
+    assert [r[0] for r in rows] == [
+        "pipeswap.Pipeline 1f1b",
+        "pipeswap.Pipeline 1f1b, its own cut",
+        "torch Schedule1F1B",
+    ]
+    for row in rows:
+        assert _number(row[1]) > 0 and math.isfinite(_number(row[3]))
+    assert _number(rows[-1][3]) == 1.0
+    assert "1 intra-op thread, as torchrun sets" in text and "the hand-written stages" in text
+
+
 # Minutes of the fast suite's budget: it runs in `make test-slow`.
 @pytest.mark.slow
 def test_convergence_table_and_plots(tmp_path: Path) -> None:

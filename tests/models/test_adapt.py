@@ -44,3 +44,47 @@ def test_a_sequential_is_cut_at_its_children() -> None:
 def test_models_it_cannot_tell_the_task_of_are_refused() -> None:
     with pytest.raises(PipeswapError, match="cannot tell what"):
         adapt(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
+
+
+class FixedLengthLM(nn.Module):
+    """A user's model that takes only its own sequence length (a mask buffer of that size)."""
+
+    def __init__(self, length: int = 12) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(50, 16)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(2))
+        self.head = nn.Linear(16, 50)
+        self.register_buffer("position", torch.randn(length, 16))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(ids) + self.position  # only [*, length]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_a_model_of_one_length_is_adapted_on_an_input_of_the_user_s() -> None:
+    torch.manual_seed(0)
+    net = FixedLengthLM()
+    with pytest.raises(PipeswapError, match=r"probe input of shape \(1, 8\).*pass example="):
+        adapt(net)
+    ids = torch.randint(0, 50, (3, 12))
+    model = adapt(net, example=ids[:1])
+    assert model.layer_names == ["embed", "blocks.0", "blocks.1", "head"]
+    assert torch.equal(model(ids), net(ids))
+
+
+def test_a_pipeline_adapts_the_model_on_its_first_batch() -> None:
+    """pipeswap.Pipeline runs the model on the first batch it is handed (its length)."""
+    from pipeswap.training.pipe import Pipeline
+
+    torch.manual_seed(0)
+    net = FixedLengthLM()
+    pipe = Pipeline(net, stages=1, micro_batches=2, optimizer=lambda ps: torch.optim.SGD(ps, 0.1))
+    with pytest.raises(PipeswapError, match="from the first pipe.step"):
+        _ = pipe.layered
+    ids = torch.randint(0, 50, (4, 13))
+    first = pipe.step(ids[:, :-1], target=ids[:, 1:])
+    assert first is not None and pipe.step(ids[:, :-1], target=ids[:, 1:]) < first
+    assert pipe.balance == (4,) and pipe.layered.layer_names[0] == "embed"
+    pipe.close()
