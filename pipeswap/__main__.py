@@ -2,4 +2,6 @@
 
 from pipeswap.cli import main
 
+__all__: list[str] = []
+
 raise SystemExit(main())

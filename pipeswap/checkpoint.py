@@ -44,6 +44,24 @@ from pipeswap.config_fields import ConfigError, option, require
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import dump_json, fix_of, load_json, reason_of, write_atomic
 
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "DEFAULT_EVERY",
+    "CheckpointConfig",
+    "CheckpointPlan",
+    "RunStopped",
+    "StopOnSigterm",
+    "check_identity",
+    "hold_directory",
+    "latest_complete",
+    "load_rank",
+    "rng_state",
+    "save_rank",
+    "set_rng_state",
+    "step_dir",
+    "write_manifest",
+]
+
 CHECKPOINT_FORMAT = "pipeswap.checkpoint/2"
 # Steps between checkpoints when a run has a checkpoint directory and no checkpoint_every
 # (Hugging Face's Trainer and torchtitan save every 500 steps too).

@@ -24,6 +24,8 @@ from pipeswap.dist.peers import LOST_PEERS, lost_peers
 from pipeswap.dist.signals import sigterm_interrupts
 from pipeswap.errors import PipeswapError, crash_line, debugging
 
+__all__ = ["build_parser", "main"]
+
 # Each module defines register(subparsers), which adds its parser with func=run(args) -> int.
 _COMMANDS = (env, profile, topology, simulate, plan, schedule, train, export, demo)
 

@@ -24,6 +24,17 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 
+__all__ = [
+    "ConfigError",
+    "field_types",
+    "leaf_fields",
+    "nested_config",
+    "option",
+    "replace_fields",
+    "require",
+    "value_type",
+]
+
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 

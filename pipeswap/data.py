@@ -25,6 +25,17 @@ from pipeswap.models.tasks import task_kind
 from pipeswap.user_data import TextDataset, load_tokenizer, read_tokens
 from pipeswap.user_images import ImageFolderDataset
 
+__all__ = [
+    "DEFAULT_CORPUS_BYTES",
+    "SHAPE_KINDS",
+    "SPLITS",
+    "ImageDataset",
+    "LMDataset",
+    "MaskedLMDataset",
+    "dataset_for",
+    "stdlib_corpus",
+]
+
 DEFAULT_CORPUS_BYTES = 8 * 2**20
 SPLITS = ("train", "val")
 # Folders of the standard library that are not its own source (or are test data).

@@ -7,6 +7,8 @@ from typing import NamedTuple
 
 from pipeswap.config_fields import option, require
 
+__all__ = ["DataConfig", "UserData"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:

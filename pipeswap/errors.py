@@ -2,6 +2,8 @@
 
 import os
 
+__all__ = ["PipeswapError", "crash_line", "debugging", "first_line"]
+
 
 class PipeswapError(Exception):
     """Bad input or an impossible request; the message names the fix.

@@ -12,6 +12,17 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 
+__all__ = [
+    "as_object",
+    "count_field",
+    "dumps_ok",
+    "list_field",
+    "seconds_field",
+    "shown",
+    "text_field",
+    "value_of",
+]
+
 
 def as_object(obj: Any, where: str) -> dict[str, Any]:
     if not isinstance(obj, dict):

@@ -18,6 +18,18 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 
+__all__ = [
+    "MAX_JSON_BYTES",
+    "PathArg",
+    "check_format",
+    "check_writable",
+    "dump_json",
+    "fix_of",
+    "load_json",
+    "reason_of",
+    "write_atomic",
+]
+
 PathArg = str | os.PathLike[str]
 
 # Larger than any profile, graph or plan pipeswap writes; a bigger "JSON" file is almost

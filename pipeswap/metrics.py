@@ -12,6 +12,8 @@ from typing import IO, Any
 from pipeswap.config_fields import ConfigError, option, require
 from pipeswap.progress import thread_lock_for_bars
 
+__all__ = ["HeldOutSums", "LogConfig", "StepLog"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class LogConfig:

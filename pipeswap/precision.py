@@ -10,6 +10,16 @@ import torch
 
 from pipeswap.config_fields import require
 
+__all__ = [
+    "DEFAULT_PRECISION",
+    "PRECISIONS",
+    "LossScaler",
+    "autocast",
+    "autocast_dtype",
+    "check_precision",
+    "uncached_casts",
+]
+
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 DEFAULT_PRECISION = PRECISIONS[0]
 

@@ -7,6 +7,8 @@ import sys
 import threading
 from typing import Any
 
+__all__ = ["bars_shown", "progress_bar", "thread_lock_for_bars"]
+
 
 def bars_shown() -> bool:
     """Our rule for every progress bar, a library's too: rank 0 (the RANK variable that

@@ -8,6 +8,8 @@ from typing import Any
 from pipeswap import json_fields as fields
 from pipeswap.errors import PipeswapError
 
+__all__ = ["StepMemory"]
+
 
 @dataclass(frozen=True)
 class StepMemory:

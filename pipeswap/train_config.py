@@ -26,6 +26,8 @@ from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.swap.swap_config import SwapConfig
 
+__all__ = ["DEVICES", "TrainConfig"]
+
 DEVICES = ("cpu", "cuda")
 
 

@@ -7,6 +7,8 @@ import re
 
 from pipeswap.errors import PipeswapError
 
+__all__ = ["MAX_BYTES", "format_bytes", "parse_bytes"]
+
 # Decimal units are powers of 1000 (as disk and link vendors use them), binary ones of 1024.
 _UNITS: dict[str, int] = {
     "": 1,

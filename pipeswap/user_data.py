@@ -52,6 +52,18 @@ from pipeswap.user_files import (
     require_regular,
 )
 
+__all__ = [
+    "HELD_OUT_FRACTION",
+    "TABLE_SUFFIXES",
+    "TOKENIZER_FILES",
+    "Encode",
+    "EpochOrder",
+    "TextDataset",
+    "load_table",
+    "load_tokenizer",
+    "read_tokens",
+]
+
 HELD_OUT_FRACTION = 0.05
 _TABLES = {
     ".jsonl": "json",

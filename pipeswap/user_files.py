@@ -26,6 +26,18 @@ import numpy as np
 from pipeswap.config_fields import ConfigError
 from pipeswap.units import format_bytes
 
+__all__ = [
+    "MAX_NOT_TEXT",
+    "MAX_TEXT_BYTES",
+    "TextStats",
+    "check_tree",
+    "fingerprint",
+    "map_npy",
+    "open_regular",
+    "read_text",
+    "require_regular",
+]
+
 # Text (and tables of text) is tokenized in memory, about 10 bytes per byte of text with
 # a tokenizer's token lists; beyond this, write tokens to a .bin (memory-mapped, any size).
 MAX_TEXT_BYTES = 1 << 30

@@ -25,6 +25,8 @@ from pipeswap.jsonio import load_json
 from pipeswap.user_data import HELD_OUT_FRACTION, EpochOrder
 from pipeswap.user_files import check_tree, open_regular
 
+__all__ = ["IMAGE_SUFFIXES", "ImageFolderDataset", "list_images", "normalization"]
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 

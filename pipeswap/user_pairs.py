@@ -35,6 +35,8 @@ from pipeswap.user_data import (
 )
 from pipeswap.user_files import MAX_TEXT_BYTES, check_tree, require_regular
 
+__all__ = ["PairDataset", "load_seq2seq_tokenizer", "read_pairs", "tokenize_pairs"]
+
 _FORMATS = ".jsonl, .csv, .parquet or .arrow file, or a save_to_disk directory"
 
 

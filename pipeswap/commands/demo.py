@@ -15,6 +15,16 @@ from pipeswap.commands.settings import Outputs
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_writable, load_json
 
+__all__ = [
+    "DEMO_OUT",
+    "Argv",
+    "PythonStep",
+    "demo_commands",
+    "hugging_face_steps",
+    "register",
+    "run",
+]
+
 
 @dataclass(frozen=True)
 class PythonStep:

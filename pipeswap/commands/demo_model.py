@@ -19,6 +19,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import write_atomic
 from pipeswap.models.load import library_bars
 
+__all__ = ["EOS", "VOCAB", "make_demo_model", "sample", "stdlib_docstrings"]
+
 EOS = "<|endoftext|>"
 VOCAB = 512
 

@@ -14,6 +14,8 @@ import pipeswap
 from pipeswap.commands.options import add_options
 from pipeswap.commands.settings import Outputs
 
+__all__ = ["environment", "format_environment", "register", "run"]
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(

@@ -9,6 +9,8 @@ from pipeswap.commands.settings import Outputs
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.export import export_checkpoint
 
+__all__ = ["register", "run"]
+
 _EXAMPLES = """examples:
   pipeswap train --model my-gpt2 --seq-len 64 --steps 1000 --checkpoint-dir ckpt --checkpoint-every 100
   pipeswap export ckpt --model my-gpt2 --out my-gpt2-trained   # then from_pretrained("my-gpt2-trained")

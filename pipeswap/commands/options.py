@@ -22,6 +22,19 @@ from typing import Any
 from pipeswap.config_fields import ConfigError, field_types, value_type
 from pipeswap.errors import PipeswapError
 
+__all__ = [
+    "FIELD_OF",
+    "FLAGS",
+    "REMOVED",
+    "add_options",
+    "flag_of",
+    "flags_of",
+    "given",
+    "message",
+    "option_fields",
+    "removed_flags",
+]
+
 # Fields whose flag is not their name with dashes; the first flag is the one messages use.
 FLAGS: dict[str, tuple[str, ...]] = {
     "policy": ("--swap-policy", "--policy"),

@@ -29,6 +29,8 @@ from pipeswap.swap.swap_config import POLICY_KINDS, POLICY_NAMES, SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.units import format_bytes
 
+__all__ = ["best_fitting", "compare", "compare_table", "plan_table", "register", "run"]
+
 _HELPS = {
     "profile_path": "a pipeswap.profile/1 JSON file (`pipeswap profile ... --out`); or {estimate}",
     "model": "the model {estimate} estimates, when {estimate} names none",

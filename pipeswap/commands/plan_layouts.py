@@ -19,6 +19,16 @@ from pipeswap.sim.result import SimResult
 from pipeswap.sim.trace import write_trace
 from pipeswap.units import format_bytes
 
+__all__ = [
+    "add_layout_arguments",
+    "check_layout_arguments",
+    "layouts_json",
+    "layouts_table",
+    "run_layouts",
+    "train_command",
+    "write_views",
+]
+
 
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("layouts (--layouts)")

@@ -20,6 +20,8 @@ from pipeswap.profiling.profile_config import DEFAULT_GPU, ProfileConfig
 from pipeswap.profiling.table import fit_warning, format_profile
 from pipeswap.train_config import TrainConfig
 
+__all__ = ["register", "run"]
+
 _EXAMPLES = """examples:
   pipeswap profile --model gpt2-tiny --batch 8 --device cpu --out gpt2-tiny.json
   pipeswap profile --model gpt2-xl --batch 4 --estimate --gpu v100-32gb --out xl.json

@@ -18,6 +18,16 @@ from pipeswap.schedule.timetable import build_schedule, unit_time_order
 from pipeswap.schedule.validate import validate
 from pipeswap.train_config import TrainConfig
 
+__all__ = [
+    "DEFAULT_STEPS",
+    "MAX_GRID_CELLS",
+    "MAX_SCHEDULE_ACTIONS",
+    "estimated_actions",
+    "estimated_grid_cells",
+    "register",
+    "run",
+]
+
 # Every (stage, unit) pair costs up to six actions (RECV, F, SEND for the forward and again
 # for the backward) plus an UPDATE per step; building, validating and printing them is
 # linear in that count, so a bound on it keeps a typo like `--steps 100000` from running for

@@ -14,6 +14,15 @@ from dataclasses import dataclass
 from pipeswap.config_fields import option
 from pipeswap.hardware.presets import PCIE_GB_PER_S
 
+__all__ = [
+    "COMMAND_SETTINGS",
+    "GridOptions",
+    "Outputs",
+    "PlanOptions",
+    "SimulateOptions",
+    "TopologyOptions",
+]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Outputs:

@@ -20,6 +20,8 @@ from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.units import format_bytes
 
+__all__ = ["EXAMPLES", "register", "run", "summary"]
+
 EXAMPLES = """examples:
   pipeswap simulate --graph plan.graph.json --topology dual-root-8
   pipeswap simulate --graph g.json --topology switch-4:gen4 --gpu-memory 16GiB --json

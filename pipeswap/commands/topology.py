@@ -17,6 +17,8 @@ from pipeswap.hardware.render import render_tree
 from pipeswap.hardware.topology import Topology
 from pipeswap.train_config import TrainConfig
 
+__all__ = ["CALIBRATE_NPROC", "register", "run"]
+
 _JSON = "print pipeswap.topology/1 JSON"
 # Ranks `topology calibrate` measures with when --nproc is not given.
 CALIBRATE_NPROC = 2

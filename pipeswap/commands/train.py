@@ -23,6 +23,20 @@ from pipeswap.training.report import TrainReport, write_report
 from pipeswap.training.run import TrainingStopped, train
 from pipeswap.units import format_bytes
 
+__all__ = [
+    "DATA_PARALLEL",
+    "PIPELINE",
+    "STAGE_SWAP_FIELDS",
+    "add_train_arguments",
+    "config_from_args",
+    "refuse_other_mode",
+    "register",
+    "run",
+    "stage_swap_lines",
+    "stopped_line",
+    "summary_lines",
+]
+
 _EXAMPLES = """examples:
   pipeswap train --model gpt2-tiny --batch 8 --seq-len 64 --steps 5 --nproc 2 \\
       --swap-policy disjoint --footprint-ratio 1.5 --report r.json

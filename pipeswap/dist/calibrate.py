@@ -39,6 +39,14 @@ import torch.distributed as dist
 
 from pipeswap.dist.threads import thread_share
 
+__all__ = [
+    "COLLECTIVE_SIZES",
+    "COPY_BYTES",
+    "QUICK_COLLECTIVE_SIZES",
+    "QUICK_COPY_BYTES",
+    "measure_rank",
+]
+
 # Sizes (bytes) of the collective measurements, and of the copies.
 COLLECTIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
 QUICK_COLLECTIVE_SIZES = (64 << 10, 4 << 20)

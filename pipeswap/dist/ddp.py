@@ -8,6 +8,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+__all__ = ["accumulating", "replicate", "unwrap"]
+
 
 def replicate(
     model: nn.Module, device: torch.device, bucket_bytes: int, world_size: int

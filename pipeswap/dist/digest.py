@@ -14,6 +14,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+__all__ = ["combine_digests", "parameter_digests", "params_sha256", "tensor_sha256"]
+
 
 def tensor_sha256(name: str, tensor: torch.Tensor) -> str:
     """SHA-256 of one named tensor: name, dtype, shape, then its bytes (on the CPU)."""

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from pipeswap.config_fields import ConfigError
 
+__all__ = ["RankEnv", "free_port", "local_rank_of", "torchrun_env"]
+
 
 @dataclass(frozen=True)
 class RankEnv:

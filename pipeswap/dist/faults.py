@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 from pipeswap.errors import PipeswapError
 
+__all__ = ["FAULT_ENV", "fault_hook"]
+
 FAULT_ENV = "PIPESWAP_FAULT"
 
 

@@ -14,6 +14,29 @@ from pipeswap.config_fields import ConfigError, require
 from pipeswap.dist.env import RankEnv, torchrun_env
 from pipeswap.errors import PipeswapError
 
+__all__ = [
+    "PATIENT_TIMEOUT_S",
+    "agree",
+    "all_gather",
+    "backend_for",
+    "backend_name",
+    "barrier",
+    "bind_nccl_device",
+    "broadcast_from_rank0",
+    "destroy_groups",
+    "direction_groups",
+    "gather_to_rank0",
+    "init_process_group",
+    "join_as_stages",
+    "leave_process_group",
+    "new_groups",
+    "pair_groups",
+    "rank_and_world",
+    "rank_device",
+    "rendezvous_error",
+    "single_threaded",
+]
+
 
 def backend_for(kind: str, local_ranks: int) -> str:
     """NCCL when each of this machine's ``local_ranks`` ranks has a GPU of its own, else gloo.

@@ -24,6 +24,8 @@ from pipeswap.dist.peers import LOST_PEERS, lost_peers
 from pipeswap.dist.signals import LauncherInterrupted, sigterm_interrupts
 from pipeswap.errors import PipeswapError, crash_line, debugging
 
+__all__ = ["LaunchResult", "RankFailedError", "run_ranks", "spawn"]
+
 # A rank that failed with a PipeswapError (bad input found on the rank) exits with this
 # status and leaves its message for the launcher; any other failure is a crash.
 _BAD_INPUT_STATUS = 2

@@ -18,6 +18,8 @@ import torch.distributed as dist
 
 from pipeswap.errors import PipeswapError
 
+__all__ = ["Receive", "Sends", "pack_tag", "post_receives"]
+
 Key = TypeVar("Key", bound=Hashable)
 
 

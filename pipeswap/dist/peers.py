@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+__all__ = ["LOST_PEERS", "lost_peers"]
+
 # What gloo and NCCL raise on a rank whose peer has gone: its process ended or its node died.
 _PEER_GONE = (
     "Connection closed by peer",

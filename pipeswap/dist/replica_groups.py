@@ -8,6 +8,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+__all__ = ["BUCKET_BYTES", "HasGradients", "ReplicaMesh", "buckets_of", "mean_in_order"]
+
 
 # DDP's default bucket (bucket_cap_mb=25): a stage's gradients gather in buckets this big.
 BUCKET_BYTES = 25 * 2**20

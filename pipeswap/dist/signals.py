@@ -8,6 +8,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+__all__ = ["LauncherInterrupted", "sigterm_interrupts"]
+
 
 class LauncherInterrupted(KeyboardInterrupt):
     """The launcher got SIGTERM (or SIGINT) while ranks ran; they were stopped first (by

@@ -20,6 +20,15 @@ import torch
 
 from pipeswap.dist.env import torchrun_env
 
+__all__ = [
+    "CGROUP_ROOT",
+    "affinity_cpus",
+    "cgroup_cpus",
+    "rank_threads",
+    "thread_share",
+    "usable_cpus",
+]
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 

@@ -1,1 +1,3 @@
 """Hardware descriptions: GPU specs and PCIe topologies."""
+
+__all__: list[str] = []

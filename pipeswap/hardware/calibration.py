@@ -11,6 +11,15 @@ from typing import Any
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.hardware.topology import GB, Link, Node, Topology
 
+__all__ = [
+    "CALIBRATION_FORMAT",
+    "Calibration",
+    "calibrated_path",
+    "fit_latency_bandwidth",
+    "found_calibration",
+    "host_memory_bytes",
+]
+
 CALIBRATION_FORMAT = "pipeswap.calibration/1"
 
 

@@ -20,6 +20,23 @@ from pipeswap.hardware.presets import (
 from pipeswap.hardware.topology import Link, Node, Topology
 from pipeswap.hardware.unionfind import UnionFind
 
+__all__ = [
+    "LEVEL_HOST_BRIDGE",
+    "LEVEL_NUMA_NODE",
+    "LEVEL_SWITCH",
+    "LEVEL_SWITCHES",
+    "LEVEL_SYSTEM",
+    "DetectedGpu",
+    "TopoMatrix",
+    "build_topology",
+    "detect_topology",
+    "matrix_levels",
+    "named_topology",
+    "parse_gpu_query",
+    "parse_topo_matrix",
+    "pcie_link_gb_per_s",
+]
+
 # Relation levels, ordered like NVML's nvmlGpuTopologyLevel_t (reference/hardware.md):
 # 0 same board, 10 one switch, 20 several switches, 30 host bridge, 40 NUMA node, 50 system.
 LEVEL_SWITCH = 10

@@ -7,6 +7,8 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 
+__all__ = ["GPU_SPEC_FORMAT", "GpuSpec", "gpu_names", "gpu_spec"]
+
 GPU_SPEC_FORMAT = "pipeswap.gpuspec/1"
 
 _GiB = 1024**3

@@ -9,6 +9,19 @@ from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Link, Node, Topology
 
+__all__ = [
+    "DEFAULT_GPU_MEMORY_BYTES",
+    "INTER_SOCKET_GB_PER_S",
+    "INTER_SOCKET_KIND",
+    "PCIE_GB_PER_S",
+    "pcie_gb_per_s",
+    "preset",
+    "preset_description",
+    "preset_names",
+    "resolve_topology",
+    "topology_file",
+]
+
 # Measured x16 bandwidth per direction with pinned host memory (reference/hardware.md,
 # "PCIe, x16, per direction"): Gen3 12-13 GB/s (P100: 12.2 H2D, 12.9 D2H), Gen4 25-27 GB/s
 # (A100, RTX 4090), Gen5 50-55 GB/s (H100-class D2H). We take the low end of each range:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pipeswap.hardware.topology import Link, Node, Topology
 
+__all__ = ["render_tree"]
+
 
 def render_tree(topology: Topology) -> str:
     """The topology drawn as one tree per CPU, links between CPUs shown between the trees.

@@ -14,6 +14,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.unionfind import UnionFind
 from pipeswap.jsonio import check_format, dump_json, load_json
 
+__all__ = ["GB", "NODE_KINDS", "TOPOLOGY_FORMAT", "Hop", "Link", "Node", "Topology"]
+
 TOPOLOGY_FORMAT = "pipeswap.topology/1"
 NODE_KINDS = ("gpu", "switch", "cpu")
 GB = 1e9

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Generic, TypeVar
 
+__all__ = ["UnionFind"]
+
 T = TypeVar("T", bound=Hashable)
 
 

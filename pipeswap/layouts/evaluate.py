@@ -25,6 +25,8 @@ from pipeswap.swap.plan.planner import PlanResult
 from pipeswap.swap.plan.stage_costs import StageCosts
 from pipeswap.swap.plan.stage_swap import StagePlan
 
+__all__ = ["Scored", "score_data_parallel", "score_pipeline", "steady_rate_s"]
+
 
 @dataclass(frozen=True)
 class Scored:

@@ -40,6 +40,8 @@ from pipeswap.swap.plan.stage_swap import (
 )
 from pipeswap.swap.swap_config import DEFAULT_BUCKET_BYTES
 
+__all__ = ["layout_graph"]
+
 
 def layout_graph(
     schedule: Schedule,

@@ -9,6 +9,18 @@ from typing import Any
 from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format, dump_json, load_json
 
+__all__ = [
+    "DATA_PARALLEL",
+    "FAMILIES",
+    "FAMILY_TITLES",
+    "LAYOUT_FORMAT",
+    "PIPELINE",
+    "PIPELINE_DP",
+    "PIPELINE_SWAP",
+    "Layout",
+    "StageLayout",
+]
+
 LAYOUT_FORMAT = "pipeswap.layout/1"
 
 DATA_PARALLEL = "data-parallel"

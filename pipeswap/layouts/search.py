@@ -31,6 +31,8 @@ from pipeswap.swap.plan.stage_swap import NO_PLAN, StagePlan, floor_bytes, peak_
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.units import format_bytes
 
+__all__ = ["LayoutSearch", "SearchSpace", "family_summary", "search_layouts"]
+
 
 @dataclass(frozen=True)
 class SearchSpace:

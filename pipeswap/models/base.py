@@ -14,6 +14,8 @@ from torch.nn.modules.module import _IncompatibleKeys
 from pipeswap.config_fields import ConfigError
 from pipeswap.models.tasks import TASKS, Task, task_kind
 
+__all__ = ["IGNORE_INDEX", "LayeredModel", "evaluating"]
+
 # Targets equal to this are not scored (the unmasked positions of a masked LM).
 IGNORE_INDEX = -100
 

@@ -25,6 +25,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.transformer import PostNormBlock, init_transformer_
 
+__all__ = ["BertConfig", "BertEmbed", "BertHead", "build_bert"]
+
 _EPS = 1e-12  # BERT's LayerNorm epsilon
 
 

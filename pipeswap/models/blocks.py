@@ -11,6 +11,8 @@ from torch.utils.hooks import RemovableHandle
 
 from pipeswap.errors import PipeswapError
 
+__all__ = ["check_block_paths", "find_blocks", "modules_around", "removed_after"]
+
 
 def find_blocks(model: nn.Module) -> list[str]:
     """The dotted paths of the model's repeated layer list: of the ``ModuleList`` and

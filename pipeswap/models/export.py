@@ -20,6 +20,17 @@ from pipeswap.jsonio import dump_json, reason_of
 from pipeswap.models.load import library_bars
 from pipeswap.models.replay import Replay
 
+__all__ = [
+    "MARKER",
+    "SAVE_FORMAT",
+    "check_save_target",
+    "export_model",
+    "export_trained",
+    "load_saved",
+    "replay_of",
+    "source_module",
+]
+
 # Written beside the weights: marks a directory as a pipeswap save, which a later save may
 # replace, and lists the files it wrote (only those are ever replaced or removed).
 MARKER = "pipeswap-save.json"

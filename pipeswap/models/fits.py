@@ -13,6 +13,16 @@ from torch import nn
 from pipeswap.errors import PipeswapError
 from pipeswap.units import format_bytes
 
+__all__ = [
+    "MAX_BLOCKS",
+    "check_depth",
+    "check_fits",
+    "depths",
+    "memory_bytes",
+    "meta_build",
+    "parameter_count",
+]
+
 # Beyond this many layers a model is counted from one- and two-layer copies (building a
 # million blocks, even on the meta device, takes minutes).
 _COUNT_DIRECTLY_UP_TO = 2

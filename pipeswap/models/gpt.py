@@ -12,6 +12,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.transformer import PreNormBlock, init_transformer_
 
+__all__ = ["GPTConfig", "GPTEmbed", "GPTHead", "build_gpt"]
+
 
 @dataclass(frozen=True)
 class GPTConfig:

@@ -25,6 +25,15 @@ from pipeswap.models.fits import check_depth, check_fits, meta_build, parameter_
 from pipeswap.models.seeding import seeded
 from pipeswap.progress import bars_shown, thread_lock_for_bars
 
+__all__ = [
+    "MAX_LABELS",
+    "hf_directory_has_weights",
+    "is_user_model",
+    "library_bars",
+    "load_hf_model",
+    "load_user_model",
+]
+
 # transformers expands a config's labels into a dict before any check of ours can run
 # (10**8 of them exhaust the memory); ImageNet-21k has 21,843.
 MAX_LABELS = 1_000_000

@@ -26,6 +26,16 @@ from pipeswap.models.tasks import Task, task_kind
 from pipeswap.models.vgg import VGGConfig, build_vgg
 from pipeswap.models.vit import ViTConfig, build_vit
 
+__all__ = [
+    "MODEL_SPEC_FORMAT",
+    "ModelSpec",
+    "build_model",
+    "count_parameters",
+    "model_names",
+    "model_spec",
+    "shape_defaults",
+]
+
 MODEL_SPEC_FORMAT = "pipeswap.modelspec/1"
 
 

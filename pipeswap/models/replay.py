@@ -42,6 +42,8 @@ from pipeswap.models.replay_check import (
 )
 from pipeswap.models.state import inspecting
 
+__all__ = ["Replay", "split_at_blocks"]
+
 # Non-tensor values a block may receive; anything else (a cache object) would be shared
 # between calls, so it is refused.
 _CONSTANT_TYPES = (type(None), bool, int, float, str)

@@ -13,6 +13,15 @@ from pipeswap.errors import PipeswapError, first_line
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.blocks import removed_after
 
+__all__ = [
+    "Replayed",
+    "check_reproduces",
+    "context_of",
+    "expected_calls",
+    "hidden_of",
+    "same_tensor",
+]
+
 
 class Replayed(Protocol):
     """What the checks read of a model being split (pipeswap.models.replay.Replay)."""

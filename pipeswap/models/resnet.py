@@ -14,6 +14,8 @@ from torch import nn
 
 from pipeswap.models.base import LayeredModel
 
+__all__ = ["ResNetConfig", "ResNetHead", "ResidualBlock", "build_resnet"]
+
 
 @dataclass(frozen=True)
 class ResNetConfig:

@@ -7,6 +7,8 @@ from contextlib import contextmanager
 
 import torch
 
+__all__ = ["seeded"]
+
 
 @contextmanager
 def seeded(device: torch.device, seed: int | None) -> Iterator[None]:

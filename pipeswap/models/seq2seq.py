@@ -24,6 +24,15 @@ from pipeswap.jsonio import load_json
 from pipeswap.models.blocks import find_blocks
 from pipeswap.models.load import load_hf_model
 
+__all__ = [
+    "ROWS",
+    "Seq2SeqModel",
+    "is_encoder_decoder",
+    "load_seq2seq",
+    "max_positions",
+    "stack_blocks",
+]
+
 # The rows of a packed batch [B, 3, L]: source token ids, the source's attention mask
 # (1: a token, 0: padding), labels (the target's token ids, IGNORE_INDEX past its end).
 SOURCE, MASK, LABELS = 0, 1, 2

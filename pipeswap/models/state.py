@@ -11,6 +11,8 @@ from torch import nn
 
 from pipeswap.errors import PipeswapError
 
+__all__ = ["ModuleSnapshot", "inspecting", "untouched"]
+
 
 @dataclass
 class _ParamState:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from pipeswap.config_fields import ConfigError
 
+__all__ = ["IMAGE_SIZE", "SEQ_LEN", "TASKS", "Recipe", "Task", "scores_accuracy", "task_kind"]
+
 # The settings that size a model's input: the sequence length or the image side.
 SEQ_LEN = "seq_len"
 IMAGE_SIZE = "image_size"

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+__all__ = ["MLP", "PostNormBlock", "PreNormBlock", "SelfAttention", "init_transformer_"]
+
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention with one fused qkv projection (as GPT-2, BERT, ViT).

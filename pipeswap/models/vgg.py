@@ -13,6 +13,8 @@ from torch import nn
 
 from pipeswap.models.base import LayeredModel
 
+__all__ = ["VGGConfig", "build_vgg"]
+
 
 @dataclass(frozen=True)
 class VGGConfig:

@@ -17,6 +17,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.transformer import PreNormBlock, init_transformer_
 
+__all__ = ["ViTConfig", "ViTEmbed", "ViTHead", "build_vit"]
+
 _EPS = 1e-6  # the LayerNorm epsilon of the published ViT checkpoints
 
 

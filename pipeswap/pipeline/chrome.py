@@ -10,6 +10,8 @@ from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.timetable import TimedAction
 from pipeswap.sim.trace import metadata_event, trace_document, write_chrome_trace
 
+__all__ = ["chrome_trace", "dump_chrome_trace", "timeline_events"]
+
 _NAMES = {ActionKind.F: "forward", ActionKind.B: "backward", ActionKind.UPDATE: "update"}
 
 

@@ -25,6 +25,8 @@ from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.schedule.timetable import Schedule, build_schedule
 from pipeswap.train_config import TrainConfig
 
+__all__ = ["DelayedResult", "schedule_delays", "train_with_delays"]
+
 
 @dataclass(frozen=True)
 class DelayedResult:

@@ -31,6 +31,8 @@ from pipeswap.schedule.timetable import Schedule, TimedAction, build_schedule, u
 from pipeswap.schedule.validate import validate
 from pipeswap.train_config import TrainConfig
 
+__all__ = ["Emulator", "MailboxTransport", "pipeline_schedule"]
+
 
 class MailboxTransport:
     """Transfers as copies through a dict shared by all stages (what a wire would deliver).

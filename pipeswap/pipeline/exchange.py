@@ -10,6 +10,8 @@ import torch
 from pipeswap.dist.p2p import Sends, pack_tag, post_receives
 from pipeswap.errors import PipeswapError
 
+__all__ = ["DistExchange"]
+
 
 class DistExchange:
     """Tied parameters' gradients between holding stages, in a process group per pair.

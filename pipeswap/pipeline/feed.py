@@ -6,6 +6,8 @@ import torch
 
 from pipeswap.schedule.actions import Action, ActionKind
 
+__all__ = ["FedBatches", "step_ends", "step_of"]
+
 
 class FedBatches:
     """The mini-batches handed to a pipeline one step at a time (pipeswap.Pipeline.step):

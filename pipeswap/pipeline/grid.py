@@ -6,6 +6,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.timetable import Schedule, TimedAction, unit_time_order
 
+__all__ = ["IDLE", "phase_summary", "render_grid"]
+
 IDLE = "."
 
 

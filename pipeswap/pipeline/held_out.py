@@ -15,6 +15,8 @@ from pipeswap.pipeline.stage_result import StageResult
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.train_config import TrainConfig
 
+__all__ = ["HeldOutScorer", "Sender"]
+
 
 class Sender(Protocol):
     def send(self, direction: ActionKind, unit: int, tensors: Packed) -> None: ...

@@ -15,6 +15,15 @@ from pipeswap.models.load import is_user_model
 from pipeswap.models.registry import build_model, model_spec
 from pipeswap.train_config import TrainConfig
 
+__all__ = [
+    "BatchSource",
+    "build_full_model",
+    "build_meta_model",
+    "load_stage_tensors",
+    "model_factory",
+    "save_trained",
+]
+
 
 def model_factory(
     name: str, image_size: int | None = None

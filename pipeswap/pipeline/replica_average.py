@@ -8,6 +8,8 @@ import torch
 
 from pipeswap.dist.replica_groups import mean_in_order
 
+__all__ = ["Averaging", "EmulatedReplicas", "Replica"]
+
 
 class Replica(Protocol):
     """What averaging reads of a stage's replica (pipeswap.pipeline.executor.StageExecutor)."""

@@ -12,6 +12,8 @@ from pipeswap.schedule.partition import check_balance, check_stage_count, partit
 from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 
+__all__ = ["check_profile_layers", "check_profile_shape", "choose_balance", "resolve_pipeline"]
+
 
 def resolve_pipeline(config: TrainConfig) -> TrainConfig:
     """``config`` resolved (:meth:`TrainConfig.resolved`) with its micro-batch count and its

@@ -14,6 +14,8 @@ from pipeswap.pipeline.step_end import step_loss
 from pipeswap.schedule.timetable import TimedAction
 from pipeswap.train_config import TrainConfig
 
+__all__ = ["NOTES", "PipelineResult", "combine", "pipeline_summary"]
+
 
 @dataclass(frozen=True)
 class PipelineResult:

@@ -8,6 +8,8 @@ from contextlib import contextmanager
 
 import torch
 
+__all__ = ["EVAL", "TRAIN", "rng_stream", "stream_seed"]
+
 # Training forwards and held-out forwards draw from disjoint streams.
 TRAIN = "train"
 EVAL = "eval"

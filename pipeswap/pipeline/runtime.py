@@ -48,6 +48,8 @@ from pipeswap.schedule.actions import Action, ActionKind
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.train_config import TrainConfig
 
+__all__ = ["MAX_TENSORS_PER_CUT", "DistTransport", "StageWires", "run_actions", "run_stage_rank"]
+
 # Each transfer of a unit is tagged (unit, direction, tensor index): at most this many
 # tensors cross one cut.
 MAX_TENSORS_PER_CUT = 16

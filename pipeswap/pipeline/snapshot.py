@@ -22,6 +22,8 @@ from pipeswap.jsonio import write_atomic
 from pipeswap.schedule.actions import Action, ActionKind
 from pipeswap.schedule.timetable import Schedule
 
+__all__ = ["Positions", "StageAtCut", "StopRequest", "crossing_messages", "cut_index", "positions"]
+
 _SENDS = (ActionKind.SEND_F, ActionKind.SEND_B)
 
 Positions = dict[tuple[int, ActionKind, int], int]

@@ -19,6 +19,19 @@ from pipeswap.profiling.profile import LayerProfile, Profile
 from pipeswap.schedule.partition import check_stage_count
 from pipeswap.train_config import TrainConfig
 
+__all__ = [
+    "BoundarySpec",
+    "LayerInfo",
+    "Packed",
+    "StageRunner",
+    "TensorSpec",
+    "flop_profile",
+    "inspect_layers",
+    "layer_infos",
+    "pack",
+    "unpack",
+]
+
 # What travels between stages: a tensor, or a tuple of tensors, packed as a tuple.
 Packed = tuple[torch.Tensor, ...]
 

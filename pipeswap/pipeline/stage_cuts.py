@@ -11,6 +11,8 @@ from pipeswap.pipeline.stage import Packed
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.timetable import Schedule
 
+__all__ = ["Message", "StageCuts"]
+
 Message = tuple[ActionKind, int]
 
 

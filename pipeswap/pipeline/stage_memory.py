@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+__all__ = ["MemoryFactory", "StageMemory"]
+
 
 class StageMemory(Protocol):
     def forward(

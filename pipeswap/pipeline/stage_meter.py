@@ -31,6 +31,8 @@ from pipeswap.train_config import TrainConfig
 if TYPE_CHECKING:
     from pipeswap.pipeline.executor import StageExecutor
 
+__all__ = ["StageMeter", "metered_steps"]
+
 
 def metered_steps(config: TrainConfig) -> int:
     """The steps a stage meters: until its units in flight have filled (as many steps as

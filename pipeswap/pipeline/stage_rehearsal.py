@@ -36,6 +36,8 @@ from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.train_config import TrainConfig
 
+__all__ = ["StageReading", "rehearse_stages"]
+
 
 @dataclass(frozen=True)
 class StageReading:

@@ -14,6 +14,8 @@ from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.rng import TRAIN
 from pipeswap.schedule.actions import ActionKind
 
+__all__ = ["restore_stage"]
+
 
 @torch.no_grad()
 def restore_stage(stage: StageExecutor, state: dict[str, Any]) -> int:

@@ -10,6 +10,8 @@ import torch
 from pipeswap.metrics import HeldOutSums
 from pipeswap.schedule.timetable import TimedAction
 
+__all__ = ["StageResult"]
+
 
 @dataclass
 class StageResult:

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.timetable import Schedule
 
+__all__ = ["CLIP_EPS", "clip_scale", "meeting_points_hold", "step_loss"]
+
 # torch.nn.utils.clip_grad_norm_'s guard against a zero norm.
 CLIP_EPS = 1e-6
 

@@ -37,6 +37,8 @@ from pipeswap.profiling.meter import unmetered
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.modes import WeightMode, weight_mode
 
+__all__ = ["PredictionError", "StageWeights", "describe_optimizer", "squared_norm"]
+
 
 @dataclass
 class PredictionError:

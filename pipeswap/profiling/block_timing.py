@@ -14,6 +14,8 @@ from torch.utils._pytree import tree_flatten
 from pipeswap.profiling.meter import MemoryMarks
 from pipeswap.profiling.profile import StepMemory
 
+__all__ = ["BlockTiming", "time_blocks"]
+
 
 @dataclass
 class BlockTiming:

@@ -47,6 +47,16 @@ from pipeswap.profiling.step import (
     run_step,
 )
 
+__all__ = [
+    "Efficiency",
+    "aten",
+    "estimate",
+    "estimate_layered",
+    "meta_copy",
+    "moved_copy",
+    "on_device",
+]
+
 
 @dataclass(frozen=True)
 class Efficiency:

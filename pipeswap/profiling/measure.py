@@ -32,6 +32,8 @@ from pipeswap.profiling.step import (
 )
 from pipeswap.units import format_bytes
 
+__all__ = ["measure", "requested_bytes", "transient_bytes"]
+
 _TIMING_NOTE = (
     "forward_s/backward_s: median over repeats of each block's own pass; the step runs block "
     "by block (each block's input, or each member of a tuple input that needs a gradient, a "

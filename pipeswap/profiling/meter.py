@@ -25,6 +25,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+__all__ = [
+    "CUDA_BLOCK_BYTES",
+    "DeviceMeter",
+    "MemoryMarks",
+    "StorageMeter",
+    "held_tensors",
+    "host_buffer",
+    "unmetered",
+]
+
 # The caching allocator hands out blocks in multiples of 512 bytes (c10's kMinBlockSize).
 CUDA_BLOCK_BYTES = 512
 

@@ -21,6 +21,8 @@ from pipeswap.profiling.profile import StepMemory
 from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.profiling.step import is_allocation_error, optimizer_state_bytes
 
+__all__ = ["layered_step_memory", "metered_step", "module_step_memory"]
+
 
 def metered_step(
     model: nn.Module,

@@ -11,6 +11,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format, dump_json, load_json
 from pipeswap.step_memory import StepMemory
 
+__all__ = ["PROFILE_FORMAT", "LayerProfile", "Profile", "SavedTensor", "StepMemory"]
+
 PROFILE_FORMAT = "pipeswap.profile/1"
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from pipeswap.config_fields import option, require
 
+__all__ = ["DEFAULT_GPU", "ProfileConfig"]
+
 DEFAULT_GPU = "v100-32gb"
 
 

@@ -34,6 +34,14 @@ from torch.overrides import TorchFunctionMode
 
 from pipeswap.models.base import LayeredModel
 
+__all__ = [
+    "CapturedSavedTensor",
+    "SavedTensorCapture",
+    "capture_saved",
+    "meta_attention_like_cpu",
+    "storage_key",
+]
+
 
 @dataclass(frozen=True)
 class CapturedSavedTensor:

@@ -15,6 +15,19 @@ from pipeswap.models.adapt import adapt
 from pipeswap.models.base import LayeredModel
 from pipeswap.optim import STATE_BUFFERS
 
+__all__ = [
+    "Around",
+    "Boundary",
+    "StepShapes",
+    "dtype_name",
+    "ensure_layered",
+    "is_allocation_error",
+    "optimizer_state_bytes",
+    "param_bytes_by_layer",
+    "parse_dtype",
+    "run_step",
+]
+
 # around(layer_name, phase) wraps each block's pass; phase is "forward" or "backward".
 Around = Callable[[str, str], AbstractContextManager[object]]
 

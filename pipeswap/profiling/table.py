@@ -5,6 +5,8 @@ from __future__ import annotations
 from pipeswap.hardware.gpus import GpuSpec
 from pipeswap.profiling.profile import Profile
 
+__all__ = ["fit_warning", "format_profile"]
+
 _MiB = 2**20
 _GiB = 2**30
 _HEADER = ("layer", "fwd ms", "bwd ms", "params MiB", "saved MiB", "output MiB")

@@ -9,3 +9,5 @@ forms, their unit-time run), ``validate`` (its checks), ``partition`` (the cut o
 into stages) and ``taskgraph`` (the task graph a schedule is scored on). The runtime that
 runs a schedule lives in :mod:`pipeswap.pipeline`.
 """
+
+__all__: list[str] = []

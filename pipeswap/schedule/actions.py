@@ -8,6 +8,8 @@ from enum import StrEnum
 
 from pipeswap.errors import PipeswapError
 
+__all__ = ["ACTION_KINDS", "COMPUTE_KINDS", "Action", "ActionKind"]
+
 
 class ActionKind(StrEnum):
     """What an action does; each kind is its own compact string (``ActionKind.F == "F"``).

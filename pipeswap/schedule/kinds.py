@@ -23,6 +23,8 @@ from pipeswap.schedule.orders import (
     two_bw_orders,
 )
 
+__all__ = ["SCHEDULES", "SCHEDULE_NAMES", "Caption", "InFlight", "ScheduleKind", "schedule_kind"]
+
 # (num_stages, stage, micro_batches) -> units whose activations the stage holds at once.
 InFlight = Callable[[int, int, int], int]
 # (a stage's compute actions, micro-batches per step) -> what the stage does per step, for

@@ -19,6 +19,15 @@ if TYPE_CHECKING:
     from pipeswap.optim import OptimizerConfig
     from pipeswap.schedule.kinds import ScheduleKind
 
+__all__ = [
+    "ADAM_FAMILY",
+    "ANY_OPTIMIZER",
+    "SGD_MOMENTUM",
+    "WEIGHT_MODES",
+    "WeightMode",
+    "weight_mode",
+]
+
 # What a mode needs of the optimizer: nothing, SGD with momentum, or the Adam family.
 ANY_OPTIMIZER = "any"
 SGD_MOMENTUM = "sgd-momentum"

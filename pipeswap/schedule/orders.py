@@ -12,6 +12,16 @@ from collections.abc import Callable
 from pipeswap.errors import PipeswapError
 from pipeswap.schedule.actions import Action, ActionKind
 
+__all__ = [
+    "TWO_BW_DELAYS",
+    "OrderBuilder",
+    "async_orders",
+    "gpipe_orders",
+    "one_f_one_b_orders",
+    "peak_in_flight",
+    "two_bw_orders",
+]
+
 # (num_stages, steps, micro_batches, delay) -> per stage, its compute actions in order.
 OrderBuilder = Callable[[int, int, int, int], list[list[Action]]]
 # Updates a 2bw forward runs ahead of its own mini-batch's: 1 is PipeDream-2BW, 0 a flush.

@@ -14,6 +14,20 @@ from pipeswap.schedule.kinds import schedule_kind
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.pipeline_config import PipelineConfig, read_balance
 
+__all__ = [
+    "PARTITION_FORMAT",
+    "Partition",
+    "check_balance",
+    "check_stage_count",
+    "describe",
+    "extra_weight_copies",
+    "in_flight_units",
+    "parse_balance",
+    "partition",
+    "stage_bounds",
+    "stage_memory_bytes",
+]
+
 PARTITION_FORMAT = "pipeswap.partition/1"
 
 

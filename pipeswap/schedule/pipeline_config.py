@@ -10,6 +10,8 @@ from pipeswap.schedule.kinds import SCHEDULE_NAMES, ScheduleKind, schedule_kind
 from pipeswap.schedule.modes import WEIGHT_MODES, weight_mode
 from pipeswap.units import parse_bytes
 
+__all__ = ["DELAY_LR_POWER", "DISTANCE_RULES", "PipelineConfig", "read_balance"]
+
 DISTANCE_RULES = ("schedule", "official")
 # P of the delay-scaled learning rate lr / (1 + tau) ** P where a weight mode turns it on by
 # default (WeightMode.delay_lr): measured in docs/results/pipeline_robustness.md.

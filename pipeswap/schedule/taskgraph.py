@@ -15,6 +15,8 @@ from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.schedule.timetable import Schedule, unit_time_order
 from pipeswap.sim.graph import GRAPH_FORMAT, TaskGraph
 
+__all__ = ["pipeline_graph", "pipeline_task_graph"]
+
 
 def pipeline_task_graph(
     schedule: Schedule,

@@ -8,6 +8,8 @@ from typing import Any
 from pipeswap.errors import PipeswapError
 from pipeswap.sim.graph import Task, TaskGraph
 
+__all__ = ["GraphBuilder"]
+
 
 class GraphBuilder:
     """Appends tasks in stream order and returns their ids, for planners.

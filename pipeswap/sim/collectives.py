@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+__all__ = [
+    "ring_allreduce_chunk_bytes",
+    "ring_allreduce_sends",
+    "ring_allreduce_steps",
+    "ring_allreduce_time_s",
+]
+
 
 def ring_allreduce_steps(gpus: Sequence[str]) -> int:
     """Steps of a ring allreduce over ``gpus``: n-1 of reduce-scatter, n-1 of all-gather."""

@@ -75,7 +75,7 @@ def simulate(
     return _Simulation(graph, topology, gpu_memory_bytes, record_rates).run()
 
 
-def collective_times(topology: Topology) -> dict[int, tuple[float, float]]:
+def _collective_times(topology: Topology) -> dict[int, tuple[float, float]]:
     """(latency s, bytes/s) of the all-reduce and p2p a calibrated topology measured."""
     calibration = topology.calibration or {}
     found: dict[int, tuple[float, float]] = {}
@@ -111,7 +111,7 @@ class _Simulation:
         # A measured machine's collectives take their measured time (latency + bytes at
         # the fitted rate) instead of flows on its links: gloo's all-reduce is not the
         # links' memory copies (pipeswap.hardware.calibration).
-        self.timed_collectives = collective_times(topology)
+        self.timed_collectives = _collective_times(topology)
 
         stream_ids: dict[tuple[str, str], int] = {}
         self.queue_tasks: list[list[int]] = []

@@ -6,6 +6,8 @@ import math
 
 from pipeswap.hardware.topology import Topology
 
+__all__ = ["Flow", "FlowNetwork", "directed_path"]
+
 # A directed link is ``2 * link_index + direction`` (direction 0 = a->b, 1 = b->a), so
 # ``dl ^ 1`` is the opposite direction and ``dl >> 1`` the undirected link.
 

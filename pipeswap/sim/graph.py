@@ -12,6 +12,8 @@ from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import check_format, dump_json, load_json
 from pipeswap.units import MAX_BYTES
 
+__all__ = ["GRAPH_FORMAT", "TASK_KINDS", "Task", "TaskGraph"]
+
 GRAPH_FORMAT = "pipeswap.graph/1"
 TASK_KINDS = ("compute", "d2h", "h2d", "p2p", "allreduce", "barrier")
 _GPU_KINDS = ("compute", "d2h", "h2d")

@@ -8,6 +8,8 @@ from typing import Any
 
 from pipeswap.jsonio import check_format, dump_json, load_json
 
+__all__ = ["RESULT_FORMAT", "GpuStats", "LinkStats", "SimResult", "TaskTiming"]
+
 RESULT_FORMAT = "pipeswap.simresult/1"
 
 

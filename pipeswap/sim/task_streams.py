@@ -5,6 +5,17 @@ from __future__ import annotations
 from pipeswap.hardware.topology import Topology
 from pipeswap.sim.graph import Task
 
+__all__ = [
+    "COMM",
+    "COMPUTE",
+    "COPY_D2H",
+    "COPY_H2D",
+    "COPY_SHARED",
+    "STREAM_ORDER",
+    "gpu_streams",
+    "task_streams",
+]
+
 COMPUTE = "compute"
 COPY_D2H = "d2h"
 COPY_H2D = "h2d"

@@ -13,6 +13,8 @@ from pipeswap.sim.graph import TASK_KINDS, TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.sim.task_streams import gpu_streams, task_streams
 
+__all__ = ["KIND_COLORS", "LINK_COLOR", "plot_timeline"]
+
 matplotlib.use("Agg")  # files only; never open a window; before pyplot is imported
 
 import matplotlib.pyplot as plt  # noqa: E402

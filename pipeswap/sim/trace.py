@@ -13,6 +13,16 @@ from pipeswap.sim.graph import Task, TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.sim.task_streams import STREAM_ORDER, gpu_streams, task_streams
 
+__all__ = [
+    "LINKS_PROCESS",
+    "chrome_trace",
+    "metadata_event",
+    "simulation_events",
+    "trace_document",
+    "write_chrome_trace",
+    "write_trace",
+]
+
 _US = 1e6  # trace timestamps are microseconds
 LINKS_PROCESS = "links"
 

@@ -14,6 +14,16 @@ from dataclasses import dataclass
 from pipeswap.config_fields import ConfigError, option, require
 from pipeswap.units import parse_bytes
 
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "POLICY_KINDS",
+    "POLICY_NAMES",
+    "PolicyKind",
+    "StageMoves",
+    "SwapConfig",
+    "policy_kind",
+]
+
 
 @dataclass(frozen=True)
 class StageMoves:

@@ -47,6 +47,15 @@ from pipeswap.training.report import DataParallelDetails, TrainReport
 from pipeswap.training.resume import agree_on_run, checkpointing
 from pipeswap.training.seq2seq_job import Seq2SeqJob
 
+__all__ = [
+    "PlanPayload",
+    "data_parallel_rank",
+    "default_topology",
+    "report",
+    "swap_topology",
+    "train_data_parallel",
+]
+
 
 @dataclass(frozen=True)
 class PlanPayload:

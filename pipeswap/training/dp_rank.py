@@ -49,6 +49,8 @@ from pipeswap.train_config import TrainConfig
 from pipeswap.training.dp_result import RankRecord, RankResult
 from pipeswap.training.job import Job
 
+__all__ = ["train_rank"]
+
 
 def _to(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
     # A compact copy, as the profiler measured (a dataset batch may be a strided view).

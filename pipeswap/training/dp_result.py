@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from pipeswap.metrics import HeldOutSums
 
+__all__ = ["RankRecord", "RankResult", "measured_step_s"]
+
 
 @dataclass(frozen=True)
 class RankResult:

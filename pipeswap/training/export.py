@@ -20,6 +20,8 @@ from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.run import train
 
+__all__ = ["export_checkpoint"]
+
 
 def export_checkpoint(directory: str, out: str, model: str | None = None) -> tuple[int, str]:
     """Write the model of the newest complete checkpoint in ``directory`` to ``out`` (as

@@ -18,6 +18,8 @@ from pipeswap.profiling.step import parse_dtype
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.seq2seq_job import Seq2SeqJob
 
+__all__ = ["Job", "ModelJob", "check_user_data", "job_for"]
+
 
 class Job(Protocol):
     """What to train; must pickle (it travels to spawned ranks).

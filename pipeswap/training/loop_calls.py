@@ -1,14 +1,30 @@
-"""What a user's forward call looks like to offload: its signature, the cache it asks for."""
+"""What a user's forward call looks like to offload: its signature, the cache it asks for, and
+refusals that name settings as offload's arguments do."""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
+
+__all__ = [
+    "Signature",
+    "describe",
+    "offload_names",
+    "on_device",
+    "on_host",
+    "optimizer_name",
+    "signature",
+    "takes_use_cache",
+    "without_cache",
+]
 
 # What a forward call looks like to a plan: every tensor's shape, dtype, device and
 # whether it needs gradients (an integer matrix's: whether all its values are equal), every
@@ -92,3 +108,26 @@ def on_host(call: tuple[Any, Any]) -> tuple[Any, Any]:
 
 def on_device(call: tuple[Any, Any], device: torch.device) -> tuple[Any, Any]:
     return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, call)
+
+
+def describe(signature: Signature) -> str:
+    """The call's tensor shapes, as a user would write them: ``4x128, 4x128``."""
+    shapes = [leaf[0] for leaf in signature[1] if not isinstance(leaf, str)]
+    return (
+        ", ".join("x".join(str(d) for d in shape) or "scalar" for shape in shapes) or "no tensors"
+    )
+
+
+# offload()'s argument for a setting of SwapConfig that it names otherwise.
+_ARGUMENT = {"gpu_memory_bytes": "gpu_memory"}
+
+
+@contextmanager
+def offload_names() -> Iterator[None]:
+    """Refusals inside name the settings as :func:`offload` calls them (``gpu_memory``)."""
+    try:
+        yield
+    except ConfigError as exc:
+        spelled = ConfigError(exc.message)
+        spelled.args = (exc.render(lambda name: _ARGUMENT.get(name, name)),)
+        raise spelled from None

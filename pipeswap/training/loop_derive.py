@@ -30,8 +30,21 @@ from torch.utils._pytree import tree_flatten
 from pipeswap.precision import uncached_casts
 from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.swap.runtime.capture import capture_records
-from pipeswap.training.loop_calls import Signature
+from pipeswap.training.loop_calls import Signature, describe
 from pipeswap.training.loop_plans import LoopPlanner, ShapePlan
+
+__all__ = [
+    "Named",
+    "Scaling",
+    "derive_plan",
+    "derive_profile",
+    "features",
+    "fit",
+    "gradient_bytes",
+    "input_bytes",
+    "name_call",
+    "same_structure",
+]
 
 # The policies that search (the MIP and auto): a derived plan takes a heuristic instead,
 # which plans in milliseconds (its profile is a model, not a measurement): the swaps of
@@ -356,7 +369,7 @@ def derive_plan(
         named.saved,
         named.outputs,
         later=gradient_bytes(planner.layers, named.head),
-        batch=call_batch(call),
+        batch=_call_batch(call),
         source=f"pipeswap.offload: derived before its first step, {how} {'; '.join(shapes)}",
     )
     config = planner.config
@@ -376,15 +389,7 @@ def derive_plan(
     )
 
 
-def call_batch(call: tuple[Any, Any]) -> int:
+def _call_batch(call: tuple[Any, Any]) -> int:
     """The call's batch: its first tensor's first dimension (1 for a scalar or none)."""
     first = next((t for t in tree_flatten(call)[0] if isinstance(t, torch.Tensor)), None)
     return int(first.shape[0]) if first is not None and first.dim() else 1
-
-
-def describe(signature: Signature) -> str:
-    """The call's tensor shapes, as a user would write them: ``4x128, 4x128``."""
-    shapes = [leaf[0] for leaf in signature[1] if not isinstance(leaf, str)]
-    return (
-        ", ".join("x".join(str(d) for d in shape) or "scalar" for shape in shapes) or "no tensors"
-    )

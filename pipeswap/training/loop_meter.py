@@ -11,6 +11,8 @@ from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
 from pipeswap.training.loop_plans import ShapePlan
 
+__all__ = ["LoopMeter"]
+
 
 class LoopMeter:
     """What offload reads of the device while the user's loop runs.

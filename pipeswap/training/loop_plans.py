@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,29 +26,18 @@ from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.recompute import RecomputeSizes, measure_recomputation
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.training.data_parallel import swap_topology
-from pipeswap.training.loop_calls import on_host
+from pipeswap.training.loop_calls import offload_names, on_host
 from pipeswap.training.loop_profile import loop_profile
 from pipeswap.units import format_bytes
 
-# offload()'s argument for a setting of SwapConfig that it names otherwise.
-_ARGUMENT = {"gpu_memory_bytes": "gpu_memory"}
+__all__ = ["UNBOUNDED", "LoopPlanner", "ShapePlan", "offload_names"]
+
 # A plan is made again (for less memory) at most this often when its first step held more.
 REPLANS = 2
 # The least time a search is given (a smaller one finds nothing beyond its first guess).
 MIN_SEARCH_S = 0.02
 # A budget no step reaches: what a plan run beyond the run's budget is checked against.
 UNBOUNDED = 2**62
-
-
-@contextmanager
-def offload_names() -> Iterator[None]:
-    """Refusals inside name the settings as :func:`offload` calls them (``gpu_memory``)."""
-    try:
-        yield
-    except ConfigError as exc:
-        spelled = ConfigError(exc.message)
-        spelled.args = (exc.render(lambda name: _ARGUMENT.get(name, name)),)
-        raise spelled from None
 
 
 @dataclass

@@ -15,6 +15,8 @@ from pipeswap.profiling.step import dtype_name, optimizer_state_bytes
 from pipeswap.swap.runtime.recompute import RecomputeSizes
 from pipeswap.swap.runtime.selective import SelectiveChoice
 
+__all__ = ["loop_profile"]
+
 
 def loop_profile(
     model: nn.Module,

@@ -25,10 +25,12 @@ from pipeswap.dist.group import rank_and_world
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.profile import StepMemory
 from pipeswap.swap.runtime.executor import SwapExecutor
-from pipeswap.training.loop_calls import Signature, on_device
-from pipeswap.training.loop_derive import derive_plan, describe, same_structure
+from pipeswap.training.loop_calls import Signature, describe, on_device
+from pipeswap.training.loop_derive import derive_plan, same_structure
 from pipeswap.training.loop_plans import UNBOUNDED, LoopPlanner, ShapePlan
 from pipeswap.units import format_bytes
+
+__all__ = ["ShapePlans", "covers", "describe", "largest_covered", "smallest_covering"]
 
 
 def covers(large: Signature, small: Signature, *, values: bool = True) -> bool:

@@ -31,6 +31,8 @@ from pipeswap.training.loop_plans import LoopPlanner, ShapePlan, offload_names
 from pipeswap.training.loop_shapes import ShapePlans, describe
 from pipeswap.units import parse_bytes
 
+__all__ = ["Offload", "offload"]
+
 
 def offload(
     model: nn.Module,
@@ -48,30 +50,28 @@ def offload(
 ) -> Offload:
     """Swap ``model``'s saved tensors to host memory in your own loop, planned for you.
 
-    ``with off:`` around the forward (``off = offload(model, footprint_ratio=1.5)``); the
-    backward and the optimizer step stay yours. The first call runs as it is while its
-    layers are timed; the next forward plans it (the contention-aware planner, ``policy``,
-    within the run's budget, on ``topology`` or the one of this machine) and every call it
-    covers runs the plan from then on. ``off.plan_for(**largest_batch)`` plans before the
-    loop, so that no step runs unplanned. Losses and weights stay bit-identical to the
-    loop without it (which a Hugging Face model runs with ``use_cache=False``, as offload
-    passes it). Under your own DDP, rank 0 plans for every rank (disjoint and
-    bidirectional swaps coordinate them): every rank must see the same input shapes at the
-    same steps, as a DistributedSampler gives. ``layers`` are the submodules plans cut at
-    (default: the model's repeated block list); ``optimizer`` says which state the budget
-    counts (pass the optimizer itself to have its state counted as it is); ``whole_blocks``
-    recomputes whole blocks only (SwapConfig.whole_blocks). ``time_limit_s`` bounds the
-    search of the policies that search (``auto``, ``mip``; a derived plan takes the
-    heuristics), inside the user's step; by default about two steps' time, at most 1 s.
+    ``with off:`` around the forward (``off = offload(model, footprint_ratio=1.5)``); the backward
+    and the optimizer step stay yours. The first call runs as it is while its layers are timed; the
+    next forward plans it (the contention-aware planner, ``policy``, within the run's budget, on
+    ``topology`` or the one of this machine) and every call it covers runs the plan from then on.
+    ``off.plan_for(**largest_batch)`` plans before the loop, so that no step runs unplanned. Losses
+    and weights stay bit-identical to the loop without it (which a Hugging Face model runs with
+    ``use_cache=False``, as offload passes it). Under your own DDP, rank 0 plans for every rank
+    (disjoint and bidirectional swaps coordinate them): every rank must see the same input shapes at
+    the same steps, as a DistributedSampler gives. ``layers`` are the submodules plans cut at
+    (default: the model's repeated block list); ``optimizer`` says which state the budget counts
+    (pass the optimizer itself to have its state counted as it is); ``whole_blocks`` recomputes
+    whole blocks only (SwapConfig.whole_blocks). ``time_limit_s`` bounds the search of the policies
+    that search (``auto``, ``mip``; a derived plan takes the heuristics), inside the user's step; by
+    default about two steps' time, at most 1 s.
 
-    The budget is what the device's own meter counts (pipeswap.profiling.meter: CUDA's
-    allocator; on the CPU the live storages): a measured shape's step reads the meter at
-    every layer's edges, so the plan counts what the model holds outside the layers (its
-    head, logits and loss), the working sets, autocast's weight copies and the optimizer
-    step. ``check_memory`` (default: on CUDA) measures the first step that runs each plan;
-    if it held more than the budget, the shape is planned again for that much less, at
-    most twice (a warning says so). ``stats()`` states the measured peak beside the budget
-    and the plan's prediction.
+    The budget is what the device's own meter counts (pipeswap.profiling.meter: CUDA's allocator; on
+    the CPU the live storages): a measured shape's step reads the meter at every layer's edges, so
+    the plan counts what the model holds outside the layers (its head, logits and loss), the working
+    sets, autocast's weight copies and the optimizer step. ``check_memory`` (default: on CUDA)
+    measures the first step that runs each plan; if it held more than the budget, the shape is
+    planned again for that much less, at most twice (a warning says so). ``stats()`` states the
+    measured peak beside the budget and the plan's prediction.
 
     Batches of every length: the budget is resolved once, at the first plan, and every
     later shape keeps it. A plan made for one call serves every smaller call of the same

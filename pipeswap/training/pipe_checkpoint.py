@@ -19,6 +19,8 @@ from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.stage_restore import restore_stage
 from pipeswap.training.resume import run_identity
 
+__all__ = ["Checkpoint", "identity", "newest_checkpoint", "save_stages"]
+
 
 def identity(executor: StageExecutor, world: int) -> dict[str, Any]:
     """What a checkpoint of this pipeline must agree on to be continued by another."""

@@ -33,6 +33,8 @@ from pipeswap.training.pipeline_stage_swaps import (
 from pipeswap.training.report import PipelineDetails, TrainReport, details_from_json
 from pipeswap.training.resume import agree_on_run, checkpointing
 
+__all__ = ["predicted_step_s", "report", "run_pipeline", "with_plans"]
+
 
 def run_pipeline(config: TrainConfig) -> PipelineResult | None:
     """Run a pipeline config: emulated here, or one rank per stage.

@@ -67,6 +67,20 @@ from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.units import format_bytes
 
+__all__ = [
+    "DEFAULT_GPU",
+    "StageSwapPlans",
+    "measured_stage_costs",
+    "micro_profile",
+    "micro_stage_costs",
+    "placed_gpu",
+    "plan_profile",
+    "plan_stage_swaps",
+    "recompute_allowed",
+    "recompute_bytes",
+    "stage_swappers",
+]
+
 # The spec plans on CUDA are estimated at when the topology names none (pipeswap.hardware.gpus).
 DEFAULT_GPU = "v100-32gb"
 

@@ -23,6 +23,8 @@ from pipeswap.optim import STATE_BUFFERS
 from pipeswap.train_config import TrainConfig
 from pipeswap.units import format_bytes
 
+__all__ = ["EMULATED_RANK_BYTES", "PROCESS_RANK_BYTES", "RANKS_PER_CORE", "check_ranks"]
+
 RANKS_PER_CORE = 4
 PROCESS_RANK_BYTES = 256 * 2**20
 EMULATED_RANK_BYTES = 8 * 2**20

@@ -20,6 +20,17 @@ from pipeswap.jsonio import check_format, dump_json, load_json
 from pipeswap.precision import DEFAULT_PRECISION
 from pipeswap.train_config import TrainConfig
 
+__all__ = [
+    "OLD_FORMATS",
+    "REPORT_FORMAT",
+    "DataParallelDetails",
+    "PipelineDetails",
+    "TrainReport",
+    "details_from_json",
+    "load_report",
+    "write_report",
+]
+
 REPORT_FORMAT = "pipeswap.train/2"
 # What pipeswap 0.1 wrote, before one report served every mode.
 OLD_FORMATS = {

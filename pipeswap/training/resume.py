@@ -12,6 +12,8 @@ from pipeswap.train_config import TrainConfig
 from pipeswap.user_files import fingerprint
 from pipeswap.version import __version__
 
+__all__ = ["agree_on_run", "checkpointing", "identity_fields", "run_identity"]
+
 
 def checkpointing(
     config: TrainConfig, world_size: int, **extra: Any

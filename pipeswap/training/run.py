@@ -20,6 +20,8 @@ from pipeswap.training.pipeline_parallel import run_pipeline
 from pipeswap.training.ranks import check_ranks
 from pipeswap.training.report import TrainReport
 
+__all__ = ["TrainOutcome", "TrainingStopped", "train"]
+
 
 @dataclass(frozen=True)
 class TrainOutcome:

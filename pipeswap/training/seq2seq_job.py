@@ -28,6 +28,8 @@ from pipeswap.train_config import TrainConfig
 from pipeswap.training.loop_profile import loop_profile
 from pipeswap.user_pairs import PairDataset, tokenize_pairs
 
+__all__ = ["Seq2SeqJob"]
+
 _NOTE = (
     "pipeswap train, an encoder-decoder: one step of the whole model run aside, timed by "
     "hooks at its blocks and metered at their edges (as pipeswap.offload profiles a loop)"

@@ -17,8 +17,8 @@ from torch import nn
 from pipeswap.config_fields import ConfigError
 from pipeswap.profiling.meter import DeviceMeter
 from pipeswap.swap.plan.workload import workload_from_profile
-from pipeswap.training.loop_calls import signature
-from pipeswap.training.loop_shapes import covers, describe, largest_covered, smallest_covering
+from pipeswap.training.loop_calls import describe, signature
+from pipeswap.training.loop_shapes import covers, largest_covered, smallest_covering
 from pipeswap.training.offload import offload
 
 transformers = pytest.importorskip("transformers")

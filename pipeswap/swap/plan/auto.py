@@ -24,6 +24,8 @@ from pipeswap.swap.plan.moves import (
 from pipeswap.swap.plan.policies import HEURISTICS, late_members, with_best_offset
 from pipeswap.swap.plan.scoring import Assignment, Scored, score
 
+__all__ = ["local_search", "plan_auto"]
+
 _PATIENCE = 120  # moves in a row that do not help before the search restarts
 _STALE_RESTARTS = 8  # restarts in a row that do not beat the best before the search stops
 

@@ -12,6 +12,8 @@ from pipeswap.swap.plan.scoring import Assignment, Scored, score
 from pipeswap.swap.plan.tensors import SavedTensorAt
 from pipeswap.swap.plan.workload import Workload
 
+__all__ = ["Case", "all_tensors"]
+
 T = TypeVar("T")
 
 

@@ -8,6 +8,15 @@ from typing import Any
 from pipeswap.hardware.topology import Topology
 from pipeswap.hardware.unionfind import UnionFind
 
+__all__ = [
+    "channel_groups",
+    "group_shape",
+    "host_links",
+    "path_bytes_per_s",
+    "representative_group",
+    "shared_links",
+]
+
 
 def host_links(topology: Topology, gpu: str) -> list[int]:
     """Indices of the links a swap of ``gpu`` crosses on its way to its host memory."""

@@ -13,6 +13,16 @@ from pipeswap.jsonio import check_format, dump_json, load_json
 from pipeswap.profiling.profile import Profile
 from pipeswap.swap.swap_config import DEFAULT_BUCKET_BYTES
 
+__all__ = [
+    "READABLE_FORMATS",
+    "SWAPPLAN_FORMAT",
+    "GpuPlan",
+    "SwapDecision",
+    "SwapPlan",
+    "close_names",
+    "validate_plan",
+]
+
 SWAPPLAN_FORMAT = "pipeswap.swapplan/2"
 # Plans written before recomputation existed read as plans that recompute nothing.
 READABLE_FORMATS = ("pipeswap.swapplan/1", SWAPPLAN_FORMAT)

@@ -19,6 +19,8 @@ from pipeswap.swap.plan.case import Case
 from pipeswap.swap.plan.scoring import Assignment
 from pipeswap.swap.plan.workload import Workload
 
+__all__ = ["plan_finer", "view"]
+
 WHOLE, SELECTIVE, KEPT = "whole", "selective", "kept"
 
 

@@ -18,6 +18,8 @@ from pipeswap.swap.plan.scoring import Assignment
 from pipeswap.swap.plan.workload import Workload
 from pipeswap.units import format_bytes
 
+__all__ = ["ORDERS", "hybrid", "plan_hybrid", "recompute_ladder", "recompute_order"]
+
 # Rungs of the ladder: recompute until the freed bytes reach these fractions of the
 # deficit (the rest is swapped), and the first set that fits with nothing swapped.
 _FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)

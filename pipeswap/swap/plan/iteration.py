@@ -12,6 +12,8 @@ from pipeswap.swap.plan.tensors import SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload
 from pipeswap.swap.swap_config import DEFAULT_BUCKET_BYTES
 
+__all__ = ["Bucket", "buckets_of", "build_iteration_graph", "gradient_buckets"]
+
 
 class Bucket(NamedTuple):
     """One DDP gradient bucket: its bytes and the layer whose backward completes it."""

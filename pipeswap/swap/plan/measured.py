@@ -9,6 +9,14 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.profiling.profile import Profile
 
+__all__ = [
+    "MeasuredMemory",
+    "estimated_optimizer_step_s",
+    "measured_memory",
+    "recomputed_inputs",
+    "selective_fields",
+]
+
 
 class MeasuredMemory(NamedTuple):
     """The Workload's memory fields from what a meter read (see :func:`measured_memory`)."""

@@ -22,6 +22,8 @@ from pipeswap.swap.plan.scoring import Assignment, Scored
 from pipeswap.swap.plan.solver import quiet_highs
 from pipeswap.swap.plan.tensors import SMALLEST_TENSOR_BYTES, SavedTensorAt, SwapDecisionAt
 
+__all__ = ["GB", "GroupSolution", "MipOutcome", "plan_mip", "solve_group"]
+
 GB = 1e9  # the model counts bytes in GB and time in seconds, so coefficients stay near 1
 
 

@@ -10,6 +10,8 @@ from pipeswap.swap.plan.case import Case, all_tensors
 from pipeswap.swap.plan.tensors import SMALLEST_TENSOR_BYTES, SavedTensorAt, SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload
 
+__all__ = ["OFFSET_FACTORS", "Moves", "Offsets", "Recomputes", "State", "Swaps", "ordered"]
+
 # A plan in search form: per member its swaps, its start offset and its recomputed layers.
 Swaps = dict[str, tuple[SwapDecisionAt, ...]]
 Offsets = dict[str, float]

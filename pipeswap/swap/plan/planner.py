@@ -24,6 +24,8 @@ from pipeswap.swap.plan.workload import Workload, workload_from_profile
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.units import format_bytes
 
+__all__ = ["GpuSummary", "PlanResult", "make_case", "make_plan", "plan_case", "swap_config"]
+
 
 @dataclass(frozen=True)
 class GpuSummary:
@@ -132,7 +134,7 @@ class PlanResult:
         }
 
 
-def resolve_budget(
+def _resolve_budget(
     workload: Workload, topology: Topology, gpus: Sequence[str], config: SwapConfig
 ) -> int:
     """The per-GPU budget in bytes; refuses budgets below what can never be swapped."""
@@ -164,7 +166,7 @@ def resolve_budget(
     return budget
 
 
-def select_gpus(topology: Topology, gpus: int | Sequence[str] | None) -> tuple[str, ...]:
+def _select_gpus(topology: Topology, gpus: int | Sequence[str] | None) -> tuple[str, ...]:
     """The data-parallel GPUs: all by default, the first N, or the named ones."""
     available = topology.gpus
     if gpus is None:
@@ -210,8 +212,8 @@ def make_case(
     workload = workload_from_profile(profile)
     if config.whole_blocks:  # no selective recomputation: its measurements are not offered
         workload = replace(workload, selective_kept=(), selective_rerun=(), selective_s=())
-    chosen = select_gpus(topology, gpus)
-    budget = resolve_budget(workload, topology, chosen, config)
+    chosen = _select_gpus(topology, gpus)
+    budget = _resolve_budget(workload, topology, chosen, config)
     return Case(
         workload=workload,
         topology=topology.with_gpu_memory(budget),
@@ -261,7 +263,7 @@ def plan_case(case: Case, profile: Profile, policy: str, *, time_limit_s: float)
             "recomputes (hybrid)"
         ) from None
     solve_s = time.perf_counter() - started
-    return summarize(case, profile, policy, scored, solve_s=solve_s, mip_gap=mip_gap, notes=notes)
+    return _summarize(case, profile, policy, scored, solve_s=solve_s, mip_gap=mip_gap, notes=notes)
 
 
 def _score_unchecked(case: Case, profile: Profile, policy: Policy, started: float) -> PlanResult:
@@ -269,7 +271,7 @@ def _score_unchecked(case: Case, profile: Profile, policy: Policy, started: floa
     assignment = policy.assign(case)
     if assignment_fits(case, assignment):
         scored = case.score(assignment)
-        return summarize(case, profile, policy.name, scored, solve_s=time.perf_counter() - started)
+        return _summarize(case, profile, policy.name, scored, solve_s=time.perf_counter() - started)
     # It does not fit: score it without a limit so the table can still show its peak.
     unlimited = Case(
         case.workload,
@@ -285,7 +287,7 @@ def _score_unchecked(case: Case, profile: Profile, policy: Policy, started: floa
         "failure": f"does not fit: {policy.peak} {peak} bytes ({format_bytes(peak)}) exceeds "
         f"the budget {case.budget_bytes} bytes ({format_bytes(case.budget_bytes)})"
     }
-    return summarize(
+    return _summarize(
         unlimited,
         profile,
         policy.name,
@@ -297,7 +299,7 @@ def _score_unchecked(case: Case, profile: Profile, policy: Policy, started: floa
     )
 
 
-def summarize(
+def _summarize(
     case: Case,
     profile: Profile,
     policy: str,

@@ -12,6 +12,26 @@ from pipeswap.swap.plan.scoring import Assignment
 from pipeswap.swap.plan.tensors import SavedTensorAt, SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload
 
+__all__ = [
+    "HEURISTICS",
+    "SWAP_ONLY",
+    "Coverage",
+    "bidirectional_offsets",
+    "disjoint_choice",
+    "fits",
+    "heuristic",
+    "late_members",
+    "plan_bidirectional",
+    "plan_disjoint",
+    "plan_none",
+    "plan_oblivious",
+    "plan_recompute",
+    "plan_save_on_cpu",
+    "timeline",
+    "with_best_offset",
+    "with_prefetch",
+]
+
 
 # ---- building blocks ---------------------------------------------------------------------
 def timeline(workload: Workload) -> tuple[list[float], list[float]]:

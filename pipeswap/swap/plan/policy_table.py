@@ -22,6 +22,8 @@ from pipeswap.swap.plan.scoring import Assignment, Scored
 from pipeswap.swap.plan.workload import Workload
 from pipeswap.swap.swap_config import policy_kind
 
+__all__ = ["POLICIES", "Planned", "Planner", "Policy", "policy_entry"]
+
 
 class Planned(NamedTuple):
     """What a policy gives the planner: its scored plan, its notes (they go into the plan)

@@ -13,6 +13,8 @@ from pipeswap.swap.plan.iteration import build_iteration_graph
 from pipeswap.swap.plan.tensors import SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload
 
+__all__ = ["Assignment", "Scored", "score"]
+
 
 @dataclass(frozen=True)
 class Assignment:

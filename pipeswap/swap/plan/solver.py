@@ -9,6 +9,8 @@ import sys
 import tempfile
 from typing import Any
 
+__all__ = ["LOG", "quiet_highs"]
+
 LOG = logging.getLogger("pipeswap.mip")
 
 

@@ -12,6 +12,8 @@ from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.swap.plan.workload import workload_from_profile
 
+__all__ = ["StageCosts", "stage_costs"]
+
 
 @dataclass(frozen=True)
 class StageCosts:

@@ -20,6 +20,17 @@ from pipeswap.swap.plan.channels import channel_groups, path_bytes_per_s
 from pipeswap.swap.plan.stage_costs import StageCosts
 from pipeswap.swap.plan.stage_swap import StagePlan, prefetch_points, stage_order, unit_memory
 
+__all__ = [
+    "Placement",
+    "Windows",
+    "cross_mapping",
+    "mobius_mapping",
+    "overlap_s",
+    "replica_major",
+    "stage_major",
+    "transfer_windows",
+]
+
 Placement = tuple[tuple[str, ...], ...]
 # Per stage, per direction ("d2h", "h2d"): when its copies run on the idealized timeline.
 Windows = list[dict[str, list[tuple[float, float]]]]

@@ -25,6 +25,8 @@ from pipeswap.swap.plan.stage_mapping import (
 )
 from pipeswap.swap.plan.stage_swap import StageAction, StagePlan, plan_stage, unit_memory
 
+__all__ = ["plan_stages", "water_fill"]
+
 
 def water_fill(capacity: float, demands: Sequence[float]) -> list[float]:
     """Max-min fair shares of ``capacity``: nobody gets more than it asks, and what one

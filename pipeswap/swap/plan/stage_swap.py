@@ -19,6 +19,22 @@ from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.timetable import Schedule
 from pipeswap.swap.plan.stage_costs import StageCosts
 
+__all__ = [
+    "LEADS",
+    "NO_PLAN",
+    "StageAction",
+    "StagePlan",
+    "UnitMemory",
+    "floor_bytes",
+    "floor_plan",
+    "memory_by_action",
+    "peak_bytes",
+    "plan_stage",
+    "prefetch_points",
+    "stage_order",
+    "unit_memory",
+]
+
 # Prefetch leads tried, latest first: lead 1 issues the copy when the action right before
 # the backward ends (the backward then waits for all of it), so plans start at 2.
 LEADS = (2, 3, 4)

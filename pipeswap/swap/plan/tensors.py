@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 from pipeswap.swap.plan.contract import SwapDecision
 
+__all__ = ["SMALLEST_TENSOR_BYTES", "SavedKey", "SavedTensorAt", "SwapDecisionAt"]
+
 # Smaller tensors (and recomputations freeing less) cannot change a plan measurably: the
 # mip and auto policies leave them out.
 SMALLEST_TENSOR_BYTES = 2**20

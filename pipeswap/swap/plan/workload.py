@@ -18,6 +18,8 @@ from pipeswap.swap.plan.measured import (
 )
 from pipeswap.swap.plan.tensors import SwapDecisionAt
 
+__all__ = ["Workload", "workload_from_profile"]
+
 
 @dataclass(frozen=True)
 class Workload:

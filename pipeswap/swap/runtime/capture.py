@@ -19,6 +19,16 @@ from pipeswap.profiling.saved import CapturedSavedTensor, SavedTensorCapture, st
 from pipeswap.swap.plan import close_names
 from pipeswap.swap.plan.tensors import SavedKey
 
+__all__ = [
+    "InnerSaves",
+    "StepNames",
+    "capture_inner",
+    "capture_records",
+    "kept_key",
+    "resolve_layers",
+    "step_names",
+]
+
 
 class _LayerView:
     """What SavedTensorCapture needs of a model, for any nn.Module and listed submodules."""

@@ -17,6 +17,19 @@ from pipeswap.swap.plan.measured import measured_memory
 from pipeswap.swap.plan.tensors import SavedKey, SwapDecisionAt
 from pipeswap.swap.plan.workload import Workload
 
+__all__ = [
+    "PLAN_SLACK",
+    "IssuePoints",
+    "check_budget",
+    "check_plan_identity",
+    "check_records",
+    "checked_decisions",
+    "checked_recompute",
+    "issue_points",
+    "rank_plan",
+    "step_budget",
+]
+
 # How far this run's own sizes may put a plan over its budget before it is refused.
 PLAN_SLACK = 0.01
 

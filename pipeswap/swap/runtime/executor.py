@@ -59,10 +59,9 @@ from pipeswap.swap.runtime.pool import HostPool
 from pipeswap.swap.runtime.recompute import Recomputation
 from pipeswap.swap.runtime.stats import StepStats
 from pipeswap.swap.runtime.step_tensors import StepTensors, only_swapped
-from pipeswap.swap.runtime.transfer import (
-    DeviceLedger,
-    SwapTransfer,
-)
+from pipeswap.swap.runtime.transfer import DeviceLedger, SwapTransfer
+
+__all__ = ["SwapExecutor"]
 
 
 class SwapExecutor:

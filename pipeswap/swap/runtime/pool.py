@@ -9,6 +9,8 @@ import torch
 from pipeswap.errors import PipeswapError
 from pipeswap.profiling.meter import host_buffer
 
+__all__ = ["REGION_ALIGNMENT", "HostPool"]
+
 # Regions start on 512-byte boundaries: copy engines move aligned blocks fastest.
 REGION_ALIGNMENT = 512
 

@@ -40,6 +40,8 @@ from pipeswap.swap.runtime.selective import (
 )
 from pipeswap.swap.runtime.transfer import DeviceLedger
 
+__all__ = ["Capture", "Recomputation", "RecomputeSizes", "measure_recomputation"]
+
 Capture = tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]
 
 

@@ -41,6 +41,18 @@ from torch.utils.checkpoint import (
 
 from pipeswap.profiling.saved import storage_key
 
+__all__ = [
+    "DEAR_OPS",
+    "OpCall",
+    "OpName",
+    "OpRecorder",
+    "SelectiveChoice",
+    "choose",
+    "context_fn",
+    "dispatch_seconds",
+    "policy",
+]
+
 _aten = torch.ops.aten
 # Dear to recompute: time grows with a product of dimensions, not with the bytes moved.
 DEAR_OPS = frozenset(

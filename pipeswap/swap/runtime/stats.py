@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["StepStats"]
+
 
 @dataclass(frozen=True)
 class StepStats:

@@ -35,6 +35,8 @@ from pipeswap.swap.runtime.transfer import (
     bytes_of_storage,
 )
 
+__all__ = ["StepTensors", "only_swapped"]
+
 
 class StepTensors:
     """The saved tensors of one step and what moved: ``swapped``, ``prefetched`` (bytes)

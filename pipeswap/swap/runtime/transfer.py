@@ -38,6 +38,15 @@ from pipeswap.streams import (
 )
 from pipeswap.swap.runtime.pool import HostPool
 
+__all__ = [
+    "DeviceLedger",
+    "HeldTensor",
+    "SavedTensorState",
+    "SwapTransfer",
+    "SwappedHandle",
+    "bytes_of_storage",
+]
+
 # Where a saved storage is: its life through one step.
 ON_DEVICE, COPYING_OUT, ON_HOST, FETCHING, BACK, GONE = range(6)
 

@@ -35,6 +35,8 @@ from pipeswap.swap.runtime.recompute import Recomputation
 from pipeswap.swap.runtime.step_tensors import StepTensors, only_swapped
 from pipeswap.swap.runtime.transfer import DeviceLedger, SwapTransfer
 
+__all__ = ["UnitSwapper"]
+
 
 class UnitSwapper:
     """Applies one per-unit plan to every forward of ``module`` that runs in :meth:`forward`.

@@ -10,6 +10,8 @@ from pipeswap.hardware.topology import Topology
 from pipeswap.swap.plan.bounds.relief import Relief
 from pipeswap.swap.plan.workload import Workload
 
+__all__ = ["BoundInputs", "MicroBatch"]
+
 
 @dataclass(frozen=True)
 class MicroBatch:

@@ -13,6 +13,8 @@ from pipeswap.swap.plan.bounds.inputs import BoundInputs
 from pipeswap.swap.plan.bounds.relief import Relief, min_max, recompute_limit_s
 from pipeswap.swap.plan.workload import Workload
 
+__all__ = ["LowerBound", "lower_bound"]
+
 
 @dataclass(frozen=True)
 class LowerBound:

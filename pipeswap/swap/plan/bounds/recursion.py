@@ -9,6 +9,8 @@ from pipeswap.swap.plan.bounds.inputs import MicroBatch
 from pipeswap.swap.plan.bounds.relief import Relief
 from pipeswap.swap.plan.workload import Workload
 
+__all__ = ["backward_starts", "forward_ends", "micro_batch_s", "shortest_microbatch_s"]
+
 
 def forward_ends(
     micro: MicroBatch, bytes_per_s: float, floor: tuple[int, float] | None = None

@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 from pipeswap.swap.plan.workload import Workload
 
+__all__ = ["Relief", "min_max", "recompute_limit_s"]
+
 
 class Relief:
     """``relief_T(k, i)``: at most the forward bytes recomputation can free among layers

@@ -10,6 +10,8 @@ from pipeswap.swap.plan.bounds.inputs import BoundInputs, MicroBatch
 from pipeswap.swap.plan.bounds.recursion import backward_starts, forward_ends, micro_batch_s
 from pipeswap.swap.plan.bounds.relief import Relief
 
+__all__ = ["channel_terms", "sharing_terms"]
+
 
 def channel_terms(inputs: BoundInputs) -> dict[str, float]:
     """Per directed link: the shared-channel term."""

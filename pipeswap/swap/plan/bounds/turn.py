@@ -17,6 +17,8 @@ from pipeswap.swap.plan.bounds.sharing import channel_terms, sharing_terms
 from pipeswap.swap.plan.iteration import gradient_buckets
 from pipeswap.swap.plan.workload import Workload
 
+__all__ = ["TurnBound", "turn_bound"]
+
 
 @dataclass(frozen=True)
 class TurnBound:
