@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     result = run(s)
     elapsed = time.perf_counter() - started
+    load_after = os.getloadavg()[0]
     text = table(result["rounds"])
     print(text)
     if args.no_write:
@@ -310,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['threads']} intra-op thread, as torchrun sets). {s.rounds} rounds of "
         f"{s.steps} steps, the variants alternating after one untimed step each. The "
         f"whole run took {elapsed:.0f} s; the 1-minute load average was {load_before:.1f} "
-        "before.\n\n"
+        f"before and {load_after:.1f} after (other jobs share the machine's cores, so rates "
+        "vary between rounds; each ratio is taken within its round).\n\n"
         + text
         + f"\n\nCuts (layers per stage, the embeddings and the head counted as layers): "
         f"the hand-written stages and `{SAME_CUT}` {cuts[SAME_CUT]}; pipeswap's partitioner "

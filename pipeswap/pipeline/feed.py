@@ -11,10 +11,13 @@ __all__ = ["FedBatches", "step_ends", "step_of"]
 
 class FedBatches:
     """The mini-batches handed to a pipeline one step at a time (pipeswap.Pipeline.step):
-    what its first and last stages read, micro-batch by micro-batch."""
+    what its first and last stages read, micro-batch by micro-batch.
 
-    def __init__(self, micro_batch_size: int) -> None:
-        self.size = micro_batch_size
+    Micro-batches hold ``micro_batch_size`` samples, or with ``micro_batches`` each
+    mini-batch is cut into that many, whatever its size (a short last batch)."""
+
+    def __init__(self, micro_batch_size: int = 0, *, micro_batches: int | None = None) -> None:
+        self.size, self.count = micro_batch_size, micro_batches
         self.batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def put(self, step: int, inputs: torch.Tensor, target: torch.Tensor) -> None:
@@ -24,7 +27,8 @@ class FedBatches:
 
     def micro(self, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, target = self.batches[step]
-        part = slice(index * self.size, (index + 1) * self.size)
+        size = self.size if self.count is None else len(inputs) // self.count
+        part = slice(index * size, (index + 1) * size)
         return inputs[part], target[part]
 
 

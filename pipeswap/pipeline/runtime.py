@@ -88,12 +88,19 @@ class DistTransport:
         )
         self._posted: dict[tuple[ActionKind, int], Receive] = {}
         self._sends: Sends[tuple[ActionKind, int]] = Sends()
+        self._expected: dict[tuple[ActionKind, int], BoundarySpec | None] = {}
+
+    def expect(self, direction: ActionKind, unit: int, spec: BoundarySpec | None) -> None:
+        """Receive ``unit``'s transfer in ``direction`` as ``spec`` says rather than as the
+        stage's own specs do (a batch of another shape, pipeswap.Pipeline)."""
+        self._expected[(direction, unit)] = spec
 
     def post(self, direction: ActionKind, unit: int) -> None:
         if (direction, unit) in self._posted:
             return
         # Activations come from the previous stage, gradients from the next.
-        spec = self.input_spec if direction is ActionKind.F else self.output_spec
+        own = self.input_spec if direction is ActionKind.F else self.output_spec
+        spec = self._expected.pop((direction, unit), own)
         if spec is not None:
             self._check_count(len(spec.tensors))
         assert spec is not None, f"stage {self.stage} receives no {direction} transfers"

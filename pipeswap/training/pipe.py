@@ -32,6 +32,7 @@ from pipeswap.pipeline.horizon import ScheduleHorizon
 from pipeswap.pipeline.job import load_stage_tensors
 from pipeswap.pipeline.resolve import choose_balance
 from pipeswap.pipeline.runtime import StageWires, run_actions
+from pipeswap.pipeline.shapes import BatchShapes
 from pipeswap.pipeline.shared import find_shared
 from pipeswap.pipeline.stage import layer_infos
 from pipeswap.pipeline.step_end import step_loss
@@ -43,6 +44,8 @@ from pipeswap.schedule.partition import stage_bounds
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipe_checkpoint import Checkpoint, newest_checkpoint, save_stages
 from pipeswap.training.pipe_target import ScoredAgainst, score_batch
+
+__all__ = ["OptimizerFactory", "Pipeline"]
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 # How long a rank of a group the pipeline joins itself waits for a silent peer.
@@ -62,23 +65,18 @@ class Pipeline:
         pipe.close()
 
     Every rank builds ``model`` the same way (seeded, or ``from_pretrained``) and calls
-    :meth:`step` with the same batches. ``steps`` (optional) is how many: the pipeline
-    is then the one ``pipeswap train --steps`` runs, and an unset optimizer gets the
-    task's warm-up and decay over those steps. Without it the schedule is built ahead of
-    the calls and the mini-batches an asynchronous schedule still has in flight are
-    finished at :meth:`state_dict` or :meth:`close` (training ends there; the same weights
-    as a pipeline built for that many steps), and an unset optimizer keeps the task's
-    rate constant (a warm-up or decay is a fraction of a length it does not know: give
-    ``steps``, or an OptimizerConfig with ``lr_warmup``/``lr_decay_steps``). Rank k keeps stage k: its
-    layers (cut at the model's repeated blocks, pipeswap.adapt; ``balance`` layers per
+    :meth:`step` with the same batches, of any length the model takes. ``steps``
+    (optional) is how many: an unset optimizer then gets the task's warm-up and decay.
+    Without it, what an asynchronous schedule has in flight is finished at
+    :meth:`state_dict` or :meth:`close`, where training ends, and an unset optimizer's
+    rate stays constant (docs/concepts.md). Rank k keeps stage k: its layers (cut at the
+    model's repeated blocks by pipeswap.adapt on the first batch; ``balance`` layers per
     stage or the partitioner's), their weight versions (``weights``: the modes of
-    ``pipeswap train``) and their optimizer, ``optimizer`` (an OptimizerConfig, whose unset
-    fields take the model's task's defaults as ``pipeswap train`` does, or a function from
-    a list of parameters to a torch optimizer). The first batch fixes the
-    shapes every later one must have. Training is the code ``pipeswap train --pipeline``
-    runs, so a run gives its losses and weights bit for bit (CPU stages run one intra-op
-    thread each, as there). Between steps, do nothing that waits for another rank (a
-    collective of your own): on an asynchronous schedule a stage may be a step behind.
+    ``pipeswap train``) and their ``optimizer`` (an OptimizerConfig, or a function from a
+    list of parameters to a torch optimizer). Training is the code ``pipeswap train
+    --pipeline`` runs, bit for bit (CPU stages run one intra-op thread each, as there).
+    Between steps, do nothing that waits for another rank (a collective of your own): on
+    an asynchronous schedule a stage may be a step behind.
     """
 
     def __init__(
@@ -142,7 +140,7 @@ class Pipeline:
         # Why no step may follow: the training ended (the last step, or a drain), or failed.
         self._ended: str | None = None
         self._resume: Checkpoint | None = None
-        self._shape: tuple[torch.Size, torch.dtype] | None = None
+        self._shapes: BatchShapes | None = None
         self._wires: StageWires | None = None
         self._scored: ScoredAgainst | None = None
 
@@ -179,7 +177,8 @@ class Pipeline:
         )
         require(self._ended is None, f"pipe.step after {self._ended}")
         target = self._scored_by(inputs).choose(target, labels)
-        executor = self._built(inputs, target)
+        micro = self.pipeline.micro_batch_count
+        executor = self._built(inputs, target, self.done * micro)
         assert self._horizon is not None
         assert executor.train_data is not None or 0 < self.rank < self.world - 1
         if executor.train_data is not None:
@@ -219,7 +218,8 @@ class Pipeline:
         on an asynchronous one each stage's own newest (a stage may be a step behind).
         """
         target = self._scored_by(inputs).choose(target, labels)
-        executor = self._built(inputs, target)
+        micro = self.pipeline.micro_batch_count
+        executor = self._built(inputs, target, self._evals * micro, eval=True)
         with self._threads():
             loss = score_batch(executor, inputs, target, self._evals, self.device)
         self._evals += 1
@@ -324,30 +324,28 @@ class Pipeline:
     def _threads(self) -> AbstractContextManager[None]:
         return single_threaded() if self.device.type == "cpu" else nullcontext()
 
-    def _built(self, inputs: torch.Tensor, target: torch.Tensor) -> StageExecutor:
-        shape = (inputs.shape, inputs.dtype)
-        if self._shape is not None:
-            require(
-                shape == self._shape,
-                f"this batch has inputs of shape {tuple(inputs.shape)} ({inputs.dtype}), but "
-                f"the pipeline runs those of its first, {tuple(self._shape[0])} "
-                f"({self._shape[1]}): its transfers have that shape. Drop a partial last "
-                "batch (DataLoader(..., drop_last=True)) or pad it",
-            )
+    def _built(
+        self, inputs: torch.Tensor, target: torch.Tensor, first_unit: int, eval: bool = False
+    ) -> StageExecutor:
+        """This stage, built on the first batch; its receives of units ``first_unit`` on
+        expected as this batch's shape says (a batch may have any length the model takes)."""
+        micro = self.pipeline.micro_batch_count
+        require(
+            len(inputs) % micro == 0,
+            f"a batch of {len(inputs)} does not split into {micro} micro_batches: pass "
+            "micro_batches dividing every batch, or batches whose size is a multiple of it",
+        )
         if self._executor is None:
             self._executor = self._build(inputs, target)
-            self._shape = shape
+        if self._wires is not None and self._shapes is not None:
+            transport = self._wires.eval_transport if eval else self._wires.transport
+            self._shapes.expect(transport, inputs, first_unit)
         return self._executor
 
     def _build(self, inputs: torch.Tensor, target: torch.Tensor) -> StageExecutor:
         model, rank = self.layered, self.rank
         micro = self.pipeline.micro_batch_count
         batch = int(inputs.shape[0])
-        require(
-            batch % micro == 0,
-            f"a batch of {batch} does not split into {micro} micro_batches: pass "
-            "micro_batches dividing the batch, or a batch that is a multiple of it",
-        )
         lm = model.task_entry.has_seq_len
         config = TrainConfig(
             model.name,
@@ -370,6 +368,9 @@ class Pipeline:
         config = replace(config, pipeline=choose_balance(config, infos, model.name))
         balance = config.require_pipeline().stage_balance
         first, end = stage_bounds(balance)[rank]
+        self._shapes = BatchShapes(
+            model, (first, end), rank, self.world, micro, self.precision, inputs
+        )
         model.stage(first, end).to(self.device)
         self._horizon = ScheduleHorizon(config, rank, self.steps, self.done)
         config, schedule = self._horizon.config, self._horizon.schedule
@@ -388,7 +389,7 @@ class Pipeline:
                 infos,
                 wired.pop("transport"),
                 device=self.device,
-                data=(FedBatches(config.micro_batch_size), None) if ends else None,
+                data=(FedBatches(micro_batches=micro), None) if ends else None,
                 loss_fn=self.loss_fn,
                 optimizer_factory=self.factory,
                 **wired,

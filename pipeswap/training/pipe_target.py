@@ -79,7 +79,8 @@ def score_batch(
     counts the batches scored before: each has its own units on the stages' held-out
     transport, so its transfers never meet another's."""
     runner, transport = executor.runner, executor.eval_transport
-    micro, size = executor.micro_batches, executor.config.micro_batch_size
+    micro = executor.micro_batches
+    size = len(inputs) // micro
     total = 0.0
     for m in range(micro):
         unit = scoring * micro + m

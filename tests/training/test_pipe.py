@@ -15,6 +15,7 @@ from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.emulator import Emulator
+from pipeswap.pipeline.feed import FedBatches
 from pipeswap.pipeline.job import BatchSource, build_full_model
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipe import Pipeline
@@ -113,6 +114,45 @@ def test_a_pipeline_without_steps_drains_at_state_dict_as_one_built_for_them(
     assert unknown.results[0]["digest"] == Emulator(config).run().params_sha256
 
 
+def _ragged(config: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches as a padding collator makes them: each its own length, and a short one."""
+    data = BatchSource(config, build_full_model(config))
+    lengths = [16, 11, 16, 9, 13, 16]
+    out = []
+    for t in range(config.steps):
+        x, y = data.batch(t)
+        rows = len(x) // 2 if t == 2 else len(x)  # a short batch (micro-batches halve)
+        out.append((x[:rows, : lengths[t]], y[:rows, : lengths[t]]))
+    return out
+
+
+def _train_ragged(rank: int, world: int, config: TrainConfig) -> dict[str, Any]:
+    pipe = _pipe(config, steps=None)
+    batches = _ragged(config)
+    losses = [pipe.step(x, y) for x, y in batches]
+    held_out = [pipe.eval(*batches[1]), pipe.eval(*batches[0])]
+    pipe.state_dict()
+    pipe.close()
+    digest = params_sha256(pipe.layered) if rank == 0 else None
+    return {"losses": losses, "eval": held_out, "digest": digest}
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("config", [CASES[0], CASES[2]], ids=["1f1b", "async-spectrain"])
+def test_batches_of_every_length_train_as_the_emulator_does(config: TrainConfig) -> None:
+    """Each stage receives each batch's own shape (traced once per shape, without
+    compute): the losses and weights of the emulator fed the same batches, bit for bit."""
+    launched = spawn(_train_ragged, 2, config, timeout_s=120)
+    assert launched.ok, launched.exit_codes
+    first, last = launched.results
+    fed = FedBatches(micro_batches=config.require_pipeline().micro_batch_count)
+    fed.batches = dict(enumerate(_ragged(config)))
+    emulated = Emulator(replace_fields(config, eval_batches=0), data=fed).run()
+    assert tuple(last["losses"]) == emulated.losses
+    assert first["digest"] == emulated.params_sha256
+    assert all(isinstance(loss, float) for loss in last["eval"])
+
+
 def test_a_pipeline_of_one_stage_is_plain_training() -> None:
     config = replace_fields(BASE, balance=(4,), steps=3)
     pipe = _pipe(config)
@@ -155,8 +195,9 @@ def test_wrong_use_is_refused_saying_what_to_do() -> None:
         pipe.step(x, y)
     again = _pipe(replace_fields(config, steps=2))
     again.step(x, y)
-    with pytest.raises(ConfigError, match="drop_last=True"):
-        again.step(x[:4], y[:4])
+    with pytest.raises(ConfigError, match="does not split into 4 micro_batches"):
+        again.step(x[:2], y[:2])
+    assert isinstance(again.step(x[:4, :9], y[:4, :9]), float)  # a short batch, shorter rows
     with pytest.raises(ConfigError, match="not RMSprop"):
         _pipe(
             replace_fields(config, schedule="async-1f1b", weights="spectrain", micro_batches=1),
