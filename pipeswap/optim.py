@@ -13,6 +13,19 @@ from torch import nn
 from pipeswap.config import ConfigError, option, require
 from pipeswap.models.tasks import TASKS, task_kind
 
+__all__ = [
+    "DEFAULT_LR",
+    "IMAGE_RECIPE",
+    "LM_RECIPE",
+    "LR_SCHEDULES",
+    "NADAM_MOMENTUM_DECAY",
+    "OPTIMIZERS",
+    "PROFILE_OPTIMIZER",
+    "STATE_BUFFERS",
+    "OptimizerConfig",
+    "make_nadam",
+]
+
 # Parameter-sized buffers each optimizer keeps: momentum SGD one, Adam(W) two.
 STATE_BUFFERS = {"sgd": 1, "adam": 2, "adamw": 2}
 OPTIMIZERS = tuple(STATE_BUFFERS)

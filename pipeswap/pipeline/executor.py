@@ -31,12 +31,12 @@ from pipeswap.schedule.partition import stage_bounds
 from pipeswap.schedule.timetable import Schedule, TimedAction
 from pipeswap.train_config import TrainConfig
 
+__all__ = ["StageExecutor", "Transport"]
+
 
 class Transport(Protocol):
-    """Moves packed activations (direction F) and gradients (B) of a unit between stages.
-
-    ``direction`` is ``ActionKind.F`` or ``ActionKind.B`` (:attr:`ActionKind.direction`).
-    """
+    """Moves packed activations (``direction`` ActionKind.F) and gradients (ActionKind.B,
+    :attr:`ActionKind.direction`) of a unit between stages."""
 
     def post(self, direction: ActionKind, unit: int) -> None: ...
     def take(self, direction: ActionKind, unit: int) -> Packed: ...

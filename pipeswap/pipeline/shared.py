@@ -35,6 +35,18 @@ from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.schedule.timetable import Schedule, unit_time_order
 
+__all__ = [
+    "Exchange",
+    "MailboxExchange",
+    "SharePlan",
+    "SharedParam",
+    "TiedParameters",
+    "combine",
+    "find_shared",
+    "plan_sharing",
+    "stage_module",
+]
+
 
 @dataclass(frozen=True)
 class SharedParam:
