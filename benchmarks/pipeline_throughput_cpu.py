@@ -378,7 +378,9 @@ def _reading(rounds: list[dict[str, float]]) -> str:
         "The gap to the ideal is the stage imbalance (the head's vocabulary projection and "
         "the embedding are on different stages), gloo's transfer latency on a 2-core "
         "machine shared with other jobs, and, for spectrain, the weight swap before and "
-        "after each pass.\n"
+        "after each pass. These rows run inside one harness of spawned processes; "
+        "docs/results/pipeline_user_loop.md measures pipeswap.Pipeline the way a user runs "
+        "it: the user's own model and hand-written torch stages, under torchrun.\n"
     )
 
 
