@@ -82,6 +82,13 @@ def without_cache(kwargs: dict[str, Any]) -> dict[str, Any]:
     transformers' own gradient checkpointing does); a training call that asks for the cache
     is refused: the cache would keep the keys and values that a plan moves off the device
     or recomputes."""
+    if kwargs.get("past_key_values") is not None:
+        raise PipeswapError(
+            "past_key_values in a training forward under offload: a cache object keeps "
+            "every layer's keys and values beyond their backward (and a recomputed layer "
+            "would append its own twice), so neither swapping nor recomputing could free "
+            "them; train without a cache (leave past_key_values out)"
+        )
     asked = kwargs.get("use_cache")
     if asked is None:
         return {**kwargs, "use_cache": False}

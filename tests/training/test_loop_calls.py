@@ -41,6 +41,9 @@ def test_the_cache_is_off_unless_asked_and_asking_for_it_is_refused() -> None:
     assert without_cache({"use_cache": False}) == {"use_cache": False}
     with pytest.raises(PipeswapError, match="pass use_cache=False"):
         without_cache({"use_cache": True})
+    with pytest.raises(PipeswapError, match="leave past_key_values out"):
+        without_cache({"past_key_values": object()})  # a cache object, any of its types
+    assert without_cache({"past_key_values": None}) == {"past_key_values": None, "use_cache": False}
 
     def forward(input_ids: torch.Tensor, use_cache: bool | None = None) -> None: ...
 
