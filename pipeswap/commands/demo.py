@@ -69,6 +69,26 @@ def _budget_of(plan_path: Path) -> str:
 
 def demo_commands(out: Path) -> list[tuple[str, Argv]]:
     """The demo's steps: a title and the argv of one `pipeswap` command each."""
+    # The pipeline run, trained over 4 processes and then emulated in one.
+    pipeline_run = [
+        "train",
+        "--model",
+        "gpt2-tiny",
+        "--batch",
+        "8",
+        "--seq-len",
+        "64",
+        "--pipeline",
+        "4",
+        "--schedule",
+        "async-1f1b",
+        "--optimizer",
+        "adam",
+        "--weights",
+        "predict-adam",
+        "--steps",
+        "20",
+    ]
     return [
         ("Where am I running?", ["env"]),
         (
@@ -172,23 +192,7 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
             "Train it: 4 processes over gloo, each pass on predicted weights (SpecTrain's "
             "prediction with Adam's step: predict-adam)",
             [
-                "train",
-                "--model",
-                "gpt2-tiny",
-                "--batch",
-                "8",
-                "--seq-len",
-                "64",
-                "--pipeline",
-                "4",
-                "--schedule",
-                "async-1f1b",
-                "--optimizer",
-                "adam",
-                "--weights",
-                "predict-adam",
-                "--steps",
-                "20",
+                *pipeline_run,
                 "--nproc",
                 "4",
                 "--report",
@@ -198,23 +202,7 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
         (
             "The same run emulated in one process: the same SHA-256, plus prediction error",
             [
-                "train",
-                "--model",
-                "gpt2-tiny",
-                "--batch",
-                "8",
-                "--seq-len",
-                "64",
-                "--pipeline",
-                "4",
-                "--schedule",
-                "async-1f1b",
-                "--optimizer",
-                "adam",
-                "--weights",
-                "predict-adam",
-                "--steps",
-                "20",
+                *pipeline_run,
                 "--emulate",
                 "--report",
                 str(out / "pipeline-emulated.json"),

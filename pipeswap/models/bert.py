@@ -21,9 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
-from pipeswap.models.transformer import PostNormBlock, init_transformer_
+from pipeswap.models.transformer import PositionalEmbed, PostNormBlock, init_transformer_
 
 __all__ = ["BertConfig", "BertEmbed", "BertHead", "build_bert"]
 
@@ -42,27 +41,16 @@ class BertConfig:
     intermediate: int
 
 
-class BertEmbed(nn.Module):
+class BertEmbed(PositionalEmbed):
     """Token + position + token-type (all type 0) embeddings, then LayerNorm."""
 
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.max_positions = config.max_positions
-        self.tokens = nn.Embedding(config.vocab_size, config.hidden)
-        self.positions = nn.Embedding(config.max_positions, config.hidden)
+        super().__init__(config.vocab_size, config.max_positions, config.hidden)
         self.token_types = nn.Embedding(2, config.hidden)
         self.ln = nn.LayerNorm(config.hidden, eps=_EPS)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        seq_len = ids.shape[1]
-        if seq_len > self.max_positions:
-            raise PipeswapError(
-                f"sequence length {seq_len} exceeds this model's {self.max_positions} "
-                f"positions; pass seq_len <= {self.max_positions}"
-            )
-        positions = torch.arange(seq_len, device=ids.device)
-        x = self.tokens(ids) + self.positions(positions) + self.token_types.weight[0]
-        return self.ln(x)
+        return self.ln(super().forward(ids) + self.token_types.weight[0])
 
 
 class BertHead(nn.Module):

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
-from pipeswap.models.transformer import PreNormBlock, init_transformer_
+from pipeswap.models.transformer import PositionalEmbed, PreNormBlock, init_transformer_
 
 __all__ = ["GPTConfig", "GPTEmbed", "GPTHead", "build_gpt"]
 
@@ -26,24 +25,11 @@ class GPTConfig:
     heads: int
 
 
-class GPTEmbed(nn.Module):
+class GPTEmbed(PositionalEmbed):
     """Token plus learned position embeddings: ids ``[B, T]`` -> ``[B, T, D]``."""
 
     def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.context = config.context
-        self.tokens = nn.Embedding(config.vocab_size, config.hidden)
-        self.positions = nn.Embedding(config.context, config.hidden)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        seq_len = ids.shape[1]
-        if seq_len > self.context:
-            raise PipeswapError(
-                f"sequence length {seq_len} exceeds this model's context of {self.context} "
-                f"tokens; pass seq_len <= {self.context}"
-            )
-        positions = torch.arange(seq_len, device=ids.device)
-        return self.tokens(ids) + self.positions(positions)
+        super().__init__(config.vocab_size, config.context, config.hidden)
 
 
 class GPTHead(nn.Module):

@@ -6,7 +6,38 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MLP", "PostNormBlock", "PreNormBlock", "SelfAttention", "init_transformer_"]
+from pipeswap.errors import PipeswapError
+
+__all__ = [
+    "MLP",
+    "PositionalEmbed",
+    "PostNormBlock",
+    "PreNormBlock",
+    "SelfAttention",
+    "init_transformer_",
+]
+
+
+class PositionalEmbed(nn.Module):
+    """Token plus learned position embeddings, ids ``[B, T]`` -> ``[B, T, D]``: GPT-2's
+    embedding, and BERT's before its token types and LayerNorm. A sequence longer than the
+    learned positions is refused with the length to pass."""
+
+    def __init__(self, vocab_size: int, max_positions: int, hidden: int) -> None:
+        super().__init__()
+        self.max_positions = max_positions
+        self.tokens = nn.Embedding(vocab_size, hidden)
+        self.positions = nn.Embedding(max_positions, hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        seq_len = ids.shape[1]
+        if seq_len > self.max_positions:
+            raise PipeswapError(
+                f"sequence length {seq_len} exceeds this model's context of "
+                f"{self.max_positions} positions; pass seq_len <= {self.max_positions}"
+            )
+        positions = torch.arange(seq_len, device=ids.device)
+        return self.tokens(ids) + self.positions(positions)
 
 
 class SelfAttention(nn.Module):

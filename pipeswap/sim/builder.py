@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from pipeswap.errors import PipeswapError
 from pipeswap.sim.graph import Task, TaskGraph
 
-__all__ = ["GraphBuilder"]
+__all__ = ["GraphBuilder", "TaskOptions"]
+
+
+class TaskOptions(TypedDict, total=False):
+    """What every kind of task takes beside its own fields, all by keyword: the tasks it
+    waits for, the bytes it allocates and frees on its GPU, and its id (default: kind and
+    position)."""
+
+    deps: Iterable[str]
+    alloc_bytes: int
+    free_bytes: int
+    id: str | None
 
 
 class GraphBuilder:
@@ -42,44 +53,14 @@ class GraphBuilder:
             candidate += "_"
         return candidate
 
-    def compute(
-        self,
-        gpu: str,
-        duration_s: float,
-        *,
-        deps: Iterable[str] = (),
-        alloc_bytes: int = 0,
-        free_bytes: int = 0,
-        id: str | None = None,
-    ) -> str:
-        memory = {"alloc_bytes": alloc_bytes, "free_bytes": free_bytes}
-        return self._task("compute", id, deps, gpu=gpu, duration_s=duration_s, **memory)
+    def compute(self, gpu: str, duration_s: float, **task: Unpack[TaskOptions]) -> str:
+        return self._task("compute", task, gpu=gpu, duration_s=duration_s)
 
-    def d2h(
-        self,
-        gpu: str,
-        nbytes: int,
-        *,
-        deps: Iterable[str] = (),
-        alloc_bytes: int = 0,
-        free_bytes: int = 0,
-        id: str | None = None,
-    ) -> str:
-        memory = {"alloc_bytes": alloc_bytes, "free_bytes": free_bytes}
-        return self._task("d2h", id, deps, gpu=gpu, bytes=nbytes, **memory)
+    def d2h(self, gpu: str, nbytes: int, **task: Unpack[TaskOptions]) -> str:
+        return self._task("d2h", task, gpu=gpu, bytes=nbytes)
 
-    def h2d(
-        self,
-        gpu: str,
-        nbytes: int,
-        *,
-        deps: Iterable[str] = (),
-        alloc_bytes: int = 0,
-        free_bytes: int = 0,
-        id: str | None = None,
-    ) -> str:
-        memory = {"alloc_bytes": alloc_bytes, "free_bytes": free_bytes}
-        return self._task("h2d", id, deps, gpu=gpu, bytes=nbytes, **memory)
+    def h2d(self, gpu: str, nbytes: int, **task: Unpack[TaskOptions]) -> str:
+        return self._task("h2d", task, gpu=gpu, bytes=nbytes)
 
     def p2p(
         self,
@@ -87,35 +68,31 @@ class GraphBuilder:
         dst: str,
         nbytes: int,
         *,
-        deps: Iterable[str] = (),
-        alloc_bytes: int = 0,
-        free_bytes: int = 0,
         gpu: str | None = None,
-        id: str | None = None,
+        **task: Unpack[TaskOptions],
     ) -> str:
-        memory = {"alloc_bytes": alloc_bytes, "free_bytes": free_bytes}
-        return self._task("p2p", id, deps, src=src, dst=dst, bytes=nbytes, gpu=gpu, **memory)
+        return self._task("p2p", task, src=src, dst=dst, bytes=nbytes, gpu=gpu)
 
-    def allreduce(
-        self,
-        gpus: Sequence[str],
-        nbytes: int,
-        *,
-        deps: Iterable[str] = (),
-        alloc_bytes: int = 0,
-        free_bytes: int = 0,
-        id: str | None = None,
-    ) -> str:
-        memory = {"alloc_bytes": alloc_bytes, "free_bytes": free_bytes}
-        return self._task("allreduce", id, deps, gpus=tuple(gpus), bytes=nbytes, **memory)
+    def allreduce(self, gpus: Sequence[str], nbytes: int, **task: Unpack[TaskOptions]) -> str:
+        return self._task("allreduce", task, gpus=tuple(gpus), bytes=nbytes)
 
     def barrier(
         self, gpus: Sequence[str], *, deps: Iterable[str] = (), id: str | None = None
     ) -> str:
-        return self._task("barrier", id, deps, gpus=tuple(gpus))
+        return self._task("barrier", {"deps": deps, "id": id}, gpus=tuple(gpus))
 
-    def _task(self, kind: str, id: str | None, deps: Iterable[str], **fields: Any) -> str:
-        return self.add(Task(self._next_id(kind, id), kind, deps=tuple(deps), **fields))
+    def _task(self, kind: str, task: TaskOptions, **fields: Any) -> str:
+        task_id = self._next_id(kind, task.get("id"))
+        return self.add(
+            Task(
+                task_id,
+                kind,
+                deps=tuple(task.get("deps", ())),
+                alloc_bytes=task.get("alloc_bytes", 0),
+                free_bytes=task.get("free_bytes", 0),
+                **fields,
+            )
+        )
 
     def build(self) -> TaskGraph:
         return TaskGraph(tuple(self._tasks))
