@@ -6,7 +6,6 @@ import json
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import IO, Any
 
 from pipeswap.config_fields import ConfigError, option, require
@@ -173,10 +172,5 @@ class StepLog:
     def __enter__(self) -> StepLog:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

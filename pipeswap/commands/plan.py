@@ -12,9 +12,9 @@ from pipeswap.commands.plan_layouts import (
     add_layout_arguments,
     check_layout_arguments,
     run_layouts,
-    write_views,
 )
 from pipeswap.commands.settings import Outputs, PlanOptions
+from pipeswap.commands.simulate import write_views
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.detect import named_topology
 from pipeswap.hardware.presets import topology_file

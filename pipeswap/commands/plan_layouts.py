@@ -9,14 +9,12 @@ from typing import Any
 
 from pipeswap.commands.options import add_options
 from pipeswap.commands.settings import Outputs, PlanOptions
+from pipeswap.commands.simulate import write_views
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.topology import Topology
 from pipeswap.layouts.layout import DATA_PARALLEL, Layout
 from pipeswap.layouts.search import LayoutSearch, family_summary, search_layouts
 from pipeswap.profiling.profile import Profile
-from pipeswap.sim.graph import TaskGraph
-from pipeswap.sim.result import SimResult
-from pipeswap.sim.trace import write_trace
 from pipeswap.units import format_bytes
 
 __all__ = [
@@ -26,7 +24,6 @@ __all__ = [
     "layouts_table",
     "run_layouts",
     "train_command",
-    "write_views",
 ]
 
 
@@ -59,21 +56,6 @@ def run_layouts(
             file=notes,
         )
     return 0
-
-
-def write_views(
-    args: argparse.Namespace, graph: TaskGraph, result: SimResult, topology: Topology, notes: Any
-) -> None:
-    """The --trace and --timeline of a simulated graph, when asked for."""
-    if args.trace is not None:
-        write_trace(args.trace, graph, result, topology)
-        print(f"wrote trace {args.trace}", file=notes)
-    if args.timeline is not None:
-        # matplotlib loads only when a timeline is asked for.
-        from pipeswap.sim.timeline import plot_timeline
-
-        plot_timeline(args.timeline, graph, result, topology)
-        print(f"wrote timeline {args.timeline}", file=notes)
 
 
 def layouts_json(search: LayoutSearch) -> dict[str, Any]:

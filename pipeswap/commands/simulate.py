@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from pipeswap.commands.options import add_options, given
 from pipeswap.commands.settings import Outputs, SimulateOptions
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.detect import named_topology
 from pipeswap.hardware.presets import topology_file
+from pipeswap.hardware.topology import Topology
 from pipeswap.jsonio import check_writable
 from pipeswap.sim.engine import simulate
 from pipeswap.sim.graph import TaskGraph
@@ -20,7 +22,7 @@ from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.units import format_bytes
 
-__all__ = ["EXAMPLES", "register", "run", "summary"]
+__all__ = ["EXAMPLES", "register", "run", "summary", "write_views"]
 
 EXAMPLES = """examples:
   pipeswap simulate --graph plan.graph.json --topology dual-root-8
@@ -69,6 +71,15 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=1))
     else:
         print(summary(result, topology.name, len(graph)))
+    write_views(args, graph, result, topology, notes)
+    return 0
+
+
+def write_views(
+    args: argparse.Namespace, graph: TaskGraph, result: SimResult, topology: Topology, notes: Any
+) -> None:
+    """The --trace and --timeline of a simulated graph, when asked for (``simulate``, and
+    ``plan`` for the graph it chose)."""
     if args.trace is not None:
         write_trace(args.trace, graph, result, topology)
         print(f"wrote trace {args.trace} (open in ui.perfetto.dev or chrome://tracing)", file=notes)
@@ -78,7 +89,6 @@ def run(args: argparse.Namespace) -> int:
 
         plot_timeline(args.timeline, graph, result, topology)
         print(f"wrote timeline {args.timeline}", file=notes)
-    return 0
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

@@ -356,23 +356,17 @@ def _query_nvidia_smi() -> tuple[list[DetectedGpu], list[list[int]]] | None:
     executable = shutil.which("nvidia-smi")
     if executable is None:
         return None
-    try:
-        listing = subprocess.run(
-            [executable, *_NVIDIA_SMI_QUERY],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
+
+    def output(arguments: tuple[str, ...]) -> str:
+        return subprocess.run(
+            [executable, *arguments], capture_output=True, text=True, timeout=60, check=True
         ).stdout
+
+    try:
+        listing = output(_NVIDIA_SMI_QUERY)
         if not listing.strip():
             return None
-        matrix = subprocess.run(
-            [executable, *_NVIDIA_SMI_TOPOLOGY],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
+        matrix = output(_NVIDIA_SMI_TOPOLOGY)
     except (OSError, subprocess.SubprocessError):
         # nvidia-smi without a loaded driver or without devices exits non-zero.
         return None

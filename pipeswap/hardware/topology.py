@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import deque
@@ -12,6 +11,7 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.unionfind import UnionFind
+from pipeswap.json_fields import as_object, list_field, shown, text_field
 from pipeswap.jsonio import check_format, dump_json, load_json
 
 __all__ = ["GB", "NODE_KINDS", "TOPOLOGY_FORMAT", "Hop", "Link", "Node", "Topology"]
@@ -191,25 +191,22 @@ class Topology:
     def from_json(cls, obj: dict[str, Any], where: str = "topology") -> Topology:
         """A topology from its JSON; a missing or mistyped field is a PipeswapError naming
         the node or link and what to write (the constructor then checks the tree)."""
-        if not isinstance(obj, dict):
-            raise PipeswapError(f"{where}: expected a JSON object, found {_shown(obj)}")
+        obj = as_object(obj, where)
         check_format(obj, TOPOLOGY_FORMAT, where)
         # The "malformed topology" prefix tells a reader it is the file, not the request.
         bad = f"{where}: malformed topology"
-        name = obj.get("name", "unnamed")
-        if not isinstance(name, str):
-            raise PipeswapError(f"{bad}: name is {_shown(name)}; write a string")
+        name = text_field(obj, "name", bad, "unnamed")
         nodes = tuple(
             _node_from_json(n, f"{bad}: node {i}")
-            for i, n in enumerate(_json_list(obj, "nodes", bad))
+            for i, n in enumerate(list_field(obj, "nodes", bad))
         )
         links = tuple(
             _link_from_json(link, f"{bad}: link {i}")
-            for i, link in enumerate(_json_list(obj, "links", bad))
+            for i, link in enumerate(list_field(obj, "links", bad))
         )
         calibration = obj.get("calibration")
         if calibration is not None and not isinstance(calibration, dict):
-            raise PipeswapError(f"{bad}: calibration is {_shown(calibration)}; write an object")
+            raise PipeswapError(f"{bad}: calibration is {shown(calibration)}; write an object")
         return cls(name=name, nodes=nodes, links=links, calibration=calibration)
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -223,32 +220,12 @@ class Topology:
 # ---- checked JSON fields ---------------------------------------------------------------
 # int("1.7") fails but int(1.7) is 1: unchecked, a memory_bytes of 1.7 became one byte.
 # So numbers are taken only as JSON numbers, and bool (Python's 1) is refused as a number.
-def _json_list(obj: dict[str, Any], key: str, where: str) -> list[Any]:
-    if key not in obj:
-        raise PipeswapError(f"{where}: {key} is missing; add a list of {key}")
-    value = obj[key]
-    if not isinstance(value, list):
-        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write a JSON list")
-    return value
-
-
-def _json_text(obj: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
-    if key not in obj and default is not None:
-        return default
-    if key not in obj:
-        raise PipeswapError(f"{where}: {key} is missing; add it")
-    value = obj[key]
-    if not isinstance(value, str):
-        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write a string")
-    return value
-
-
 def _json_whole(obj: dict[str, Any], key: str, where: str, default: int, what: str) -> int:
     value = obj.get(key, default)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)  # 3.4e10 is a whole number written the short way
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write {what}")
+        raise PipeswapError(f"{where}: {key} is {shown(value)}; write {what}")
     return value
 
 
@@ -263,23 +240,22 @@ def _json_positive(
         or not isinstance(value, int | float)
         or not (math.isfinite(value) and value > 0)
     ):
-        raise PipeswapError(f"{where}: {key} is {_shown(value)}; write {what}")
+        raise PipeswapError(f"{where}: {key} is {shown(value)}; write {what}")
     return float(value)
 
 
 def _node_from_json(n: Any, where: str) -> Node:
-    if not isinstance(n, dict):
-        raise PipeswapError(f"{where}: expected a JSON object, found {_shown(n)}")
-    node_id = _json_text(n, "id", where)
+    n = as_object(n, where)
+    node_id = text_field(n, "id", where)
     where = f"{where} ({node_id!r})"
     spec = n.get("spec")
     if spec is not None and not isinstance(spec, str):
         raise PipeswapError(
-            f"{where}: spec is {_shown(spec)}; write a GPU spec name or leave it out"
+            f"{where}: spec is {shown(spec)}; write a GPU spec name or leave it out"
         )
     return Node(
         id=node_id,
-        kind=_json_text(n, "kind", where),
+        kind=text_field(n, "kind", where),
         copy_engines=_json_whole(n, "copy_engines", where, 2, "1 or 2"),
         memory_bytes=_json_whole(
             n, "memory_bytes", where, 0, "a whole number of bytes >= 0 (0 = unlimited)"
@@ -289,9 +265,8 @@ def _node_from_json(n: Any, where: str) -> Node:
 
 
 def _link_from_json(link: Any, where: str) -> Link:
-    if not isinstance(link, dict):
-        raise PipeswapError(f"{where}: expected a JSON object, found {_shown(link)}")
-    a, b = _json_text(link, "a", where), _json_text(link, "b", where)
+    link = as_object(link, where)
+    a, b = text_field(link, "a", where), text_field(link, "b", where)
     where = f"{where} ({a}-{b})"
     return Link(
         a=a,
@@ -302,17 +277,8 @@ def _link_from_json(link: Any, where: str) -> Link:
         duplex_efficiency=_json_positive(
             link, "duplex_efficiency", where, 1.0, "a number in (0, 1], e.g. 0.5"
         ),
-        kind=_json_text(link, "kind", where, "pcie"),
+        kind=text_field(link, "kind", where, "pcie"),
     )
-
-
-def _shown(value: Any) -> str:
-    """A short rendering of a bad value for a message (NaN and non-JSON values via repr)."""
-    try:
-        text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _validate(topology: Topology) -> None:

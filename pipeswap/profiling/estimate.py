@@ -41,10 +41,12 @@ from pipeswap.profiling.saved import SavedTensorCapture, meta_attention_like_cpu
 from pipeswap.profiling.step import (
     dtype_name,
     ensure_layered,
+    example_batch,
     optimizer_state_bytes,
     param_bytes_by_layer,
     parse_dtype,
     run_step,
+    step_profile,
 )
 
 __all__ = [
@@ -237,12 +239,7 @@ def estimate_layered(
         raise ConfigError(f"{{batch}} must be at least 1, not {batch}")
     if not on_device(model, torch.device("meta"), torch_dtype):
         model = moved_copy(model, "meta", torch_dtype)
-    try:
-        inputs, targets = model.example_batch(
-            batch, seq_len=seq_len, image_size=image_size, device="meta", dtype=torch_dtype
-        )
-    except ValueError as exc:
-        raise PipeswapError(str(exc)) from None
+    inputs, targets = example_batch(model, batch, seq_len, image_size, "meta", torch_dtype)
     counter = _CostCounter(spec, name_of_dtype, efficiency)
     with untouched(model):
         model.train()
@@ -268,18 +265,16 @@ def estimate_layered(
                 backward_flops=backward.flops,
             )
         )
-    total_params = sum(params.values())
-    return Profile(
-        model=model.name,
-        batch=batch,
+    return step_profile(
+        model,
+        batch,
+        seq_len,
+        image_size,
+        optimizer,
+        layers,
         dtype=name_of_dtype,
         source="estimate",
         device=spec.name,
-        optimizer=optimizer,
-        optimizer_state_bytes=optimizer_state_bytes(optimizer, total_params),
-        layers=tuple(layers),
-        seq_len=seq_len if model.task_entry.has_seq_len else None,
-        image_size=image_size if model.task_entry.has_image_size else None,
         memory=memory,
         notes={
             "gpu": spec.to_json(),

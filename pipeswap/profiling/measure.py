@@ -7,12 +7,12 @@ import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from pipeswap.config_fields import ConfigError
-from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
@@ -24,11 +24,13 @@ from pipeswap.profiling.saved import SavedTensorCapture
 from pipeswap.profiling.step import (
     dtype_name,
     ensure_layered,
+    example_batch,
     is_allocation_error,
     optimizer_state_bytes,
     param_bytes_by_layer,
     parse_dtype,
     run_step,
+    step_profile,
 )
 from pipeswap.units import format_bytes
 
@@ -116,22 +118,25 @@ class _Timer:
             self.transient[name] = max(self.transient.get(name, 0), extra)
 
 
-def _example(
-    model: LayeredModel,
-    batch: int,
-    seq_len: int | None,
-    image_size: int | None,
-    device: torch.device,
-    dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    try:
-        inputs, targets = model.example_batch(
-            batch, seq_len=seq_len, image_size=image_size, device=device, dtype=dtype
+@dataclass(frozen=True)
+class _Step:
+    """The training step measure() profiles: a model, its batch, on a device in a dtype,
+    and the optimizer whose state it counts."""
+
+    model: LayeredModel
+    batch: int
+    seq_len: int | None
+    image_size: int | None
+    device: torch.device
+    dtype: torch.dtype
+    optimizer: str
+
+    def example(self) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = example_batch(
+            self.model, self.batch, self.seq_len, self.image_size, self.device, self.dtype
         )
-    except ValueError as exc:
-        raise PipeswapError(str(exc)) from None
-    # Fresh compact storages, as a host-to-device copy of the batch would give.
-    return inputs.clone(memory_format=torch.contiguous_format), targets.clone()
+        # Fresh compact storages, as a host-to-device copy of the batch would give.
+        return inputs.clone(memory_format=torch.contiguous_format), targets.clone()
 
 
 def measure(
@@ -183,47 +188,27 @@ def measure(
             target = model
         else:
             target = moved_copy(model, torch_device, torch_dtype)
+        step = _Step(target, batch, seq_len, image_size, torch_device, torch_dtype, optimizer)
         try:
-            return _measure(
-                target,
-                batch,
-                seq_len,
-                image_size,
-                torch_device,
-                torch_dtype,
-                optimizer,
-                warmup,
-                repeats,
-            )
+            return _measure(step, warmup, repeats)
         except (RuntimeError, MemoryError) as exc:
             if not is_allocation_error(exc):
                 raise
             # Dropping the traceback lets the failed step's tensors (its frames hold them) go.
             failure = exc.with_traceback(None)
-    raise _does_not_fit(
-        target, batch, seq_len, image_size, torch_device, torch_dtype, optimizer, failure
-    )
+    raise _does_not_fit(step, failure)
 
 
-def _does_not_fit(
-    model: LayeredModel,
-    batch: int,
-    seq_len: int | None,
-    image_size: int | None,
-    device: torch.device,
-    dtype: torch.dtype,
-    optimizer: str,
-    exc: BaseException,
-) -> ConfigError:
-    """The refusal of a batch whose training step ran out of memory on ``device``."""
+def _does_not_fit(step: _Step, exc: BaseException) -> ConfigError:
+    """The refusal of a batch whose training step ran out of memory on its device."""
     try:
         needed: int | None = estimate_layered(
-            meta_copy(model),
-            batch,
-            seq_len=seq_len,
-            image_size=image_size,
-            dtype=dtype_name(dtype),
-            optimizer=optimizer,
+            meta_copy(step.model),
+            step.batch,
+            seq_len=step.seq_len,
+            image_size=step.image_size,
+            dtype=dtype_name(step.dtype),
+            optimizer=step.optimizer,
         ).peak_training_bytes()
     except Exception:  # noqa: BLE001 - the estimate only adds detail to the real error
         needed = None
@@ -237,9 +222,9 @@ def _does_not_fit(
         parts.append(f"a single allocation of {requested} failed")
     need = f"{' and '.join(parts)}: " if parts else ""
     return ConfigError(
-        f"{model.name} at batch {batch} does not fit on {device}: {need}out of memory "
-        f"({first_line}); try a smaller {{batch}} or {{estimate}} {{gpu}} SPEC to profile "
-        "without running"
+        f"{step.model.name} at batch {step.batch} does not fit on {step.device}: "
+        f"{need}out of memory ({first_line}); try a smaller {{batch}} or {{estimate}} "
+        "{gpu} SPEC to profile without running"
     )
 
 
@@ -296,19 +281,10 @@ def _autocast_dtype(device: torch.device) -> str | None:
     return dtype_name(torch.get_autocast_dtype(device.type))
 
 
-def _measure(
-    model: LayeredModel,
-    batch: int,
-    seq_len: int | None,
-    image_size: int | None,
-    device: torch.device,
-    dtype: torch.dtype,
-    optimizer: str,
-    warmup: int,
-    repeats: int,
-) -> Profile:
+def _measure(step: _Step, warmup: int, repeats: int) -> Profile:
+    model, device, optimizer = step.model, step.device, step.optimizer
     model.train()
-    inputs, targets = _example(model, batch, seq_len, image_size, device, dtype)
+    inputs, targets = step.example()
 
     def zero_grads() -> None:
         for param in model.parameters():
@@ -347,18 +323,16 @@ def _measure(
                 workspace_bytes=max((t.transient.get(name, 0) for t in timings), default=0),
             )
         )
-    total_params = sum(params.values())
-    return Profile(
-        model=model.name,
-        batch=batch,
-        dtype=dtype_name(dtype),
+    return step_profile(
+        model,
+        step.batch,
+        step.seq_len,
+        step.image_size,
+        optimizer,
+        layers,
+        dtype=dtype_name(step.dtype),
         source="measured",
         device=device.type,
-        optimizer=optimizer,
-        optimizer_state_bytes=optimizer_state_bytes(optimizer, total_params),
-        layers=tuple(layers),
-        seq_len=seq_len if model.task_entry.has_seq_len else None,
-        image_size=image_size if model.task_entry.has_image_size else None,
         optimizer_step_s=update_s,
         memory=memory,
         notes={

@@ -14,6 +14,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models.adapt import adapt
 from pipeswap.models.base import LayeredModel
 from pipeswap.optim import STATE_BUFFERS
+from pipeswap.profiling.profile import LayerProfile, Profile
 
 __all__ = [
     "Around",
@@ -21,11 +22,13 @@ __all__ = [
     "StepShapes",
     "dtype_name",
     "ensure_layered",
+    "example_batch",
     "is_allocation_error",
     "optimizer_state_bytes",
     "param_bytes_by_layer",
     "parse_dtype",
     "run_step",
+    "step_profile",
 ]
 
 # around(layer_name, phase) wraps each block's pass; phase is "forward" or "backward".
@@ -174,6 +177,49 @@ def param_bytes_by_layer(model: LayeredModel) -> dict[str, int]:
             total += param.numel() * param.element_size()
         result[name] = total
     return result
+
+
+def example_batch(
+    model: LayeredModel,
+    batch: int,
+    seq_len: int | None,
+    image_size: int | None,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's example batch to profile, a shape it refuses as a PipeswapError."""
+    try:
+        return model.example_batch(
+            batch, seq_len=seq_len, image_size=image_size, device=device, dtype=dtype
+        )
+    except ValueError as exc:
+        raise PipeswapError(str(exc)) from None
+
+
+def step_profile(
+    model: LayeredModel,
+    batch: int,
+    seq_len: int | None,
+    image_size: int | None,
+    optimizer: str,
+    layers: list[LayerProfile],
+    **fields: Any,
+) -> Profile:
+    """The Profile of one step of ``model``, measured or estimated (``fields``: source,
+    device, dtype, memory, notes, ...): the optimizer state its parameters need, and the
+    sequence length or image size only where its task takes one."""
+    return Profile(
+        model=model.name,
+        batch=batch,
+        optimizer=optimizer,
+        optimizer_state_bytes=optimizer_state_bytes(
+            optimizer, sum(layer.param_bytes for layer in layers)
+        ),
+        layers=tuple(layers),
+        seq_len=seq_len if model.task_entry.has_seq_len else None,
+        image_size=image_size if model.task_entry.has_image_size else None,
+        **fields,
+    )
 
 
 def optimizer_state_bytes(optimizer: str, param_bytes: int) -> int:

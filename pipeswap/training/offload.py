@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -17,7 +16,6 @@ from pipeswap.dist.group import rank_and_world
 from pipeswap.errors import PipeswapError
 from pipeswap.models.blocks import find_blocks
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
-from pipeswap.profiling.profile import StepMemory
 from pipeswap.profiling.step import optimizer_state_bytes
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import resolve_layers
@@ -206,18 +204,13 @@ class Offload:
         ]
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         for handle in self._root_hooks:
             handle.remove()
         self._root_hooks = []
         if self._step is not None:  # the forward raised: leave its swapping context
             step, self._step = self._step, None
-            step.__exit__(kind, value, traceback)
+            step.__exit__(*exc)
 
     def close(self) -> None:
         """Remove every hook the plans installed on the model."""
@@ -241,7 +234,8 @@ class Offload:
         started = time.perf_counter()
         if self._timed is not None:  # the previous step learnt a shape: plan it now
             (timed, call, timing), self._timed = self._timed, None
-            self._plan(timed, call, timing, timing.step_memory(self.layer_names, held_bytes))
+            memory = timing.step_memory(self.layer_names, held_bytes)
+            self.shapes.plan(timed, call, timing, memory, **self._plan_settings())
         signature = call_signature(args, kwargs, self._device())
         covering, planned = self.shapes.serving(signature, args, kwargs, self._device())
         self._last_call = {
@@ -320,29 +314,20 @@ class Offload:
         started = time.perf_counter()
         signature = call_signature(args, kwargs, self._device())
         timing, memory = self.planner.aside(args, kwargs, state_bytes=self._unseen_state())
-        self._plan(signature, (args, kwargs), timing, memory)
+        self.shapes.plan(signature, (args, kwargs), timing, memory, **self._plan_settings())
         self.shapes.declared = signature
         # The step run aside is part of planning here (in the loop, the timed step is the
         # user's own).
         self.shapes.plans[signature].planning_s = time.perf_counter() - started
 
-    def _plan(
-        self,
-        signature: Signature,
-        call: tuple[Any, Any],
-        timing: BlockTiming,
-        memory: StepMemory | None,
-    ) -> None:
-        self.shapes.plan(
-            signature,
-            call,
-            timing,
-            memory,
-            optimizer=self.optimizer,
-            step_peak_bytes=self.meter.step_peak_bytes,
-            state_bytes=self._unseen_state(),
-            check_memory=self.check_memory,
-        )
+    def _plan_settings(self) -> dict[str, Any]:
+        """What this model's plans are made with (LoopShapes.plan's settings)."""
+        return {
+            "optimizer": self.optimizer,
+            "step_peak_bytes": self.meter.step_peak_bytes,
+            "state_bytes": self._unseen_state(),
+            "check_memory": self.check_memory,
+        }
 
     def _unseen_state(self) -> int:
         """Optimizer state the storage count cannot see: all of it when the optimizer was
