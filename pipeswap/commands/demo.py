@@ -69,15 +69,12 @@ def _budget_of(plan_path: Path) -> str:
 
 def demo_commands(out: Path) -> list[tuple[str, Argv]]:
     """The demo's steps: a title and the argv of one `pipeswap` command each."""
+    # The small GPT the demo measures and trains, at the batch every step of it takes.
+    gpt2_tiny = ["--model", "gpt2-tiny", "--batch", "8", "--seq-len", "64"]
     # The pipeline run, trained over 4 processes and then emulated in one.
     pipeline_run = [
         "train",
-        "--model",
-        "gpt2-tiny",
-        "--batch",
-        "8",
-        "--seq-len",
-        "64",
+        *gpt2_tiny,
         "--pipeline",
         "4",
         "--schedule",
@@ -95,12 +92,7 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
             "Measure a small GPT layer by layer on this machine",
             [
                 "profile",
-                "--model",
-                "gpt2-tiny",
-                "--batch",
-                "8",
-                "--seq-len",
-                "64",
+                *gpt2_tiny,
                 "--device",
                 "cpu",
                 "--repeats",
@@ -166,12 +158,7 @@ def demo_commands(out: Path) -> list[tuple[str, Argv]]:
             "Apply a plan to real training: 2 data-parallel ranks over gloo, swapping",
             [
                 "train",
-                "--model",
-                "gpt2-tiny",
-                "--batch",
-                "8",
-                "--seq-len",
-                "64",
+                *gpt2_tiny,
                 "--steps",
                 "5",
                 "--nproc",

@@ -14,7 +14,7 @@ from torch.nn.modules.module import _IncompatibleKeys
 from pipeswap.config_fields import ConfigError
 from pipeswap.models.tasks import TASKS, Task, task_kind
 
-__all__ = ["IGNORE_INDEX", "LayeredModel", "evaluating"]
+__all__ = ["IGNORE_INDEX", "LayeredModel", "evaluating", "init_convs_"]
 
 # Targets equal to this are not scored (the unmasked positions of a masked LM).
 IGNORE_INDEX = -100
@@ -164,3 +164,14 @@ class LayeredModel(nn.Sequential):
         images = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
         labels = torch.randint(0, self.num_classes, (batch,), generator=gen).to(device)
         return images, labels
+
+
+def init_convs_(module: nn.Module) -> None:
+    """He et al.'s initialisation of every convolution (Kaiming normal, fan-out, ReLU gain;
+    zero biases), which keeps the activations' scale through a deep stack of ReLU
+    convolutions (ResNet, VGG)."""
+    for sub in module.modules():
+        if isinstance(sub, nn.Conv2d):
+            nn.init.kaiming_normal_(sub.weight, mode="fan_out", nonlinearity="relu")
+            if sub.bias is not None:
+                nn.init.zeros_(sub.bias)

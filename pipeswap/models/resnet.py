@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pipeswap.models.base import LayeredModel
+from pipeswap.models.base import LayeredModel, init_convs_
 
 __all__ = ["ResNetConfig", "ResNetHead", "ResidualBlock", "build_resnet"]
 
@@ -101,7 +101,5 @@ def build_resnet(name: str, config: ResNetConfig, *, init: bool = True) -> Layer
         name, named, "classify", num_classes=config.num_classes, in_channels=config.in_channels
     )
     if init:
-        for module in model.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        init_convs_(model)
     return model

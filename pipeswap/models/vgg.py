@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from pipeswap.models.base import LayeredModel
+from pipeswap.models.base import LayeredModel, init_convs_
 
 __all__ = ["VGGConfig", "build_vgg"]
 
@@ -57,12 +57,10 @@ def build_vgg(name: str, config: VGGConfig, *, init: bool = True) -> LayeredMode
     )
     if init:
         # Kaiming init keeps the activations' scale through 13 un-normalised convolutions.
+        # The convolutions all come before fc6, so the random stream runs as in one pass.
+        init_convs_(model)
         for module in model.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Linear):
+            if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, 0.0, 0.01)
                 nn.init.zeros_(module.bias)
     return model
