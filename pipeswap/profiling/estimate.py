@@ -212,8 +212,8 @@ def on_device(model: LayeredModel, device: torch.device, dtype: torch.dtype) -> 
     )
 
 
-def estimate_layered(
-    model: nn.Module,
+def estimate(
+    model: nn.Module | str,
     batch: int,
     *,
     seq_len: int | None = None,
@@ -223,15 +223,23 @@ def estimate_layered(
     optimizer: str = PROFILE_OPTIMIZER,
     efficiency: Efficiency | None = None,
 ) -> Profile:
-    """Estimate a training step of ``model`` on ``gpu``, running it on the meta device.
+    """Estimate a training step of ``model`` on ``gpu`` without running it: it runs on the
+    meta device.
 
-    ``model`` is a LayeredModel, or any ``nn.Module``, which pipeswap.models.adapt cuts at
-    its blocks. A model already on meta in ``dtype`` runs in place (and is left as it was found);
-    any other runs as a meta copy in ``dtype`` (which allocates nothing).
+    ``model`` is an ``nn.Module`` (a LayeredModel, or any module, which
+    pipeswap.models.adapt cuts at its blocks) or a model's name (a zoo name, a Hugging Face
+    directory or ``module:function``), built on meta; for a name, ``seq_len`` /
+    ``image_size`` default to the model's defaults. A module already on meta in ``dtype``
+    runs in place (and is left as it was found); any other runs as a meta copy in ``dtype``
+    (which allocates nothing). float32 uses the GPU's FP32 peak (no TF32), bfloat16/float16
+    its tensor-core peak.
     """
-    model = ensure_layered(model, "estimate_layered")
     spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
     torch_dtype = parse_dtype(dtype)
+    if isinstance(model, str):
+        seq_len, image_size = shape_defaults(model, seq_len, image_size)
+        model = build_model(model, device="meta", dtype=torch_dtype, image_size=image_size)
+    model = ensure_layered(model, "estimate")
     name_of_dtype = dtype_name(torch_dtype)
     optimizer_state_bytes(optimizer, 0)  # refuse an unknown optimizer before any work
     efficiency = efficiency or Efficiency()
@@ -295,34 +303,5 @@ def estimate_layered(
     )
 
 
-def estimate(
-    model_name: str,
-    batch: int,
-    *,
-    seq_len: int | None = None,
-    image_size: int | None = None,
-    gpu: str | GpuSpec = "v100-32gb",
-    dtype: str = "float32",
-    optimizer: str = PROFILE_OPTIMIZER,
-    efficiency: Efficiency | None = None,
-) -> Profile:
-    """Estimate one training step of the model named ``model_name`` (a zoo name, a Hugging
-    Face directory or ``module:function``) on ``gpu`` without running it.
-
-    ``seq_len`` / ``image_size`` default to the model's defaults. float32 uses the GPU's FP32
-    peak (no TF32), bfloat16/float16 its tensor-core peak.
-    """
-    seq_len, image_size = shape_defaults(model_name, seq_len, image_size)
-    gpu_spec_obj = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
-    torch_dtype = parse_dtype(dtype)
-    model = build_model(model_name, device="meta", dtype=torch_dtype, image_size=image_size)
-    return estimate_layered(
-        model,
-        batch,
-        seq_len=seq_len,
-        image_size=image_size,
-        gpu=gpu_spec_obj,
-        dtype=dtype_name(torch_dtype),
-        optimizer=optimizer,
-        efficiency=efficiency,
-    )
+# estimate's name from when it took only modules (a model's name went through a wrapper).
+estimate_layered = estimate

@@ -17,7 +17,7 @@ from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
 from pipeswap.optim import PROFILE_OPTIMIZER, OptimizerConfig
-from pipeswap.profiling.estimate import estimate_layered, meta_copy, moved_copy, on_device
+from pipeswap.profiling.estimate import estimate, meta_copy, moved_copy, on_device
 from pipeswap.profiling.metered_step import layered_step_memory
 from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.saved import SavedTensorCapture
@@ -202,7 +202,7 @@ def measure(
 def _does_not_fit(step: _Step, exc: BaseException) -> ConfigError:
     """The refusal of a batch whose training step ran out of memory on its device."""
     try:
-        needed: int | None = estimate_layered(
+        needed: int | None = estimate(
             meta_copy(step.model),
             step.batch,
             seq_len=step.seq_len,

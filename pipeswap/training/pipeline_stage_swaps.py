@@ -38,7 +38,7 @@ from pipeswap.pipeline.predict import version_distances
 from pipeswap.pipeline.stage_memory import MemoryFactory
 from pipeswap.pipeline.stage_rehearsal import StageReading, rehearse_stages
 from pipeswap.precision import autocast
-from pipeswap.profiling.estimate import estimate_layered
+from pipeswap.profiling.estimate import estimate
 from pipeswap.profiling.measure import measure
 from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.saved import meta_attention_like_cpu
@@ -168,7 +168,7 @@ def plan_profile(config: TrainConfig, gpu: str | None) -> Profile:
         spec = gpu_spec(gpu or DEFAULT_GPU)
     except PipeswapError:  # a topology of GPUs without a known spec: times matter less here
         spec = gpu_spec(DEFAULT_GPU)
-    return estimate_layered(
+    return estimate(
         build_meta_model(config),
         config.micro_batch_size,
         seq_len=config.seq_len,

@@ -24,7 +24,7 @@ from pipeswap.models.base import LayeredModel
 from pipeswap.models.registry import build_model, model_spec, shape_defaults
 from pipeswap.models.tasks import IMAGE_SIZE, SEQ_LEN, TASKS, Task, scores_accuracy, task_kind
 from pipeswap.pipeline.emulator import Emulator
-from pipeswap.profiling.estimate import estimate_layered
+from pipeswap.profiling.estimate import estimate
 from pipeswap.profiling.measure import measure
 from pipeswap.train_config import TrainConfig
 
@@ -114,7 +114,7 @@ def test_a_copy_of_an_entry_is_one_entry_and_runs_everywhere_as_it(twin: Task) -
     assert refused == _outcome(dataset_for, reference, **other) and isinstance(refused, str)
     # The profilers record the size that applies.
     measured = measure(model, 2, **sizes, **other, repeats=1, warmup=0)
-    estimated = estimate_layered(build_model(zoo, device="meta"), 2, **sizes, **other)
+    estimated = estimate(build_model(zoo, device="meta"), 2, **sizes, **other)
     for profile in (measured, estimated):
         assert (profile.seq_len is not None) == twin.has_seq_len
         assert (profile.image_size is not None) == twin.has_image_size

@@ -10,7 +10,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.hardware.gpus import gpu_spec
 from pipeswap.models import model_spec
 from pipeswap.models.base import LayeredModel
-from pipeswap.profiling.estimate import Efficiency, estimate, estimate_layered, meta_copy
+from pipeswap.profiling.estimate import Efficiency, estimate, meta_copy
 from pipeswap.profiling.measure import measure
 
 SMALL_MODELS = [
@@ -36,7 +36,7 @@ def _linear_model(width_in: int, width_out: int, device: str = "meta") -> Layere
 
 def test_flops_and_time_of_one_linear_in_closed_form() -> None:
     batch, width_in, width_out = 8, 256, 512
-    profile = estimate_layered(_linear_model(width_in, width_out), batch, image_size=1)
+    profile = estimate(_linear_model(width_in, width_out), batch, image_size=1)
     lin = profile.layer("lin")
     matmul = 2 * batch * width_in * width_out
     assert lin.forward_flops == matmul
@@ -56,8 +56,8 @@ def test_flops_and_time_of_one_linear_in_closed_form() -> None:
 
 def test_bfloat16_runs_matmuls_at_the_tensor_core_peak() -> None:
     model = _linear_model(4096, 4096)
-    fp32 = estimate_layered(model, 4096, image_size=1, dtype="float32").layer("lin")
-    bf16 = estimate_layered(model, 4096, image_size=1, dtype="bfloat16").layer("lin")
+    fp32 = estimate(model, 4096, image_size=1, dtype="float32").layer("lin")
+    bf16 = estimate(model, 4096, image_size=1, dtype="bfloat16").layer("lin")
     launch = Efficiency().launch_s
     v100 = gpu_spec("v100-32gb")
     ratio = (fp32.forward_s - launch) / (bf16.forward_s - launch)
@@ -66,8 +66,8 @@ def test_bfloat16_runs_matmuls_at_the_tensor_core_peak() -> None:
 
 def test_efficiency_is_recorded_and_applied() -> None:
     model = _linear_model(4096, 4096)
-    slow = estimate_layered(model, 4096, image_size=1, efficiency=Efficiency(matmul=0.3))
-    fast = estimate_layered(model, 4096, image_size=1, efficiency=Efficiency(matmul=0.6))
+    slow = estimate(model, 4096, image_size=1, efficiency=Efficiency(matmul=0.3))
+    fast = estimate(model, 4096, image_size=1, efficiency=Efficiency(matmul=0.6))
     launch = Efficiency().launch_s
     lin_slow, lin_fast = slow.layer("lin"), fast.layer("lin")
     assert (lin_slow.forward_s - launch) == pytest.approx(2 * (lin_fast.forward_s - launch))
@@ -95,7 +95,7 @@ def test_hand_model_saved_tensors_match_a_cpu_run() -> None:
     torch.manual_seed(0)
     cpu_model = _linear_model(6, 10, device="cpu")
     measured = measure(cpu_model, 3, image_size=1, warmup=0, repeats=1)
-    estimated = estimate_layered(meta_copy(cpu_model), 3, image_size=1)
+    estimated = estimate(meta_copy(cpu_model), 3, image_size=1)
     assert [la.saved for la in estimated.layers] == [la.saved for la in measured.layers]
     assert estimated.param_bytes == measured.param_bytes
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from pipeswap.models.base import LayeredModel
-from pipeswap.profiling.estimate import estimate_layered, meta_copy
+from pipeswap.profiling.estimate import estimate, meta_copy
 from pipeswap.profiling.measure import measure
 
 transformers = pytest.importorskip("transformers")
@@ -87,7 +87,7 @@ def test_meta_estimate_agrees_with_a_cpu_measurement(kv_heads: int, masked: bool
     batch, seq = 2, 64
     model = _llama(kv_heads, masked)
     measured = measure(model, batch, seq_len=seq, warmup=0, repeats=1)
-    estimated = estimate_layered(meta_copy(model), batch, seq_len=seq)
+    estimated = estimate(meta_copy(model), batch, seq_len=seq)
     for real, meta in zip(measured.layers, estimated.layers, strict=True):
         assert meta.saved_bytes == real.saved_bytes, real.name
         assert [s.bytes for s in meta.saved] == [s.bytes for s in real.saved], real.name
@@ -99,7 +99,7 @@ def test_meta_estimate_agrees_with_a_cpu_measurement(kv_heads: int, masked: bool
 def test_grouped_query_attention_saves_the_smaller_keys_and_values() -> None:
     # K and V of 2 heads, not repeated to 8: each is a quarter of Q, as a CPU run saves.
     batch, seq, head_dim = 2, 64, 64 // 8
-    estimated = estimate_layered(meta_copy(_llama(2)), batch, seq_len=seq)
+    estimated = estimate(meta_copy(_llama(2)), batch, seq_len=seq)
     sizes = [s.bytes for s in estimated.layer("layer0").saved]
     kv_bytes = batch * 2 * seq * head_dim * 4
     assert sizes.count(kv_bytes) >= 2

@@ -10,7 +10,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models import build_model, model_spec
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.gpt import GPTHead
-from pipeswap.profiling.estimate import estimate_layered, meta_copy
+from pipeswap.profiling.estimate import estimate, meta_copy
 from pipeswap.profiling.measure import (
     _Timer,
     is_allocation_error,
@@ -163,7 +163,7 @@ def test_allocation_failure_reports_the_memory_a_meta_estimate_needs() -> None:
     with pytest.raises(PipeswapError) as info:
         measure(model, 4, image_size=1)
     message = str(info.value)
-    needed = estimate_layered(meta_copy(model), 4, image_size=1).peak_training_bytes()
+    needed = estimate(meta_copy(model), 4, image_size=1).peak_training_bytes()
     assert "greedy at batch 4 does not fit on cpu" in message
     assert f"needs about {format_bytes(needed)} (meta estimate)" in message
     assert "can't allocate memory" in message
@@ -190,9 +190,7 @@ def test_a_zoo_layer_out_of_host_memory_exits_2_naming_the_bytes(
     argv = ["profile", "--model", "gpt2-micro", "--batch", "2", "--seq-len", "8", "--out", str(out)]
     assert main(argv) == 2
     err = " ".join(capsys.readouterr().err.split())
-    needed = estimate_layered(
-        meta_copy(build_model("gpt2-micro")), 2, seq_len=8
-    ).peak_training_bytes()
+    needed = estimate(meta_copy(build_model("gpt2-micro")), 2, seq_len=8).peak_training_bytes()
     assert err.startswith("pipeswap profile: error: gpt2-micro at batch 2 does not fit on cpu: ")
     assert f"one training step needs about {format_bytes(needed)} (meta estimate)" in err
     assert "a single allocation of 64.00 GiB failed: out of memory ([enforce fail" in err

@@ -11,7 +11,7 @@ from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
-from pipeswap.profiling.estimate import estimate_layered, meta_copy
+from pipeswap.profiling.estimate import estimate, meta_copy
 from pipeswap.profiling.measure import measure
 from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.step import run_step
@@ -92,7 +92,7 @@ def test_estimate_leaves_a_meta_model_as_it_found_it() -> None:
     model.frozen[1].eval()
     before = {name: m.training for name, m in model.named_modules()}
     rng = torch.get_rng_state()
-    estimate_layered(model, 4, image_size=4)
+    estimate(model, 4, image_size=4)
     assert {name: m.training for name, m in model.named_modules()} == before
     assert torch.equal(torch.get_rng_state(), rng)
 
@@ -206,7 +206,7 @@ def test_tuple_outputs_are_measured_and_counted_in_full() -> None:
         hidden + ids + mask,
         batch * seq * 32 * 4,
     ]
-    estimated = estimate_layered(meta_copy(_tuple_model()), batch, seq_len=seq)
+    estimated = estimate(meta_copy(_tuple_model()), batch, seq_len=seq)
     assert [la.output_bytes for la in estimated.layers] == [
         la.output_bytes for la in profile.layers
     ]
@@ -345,7 +345,7 @@ def test_a_plain_module_is_profiled_at_its_blocks_and_left_as_found() -> None:
     profile = measure(net, 2, seq_len=8, repeats=1, warmup=0)
     assert profile.layer_names == ["embed", "blocks.0", "blocks.1", "blocks.2", "head"]
     assert all(layer.saved for layer in profile.layers[1:])
-    estimated = estimate_layered(net, 2, seq_len=8)
+    estimated = estimate(net, 2, seq_len=8)
     assert [layer.name for layer in estimated.layers] == profile.layer_names
     assert all(torch.equal(before[n], t) for n, t in net.state_dict().items())
     assert torch.equal(rng, torch.random.get_rng_state())
@@ -356,4 +356,4 @@ def test_what_is_not_a_module_is_refused() -> None:
     with pytest.raises(PipeswapError, match="measure.*nn.Module.*list"):
         measure([1, 2], 2, image_size=1)  # type: ignore[arg-type]
     with pytest.raises(PipeswapError, match="estimate.*nn.Module.*list"):
-        estimate_layered([1, 2], 2, image_size=1)  # type: ignore[arg-type]
+        estimate([1, 2], 2, image_size=1)  # type: ignore[arg-type]
