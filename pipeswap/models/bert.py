@@ -22,7 +22,12 @@ import torch
 from torch import nn
 
 from pipeswap.models.base import LayeredModel
-from pipeswap.models.transformer import PositionalEmbed, PostNormBlock, init_transformer_
+from pipeswap.models.transformer import (
+    PositionalEmbed,
+    PostNormBlock,
+    init_transformer_,
+    tie_output_,
+)
 
 __all__ = ["BertConfig", "BertEmbed", "BertHead", "build_bert"]
 
@@ -80,11 +85,6 @@ def build_bert(
     if init:
         for module in (embed, *layers, head):
             init_transformer_(module)
-    if tie_embeddings:
-        head.decoder.weight = embed.tokens.weight
-    elif init:
-        # Untied copies start equal, so a pipeline's model computes what the tied one does.
-        with torch.no_grad():
-            head.decoder.weight.copy_(embed.tokens.weight)
+    tie_output_(head.decoder, embed.tokens, tie=tie_embeddings, init=init)
     named = [("embed", embed), *((f"layer{i}", m) for i, m in enumerate(layers)), ("head", head)]
     return LayeredModel(name, named, "lm", vocab_size=config.vocab_size)

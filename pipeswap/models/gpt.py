@@ -9,7 +9,12 @@ import torch
 from torch import nn
 
 from pipeswap.models.base import LayeredModel
-from pipeswap.models.transformer import PositionalEmbed, PreNormBlock, init_transformer_
+from pipeswap.models.transformer import (
+    PositionalEmbed,
+    PreNormBlock,
+    init_transformer_,
+    tie_output_,
+)
 
 __all__ = ["GPTConfig", "GPTEmbed", "GPTHead", "build_gpt"]
 
@@ -65,11 +70,6 @@ def build_gpt(
         for block in blocks:
             nn.init.normal_(block.attn.proj.weight, std=residual_std)
             nn.init.normal_(block.mlp.proj.weight, std=residual_std)
-    if tie_embeddings:
-        head.lm.weight = embed.tokens.weight
-    elif init:
-        # Untied copies start equal, so a pipeline's model computes what the tied one does.
-        with torch.no_grad():
-            head.lm.weight.copy_(embed.tokens.weight)
+    tie_output_(head.lm, embed.tokens, tie=tie_embeddings, init=init)
     named = [("embed", embed), *((f"block{i}", b) for i, b in enumerate(blocks)), ("head", head)]
     return LayeredModel(name, named, "lm", vocab_size=config.vocab_size)

@@ -15,6 +15,7 @@ __all__ = [
     "PreNormBlock",
     "SelfAttention",
     "init_transformer_",
+    "tie_output_",
 ]
 
 
@@ -121,3 +122,14 @@ def init_transformer_(module: nn.Module, std: float = 0.02) -> None:
         elif isinstance(sub, nn.LayerNorm):
             nn.init.ones_(sub.weight)
             nn.init.zeros_(sub.bias)
+
+
+def tie_output_(output: nn.Linear, embedding: nn.Embedding, *, tie: bool, init: bool) -> None:
+    """Tie a language model's output projection to its token embedding (one matrix), or,
+    untied and initialised, start it as a copy: the untied model (a pipeline's, whose first
+    and last stages hold one each) then computes what the tied one does."""
+    if tie:
+        output.weight = embedding.weight
+    elif init:
+        with torch.no_grad():
+            output.weight.copy_(embedding.weight)
