@@ -81,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # signal, as a shell reports it: 130 for SIGINT, 143 for SIGTERM.
         signum = int(getattr(exc, "signum", signal.SIGINT))
         said = getattr(exc, "message", None) or f"stopped by {signal.Signals(signum).name}"
+        if args.command == "train" and getattr(exc, "message", None) is None:
+            # A run that ended a step names it (and its checkpoint); this one had none.
+            said += " before any step ended: no report or checkpoint was written"
         print(f"pipeswap {args.command}: {said}", file=sys.stderr)
         return 128 + signum
 

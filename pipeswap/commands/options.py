@@ -154,5 +154,11 @@ def given(args: argparse.Namespace, config: type) -> dict[str, Any]:
         if value is None:
             continue
         parse = f.metadata["parse"]
-        values[f.name] = parse(value) if parse is not None else value
+        if parse is None:
+            values[f.name] = value
+            continue
+        try:
+            values[f.name] = parse(value)
+        except PipeswapError as error:  # the parser's own words, and the flag they are about
+            raise ConfigError(f"{{{f.name}}} {value}: {error}") from None
     return values

@@ -22,6 +22,7 @@ from pipeswap.dist.env import local_rank_of
 from pipeswap.dist.group import all_gather, broadcast_from_rank0, rank_device
 from pipeswap.dist.launch import run_ranks
 from pipeswap.dist.signals import LauncherInterrupted
+from pipeswap.dist.threads import thread_share
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.calibration import found_calibration
 from pipeswap.hardware.detect import detect_topology, named_topology
@@ -199,9 +200,14 @@ def _plan(config: TrainConfig, world_size: int, device: torch.device) -> PlanPay
 
 
 def data_parallel_rank(
-    rank: int, world_size: int, config: TrainConfig, local_rank: int | None = None
+    rank: int,
+    world_size: int,
+    config: TrainConfig,
+    local_rank: int | None = None,
+    threads: int | None = None,
 ) -> TrainReport | None:
-    """One rank of a run: plan on rank 0, train everywhere; rank 0 returns the report."""
+    """One rank of a run: plan on rank 0, train everywhere; rank 0 returns the report.
+    ``threads``: this rank's CPU threads (default: its share, pipeswap.dist.threads)."""
     assert config.device is not None
     device = rank_device(config.device, rank if local_rank is None else local_rank)
     if device.type == "cuda":
@@ -235,6 +241,7 @@ def data_parallel_rank(
             checkpoint=checkpoint,
             resume=resume,
             log=log,
+            threads=threads,
         )
         results = all_gather(result, world_size)
         if rank != 0:
@@ -244,8 +251,10 @@ def data_parallel_rank(
         return done
 
 
-def _rank_entry(rank: int, world_size: int, config: TrainConfig) -> TrainReport | None:
-    return data_parallel_rank(rank, world_size, config, local_rank_of(rank))
+def _rank_entry(
+    rank: int, world_size: int, config: TrainConfig, threads: int | None
+) -> TrainReport | None:
+    return data_parallel_rank(rank, world_size, config, local_rank_of(rank), threads)
 
 
 def train_data_parallel(config: TrainConfig) -> TrainReport | None:
@@ -258,6 +267,9 @@ def train_data_parallel(config: TrainConfig) -> TrainReport | None:
             _rank_entry,
             config.nproc,
             config,
+            # Shared out here: a started rank is a new process, which would not know of a
+            # torch.set_num_threads this one made (under torchrun, each rank's own share).
+            None if config.nproc is None else thread_share(config.nproc),
             device=config.device,
             timeout_s=config.timeout_s,
             stop_grace_s=config.timeout_s + 30.0,

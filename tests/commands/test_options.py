@@ -86,3 +86,16 @@ def test_train_and_plan_refuse_the_same_value_with_the_same_check(
     )
     assert code == 2
     assert "--footprint-ratio is 0.5; use a ratio >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [("--gpu-memory", "abc", "not a byte size"), ("--bucket-size", "5XB", "unknown unit 'XB'")],
+)
+def test_a_value_its_parser_refuses_names_its_flag(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, says: str
+) -> None:
+    code = main(["train", "--model", "gpt2-micro", flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert f"{flag} {value}: {says}" in err[0]

@@ -413,3 +413,22 @@ def test_nan_weights_stop_at_once_unless_asked_to_go_on(
     err = capsys.readouterr().err
     assert "the loss is nan at mini-batch 0 (" in err and "before any update" in err
     assert main([*argv, "--device", "cpu", "--keep-nonfinite"]) == 0
+
+
+def test_a_run_stopped_before_any_step_says_nothing_was_written(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A signal while the run starts: one line saying so, 128 + the signal."""
+    import pipeswap.commands.train as command
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "train", interrupted)
+    code = main(["train", "--model", "gpt2-micro", "--steps", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 130
+    assert err == [
+        "pipeswap train: stopped by SIGINT before any step ended: no report or checkpoint "
+        "was written"
+    ]

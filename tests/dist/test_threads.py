@@ -128,3 +128,23 @@ def test_a_one_rank_run_under_omp_num_threads_1_runs_one_thread(tmp_path: Path) 
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "1"
+
+
+def test_ranks_started_from_python_share_the_threads_their_caller_set(
+    monkeypatch: pytest.MonkeyPatch, torch_threads: None
+) -> None:
+    """A started rank is a new process, blind to the caller's torch.set_num_threads: the
+    launcher shares the caller's threads out and hands each rank its share."""
+    from pipeswap.training import data_parallel
+
+    _machine(monkeypatch, 8)
+    torch.set_num_threads(4)
+    seen: dict[str, object] = {}
+
+    def run_ranks(fn: object, nproc: int, config: object, threads: int, **_: object) -> None:
+        seen.update(nproc=nproc, threads=threads)
+
+    monkeypatch.setattr(data_parallel, "run_ranks", run_ranks)
+    config = TrainConfig("gpt2-micro", seq_len=16, steps=1, nproc=2).resolved()
+    data_parallel.train_data_parallel(config)
+    assert seen == {"nproc": 2, "threads": 2}  # 4 // 2, not the 8 CPUs' 4
