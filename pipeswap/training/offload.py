@@ -244,6 +244,10 @@ class Offload:
             "step_planning_s": time.perf_counter() - started,
         }
         if planned is None:  # the first call of its structure: run it as it is, timed
+            self._last_call["unplanned"] = (
+                "the first call of its structure runs as it is, timed and metered, to plan "
+                "it and every later shape (offload.plan_for(...) before the loop plans it)"
+            )
             self._timed = (signature, (args, kwargs), self._start_timing())
             self.plain_steps += 1
             self._last_plan = self._last = None
@@ -343,7 +347,8 @@ class Offload:
     def stats(self) -> dict[str, Any]:
         """What the last step did (call it after a step's backward): its ``shape``, the
         shape whose plan it ran (``planned_shape``; None: run as it is, timed, the first of
-        its structure), its forward's planning time; bytes swapped and recomputed, late
+        its structure, and ``unplanned`` says why), its forward's planning time; bytes
+        swapped and recomputed, late
         fetches; the run's budget; of the plan it ran, the policy, the predicted step and
         stall, the predicted peak beside the meter's (of its first step; while that runs,
         the most so far), its planning time and replans, and ``derived_from``: the

@@ -59,7 +59,9 @@ def test_a_padded_loop_runs_only_its_first_step_unplanned() -> None:
     )
     assert _same(plain, swapped)
     assert seen[0]["planned_shape"] is None and off.stats()["plain_steps"] == 1
+    assert "first call of its structure" in seen[0]["unplanned"]
     assert all(step["planned_shape"] is not None for step in seen[1:])
+    assert all("unplanned" not in step for step in seen[1:])
     planned = {seen[0]["shape"]}  # learnt, planned at the second step's forward
     derived = []  # the steps that planned their own shape at their forward
     for step in seen[1:]:
