@@ -87,6 +87,9 @@ class LoopPlanner:
     # A search (auto, mip) takes at most this many of the profile's steps (None: the
     # config's time limit alone), and never less than MIN_SEARCH_S.
     search_steps: float | None = None
+    # The most a measured step held over its plan's budget, as a fraction of the budget:
+    # what the profiles miss; every later plan is made that much tighter from the start.
+    overshoot: float = 0.0
 
     @property
     def layer_names(self) -> list[str]:
@@ -223,9 +226,15 @@ class LoopPlanner:
         on the CPU; a call no plan fits is refused or recomputes every layer (plan_shape)."""
         args, kwargs = call
         budget = self.budget(profile)
-        recomputes_all = False
+        recomputes_all, margin = False, int(self.overshoot * budget)
         for config in configs:
             try:
+                if margin:  # tighter by what steps held over their plans, where that fits
+                    try:
+                        result, executor = self.make(profile, budget - margin, *call, config=config)
+                        break
+                    except ConfigError:
+                        margin = 0
                 result, executor = self.make(profile, budget, args, kwargs, config=config)
                 break
             except ConfigError:
@@ -245,6 +254,7 @@ class LoopPlanner:
             recomputes_all=recomputes_all,
             derived_from=derived_from,
             heuristic=heuristic,
+            margin_bytes=margin,
         )
         if check and self.device.type != "cuda" and not recomputes_all:
             # The storage count cannot watch the user's step: a step run aside with the
@@ -347,6 +357,7 @@ class LoopPlanner:
             peak = max(all_gather(peak, world))
         planned.measured_peak_bytes = peak
         excess = peak - planned.budget_bytes
+        self.overshoot = max(self.overshoot, excess / planned.budget_bytes)
         if excess > 0 and planned.replans < REPLANS:
             planned.margin_bytes += excess
             planned.replan_due = True
