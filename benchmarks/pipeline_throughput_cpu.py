@@ -70,10 +70,10 @@ VARIANTS = (
 
 
 def _config(setting: Setting, variant: str) -> Any:
-    from pipeswap.config import replace_fields
+    from pipeswap.config_fields import replace_fields
     from pipeswap.data_config import DataConfig
     from pipeswap.optim import OptimizerConfig
-    from pipeswap.schedule.config import PipelineConfig
+    from pipeswap.schedule.pipeline_config import PipelineConfig
     from pipeswap.train_config import TrainConfig
 
     sync = TrainConfig(
@@ -120,7 +120,7 @@ def _api(setting: Setting, variant: str) -> float:
     import torch.distributed as dist
 
     from pipeswap import Pipeline
-    from pipeswap.config import replace_fields
+    from pipeswap.config_fields import replace_fields
     from pipeswap.pipeline.job import BatchSource, build_full_model
 
     config = _config(setting, variant.replace("pipeswap.Pipeline", "ours"))

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from pipeswap.config import ConfigError, option, require
+from pipeswap.config_fields import ConfigError, option, require
 from pipeswap.models.tasks import TASKS, task_kind
 
 __all__ = [

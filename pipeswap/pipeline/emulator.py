@@ -174,7 +174,7 @@ class Emulator:
             if self.resume is not None:
                 folder, done = self.resume
                 starts = [
-                    restore_stage(ex, load_rank(folder, done, ex.slot)) for ex in self.executors
+                    restore_stage(ex, load_rank(folder, done, ex.worker)) for ex in self.executors
                 ]
             self._bar = progress_bar(config.steps, "train", enabled=progress)
             if self._bar is not None and self.resume is not None:

@@ -1,4 +1,4 @@
-"""Run one rank's actions: the same code drives the emulator and the distributed runtime."""
+"""Run one stage's actions: the same code drives the emulator and the distributed runtime."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class StageExecutor:
     def __init__(
         self,
         config: TrainConfig,
-        rank: int,
+        stage: int,
         schedule: Schedule,
         model: torch.nn.Module,
         infos: list[LayerInfo],
@@ -97,10 +97,10 @@ class StageExecutor:
         self._deferred: int | None = None
         self.pipeline = pipeline = config.require_pipeline()
         self.micro_batches = pipeline.micro_batch_count
-        self.rank = rank
+        self.stage = stage
         # This stage's place among every replica's (its global rank in processes): names
         # its checkpoint file and its random stream.
-        self.slot = replica * pipeline.num_stages + rank
+        self.worker = replica * pipeline.num_stages + stage
         self.schedule = schedule
         self.transport = transport
         self.eval_transport = eval_transport or transport
@@ -108,16 +108,16 @@ class StageExecutor:
         self.norm_parts: dict[int, list[float]] = {}
         self.log = log
         self.device = torch.device(device)
-        first, end = stage_bounds(pipeline.stage_balance)[rank]
+        first, end = stage_bounds(pipeline.stage_balance)[stage]
         n = pipeline.num_stages
-        input_spec: BoundarySpec | None = infos[first - 1].output if rank > 0 else None
-        output_spec: BoundarySpec | None = infos[end - 1].output if rank < n - 1 else None
+        input_spec: BoundarySpec | None = infos[first - 1].output if stage > 0 else None
+        output_spec: BoundarySpec | None = infos[end - 1].output if stage < n - 1 else None
         shared = find_shared(model, pipeline.stage_balance)
         self.module, copies = stage_module(model, first, end, shared)
         # Digests name a tied copy as the whole model does, so they combine to its digest.
         self._canonical = {id(p): name for name, p in copies.items()}
         self.runner = StageRunner(
-            rank,
+            stage,
             n,
             self.module,
             loss_fn or model.loss,  # type: ignore[arg-type]
@@ -128,27 +128,27 @@ class StageExecutor:
             device=self.device,
         )
         # What keeps the saved tensors of the units in flight within a budget (swapping).
-        self.memory = memory(rank, self.module) if memory is not None else None
+        self.memory = memory(stage, self.module) if memory is not None else None
         units = range(schedule.num_units)
         self.weights = StageWeights(
             self.module,
             pipeline.weights,
-            version_distances(schedule, rank, pipeline.distances),
+            version_distances(schedule, stage, pipeline.distances),
             {u: schedule.step_of(u) for u in units},
             optimizer_config=config.optim,
             record=record,
             keep_gradients=keep_gradients,
             shared=copies,
             optimizer_factory=optimizer_factory,
-            lr_scale=delay_lr_scale(schedule, rank, pipeline.delay_power),
+            lr_scale=delay_lr_scale(schedule, stage, pipeline.delay_power),
         )
         self.tied: TiedParameters | None = None
         if copies:
             assert exchange is not None, "a stage holding tied parameters needs an exchange"
-            mine = [s for s in shared if rank in s.holders]
-            self.tied = TiedParameters(rank, schedule, mine, self.weights, exchange)
+            mine = [s for s in shared if stage in s.holders]
+            self.tied = TiedParameters(stage, schedule, mine, self.weights, exchange)
         # Batches: ``data`` (training, held-out sources with ``micro``), else the config's.
-        if data is None and (rank == 0 or rank == n - 1):
+        if data is None and (stage == 0 or stage == n - 1):
             data = (
                 BatchSource(config, model, "train", replica),  # type: ignore[arg-type]
                 BatchSource(config, model, "val"),  # type: ignore[arg-type]
@@ -157,7 +157,7 @@ class StageExecutor:
         self.eval_data: Any
         self.train_data, self.eval_data = data or (None, None)
         self.result = StageResult(
-            rank, distances=steady_distances(schedule, rank, pipeline.distances)
+            stage, distances=steady_distances(schedule, stage, pipeline.distances)
         )
         self.scorer = HeldOutScorer(
             config,
@@ -172,17 +172,17 @@ class StageExecutor:
         )
         self._outbox: dict[tuple[ActionKind, int], Packed] = {}
         self._t0 = self._step_ended = time.perf_counter()
-        self.index = 0  # of this rank's next action (a resume sets it)
+        self.index = 0  # of this stage's next action (a resume sets it)
         self.checkpoint = checkpoint
         self.stop = stop
-        self.cuts = StageCuts(checkpoint, schedule, rank, config.steps)
+        self.cuts = StageCuts(checkpoint, schedule, stage, config.steps)
 
     # ---- training -----------------------------------------------------------------
     def start_clock(self) -> None:
         self._t0 = self._step_ended = time.perf_counter()
 
     def run(self, action: Action, *, end_step: bool = True) -> None:
-        """Execute one action of this rank (in schedule order); after an UPDATE, what ends
+        """Execute one action of this stage (in schedule order); after an UPDATE, what ends
         the step (:meth:`end_step`) unless ``end_step`` is False (the caller does it)."""
         kind, unit = action.kind, action.unit
         if kind.is_receive:
@@ -215,7 +215,7 @@ class StageExecutor:
             end = time.perf_counter()
             self.result.busy_s += end - start
             self.result.timeline.append(
-                TimedAction(self.rank, self.index, action, start - self._t0, end - self._t0)
+                TimedAction(self.stage, self.index, action, start - self._t0, end - self._t0)
             )
         self.index += 1
         self.transport.progress()
@@ -269,7 +269,7 @@ class StageExecutor:
         self._step_ended = time.perf_counter()
         if self.checkpoint is not None:
             done = step + 1
-            cut = self.stop.cut_after(self.slot, done) if self.stop is not None else None
+            cut = self.stop.cut_after(self.worker, done) if self.stop is not None else None
             if done == cut or self.checkpoint.due(done, self.config.steps):
                 self.save(self.checkpoint, done)
             if done == cut:
@@ -294,13 +294,13 @@ class StageExecutor:
         if source is not None:
             x, y = source.micro(step, micro)
             inputs, target = self.to_device(x), self.to_device(y)
-        if self.rank > 0:
+        if self.stage > 0:
             inputs = (transport or self.transport).take(ActionKind.F, unit)
         return inputs, target
 
     def stream(self, split: str, step: int, micro: int) -> AbstractContextManager[None]:
         """The RNG stream of this stage's forward of (step, micro) (pipeswap.pipeline.rng)."""
-        return rng_stream(self.config.seed, split, step, micro, self.slot, self.device)
+        return rng_stream(self.config.seed, split, step, micro, self.worker, self.device)
 
     def _forward(self, unit: int) -> None:
         step, micro = divmod(unit, self.micro_batches)
@@ -336,7 +336,7 @@ class StageExecutor:
     def finish_training(self) -> None:
         if self.tied is not None:
             # Tied updates no pass was left to wait for: apply them after the last action.
-            self.tied.before_pass(len(self.schedule.actions[self.rank]))
+            self.tied.before_pass(len(self.schedule.actions[self.stage]))
             self.tied.exchange.finish()
         self.transport.finish()
         self.result.wall_s = time.perf_counter() - self._t0
@@ -354,7 +354,7 @@ class StageExecutor:
         """Write this stage's state at its cut after ``done`` steps (pipeline.snapshot);
         pipeswap.pipeline.stage_restore continues from it."""
         assert not self._outbox
-        if self.slot == 0:
+        if self.worker == 0:
             write_manifest(plan, done)
         state = {
             "done": done,
@@ -373,7 +373,7 @@ class StageExecutor:
             "names": [name for name, _ in self.named_parameters()],
             "buffers": {n: b.detach().clone() for n, b in self.module.named_buffers()},
         }
-        save_rank(plan, done, self.slot, state)
+        save_rank(plan, done, self.worker, state)
         self.cuts.saved(done)
 
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:

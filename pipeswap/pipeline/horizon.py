@@ -33,7 +33,7 @@ FIRST_HORIZON = 64
 
 
 class ScheduleHorizon:
-    """Where each call of a pipeline fed step by step stops, on this stage (``rank``).
+    """Where each call of a pipeline fed step by step stops, on this stage (``stage``).
 
     ``steps`` given: the schedule of that many steps, as ``pipeswap train`` builds it.
     ``steps`` None: a schedule that covers the steps so far and more (``done`` already
@@ -41,8 +41,8 @@ class ScheduleHorizon:
     calls come and cut to the steps done by :meth:`drain`.
     """
 
-    def __init__(self, config: TrainConfig, rank: int, steps: int | None, done: int = 0):
-        self.rank = rank
+    def __init__(self, config: TrainConfig, stage: int, steps: int | None, done: int = 0):
+        self.stage = stage
         self.fixed = steps is not None
         length = steps if steps is not None else max(FIRST_HORIZON, done + 2)
         self.config = replace(config, steps=length)
@@ -68,17 +68,17 @@ class ScheduleHorizon:
             self._switch(done, executor)
         if done == 0:
             return ()
-        return self.schedule.actions[self.rank][executor.index :]
+        return self.schedule.actions[self.stage][executor.index :]
 
     def _switch(self, steps: int, executor: StageExecutor) -> None:
         config = replace(self.config, steps=steps)
         schedule = pipeline_schedule(config)
         ran = executor.index
-        mine, before = schedule.actions[self.rank], self.schedule.actions[self.rank]
+        mine, before = schedule.actions[self.stage], self.schedule.actions[self.stage]
         if mine[:ran] != before[:ran]:
             raise AssertionError(
                 f"{schedule.name}: the schedule of {steps} steps does not begin with the "
-                f"{ran} actions stage {self.rank} ran on that of {self.steps}"
+                f"{ran} actions stage {self.stage} ran on that of {self.steps}"
             )
         self.config, self.schedule = config, schedule
         self.ends = self._ends()
@@ -86,19 +86,19 @@ class ScheduleHorizon:
 
     def _ends(self) -> list[int]:
         micro = self.config.require_pipeline().micro_batch_count
-        return step_ends(self.schedule.actions[self.rank], micro, self.steps)
+        return step_ends(self.schedule.actions[self.stage], micro, self.steps)
 
 
 def adopt_schedule(executor: StageExecutor, config: TrainConfig, schedule: Schedule) -> None:
     """Continue ``executor`` on ``schedule`` (``config``'s), whose first actions are the ones
     it ran: everything it derived from the schedule, derived again. The delay-scaled rate
     stays: it is the steady state's, which no length changes."""
-    rank, pipeline = executor.rank, config.require_pipeline()
+    stage, pipeline = executor.stage, config.require_pipeline()
     executor.config, executor.schedule = config, schedule
     weights = executor.weights
-    weights.distances = version_distances(schedule, rank, pipeline.distances)
+    weights.distances = version_distances(schedule, stage, pipeline.distances)
     weights.step_of = {u: schedule.step_of(u) for u in range(schedule.num_units)}
     if executor.tied is not None:
         executor.tied.replan(schedule)
     executor.scorer.num_units = schedule.num_units
-    executor.cuts = StageCuts(executor.checkpoint, schedule, rank, config.steps)
+    executor.cuts = StageCuts(executor.checkpoint, schedule, stage, config.steps)

@@ -15,7 +15,7 @@ class Replica(Protocol):
     """What averaging reads of a stage's replica (pipeswap.pipeline.executor.StageExecutor)."""
 
     @property
-    def rank(self) -> int: ...
+    def stage(self) -> int: ...
     @property
     def replica(self) -> int: ...
     def gradients(self) -> list[torch.Tensor]: ...
@@ -49,11 +49,11 @@ class EmulatedReplicas:
         """Nothing to start: one process averages once every replica has its gradients."""
 
     def __call__(self, step: int, stage: Replica) -> bool:
-        waiting = self._arrived.setdefault((step, stage.rank), [])
+        waiting = self._arrived.setdefault((step, stage.stage), [])
         waiting.append(stage)
         if len(waiting) < self.replicas:
             return False
-        del self._arrived[(step, stage.rank)]
+        del self._arrived[(step, stage.stage)]
         ordered = sorted(waiting, key=lambda s: s.replica)
         for grads in zip(*(s.gradients() for s in ordered), strict=True):
             mean = mean_in_order(grads)

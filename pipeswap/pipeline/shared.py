@@ -101,12 +101,12 @@ def stage_module(
 
 @dataclass
 class SharePlan:
-    """When one group of shared parameters (same holders) moves, per holding rank.
+    """When one group of shared parameters (same holders) moves, per holding stage.
 
-    ``send_after[rank][i] = t``: action ``i`` is the rank's last backward of mini-batch
+    ``send_after[stage][i] = t``: action ``i`` is the stage's last backward of mini-batch
     ``t``, after which its gradient of ``t`` is complete and goes to the other holders.
-    ``apply_at[rank][t]``: the action index before which update ``t`` is applied (the
-    rank's action count: after its last action). ``update_at[rank][t]``: where the rank's
+    ``apply_at[stage][t]``: the action index before which update ``t`` is applied (the
+    stage's action count: after its last action). ``update_at[stage][t]``: where the stage's
     own ``UPDATE(t)`` stands (a checkpoint after ``done`` steps cuts there, ``t = done - 1``).
     """
 
@@ -117,24 +117,24 @@ class SharePlan:
     release: list[int] = field(default_factory=list)
     _before: dict[int, dict[int, list[int]]] = field(default_factory=dict)
 
-    def before(self, rank: int, index: int) -> list[int]:
-        """The updates ``rank`` applies right before its action ``index``, in order."""
-        if rank not in self._before:
+    def before(self, stage: int, index: int) -> list[int]:
+        """The updates ``stage`` applies right before its action ``index``, in order."""
+        if stage not in self._before:
             by_index: dict[int, list[int]] = {}
-            for t, at in enumerate(self.apply_at[rank]):
+            for t, at in enumerate(self.apply_at[stage]):
                 by_index.setdefault(at, []).append(t)
-            self._before[rank] = by_index
-        return self._before[rank].get(index, [])
+            self._before[stage] = by_index
+        return self._before[stage].get(index, [])
 
-    def pending(self, rank: int, done: int) -> dict[int, list[int]]:
-        """Per update ``t`` whose gradient ``rank`` computed before its cut after ``done``
+    def pending(self, stage: int, done: int) -> dict[int, list[int]]:
+        """Per update ``t`` whose gradient ``stage`` computed before its cut after ``done``
         steps: the holders that apply ``t`` after their own cut (they need it from the
         checkpoint). Updates every holder applied before its cut are left out."""
         cuts = {h: self.update_at[h][done - 1] for h in self.holders}
         out: dict[int, list[int]] = {}
-        for i, t in self.send_after[rank].items():
+        for i, t in self.send_after[stage].items():
             late = [h for h in self.holders if self.apply_at[h][t] > cuts[h]]
-            if i < cuts[rank] and late:
+            if i < cuts[stage] and late:
                 out[t] = late
         return out
 
@@ -147,20 +147,20 @@ def plan_sharing(schedule: Schedule, holders: tuple[int, ...]) -> SharePlan:
     """
     n = schedule.num_stages
     clocks = [[0] * n for _ in range(n)]
-    # (direction, sending rank, unit) -> the sender's clock when it sent.
+    # (direction, sending stage, unit) -> the sender's clock when it sent.
     at_send: dict[tuple[ActionKind, int, int], list[int]] = {}
     pass_clock: dict[tuple[int, int], list[int]] = {}
     for timed in unit_time_order(schedule):
-        rank, index, action = timed.rank, timed.index, timed.action
-        clock = clocks[rank]
+        stage, index, action = timed.stage, timed.index, timed.action
+        clock = clocks[stage]
         if action.kind.is_receive:
-            sent = at_send[(action.kind.direction, action.kind.peer(rank), action.unit)]
+            sent = at_send[(action.kind.direction, action.kind.peer(stage), action.unit)]
             clock[:] = [max(a, b) for a, b in zip(clock, sent)]
-        clock[rank] = index + 1
+        clock[stage] = index + 1
         if action.kind.is_send:
-            at_send[(action.kind.direction, rank, action.unit)] = list(clock)
-        elif action.kind.is_pass and rank in holders:
-            pass_clock[(rank, index)] = list(clock)
+            at_send[(action.kind.direction, stage, action.unit)] = list(clock)
+        elif action.kind.is_pass and stage in holders:
+            pass_clock[(stage, index)] = list(clock)
     plan = SharePlan(holders)
     last_backward: dict[int, list[int]] = {}
     for h in holders:
@@ -221,15 +221,15 @@ class Exchange(Protocol):
 class MailboxExchange:
     """Gradients as copies through a dict shared by every stage of the emulator."""
 
-    def __init__(self, rank: int, mailbox: dict[tuple[int, int, int, int], list[torch.Tensor]]):
-        self.rank = rank
+    def __init__(self, stage: int, mailbox: dict[tuple[int, int, int, int], list[torch.Tensor]]):
+        self.stage = stage
         self.mailbox = mailbox
 
     def send(self, group: int, step: int, dst: int, tensors: list[torch.Tensor]) -> None:
-        self.mailbox[(group, step, self.rank, dst)] = [t.detach().clone() for t in tensors]
+        self.mailbox[(group, step, self.stage, dst)] = [t.detach().clone() for t in tensors]
 
     def take(self, group: int, step: int, src: int, like: list[torch.Tensor]) -> list[torch.Tensor]:
-        return self.mailbox.pop((group, step, src, self.rank))
+        return self.mailbox.pop((group, step, src, self.stage))
 
     def finish(self, abandon: Collection[tuple[int, int, int]] = ()) -> None:
         pass
@@ -244,13 +244,13 @@ class TiedParameters:
 
     def __init__(
         self,
-        rank: int,
+        stage: int,
         schedule: Schedule,
         shared: list[SharedParam],
         weights: StageWeights,
         exchange: Exchange,
     ) -> None:
-        self.rank = rank
+        self.stage = stage
         self.weights = weights
         self.exchange = exchange
         by_holders: dict[tuple[int, ...], list[str]] = {}
@@ -273,13 +273,13 @@ class TiedParameters:
     def after_backward(self, index: int) -> None:
         """After action ``index`` (a backward): send the gradients it completed, if any."""
         for g, (names, plan) in enumerate(self.groups):
-            t = plan.send_after[self.rank].get(index)
+            t = plan.send_after[self.stage].get(index)
             if t is None:
                 continue
             grads = [self.weights.shared_gradient(name) for name in names]
             self._own[(g, t)] = grads
             for h in plan.holders:
-                if h != self.rank:
+                if h != self.stage:
                     self.exchange.send(g, t, h, grads)
 
     def _parts(self, g: int, t: int) -> list[list[torch.Tensor]]:
@@ -288,15 +288,15 @@ class TiedParameters:
             return self._taken.pop((g, t))
         own = self._own[(g, t)]
         holders = self.groups[g][1].holders
-        return [own if h == self.rank else self.exchange.take(g, t, h, own) for h in holders]
+        return [own if h == self.stage else self.exchange.take(g, t, h, own) for h in holders]
 
     def squared_norm(self, t: int) -> float:
         """The squared norm of the summed gradients of mini-batch ``t`` of the groups this
-        rank is the first holder of (so each tied parameter counts once over the stages).
-        Every holder has sent them by its UPDATE(t): call it there, before this rank's."""
+        stage is the first holder of (so each tied parameter counts once over the stages).
+        Every holder has sent them by its UPDATE(t): call it there, before this stage's."""
         total = 0.0
         for g, (_, plan) in enumerate(self.groups):
-            if plan.holders[0] == self.rank:
+            if plan.holders[0] == self.stage:
                 parts = self._taken[(g, t)] = self._parts(g, t)
                 total += sum(squared_norm(combine(list(grads))) for grads in zip(*parts))
         return total
@@ -304,7 +304,7 @@ class TiedParameters:
     def before_pass(self, index: int) -> None:
         """Before action ``index``: apply the updates the plan puts there (mini-batch order)."""
         for g, (names, plan) in enumerate(self.groups):
-            for t in plan.before(self.rank, index):
+            for t in plan.before(self.stage, index):
                 parts = self._parts(g, t)
                 for k, name in enumerate(names):
                     self.weights.apply_shared(name, combine([part[k] for part in parts]), t)
@@ -320,17 +320,17 @@ class TiedParameters:
         saved: dict[tuple[int, int], list[torch.Tensor]] = {}
         self.crossing = set()
         for g, (_, plan) in enumerate(self.groups):
-            for t, late in plan.pending(self.rank, done).items():
+            for t, late in plan.pending(self.stage, done).items():
                 saved[(g, t)] = self._own[(g, t)]
-                self.crossing |= {(g, t, h) for h in late if h != self.rank}
+                self.crossing |= {(g, t, h) for h in late if h != self.stage}
         return saved
 
     def load_state(self, saved: dict[tuple[int, int], list[torch.Tensor]], done: int) -> None:
         """Continue after a checkpoint: keep the saved gradients, send them again where due."""
         self._own = dict(saved)
         for g, (_, plan) in enumerate(self.groups):
-            pending = plan.pending(self.rank, done)
+            pending = plan.pending(self.stage, done)
             for t in sorted(pending):
                 for h in pending[t]:
-                    if h != self.rank:
+                    if h != self.stage:
                         self.exchange.send(g, t, h, self._own[(g, t)])

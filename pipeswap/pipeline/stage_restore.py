@@ -18,35 +18,35 @@ __all__ = ["restore_stage"]
 
 
 @torch.no_grad()
-def restore_stage(stage: StageExecutor, state: dict[str, Any]) -> int:
+def restore_stage(executor: StageExecutor, state: dict[str, Any]) -> int:
     """Continue from a checkpoint of this stage; returns the index of the next action.
 
     Re-runs each in-flight forward with the weights and inputs it had (rebuilding the
     graph its backward needs) and sends again the messages that crossed the cut.
     """
-    stage.weights.load_state(state["weights"])
-    stage.runner.losses = dict(state["losses"])
-    stage.result.evals = [tuple(e) for e in state.get("evals", [])]
-    live = [p.detach().clone() for p in stage.weights.params]
+    executor.weights.load_state(state["weights"])
+    executor.runner.losses = dict(state["losses"])
+    executor.result.evals = [tuple(e) for e in state.get("evals", [])]
+    live = [p.detach().clone() for p in executor.weights.params]
     for unit in sorted(state["in_flight"]):
         used, leaves = state["in_flight"][unit]
-        for p, saved in zip(stage.weights.params, used, strict=True):
+        for p, saved in zip(executor.weights.params, used, strict=True):
             p.data.copy_(saved)
         data: tuple[Any, Any] = (None, None)
-        if stage.train_data is not None:
-            x, y = stage.train_data.micro(*divmod(unit, stage.micro_batches))
-            data = (stage.to_device(x), stage.to_device(y))
-        inputs = leaves if stage.rank > 0 else data[0]
-        with torch.enable_grad(), stage.stream(TRAIN, *divmod(unit, stage.micro_batches)):
-            stage.runner.forward(unit, inputs, data[1] if stage.runner.is_last else None)
-        stage.cuts.forward_weights[unit] = used
-    for p, saved in zip(stage.weights.params, live, strict=True):
+        if executor.train_data is not None:
+            x, y = executor.train_data.micro(*divmod(unit, executor.micro_batches))
+            data = (executor.to_device(x), executor.to_device(y))
+        inputs = leaves if executor.stage > 0 else data[0]
+        with torch.enable_grad(), executor.stream(TRAIN, *divmod(unit, executor.micro_batches)):
+            executor.runner.forward(unit, inputs, data[1] if executor.runner.is_last else None)
+        executor.cuts.forward_weights[unit] = used
+    for p, saved in zip(executor.weights.params, live, strict=True):
         p.data.copy_(saved)
     for (direction, unit), message in sorted(state["sent"].items()):
-        stage.transport.send(ActionKind(direction), unit, message)
-    if stage.tied is not None:
-        stage.tied.load_state(state.get("tied", {}), state["done"])
+        executor.transport.send(ActionKind(direction), unit, message)
+    if executor.tied is not None:
+        executor.tied.load_state(state.get("tied", {}), state["done"])
     set_rng_state(state["rng"])
-    stage.index = state["index"]
-    stage.cuts.keep_crossing(state["done"])
-    return stage.index
+    executor.index = state["index"]
+    executor.cuts.keep_crossing(state["done"])
+    return executor.index

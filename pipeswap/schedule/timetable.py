@@ -183,11 +183,6 @@ class TimedAction:
     start: float
     end: float
 
-    @property
-    def rank(self) -> int:
-        """Old name of :attr:`stage`, until pipeline/shared.py moves (then deleted)."""
-        return self.stage
-
 
 def unit_time_order(
     schedule: Schedule,

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeswap.config import require
+from pipeswap.config_fields import require
 from pipeswap.data_config import DataConfig
 from pipeswap.dist.env import local_rank_of
 from pipeswap.dist.group import (
@@ -38,9 +38,9 @@ from pipeswap.pipeline.stage import layer_infos
 from pipeswap.pipeline.step_end import step_loss
 from pipeswap.pipeline.weights import describe_optimizer
 from pipeswap.precision import DEFAULT_PRECISION, autocast
-from pipeswap.schedule.config import PipelineConfig
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipe_checkpoint import Checkpoint, newest_checkpoint, save_stages
 from pipeswap.training.pipe_target import ScoredAgainst, score_batch

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from pipeswap.config import require
+from pipeswap.config_fields import require
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.export import replay_of

@@ -12,7 +12,7 @@ from pipeswap.pipeline.replica_average import EmulatedReplicas
 
 class _Stage:
     def __init__(self, replica: int, grads: list[torch.Tensor]) -> None:
-        self.rank, self.replica, self.grads, self.finished = 1, replica, grads, 0
+        self.stage, self.replica, self.grads, self.finished = 1, replica, grads, 0
 
     def gradients(self) -> list[torch.Tensor]:
         return self.grads

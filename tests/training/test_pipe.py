@@ -9,7 +9,7 @@ import pytest
 import torch
 from support import pipeline_run
 
-from pipeswap.config import ConfigError, replace_fields
+from pipeswap.config_fields import ConfigError, replace_fields
 from pipeswap.dist.digest import params_sha256
 from pipeswap.dist.launch import spawn
 from pipeswap.errors import PipeswapError

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeswap.config import ConfigError
+from pipeswap.config_fields import ConfigError
 from pipeswap.training.pipe_checkpoint import newest_checkpoint
 
 

@@ -17,7 +17,7 @@ from pipeswap.data_config import DataConfig
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.feed import FedBatches
-from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from tests.models.hf_configs import save_model
 

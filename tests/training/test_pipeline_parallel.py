@@ -1,6 +1,6 @@
 """A pipeline run's prediction: on the topology it is given, slowed as calibrated.
 
-Covers: pipeswap/training/pipelined.py (predicted_step_s; the runs themselves are in
+Covers: pipeswap/training/pipeline_parallel.py (predicted_step_s; the runs themselves are in
 tests/commands/test_train_cli.py and tests/pipeline).
 """
 
@@ -14,9 +14,9 @@ import pytest
 from pipeswap.hardware.calibration import Calibration
 from pipeswap.pipeline.resolve import resolve_pipeline
 from pipeswap.profiling.measure import measure
-from pipeswap.schedule.config import PipelineConfig
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
-from pipeswap.training import pipelined, stage_swapping
+from pipeswap.training import pipeline_parallel, pipeline_stage_swaps
 
 
 def _machine(
@@ -63,13 +63,17 @@ def test_a_pipeline_predicts_on_the_topology_it_is_given(
         seen.append(batch)
         return fixed
 
-    monkeypatch.setattr(stage_swapping, "measure", measured)
-    same = pipelined.predicted_step_s(replace(config, topology=_machine(tmp_path / "a.json", 1.0)))
-    slowed = pipelined.predicted_step_s(
+    monkeypatch.setattr(pipeline_stage_swaps, "measure", measured)
+    same = pipeline_parallel.predicted_step_s(
+        replace(config, topology=_machine(tmp_path / "a.json", 1.0))
+    )
+    slowed = pipeline_parallel.predicted_step_s(
         replace(config, topology=_machine(tmp_path / "b.json", 2.0))
     )
     both = _machine(tmp_path / "c.json", 1.5, stage_slowdown=2.0)
-    assert pipelined.predicted_step_s(replace(config, topology=both)) == pytest.approx(3 * same)
+    assert pipeline_parallel.predicted_step_s(replace(config, topology=both)) == pytest.approx(
+        3 * same
+    )
     assert seen == [2, 2, 2]
     # Every action's compute (and each stage's share of the optimizer step) doubles.
     assert slowed == pytest.approx(2 * same, rel=1e-6)
@@ -83,11 +87,13 @@ def test_a_replicated_pipeline_predicts_its_replicas_and_their_averaging(
     two = resolve_pipeline(replace(one, nproc=4))
     assert two.require_pipeline().replicas == 2
     fixed = measure("gpt2-micro", 2, seq_len=16)
-    monkeypatch.setattr(stage_swapping, "measure", lambda *a, **k: fixed)
-    alone = pipelined.predicted_step_s(replace(one, topology=_machine(tmp_path / "a.json", 1.0)))
+    monkeypatch.setattr(pipeline_stage_swaps, "measure", lambda *a, **k: fixed)
+    alone = pipeline_parallel.predicted_step_s(
+        replace(one, topology=_machine(tmp_path / "a.json", 1.0))
+    )
     free = _machine(tmp_path / "b.json", 1.0, ranks=4)
     slow = _machine(tmp_path / "c.json", 1.0, ranks=4, allreduce_latency_s=1.0)
     # Identical replicas and a free exchange: one pipeline's step.
-    assert pipelined.predicted_step_s(replace(two, topology=free)) == pytest.approx(alone)
+    assert pipeline_parallel.predicted_step_s(replace(two, topology=free)) == pytest.approx(alone)
     # Each step's update waits for its stage's exchange (1 s): at least 1 s more a step.
-    assert pipelined.predicted_step_s(replace(two, topology=slow)) >= alone + 1.0
+    assert pipeline_parallel.predicted_step_s(replace(two, topology=slow)) >= alone + 1.0
