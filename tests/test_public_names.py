@@ -49,15 +49,35 @@ def _bound(tree: ast.Module) -> set[str]:
 
 
 def _all_of(tree: ast.Module) -> list[str] | None:
+    """The module's ``__all__``: a list of strings, or a package's ``module.__all__`` (it
+    re-exports that module's names with ``from module import *``)."""
     for statement in tree.body:
         target = statement.targets[0] if isinstance(statement, ast.Assign) else None
         if isinstance(statement, ast.AnnAssign):
             target = statement.target
         if isinstance(target, ast.Name) and target.id == "__all__":
-            value = ast.literal_eval(statement.value)  # type: ignore[attr-defined]
+            given = statement.value  # type: ignore[attr-defined]
+            if isinstance(given, ast.Attribute) and given.attr == "__all__":
+                return _all_of(ast.parse(_module_file(tree, given.value).read_text()))
+            value = ast.literal_eval(given)
             assert isinstance(value, list | tuple), "__all__ must be a list of strings"
             return list(value)
     return None
+
+
+def _parsed(module: str) -> ast.Module:
+    return ast.parse(ROOT.joinpath(*module.split(".")).with_suffix(".py").read_text())
+
+
+def _module_file(tree: ast.Module, name: ast.expr) -> Path:
+    """The file of the module ``name`` stands for (``from package import module``)."""
+    assert isinstance(name, ast.Name), "__all__ = module.__all__ names an imported module"
+    for statement in tree.body:
+        if isinstance(statement, ast.ImportFrom) and statement.module:
+            for alias in statement.names:
+                if (alias.asname or alias.name) == name.id:
+                    return ROOT.joinpath(*statement.module.split("."), f"{alias.name}.py")
+    raise AssertionError(f"__all__ = {name.id}.__all__: {name.id} is not imported there")
 
 
 @pytest.mark.parametrize("path", MODULES)
@@ -66,7 +86,11 @@ def test_the_module_lists_its_public_names(path: str) -> None:
     listed = _all_of(tree)
     assert listed is not None, f"{path} has no __all__: list its public names"
     assert len(set(listed)) == len(listed), f"{path}: __all__ lists a name twice"
-    unbound = sorted(set(listed) - _bound(tree))
+    stars = [
+        s.module for s in tree.body if isinstance(s, ast.ImportFrom) and s.names[0].name == "*"
+    ]
+    bound = _bound(tree) | {n for m in stars if m for n in _all_of(_parsed(m)) or []}
+    unbound = sorted(set(listed) - bound)
     assert not unbound, f"{path}: __all__ lists {unbound}, which the module does not bind"
     public = {
         statement.name

@@ -1,21 +1,7 @@
 """Models as LayeredModels of named blocks: the zoo, a user's model by name, any nn.Module."""
 
-from pipeswap.models.base import LayeredModel
-from pipeswap.models.registry import (
-    ModelSpec,
-    build_model,
-    count_parameters,
-    model_names,
-    model_spec,
-    shape_defaults,
-)
+from pipeswap.models import registry
+from pipeswap.models.base import LayeredModel  # noqa: F401 - the type of every model here
+from pipeswap.models.registry import *  # noqa: F403 - the zoo and a model by name
 
-__all__ = [
-    "LayeredModel",
-    "ModelSpec",
-    "build_model",
-    "count_parameters",
-    "model_names",
-    "model_spec",
-    "shape_defaults",
-]
+__all__ = registry.__all__

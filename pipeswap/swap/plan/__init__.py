@@ -7,22 +7,7 @@ modules: a pipeline stage's costs (``stage_costs``), what one stage swaps or rec
 and which GPU each stage sits on (``stage_mapping``).
 """
 
-from pipeswap.swap.plan.contract import (
-    READABLE_FORMATS,
-    SWAPPLAN_FORMAT,
-    GpuPlan,
-    SwapDecision,
-    SwapPlan,
-    close_names,
-    validate_plan,
-)
+from pipeswap.swap.plan import contract
+from pipeswap.swap.plan.contract import *  # noqa: F403 - the package's face is the contract
 
-__all__ = [
-    "READABLE_FORMATS",
-    "SWAPPLAN_FORMAT",
-    "GpuPlan",
-    "SwapDecision",
-    "SwapPlan",
-    "close_names",
-    "validate_plan",
-]
+__all__ = contract.__all__
