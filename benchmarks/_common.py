@@ -60,6 +60,31 @@ def header(title: str, script: str, argv: Sequence[str] | None) -> str:
     )
 
 
+@dataclass(frozen=True)
+class RunLoad:
+    """How long a benchmark's run took, and the machine's 1-minute load average before and
+    after it (other jobs may share the cores: a page says so beside its numbers)."""
+
+    elapsed_s: float
+    load_before: float
+    load_after: float
+
+    def sentence(self) -> str:
+        return (
+            f"The whole run took {self.elapsed_s:.0f} s; the machine's 1-minute load average "
+            f"was {self.load_before:.1f} before and {self.load_after:.1f} after"
+        )
+
+
+def timed_run(run: Callable[[], Job]) -> tuple[Job, RunLoad]:
+    """``run()``'s value, and how long it took under what load."""
+    import time
+
+    before, started = os.getloadavg()[0], time.perf_counter()
+    value = run()
+    return value, RunLoad(time.perf_counter() - started, before, os.getloadavg()[0])
+
+
 def median_spread(values: Sequence[float]) -> tuple[float, float, float]:
     """(median, min, max) of ``values``."""
     if not values:

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS_DIR, header, median_spread
+from _common import RESULTS_DIR, header, median_spread, timed_run
 
 RESULTS = RESULTS_DIR / "pipeline_throughput_cpu.md"
 REFERENCE = "single process, 1 thread"
@@ -312,11 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         setting = dataclasses.replace(setting, repeats=args.repeats)
     if args.steps is not None:
         setting = dataclasses.replace(setting, steps=args.steps)
-    load_before = os.getloadavg()[0]
-    started = time.perf_counter()
-    rounds = run(setting)
-    elapsed = time.perf_counter() - started
-    load_after = os.getloadavg()[0]
+    rounds, load = timed_run(lambda: run(setting))
     text = table(rounds, VARIANTS)
     print(text)
     if args.no_write:
@@ -334,8 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         f"of {s.unit} (one update each), the same samples. {s.repeats} repetitions, the "
         "variants alternating (order reversed every other repetition) after one untimed "
         "warm-up round; ratios are taken within each repetition, then the median and range "
-        f"over repetitions. The whole run took {elapsed:.0f} s; the machine's 1-minute load "
-        f"average was {load_before:.1f} before and {load_after:.1f} after (other jobs share "
+        f"over repetitions. {load.sentence()} (other jobs share "
         "its cores, so a 2-process pipeline rarely has two idle cores).\n\n"
         "What the variants are: `ours ...` is pipeswap.pipeline.runtime (the same code the "
         "emulator runs, non-blocking isend/irecv), as `pipeswap train --pipeline` runs it; "

@@ -278,16 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(args_in)
     import dataclasses
 
-    from _common import header
+    from _common import header, timed_run
 
     s = QUICK if args.quick else FULL
     if args.rounds is not None:
         s = dataclasses.replace(s, rounds=args.rounds)
-    load_before = os.getloadavg()[0]
-    started = time.perf_counter()
-    result = run(s)
-    elapsed = time.perf_counter() - started
-    load_after = os.getloadavg()[0]
+    result, load = timed_run(lambda: run(s))
     text = table(result["rounds"])
     print(text)
     if args.no_write:
@@ -309,9 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         f"two stages, trained with AdamW on mini-batches of {s.batch} in {s.micro} "
         f"micro-batches under `torchrun --standalone --nproc-per-node 2` (each rank "
         f"{result['threads']} intra-op thread, as torchrun sets). {s.rounds} rounds of "
-        f"{s.steps} steps, the variants alternating after one untimed step each. The "
-        f"whole run took {elapsed:.0f} s; the 1-minute load average was {load_before:.1f} "
-        f"before and {load_after:.1f} after (other jobs share the machine's cores, so rates "
+        f"{s.steps} steps, the variants alternating after one untimed step each. "
+        f"{load.sentence()} (other jobs share the machine's cores, so rates "
         "vary between rounds; each ratio is taken within its round).\n\n"
         + text
         + f"\n\nCuts (layers per stage, the embeddings and the head counted as layers): "
