@@ -53,7 +53,6 @@ __all__ = [
     "Efficiency",
     "aten",
     "estimate",
-    "estimate_layered",
     "meta_copy",
     "moved_copy",
     "on_device",
@@ -301,7 +300,3 @@ def estimate(
             "workspace_bytes": "not estimated (0)",
         },
     )
-
-
-# estimate's name from when it took only modules (a model's name went through a wrapper).
-estimate_layered = estimate
