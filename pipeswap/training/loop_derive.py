@@ -1,4 +1,4 @@
-"""A new shape's plan made before its first step, from the shapes already measured.
+"""A new shape's profile made before its first step, from the shapes already measured.
 
 Only the first shape of a run (and of each call structure) runs once unplanned, timed and
 metered: that is how the budget is resolved. Every later shape no plan covers is planned
@@ -10,15 +10,14 @@ sets at the layers' edges) is carried over from the measured shapes of the same
 structure, per layer and per quantity: from one measured shape scaled by the ratio of
 the layer's saved bytes (new / measured); from two or more by a fit of ``a*n + b*q``
 (``n`` the call's tokens, ``q`` tokens times row length, where attention materialises
-its scores; a, b >= 0). The plan is made by the fast heuristics within the run's one
-budget; the meter then checks the first step that runs it, and the feedback
-(LoopPlanner.measured) plans the shape again for less if it held more.
+its scores; a, b >= 0). Its plan (pipeswap.training.loop_new_shapes) is made by the fast
+heuristics within the run's one budget; the meter then checks the first step that runs
+it, and the feedback (LoopPlanner.measured) plans the shape again for less if it held more.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -31,13 +30,13 @@ from pipeswap.precision import uncached_casts
 from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.swap.runtime.capture import capture_records
 from pipeswap.training.loop_calls import Signature, describe
-from pipeswap.training.loop_plans import LoopPlanner, ShapePlan
+from pipeswap.training.loop_plans import LoopPlanner
 
 __all__ = [
     "Named",
     "Scaling",
-    "derive_plan",
     "derive_profile",
+    "derived_profile",
     "features",
     "fit",
     "gradient_bytes",
@@ -45,13 +44,6 @@ __all__ = [
     "name_call",
     "same_structure",
 ]
-
-# The policies that search (the MIP and auto): a derived plan takes a heuristic instead,
-# which plans in milliseconds (its profile is a model, not a measurement): the swaps of
-# bidirectional (one simulation), or where they cannot fit, hybrid's swaps and
-# recomputations (a ladder of simulations).
-SEARCHES = ("mip", "auto")
-DERIVED_POLICIES = ("bidirectional", "hybrid")
 
 
 def same_structure(a: Signature, b: Signature) -> bool:
@@ -341,20 +333,15 @@ def gradient_bytes(layers: dict[str, nn.Module], head: Sequence[nn.Parameter]) -
     return [sum(own[i + 1 :]) + outside for i in range(len(own))]
 
 
-def derive_plan(
+def derived_profile(
     planner: LoopPlanner,
     signature: Signature,
     call: tuple[Any, Any],
     bases: Sequence[tuple[Signature, Profile]],
-    *,
-    fits: str,
-    check: bool,
-) -> ShapePlan:
-    """The plan of a call no plan covers, made before its forward from ``bases`` (the
-    measured shapes of its structure): named, derived, planned by the heuristics within
-    the run's budget. No plan fits: refused naming ``fits``, the largest shape planned
-    within it, or every layer recomputed (LoopPlanner's on_infeasible)."""
-    started = time.perf_counter()
+) -> tuple[Profile, list[str]]:
+    """A call's profile before its forward: named by one releasing forward, every other
+    quantity carried over from ``bases`` (the measured shapes of its structure, Scaling);
+    and the shapes it was carried over from."""
     args, kwargs = call
     with planner.quiet():
         named = name_call(planner.model, planner.layers, args, kwargs)
@@ -372,21 +359,7 @@ def derive_plan(
         batch=_call_batch(call),
         source=f"pipeswap.offload: derived before its first step, {how} {'; '.join(shapes)}",
     )
-    config = planner.config
-    configs = [config]
-    if config.policy in SEARCHES:
-        configs = [replace(config, policy=policy) for policy in DERIVED_POLICIES]
-    return planner.settle(
-        profile,
-        call,
-        started,
-        shape=describe(signature),
-        fits=fits,
-        check=check,
-        configs=configs,
-        derived_from="; ".join(shapes),
-        heuristic=DERIVED_POLICIES[-1] if config.policy in SEARCHES else None,
-    )
+    return profile, shapes
 
 
 def _call_batch(call: tuple[Any, Any]) -> int:

@@ -26,7 +26,8 @@ from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.profile import StepMemory
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.training.loop_calls import Signature, describe, on_device
-from pipeswap.training.loop_derive import derive_plan, same_structure
+from pipeswap.training.loop_derive import same_structure
+from pipeswap.training.loop_new_shapes import derive_plan
 from pipeswap.training.loop_plans import UNBOUNDED, LoopPlanner, ShapePlan
 from pipeswap.units import format_bytes
 

@@ -76,7 +76,8 @@ def offload(
     structure (pipeswap.training.loop_shapes); a shape no plan covers is planned before
     its forward, its profile derived from the shapes measured (loop_derive; ``stats()``'s
     ``derived_from``). A shape no plan fits within the budget is refused before its
-    forward, naming the largest shape planned within it (``on_infeasible="error"``), or
+    forward, naming the largest shape planned and the longest rows that fit
+    (``on_infeasible="error"``), or
     runs recomputing every layer beyond the budget, with a warning (``"recompute-all"``).
     """
     if on_infeasible not in INFEASIBLE:

@@ -6,6 +6,7 @@ on_infeasible, stats of the step that ran).
 
 from __future__ import annotations
 
+import re
 import time
 from contextlib import nullcontext
 from typing import Any
@@ -198,9 +199,19 @@ def test_a_shape_no_plan_can_fit_is_refused_before_its_forward() -> None:
     with pytest.raises(
         ConfigError,
         match=r"4x256.*needs at least.*the largest shape planned within it is 4x32, 4x32, 4x32",
-    ):
+    ) as refused:
         _loop(model, lambda: off, long)
     assert not calls and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    # It names the longest rows that fit, by the batch's own profile: a batch of them is
+    # planned within the budget, before its forward too.
+    found = re.search(
+        r"rows of at most (\d+) fit the budget: a batch of 4x(\d+)", str(refused.value)
+    )
+    assert found is not None and found[1] == found[2], str(refused.value)
+    length = int(found[1])
+    assert 32 < length < 256
+    _loop(model, lambda: off, padded_batches(1, length, length))
+    assert off.stats()["shape"].startswith(f"4x{length}") and off.stats()["planned_shape"]
 
 
 def test_on_infeasible_recompute_all_without_plan_for() -> None:
