@@ -89,12 +89,21 @@ def check_budget(
     # two (how a shared tensor is named when other layers are recomputed): within this
     # slack the plan runs, and the device's meter, not this check, has the last word.
     if needed > budget * (1 + PLAN_SLACK):
+        # Every layer recomputed and nothing swapped holds the least recomputation can:
+        # what this run needs then is the smallest budget that works without swapping.
+        least = not swaps and set(names) <= set(gpu_plan.recompute)
         raise ConfigError(
             f"rank {gpu_plan.rank}: the plan cannot keep its budget of {budget} bytes on this "
             f"device: with its swaps{' and recomputation' if gpu_plan.recompute else ''} a "
             f"step needs {needed} bytes, {needed - budget} bytes "
-            f"({(needed - budget) / 2**20:.2f} MiB) more; give a larger {{gpu_memory_bytes}} (or "
-            "a smaller {footprint_ratio}) or a policy that swaps or recomputes"
+            f"({(needed - budget) / 2**20:.2f} MiB) more; "
+            + (
+                f"with every layer recomputed, the smallest budget that works is {needed} "
+                "bytes: give {gpu_memory_bytes} at least that, or a policy that swaps too"
+                if least
+                else "give a larger {gpu_memory_bytes} (or a smaller {footprint_ratio}) or a "
+                "policy that swaps or recomputes"
+            )
         )
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory

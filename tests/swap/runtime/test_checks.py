@@ -117,3 +117,18 @@ def test_a_budget_the_plan_cannot_keep_names_the_setting_and_the_shortfall() -> 
     assert needed(258) == 260
     with pytest.raises(PipeswapError, match=r"needs 260 bytes, 3 bytes .* gpu_memory_bytes"):
         needed(257)
+
+
+def test_a_plan_recomputing_every_layer_names_the_smallest_budget_that_works() -> None:
+    records = _records({"a": [100], "b": [100], "c": [100]})
+
+    def needed(budget: int) -> int:
+        gpu = _gpu(recompute=tuple(NAMES), budget=budget)
+        return check_budget(
+            gpu, {}, records, NAMES, resident_bytes=50, transient=[10] * 3, device=CPU
+        )
+
+    with pytest.raises(PipeswapError, match="the smallest budget that works is") as refused:
+        needed(20)  # less than the resident bytes alone
+    least = int(str(refused.value).split("works is ")[1].split()[0])
+    assert needed(least) == least  # that budget, given back, holds
