@@ -89,17 +89,23 @@ def check_budget(
     # two (how a shared tensor is named when other layers are recomputed): within this
     # slack the plan runs, and the device's meter, not this check, has the last word.
     if needed > budget * (1 + PLAN_SLACK):
-        # Every layer recomputed and nothing swapped holds the least recomputation can:
-        # what this run needs then is the smallest budget that works without swapping.
-        least = not swaps and set(names) <= set(gpu_plan.recompute)
+        # A plan that recomputes every layer (and swaps nothing), or swaps every saved
+        # tensor, holds the least its kind of plan can: its need is the smallest budget.
+        every = [(name, r.index) for name in names for r in records[name]]
+        if not swaps and set(names) <= set(gpu_plan.recompute):
+            least = "with every layer recomputed"
+        elif every and all(key in decisions for key in every):
+            least = "with every saved tensor swapped"
+        else:
+            least = ""
         raise ConfigError(
             f"rank {gpu_plan.rank}: the plan cannot keep its budget of {budget} bytes on this "
             f"device: with its swaps{' and recomputation' if gpu_plan.recompute else ''} a "
             f"step needs {needed} bytes, {needed - budget} bytes "
             f"({(needed - budget) / 2**20:.2f} MiB) more; "
             + (
-                f"with every layer recomputed, the smallest budget that works is {needed} "
-                "bytes: give {gpu_memory_bytes} at least that, or a policy that swaps too"
+                f"{least}, the smallest budget that works is {needed} bytes: give "
+                "{gpu_memory_bytes} at least that, or a policy that both swaps and recomputes"
                 if least
                 else "give a larger {gpu_memory_bytes} (or a smaller {footprint_ratio}) or a "
                 "policy that swaps or recomputes"

@@ -132,3 +132,17 @@ def test_a_plan_recomputing_every_layer_names_the_smallest_budget_that_works() -
         needed(20)  # less than the resident bytes alone
     least = int(str(refused.value).split("works is ")[1].split()[0])
     assert needed(least) == least  # that budget, given back, holds
+
+
+def test_a_plan_swapping_every_saved_tensor_names_the_smallest_budget_that_works() -> None:
+    records = _records({"a": [100], "b": [100], "c": [100]})
+    every = {
+        ("a", 0): SwapDecision("a", 0, 100, "a", "b"),
+        ("b", 0): SwapDecision("b", 0, 100, "b", "c"),
+    }
+    with pytest.raises(PipeswapError, match="every saved tensor swapped, the smallest budget"):
+        check_budget(_gpu(budget=20), every | {("c", 0): SwapDecision("c", 0, 100, "c", "c")},
+                     records, NAMES, resident_bytes=50, transient=[10] * 3, device=CPU)  # fmt: skip
+    with pytest.raises(PipeswapError, match="give a larger gpu_memory_bytes"):  # c's stays
+        check_budget(_gpu(budget=20), every, records, NAMES, resident_bytes=50,
+                     transient=[10] * 3, device=CPU)  # fmt: skip
