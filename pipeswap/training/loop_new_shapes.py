@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.profiling.profile import Profile
@@ -123,6 +123,4 @@ def with_rows(call: tuple[Any, Any], length: int, shorter: int) -> tuple[Any, An
 
 
 def _tensors(call: tuple[Any, Any]) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    tree_map(lambda v: found.append(v) if isinstance(v, torch.Tensor) else None, call)
-    return found
+    return [v for v in tree_flatten(call)[0] if isinstance(v, torch.Tensor)]
