@@ -188,7 +188,7 @@ def _plan(config: TrainConfig, world_size: int, device: torch.device) -> PlanPay
         config.require_swap(),
         gpus=world_size,
         sync_every=config.optim.accumulate,
-    )
+    ).runnable()
     return PlanPayload(
         plan=result.plan.to_json(),
         profile=profile.to_json(),

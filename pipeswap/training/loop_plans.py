@@ -323,7 +323,7 @@ class LoopPlanner:
         if rank == 0:
             try:
                 where = swap_topology(self.topology, self.device.type, world)
-                result = make_plan(profile, where, config, gpus=world)
+                result = make_plan(profile, where, config, gpus=world).runnable()
                 payload = (result.plan.to_json(), result)
             except PipeswapError as exc:  # every rank stops, none waits for rank 0
                 payload = exc

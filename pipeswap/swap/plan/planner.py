@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pipeswap.config_fields import ConfigError, require
@@ -18,6 +18,7 @@ from pipeswap.swap.plan import GpuPlan, SwapPlan
 from pipeswap.swap.plan.bounds import LowerBound, TurnBound, lower_bound, turn_bound
 from pipeswap.swap.plan.case import Case
 from pipeswap.swap.plan.policies import fits as assignment_fits
+from pipeswap.swap.plan.policies import need_bytes
 from pipeswap.swap.plan.policy_table import Policy, policy_entry
 from pipeswap.swap.plan.scoring import Scored
 from pipeswap.swap.plan.workload import Workload, workload_from_profile
@@ -41,16 +42,7 @@ class GpuSummary:
     recompute_s: float = 0.0  # per micro-batch
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "gpu": self.gpu,
-            "peak_bytes": self.peak_bytes,
-            "budget_bytes": self.budget_bytes,
-            "swapped_bytes": self.swapped_bytes,
-            "stall_s": self.stall_s,
-            "offset_s": self.offset_s,
-            "recomputed_layers": self.recomputed_layers,
-            "recompute_s": self.recompute_s,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -60,9 +52,8 @@ class PlanResult:
     ``topology`` carries the budget as every GPU's memory: simulating ``graph`` on it
     (``pipeswap simulate --graph G --topology T --gpu-memory BUDGET``) gives
     ``iteration_s`` again (``simulated_memory_bytes`` says which memory). ``fits`` is False
-    only for the baselines that ignore the budget
-    (``none``, ``recompute``, ``save-on-cpu``) when their peak exceeds it; their graph is
-    then scored without a memory limit.
+    only for the baselines that ignore the budget (``none``, ``recompute``, ``save-on-cpu``)
+    when their peak exceeds it; their graph is then scored without a memory limit.
     """
 
     policy: str
@@ -106,6 +97,21 @@ class PlanResult:
     def gap_to_best_bound(self) -> float:
         """How far above the best known bound (``bound_s``) the plan runs."""
         return self.iteration_s / self.bound_s - 1.0
+
+    def runnable(self) -> PlanResult:
+        """This plan, for a run to apply; refused where it does not fit its budget (a
+        baseline's rule ignores it), naming the smallest budget its rule fits."""
+        if self.fits:
+            return self
+        least = self.notes["least_bytes"]
+        raise ConfigError(
+            f"policy {self.policy} plans by its rule, and its plan cannot keep its budget: "
+            f"{self.notes['failure'].removeprefix('does not fit: ')} by "
+            f"{least - self.budget_bytes} bytes; "
+            f"for it the smallest budget that works is {least} bytes ({format_bytes(least)}): "
+            "give {gpu_memory_bytes} at least that, or a policy that plans for the budget "
+            "(hybrid or auto)"
+        )
 
     @property
     def simulated_memory_bytes(self) -> int:
@@ -273,19 +279,14 @@ def _score_unchecked(case: Case, profile: Profile, policy: Policy, started: floa
         scored = case.score(assignment)
         return _summarize(case, profile, policy.name, scored, solve_s=time.perf_counter() - started)
     # It does not fit: score it without a limit so the table can still show its peak.
-    unlimited = Case(
-        case.workload,
-        case.topology.with_gpu_memory(0),
-        case.gpus,
-        case.budget_bytes,
-        case.sync_every,
-        case.bucket_bytes,
-    )
+    unlimited = replace(case, topology=case.topology.with_gpu_memory(0))
     scored = unlimited.score(assignment)
-    peak = max(stats.peak_bytes for stats in scored.result.gpus.values())
+    # What it needs with its copies waited for, as the runtime waits: its smallest budget.
+    need = need_bytes(case, assignment)
     notes = {
-        "failure": f"does not fit: {policy.peak} {peak} bytes ({format_bytes(peak)}) exceeds "
-        f"the budget {case.budget_bytes} bytes ({format_bytes(case.budget_bytes)})"
+        "failure": f"does not fit: {policy.peak} {need} bytes ({format_bytes(need)}) exceeds "
+        f"the budget {case.budget_bytes} bytes ({format_bytes(case.budget_bytes)})",
+        "least_bytes": need,
     }
     return _summarize(
         unlimited,

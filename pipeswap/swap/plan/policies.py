@@ -21,6 +21,7 @@ __all__ = [
     "fits",
     "heuristic",
     "late_members",
+    "need_bytes",
     "plan_bidirectional",
     "plan_disjoint",
     "plan_none",
@@ -289,14 +290,20 @@ def plan_save_on_cpu(case: Case) -> Assignment:
     return Assignment({gpu: swaps for gpu in case.gpus})
 
 
-def fits(case: Case, assignment: Assignment) -> bool:
-    """Whether every GPU of ``assignment`` stays within the budget (``Workload.fits``)."""
-    return all(
+def need_bytes(case: Case, assignment: Assignment) -> int:
+    """The most any GPU of ``assignment`` holds at once (``Workload.need_bytes``): the
+    smallest budget it fits."""
+    return max(
         case.workload.selecting(assignment.selective)
         .recomputing(assignment.recomputed(gpu))
-        .fits(assignment.swaps.get(gpu, ()), case.budget_bytes)
+        .need_bytes(assignment.swaps.get(gpu, ()))
         for gpu in case.gpus
     )
+
+
+def fits(case: Case, assignment: Assignment) -> bool:
+    """Whether every GPU of ``assignment`` stays within the budget."""
+    return need_bytes(case, assignment) <= case.budget_bytes
 
 
 def heuristic(case: Case, name: str) -> Assignment:

@@ -306,9 +306,13 @@ class Workload:
             )
         return forward, backward
 
-    def fits(self, swaps: Sequence[SwapDecisionAt], budget_bytes: int) -> bool:
+    def need_bytes(self, swaps: Sequence[SwapDecisionAt]) -> int:
+        """The most a step with ``swaps`` holds at once: the smallest budget they fit."""
         forward, backward = self.memory_points(swaps)
-        return max(max(forward), max(backward), self.floor_bytes) <= budget_bytes
+        return max(max(forward), max(backward), self.floor_bytes)
+
+    def fits(self, swaps: Sequence[SwapDecisionAt], budget_bytes: int) -> bool:
+        return self.need_bytes(swaps) <= budget_bytes
 
 
 def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = None) -> Workload:

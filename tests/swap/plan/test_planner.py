@@ -46,6 +46,27 @@ def test_none_reports_the_failure_when_the_peak_does_not_fit(make_profile) -> No
     assert result.gpus[0].peak_bytes > result.budget_bytes
 
 
+@pytest.mark.parametrize("policy", ["none", "recompute", "save-on-cpu"])
+def test_a_run_refuses_a_baseline_that_does_not_fit_naming_the_budget_it_fits(
+    make_profile, policy
+) -> None:
+    """A baseline plans by its rule; a run (``runnable``) refuses it where it does not fit,
+    and the budget named is the least at which its plan fits and runs."""
+    profile = make_profile([(4,), (2,), (3, 1)], 0.1, 0.2, output_gb=0.5)
+    result = make_plan(profile, preset("switch-4"), policy=policy, footprint_ratio=3.0, gpus=2)
+    assert not result.fits
+    least = result.notes["least_bytes"]
+    assert least > result.budget_bytes
+    with pytest.raises(PipeswapError, match=f"the smallest budget that works is {least} bytes"):
+        result.runnable()
+    for budget, fits in ((least, True), (least - 1, False)):
+        given = make_plan(profile, preset("switch-4"), policy=policy, gpu_memory_bytes=budget)
+        assert given.fits is fits
+    kept = make_plan(profile, preset("switch-4"), policy=policy, gpu_memory_bytes=least)
+    assert kept.runnable() is kept
+    assert all(g.peak_bytes <= least for g in kept.gpus)
+
+
 @pytest.mark.parametrize(
     "policy",
     ["oblivious", "disjoint", "bidirectional", "recompute", "save-on-cpu", "hybrid", "mip", "auto"],
