@@ -15,7 +15,7 @@ from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan, close_names
 from pipeswap.swap.plan.measured import measured_memory
 from pipeswap.swap.plan.tensors import SavedKey, SwapDecisionAt
-from pipeswap.swap.plan.workload import Workload
+from pipeswap.swap.plan.workload import Workload, workload_from_profile
 
 __all__ = [
     "PLAN_SLACK",
@@ -25,6 +25,7 @@ __all__ = [
     "check_records",
     "checked_decisions",
     "checked_recompute",
+    "forward_need",
     "issue_points",
     "rank_plan",
     "step_budget",
@@ -335,3 +336,26 @@ def rank_plan(plan: SwapPlan, rank: int) -> GpuPlan:
         f"the plan has no part for rank {rank}: it plans ranks {ranks} "
         f"({len(plan.gpus)} GPUs); make the plan for as many GPUs as there are ranks"
     )
+
+
+def forward_need(
+    profile: Profile | None,
+    names: list[str],
+    gpu_plan: GpuPlan,
+    recompute: Sequence[str],
+    name: str,
+) -> int:
+    """What ``name``'s forward takes on the device by the plan's memory model: its saved
+    tensors (a recomputed layer's kept input) and its working set; the last layer's holds
+    the turn after it (the head, the loss and their backward). 0 without a profile of
+    these layers."""
+    if profile is None or profile.layer_names != names:
+        if profile is None or name not in profile.layer_names:
+            return 0
+        layer = profile.layer(name)
+        return layer.workspace_bytes + layer.output_bytes
+    position = names.index(name)
+    chosen = [names.index(layer) for layer in gpu_plan.selective]
+    recomputed = [names.index(layer) for layer in recompute]
+    workload = workload_from_profile(profile).selecting(chosen).recomputing(recomputed)
+    return workload.saved_bytes[position] + workload.forward_working[position]

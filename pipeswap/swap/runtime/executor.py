@@ -12,14 +12,11 @@ Saved tensors are named (layer, index) exactly as the profiler names them: ``pre
 runs one forward under :class:`pipeswap.profiling.saved.SavedTensorCapture` and keeps, per
 layer, which named tensor each pack call saves; every later step's pack calls are matched
 to that list by position. Parameters and buffers are never swapped (the capture excludes
-them). A swapped storage is copied whole into its region of a :class:`HostPool` on a side
-stream; the executor drops its device reference only once the copy's event has completed.
-Prefetches run on their own stream from module full backward hooks; the backward waits on
-their events, and a tensor unpacked before its prefetch was issued is fetched there and
-then and counted as a late fetch. On the CPU the streams are no-ops and the executor
-counts the bytes of saved tensors held on the "device", so tests can check the budget.
-This module decides when to move what (hooks, steps); :mod:`pipeswap.swap.runtime.transfer` moves
-the bytes and keeps the stream and event rules.
+them). A swapped storage is copied whole into its region of a :class:`HostPool`; prefetches
+start from hooks on gradients (a layer's backward is done, or the turn's); a tensor
+unpacked before its prefetch was issued is fetched then, a late fetch. This module decides
+when to move what; :mod:`pipeswap.swap.runtime.transfer` moves the bytes (streams, events;
+on the CPU a fetch copies too, so a meter counts what a GPU would hold).
 
 Layers the plan recomputes run their forward under non-reentrant
 ``torch.utils.checkpoint`` (:mod:`pipeswap.swap.runtime.recompute`); the wrapper's copy
@@ -44,13 +41,13 @@ from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.measured import measured_memory
-from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.checks import (
     check_plan_identity,
     check_records,
     checked_decisions,
     checked_recompute,
+    forward_need,
     issue_points,
     rank_plan,
     step_budget,
@@ -123,7 +120,10 @@ class SwapExecutor:
         self._transfer = SwapTransfer(self.pool, self.device, self._ledger)
         self._tensors = StepTensors(self.decisions, self._transfer, self._ledger, strict=strict)
         points = issue_points(self.decisions, self.layer_names)
-        self._outs_after, self._outs_at_turn, self._prefetch_after, self._prefetch_at_turn = points
+        self._outs_after, self._outs_at_turn, self._prefetch_after, at_turn = points
+        # Out at the turn and back at it, a tensor never leaves in the plan's timeline.
+        self._back_at_turn = [key for key in at_turn if key in set(self._outs_at_turn)]
+        self._prefetch_at_turn = [key for key in at_turn if key not in self._back_at_turn]
         self._previous_layer = dict(zip(self.layer_names[1:], self.layer_names))
         self._ended: set[str] = set()
         self.records: dict[str, list[CapturedSavedTensor]] | None = None
@@ -200,6 +200,9 @@ class SwapExecutor:
             if name in self._prefetch_after or name in self.recompute:
                 watch = self._backward_hook(name)
                 self._handles.append(module.register_forward_hook(watch, with_kwargs=True))
+        if self._prefetch_at_turn:
+            last = self.layers[self.layer_names[-1]]
+            self._handles.append(last.register_forward_hook(self._turn_hook, with_kwargs=True))
         self._recomputation.install()
 
     def close(self) -> None:
@@ -268,29 +271,14 @@ class SwapExecutor:
         # there too.
         room = None
         if self.device.type == "cuda":
-            limit = self.budget_bytes - self.forward_need(name)
+            limit = self.budget_bytes - forward_need(
+                self.profile, self.layer_names, self.gpu_plan, self.recompute, name
+            )
 
             def room() -> bool:
                 return torch.cuda.memory_allocated(self.device) > limit
 
         return hook
-
-    def forward_need(self, name: str) -> int:
-        """What ``name``'s forward takes on the device by the plan's memory model: its saved
-        tensors (a recomputed layer's kept input) and its working set; the last layer's
-        holds the turn after it (the head, the loss and their backward). 0 without a
-        profile of these layers."""
-        profile = self.profile
-        if profile is None or profile.layer_names != self.layer_names:
-            if profile is None or name not in profile.layer_names:
-                return 0
-            layer = profile.layer(name)
-            return layer.workspace_bytes + layer.output_bytes
-        position = self.layer_names.index(name)
-        chosen = [self.layer_names.index(layer) for layer in self.gpu_plan.selective]
-        recomputed = [self.layer_names.index(layer) for layer in self.recompute]
-        workload = workload_from_profile(profile).selecting(chosen).recomputing(recomputed)
-        return workload.saved_bytes[position] + workload.forward_working[position]
 
     def _end_forward(self, name: str) -> None:
         self._ended.add(name)
@@ -325,6 +313,19 @@ class SwapExecutor:
                 wanted.register_hook(done)
 
         return watch
+
+    def _turn_hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        """The turn's prefetches start once the turn is over, as in the plan's timeline:
+        when the last layer's output has its gradient (the head, the loss and their
+        backward have run). At the forward's end they would add to the turn's working set."""
+        wanted = _needs_grad(output) if self._active else None
+        if wanted is not None:
+            wanted.register_hook(lambda grad: self._turn_prefetch())
+
+    def _turn_prefetch(self) -> None:
+        self._transfer.poll()
+        for key in self._prefetch_at_turn:
+            self._tensors.prefetch(key)
 
     # ---- steps ----------------------------------------------------------------------
 
@@ -362,7 +363,7 @@ class SwapExecutor:
         for key in self._outs_at_turn:
             self._tensors.swap_out(key)
         self._transfer.poll()
-        for key in self._prefetch_at_turn:
+        for key in self._back_at_turn:
             self._tensors.prefetch(key)
 
     def finish_step(self) -> StepStats:

@@ -237,10 +237,11 @@ class SwapTransfer:
         self.ledger.grow(entry.bytes)
         region = self.pool.region(entry.key, entry.bytes)
         if not is_cuda(self.in_stream):
-            # Host and "device" memory are one: the backward reads the region itself, as
-            # save_on_cpu does on the CPU (the region is written again only by the next step's
-            # swap-out, after this backward). The bytes still count as back on the device.
-            entry.device = region
+            # A copy of its own, as a GPU's: the bytes back are device memory that a meter
+            # counts (the region read in place would hide them, the pool being left out).
+            device = torch.empty(entry.bytes, dtype=torch.uint8, device=self.device)
+            _copy(device, region, non_blocking=False)
+            entry.device = device
             entry.state = BACK
             return
         compute = current_stream(self.device)

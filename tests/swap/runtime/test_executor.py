@@ -177,6 +177,59 @@ def test_hand_made_plans_train_bit_for_bit_like_plain_pytorch(name: str) -> None
         executor.close()
 
 
+class _Blocks(nn.Module):
+    """Three listed blocks and a head outside them: the head and loss are the turn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(x)
+
+
+def test_the_turn_s_prefetches_start_once_the_turn_s_backward_is_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plan's timeline brings tensors prefetched "at the turn" back after the head, the
+    loss and their backward (the turn's working set): issued at the forward's end instead,
+    they would sit on the device beside that working set, which no budget counted. Those
+    swapped out at the turn itself never leave in the timeline: they come back at once."""
+    torch.manual_seed(0)
+    model, layers = _Blocks(), ["blocks.0", "blocks.1", "blocks.2"]
+    x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+
+    def forward_loss() -> torch.Tensor:
+        logits = model(x)
+        logits.register_hook(lambda grad: events.append("the turn's backward"))
+        return nn.functional.cross_entropy(logits, y)
+
+    events: list[str] = []
+    records, _ = capture_records(model, forward_loss, layers)
+    executor = SwapExecutor(model, _hand_plan(model, layers, records, "turn"), layers=layers)
+    executor.prepare(forward_loss)
+    prefetch = executor._transfer.prefetch
+
+    def logged(entry: Any) -> bool:
+        events.append(entry.key[0])
+        return prefetch(entry)
+
+    monkeypatch.setattr(executor._transfer, "prefetch", logged)
+    events.clear()
+    with executor.forward():
+        loss = forward_loss()
+    assert events and set(events) == {"blocks.2"}  # out at the turn: never left
+    loss.backward()
+    stats = executor.finish_step()
+    after = events[events.index("the turn's backward") + 1 :]
+    assert set(after) == {"blocks.0", "blocks.1"}
+    assert stats.late_fetches == 0
+    executor.close()
+
+
 # ---- recomputation ----------------------------------------------------------------------
 def _recompute_plan(
     model: nn.Module, layers: list[str], records: dict[str, Any], kind: str, budget: int = HUGE
