@@ -13,23 +13,17 @@ calls measured (pipeswap.training.loop_derive).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
 import torch
 
-from pipeswap.config_fields import ConfigError
-from pipeswap.dist.group import rank_and_world
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.profile import StepMemory
-from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.training.loop_calls import Signature, describe, on_device
 from pipeswap.training.loop_derive import same_structure
 from pipeswap.training.loop_new_shapes import derive_plan
-from pipeswap.training.loop_plans import UNBOUNDED, LoopPlanner, ShapePlan
-from pipeswap.units import format_bytes
+from pipeswap.training.loop_plans import LoopPlanner, ShapePlan
 
 __all__ = ["ShapePlans", "covers", "describe", "largest_covered", "smallest_covering"]
 
@@ -94,8 +88,7 @@ class ShapePlans:
         it: the first call of its structure). A plan whose measured step held too much is
         made again first; a call no plan covers is planned now, derived from the measured
         calls of its structure (pipeswap.training.loop_derive), and refused if no plan
-        fits it (or run recomputing every layer); so is a call larger than plan_for's
-        (see :meth:`_beyond`)."""
+        fits it (or run recomputing every layer), a call larger than plan_for's too."""
         covering = smallest_covering(signature, self.plans)
         if covering is not None:
             planned = self.plans[covering]
@@ -104,9 +97,6 @@ class ShapePlans:
                 call = on_device(planned.call, device)
                 planned = self.plans[covering] = self.planner.replan(planned, *call)
             return covering, planned
-        if self.declared is not None and not covers(self.declared, signature, values=False):
-            planned = self.plans[signature] = self.beyond_declared(signature, args, kwargs)
-            return signature, planned
         bases = [
             (sig, p.profile)
             for sig, p in self.plans.items()
@@ -119,6 +109,11 @@ class ShapePlans:
         within = [sig for sig, p in self.plans.items() if not p.recomputes_all]
         smaller = largest_covered(signature, within, values=False)
         fits = "none no larger" if smaller is None else describe(smaller)
+        declared = self.declared
+        if declared not in (None, smaller) and not covers(declared, signature, values=False):
+            # Beyond the largest the user declared: planned as any new shape, within the
+            # same budget, and refused only where no plan fits it.
+            fits += f" (offload.plan_for was given {describe(declared)})"
         planned = self.plans[signature] = derive_plan(
             self.planner, signature, (args, kwargs), bases, fits=fits, check=self.check_memory
         )
@@ -142,64 +137,6 @@ class ShapePlans:
             fits = "none of this structure" if largest is None else describe(largest)
         self.plans[signature] = self.planner.plan_shape(
             timing, call, memory, shape=describe(signature), fits=fits, **settings
-        )
-
-    def beyond_declared(self, signature: Signature, args: Any, kwargs: Any) -> ShapePlan:
-        """A call larger than plan_for's (see :meth:`_beyond`)."""
-        assert self.declared is not None
-        declared = self.plans[self.declared]
-        over = (
-            f"a batch of shape {describe(signature)} is larger than the largest that "
-            f"offload.plan_for was given ({describe(self.declared)}), for which the budget "
-            f"of {format_bytes(declared.budget_bytes)} was planned"
-        )
-        return self._beyond(over, declared, args, kwargs)
-
-    def _beyond(self, over: str, like: ShapePlan, args: Any, kwargs: Any) -> ShapePlan:
-        """A call beyond every plan: refused before its forward, or (on_infeasible=
-        "recompute-all") run with ``like``'s plan recomputing every layer, beyond the budget."""
-        if self.planner.on_infeasible != "recompute-all":
-            raise ConfigError(
-                f"{over}. Cap the batch's size at what fits (give plan_for the largest the "
-                "loop makes), give offload(gpu_memory=...) more, or pass "
-                "offload(on_infeasible='recompute-all') to run such batches recomputing every "
-                "layer"
-            )
-        warnings.warn(
-            f"pipeswap.offload: {over}; it runs recomputing every layer", RuntimeWarning, 5
-        )
-        return self.recompute_all(like, args, kwargs)
-
-    def recompute_all(self, like: ShapePlan, args: Any, kwargs: Any) -> ShapePlan:
-        """``like``'s plan with every layer recomputed and nothing swapped, for this call:
-        what a call no plan covers can hold least, checkpointing every layer."""
-        planner = self.planner
-        rank, _ = rank_and_world()
-        plan = like.result.plan
-        # Beyond the budget by the user's choice: no budget for the executor to check.
-        gpus = tuple(
-            replace(
-                gpu,
-                swaps=(),
-                recompute=tuple(planner.layer_names),
-                offset_s=0.0,
-                budget_bytes=UNBOUNDED,
-            )
-            for gpu in plan.gpus
-        )
-        executor = SwapExecutor(
-            planner.model,
-            replace(plan, policy="recompute", gpus=gpus),
-            rank=rank,
-            layers=planner.layer_names,
-            device=planner.device,
-            account=False,
-            strict=False,
-        )
-        with planner.quiet():
-            executor.prepare(lambda: planner.model(*args, **kwargs))
-        return replace(
-            like, executor=executor, call=None, measured_peak_bytes=None, recomputes_all=True
         )
 
     def close(self) -> None:

@@ -310,9 +310,10 @@ class Offload:
         """Plan for this call of the model before the loop: give it the largest batch the
         loop will see (its batch size, its longest sequence), as the loop passes it. Every
         call it covers (the same arguments, no tensor larger in any dimension) then runs
-        the plan from its first step, within the one budget. It runs one forward and
-        backward aside, timed and metered; gradients, buffers and random streams are left
-        as they were."""
+        the plan from its first step, within the one budget (a larger one is planned
+        before its forward, within the same budget, or refused where none fits). It runs
+        one forward and backward aside, timed and metered; gradients, buffers and random
+        streams are left as they were."""
         if self._takes_use_cache:
             kwargs = without_cache(kwargs)
         self._end_pending()

@@ -135,27 +135,46 @@ def test_a_padded_loop_runs_every_step_planned_within_one_budget() -> None:
     assert planning <= 0.05 * (swapped[3] + planning), (planning, swapped[3])
 
 
-def test_a_batch_larger_than_plan_for_s_is_refused_before_its_forward() -> None:
+def test_a_batch_longer_than_plan_for_s_is_planned_within_the_same_budget() -> None:
+    """plan_for's batch sets the budget; a longer one is planned before its forward,
+    within that budget, as any shape no plan covers."""
+    data = padded_batches(1, 64, 64) + padded_batches(2, 70, 70)
+    plain = metered_loop(_llama(layers=3), nullcontext, data)
+    model = _llama(layers=3)
+    off = offload(model, footprint_ratio=1.5)
+    off.plan_for(**data[0])
+    swapped = metered_loop(model, lambda: off, data, off.host_pools)
+    stats = off.stats()
+    assert _same(plain, swapped)
+    assert stats["shape"].startswith("4x70") and stats["planned_shape"] == stats["shape"]
+    assert stats["derived_from"] and stats["plain_steps"] == 0
+    assert max(swapped[2]) <= stats["budget_bytes"] * 1.02, (swapped[2], stats)
+
+
+def test_a_batch_beyond_plan_for_s_that_no_plan_fits_is_refused_before_its_forward() -> None:
     model = _llama(layers=3)
     before = [p.detach().clone() for p in model.parameters()]
-    off = offload(model, footprint_ratio=1.5)
-    off.plan_for(**padded_batches(1, 64, 64)[0])
-    longer = padded_batches(1, 96, 96)[0]
-    calls = []
-    model.model.layers[0].register_forward_pre_hook(lambda *_: calls.append(1))
-    with pytest.raises(ConfigError, match=r"larger than the largest that offload\.plan_for"):
+    off = offload(model, gpu_memory=2_600_000)
+    off.plan_for(**padded_batches(1, 32, 32)[0])
+    calls: list[int] = []
+    model.model.layers[0].register_forward_pre_hook(
+        lambda *_: None if off._inside else calls.append(1)
+    )
+    with pytest.raises(
+        ConfigError, match=r"planned within it is 4x32, 4x32, 4x32.*rows of at most \d+ fit"
+    ):
         with off:
-            model(**longer)
+            model(**padded_batches(1, 256, 256)[0])
     assert not calls and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 def test_on_infeasible_recompute_all_runs_it_recomputing_every_layer() -> None:
-    data = padded_batches(4, 24, 64)
-    longer = padded_batches(2, 80, 96)
+    data = padded_batches(2, 32, 32)
+    longer = padded_batches(1, 256, 256)
     plain = metered_loop(_llama(layers=3), nullcontext, data + longer)
     model = _llama(layers=3)
-    off = offload(model, footprint_ratio=1.5, on_infeasible="recompute-all")
-    off.plan_for(**max(data, key=lambda batch: batch["input_ids"].shape[1]))
+    off = offload(model, gpu_memory=2_600_000, on_infeasible="recompute-all")
+    off.plan_for(**data[0])
     with pytest.warns(RuntimeWarning, match="recomputing every layer"):
         swapped = metered_loop(model, lambda: off, data + longer, off.host_pools)
     assert _same(plain, swapped)
