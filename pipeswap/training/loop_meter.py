@@ -55,6 +55,21 @@ class LoopMeter:
         self.meter.reset_peak()
         self.measuring = planned
 
+    def watch_step(self) -> None:
+        """CUDA: read the allocator over this step too (to the next forward), for stats();
+        the storage count cannot span the user's code between forwards."""
+        if self.device.type == "cuda" and self.meter is None:
+            self.meter = DeviceMeter(self.device)
+            self.meter.reset_peak()
+
+    def step_peak_so_far(self) -> int | None:
+        """The most the allocator held since this step's forward began (after its
+        backward: the forward and backward; after its optimizer step: all of it). None on
+        the CPU, and for a timed step (its meter is read, and reset, at the layers' edges)."""
+        if self.device.type != "cuda" or self.meter is None or self.timing is not None:
+            return None
+        return self.meter.peak
+
     def optimizer_step(self, starting: bool) -> None:
         """The optimizer's step hooks: on the CPU the step after a timed one is read."""
         if starting and self.step_peak_due:

@@ -256,6 +256,8 @@ class Offload:
         self._last_plan = planned
         if self.check_memory and planned.measured_peak_bytes is None:
             self.meter.watch(planned)
+        else:
+            self.meter.watch_step()
         executor = planned.executor
         if executor is None:
             self.steps += 1
@@ -350,11 +352,12 @@ class Offload:
         """What the last step did (call it after a step's backward): its ``shape``, the
         shape whose plan it ran (``planned_shape``; None: run as it is, timed, the first of
         its structure, and ``unplanned`` says why), its forward's planning time; bytes
-        swapped and recomputed, late
-        fetches; the run's budget; of the plan it ran, the policy, the predicted step and
-        stall, the predicted peak beside the meter's (of its first step; while that runs,
-        the most so far), its planning time and replans, and ``derived_from``: the
-        measured shapes it was derived from before its first step (None: measured)."""
+        swapped and recomputed, late fetches; on CUDA the allocator's peak over this step
+        so far (``step_peak_bytes``; None on the CPU); the run's budget; of the plan it ran,
+        the policy, the predicted step and stall, the predicted peak beside the meter's (of
+        its first step; while that runs, the most so far), its planning time and replans,
+        and ``derived_from``: the measured shapes it was derived from before its first step
+        (None: measured)."""
         self._end_pending()
         out: dict[str, Any] = {
             "steps": self.steps,
@@ -368,6 +371,7 @@ class Offload:
             "total_planning_s": sum(p.planning_s for p in self.shapes.plans.values()),
         }
         out.update((self._last or StepStats(0, 0, 0, 0, 0.0)).to_json())
+        out["step_peak_bytes"] = self.meter.step_peak_so_far()
         out["unmatched_tensors"] = sum(
             p.executor.unmatched for p in self.shapes.plans.values() if p.executor is not None
         )

@@ -46,3 +46,25 @@ def test_a_plan_s_first_step_is_measured_until_the_next_forward() -> None:
     assert meter.stop() is not None and seen == [(planned, 4096)]
     planned.measured_peak_bytes = 4096
     assert meter.peak_so_far(planned) == 4096
+
+
+def test_on_cuda_every_planned_step_is_read_for_stats(monkeypatch: Any) -> None:
+    """The allocator (faked here) is read over each step from its forward: the most so far,
+    reset at the next step's forward; the CPU's storage count reads no step for stats."""
+    allocator = {"now": 100, "peak": 100}
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *_: allocator["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *_: allocator["peak"])
+    monkeypatch.setattr(
+        torch.cuda, "reset_peak_memory_stats", lambda *_: allocator.update(peak=allocator["now"])
+    )
+    meter = LoopMeter(torch.device("cuda"), (), lambda *_: None)
+    assert meter.step_peak_so_far() is None  # no step read yet
+    meter.watch_step()
+    allocator.update(now=150, peak=400)
+    assert meter.step_peak_so_far() == 400
+    assert meter.stop() == 150 and meter.step_peak_so_far() is None
+    meter.watch_step()  # the next step starts from what is held now
+    assert meter.step_peak_so_far() == 150
+    cpu = LoopMeter(CPU, (), lambda *_: None)
+    cpu.watch_step()
+    assert cpu.step_peak_so_far() is None
