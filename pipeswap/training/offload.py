@@ -68,8 +68,9 @@ def offload(
     the plan counts what the model holds outside the layers (its head, logits and loss), the working
     sets, autocast's weight copies and the optimizer step. ``check_memory`` (default: on CUDA)
     measures the first step that runs each plan; if it held more than the budget, the shape is
-    planned again for that much less, at most twice (a warning says so). ``stats()`` states the
-    measured peak beside the budget and the plan's prediction.
+    planned again for that much less, at most twice (a warning says so); ``check_memory=True``
+    on CUDA reads every step too (``stats()["step_peak_bytes"]``; each read resets CUDA's peak
+    statistics). ``stats()`` states the measured peak beside the budget and the prediction.
 
     Batches of every length: the budget is resolved once, at the first plan, and every
     later shape keeps it. A plan made for one call serves every smaller call of the same
@@ -160,6 +161,7 @@ class Offload:
         self.optimizer = optimizer
         device = self._device()
         self.check_memory = device.type == "cuda" if check_memory is None else check_memory
+        self.every_step = check_memory is True  # asked for: every step is read (CUDA)
         # The step timed last, to plan at the next forward: its call, signature and timing.
         self._timed: tuple[Signature, tuple[Any, Any], BlockTiming] | None = None
         self._last_call: dict[str, Any] = {}  # what stats() says of the step that ran
@@ -256,7 +258,7 @@ class Offload:
         self._last_plan = planned
         if self.check_memory and planned.measured_peak_bytes is None:
             self.meter.watch(planned)
-        else:
+        elif self.every_step:
             self.meter.watch_step()
         executor = planned.executor
         if executor is None:
@@ -352,8 +354,9 @@ class Offload:
         """What the last step did (call it after a step's backward): its ``shape``, the
         shape whose plan it ran (``planned_shape``; None: run as it is, timed, the first of
         its structure, and ``unplanned`` says why), its forward's planning time; bytes
-        swapped and recomputed, late fetches; on CUDA the allocator's peak over this step
-        so far (``step_peak_bytes``; None on the CPU); the run's budget; of the plan it ran,
+        swapped and recomputed, late fetches; with ``check_memory=True`` on CUDA the
+        allocator's peak over this step so far (``step_peak_bytes``, else None); the run's
+        budget; of the plan it ran,
         the policy, the predicted step and stall, the predicted peak beside the meter's (of
         its first step; while that runs, the most so far), its planning time and replans,
         and ``derived_from``: the measured shapes it was derived from before its first step
