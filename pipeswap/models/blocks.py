@@ -16,17 +16,28 @@ __all__ = ["check_block_paths", "find_blocks", "modules_around", "removed_after"
 
 def find_blocks(model: nn.Module) -> list[str]:
     """The dotted paths of the model's repeated layer list: of the ``ModuleList`` and
-    ``Sequential`` modules whose 2+ children share one class, the one with most parameters."""
+    ``Sequential`` modules whose 2+ children share one class that a forward can call, the
+    one with most parameters. A list of lists (Funnel's blocks, each a ModuleList of
+    layers) is not one: its children have no forward, a model calls their layers. Where no
+    list has children of one class, a hybrid's ``ModuleList`` of layers of several classes
+    (OLMo hybrid's linear and full attention layers, alternating) is taken the same way (a
+    ``Sequential`` of several classes is a chain of operations, not of layers)."""
     best: tuple[int, int, str] | None = None
+    mixed: tuple[int, int, str] | None = None
     for path, module in model.named_modules():
         if not isinstance(module, nn.ModuleList | nn.Sequential) or len(module) < 2:
             continue
-        if len({type(child) for child in module}) != 1:
+        kinds = {type(child) for child in module}
+        if any(kind.forward is nn.Module.forward for kind in kinds):
             continue
         count = sum(p.numel() for p in module.parameters())
         key = (count, -path.count("."), path)
-        if best is None or key[:2] > best[:2]:
+        if len(kinds) == 1 and (best is None or key[:2] > best[:2]):
             best = key
+        hybrid = len(kinds) > 1 and isinstance(module, nn.ModuleList)  # a Sequential: ops
+        if hybrid and (mixed is None or key[:2] > mixed[:2]):
+            mixed = key
+    best = best or mixed
     if best is None:
         raise PipeswapError(
             f"{type(model).__name__} has no list of 2 or more layers of one class to cut at; "

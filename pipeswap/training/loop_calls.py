@@ -15,6 +15,7 @@ from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 
 __all__ = [
+    "CACHE_ARGUMENTS",
     "Signature",
     "describe",
     "offload_names",
@@ -68,26 +69,52 @@ def _uniform(tensors: list[torch.Tensor]) -> dict[int, bool]:
     return out
 
 
-def takes_use_cache(forward: Any) -> bool:
+def takes_use_cache(forward: Any, model: torch.nn.Module | None = None) -> bool:
     """Whether a forward takes ``use_cache`` (a Hugging Face model, which builds a key/value
-    cache in training forwards unless told not to)."""
-    try:
-        return "use_cache" in inspect.signature(forward).parameters
-    except (TypeError, ValueError):  # a builtin or C function: it names no parameters
+    cache in training forwards unless told not to): it names it, or, given the ``model``
+    it belongs to, it takes ``**kwargs`` and a submodule's forward names it (where the
+    keyword arguments go: GraniteMoE's causal LM, Gemma 3's classifier)."""
+    parameters = _parameters(forward)
+    if "use_cache" in parameters:
+        return True
+    if model is None or not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
         return False
+    kinds = {type(m): m for m in model.modules() if m is not model}
+    return any("use_cache" in _parameters(m.forward) for m in kinds.values())
 
 
-def without_cache(kwargs: dict[str, Any]) -> dict[str, Any]:
+def _parameters(forward: Any) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(forward).parameters)
+    except (TypeError, ValueError):  # a builtin or C function: it names no parameters
+        return {}
+
+
+# The keyword arguments that hand a Hugging Face forward a cache it writes as it runs:
+# transformers' key-value cache (``cache`` since transformers 5, where ``past_key_values``
+# is its deprecated name; Mamba's ``cache_params`` before), Reformer's
+# ``past_buckets_states``, and RWKV's recurrent ``state``, which each layer overwrites in
+# place whatever use_cache says.
+CACHE_ARGUMENTS = ("past_key_values", "cache", "cache_params", "past_buckets_states", "state")
+
+
+def without_cache(kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> dict[str, Any]:
     """The call's keyword arguments with ``use_cache=False`` where the call does not say (as
     transformers' own gradient checkpointing does); a training call that asks for the cache
     is refused: the cache would keep the keys and values that a plan moves off the device
-    or recomputes."""
-    if kwargs.get("past_key_values") is not None:
+    or recomputes. So is one that hands the forward a cache (CACHE_ARGUMENTS, or a
+    transformers Cache object under any name or position), whatever its type."""
+    given = next((name for name in CACHE_ARGUMENTS if kwargs.get(name) is not None), None)
+    if given is None:
+        given = next((name for name, value in kwargs.items() if _is_cache(value)), None)
+    if given is None and any(_is_cache(value) for value in args):
+        given = "a Cache object"
+    if given is not None:
         raise PipeswapError(
-            "past_key_values in a training forward under offload: a cache object keeps "
-            "every layer's keys and values beyond their backward (and a recomputed layer "
-            "would append its own twice), so neither swapping nor recomputing could free "
-            "them; train without a cache (leave past_key_values out)"
+            f"{given} in a training forward under offload: a cache object keeps every "
+            "layer's keys and values (or state) beyond their backward, and a recomputed layer "
+            "would write its own twice, so neither swapping nor recomputing could free them "
+            f"nor give the loop's result; train without a cache (leave {given} out)"
         )
     asked = kwargs.get("use_cache")
     if asked is None:
@@ -100,6 +127,15 @@ def without_cache(kwargs: dict[str, Any]) -> dict[str, Any]:
             "out: offload then passes use_cache=False, as gradient checkpointing does)"
         )
     return kwargs
+
+
+def _is_cache(value: Any) -> bool:
+    """Whether ``value`` is a transformers Cache (DynamicCache, StaticCache, a family's own),
+    told by its classes' names, without importing transformers."""
+    return any(
+        kind.__name__ == "Cache" and kind.__module__.startswith("transformers")
+        for kind in type(value).__mro__
+    )
 
 
 def optimizer_name(optimizer: torch.optim.Optimizer) -> str:

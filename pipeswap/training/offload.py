@@ -147,7 +147,7 @@ class Offload:
         # A Hugging Face model builds a key/value cache in training forwards unless told
         # not to (its default): the cache holds every layer's keys and values beyond the
         # backward's use of them, so swapping or recomputing them would free nothing.
-        self._takes_use_cache = takes_use_cache(self.model.forward)
+        self._takes_use_cache = takes_use_cache(self.model.forward, self.model)
         self.layers = resolve_layers(self.model, self.layer_names)
         self.optimizer_state: torch.optim.Optimizer | None = None
         self._optimizer_hooks: list[Any] = []
@@ -230,7 +230,7 @@ class Offload:
         if self._inside or not torch.is_grad_enabled():
             return None
         if self._takes_use_cache:
-            kwargs = without_cache(kwargs)
+            kwargs = without_cache(kwargs, args)
         self._end_pending()
         self._remove_timing()
         held_bytes = self.meter.stop()
@@ -319,7 +319,7 @@ class Offload:
         one forward and backward aside, timed and metered; gradients, buffers and random
         streams are left as they were."""
         if self._takes_use_cache:
-            kwargs = without_cache(kwargs)
+            kwargs = without_cache(kwargs, args)
         self._end_pending()
         started = time.perf_counter()
         signature = call_signature(args, kwargs, self._device())

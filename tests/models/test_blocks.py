@@ -18,6 +18,30 @@ def test_find_blocks_takes_the_largest_repeated_list() -> None:
         find_blocks(nn.Linear(2, 2))
 
 
+def test_find_blocks_skips_a_list_of_lists() -> None:
+    """Funnel's encoder keeps its layers in a ModuleList of ModuleLists: the outer list has
+    the most parameters, but a forward calls the inner lists' layers, never the lists."""
+    net = nn.Module()
+    net.blocks = nn.ModuleList(nn.ModuleList(nn.Linear(4, 4) for _ in range(2)) for _ in range(3))
+    net.head = nn.ModuleList([nn.Linear(4, 2), nn.Linear(4, 2)])
+    assert find_blocks(net) == ["blocks.0.0", "blocks.0.1"]
+    with pytest.raises(PipeswapError, match="no list of 2 or more layers"):
+        find_blocks(nn.ModuleList(nn.ModuleList([nn.Linear(2, 2)]) for _ in range(2)))
+
+
+def test_find_blocks_takes_a_hybrid_s_list_where_no_list_has_one_class() -> None:
+    """OLMo hybrid alternates linear and full attention layers of two classes in one
+    ModuleList; a Sequential of several classes is a chain of operations, never taken."""
+    net = nn.Module()
+    net.layers = nn.ModuleList([nn.Linear(4, 4), nn.Conv1d(4, 4, 1), nn.Linear(4, 4)])
+    net.mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))  # more parameters
+    assert find_blocks(net) == ["layers.0", "layers.1", "layers.2"]
+    net.tower = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])  # one class: preferred
+    assert find_blocks(net) == ["tower.0", "tower.1"]
+    with pytest.raises(PipeswapError, match="no list of 2 or more layers"):
+        find_blocks(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4)))
+
+
 def test_block_paths_must_name_disjoint_modules() -> None:
     net = TinyLM()
     check_block_paths(net, ["blocks.0", "blocks.1", "blocks.2"])

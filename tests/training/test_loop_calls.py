@@ -44,11 +44,50 @@ def test_the_cache_is_off_unless_asked_and_asking_for_it_is_refused() -> None:
     with pytest.raises(PipeswapError, match="leave past_key_values out"):
         without_cache({"past_key_values": object()})  # a cache object, any of its types
     assert without_cache({"past_key_values": None}) == {"past_key_values": None, "use_cache": False}
+    # transformers 5 names the key-value cache `cache` (past_key_values is its deprecated
+    # name); Mamba's, Reformer's and RWKV's caches have their own names.
+    for name in ("cache", "cache_params", "past_buckets_states", "state"):
+        with pytest.raises(PipeswapError, match=f"^{name} in a training forward.*leave {name} out"):
+            without_cache({name: [torch.zeros(1)], "use_cache": False})
+
+
+def test_a_transformers_cache_is_refused_under_any_name_or_position() -> None:
+    transformers = pytest.importorskip("transformers")
+    cache = transformers.DynamicCache()
+    with pytest.raises(PipeswapError, match="leave my_cache out"):
+        without_cache({"my_cache": cache})
+    with pytest.raises(PipeswapError, match="leave a Cache object out"):
+        without_cache({}, (torch.zeros(2, 3), cache))
+    assert without_cache({"x": [cache]}, (torch.zeros(1),)) == {"x": [cache], "use_cache": False}
 
     def forward(input_ids: torch.Tensor, use_cache: bool | None = None) -> None: ...
 
     assert takes_use_cache(forward) and not takes_use_cache(torch.nn.Linear(2, 2).forward)
     assert not takes_use_cache(len)  # a builtin names no parameters
+
+
+def test_a_forward_passing_kwargs_on_to_a_submodule_that_names_use_cache_takes_it() -> None:
+    class Inner(torch.nn.Module):
+        def forward(self, x: torch.Tensor, use_cache: bool | None = None) -> torch.Tensor:
+            return x
+
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x: torch.Tensor, **kwargs: object) -> torch.Tensor:
+            return self.inner(x, **kwargs)
+
+    class Closed(Outer):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            return self.inner(x)
+
+    outer, closed = Outer(), Closed()
+    assert takes_use_cache(outer.forward, outer) and not takes_use_cache(outer.forward)
+    assert not takes_use_cache(closed.forward, closed)  # no **kwargs to pass it through
+    plain = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    assert not takes_use_cache(plain.forward, plain)
 
 
 def test_an_optimizer_is_named_as_the_state_model_knows_it() -> None:

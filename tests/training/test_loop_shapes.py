@@ -261,6 +261,9 @@ def _family(name: str, *, dropout: float = 0.0) -> nn.Module:
         return t.GemmaForCausalLM(t.GemmaConfig(head_dim=8, **small))
     if name == "qwen2":
         return t.Qwen2ForCausalLM(t.Qwen2Config(**small))
+    if name == "granitemoe":  # its forward takes use_cache only through **kwargs
+        config = t.GraniteMoeConfig(num_local_experts=4, num_experts_per_tok=2, **small)
+        return t.GraniteMoeForCausalLM(config)
     if name == "gpt2":
         drop = dict(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
         return t.GPT2LMHeadModel(
@@ -306,9 +309,12 @@ def _loop(
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma", "qwen2", "gpt2", "bert"])
+@pytest.mark.parametrize("name", ["llama", "gemma", "qwen2", "gpt2", "bert", "granitemoe"])
 def test_recomputing_with_padded_masks_is_bit_identical(name: str) -> None:
-    """Every layer re-run in the backward, each batch with a padded row."""
+    """Every layer re-run in the backward, each batch with a padded row. GraniteMoE's
+    forward names no use_cache but passes **kwargs on to its model, which does: offload
+    passes use_cache=False to it too (else its recomputed layers appended their keys to
+    the cache twice)."""
     data = padded_batches(4, 24, 64)
     plain = _loop(_family(name), nullcontext, data)
     model = _family(name)
@@ -328,3 +334,20 @@ def test_with_dropout_it_equals_the_loop_without_the_cache_and_refuses_one() -> 
     assert _same(plain, _loop(model, lambda: off, data))
     with pytest.raises(Exception, match="use_cache=True in a training forward"):
         _loop(model, lambda: off, [{**data[0], "use_cache": True}])
+
+
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])
+def test_a_call_handing_the_model_a_cache_is_refused_before_its_forward(name: str) -> None:
+    """transformers 5 names the key-value cache `cache` (past_key_values is its deprecated
+    name); with either, a recomputed layer would append its keys twice (the backward then
+    failed deep in the capture), so the call is refused before any layer runs."""
+    data = padded_batches(2, 24, 64)
+    model = _family("llama")
+    off = offload(model, policy="recompute", footprint_ratio=1.2)
+    _loop(model, lambda: off, data)
+    calls: list[int] = []
+    model.model.layers[0].register_forward_pre_hook(lambda *_: calls.append(1))
+    cache = transformers.DynamicCache(config=model.config)
+    with pytest.raises(Exception, match=f"^{name} in a training forward under offload"):
+        _loop(model, lambda: off, [{**data[0], name: cache}])
+    assert not calls and cache.get_seq_length() == 0
