@@ -42,9 +42,11 @@ HIDDEN, LAYERS, HEADS, VOCAB, SEQ, BATCH = 32, 2, 4, 128, 16, 2
 MAX_PARAMETERS = 20_000_000
 TIME_LIMIT_S = 120  # per family
 PIPELINE_REL = 1e-5  # a pipeline's losses against the plain loop's, relative
+QUICK = ("llama", "gpt2", "bert", "vit")  # --quick's families
 
 
-def _too_long(signum: int, frame: Any) -> None:
+def too_long(signum: int, frame: Any) -> None:
+    """SIGALRM's handler: a family past its time limit (signal.alarm(TIME_LIMIT_S))."""
     raise TimeoutError
 
 
@@ -114,10 +116,20 @@ MAPPINGS = {
 }
 
 
-def tiny_config(model_type: str) -> Any:
+def model_types(mapping: str, quick: bool = False) -> list[str]:
+    """The model types of one of transformers' auto mappings (MAPPINGS' first names), in its
+    order; only QUICK's with ``quick``."""
+    from transformers.models.auto import modeling_auto
+
+    names = list(getattr(modeling_auto, mapping))
+    return [n for n in names if n in QUICK] if quick else names
+
+
+def tiny_config(model_type: str, *, use_cache: bool | None = False) -> Any:
     """The family's config made small: the size arguments its class takes are passed to it
     (so what it derives from them, such as per-layer types, follows), then every size
-    attribute it still has is set, in its sub-configs too."""
+    attribute it still has is set, in its sub-configs too. ``use_cache`` is set on each
+    (training: no key-value cache), or left at the family's default when None."""
     import transformers
 
     config_class = transformers.CONFIG_MAPPING[model_type]
@@ -136,8 +148,16 @@ def tiny_config(model_type: str) -> Any:
                 _set(each, name, 0)
         if "pad_token_id" in dir(each) and _get(each, "pad_token_id") is None:
             _set(each, "pad_token_id", 0)  # classifiers of a batch need one
-        _set(each, "use_cache", False)  # training: no key-value cache
+        if use_cache is not None:
+            _set(each, "use_cache", use_cache)
     return config
+
+
+def too_large(auto: Any, config: Any) -> str | None:
+    """Why the family's tiny model is not run (too many parameters still), or None."""
+    with torch.device("meta"):
+        count = sum(p.numel() for p in auto.from_config(config).parameters())
+    return f"the tiny config still has {count:,} parameters" if count > MAX_PARAMETERS else None
 
 
 def _shrink(config: Any) -> None:
@@ -211,7 +231,7 @@ def _pipeline_rank(rank: int, world: int, task: str, model_type: str, auto_name:
     try:
         return _pipeline_losses(task, model_type, auto_name)
     except Exception as exc:  # the family's reason, for the table (the peer then fails too)
-        return _reason(exc)
+        return reason(exc)
 
 
 def _pipeline_losses(task: str, model_type: str, auto_name: str) -> list[float | None]:
@@ -260,17 +280,16 @@ def check(task: str, model_type: str, auto: Any) -> tuple[str, str, list[float] 
     """(verdict, detail, plain losses) of offload for one family."""
     try:
         config = tiny_config(model_type)
-        with torch.device("meta"):
-            count = sum(p.numel() for p in auto.from_config(config).parameters())
-        if count > MAX_PARAMETERS:
-            return "not run", f"the tiny config still has {count:,} parameters", None
+        large = too_large(auto, config)
+        if large is not None:
+            return "not run", large, None
     except Exception as exc:
-        return "not built", _reason(exc), None
+        return "not built", reason(exc), None
     try:
         torch.manual_seed(0)
         plain = loop(auto.from_config(config), task, config, nullcontext)
     except Exception as exc:
-        return "not run", f"the plain loop fails: {_reason(exc)}", None
+        return "not run", f"the plain loop fails: {reason(exc)}", None
     try:
         torch.manual_seed(0)
         model = auto.from_config(config)
@@ -278,7 +297,7 @@ def check(task: str, model_type: str, auto: Any) -> tuple[str, str, list[float] 
         swapped = loop(model, task, config, lambda: off)
         moved = off.stats()["swapped_bytes"]
     except Exception as exc:
-        return "fails", _reason(exc), plain[0]
+        return "fails", reason(exc), plain[0]
     same = plain[0] == swapped[0] and all(
         torch.equal(a, b) for a, b in zip(plain[1], swapped[1], strict=True)
     )
@@ -292,14 +311,14 @@ def check(task: str, model_type: str, auto: Any) -> tuple[str, str, list[float] 
     return "covered", moved_kib, plain[0]
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
+    """The exception's first line, short and fit for a table cell."""
     text = f"{type(exc).__name__}: {exc}".splitlines()[0]
     return text[:160].replace("|", "/")
 
 
 def main(argv: list[str] | None = None) -> int:
     import transformers
-    from transformers.models.auto import modeling_auto
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few families (tests)")
@@ -308,14 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
-    signal.signal(signal.SIGALRM, _too_long)
+    signal.signal(signal.SIGALRM, too_long)
     rows = []
     for task, (mapping, auto_name) in MAPPINGS.items():
-        names = list(getattr(modeling_auto, mapping))
-        if args.quick:
-            names = [n for n in names if n in ("llama", "gpt2", "bert", "vit")]
         auto = getattr(transformers, auto_name)
-        for model_type in names:
+        for model_type in model_types(mapping, args.quick):
             signal.alarm(TIME_LIMIT_S)
             plain: list[float] | None = None
             try:
