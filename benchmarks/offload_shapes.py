@@ -184,7 +184,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--multiple", type=int, default=1, help="pad each batch to a multiple of this (CUDA: 8)"
     )
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--ways",
+        default=",".join(WAYS),
+        help="which ways to run, comma-separated (the GPU's memory may not hold one model per way)",
+    )
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.ways.split(",")) - set(WAYS))
+    if unknown or "plain" not in args.ways.split(","):
+        parser.error(
+            f"--ways: {', '.join(unknown) or 'plain missing'}; choose among {', '.join(WAYS)}, "
+            "plain among them (every other way is compared with it)"
+        )
+    chosen = [w for w in WAYS if w in args.ways.split(",")]
     if args.quick:
         args.steps = 8
     device = torch.device(args.device)
@@ -192,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     data = padded_batches(args, device)
     longest = max(data, key=lambda batch: batch["input_ids"].shape[1])
-    timed = ways(args, device, longest)
+    timed = ways(args, device, longest, chosen)
     for batch in data:  # interleaved: each way takes the same step in turn
         for way in timed:
             step(way, batch, device, meter=False)
@@ -202,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # One way at a time: CUDA's allocator counts every tensor of the process, so each
     # way's steps are metered with only its own model built.
     metered = []
-    for name in WAYS:
+    for name in chosen:
         (way,) = ways(args, device, longest, [name])
         for batch in data:
             step(way, batch, device, meter=True)
