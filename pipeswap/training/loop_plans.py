@@ -23,7 +23,7 @@ from pipeswap.swap.plan.planner import PlanResult, make_plan
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.checks import rank_plan
 from pipeswap.swap.runtime.executor import SwapExecutor
-from pipeswap.swap.runtime.recompute import Named, RecomputeSizes, measure_recomputation
+from pipeswap.swap.runtime.recompute import RecomputeSizes, measure_recomputation
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.training.loop_calls import offload_names, on_host
@@ -96,8 +96,9 @@ class LoopPlanner:
         return list(self.layers)
 
     def name_tensors(self, args: Any, kwargs: Any) -> RecomputeSizes:
-        """What each layer saves (one forward, named as plans name it) and what recomputing
-        it keeps and saves again, whole or selectively (one forward, every layer wrapped)."""
+        """What each layer saves (one forward as the plan names it), and what recomputing
+        each layer would keep and save again, whole or selectively (one forward with every
+        layer wrapped for recomputation, as the runtime runs it)."""
         with self.quiet():
             return measure_recomputation(
                 self.model, self.layers, self.layer_names, lambda: self.model(*args, **kwargs)
@@ -123,9 +124,10 @@ class LoopPlanner:
     def metered_memory(
         self, args: Any, kwargs: Any, step_peak_bytes: int, *, state_bytes: int = 0
     ) -> StepMemory | None:
-        """The storage count's readings of one step run aside (the CPU: no mode can watch the
-        user's own backward), its optimizer step as read in the loop (``step_peak_bytes``; 0:
-        its parameters and gradients at least), ``state_bytes`` of state added to each."""
+        """The storage count's readings of one forward and backward run aside (the CPU: no
+        mode can watch the user's own backward), with the optimizer step as read in the
+        loop (``step_peak_bytes``; 0: its parameters and gradients at least), and
+        ``state_bytes`` of optimizer state its steps will hold added to every reading."""
         return self.aside(args, kwargs, step_peak_bytes, state_bytes=state_bytes)[1]
 
     def aside(
@@ -189,7 +191,7 @@ class LoopPlanner:
         budget (None: this is the first)."""
         started = time.perf_counter()
         args, kwargs = call
-        records, kept, rerun, choices, named = self.name_tensors(args, kwargs)
+        records, kept, rerun, choices = self.name_tensors(args, kwargs)
         if memory is None:
             memory = self.metered_memory(args, kwargs, step_peak_bytes, state_bytes=state_bytes)
         profile = loop_profile(
@@ -204,8 +206,7 @@ class LoopPlanner:
             rerun=rerun,
             choices=choices,
         )
-        check = check_memory
-        return self.settle(profile, call, started, shape=shape, fits=fits, check=check, named=named)
+        return self.settle(profile, call, started, shape=shape, fits=fits, check=check_memory)
 
     def settle(
         self,
@@ -219,11 +220,10 @@ class LoopPlanner:
         configs: Sequence[SwapConfig | None] = (None,),
         derived_from: str | None = None,
         heuristic: str | None = None,
-        named: Named | None = None,
     ) -> ShapePlan:
-        """The call's plan from its profile within the run's budget (``configs``: policies to
-        try in turn, None the run's; ``named``: its plain pass), checked (``check``) by a step
-        run aside on the CPU; a call no plan fits is refused or recomputes every layer."""
+        """The call's plan from its profile within the run's budget (``configs``: the
+        policies to try in turn, None the run's), checked (``check``) by a step run aside
+        on the CPU; a call no plan fits is refused or recomputes every layer (plan_shape)."""
         args, kwargs = call
         budget = self.budget(profile)
         recomputes_all, margin = False, int(self.overshoot * budget)
@@ -231,11 +231,11 @@ class LoopPlanner:
             try:
                 if margin:  # tighter by what steps held over their plans, where that fits
                     try:
-                        result, executor = self.make(profile, budget - margin, *call, config, named)
+                        result, executor = self.make(profile, budget - margin, *call, config=config)
                         break
                     except ConfigError:
                         margin = 0
-                result, executor = self.make(profile, budget, args, kwargs, config, named)
+                result, executor = self.make(profile, budget, args, kwargs, config=config)
                 break
             except ConfigError:
                 if config is configs[-1] and fits is None:  # the first shape: the
@@ -310,10 +310,10 @@ class LoopPlanner:
         budget: int,
         args: Any,
         kwargs: Any,
+        *,
         config: SwapConfig | None = None,
-        named: Named | None = None,
     ) -> tuple[PlanResult, SwapExecutor | None]:
-        """Rank 0's plan for ``budget`` bytes, every rank's executor (``named``: reused)."""
+        """Rank 0's plan for ``budget`` bytes, every rank's executor for its part of it."""
         rank, world = rank_and_world()
         config = replace(config or self.config, gpu_memory_bytes=budget, footprint_ratio=None)
         if self.search_steps is not None:
@@ -347,7 +347,7 @@ class LoopPlanner:
                 strict=False,  # a forward that varies (routing) swaps less, never wrongly
             )
             with self.quiet():
-                executor.prepare(lambda: self.model(*args, **kwargs), named)
+                executor.prepare(lambda: self.model(*args, **kwargs))
         return result, executor
 
     def measured(self, planned: ShapePlan, peak: int) -> None:

@@ -105,7 +105,7 @@ class Seq2SeqJob:
             return model(inputs)
 
         with untouched(model):
-            records, kept, rerun, choices, _ = measure_recomputation(model, layers, names, forward)
+            records, kept, rerun, choices = measure_recomputation(model, layers, names, forward)
         timing, memory = module_step_memory(
             model, forward, layers, device, optimizer, holding=(model, inputs, targets)
         )

@@ -53,7 +53,7 @@ from pipeswap.swap.runtime.checks import (
     step_budget,
 )
 from pipeswap.swap.runtime.pool import HostPool
-from pipeswap.swap.runtime.recompute import Named, Recomputation
+from pipeswap.swap.runtime.recompute import Recomputation
 from pipeswap.swap.runtime.stats import StepStats
 from pipeswap.swap.runtime.step_tensors import StepTensors, only_swapped
 from pipeswap.swap.runtime.transfer import DeviceLedger, SwapTransfer
@@ -218,14 +218,14 @@ class SwapExecutor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def prepare(self, forward_loss: Callable[[], torch.Tensor], named: Named | None = None) -> None:
+    def prepare(self, forward_loss: Callable[[], torch.Tensor]) -> None:
         """Name the saved tensors with one forward of ``forward_loss`` and check the plan.
 
         ``forward_loss`` must run the same forward and loss as the training steps (same
-        shapes), on the bare model, not its DDP replica; ``named``: its plain pass, reused.
+        shapes); call it on the bare model, not its DDP replica (pipeswap.dist.ddp).
         """
         (records, pack_calls), sizes = self._recomputation.name_step(
-            self.model, forward_loss, self.layer_names, named
+            self.model, forward_loss, self.layer_names
         )
         self._tensors.sizes = sizes
         if self._tensors.strict:

@@ -40,18 +40,9 @@ from pipeswap.swap.runtime.selective import (
 )
 from pipeswap.swap.runtime.transfer import DeviceLedger
 
-__all__ = ["Capture", "Named", "Recomputation", "RecomputeSizes", "measure_recomputation"]
+__all__ = ["Capture", "Recomputation", "RecomputeSizes", "measure_recomputation"]
 
 Capture = tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]
-
-
-class Named(NamedTuple):
-    """A call's plain pass: its capture, what each wrapped layer saved inside (``inner``)
-    and each layer's selective choice; the same call's executor reuses it."""
-
-    plain: Capture
-    inner: InnerSaves
-    choices: dict[str, SelectiveChoice]
 
 
 class Recomputation:
@@ -85,7 +76,6 @@ class Recomputation:
         self.own_rerun_bytes: dict[str, int] = {}
         self.active = False
         self._inner: InnerSaves | None = None  # set while capture tags their saves
-        self.named: Named | None = None  # capture's plain pass, for a later executor
         self._live: dict[str, int] = {}  # re-run bytes held until the layer's backward ends
         self._cached: dict[str, int] = {}  # selective layers' kept outputs, until their backward
         self._done: set[str] = set()
@@ -106,28 +96,18 @@ class Recomputation:
         self._forwards.clear()
 
     def capture(
-        self,
-        model: nn.Module,
-        forward_loss: Callable[[], torch.Tensor],
-        layer_names: list[str],
-        named: Named | None = None,
+        self, model: nn.Module, forward_loss: Callable[[], torch.Tensor], layer_names: list[str]
     ) -> tuple[Capture, dict[SavedKey, int]]:
         """Two passes: a plain one names the tensors as the plan does and notes what each
         recomputed layer saves; one with the layers wrapped for recomputation gives the pack
-        calls of the steps. ``named``: the plain pass of this call already run (by
-        :func:`measure_recomputation`, whose choices the plan was made with), reused.
+        calls of the steps.
         Returns the plain pass's records with the steps' pack calls, and every name's bytes."""
-        if named is not None and self.choosing <= named.choices.keys():
-            plain, inner = named.plain, named.inner
-            self.choices = {name: named.choices[name] for name in self.choosing}
-        else:
-            inner = InnerSaves()
-            self._inner = inner
-            try:
-                plain = capture_inner(model, forward_loss, layer_names, inner)
-            finally:
-                self._inner = None
-        self.named = Named(plain, inner, self.choices)
+        inner = InnerSaves()
+        self._inner = inner
+        try:
+            plain = capture_inner(model, forward_loss, layer_names, inner)
+        finally:
+            self._inner = None
         self.active = True
         try:
             recomputed = capture_records(model, forward_loss, layer_names)
@@ -146,22 +126,14 @@ class Recomputation:
         return (plain[0], names.pack_calls), names.sizes
 
     def name_step(
-        self,
-        model: nn.Module,
-        forward_loss: Callable[[], torch.Tensor],
-        layer_names: list[str],
-        named: Named | None = None,
+        self, model: nn.Module, forward_loss: Callable[[], torch.Tensor], layer_names: list[str]
     ) -> tuple[Capture, dict[SavedKey, int]]:
         """What a step saves, named as the plan names it, and every name's bytes: with
-        recomputed layers :meth:`capture`'s two passes, else one plain pass (``named``'s
-        where given: see :meth:`capture`)."""
+        recomputed layers :meth:`capture`'s two passes, else one plain pass."""
         with uncached_casts():  # as the steps run (SwapExecutor.forward)
             if self.names:
-                return self.capture(model, forward_loss, layer_names, named)
-            if named is not None:
-                records, pack_calls = named.plain
-            else:
-                records, pack_calls = capture_records(model, forward_loss, layer_names)
+                return self.capture(model, forward_loss, layer_names)
+            records, pack_calls = capture_records(model, forward_loss, layer_names)
         sizes = {(layer, r.index): r.bytes for layer, recs in records.items() for r in recs}
         return (records, pack_calls), sizes
 
@@ -266,7 +238,6 @@ class RecomputeSizes(NamedTuple):
     kept: dict[str, int]
     rerun: dict[str, int]
     choices: dict[str, SelectiveChoice]
-    named: Named | None = None  # the plain pass they came from
 
     def profile_fields(self, name: str, forward_s: float) -> dict[str, Any]:
         """LayerProfile's recomputation fields for layer ``name`` (forward ``forward_s``):
@@ -305,9 +276,5 @@ def measure_recomputation(
     finally:
         recomputation.remove()
     return RecomputeSizes(
-        records,
-        recomputation.kept_bytes,
-        recomputation.rerun_bytes,
-        recomputation.choices,
-        recomputation.named,
+        records, recomputation.kept_bytes, recomputation.rerun_bytes, recomputation.choices
     )

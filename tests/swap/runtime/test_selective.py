@@ -150,33 +150,3 @@ def test_an_hf_llama_recomputed_selectively_in_bf16_computes_the_same_bits() -> 
     finally:
         recomputation.remove()
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
-
-
-def test_an_executor_reuses_the_planning_s_plain_pass_and_its_choices() -> None:
-    """measure_recomputation's plain pass (``named``) serves the same call's executor: one
-    forward fewer, the same names and sizes, and the very selective choices the plan was
-    made with (a pass of its own would time the operations again and might choose others)."""
-    model = _model()
-    x = torch.randn(B, D, requires_grad=True)
-    layers = dict(model.named_children())
-    sizes = measure_recomputation(model, layers, list(layers), lambda: model(x).sum())
-    assert sizes.named is not None
-    forwards: list[int] = []
-    model.register_forward_pre_hook(lambda *_: forwards.append(1))
-    found = []
-    for named in (None, sizes.named):
-        recomputation = Recomputation(layers, ["1"], DeviceLedger(), False, selective=["1"])
-        recomputation.install()
-        try:
-            forwards.clear()
-            capture, names = recomputation.name_step(
-                model, lambda: model(x).sum(), ["0", "1"], named
-            )
-        finally:
-            recomputation.remove()
-        found.append((capture, names, len(forwards)))
-        if named is not None:
-            assert recomputation.choices["1"] is sizes.choices["1"]
-    (own, reused) = found
-    assert own[:2] == reused[:2]
-    assert (own[2], reused[2]) == (2, 1)
