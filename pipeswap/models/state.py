@@ -38,14 +38,22 @@ class ModuleSnapshot:
 
     Kept: the train/eval flag of every submodule; every parameter object, its ``.grad``
     object and ``requires_grad``; every buffer object and a copy of its values (BatchNorm
-    statistics change in a training forward). Parameter values are not copied (that
-    would double the model's memory): a step without an optimizer does not write them,
-    and :meth:`restore` checks their version counters to be sure.
+    statistics change in a training forward); each module's public number and flag
+    attributes (a forward that counts its calls, a rotary cache's length beside its
+    buffers). Parameter values are not copied (that would double the model's memory): a
+    step without an optimizer does not write them, and :meth:`restore` checks their
+    version counters to be sure.
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.training = [(module, module.training) for module in model.modules()]
+        self.scalars = [
+            (module, name, value)
+            for module in model.modules()
+            for name, value in vars(module).items()
+            if type(value) in (int, float, bool) and not name.startswith("_")
+        ]
         self.params: list[_ParamState] = []
         self.buffers: list[_BufferState] = []
         for prefix, module in model.named_modules():
@@ -70,6 +78,8 @@ class ModuleSnapshot:
         """Put everything back; with ``check``, refuse if a parameter's values were written."""
         for module, training in self.training:
             module.training = training
+        for module, name, value in self.scalars:
+            setattr(module, name, value)
         with torch.no_grad():
             for b in self.buffers:
                 b.module._buffers[b.name] = b.buffer

@@ -42,3 +42,30 @@ def test_restore_without_check_puts_buffers_back() -> None:
     net(torch.randn(8, 4))  # BatchNorm statistics move
     snapshot.restore(check=False)
     assert torch.equal(net[1].running_mean, torch.zeros(4))
+
+
+class _Counting(nn.Module):
+    """A forward that keeps Python state: it counts its calls and takes a branch by them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.calls, self.scale, self._private = 0, 1.0, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.scale *= 2.0
+        self._private += 1
+        return self.linear(x) if self.calls % 2 else -self.linear(x)
+
+
+def test_a_forward_s_own_counters_are_put_back() -> None:
+    """Trial passes (naming, timing, metering) must not move a user's call counter: the
+    next training forward would take another branch than without pipeswap."""
+    net = _Counting()
+    with untouched(net):
+        net(torch.randn(2, 4))
+        net(torch.randn(2, 4))
+        net(torch.randn(2, 4))
+    assert (net.calls, net.scale) == (0, 1.0)
+    assert net._private == 3  # torch's and the module's private attributes are left alone
