@@ -52,7 +52,7 @@ class ModuleSnapshot:
             (module, name, value)
             for module in model.modules()
             for name, value in vars(module).items()
-            if type(value) in (int, float, bool) and not name.startswith("_")
+            if type(value) in (int, float, bool) and not name.startswith("_") and name != "training"
         ]
         self.params: list[_ParamState] = []
         self.buffers: list[_BufferState] = []

@@ -121,9 +121,9 @@ class SwapExecutor:
         self._tensors = StepTensors(self.decisions, self._transfer, self._ledger, strict=strict)
         points = issue_points(self.decisions, self.layer_names)
         self._outs_after, self._outs_at_turn, self._prefetch_after, at_turn = points
-        # Out at the turn and back at it, a tensor never leaves in the plan's timeline.
-        self._back_at_turn = [key for key in at_turn if key in set(self._outs_at_turn)]
-        self._prefetch_at_turn = [key for key in at_turn if key not in self._back_at_turn]
+        out = set(self._outs_at_turn)  # out and back at the turn: it never leaves the device
+        self._back_at_turn = [key for key in at_turn if key in out]
+        self._prefetch_at_turn = [key for key in at_turn if key not in out]
         self._previous_layer = dict(zip(self.layer_names[1:], self.layer_names))
         self._ended: set[str] = set()
         self.records: dict[str, list[CapturedSavedTensor]] | None = None

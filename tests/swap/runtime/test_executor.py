@@ -27,6 +27,7 @@ from pipeswap.swap.runtime.capture import capture_records
 from pipeswap.swap.runtime.checks import PLAN_SLACK
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.stats import StepStats
+from pipeswap.swap.runtime.transfer import SwapTransfer
 from pipeswap.swap.swap_config import POLICY_NAMES as POLICIES
 
 pytestmark = [
@@ -211,13 +212,13 @@ def test_the_turn_s_prefetches_start_once_the_turn_s_backward_is_done(
     records, _ = capture_records(model, forward_loss, layers)
     executor = SwapExecutor(model, _hand_plan(model, layers, records, "turn"), layers=layers)
     executor.prepare(forward_loss)
-    prefetch = executor._transfer.prefetch
+    prefetch = SwapTransfer.prefetch
 
-    def logged(entry: Any) -> bool:
+    def logged(transfer: SwapTransfer, entry: Any) -> bool:
         events.append(entry.key[0])
-        return prefetch(entry)
+        return prefetch(transfer, entry)
 
-    monkeypatch.setattr(executor._transfer, "prefetch", logged)
+    monkeypatch.setattr(SwapTransfer, "prefetch", logged)
     events.clear()
     with executor.forward():
         loss = forward_loss()
