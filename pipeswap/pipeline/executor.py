@@ -141,6 +141,7 @@ class StageExecutor:
             shared=copies,
             optimizer_factory=optimizer_factory,
             lr_scale=delay_lr_scale(schedule, stage, pipeline.delay_power),
+            guard_spikes=pipeline.stability_rule,
         )
         self.tied: TiedParameters | None = None
         if copies:

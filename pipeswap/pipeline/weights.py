@@ -33,6 +33,7 @@ from torch import nn
 from pipeswap.config_fields import require
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.predict import DIRECTED, Distances, step_direction
+from pipeswap.pipeline.spike_guard import SpikeGuard
 from pipeswap.profiling.meter import unmetered
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.modes import WeightMode, weight_mode
@@ -86,6 +87,9 @@ class StageWeights:
     ``lr_scale`` multiplies the learning rate of every update of the stage's own parameters
     and so of its predictions (the delay-scaled rule: pipeswap.pipeline.predict.
     delay_lr_scale); tied copies keep the config's rate, so every holder steps them alike.
+    ``guard_spikes`` turns on the stability rule's other half: a SpikeGuard scales down a
+    gradient of the stage's own parameters whose norm is a spike against its recent ones
+    (pipeswap.pipeline.spike_guard; after ``clip_scales``).
     """
 
     module: nn.Module
@@ -103,9 +107,11 @@ class StageWeights:
     # Builds each optimizer instead of ``optimizer_config`` (pipeswap.Pipeline's optimizer=).
     optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None
     lr_scale: float = 1.0
+    guard_spikes: bool = False
 
     def __post_init__(self) -> None:
         self.entry: WeightMode = weight_mode(self.mode)
+        self.spike_guard = SpikeGuard() if self.guard_spikes else None
         self.params = [p for p in self.module.parameters()]
         self.masters = [nn.Parameter(p.data) for p in self.params]
         where = {id(p): i for i, p in enumerate(self.params)}
@@ -234,6 +240,8 @@ class StageWeights:
             self._score(step)
         tied = set(self.shared_at.values())
         scale = self.clip_scales.get(step, 1.0)
+        if self.spike_guard is not None:
+            scale *= self.spike_guard.factor(scale * math.sqrt(self.own_squared_norm()))
         for i, (p, m) in enumerate(zip(self.params, self.masters)):
             # A tied copy's gradient has left with shared_gradient: apply_shared steps it.
             if i not in tied:
@@ -328,6 +336,7 @@ class StageWeights:
                 for name, opt in self.shared_optimizers.items()
             },
             "clip_scales": dict(self.clip_scales),
+            "spike_guard": self.spike_guard.state() if self.spike_guard is not None else None,
         }
 
     @torch.no_grad()
@@ -344,6 +353,8 @@ class StageWeights:
             self.shared_applied[name] = applied
             self.shared_optimizers[name].load_state_dict(saved)
         self.clip_scales = dict(state.get("clip_scales", {}))
+        if self.spike_guard is not None and state.get("spike_guard") is not None:
+            self.spike_guard.load_state(state["spike_guard"])
 
     def prediction_error(self) -> dict[str, float | None]:
         """Per pass kind: ||W_hat - W_future|| / ||W_now - W_future|| summed over passes."""

@@ -81,9 +81,11 @@ class PipelineConfig:
         metavar="P",
         help="the stability rule of asynchronous schedules: a stage whose gradients arrive "
         "tau updates late (tau walked from the schedule: N-1-k on stage k of async-1f1b, 1 "
-        f"on 2bw) steps at lr / (1 + tau)^P (default: P = {DELAY_LR_POWER:g} for spectrain "
+        "on 2bw) steps at lr / (1 + tau)^P, and a stage's gradient whose norm is above the "
+        "mean + 2.5 std of its recent ones is scaled down to that bound "
+        f"(default: P = {DELAY_LR_POWER:g} for spectrain "
         "and predict-adam, the modes pipeswap recommends, which do not diverge where 1f1b "
-        "converges with it; 0, off, for the others; synchronous schedules have tau = 0)",
+        "converges with it; 0, both off, for the others; synchronous schedules have tau = 0)",
     )
     emulate: bool = option(False, help="run every stage in this process (bit-identical on CPU)")
 
@@ -142,6 +144,13 @@ class PipelineConfig:
         if self.delay_lr_power is not None:
             return self.delay_lr_power
         return DELAY_LR_POWER if weight_mode(self.weights).delay_lr else 0.0
+
+    @property
+    def stability_rule(self) -> bool:
+        """Whether the stages of this run keep the stability rule: an asynchronous schedule
+        with the delay-scaled rate on (P > 0), and with it each stage's spike guard
+        (pipeswap.pipeline.spike_guard)."""
+        return self.asynchronous and self.delay_power > 0
 
     @property
     def num_stages(self) -> int:
