@@ -25,7 +25,9 @@ diverged mode counts 0%, and where stale diverged every converging mode counts 1
 seed (0): single-run numbers. The rule's power swept on async-1f1b's prediction, rows not
 recommended: P = 3, and on the language models P = 50, a control in which only the last
 stage trains (every delayed stage steps at 2^-50 of the rate or less). The language models
-run 400 steps, the images 150."""
+run 400 steps, the images 150. The headline cells (language models, K = 4, AdamW) run again
+at seeds 1 and 2 with 1F1B, stale and the recommended modes: is a recovery the mode's or
+seed 0's?"""
 
 from __future__ import annotations
 
@@ -158,10 +160,19 @@ def config_of(task: Task, stages: int, optimizer: str, lr: float, row: Row) -> A
     return replace_fields(config, **fields)
 
 
-def run_one(job: tuple[Task, int, str, float, Row]) -> dict[str, Any]:
-    task, stages, optimizer, lr, row = job
+Job = tuple[Task, int, str, float, Row] | tuple[Task, int, str, float, Row, int]
+
+
+def run_one(job: Job) -> dict[str, Any]:
+    task, stages, optimizer, lr, row = job[:5]
+    seed = job[5] if len(job) > 5 else 0
     started = time.perf_counter()
-    run = emulate(config_of(task, stages, optimizer, lr, row), record=False)
+    config = config_of(task, stages, optimizer, lr, row)
+    if seed:
+        from pipeswap.config_fields import replace_fields
+
+        config = replace_fields(config, seed=seed)
+    run = emulate(config, record=False)
     loss = run["eval"].get("loss", math.nan)
     return {
         "task": task.name,
@@ -169,6 +180,7 @@ def run_one(job: tuple[Task, int, str, float, Row]) -> dict[str, Any]:
         "optimizer": optimizer,
         "lr": lr,
         "label": row.label,
+        "seed": seed,
         "loss": loss if math.isfinite(loss) else None,
         "steps": len(run["losses"]),
         "wall_s": time.perf_counter() - started,
@@ -176,14 +188,17 @@ def run_one(job: tuple[Task, int, str, float, Row]) -> dict[str, Any]:
 
 
 def _key(record: dict[str, Any]) -> tuple[Any, ...]:
-    return (record["task"], record["stages"], record["optimizer"], record["lr"], record["label"])
+    """A run: its cell, its mode and its seed (the grid's runs are seed 0)."""
+    cell = (record["task"], record["stages"], record["optimizer"], record["lr"], record["label"])
+    return (*cell, record.get("seed", 0))
 
 
 def _describe(record: dict[str, Any]) -> str:
     loss = "diverged" if record["loss"] is None else f"{record['loss']:.4f}"
+    seed = f" seed {record['seed']}" if record.get("seed") else ""
     return (
         f"{record['task']} K={record['stages']} {record['optimizer']} lr {record['lr']:g} "
-        f"{record['label']}: {loss}"
+        f"{record['label']}{seed}: {loss}"
     )
 
 
@@ -299,14 +314,14 @@ def criteria(cells: list[Cell], diverged: int) -> list[str]:
     ]
 
 
-def work(task_map: dict[str, Task], done: set[Any]) -> list[tuple[Task, int, str, float, Row]]:
+def work(task_map: dict[str, Task], done: set[Any]) -> list[Job]:
     """The sync runs of every rate (they do not depend on K: one mini-batch per update)."""
     return [
         (task, 4, optimizer, lr, SYNC)
         for task in task_map.values()
         for optimizer in ROWS
         for lr in LRS[(task.name, optimizer)]
-        if (task.name, 4, optimizer, lr, SYNC.label) not in done
+        if (task.name, 4, optimizer, lr, SYNC.label, 0) not in done
     ]
 
 
@@ -334,8 +349,64 @@ def async_work(
     return out
 
 
+# The headline cells (language models, K = 4, AdamW) again at more seeds: is a recovery a
+# property of the mode or of seed 0? The recommended rows, with 1F1B and stale beside them.
+MORE_SEEDS = (1, 2)
+
+
+def seed_work(task_map: dict[str, Task], done: set[Any]) -> list[Job]:
+    rows = [SYNC, *(r for r in rows_of("lm", "adamw") if r.recommended or r.label == "stale")]
+    return [
+        (task, 4, "adamw", lr, row, seed)
+        for seed in MORE_SEEDS
+        for task in task_map.values()
+        if task.name != "image"
+        for lr in LRS[(task.name, "adamw")][:ASYNC_RATES]
+        for row in rows
+        if (task.name, 4, "adamw", lr, row.label, seed) not in done
+    ]
+
+
+def seed_section(seeded: dict[tuple[Any, ...], Any]) -> list[str]:
+    """Per headline cell and recommended mode: the recovery at each seed, and of the means."""
+    cells = sorted({k[:4] for k in seeded if k[5] in MORE_SEEDS})
+    if not cells:
+        return []
+    seeds = (0, *MORE_SEEDS)
+    lines = [
+        f"## Language models, K = 4, AdamW, seeds {', '.join(map(str, seeds))}",
+        "",
+        "Recovery per seed, and of the mean losses over the seeds (a diverged run counts 0%).",
+        "",
+        "| task | lr | mode | " + " | ".join(f"seed {s}" for s in seeds) + " | of the means |",
+        "|---|---:|---|" + "---:|" * (len(seeds) + 1),
+    ]
+    for cell in cells:
+        task, optimizer, lr = cell[0], cell[2], cell[3]
+        for row in rows_of(task, optimizer):
+            if not row.recommended:
+                continue
+            runs = [
+                [seeded.get((*cell, label, s), math.nan) for s in seeds]
+                for label in (SYNC.label, "stale", row.label)
+            ]
+            shares = [recovery(stale, sync, mode) for sync, stale, mode in zip(*runs)]
+            means = [
+                None if any(v is None for v in values) else sum(values) / len(values)
+                for values in runs
+            ]
+            of_means = math.nan if means[0] is None else recovery(means[1], means[0], means[2])
+            lines.append(
+                f"| {task} | {lr:g} | {row.label} | "
+                + " | ".join(f"{v:.0%}" for v in shares)
+                + f" | {of_means:.0%} |"
+            )
+    return [*lines, ""]
+
+
 def render(argv: list[str], cache: RecordCache, task_names: list[str]) -> str:
-    records = {_key(r): r["loss"] for r in cache.records}
+    seeded = {_key(r): r["loss"] for r in cache.records}
+    records = {key[:5]: loss for key, loss in seeded.items() if key[5] == 0}
     steps = {r["task"]: r["steps"] for r in cache.records if r["loss"] is not None}
     lines, cells, diverged = summary(records, task_names)
     out = [
@@ -357,6 +428,7 @@ def render(argv: list[str], cache: RecordCache, task_names: list[str]) -> str:
         "",
         *lines,
         "",
+        *seed_section(seeded),
     ]
     for task in task_names:
         for optimizer in ROWS:
@@ -399,9 +471,12 @@ def main(argv: list[str] | None = None) -> int:
         run_jobs(
             work(task_map, cache.done()), run_one, args.jobs, on_record=add, describe=_describe
         )
-        records = {_key(r): r["loss"] for r in cache.records}
+        records = {_key(r)[:5]: r["loss"] for r in cache.records if r.get("seed", 0) == 0}
         run_jobs(
             async_work(task_map, records), run_one, args.jobs, on_record=add, describe=_describe
+        )
+        run_jobs(
+            seed_work(task_map, cache.done()), run_one, args.jobs, on_record=add, describe=_describe
         )
     text = render(cache.argv or list(given), cache, task_names)
     args.out.write_text(text + "\n")
