@@ -12,7 +12,9 @@ emulator, and every mode trains the same samples. Modes: synchronous 1F1B (the r
 ``async-1f1b`` with ``stale``, ``stash`` and prediction (``spectrain`` / ``predict-adam``),
 ``2bw`` (PipeDream-2BW: a delay of one update at every stage) with ``stash`` and prediction,
 and ``nesterov`` (arXiv 2505.01099 as released: stashing + NAdamW, beta1 0.99; Adam family
-only). "Recovers" is (stale - mode) / (stale - sync) in held-out loss, from the means over
+only). The prediction runs as pipeswap's defaults have it, with the stability rule on (each
+stage steps at lr / (1 + tau)^2 and clips a spike of its gradient norm; the other modes
+without it: docs/concepts.md), and again with the rule off ("rule off"). "Recovers" is (stale - mode) / (stale - sync) in held-out loss, from the means over
 seeds, with the range of the per-seed ratios; "weight copies" is what the mode keeps per
 stage beyond the live weights, at the stage that keeps most
 (pipeswap.schedule.partition.extra_weight_copies).
@@ -42,10 +44,12 @@ NESTEROV_MOMENTUM = 0.99  # what the authors' released run script uses
 
 @dataclass(frozen=True)
 class Row:
-    """One mode of the table: its Mode (for the config) and the momentum it runs with."""
+    """One mode of the table: its Mode (for the config), the momentum it runs with, and its
+    delay_lr_power (None: the mode's default; 0 turns the stability rule off)."""
 
     mode: Mode
     momentum: float = 0.9
+    power: float | None = None
 
 
 ROWS = (
@@ -53,14 +57,18 @@ ROWS = (
     Row(Mode("stale", "async-1f1b", "stale", "sgd")),
     Row(Mode("stash", "async-1f1b", "stash", "sgd")),
     Row(Mode("spectrain", "async-1f1b", "spectrain", "sgd")),
+    Row(Mode("spectrain, rule off", "async-1f1b", "spectrain", "sgd"), power=0.0),
     Row(Mode("2bw stash", "2bw", "stash", "sgd")),
     Row(Mode("2bw spectrain", "2bw", "spectrain", "sgd")),
+    Row(Mode("2bw spectrain, rule off", "2bw", "spectrain", "sgd"), power=0.0),
     Row(Mode("sync 1f1b", "1f1b", "stale", "adam")),
     Row(Mode("stale", "async-1f1b", "stale", "adam")),
     Row(Mode("stash", "async-1f1b", "stash", "adam")),
     Row(Mode("predict-adam", "async-1f1b", "predict-adam", "adam")),
+    Row(Mode("predict-adam, rule off", "async-1f1b", "predict-adam", "adam"), power=0.0),
     Row(Mode("2bw stash", "2bw", "stash", "adam")),
     Row(Mode("2bw predict-adam", "2bw", "predict-adam", "adam")),
+    Row(Mode("2bw predict-adam, rule off", "2bw", "predict-adam", "adam"), power=0.0),
     Row(Mode("nesterov", "async-1f1b", "nesterov", "adamw"), NESTEROV_MOMENTUM),
 )
 
@@ -71,7 +79,7 @@ def config_of(setting: Setting, row: Row, seed: int) -> Any:
     config = _config(setting, row.mode, seed)
     # Adam's learning rate for AdamW too (nesterov): the same step size as the Adam rows.
     lr = setting.lr("adam" if row.mode.optimizer == "adamw" else row.mode.optimizer)
-    return replace_fields(config, momentum=row.momentum, lr=lr)
+    return replace_fields(config, momentum=row.momentum, lr=lr, delay_lr_power=row.power)
 
 
 def run_one(job: tuple[Setting, Row, int]) -> dict[str, Any]:
