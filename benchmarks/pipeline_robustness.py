@@ -230,10 +230,11 @@ def cell_table(task: str, optimizer: str, records: dict[tuple[Any, ...], Any]) -
         for k, lr in columns:
             key = (task, 4 if row is SYNC else k, optimizer, lr, row.label)
             loss = records.get(key, math.nan)
-            if key not in records or row.label in (SYNC.label, "stale") or sync[lr] is None:
+            reference = sync[lr]
+            if key not in records or row.label in (SYNC.label, "stale") or reference is None:
                 cells.append("-" if key not in records else _fmt(loss))
             else:
-                share = recovery(records.get((task, k, optimizer, lr, "stale")), sync[lr], loss)
+                share = recovery(records.get((task, k, optimizer, lr, "stale")), reference, loss)
                 cells.append(f"{_fmt(loss)} ({share:.0%})")
         mark = " *" if row.recommended else ""
         lines.append(f"| {row.label}{mark} | " + " | ".join(cells) + " |")
