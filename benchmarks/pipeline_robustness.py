@@ -142,18 +142,14 @@ LRS = {
 STAGES = (4, 8)
 
 
-def stages_of(task: str) -> tuple[int, ...]:
-    return STAGES
-
-
 ASYNC_RATES = 2  # the grid's time on 2 shared CPUs: async cells at the two lowest rates
 
 
-def config_of(task: Task, stages: int, optimizer: str, lr: float, row: Row) -> Any:
+def config_of(task: Task, stages: int, optimizer: str, lr: float, row: Row, seed: int = 0) -> Any:
     from pipeswap.config_fields import replace_fields
 
     mode = Mode(row.label, row.schedule, row.weights, optimizer)
-    config = _config(Setting(task, stages), mode, 0)
+    config = _config(Setting(task, stages), mode, seed)
     fields: dict[str, Any] = {"lr": lr, "momentum": row.momentum, "delay_lr_power": row.power}
     if task.name == "llama":
         fields |= {"data": str(LLAMA_DIR / "train.txt"), "eval_data": str(LLAMA_DIR / "val.txt")}
@@ -167,12 +163,7 @@ def run_one(job: Job) -> dict[str, Any]:
     task, stages, optimizer, lr, row = job[:5]
     seed = job[5] if len(job) > 5 else 0
     started = time.perf_counter()
-    config = config_of(task, stages, optimizer, lr, row)
-    if seed:
-        from pipeswap.config_fields import replace_fields
-
-        config = replace_fields(config, seed=seed)
-    run = emulate(config, record=False)
+    run = emulate(config_of(task, stages, optimizer, lr, row, seed), record=False)
     loss = run["eval"].get("loss", math.nan)
     return {
         "task": task.name,
@@ -219,7 +210,7 @@ def _fmt(loss: float | None) -> str:
 def cell_table(task: str, optimizer: str, records: dict[tuple[Any, ...], Any]) -> list[str]:
     """One table per task and optimizer: a column per (K, lr), a row per mode."""
     lrs = LRS[(task, optimizer)]
-    columns = [(k, lr) for k in stages_of(task) for lr in lrs]
+    columns = [(k, lr) for k in STAGES for lr in lrs]
     lines = [
         "| mode | " + " | ".join(f"K={k}, lr {lr:g}" for k, lr in columns) + " |",
         "|---|" + "---:|" * len(columns),
@@ -258,7 +249,7 @@ def summary(
     diverged_count = 0
     for task in task_names:
         for optimizer in ROWS:
-            for k in stages_of(task):
+            for k in STAGES:
                 for lr in LRS[(task, optimizer)]:
                     sync = records.get((task, 4, optimizer, lr, SYNC.label))
                     if sync is None:
@@ -341,7 +332,7 @@ def async_work(
                 if records.get((task.name, 4, optimizer, lr, SYNC.label)) is not None
             ]
             for lr in rates[:ASYNC_RATES]:
-                for k in stages_of(task.name):
+                for k in STAGES:
                     out += [
                         (task, k, optimizer, lr, row)
                         for row in rows
