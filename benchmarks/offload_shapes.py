@@ -259,7 +259,7 @@ def render(
                 "-" if budget is None else f"{budget / MiB:.1f}",
                 over,
                 later,
-                "-" if not stats else str(stats["plain_steps"]),
+                "-" if not stats else str(stats["learning_steps"]),
                 "-" if not stats else f"{stats['total_planning_s']:.2f}",
                 "bit-identical" if diff == 0 else f"max diff {diff:.1e}",
             ]
@@ -273,12 +273,13 @@ def render(
         f"footprint ratio of {args.ratio} (one budget for the run). Step time is the median "
         "of the interleaved pass; the peak is the most any step held in the metered pass "
         "('from step 3': of the steps after the first shape was learnt and, on the CPU, its "
-        "memory read by a step run aside at the second step). 'unplanned' counts steps that "
-        "ran with no plan (the first shape, timed to learn it; every later shape no plan "
-        "covers is planned before its forward, derived from the shapes measured); "
+        "memory read by a step run aside at the second step). 'learnt' counts steps that "
+        "ran with no plan (the first shape, timed to learn it while every layer is "
+        "recomputed, within a plan's memory; every later shape no plan covers is planned "
+        "before its forward, derived from the shapes measured); "
         "'planning s' includes plan_for's step run aside.\n",
         "| way | median step ms | x plain | peak MiB | budget MiB | peak / budget | "
-        "from step 3 | unplanned steps | planning s | losses vs plain |",
+        "from step 3 | learnt steps | planning s | losses vs plain |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         *("| " + " | ".join(row) + " |" for row in rows),
         "",

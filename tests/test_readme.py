@@ -58,7 +58,7 @@ def test_the_own_loop_block_runs(
     _run_block(2, "transformers", tmp_path, monkeypatch)
     out = capsys.readouterr().out
     # The short last batch runs the plan of the full ones, which covers it.
-    assert "'plain_steps': 1, 'plans': 1, 'shape': '5x32, 5x32, 5x32'" in out
+    assert "'learning_steps': 1, 'plans': 1, 'shape': '5x32, 5x32, 5x32'" in out
     assert "'planned_shape': '8x32, 8x32, 8x32'" in out and "'swapped_bytes': " in out
 
 
@@ -67,7 +67,7 @@ def test_the_trainer_block_runs(
 ) -> None:
     _run_block(3, "accelerate", tmp_path, monkeypatch)
     out = capsys.readouterr().out
-    assert "'plain_steps': 1, 'plans': 1" in out and "'steps': 4" in out
+    assert "'learning_steps': 1, 'plans': 1" in out and "'steps': 4" in out
 
 
 def test_the_quickstart_uses_only_public_names() -> None:

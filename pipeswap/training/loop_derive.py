@@ -1,7 +1,8 @@
 """A new shape's profile made before its first step, from the shapes already measured.
 
-Only the first shape of a run (and of each call structure) runs once unplanned, timed and
-metered: that is how the budget is resolved. Every later shape no plan covers is planned
+Only the first shape of a run (and of each call structure) runs once unplanned, learnt
+within a plan's memory (pipeswap.swap.runtime.learning), timed and metered: that is how
+the budget is resolved. Every later shape no plan covers is planned
 before its forward. What it saves is named exactly, by one forward that lets go of each
 saved tensor as it runs (pipeswap.swap.runtime.capture: no backward follows, so the pass
 holds no more than a planned step would). What cannot be named without running the step

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,6 +23,7 @@ from pipeswap.swap.plan.planner import PlanResult, make_plan
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.checks import rank_plan
 from pipeswap.swap.runtime.executor import SwapExecutor
+from pipeswap.swap.runtime.learning import learning_step, learnt_by
 from pipeswap.swap.runtime.recompute import RecomputeSizes, measure_recomputation
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.training.data_parallel import swap_topology
@@ -32,8 +33,7 @@ from pipeswap.units import format_bytes
 
 __all__ = ["UNBOUNDED", "LoopPlanner", "ShapePlan", "offload_names"]
 
-# A plan is made again (for less memory) at most this often when its first step held more.
-REPLANS = 2
+REPLANS = 2  # a plan is made again (for less) at most this often when its step held more
 # The least time a search is given (a smaller one finds nothing beyond its first guess).
 MIN_SEARCH_S = 0.02
 # A budget no step reaches: what a plan run beyond the run's budget is checked against.
@@ -95,6 +95,10 @@ class LoopPlanner:
     def layer_names(self) -> list[str]:
         return list(self.layers)
 
+    @property
+    def learnt_by(self) -> str:  # within a plan's memory (pipeswap.swap.runtime.learning)
+        return learnt_by(self.config.policy)
+
     def name_tensors(self, args: Any, kwargs: Any) -> RecomputeSizes:
         """What each layer saves (one forward as the plan names it), and what recomputing
         each layer would keep and save again, whole or selectively (one forward with every
@@ -107,8 +111,8 @@ class LoopPlanner:
     def _metered(
         self, args: Any, kwargs: Any, executor: SwapExecutor | None = None
     ) -> tuple[BlockTiming, int]:
-        """One forward and backward of this call run aside under the storage count (with
-        ``executor``'s plan when given)."""
+        """One forward and backward of this call run aside under the storage count, with
+        ``executor``'s plan (None: as a shape is learnt, pipeswap.swap.runtime.learning)."""
         with self.quiet():
             return metered_step(
                 self.model,
@@ -117,23 +121,20 @@ class LoopPlanner:
                 self.device,
                 holding=(*self.holding, args, kwargs),
                 exclude=self.pools(),
-                around=nullcontext if executor is None else executor.forward,
+                around=self._learning if executor is None else executor.forward,
                 finish=None if executor is None else executor.finish_step,
             )
 
-    def metered_memory(
-        self, args: Any, kwargs: Any, step_peak_bytes: int, *, state_bytes: int = 0
-    ) -> StepMemory | None:
-        """The storage count's readings of one forward and backward run aside (the CPU: no
-        mode can watch the user's own backward), with the optimizer step as read in the
-        loop (``step_peak_bytes``; 0: its parameters and gradients at least), and
-        ``state_bytes`` of optimizer state its steps will hold added to every reading."""
-        return self.aside(args, kwargs, step_peak_bytes, state_bytes=state_bytes)[1]
+    def _learning(self) -> AbstractContextManager[None]:  # a shape learnt, run aside
+        return learning_step(self.learnt_by, self.model, self.layers)
 
     def aside(
         self, args: Any, kwargs: Any, step_peak_bytes: int = 0, *, state_bytes: int = 0
     ) -> tuple[BlockTiming, StepMemory | None]:
-        """One step of this call run aside, timed and metered (see metered_memory)."""
+        """One step of this call run aside, as a shape is learnt, timed and under the
+        storage count (the CPU: no mode can watch the user's own backward), with the
+        optimizer step as read in the loop (``step_peak_bytes``; 0: its parameters and
+        gradients at least), and ``state_bytes`` of optimizer state added to every reading."""
         timing, _ = self._metered(args, kwargs)
         memory = timing.step_memory(self.layer_names)
         if memory is None:
@@ -141,21 +142,19 @@ class LoopPlanner:
         if state_bytes:
             memory = timing.step_memory(self.layer_names, memory.start_bytes + state_bytes)
             assert memory is not None
-        grads = sum(
-            p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad
-        )
+        grads = sum(p.nbytes for p in self.model.parameters() if p.requires_grad)
         peak = step_peak_bytes or memory.start_bytes + grads
         return timing, replace(memory, step_peak_bytes=peak)
 
     def metered_plan(self, planned: ShapePlan, args: Any, kwargs: Any) -> int:
-        """The storage count's peak of one forward and backward run aside with ``planned``'s
-        executor (its optimizer step not included)."""
+        """The storage count's peak of a step (no optimizer step) aside with ``planned``."""
         return self._metered(args, kwargs, planned.executor)[1]
 
     def budget(self, profile: Profile) -> int:
-        """The run's one budget in bytes, resolved at its first plan and kept by every
-        later shape: ``gpu_memory``, the first planned shape's measured no-swap peak /
-        ``footprint_ratio``, or the GPU's memory."""
+        """The run's one budget in bytes, resolved at its first plan and kept by every later
+        shape: ``gpu_memory``, the first shape's no-swap peak / ``footprint_ratio``, or the
+        GPU's memory. The no-swap peak is the learnt step's readings made those of the step
+        as it is (loop_profile.as_plain; they err high by a few per cent, never low)."""
         if self.budget_bytes is None:
             self.budget_bytes = self._resolve_budget(profile)
         return self.budget_bytes
@@ -193,7 +192,7 @@ class LoopPlanner:
         args, kwargs = call
         records, kept, rerun, choices = self.name_tensors(args, kwargs)
         if memory is None:
-            memory = self.metered_memory(args, kwargs, step_peak_bytes, state_bytes=state_bytes)
+            memory = self.aside(args, kwargs, step_peak_bytes, state_bytes=state_bytes)[1]
         profile = loop_profile(
             self.model,
             self.layers,
@@ -205,6 +204,7 @@ class LoopPlanner:
             kept=kept,
             rerun=rerun,
             choices=choices,
+            learnt=self.learnt_by,
         )
         return self.settle(profile, call, started, shape=shape, fits=fits, check=check_memory)
 

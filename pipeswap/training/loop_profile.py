@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from pipeswap.profiling.step import dtype_name, optimizer_state_bytes
 from pipeswap.swap.runtime.recompute import RecomputeSizes
 from pipeswap.swap.runtime.selective import SelectiveChoice
 
-__all__ = ["loop_profile"]
+__all__ = ["as_plain", "loop_profile"]
 
 
 def loop_profile(
@@ -30,11 +31,17 @@ def loop_profile(
     kept: dict[str, int],
     rerun: dict[str, int],
     choices: Mapping[str, SelectiveChoice] | None = None,
+    learnt: str = "as-is",
 ) -> Profile:
     """The planner's view of one shape: each layer's times, saved tensors and parameters
     (those outside the layers count with the first, as resident memory), what recomputing
     each keeps and saves again (whole, and selectively where ``choices`` says how), and
-    what the meter read during the timed step."""
+    what the meter read during the timed step.
+
+    ``learnt``: how the timed step ran (pipeswap.swap.runtime.learning.LEARNT_BY); a step
+    that recomputed every layer has each layer's backward told less its forward (its
+    re-run); the meter's readings are made those of the step run as it is
+    (:func:`as_plain`). A step that saved on the host keeps its times, copies included."""
     names = list(layers)
     seen: set[int] = set()
     params: dict[str, int] = {}
@@ -43,6 +50,10 @@ def loop_profile(
     params[names[0]] += _new_bytes(model.parameters(), seen)
     backward_s = timing.backward_s(names)
     sizes = RecomputeSizes(records, kept, rerun, dict(choices or {}))
+    if learnt == "recomputing":
+        backward_s = {n: max(0.0, s - timing.forward_s[n]) for n, s in backward_s.items()}
+    if memory is not None and learnt != "as-is":
+        memory = as_plain(memory, sizes, names, learnt)
     profiled = tuple(
         LayerProfile(
             name=name,
@@ -69,6 +80,37 @@ def loop_profile(
         layers=profiled,
         notes={"source": "pipeswap.offload: one step of the user's loop, timed by hooks"},
         memory=memory,
+    )
+
+
+def as_plain(
+    memory: StepMemory, sizes: RecomputeSizes, names: list[str], learnt: str
+) -> StepMemory:
+    """What the meter would have read in the step run as it is, from its readings of a
+    step that was ``learnt`` recomputing every layer or with every saved tensor on the host.
+
+    Up to layer i, the step run as it is holds every layer's saved tensors where the learnt
+    step held each layer's input (recomputing: its ``kept`` bytes) or none of them (on the
+    host). In layer i's backward the learnt step held layer i's saved tensors again (its
+    re-run's saves, or those fetched back: at most all of them, counted as all). Each
+    reading moves by the difference. A working set read this way errs high, never low:
+    what a layer's code held counts whether or not autograd would have kept it too."""
+    recomputing = learnt == "recomputing"
+    saved = held = 0
+    forward, backward = [], []
+    for name, f_peak, b_peak in zip(
+        names, memory.forward_peak_bytes, memory.backward_peak_bytes, strict=True
+    ):
+        saved += sum(r.bytes for r in sizes.records[name])
+        held += sizes.kept.get(name, 0) if recomputing else 0
+        again = sizes.rerun.get(name, 0) if recomputing else 0
+        forward.append(f_peak + saved - held)
+        backward.append(max(memory.start_bytes, b_peak + saved - held - again))
+    return replace(
+        memory,
+        forward_peak_bytes=tuple(forward),
+        backward_peak_bytes=tuple(backward),
+        turn_peak_bytes=memory.turn_peak_bytes + saved - held,
     )
 
 

@@ -7,7 +7,7 @@ any dimension: its layers save the same tensors in the same order, each no large
 its host region, and what it holds at every moment is no more than the larger call held
 (pipeswap.swap.runtime.step_tensors swaps a smaller tensor into its region). So only a call
 that no plan covers needs a plan of its own: the first call of a structure is learnt (run
-as it is, timed and metered), every later one is planned before its forward from the
+within a plan's memory, timed and metered), every later one is planned before its forward from the
 calls measured (pipeswap.training.loop_derive).
 """
 

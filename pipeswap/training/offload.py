@@ -20,6 +20,7 @@ from pipeswap.profiling.step import optimizer_state_bytes
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.executor import SwapExecutor
+from pipeswap.swap.runtime.learning import SAID, learning_step
 from pipeswap.swap.runtime.stats import StepStats
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.training.loop_calls import Signature, optimizer_name, takes_use_cache, without_cache
@@ -49,14 +50,14 @@ def offload(
     """Swap ``model``'s saved tensors to host memory in your own loop, planned for you.
 
     ``with off:`` around the forward (``off = offload(model, footprint_ratio=1.5)``); the backward
-    and the optimizer step stay yours. The first call runs as it is while its layers are timed; the
-    next forward plans it (the contention-aware planner, ``policy``, within the run's budget, on
-    ``topology`` or the one of this machine) and every call it covers runs the plan from then on.
-    ``off.plan_for(**largest_batch)`` plans before the loop, so that no step runs unplanned. Losses
-    and weights stay bit-identical to the loop without it (which a Hugging Face model runs with
-    ``use_cache=False``, as offload passes it). Under your own DDP, rank 0 plans for every rank
-    (disjoint and bidirectional swaps coordinate them): every rank must see the same input shapes at
-    the same steps, as a DistributedSampler gives. ``layers`` are the submodules plans cut at
+    and the optimizer step stay yours. The first call is learnt within a plan's memory (every
+    layer recomputed, or under a policy that only swaps every saved tensor on the host) while
+    timed; the next forward plans it (``policy``, within the run's budget, on ``topology`` or
+    this machine's) and every call it covers runs the plan; ``off.plan_for(**largest_batch)``
+    does so before the loop. Losses and weights stay bit-identical to the loop without it
+    (run with ``use_cache=False``, as offload passes it). Under your own DDP, rank 0 plans for
+    every rank (swaps coordinate them): every rank must see the same input shapes at the same
+    steps, as a DistributedSampler gives. ``layers`` are the submodules plans cut at
     (default: the model's repeated block list); ``optimizer`` says which state the budget counts
     (pass the optimizer itself to have its state counted as it is); ``whole_blocks`` recomputes
     whole blocks only (SwapConfig.whole_blocks). ``time_limit_s`` bounds the search of the policies
@@ -78,8 +79,7 @@ def offload(
     its forward, its profile derived from the shapes measured (loop_derive; ``stats()``'s
     ``derived_from``). A shape no plan fits within the budget is refused before its
     forward, naming the largest shape planned and the longest rows that fit
-    (``on_infeasible="error"``), or
-    runs recomputing every layer beyond the budget, with a warning (``"recompute-all"``).
+    (``on_infeasible="error"``), or runs recomputing every layer, with a warning.
     """
     if on_infeasible not in INFEASIBLE:
         raise ConfigError(
@@ -173,7 +173,7 @@ class Offload:
         self._last: StepStats | None = None
         self._last_plan: ShapePlan | None = None
         self.steps = 0
-        self.plain_steps = 0
+        self.learning_steps = 0
         self.planner = LoopPlanner(
             self.model,
             self.layers,
@@ -246,14 +246,17 @@ class Offload:
             "planned_shape": None if covering is None else describe(covering),
             "step_planning_s": time.perf_counter() - started,
         }
-        if planned is None:  # the first call of its structure: run it as it is, timed
-            self._last_call["unplanned"] = (
-                "the first call of its structure runs as it is, timed and metered, to plan "
-                "it and every later shape (offload.plan_for(...) before the loop plans it)"
+        if planned is None:  # the first call of its structure: learnt, timed
+            how = self.planner.learnt_by  # within a plan's memory, not the no-swap peak
+            self._last_call["learning"] = (
+                f"the first call of its structure runs {SAID[how]}, timed and metered, to plan"
+                " it and every later shape (offload.plan_for(...) before the loop plans it)"
             )
             self._timed = (signature, (args, kwargs), self._start_timing())
-            self.plain_steps += 1
+            self.learning_steps += 1
             self._last_plan = self._last = None
+            self._step = learning_step(how, self.model, self.layers)
+            self._step.__enter__()
             return args, kwargs
         self._last_plan = planned
         if self.check_memory and planned.measured_peak_bytes is None:
@@ -351,20 +354,18 @@ class Offload:
 
     # ---- what it did ----------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """What the last step did (call it after a step's backward): its ``shape``, the
-        shape whose plan it ran (``planned_shape``; None: run as it is, timed, the first of
-        its structure, and ``unplanned`` says why), its forward's planning time; bytes
-        swapped and recomputed, late fetches; with ``check_memory=True`` on CUDA the
-        allocator's peak over this step so far (``step_peak_bytes``, else None); the run's
-        budget; of the plan it ran,
-        the policy, the predicted step and stall, the predicted peak beside the meter's (of
-        its first step; while that runs, the most so far), its planning time and replans,
-        and ``derived_from``: the measured shapes it was derived from before its first step
-        (None: measured)."""
+        """What the last step did (call it after a step's backward): its ``shape``, the shape
+        whose plan it ran (``planned_shape``; None: learnt, the first of its structure, and
+        ``learning`` says how), its forward's planning time; bytes swapped and recomputed,
+        late fetches; with ``check_memory=True`` on CUDA the allocator's peak over this step
+        so far (``step_peak_bytes``, else None); the run's budget; of the plan it ran, the
+        policy, the predicted step and stall, the predicted peak beside the meter's (of its
+        first step; while that runs, the most so far), its planning time and replans, and
+        ``derived_from``: the shapes measured it was derived from (None: measured)."""
         self._end_pending()
         out: dict[str, Any] = {
             "steps": self.steps,
-            "plain_steps": self.plain_steps,
+            "learning_steps": self.learning_steps,
             "plans": len(self.shapes.plans),
             "shape": None,
             "planned_shape": None,

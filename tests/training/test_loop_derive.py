@@ -45,8 +45,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_a_padded_loop_runs_only_its_first_step_unplanned() -> None:
     """51 steps of 30 and more lengths on one GPU's budget (two thirds of the longest
-    step's no-swap peak): the first step is learnt, every other runs a plan made before
-    its forward, and every step from the second on keeps the budget by the meter."""
+    step's no-swap peak): the first step is learnt (recomputing every layer), every other
+    runs a plan made before its forward, and every step keeps the budget by the meter."""
     data = padded_batches(1, 16, 16, rows=2) + padded_batches(50, 8, 96, rows=2)
     assert len({batch["input_ids"].shape[1] for batch in data}) >= 30
     plain = metered_loop(_llama(), nullcontext, data)
@@ -58,10 +58,10 @@ def test_a_padded_loop_runs_only_its_first_step_unplanned() -> None:
         model, lambda: off, data, off.host_pools, lambda: seen.append(off.stats())
     )
     assert _same(plain, swapped)
-    assert seen[0]["planned_shape"] is None and off.stats()["plain_steps"] == 1
-    assert "first call of its structure" in seen[0]["unplanned"]
+    assert seen[0]["planned_shape"] is None and off.stats()["learning_steps"] == 1
+    assert "runs recomputing" in seen[0]["learning"]
     assert all(step["planned_shape"] is not None for step in seen[1:])
-    assert all("unplanned" not in step for step in seen[1:])
+    assert all("learning" not in step for step in seen[1:])
     planned = {seen[0]["shape"]}  # learnt, planned at the second step's forward
     derived = []  # the steps that planned their own shape at their forward
     for step in seen[1:]:
@@ -73,7 +73,7 @@ def test_a_padded_loop_runs_only_its_first_step_unplanned() -> None:
         assert step["derived_from"] == "2x16, 2x16, 2x16"
         assert 0 < step["planning_s"] <= step["step_planning_s"]
     peaks = swapped[2]
-    assert max(peaks[1:]) <= budget * 1.02, [round(peak / budget, 3) for peak in peaks]
+    assert max(peaks) <= budget * 1.02, [round(peak / budget, 3) for peak in peaks]
     assert max(plain[2][1:]) > budget * 1.4  # the budget is a real cut
 
 
@@ -178,8 +178,11 @@ def test_from_two_measured_shapes_each_layer_is_fitted(attention: str) -> None:
         assert fitted == pytest.approx(layer.saved_bytes, rel=1e-3)
         _, quadratic = fit([(n, q, y) for (n, q), y in zip(points, saved, strict=True)])
         assert (quadratic > 0) == (attention == "eager")
+    # Measured shapes are learnt recomputing every layer: a forward's working set read so
+    # errs high by what the layer's code held that autograd keeps too (eager attention's
+    # scores), by more the longer the rows, and the fit, between them, a little lower.
     for mine, real in zip(_peaks(derived), _peaks(truth), strict=True):
-        assert real * 0.99 <= mine <= real * 1.03, (mine, real)
+        assert real * 0.95 <= mine <= real * 1.03, (mine, real)
 
 
 def test_the_fit_is_exact_on_its_model_and_never_negative() -> None:

@@ -127,7 +127,7 @@ def test_a_padded_loop_runs_every_step_planned_within_one_budget() -> None:
     swapped = metered_loop(model, lambda: off, data, off.host_pools)
     stats = off.stats()
     assert _same(plain, swapped)
-    assert (stats["plain_steps"], stats["plans"], stats["steps"]) == (0, 1, len(data))
+    assert (stats["learning_steps"], stats["plans"], stats["steps"]) == (0, 1, len(data))
     budget = stats["budget_bytes"]
     assert max(swapped[2]) <= budget * 1.02, (max(swapped[2]), budget)
     assert max(plain[2]) > budget * 1.3  # the budget is a real cut
@@ -147,7 +147,7 @@ def test_a_batch_longer_than_plan_for_s_is_planned_within_the_same_budget() -> N
     stats = off.stats()
     assert _same(plain, swapped)
     assert stats["shape"].startswith("4x70") and stats["planned_shape"] == stats["shape"]
-    assert stats["derived_from"] and stats["plain_steps"] == 0
+    assert stats["derived_from"] and stats["learning_steps"] == 0
     assert max(swapped[2]) <= stats["budget_bytes"] * 1.02, (swapped[2], stats)
 
 
@@ -199,7 +199,7 @@ def test_without_plan_for_every_shape_keeps_the_first_plan_s_budget() -> None:
     stats = off.stats()
     # Only the first shape was timed; a later one no plan covered was planned before its
     # forward (tests/training/test_loop_derive.py).
-    assert stats["plain_steps"] == 1 < stats["plans"] < len(data) // 2
+    assert stats["learning_steps"] == 1 < stats["plans"] < len(data) // 2
 
 
 def test_a_shape_no_plan_can_fit_is_refused_before_its_forward() -> None:
@@ -240,7 +240,7 @@ def test_on_infeasible_recompute_all_without_plan_for() -> None:
     off = offload(model, gpu_memory=2_600_000, on_infeasible="recompute-all")
     with pytest.warns(RuntimeWarning, match="needs at least"):
         assert _same(plain, _loop(model, lambda: off, data))
-    assert off.stats()["recomputes_all"] and off.stats()["plain_steps"] == 1
+    assert off.stats()["recomputes_all"] and off.stats()["learning_steps"] == 1
 
 
 def _family(name: str, *, dropout: float = 0.0) -> nn.Module:

@@ -89,7 +89,7 @@ def test_a_plain_loop_is_bit_identical_with_offload_and_swaps(family: str) -> No
     stats = off.stats()
     # The first step learns the shape; every other step ran its plan, the partial batches
     # (3 rows) the plan of 4 rows, which covers them.
-    assert (stats["plain_steps"], stats["plans"], stats["steps"]) == (1, 1, len(SIZES) - 1)
+    assert (stats["learning_steps"], stats["plans"], stats["steps"]) == (1, 1, len(SIZES) - 1)
     assert (stats["shape"], stats["planned_shape"]) == ("3x16, 3x16, 3x16", "4x16, 4x16, 4x16")
     assert stats["swapped_bytes"] > 0 and stats["policy"] == "bidirectional"
     assert stats["predicted_step_s"] > 0

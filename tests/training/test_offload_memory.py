@@ -21,6 +21,7 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.memory_truth import Model, Run, user_loop  # noqa: E402
+from pipeswap.swap.runtime.learning import learnt_by  # noqa: E402
 
 TOLERANCE = 1.02
 LLAMA_V32000 = Model("llama-v32000", "llama", 128, 4, 32000, 4, 128)
@@ -75,8 +76,11 @@ def _case(spec: Model, precision: str, optimizer: str, policy: str, ratio: float
         return
     _holds(run)
     assert _identical(plain, run)
-    no_swap = run.stats["no_swap_peak_bytes"]
-    assert abs(no_swap - max(plain.peaks[2:])) <= 0.05 * max(plain.peaks[2:])
+    no_swap, measured = run.stats["no_swap_peak_bytes"], max(plain.peaks[2:])
+    # A shape learnt with every saved tensor on the host (a policy that only swaps) counts
+    # a layer's saved tensors as held through its whole backward: it errs high, by more.
+    over = 0.10 if learnt_by(policy) == "on-host" else 0.05
+    assert measured * 0.95 <= no_swap <= measured * (1 + over), (no_swap, measured)
 
 
 @pytest.mark.parametrize(("spec", "precision", "optimizer", "policy", "ratio"), FAST, ids=str)
