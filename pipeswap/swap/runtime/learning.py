@@ -88,7 +88,11 @@ def every_saved_tensor_on_host(model: nn.Module) -> Iterator[None]:
     resident = {t.untyped_storage()._cdata for t in chain(model.parameters(), model.buffers())}
 
     def pack(tensor: torch.Tensor) -> object:
-        if tensor.untyped_storage()._cdata in resident or tensor.layout != torch.strided:
+        if (
+            type(tensor) is not torch.Tensor  # a subclass (DTensor, float8) keeps its kind
+            or tensor.layout != torch.strided
+            or tensor.untyped_storage()._cdata in resident
+        ):
             return tensor
         pin = tensor.device.type == "cuda"
         buffer = host_buffer(tensor.numel() * tensor.element_size(), pin=pin)
