@@ -22,7 +22,11 @@ class LoopMeter:
     step that runs each plan as a whole, each until the next forward, when
     ``measured(plan, peak)`` learns what the plan's step held. On the CPU the storage
     count is a mode that must begin and end inside what it reads: it reads the optimizer
-    step after a timed one (through the hooks of the optimizer offload was given)."""
+    step after a timed one (through the hooks of the optimizer offload was given), and,
+    asked to read every step (``watch_step``), each step's forward and backward: the count
+    starts at the forward and stops at the optimizer's step (its pre-hook), at ``stats()``
+    or at the next forward, whichever comes first (a dispatch mode: one of the user's left
+    while it is on ends it in its place, docs/concepts.md)."""
 
     def __init__(
         self,
@@ -39,6 +43,8 @@ class LoopMeter:
         self.step_peak_due = False  # CPU: read the next optimizer step
         self.step_meter: DeviceMeter | None = None
         self.step_peak_bytes = 0  # CPU: the optimizer step's peak, when read
+        self.counting_step = False  # CPU: the storage count of watch_step is on
+        self.unseen_bytes = 0  # CPU: what the step holds that the count cannot see
 
     def time(self, timing: BlockTiming, *, optimizer_hooked: bool) -> None:
         """Read a timed step: at its layers' edges (CUDA), or its optimizer step (CPU)."""
@@ -55,23 +61,42 @@ class LoopMeter:
         self.meter.reset_peak()
         self.measuring = planned
 
-    def watch_step(self) -> None:
-        """CUDA: read the allocator over this step too (to the next forward), for stats();
-        the storage count cannot span the user's code between forwards."""
-        if self.device.type == "cuda" and self.meter is None:
+    def watch_step(self, holding: tuple[Any, ...] = (), unseen_bytes: int = 0) -> None:
+        """Read the device over this step too, for stats(): CUDA's allocator to the next
+        forward; on the CPU the storage count over its forward and backward, with what
+        ``holding`` holds (the call) counted from the start and ``unseen_bytes`` (optimizer
+        state the count cannot see) added."""
+        if self.meter is not None:
+            return
+        if self.device.type == "cuda":
             self.meter = DeviceMeter(self.device)
             self.meter.reset_peak()
+            return
+        self.meter = DeviceMeter(self.device, holding=(*self.holding, *holding))
+        self.meter.resume()
+        self.counting_step, self.unseen_bytes = True, unseen_bytes
+
+    def end_count(self) -> None:
+        """CPU: the storage count of watch_step stops here (what it read is kept)."""
+        if self.counting_step and self.meter is not None:
+            self.meter.pause()
 
     def step_peak_so_far(self) -> int | None:
-        """The most the allocator held since this step's forward began (after its
-        backward: the forward and backward; after its optimizer step: all of it). None on
-        the CPU, and for a timed step (its meter is read, and reset, at the layers' edges)."""
+        """The most the device held since this step's forward began (after its backward:
+        the forward and backward; after its optimizer step: all of it, on CUDA). None for a
+        step not watched, and for a timed step (its meter is read, and reset, at the
+        layers' edges)."""
+        if self.counting_step and self.meter is not None:
+            return self.meter.peak + self.unseen_bytes
         if self.device.type != "cuda" or self.meter is None or self.timing is not None:
             return None
         return self.meter.peak
 
     def optimizer_step(self, starting: bool) -> None:
-        """The optimizer's step hooks: on the CPU the step after a timed one is read."""
+        """The optimizer's step hooks: on the CPU the step after a timed one is read (and
+        a watched step's count stops before it)."""
+        if starting:
+            self.end_count()
         if starting and self.step_peak_due:
             self.step_peak_due = False
             meter = DeviceMeter(self.device, holding=self.holding)
@@ -86,8 +111,12 @@ class LoopMeter:
         """End the step the meter reads (at the next forward, so the optimizer step counts):
         a timed step's last interval, or a plan's first step, checked against its budget.
         Returns what the device holds now (None without a meter)."""
+        self.end_count()
         meter, self.meter = self.meter, None
         if meter is None:
+            return None
+        if self.counting_step:  # nothing else reads the CPU between forwards
+            self.counting_step = False
             return None
         timing, self.timing = self.timing, None
         if timing is not None and timing.marks is not None:

@@ -70,8 +70,9 @@ def offload(
     sets, autocast's weight copies and the optimizer step. ``check_memory`` (default: on CUDA)
     measures the first step that runs each plan; if it held more than the budget, the shape is
     planned again for that much less, at most twice (a warning says so); ``check_memory=True``
-    on CUDA reads every step too (``stats()["step_peak_bytes"]``; each read resets CUDA's peak
-    statistics). ``stats()`` states the measured peak beside the budget and the prediction.
+    reads every step too (``stats()["step_peak_bytes"]``: CUDA's peak, reset at each forward;
+    on the CPU the storages of its forward and backward, counted by a dispatch mode: slower
+    steps). ``stats()`` states the measured peak beside the budget and the prediction.
 
     Batches of every length: the budget is resolved once, at the first plan, and every
     later shape keeps it. A plan made for one call serves every smaller call of the same
@@ -246,12 +247,13 @@ class Offload:
             "planned_shape": None if covering is None else describe(covering),
             "step_planning_s": time.perf_counter() - started,
         }
+        if planned is not None and self.check_memory and planned.measured_peak_bytes is None:
+            self.meter.watch(planned)
+        elif self.every_step:  # (CUDA's timed step is read at its edges instead)
+            self.meter.watch_step((args, kwargs), self._unseen_state())
         if planned is None:  # the first call of its structure: learnt, timed
             how = self.planner.learnt_by  # within a plan's memory, not the no-swap peak
-            self._last_call["learning"] = (
-                f"the first call of its structure runs {SAID[how]}, timed and metered, to plan"
-                " it and every later shape (offload.plan_for(...) before the loop plans it)"
-            )
+            self._last_call["learning"] = f"the first call of its structure {SAID[how]}"
             self._timed = (signature, (args, kwargs), self._start_timing())
             self.learning_steps += 1
             self._last_plan = self._last = None
@@ -259,10 +261,6 @@ class Offload:
             self._step.__enter__()
             return args, kwargs
         self._last_plan = planned
-        if self.check_memory and planned.measured_peak_bytes is None:
-            self.meter.watch(planned)
-        elif self.every_step:
-            self.meter.watch_step()
         executor = planned.executor
         if executor is None:
             self.steps += 1
@@ -324,6 +322,7 @@ class Offload:
         if self._takes_use_cache:
             kwargs = without_cache(kwargs, args)
         self._end_pending()
+        self.meter.end_count()  # the step run aside is not the user's
         started = time.perf_counter()
         signature = call_signature(args, kwargs, self._device())
         timing, memory = self.planner.aside(args, kwargs, state_bytes=self._unseen_state())
@@ -357,8 +356,8 @@ class Offload:
         """What the last step did (call it after a step's backward): its ``shape``, the shape
         whose plan it ran (``planned_shape``; None: learnt, the first of its structure, and
         ``learning`` says how), its forward's planning time; bytes swapped and recomputed,
-        late fetches; with ``check_memory=True`` on CUDA the allocator's peak over this step
-        so far (``step_peak_bytes``, else None); the run's budget; of the plan it ran, the
+        late fetches; with ``check_memory=True`` the meter's peak over this step so far
+        (``step_peak_bytes``, else None); the run's budget; of the plan it ran, the
         policy, the predicted step and stall, the predicted peak beside the meter's (of its
         first step; while that runs, the most so far), its planning time and replans, and
         ``derived_from``: the shapes measured it was derived from (None: measured)."""
@@ -375,6 +374,7 @@ class Offload:
             "total_planning_s": sum(p.planning_s for p in self.shapes.plans.values()),
         }
         out.update((self._last or StepStats(0, 0, 0, 0, 0.0)).to_json())
+        self.meter.end_count()  # the CPU's count reads the forward and backward
         out["step_peak_bytes"] = self.meter.step_peak_so_far()
         out["unmatched_tensors"] = sum(
             p.executor.unmatched for p in self.shapes.plans.values() if p.executor is not None

@@ -50,7 +50,7 @@ def test_a_plan_s_first_step_is_measured_until_the_next_forward() -> None:
 
 def test_on_cuda_every_planned_step_is_read_for_stats(monkeypatch: Any) -> None:
     """The allocator (faked here) is read over each step from its forward: the most so far,
-    reset at the next step's forward; the CPU's storage count reads no step for stats."""
+    reset at the next step's forward."""
     allocator = {"now": 100, "peak": 100}
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *_: allocator["now"])
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *_: allocator["peak"])
@@ -65,6 +65,22 @@ def test_on_cuda_every_planned_step_is_read_for_stats(monkeypatch: Any) -> None:
     assert meter.stop() == 150 and meter.step_peak_so_far() is None
     meter.watch_step()  # the next step starts from what is held now
     assert meter.step_peak_so_far() == 150
-    cpu = LoopMeter(CPU, (), lambda *_: None)
-    cpu.watch_step()
-    assert cpu.step_peak_so_far() is None
+
+
+def test_on_the_cpu_a_watched_step_is_counted_from_its_forward_to_its_optimizer_step() -> None:
+    """The storage count: what the step's call holds from the start, what its forward and
+    backward make, the optimizer state it cannot see; it stops at the optimizer's step."""
+    model = nn.Linear(256, 256)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    meter = LoopMeter(CPU, (model, optimizer), lambda *_: None)
+    batch = torch.randn(64, 256)
+    meter.watch_step((batch,), unseen_bytes=1000)
+    model(batch).sum().backward()
+    params = sum(p.nbytes for p in model.parameters())
+    # The parameters and their gradients, the batch, and the state it cannot see.
+    assert meter.step_peak_so_far() >= 2 * params + batch.nbytes + 1000
+    before = meter.step_peak_so_far()
+    meter.optimizer_step(True)
+    torch.randn(4096, 4096)  # 64 MiB made after the count stopped
+    assert meter.step_peak_so_far() == before
+    assert meter.stop() is None and meter.step_peak_so_far() is None

@@ -373,3 +373,31 @@ def test_a_forward_that_saves_other_tensors_each_step_trains_as_without_offload(
     assert _branching_loop(model, lambda: off) == plain
     stats = off.stats()
     assert stats["unmatched_tensors"] > 0 and stats["swapped_bytes"] > 0
+
+
+def test_check_memory_on_the_cpu_reads_every_step_s_forward_and_backward() -> None:
+    """stats()['step_peak_bytes'] is the storage count of the step that ran, the same as
+    a meter of the test's own around its forward and backward, and within the budget."""
+    pytest.importorskip("transformers")
+    from pipeswap.profiling.meter import DeviceMeter
+    from tests.training.test_loop_shapes import _llama, padded_batches
+
+    model = _llama(layers=3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    off = offload(model, footprint_ratio=1.5, optimizer=optimizer, check_memory=True)
+    ours: list[int] = []
+    theirs: list[int] = []
+    for batch in padded_batches(1, 48, 48) + padded_batches(5, 24, 40):
+        with DeviceMeter("cpu", holding=(model, optimizer, batch), exclude=off.host_pools()) as m:
+            with off:
+                loss = model(**batch).loss
+            loss.backward()
+            ours.append(off.stats()["step_peak_bytes"])
+        theirs.append(m.peak)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    # The second step plans (the test's meter counts its passes too); from the third the
+    # first plan serves every step, the optimizer's state exists and both count it.
+    for mine, real in zip(ours[2:], theirs[2:], strict=True):
+        assert real * 0.98 <= mine <= real * 1.02, (ours, theirs)
+    assert max(ours[1:]) <= off.stats()["budget_bytes"] * 1.02

@@ -39,10 +39,14 @@ __all__ = [
 
 # How a step that is learnt runs: as it is, recomputing every layer, or saving on the host.
 LEARNT_BY = ("as-is", "recomputing", "on-host")
-SAID = {
-    "as-is": "as it is",
-    "recomputing": "recomputing every layer",
-    "on-host": "with every saved tensor on the host",
+SAID = {  # what a learnt step does, said in a step's stats
+    how: f"runs {doing}, timed and metered, to plan it and every later shape "
+    "(offload.plan_for(...) before the loop plans it)"
+    for how, doing in (
+        ("as-is", "as it is"),
+        ("recomputing", "recomputing every layer"),
+        ("on-host", "with every saved tensor on the host"),
+    )
 }
 
 
