@@ -128,8 +128,8 @@ def test_the_smallest_budget_is_at_most_checkpointing_s_and_holds(spec: Model) -
 @pytest.mark.cuda
 @pytest.mark.parametrize("policy", ["hybrid", "recompute", "disjoint", "save-on-cpu"])
 def test_on_cuda_a_plan_holds_its_budget_as_the_allocator_counts(policy: str) -> None:
-    """An HF Llama in bf16 with fused-free AdamW on a GPU: max_memory_allocated over every
-    step after the plan is within the budget x 1.02."""
+    """An HF Llama in bf16 with fused-free AdamW on a GPU: max_memory_allocated over the
+    step that learns the shape, and every step after the plan, is within the budget x 1.02."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     spec = Model("llama-cuda", "llama", 1024, 8, 8000, 8, 2048)  # blocks outweigh the head
@@ -144,10 +144,10 @@ def test_on_cuda_a_plan_holds_its_budget_as_the_allocator_counts(policy: str) ->
         settings={"policy": policy, "footprint_ratio": 1.5},
     )
     budget = run.stats["budget_bytes"]
-    assert max(run.peaks[3:]) <= budget * TOLERANCE, (run.peaks, run.stats)
-    assert abs(run.stats["no_swap_peak_bytes"] - max(plain.peaks[2:])) <= 0.05 * max(
-        plain.peaks[2:]
-    )
+    assert max(run.peaks[:1] + run.peaks[3:]) <= budget * TOLERANCE, (run.peaks, run.stats)
+    no_swap, measured = run.stats["no_swap_peak_bytes"], max(plain.peaks[2:])
+    over = 0.10 if learnt_by(policy) == "on-host" else 0.05
+    assert measured * 0.95 <= no_swap <= measured * (1 + over), (no_swap, measured)
     assert max(abs(a - b) for a, b in zip(plain.losses, run.losses)) < 1e-2
 
 
