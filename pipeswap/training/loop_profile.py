@@ -91,20 +91,23 @@ def as_plain(
 
     Up to layer i, the step run as it is holds every layer's saved tensors where the learnt
     step held each layer's input (recomputing: its ``kept`` bytes) or none of them (on the
-    host). In layer i's backward the learnt step held layer i's saved tensors again (its
-    re-run's saves, or those fetched back: at most all of them, counted as all). Each
-    reading moves by the difference. A working set read this way errs high, never low:
-    what a layer's code held counts whether or not autograd would have kept it too."""
+    host; its own input, alive in its code, counts once). In layer i's backward the learnt
+    step held layer i's saved tensors again (its re-run's saves, or all of them fetched
+    back). Each reading moves by the difference. A forward's working set read this way
+    errs high: what a layer's code held counts whether or not autograd kept it too."""
     recomputing = learnt == "recomputing"
     saved = held = 0
     forward, backward = [], []
     for name, f_peak, b_peak in zip(
         names, memory.forward_peak_bytes, memory.backward_peak_bytes, strict=True
     ):
-        saved += sum(r.bytes for r in sizes.records[name])
-        held += sizes.kept.get(name, 0) if recomputing else 0
-        again = sizes.rerun.get(name, 0) if recomputing else 0
-        forward.append(f_peak + saved - held)
+        own = sum(r.bytes for r in sizes.records[name])
+        saved += own
+        inputs = sizes.kept.get(name, 0)
+        held += inputs if recomputing else 0
+        # Its own inputs, alive in its code, count once in the reading.
+        forward.append(f_peak + saved - (held if recomputing else inputs))
+        again = sizes.rerun.get(name, 0) if recomputing else own
         backward.append(max(memory.start_bytes, b_peak + saved - held - again))
     return replace(
         memory,

@@ -17,10 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from itertools import chain
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from pipeswap.precision import uncached_casts
 from pipeswap.profiling.meter import host_buffer
@@ -64,7 +65,7 @@ def learning_step(
     if how == "recomputing":
         return every_layer_recomputed(layers)
     if how == "on-host":
-        return every_saved_tensor_on_host(model)
+        return every_saved_tensor_on_host(model, layers)
     return nullcontext()
 
 
@@ -84,32 +85,83 @@ def every_layer_recomputed(layers: dict[str, nn.Module]) -> Iterator[None]:
         recomputation.remove()
 
 
+class _OnHost:
+    """One saved storage in host memory (whole, as plans swap it), its copy back on the
+    device while it is due, and how many of the tensors saved on it are still to be used."""
+
+    __slots__ = ("back", "device", "due", "host")
+
+    def __init__(self, storage: torch.UntypedStorage, device: torch.device) -> None:
+        self.device = device
+        self.host = host_buffer(storage.nbytes(), pin=device.type == "cuda")
+        self.host.copy_(torch.empty(0, dtype=torch.uint8, device=device).set_(storage))
+        self.back: torch.UntypedStorage | None = None
+        self.due = 0
+
+    def fetch(self) -> None:
+        if self.back is None:  # a copy on the CPU too, so a meter counts what a GPU holds
+            self.back = self.host.to(self.device, copy=True).untyped_storage()
+
+    def unpack(self, dtype: torch.dtype, view: tuple[Any, ...]) -> torch.Tensor:
+        self.fetch()  # (again, where a graph kept for a second backward runs it)
+        back = self.back
+        assert back is not None
+        self.due -= 1
+        if self.due <= 0:  # the last tensor saved on it: let it go once that one is
+            self.back = None
+        size, stride, offset = view
+        return torch.empty(0, dtype=dtype, device=self.device).set_(back, offset, size, stride)
+
+
 @contextmanager
-def every_saved_tensor_on_host(model: nn.Module) -> Iterator[None]:
-    """Every tensor the forward inside saves for the backward, but ``model``'s parameters
-    and buffers, is copied to host memory no meter counts (pinned for a GPU) and copied
-    back when the backward needs it: the device holds none of them in between."""
+def every_saved_tensor_on_host(model: nn.Module, layers: dict[str, nn.Module]) -> Iterator[None]:
+    """Every storage a layer of ``layers`` saves a tensor on for the backward, but
+    ``model``'s parameters and buffers, is copied whole to host memory no meter counts
+    (pinned for a GPU); the device holds none of them until a layer's backward needs one,
+    when all of that layer's come back at once and each is let go of once its last tensor
+    is used, as the step as it is holds them then. What the model saves outside the layers
+    (its embeddings' input, its head) stays where it is."""
     resident = {t.untyped_storage()._cdata for t in chain(model.parameters(), model.buffers())}
+    saving: list[str | None] = [None]  # the layer whose forward runs
+    stored: WeakIdKeyDictionary = WeakIdKeyDictionary()  # device storage -> _OnHost
+    saved: dict[str, list[_OnHost]] = {}  # per layer, the storages it saved first
 
     def pack(tensor: torch.Tensor) -> object:
+        layer = saving[0]
         if (
-            type(tensor) is not torch.Tensor  # a subclass (DTensor, float8) keeps its kind
+            layer is None
+            or type(tensor) is not torch.Tensor  # a subclass (DTensor, float8) keeps its kind
             or tensor.layout != torch.strided
             or tensor.untyped_storage()._cdata in resident
         ):
             return tensor
-        pin = tensor.device.type == "cuda"
-        buffer = host_buffer(tensor.numel() * tensor.element_size(), pin=pin)
-        host = buffer.view(tensor.dtype).view(tensor.shape)
-        host.copy_(tensor)
-        return (tensor.device, host)
+        storage = tensor.untyped_storage()
+        entry = stored.get(storage)
+        if entry is None:
+            entry = stored[storage] = _OnHost(storage, tensor.device)
+            saved.setdefault(layer, []).append(entry)
+        entry.due += 1
+        view = (tensor.size(), tensor.stride(), tensor.storage_offset())
+        return (layer, entry, tensor.dtype, view)
 
     def unpack(packed: object) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
-        device, host = cast(tuple[torch.device, torch.Tensor], packed)
-        # A copy on the CPU too, so that a meter counts what a GPU would hold again.
-        return host.to(device, copy=True)
+        layer, entry, dtype, view = cast(tuple[str, _OnHost, torch.dtype, tuple[Any, ...]], packed)
+        for other in saved.pop(layer, ()):  # the layer's backward starts: all come back
+            other.fetch()
+        return entry.unpack(dtype, view)
 
-    with uncached_casts(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        yield
+    names = list(layers)
+    handles = [
+        layer.register_forward_pre_hook(lambda *_, name=name: saving.__setitem__(0, name))
+        for name, layer in layers.items()
+    ]
+    last = layers[names[-1]]
+    handles.append(last.register_forward_hook(lambda *_: saving.__setitem__(0, None)))
+    try:
+        with uncached_casts(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
