@@ -90,8 +90,8 @@ def as_plain(
     step that was ``learnt`` recomputing every layer or with every saved tensor on the host.
 
     Up to layer i, the step run as it is holds every layer's saved tensors where the learnt
-    step held each layer's input (recomputing: its ``kept`` bytes) or none of them (on the
-    host; its own input, alive in its code, counts once). In layer i's backward the learnt
+    step held each layer's input (recomputing: its ``kept`` bytes) or none of the earlier
+    layers' (on the host, which holds layer i's own until it ends). In layer i's backward the learnt
     step held layer i's saved tensors again (its re-run's saves, or all of them fetched
     back). Each reading moves by the difference. A forward's working set read this way
     errs high: what a layer's code held counts whether or not autograd kept it too."""
@@ -103,17 +103,17 @@ def as_plain(
     ):
         own = sum(r.bytes for r in sizes.records[name])
         saved += own
-        inputs = sizes.kept.get(name, 0)
-        held += inputs if recomputing else 0
-        # Its own inputs, alive in its code, count once in the reading.
-        forward.append(f_peak + saved - (held if recomputing else inputs))
+        held += sizes.kept.get(name, 0) if recomputing else 0
+        # On the host a layer's own saves leave the device as its forward ends.
+        forward.append(f_peak + saved - (held if recomputing else own))
         again = sizes.rerun.get(name, 0) if recomputing else own
         backward.append(max(memory.start_bytes, b_peak + saved - held - again))
     return replace(
         memory,
         forward_peak_bytes=tuple(forward),
         backward_peak_bytes=tuple(backward),
-        turn_peak_bytes=memory.turn_peak_bytes + saved - held,
+        # The turn holds the last layer's (with the head's) on the host too.
+        turn_peak_bytes=memory.turn_peak_bytes + saved - (held if recomputing else own),
     )
 
 

@@ -93,13 +93,20 @@ class _OnHost:
 
     def __init__(self, storage: torch.UntypedStorage, device: torch.device) -> None:
         self.device = device
-        self.host = host_buffer(storage.nbytes(), pin=device.type == "cuda")
-        self.host.copy_(torch.empty(0, dtype=torch.uint8, device=device).set_(storage))
-        self.back: torch.UntypedStorage | None = None
+        self.host: torch.Tensor | None = None
+        self.back: torch.UntypedStorage | None = storage  # until its layer's forward ends
         self.due = 0
+
+    def flush(self) -> None:
+        """Its layer's forward is over: to the host, and let go of on the device."""
+        if self.host is None and self.back is not None:
+            self.host = host_buffer(self.back.nbytes(), pin=self.device.type == "cuda")
+            self.host.copy_(torch.empty(0, dtype=torch.uint8, device=self.device).set_(self.back))
+            self.back = None
 
     def fetch(self) -> None:
         if self.back is None:  # a copy on the CPU too, so a meter counts what a GPU holds
+            assert self.host is not None
             self.back = self.host.to(self.device, copy=True).untyped_storage()
 
     def unpack(self, dtype: torch.dtype, view: tuple[Any, ...]) -> torch.Tensor:
@@ -117,14 +124,23 @@ class _OnHost:
 def every_saved_tensor_on_host(model: nn.Module, layers: dict[str, nn.Module]) -> Iterator[None]:
     """Every storage a layer of ``layers`` saves a tensor on for the backward, but
     ``model``'s parameters and buffers, is copied whole to host memory no meter counts
-    (pinned for a GPU); the device holds none of them until a layer's backward needs one,
+    (pinned for a GPU) when the layer's forward ends (until then the device holds what the
+    step as it is holds); it holds none of them again until a layer's backward needs one,
     when all of that layer's come back at once and each is let go of once its last tensor
-    is used, as the step as it is holds them then. What the model saves outside the layers
-    (its embeddings' input, its head) stays where it is."""
+    is used, as the step as it is holds them then. What the model saves before the first
+    layer (its embeddings' input) stays where it is; what it saves after the last (its
+    head, its loss) goes with the last layer's."""
     resident = {t.untyped_storage()._cdata for t in chain(model.parameters(), model.buffers())}
     saving: list[str | None] = [None]  # the layer whose forward runs
     stored: WeakIdKeyDictionary = WeakIdKeyDictionary()  # device storage -> _OnHost
     saved: dict[str, list[_OnHost]] = {}  # per layer, the storages it saved first
+    pending: list[_OnHost] = []  # the running layer's, still on the device
+
+    def entering(name: str | None) -> None:
+        for entry in pending:
+            entry.flush()
+        pending.clear()
+        saving[0] = name
 
     def pack(tensor: torch.Tensor) -> object:
         layer = saving[0]
@@ -140,6 +156,7 @@ def every_saved_tensor_on_host(model: nn.Module, layers: dict[str, nn.Module]) -
         if entry is None:
             entry = stored[storage] = _OnHost(storage, tensor.device)
             saved.setdefault(layer, []).append(entry)
+            pending.append(entry)
         entry.due += 1
         view = (tensor.size(), tensor.stride(), tensor.storage_offset())
         return (layer, entry, tensor.dtype, view)
@@ -152,16 +169,16 @@ def every_saved_tensor_on_host(model: nn.Module, layers: dict[str, nn.Module]) -
             other.fetch()
         return entry.unpack(dtype, view)
 
-    names = list(layers)
+    # First of the hooks: a meter read at the layers' edges reads them flushed. What runs
+    # after the last layer (the head, the loss) is the last layer's, as profiles count it.
     handles = [
-        layer.register_forward_pre_hook(lambda *_, name=name: saving.__setitem__(0, name))
+        layer.register_forward_pre_hook(lambda *_, name=name: entering(name), prepend=True)
         for name, layer in layers.items()
     ]
-    last = layers[names[-1]]
-    handles.append(last.register_forward_hook(lambda *_: saving.__setitem__(0, None)))
     try:
         with uncached_casts(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             yield
     finally:
+        entering(None)
         for handle in handles:
             handle.remove()
