@@ -349,7 +349,7 @@ def render(rows: list[dict[str, Any]], elapsed_s: float, argv: list[str] | None)
         "batches have no attention mask to pad.\n\n"
         "Recompute covers a family when the loop under "
         f'`pipeswap.offload(model, policy="recompute", footprint_ratio={RATIO:g})` (every '
-        "layer re-run in the backward, from the second step: the first, learnt, too, timed, "
+        "layer re-run in the backward, from the second step: the first is learnt, timed, "
         "to plan) gives the plain loop's losses and weights bit for bit, and layers were "
         f"recomputed. Where offload refuses the ratio {RATIO:g} (recomputing every layer "
         "frees less than a sixth of this tiny model's peak: its embeddings, head or "

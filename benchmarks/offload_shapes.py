@@ -274,8 +274,8 @@ def render(
         "of the interleaved pass; the peak is the most any step held in the metered pass "
         "('from step 3': of the steps after the first shape was learnt and, on the CPU, its "
         "memory read by a step run aside at the second step). 'learnt' counts steps that "
-        "ran with no plan (the first shape, timed to learn it while every layer is "
-        "recomputed, within a plan's memory; every later shape no plan covers is planned "
+        "ran with no plan (the first shape, timed to learn it with its saved tensors on "
+        "the host, within a plan's memory; every later shape no plan covers is planned "
         "before its forward, derived from the shapes measured); "
         "'planning s' includes plan_for's step run aside.\n",
         "| way | median step ms | x plain | peak MiB | budget MiB | peak / budget | "

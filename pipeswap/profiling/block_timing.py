@@ -30,6 +30,9 @@ class BlockTiming:
     ended: float | None = None
     # The meter's peaks at the same edges (None: memory not read), see step_memory.
     marks: MemoryMarks | None = None
+    # (when, seconds) of copies the step made in its backward that no plan's step makes
+    # there (a learnt step fetching its saved tensors back): not the layers' time.
+    copies: list[tuple[float, float]] = field(default_factory=list)
 
     def complete(self, names: list[str]) -> bool:
         return self.ended is not None and all(
@@ -60,12 +63,15 @@ class BlockTiming:
         )
 
     def backward_s(self, names: list[str]) -> dict[str, float]:
+        """Each layer's backward, less the ``copies`` made inside it."""
         assert self.ended is not None
         ends = [self.backward_started[n] for n in names[:-1]]
-        return {
-            n: max(0.0, end - self.backward_started[n])
-            for n, end in zip(names, [self.ended, *ends], strict=True)
-        }
+        out = {}
+        for n, end in zip(names, [self.ended, *ends], strict=True):
+            start = self.backward_started[n]
+            copied = sum(s for when, s in self.copies if start <= when < end)
+            out[n] = max(0.0, end - start - copied)
+        return out
 
 
 def time_blocks(

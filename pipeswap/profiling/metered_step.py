@@ -34,6 +34,7 @@ def metered_step(
     exclude: Any = (),
     around: Callable[[], AbstractContextManager[Any]] = nullcontext,
     finish: Callable[[], Any] | None = None,
+    timing: BlockTiming | None = None,
 ) -> tuple[BlockTiming, int]:
     """Run ``forward`` and a backward from its output under a :class:`DeviceMeter`, with
     the meter read at ``layers``' edges (``BlockTiming.marks``); returns the timing and the
@@ -45,9 +46,10 @@ def metered_step(
     gradient, with gradients of ones. The gradients it makes are dropped: the parameters'
     ``.grad`` are put back as they were, and so are buffers and the random generators
     (``untouched``). ``around`` wraps the forward and ``finish`` runs after the backward (a
-    swap executor's step and its end, to measure a plan).
+    swap executor's step and its end, to measure a plan). ``timing``: the one to fill (a
+    fresh one by default).
     """
-    timing = BlockTiming()
+    timing = BlockTiming() if timing is None else timing
     params = [p for p in model.parameters() if p.requires_grad]
     # The backward fills fresh .grad tensors, as a loop that zeroes them to None does;
     # the caller's gradients are put back afterwards.

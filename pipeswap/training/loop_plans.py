@@ -96,7 +96,7 @@ class LoopPlanner:
         return list(self.layers)
 
     @property
-    def learnt_by(self) -> str:  # within a plan's memory (pipeswap.swap.runtime.learning)
+    def learnt_by(self) -> str:  # (pipeswap.swap.runtime.learning)
         return learnt_by(self.config.policy)
 
     def name_tensors(self, args: Any, kwargs: Any) -> RecomputeSizes:
@@ -113,6 +113,8 @@ class LoopPlanner:
     ) -> tuple[BlockTiming, int]:
         """One forward and backward of this call run aside under the storage count, with
         ``executor``'s plan (None: as a shape is learnt, pipeswap.swap.runtime.learning)."""
+        timing = BlockTiming()  # a learnt step notes its copies back in it
+        learning = learning_step(self.learnt_by, self.model, self.layers, timing)
         with self.quiet():
             return metered_step(
                 self.model,
@@ -121,12 +123,10 @@ class LoopPlanner:
                 self.device,
                 holding=(*self.holding, args, kwargs),
                 exclude=self.pools(),
-                around=self._learning if executor is None else executor.forward,
+                around=(lambda: learning) if executor is None else executor.forward,
                 finish=None if executor is None else executor.finish_step,
+                timing=timing,
             )
-
-    def _learning(self) -> AbstractContextManager[None]:  # a shape learnt, run aside
-        return learning_step(self.learnt_by, self.model, self.layers)
 
     def aside(
         self, args: Any, kwargs: Any, step_peak_bytes: int = 0, *, state_bytes: int = 0

@@ -38,10 +38,9 @@ def loop_profile(
     each keeps and saves again (whole, and selectively where ``choices`` says how), and
     what the meter read during the timed step.
 
-    ``learnt``: how the timed step ran (pipeswap.swap.runtime.learning.LEARNT_BY); a step
-    that recomputed every layer has each layer's backward told less its forward (its
-    re-run); the meter's readings are made those of the step run as it is
-    (:func:`as_plain`). A step that saved on the host keeps its times, copies included."""
+    ``learnt``: how the timed step ran (pipeswap.swap.runtime.learning.LEARNT_BY): the
+    meter's readings of a step learnt on the host are made those of the step run as it is
+    (:func:`as_plain`); its copies back are already out of its times (BlockTiming.copies)."""
     names = list(layers)
     seen: set[int] = set()
     params: dict[str, int] = {}
@@ -50,10 +49,8 @@ def loop_profile(
     params[names[0]] += _new_bytes(model.parameters(), seen)
     backward_s = timing.backward_s(names)
     sizes = RecomputeSizes(records, kept, rerun, dict(choices or {}))
-    if learnt == "recomputing":
-        backward_s = {n: max(0.0, s - timing.forward_s[n]) for n, s in backward_s.items()}
     if memory is not None and learnt != "as-is":
-        memory = as_plain(memory, sizes, names, learnt)
+        memory = as_plain(memory, sizes, names)
     profiled = tuple(
         LayerProfile(
             name=name,
@@ -83,37 +80,27 @@ def loop_profile(
     )
 
 
-def as_plain(
-    memory: StepMemory, sizes: RecomputeSizes, names: list[str], learnt: str
-) -> StepMemory:
+def as_plain(memory: StepMemory, sizes: RecomputeSizes, names: list[str]) -> StepMemory:
     """What the meter would have read in the step run as it is, from its readings of a
-    step that was ``learnt`` recomputing every layer or with every saved tensor on the host.
-
-    Up to layer i, the step run as it is holds every layer's saved tensors where the learnt
-    step held each layer's input (recomputing: its ``kept`` bytes) or none of the earlier
-    layers' (on the host, which holds layer i's own until it ends). In layer i's backward the learnt
-    step held layer i's saved tensors again (its re-run's saves, or all of them fetched
-    back). Each reading moves by the difference. A forward's working set read this way
-    errs high: what a layer's code held counts whether or not autograd kept it too."""
-    recomputing = learnt == "recomputing"
-    saved = held = 0
+    step learnt with every layer's saved storages on the host (pipeswap.swap.runtime.
+    learning): that step held, at each reading, none of the saved storages of the layers
+    before the one running (in a backward, after it), which the step as it is holds. The
+    turn holds the last layer's (with the head's, which profiles count as the last
+    layer's), as the last layer's backward does."""
+    saved = 0
     forward, backward = [], []
     for name, f_peak, b_peak in zip(
         names, memory.forward_peak_bytes, memory.backward_peak_bytes, strict=True
     ):
-        own = sum(r.bytes for r in sizes.records[name])
-        saved += own
-        held += sizes.kept.get(name, 0) if recomputing else 0
-        # On the host a layer's own saves leave the device as its forward ends.
-        forward.append(f_peak + saved - (held if recomputing else own))
-        again = sizes.rerun.get(name, 0) if recomputing else own
-        backward.append(max(memory.start_bytes, b_peak + saved - held - again))
+        before = saved
+        saved += sum(r.bytes for r in sizes.records[name])
+        forward.append(f_peak + before)
+        backward.append(b_peak + before)
     return replace(
         memory,
         forward_peak_bytes=tuple(forward),
         backward_peak_bytes=tuple(backward),
-        # The turn holds the last layer's (with the head's) on the host too.
-        turn_peak_bytes=memory.turn_peak_bytes + saved - (held if recomputing else own),
+        turn_peak_bytes=memory.turn_peak_bytes + before,
     )
 
 

@@ -50,10 +50,10 @@ def offload(
     """Swap ``model``'s saved tensors to host memory in your own loop, planned for you.
 
     ``with off:`` around the forward (``off = offload(model, footprint_ratio=1.5)``); the backward
-    and the optimizer step stay yours. The first call is learnt within a plan's memory (every
-    layer recomputed, or under a policy that only swaps every saved tensor on the host) while
-    timed; the next forward plans it (``policy``, within the run's budget, on ``topology`` or
-    this machine's) and every call it covers runs the plan; ``off.plan_for(**largest_batch)``
+    and the optimizer step stay yours. The first call is learnt within a plan's memory (each
+    layer's saved tensors on the host once it has run) while timed; the next forward plans it
+    (``policy``, within the run's budget, on ``topology`` or this machine's) and every call
+    it covers runs the plan; ``off.plan_for(**largest_batch)``
     does so before the loop. Losses and weights stay bit-identical to the loop without it
     (run with ``use_cache=False``, as offload passes it). Under your own DDP, rank 0 plans for
     every rank (swaps coordinate them): every rank must see the same input shapes at the same
@@ -257,7 +257,7 @@ class Offload:
             self._timed = (signature, (args, kwargs), self._start_timing())
             self.learning_steps += 1
             self._last_plan = self._last = None
-            self._step = learning_step(how, self.model, self.layers)
+            self._step = learning_step(how, self.model, self.layers, self._timed[2])
             self._step.__enter__()
             return args, kwargs
         self._last_plan = planned

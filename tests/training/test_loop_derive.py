@@ -45,7 +45,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_a_padded_loop_runs_only_its_first_step_unplanned() -> None:
     """51 steps of 30 and more lengths on one GPU's budget (two thirds of the longest
-    step's no-swap peak): the first step is learnt (recomputing every layer), every other
+    step's no-swap peak): the first step is learnt (its saved tensors on the host), every other
     runs a plan made before its forward, and every step keeps the budget by the meter."""
     data = padded_batches(1, 16, 16, rows=2) + padded_batches(50, 8, 96, rows=2)
     assert len({batch["input_ids"].shape[1] for batch in data}) >= 30
@@ -59,7 +59,7 @@ def test_a_padded_loop_runs_only_its_first_step_unplanned() -> None:
     )
     assert _same(plain, swapped)
     assert seen[0]["planned_shape"] is None and off.stats()["learning_steps"] == 1
-    assert "runs recomputing" in seen[0]["learning"]
+    assert "on the host" in seen[0]["learning"]
     assert all(step["planned_shape"] is not None for step in seen[1:])
     assert all("learning" not in step for step in seen[1:])
     planned = {seen[0]["shape"]}  # learnt, planned at the second step's forward
@@ -178,11 +178,8 @@ def test_from_two_measured_shapes_each_layer_is_fitted(attention: str) -> None:
         assert fitted == pytest.approx(layer.saved_bytes, rel=1e-3)
         _, quadratic = fit([(n, q, y) for (n, q), y in zip(points, saved, strict=True)])
         assert (quadratic > 0) == (attention == "eager")
-    # Measured shapes are learnt recomputing every layer: a forward's working set read so
-    # errs high by what the layer's code held that autograd keeps too (eager attention's
-    # scores), by more the longer the rows, and the fit, between them, a little lower.
     for mine, real in zip(_peaks(derived), _peaks(truth), strict=True):
-        assert real * 0.95 <= mine <= real * 1.03, (mine, real)
+        assert real * 0.99 <= mine <= real * 1.03, (mine, real)
 
 
 def test_the_fit_is_exact_on_its_model_and_never_negative() -> None:

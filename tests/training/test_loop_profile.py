@@ -50,9 +50,8 @@ def test_parameters_outside_the_layers_count_with_the_first_and_the_batch_is_the
 
 
 def test_a_learnt_step_s_readings_are_made_those_of_the_step_as_it_is() -> None:
-    """A 4-layer HF Llama at 40 tokens: the profile from a step learnt recomputing every
-    layer plans for what the step as it is holds, never less, within a few per cent; from
-    one with every saved storage on the host, within half a per cent."""
+    """A 4-layer HF Llama at 40 tokens: the profile from a step learnt with every saved
+    storage on the host plans for what the step as it is holds, within half a per cent."""
     pytest.importorskip("transformers")
     from tests.training.test_loop_shapes import _llama, padded_batches
 
@@ -85,10 +84,6 @@ def test_a_learnt_step_s_readings_are_made_those_of_the_step_as_it_is() -> None:
         )
         workload = workload_from_profile(profile)
         peaks[how] = (workload.no_swap_peak_bytes(), workload.min_budget_bytes())
-    for (plain, learnt), over in zip(
-        zip(peaks["as-is"], peaks["recomputing"], strict=True), (1.02, 1.01), strict=True
-    ):
-        assert plain <= learnt <= plain * over, peaks
     # On the host every reading is the step's as it is but a few bytes per token (its
     # last layer's backward and the turn: 0.15% low here).
     for plain, learnt in zip(peaks["as-is"], peaks["on-host"], strict=True):

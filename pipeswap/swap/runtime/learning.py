@@ -2,18 +2,22 @@
 
 A plan needs a profile of the call it serves, and the profile needs a step of that call;
 run as it is, that step would hold the no-swap peak that the budget exists to avoid. So
-the step that is learnt runs the way the run's policy's most frugal plan would:
-recomputing every layer where the policy may recompute (only each layer's input is kept;
-each forward runs again right before its backward), or with every saved tensor in host
-memory where it only swaps (torch's ``save_on_cpu``, parameters and buffers left where
-they are). Policy ``none`` keeps everything, so its step runs as it is. Results are those
-of the step run as it is, bit for bit (pipeswap.swap.runtime.recompute; a copy to host
-and back changes no value). pipeswap.training.loop_profile turns what the meter read in
-such a step into what the step run as it is would hold.
+the step that is learnt keeps only what a plan that swaps every layer's saved tensors
+would keep: each storage a layer saves goes to host memory when the layer's forward ends
+(copied whole, as plans swap storages) and all of a layer's come back when its backward
+starts, each let go of once its last tensor is used; parameters and buffers stay. So
+every reading of a meter at the layers' edges is the step's as it is less the saved
+storages of the layers not running (pipeswap.training.loop_profile.as_plain adds them
+back), and no layer is run twice to learn it (a layer that cannot be re-run, under a
+policy that never recomputes, is not). The copies back are timed apart
+(``BlockTiming.copies``): not a layer's backward. Policy ``none`` keeps everything, so
+its step runs as it is. Results are the step's as it is, bit for bit: a copy to host and
+back changes no value.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from itertools import chain
@@ -24,28 +28,18 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from pipeswap.precision import uncached_casts
+from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.meter import host_buffer
-from pipeswap.swap.plan.policy_table import policy_entry
-from pipeswap.swap.runtime.recompute import Recomputation
-from pipeswap.swap.runtime.transfer import DeviceLedger
 
-__all__ = [
-    "LEARNT_BY",
-    "SAID",
-    "every_layer_recomputed",
-    "every_saved_tensor_on_host",
-    "learning_step",
-    "learnt_by",
-]
+__all__ = ["LEARNT_BY", "SAID", "every_saved_tensor_on_host", "learning_step", "learnt_by"]
 
-# How a step that is learnt runs: as it is, recomputing every layer, or saving on the host.
-LEARNT_BY = ("as-is", "recomputing", "on-host")
+# How a step that is learnt runs: as it is, or with the saved tensors on the host.
+LEARNT_BY = ("as-is", "on-host")
 SAID = {  # what a learnt step does, said in a step's stats
     how: f"runs {doing}, timed and metered, to plan it and every later shape "
     "(offload.plan_for(...) before the loop plans it)"
     for how, doing in (
         ("as-is", "as it is"),
-        ("recomputing", "recomputing every layer"),
         ("on-host", "with every saved tensor on the host"),
     )
 }
@@ -53,36 +47,20 @@ SAID = {  # what a learnt step does, said in a step's stats
 
 def learnt_by(policy: str) -> str:
     """How a shape is learnt under swap policy ``policy`` (one of :data:`LEARNT_BY`)."""
-    if policy == "none":
-        return "as-is"
-    return "recomputing" if policy_entry(policy).recomputes else "on-host"
+    return "as-is" if policy == "none" else "on-host"
 
 
 def learning_step(
-    how: str, model: nn.Module, layers: dict[str, nn.Module]
+    how: str,
+    model: nn.Module,
+    layers: dict[str, nn.Module],
+    timing: BlockTiming | None = None,
 ) -> AbstractContextManager[None]:
-    """The context a learnt step's forward runs in (``how``: one of :data:`LEARNT_BY`)."""
-    if how == "recomputing":
-        return every_layer_recomputed(layers)
+    """The context a learnt step's forward runs in (``how``: one of :data:`LEARNT_BY`);
+    its copies back are noted in ``timing``."""
     if how == "on-host":
-        return every_saved_tensor_on_host(model, layers)
+        return every_saved_tensor_on_host(model, layers, timing)
     return nullcontext()
-
-
-@contextmanager
-def every_layer_recomputed(layers: dict[str, nn.Module]) -> Iterator[None]:
-    """The forward run inside keeps only each layer's input, and its backward (whenever it
-    runs) re-runs each layer's forward first, as a plan that recomputes every layer does.
-    The wrappers come off at the end of the forward; the backward re-runs what they kept."""
-    recomputation = Recomputation(layers, list(layers), DeviceLedger(), account=False)
-    recomputation.install()
-    recomputation.active = True
-    try:
-        with uncached_casts():  # as the steps run (SwapExecutor.forward)
-            yield
-    finally:
-        recomputation.active = False
-        recomputation.remove()
 
 
 class _OnHost:
@@ -121,7 +99,9 @@ class _OnHost:
 
 
 @contextmanager
-def every_saved_tensor_on_host(model: nn.Module, layers: dict[str, nn.Module]) -> Iterator[None]:
+def every_saved_tensor_on_host(
+    model: nn.Module, layers: dict[str, nn.Module], timing: BlockTiming | None = None
+) -> Iterator[None]:
     """Every storage a layer of ``layers`` saves a tensor on for the backward, but
     ``model``'s parameters and buffers, is copied whole to host memory no meter counts
     (pinned for a GPU) when the layer's forward ends (until then the device holds what the
@@ -165,8 +145,9 @@ def every_saved_tensor_on_host(model: nn.Module, layers: dict[str, nn.Module]) -
         if isinstance(packed, torch.Tensor):
             return packed
         layer, entry, dtype, view = cast(tuple[str, _OnHost, torch.dtype, tuple[Any, ...]], packed)
-        for other in saved.pop(layer, ()):  # the layer's backward starts: all come back
-            other.fetch()
+        group = saved.pop(layer, None)
+        if group:  # the layer's backward starts: all come back
+            _fetch(group, timing)
         return entry.unpack(dtype, view)
 
     # First of the hooks: a meter read at the layers' edges reads them flushed. What runs
@@ -182,3 +163,17 @@ def every_saved_tensor_on_host(model: nn.Module, layers: dict[str, nn.Module]) -
         entering(None)
         for handle in handles:
             handle.remove()
+
+
+def _fetch(group: list[_OnHost], timing: BlockTiming | None) -> None:
+    """Copy a layer's storages back, timed apart from its backward (``timing.copies``)."""
+    device = group[0].device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for entry in group:
+        entry.fetch()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if timing is not None:
+        timing.copies.append((started, time.perf_counter() - started))
