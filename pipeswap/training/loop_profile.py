@@ -50,7 +50,7 @@ def loop_profile(
     backward_s = timing.backward_s(names)
     sizes = RecomputeSizes(records, kept, rerun, dict(choices or {}))
     if memory is not None and learnt != "as-is":
-        memory = as_plain(memory, sizes, names)
+        memory = as_plain(memory, records, names)
     profiled = tuple(
         LayerProfile(
             name=name,
@@ -80,7 +80,7 @@ def loop_profile(
     )
 
 
-def as_plain(memory: StepMemory, sizes: RecomputeSizes, names: list[str]) -> StepMemory:
+def as_plain(memory: StepMemory, records: Mapping[str, Any], names: list[str]) -> StepMemory:
     """What the meter would have read in the step run as it is, from its readings of a
     step learnt with every layer's saved storages on the host (pipeswap.swap.runtime.
     learning): that step held, at each reading, none of the saved storages of the layers
@@ -93,7 +93,7 @@ def as_plain(memory: StepMemory, sizes: RecomputeSizes, names: list[str]) -> Ste
         names, memory.forward_peak_bytes, memory.backward_peak_bytes, strict=True
     ):
         before = saved
-        saved += sum(r.bytes for r in sizes.records[name])
+        saved += sum(r.bytes for r in records[name])
         forward.append(f_peak + before)
         backward.append(b_peak + before)
     return replace(

@@ -30,6 +30,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from pipeswap.precision import uncached_casts
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.meter import host_buffer
+from pipeswap.profiling.saved import storage_key
 
 __all__ = ["LEARNT_BY", "SAID", "every_saved_tensor_on_host", "learning_step", "learnt_by"]
 
@@ -110,7 +111,7 @@ def every_saved_tensor_on_host(
     is used, as the step as it is holds them then. What the model saves before the first
     layer (its embeddings' input) stays where it is; what it saves after the last (its
     head, its loss) goes with the last layer's."""
-    resident = {t.untyped_storage()._cdata for t in chain(model.parameters(), model.buffers())}
+    resident = {storage_key(t) for t in chain(model.parameters(), model.buffers())}
     saving: list[str | None] = [None]  # the layer whose forward runs
     stored: WeakIdKeyDictionary = WeakIdKeyDictionary()  # device storage -> _OnHost
     saved: dict[str, list[_OnHost]] = {}  # per layer, the storages it saved first
@@ -128,7 +129,7 @@ def every_saved_tensor_on_host(
             layer is None
             or type(tensor) is not torch.Tensor  # a subclass (DTensor, float8) keeps its kind
             or tensor.layout != torch.strided
-            or tensor.untyped_storage()._cdata in resident
+            or storage_key(tensor) in resident
         ):
             return tensor
         storage = tensor.untyped_storage()
