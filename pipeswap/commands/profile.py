@@ -25,6 +25,7 @@ __all__ = ["register", "run"]
 _EXAMPLES = """examples:
   pipeswap profile --model gpt2-tiny --batch 8 --device cpu --out gpt2-tiny.json
   pipeswap profile --model gpt2-xl --batch 4 --estimate --gpu v100-32gb --out xl.json
+  pipeswap profile --model gpt2-small --batch 64 --device cuda --saved-on-host --out big.json
 """
 
 
@@ -58,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_options(parser, ProfileConfig, only=("gpu",))
     add_options(parser, TrainConfig, only=("precision",))
     add_options(parser, OptimizerConfig, only=("optimizer",), helps={"optimizer": _OPT_HELP})
-    add_options(parser, ProfileConfig, only=("warmup", "repeats"))
+    add_options(parser, ProfileConfig, only=("warmup", "repeats", "saved_on_host"))
     add_options(parser, Outputs, only=("out", "json"), required=("out",), helps=_OUT_HELPS)
     parser.set_defaults(func=run)
 
@@ -77,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
         )
     if source.gpu is not None and not estimating:
         raise PipeswapError("--gpu applies to --estimate; add --estimate or drop --gpu")
+    if source.saved_on_host and estimating:
+        raise PipeswapError(
+            "--saved-on-host applies to a measured profile (an estimate holds no memory); "
+            "drop --estimate or --saved-on-host"
+        )
     precision = args.precision or DEFAULT_PRECISION
     if estimating and precision != DEFAULT_PRECISION:
         raise PipeswapError(
@@ -108,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
                     optimizer=optimizer,
                     warmup=source.warmup,
                     repeats=source.repeats,
+                    saved_on_host=source.saved_on_host,
                 )
     except RuntimeError as exc:
         # VGG's max-pools halve the image once per stage; torch refuses an image they

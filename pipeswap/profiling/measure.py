@@ -6,7 +6,7 @@ import re
 import statistics
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +19,7 @@ from pipeswap.models.state import untouched
 from pipeswap.optim import PROFILE_OPTIMIZER, OptimizerConfig
 from pipeswap.profiling.estimate import estimate, meta_copy, moved_copy, on_device
 from pipeswap.profiling.metered_step import layered_step_memory
+from pipeswap.profiling.on_host import SavedOnHost, every_saved_tensor_on_host
 from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor
 from pipeswap.profiling.saved import SavedTensorCapture
 from pipeswap.profiling.step import (
@@ -90,14 +91,23 @@ def transient_bytes(before: int, peak: int, after: int) -> int:
 class _Timer:
     """Wall-clock time of each (layer, phase) pass, plus CUDA transient memory."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, on_host: SavedOnHost | None = None) -> None:
         self.device = device
+        self.on_host = on_host
         self.seconds: dict[tuple[str, str], float] = {}
         self.transient: dict[str, int] = {}
 
     @contextmanager
     def __call__(self, name: str, phase: str) -> Iterator[None]:
         cuda = self.device.type == "cuda"
+        if self.on_host is not None:
+            # Saved tensors on the host: the copies a pass makes at its edges (the layer
+            # before's to the host, this layer's back) are made before it is timed, so
+            # the pass starts holding what it holds in the step as it is.
+            if phase == "forward":
+                self.on_host.entering(name)
+            else:
+                self.on_host.bring_back(name)
         # Kernels run asynchronously: drain the queue on both sides of the pass so the
         # wall clock covers exactly its kernels.
         _sync(self.device)
@@ -150,6 +160,7 @@ def measure(
     optimizer: str = PROFILE_OPTIMIZER,
     warmup: int = 1,
     repeats: int = 3,
+    saved_on_host: bool = False,
 ) -> Profile:
     """Run real training steps of ``model`` and profile them.
 
@@ -164,6 +175,11 @@ def measure(
     ConfigError (a PipeswapError) naming the memory a meta
     estimate says the step needs and the allocation that failed (when the allocator
     says), and suggesting a smaller batch.
+
+    ``saved_on_host``: every step runs within the memory of a plan that swaps every saved
+    tensor (pipeswap.profiling.on_host), not at the no-swap peak, for a run whose budget is
+    below it; the profile is the same (its memory readings made those of the step as it
+    is), but for the copies' effect on the timings.
     """
     if not isinstance(model, str):
         model = ensure_layered(model, "measure")
@@ -190,7 +206,7 @@ def measure(
             target = moved_copy(model, torch_device, torch_dtype)
         step = _Step(target, batch, seq_len, image_size, torch_device, torch_dtype, optimizer)
         try:
-            return _measure(step, warmup, repeats)
+            return _measure(step, warmup, repeats, saved_on_host)
         except (RuntimeError, MemoryError) as exc:
             if not is_allocation_error(exc):
                 raise
@@ -281,34 +297,41 @@ def _autocast_dtype(device: torch.device) -> str | None:
     return dtype_name(torch.get_autocast_dtype(device.type))
 
 
-def _measure(step: _Step, warmup: int, repeats: int) -> Profile:
+def _measure(step: _Step, warmup: int, repeats: int, saved_on_host: bool) -> Profile:
     model, device, optimizer = step.model, step.device, step.optimizer
     model.train()
     inputs, targets = step.example()
+    children = dict(model.named_children())
+    blocks = {name: children[name] for name in model.layer_names}
 
     def zero_grads() -> None:
         for param in model.parameters():
             param.grad = None
 
+    def timed_step() -> _Timer:
+        on_host = every_saved_tensor_on_host(model, blocks) if saved_on_host else nullcontext()
+        with on_host as held:
+            timer = _Timer(device, held)
+            run_step(model, inputs, targets, timer)
+        zero_grads()
+        return timer
+
     zero_grads()  # the user's gradients are put back afterwards; none may add to them
-    # One untimed step names the saved tensors and tracks their liveness.
-    with SavedTensorCapture(model) as capture:
-        shapes = run_step(model, inputs, targets)
+    # One untimed step names the saved tensors and tracks their liveness (with them on
+    # the host, a forward that lets go of them as it runs).
+    with SavedTensorCapture(model, release=saved_on_host) as capture:
+        shapes = run_step(model, inputs, targets, backward=not saved_on_host)
     records = capture.records()
     zero_grads()
     for _ in range(warmup):
-        run_step(model, inputs, targets)
-        zero_grads()
-    timings: list[_Timer] = []
-    for _ in range(repeats):
-        timer = _Timer(device)
-        run_step(model, inputs, targets, timer)
-        zero_grads()
-        timings.append(timer)
+        timed_step()
+    timings = [timed_step() for _ in range(repeats)]
 
     update_s = _optimizer_step_s(model, optimizer, device, warmup, repeats)
     params = param_bytes_by_layer(model)
-    memory = layered_step_memory(model, inputs, targets, device, optimizer)
+    memory = layered_step_memory(
+        model, inputs, targets, device, optimizer, saved=records if saved_on_host else None
+    )
     zero_grads()
     layers = []
     for name in model.layer_names:
@@ -344,6 +367,7 @@ def _measure(step: _Step, warmup: int, repeats: int) -> Profile:
             "workspace": "CUDA: peak allocated during a pass minus the larger of allocated "
             "before and after it (forward and backward); 0 on CPU (no allocator statistics)",
             "peak_live_saved_bytes": capture.peak_live_bytes,
+            "saved_on_host": saved_on_host,
             "warmup": warmup,
             "repeats": repeats,
             "loss": shapes.loss,

@@ -3,8 +3,8 @@ layer's edges, for a device whose meter cannot watch the user's own step (the CP
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +17,7 @@ from pipeswap.models.state import untouched
 from pipeswap.optim import OptimizerConfig
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
 from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
+from pipeswap.profiling.on_host import as_plain, every_saved_tensor_on_host
 from pipeswap.profiling.profile import StepMemory
 from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.profiling.step import is_allocation_error, optimizer_state_bytes
@@ -109,19 +110,39 @@ def layered_step_memory(
     targets: torch.Tensor,
     device: torch.device,
     optimizer: str,
+    *,
+    saved: Mapping[str, Sequence[Any]] | None = None,
 ) -> StepMemory | None:
     """What the meter reads during one whole-model step of a LayeredModel (any device,
-    meta included: storages there have sizes too), as :func:`module_step_memory` reads it."""
-    layers = dict(model.named_children())
-    return module_step_memory(
+    meta included: storages there have sizes too), as :func:`module_step_memory` reads it.
+
+    ``saved``: the records of what each layer saves (their ``bytes``); given, the step runs
+    with every saved tensor on the host (pipeswap.profiling.on_host), within the memory of
+    a plan that swaps them all, and its readings are made those of the step as it is."""
+    children = dict(model.named_children())
+    layers = {name: children[name] for name in model.layer_names}
+
+    @contextmanager
+    def around() -> Iterator[None]:
+        with meta_attention_like_cpu():
+            if saved is None:
+                yield
+            else:
+                with every_saved_tensor_on_host(model, layers):
+                    yield
+
+    memory = module_step_memory(
         model,
         lambda: model.loss(model(inputs), targets),
-        {name: layers[name] for name in model.layer_names},
+        layers,
         device,
         optimizer,
         holding=(model, inputs, targets),
-        around=meta_attention_like_cpu,
+        around=around,
     )[1]
+    if memory is None or saved is None:
+        return memory
+    return as_plain(memory, saved, model.layer_names)
 
 
 def module_step_memory(

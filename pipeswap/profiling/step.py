@@ -113,8 +113,10 @@ def run_step(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     around: Around = _no_hook,
+    *,
+    backward: bool = True,
 ) -> StepShapes:
-    """Forward every block, the loss, then backward block by block in reverse.
+    """Forward every block, the loss, then (``backward``) backward block by block in reverse.
 
     A block passes a tensor or a tuple of tensors to the next, as pipeline stages do. Each
     member that needs a gradient reaches the next block through a fresh leaf sharing its
@@ -137,11 +139,16 @@ def run_step(
             if position == len(blocks) - 1:
                 loss = model.loss(out, targets)  # type: ignore[arg-type]
         leaves.append(held)
-        outputs.append(out)
         output_bytes[name] = sum(t.numel() * t.element_size() for t in _tensors(out))
-        x = out
+        last = position == len(blocks) - 1
+        # The last block's backward starts from the loss: its output (a language model's
+        # logits) is let go of once the loss is made, as in a whole-model step.
+        outputs.append(None if last else out)
+        if not last:
+            x = out
+        del out
     grads: tuple[torch.Tensor | None, ...] = ()
-    for position in reversed(range(len(blocks))):
+    for position in reversed(range(len(blocks)) if backward else ()):
         name = blocks[position][0]
         produced = outputs[position]
         with around(name, "backward"):

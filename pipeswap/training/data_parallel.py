@@ -39,6 +39,7 @@ from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.step import dtype_name
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import make_plan
+from pipeswap.swap.runtime.learning import learnt_by
 from pipeswap.swap.runtime.recompute import measure_recomputation
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.dp_rank import train_rank
@@ -129,6 +130,9 @@ def _profile(config: TrainConfig, job: ModelJob | Seq2SeqJob, device: torch.devi
             device=device,
             dtype=job.dtype,
             optimizer=config.optim.name,
+            # Within the memory of a plan that swaps everything, where a plan will swap:
+            # the step as it is may not fit the GPU the budget is for.
+            saved_on_host=learnt_by(config.require_swap().policy) == "on-host",
         )
         return _with_recompute_sizes(profile, job, device)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -11,12 +10,13 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from pipeswap.profiling.block_timing import BlockTiming
+from pipeswap.profiling.on_host import as_plain
 from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.profiling.step import dtype_name, optimizer_state_bytes
 from pipeswap.swap.runtime.recompute import RecomputeSizes
 from pipeswap.swap.runtime.selective import SelectiveChoice
 
-__all__ = ["as_plain", "loop_profile"]
+__all__ = ["loop_profile"]
 
 
 def loop_profile(
@@ -40,7 +40,7 @@ def loop_profile(
 
     ``learnt``: how the timed step ran (pipeswap.swap.runtime.learning.LEARNT_BY): the
     meter's readings of a step learnt on the host are made those of the step run as it is
-    (:func:`as_plain`); its copies back are already out of its times (BlockTiming.copies)."""
+    (pipeswap.profiling.on_host.as_plain); its copies back are already out of its times (BlockTiming.copies)."""
     names = list(layers)
     seen: set[int] = set()
     params: dict[str, int] = {}
@@ -77,30 +77,6 @@ def loop_profile(
         layers=profiled,
         notes={"source": "pipeswap.offload: one step of the user's loop, timed by hooks"},
         memory=memory,
-    )
-
-
-def as_plain(memory: StepMemory, records: Mapping[str, Any], names: list[str]) -> StepMemory:
-    """What the meter would have read in the step run as it is, from its readings of a
-    step learnt with every layer's saved storages on the host (pipeswap.swap.runtime.
-    learning): that step held, at each reading, none of the saved storages of the layers
-    before the one running (in a backward, after it), which the step as it is holds. The
-    turn holds the last layer's (with the head's, which profiles count as the last
-    layer's), as the last layer's backward does."""
-    saved = 0
-    forward, backward = [], []
-    for name, f_peak, b_peak in zip(
-        names, memory.forward_peak_bytes, memory.backward_peak_bytes, strict=True
-    ):
-        before = saved
-        saved += sum(r.bytes for r in records[name])
-        forward.append(f_peak + before)
-        backward.append(b_peak + before)
-    return replace(
-        memory,
-        forward_peak_bytes=tuple(forward),
-        backward_peak_bytes=tuple(backward),
-        turn_peak_bytes=memory.turn_peak_bytes + before,
     )
 
 

@@ -59,6 +59,7 @@ from pipeswap.swap.plan.stage_swap import (
     stage_order,
 )
 from pipeswap.swap.runtime.capture import resolve_layers
+from pipeswap.swap.runtime.learning import learnt_by
 from pipeswap.swap.runtime.recompute import Recomputation
 from pipeswap.swap.runtime.transfer import DeviceLedger
 from pipeswap.swap.runtime.unit_swapper import UnitSwapper
@@ -143,9 +144,11 @@ class StageSwapPlans:
 
 
 def micro_profile(config: TrainConfig) -> Profile:
-    """The model measured at one micro-batch, alone, on the run's device and precision."""
+    """The model measured at one micro-batch, alone, on the run's device and precision
+    (with every saved tensor on the host where the stages swap: within a plan's memory)."""
     assert config.device is not None
     threads = single_threaded() if config.device == "cpu" else nullcontext()
+    swapping = config.swap is not None and learnt_by(config.swap.policy) == "on-host"
     with threads, autocast(config.precision, torch.device(config.device)):
         return measure(
             build_full_model(config, config.device),
@@ -154,6 +157,7 @@ def micro_profile(config: TrainConfig) -> Profile:
             image_size=config.image_size,
             device=config.device,
             optimizer=config.optim.name,
+            saved_on_host=swapping,
         )
 
 

@@ -195,6 +195,26 @@ def test_gpu_without_estimate_is_refused(tmp_path: Path, capsys: Capture) -> Non
     assert "--gpu applies to --estimate" in err
 
 
+def test_saved_on_host_profiles_the_same_tensors(tmp_path: Path, capsys: Capture) -> None:
+    written = {}
+    for on_host in (False, True):
+        out = tmp_path / f"p{on_host}.json"
+        args = ["profile", "--model", "gpt2-micro", "--batch", "2", "--seq-len", "16"]
+        args += ["--repeats", "1", "--out", str(out)] + (["--saved-on-host"] if on_host else [])
+        assert main(args) == 0
+        written[on_host] = Profile.load(str(out))
+    assert written[True].notes["saved_on_host"] and not written[False].notes["saved_on_host"]
+    assert [layer.saved for layer in written[True].layers] == [
+        layer.saved for layer in written[False].layers
+    ]
+    err = _fails(
+        ["profile", "--model", "gpt2-micro", "--estimate", "--saved-on-host"]
+        + ["--out", str(tmp_path / "e.json")],
+        capsys,
+    )
+    assert "--saved-on-host applies to a measured profile" in err
+
+
 def test_shape_flag_must_match_the_task(tmp_path: Path, capsys: Capture) -> None:
     out = str(tmp_path / "p.json")
     err = _fails(["profile", "--model", "resnet-micro", "--seq-len", "8", "--out", out], capsys)

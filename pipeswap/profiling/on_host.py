@@ -1,0 +1,203 @@
+"""Every saved tensor on the host: a step within the memory of a plan that swaps them all.
+
+A profile needs a step of the model, and run as it is that step holds the no-swap peak
+that a budget exists to avoid. Run inside :func:`every_saved_tensor_on_host` it keeps only
+what a plan that swaps every layer's saved tensors would keep: each storage a layer saves
+goes to host memory when the layer's forward ends (copied whole, as plans swap storages)
+and all of a layer's come back when its backward starts, each let go of once its last
+tensor is used; parameters and buffers stay. So every reading of a meter at the layers'
+edges is the step's as it is less the saved storages of the layers not running, which
+:func:`as_plain` adds back; and no layer is run twice. The copies back are timed apart
+(``BlockTiming.copies``), or made before a layer's backward is timed
+(:meth:`SavedOnHost.bring_back`). Results are the step's as it is, bit for bit: a copy to
+host and back changes no value.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import replace
+from itertools import chain
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+from pipeswap.precision import uncached_casts
+from pipeswap.profiling.block_timing import BlockTiming
+from pipeswap.profiling.meter import host_buffer
+from pipeswap.profiling.profile import StepMemory
+from pipeswap.profiling.saved import storage_key
+
+__all__ = ["SavedOnHost", "as_plain", "every_saved_tensor_on_host"]
+
+
+class _OnHost:
+    """One saved storage in host memory (whole, as plans swap it), its copy back on the
+    device while it is due, and how many of the tensors saved on it are still to be used."""
+
+    __slots__ = ("back", "device", "due", "host", "original")
+
+    def __init__(self, storage: torch.UntypedStorage, device: torch.device) -> None:
+        self.device = device
+        self.host: torch.Tensor | None = None
+        self.back: torch.UntypedStorage | None = storage  # until its layer's forward ends
+        self.original: weakref.ref[torch.UntypedStorage] | None = None
+        self.due = 0
+
+    def flush(self) -> None:
+        """Its layer's forward is over: to the host, and let go of on the device."""
+        if self.host is None and self.back is not None:
+            self.host = host_buffer(self.back.nbytes(), pin=self.device.type == "cuda")
+            self.host.copy_(torch.empty(0, dtype=torch.uint8, device=self.device).set_(self.back))
+            self.original = weakref.ref(self.back)
+            self.back = None
+
+    def fetch(self) -> None:
+        if self.back is None:
+            # Where the device still holds the storage (the step keeps it for something
+            # else, a block's output), it is used as it is, as the step as it is would:
+            # not copied back beside it.
+            original = None if self.original is None else self.original()
+            if original is not None:
+                self.back = original
+                return
+            assert self.host is not None  # a copy on the CPU too, so a meter counts it
+            self.back = self.host.to(self.device, copy=True).untyped_storage()
+
+    def unpack(self, dtype: torch.dtype, view: tuple[Any, ...]) -> torch.Tensor:
+        self.fetch()  # (again, where a graph kept for a second backward runs it)
+        back = self.back
+        assert back is not None
+        self.due -= 1
+        if self.due <= 0:  # the last tensor saved on it: let it go once that one is
+            self.back = None
+        size, stride, offset = view
+        return torch.empty(0, dtype=dtype, device=self.device).set_(back, offset, size, stride)
+
+
+class SavedOnHost:
+    """The step's saved storages while :func:`every_saved_tensor_on_host` runs: which
+    layer is saving, what each layer saved, and what is still on the device."""
+
+    def __init__(self, model: nn.Module, timing: BlockTiming | None) -> None:
+        self.timing = timing
+        self.resident = {storage_key(t) for t in chain(model.parameters(), model.buffers())}
+        self.saving: str | None = None  # the layer whose forward runs
+        self.stored: WeakIdKeyDictionary = WeakIdKeyDictionary()  # device storage -> _OnHost
+        self.saved: dict[str, dict[int, _OnHost]] = {}  # per layer, the storages it saved
+        self.pending: list[_OnHost] = []  # the running layer's, still on the device
+
+    def entering(self, name: str | None) -> None:
+        """Layer ``name``'s forward starts (None: the step's forward is over): the
+        storages the layer before saved go to the host."""
+        for entry in self.pending:
+            entry.flush()
+        self.pending.clear()
+        self.saving = name
+
+    def bring_back(self, name: str) -> None:
+        """Layer ``name``'s backward starts: all of its storages come back (timed apart)."""
+        group = self.saved.pop(name, None)
+        if group:
+            _fetch(list(group.values()), self.timing)
+
+    def pack(self, tensor: torch.Tensor) -> object:
+        layer = self.saving
+        if (
+            layer is None
+            or type(tensor) is not torch.Tensor  # a subclass (DTensor, float8) keeps its kind
+            or tensor.layout != torch.strided
+            or storage_key(tensor) in self.resident
+        ):
+            return tensor
+        storage = tensor.untyped_storage()
+        entry = self.stored.get(storage)
+        if entry is None:
+            entry = self.stored[storage] = _OnHost(storage, tensor.device)
+            self.pending.append(entry)
+        # Each layer's group is what its backward uses, an earlier layer's output included.
+        self.saved.setdefault(layer, {})[id(entry)] = entry
+        entry.due += 1
+        view = (tensor.size(), tensor.stride(), tensor.storage_offset())
+        return (layer, entry, tensor.dtype, view)
+
+    def unpack(self, packed: object) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        layer, entry, dtype, view = cast(tuple[str, _OnHost, torch.dtype, tuple[Any, ...]], packed)
+        self.bring_back(layer)  # the first of the layer's to be used
+        return entry.unpack(dtype, view)
+
+
+@contextmanager
+def every_saved_tensor_on_host(
+    model: nn.Module, layers: Mapping[str, nn.Module], timing: BlockTiming | None = None
+) -> Iterator[SavedOnHost]:
+    """Every storage a layer of ``layers`` saves a tensor on for the backward, but
+    ``model``'s parameters and buffers, is copied whole to host memory no meter counts
+    (pinned for a GPU) when the layer's forward ends (until then the device holds what the
+    step as it is holds); it holds none of them again until a layer's backward needs one,
+    when all of that layer's come back at once (their copies noted in ``timing``) and each
+    is let go of once its last tensor is used, as the step as it is holds them then. What
+    the model saves before the first layer (its embeddings' input) stays where it is; what
+    it saves after the last (its head, its loss) goes with the last layer's."""
+    on_host = SavedOnHost(model, timing)
+    # First of the hooks: a meter read at the layers' edges reads them flushed. What runs
+    # after the last layer (the head, the loss) is the last layer's, as profiles count it.
+    handles = [
+        layer.register_forward_pre_hook(lambda *_, name=name: on_host.entering(name), prepend=True)
+        for name, layer in layers.items()
+    ]
+    try:
+        with (
+            uncached_casts(),
+            torch.autograd.graph.saved_tensors_hooks(on_host.pack, on_host.unpack),
+        ):
+            yield on_host
+    finally:
+        on_host.entering(None)
+        for handle in handles:
+            handle.remove()
+
+
+def _fetch(group: list[_OnHost], timing: BlockTiming | None) -> None:
+    """Copy a layer's storages back, timed apart from its backward (``timing.copies``)."""
+    device = group[0].device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for entry in group:
+        entry.fetch()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if timing is not None:
+        timing.copies.append((started, time.perf_counter() - started))
+
+
+def as_plain(memory: StepMemory, records: Mapping[str, Any], names: list[str]) -> StepMemory:
+    """What the meter would have read in the step run as it is, from its readings of a
+    step run with every layer's saved storages on the host (:func:`every_saved_tensor_on_host`;
+    ``records``: per layer, what it saves, each with its ``bytes``): that step held, at
+    each reading, none of the saved storages of the layers before the one running (in a
+    backward, after it), which the step as it is holds. The turn holds the last layer's (with the head's, which profiles count as the last
+    layer's), as the last layer's backward does."""
+    saved = 0
+    forward, backward = [], []
+    for name, f_peak, b_peak in zip(
+        names, memory.forward_peak_bytes, memory.backward_peak_bytes, strict=True
+    ):
+        before = saved
+        saved += sum(r.bytes for r in records[name])
+        forward.append(f_peak + before)
+        backward.append(b_peak + before)
+    return replace(
+        memory,
+        forward_peak_bytes=tuple(forward),
+        backward_peak_bytes=tuple(backward),
+        turn_peak_bytes=memory.turn_peak_bytes + before,
+    )
