@@ -330,7 +330,7 @@ def _measure(step: _Step, warmup: int, repeats: int, saved_on_host: bool) -> Pro
     update_s = _optimizer_step_s(model, optimizer, device, warmup, repeats)
     params = param_bytes_by_layer(model)
     memory = layered_step_memory(
-        model, inputs, targets, device, optimizer, saved=records if saved_on_host else None
+        model, inputs, targets, device, optimizer, saved_on_host=saved_on_host
     )
     zero_grads()
     layers = []

@@ -298,15 +298,27 @@ class MemoryMarks:
     """The peak of each named interval of a step, read from ``meter`` at its edges.
 
     ``close(name)`` ends the interval running since the last edge (or since the marks
-    began) and files its peak under ``name`` (the larger, if named twice).
+    began) and files its peak under ``name`` (the larger, if named twice). ``shift(bytes)``
+    notes, from now on, bytes that the step as it is would hold and the device does not
+    (a saved storage kept on the host while learning a shape, pipeswap.profiling.on_host):
+    every peak is the step's as it is, at every moment of the interval.
     """
 
     def __init__(self, meter: DeviceMeter) -> None:
         self.meter = meter
         self.start_bytes = meter.current
         self.peaks: dict[str, int] = {}
+        self.offset = 0  # bytes the step as it is holds beyond the meter's, now
+        self._so_far = 0  # the running interval's peak before the offset last changed
         meter.reset_peak()
 
+    def shift(self, delta: int) -> None:
+        self._so_far = max(self._so_far, self.meter.peak + self.offset)
+        self.meter.reset_peak()
+        self.offset += delta
+
     def close(self, name: str) -> None:
-        self.peaks[name] = max(self.peaks.get(name, 0), self.meter.peak)
+        peak = max(self._so_far, self.meter.peak + self.offset)
+        self.peaks[name] = max(self.peaks.get(name, 0), peak)
+        self._so_far = 0
         self.meter.reset_peak()

@@ -3,7 +3,7 @@ layer's edges, for a device whose meter cannot watch the user's own step (the CP
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
@@ -17,7 +17,7 @@ from pipeswap.models.state import untouched
 from pipeswap.optim import OptimizerConfig
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
 from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
-from pipeswap.profiling.on_host import as_plain, every_saved_tensor_on_host
+from pipeswap.profiling.on_host import every_saved_tensor_on_host
 from pipeswap.profiling.profile import StepMemory
 from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.profiling.step import is_allocation_error, optimizer_state_bytes
@@ -111,27 +111,28 @@ def layered_step_memory(
     device: torch.device,
     optimizer: str,
     *,
-    saved: Mapping[str, Sequence[Any]] | None = None,
+    saved_on_host: bool = False,
 ) -> StepMemory | None:
     """What the meter reads during one whole-model step of a LayeredModel (any device,
     meta included: storages there have sizes too), as :func:`module_step_memory` reads it.
 
-    ``saved``: the records of what each layer saves (their ``bytes``); given, the step runs
-    with every saved tensor on the host (pipeswap.profiling.on_host), within the memory of
-    a plan that swaps them all, and its readings are made those of the step as it is."""
+    ``saved_on_host``: the step runs with every saved tensor on the host
+    (pipeswap.profiling.on_host), within the memory of a plan that swaps them all; the
+    meter still reads what the step as it is would hold."""
     children = dict(model.named_children())
     layers = {name: children[name] for name in model.layer_names}
+    timing = BlockTiming()  # (its marks count what the host holds for the step)
 
     @contextmanager
     def around() -> Iterator[None]:
         with meta_attention_like_cpu():
-            if saved is None:
-                yield
-            else:
-                with every_saved_tensor_on_host(model, layers):
+            if saved_on_host:
+                with every_saved_tensor_on_host(model, layers, timing):
                     yield
+            else:
+                yield
 
-    memory = module_step_memory(
+    return module_step_memory(
         model,
         lambda: model.loss(model(inputs), targets),
         layers,
@@ -139,10 +140,8 @@ def layered_step_memory(
         optimizer,
         holding=(model, inputs, targets),
         around=around,
+        timing=timing,
     )[1]
-    if memory is None or saved is None:
-        return memory
-    return as_plain(memory, saved, model.layer_names)
 
 
 def module_step_memory(
@@ -154,12 +153,15 @@ def module_step_memory(
     *,
     holding: Any = (),
     around: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    timing: BlockTiming | None = None,
 ) -> tuple[BlockTiming, StepMemory | None]:
     """One step of ``forward`` (and a backward from its output) run aside under the meter:
     its timing, and what the meter read with the optimizer state its steps would hold added
     to every reading, and the optimizer step's peak: the state, the gradients and one
     step's temporaries over stand-ins (0 where a step cannot run)."""
-    timing, _ = metered_step(model, forward, layers, device, holding=holding, around=around)
+    timing, _ = metered_step(
+        model, forward, layers, device, holding=holding, around=around, timing=timing
+    )
     names = list(layers)
     memory = timing.step_memory(names)
     if memory is None:

@@ -5,9 +5,11 @@ that a budget exists to avoid. Run inside :func:`every_saved_tensor_on_host` it 
 what a plan that swaps every layer's saved tensors would keep: each storage a layer saves
 goes to host memory when the layer's forward ends (copied whole, as plans swap storages)
 and all of a layer's come back when its backward starts, each let go of once its last
-tensor is used; parameters and buffers stay. So every reading of a meter at the layers'
-edges is the step's as it is less the saved storages of the layers not running, which
-:func:`as_plain` adds back; and no layer is run twice. The copies back are timed apart
+tensor is used; parameters and buffers stay. A meter's marks in the step's timing are
+told, as it happens, of every saved storage the device no longer holds and the step as it
+is would (``MemoryMarks.shift``: when its last holder on the device lets it go, and
+before its copy back), so each interval's peak is the step's as it is, exactly; and no
+layer is run twice. The copies back are timed apart
 (``BlockTiming.copies``), or made before a layer's backward is timed
 (:meth:`SavedOnHost.bring_back`). Results are the step's as it is, bit for bit: a copy to
 host and back changes no value.
@@ -19,7 +21,6 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
 from itertools import chain
 from typing import Any, cast
 
@@ -30,32 +31,55 @@ from torch.utils.weak import WeakIdKeyDictionary
 from pipeswap.precision import uncached_casts
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.meter import host_buffer
-from pipeswap.profiling.profile import StepMemory
 from pipeswap.profiling.saved import storage_key
 
-__all__ = ["SavedOnHost", "as_plain", "every_saved_tensor_on_host"]
+__all__ = ["SavedOnHost", "every_saved_tensor_on_host"]
 
 
 class _OnHost:
     """One saved storage in host memory (whole, as plans swap it), its copy back on the
-    device while it is due, and how many of the tensors saved on it are still to be used."""
+    device while it is due, and how many of the tensors saved on it are still to be used.
 
-    __slots__ = ("back", "device", "due", "host", "original")
+    ``away`` while the device holds it nowhere and the step as it is would (its original
+    let go of, no copy back yet): ``shift`` tells a meter's marks of each change."""
 
-    def __init__(self, storage: torch.UntypedStorage, device: torch.device) -> None:
+    __slots__ = ("away", "back", "device", "due", "gone", "host", "original", "owner")
+
+    def __init__(
+        self, storage: torch.UntypedStorage, device: torch.device, owner: SavedOnHost
+    ) -> None:
         self.device = device
+        self.owner = owner
         self.host: torch.Tensor | None = None
         self.back: torch.UntypedStorage | None = storage  # until its layer's forward ends
         self.original: weakref.ref[torch.UntypedStorage] | None = None
         self.due = 0
+        self.away = self.gone = False
 
     def flush(self) -> None:
         """Its layer's forward is over: to the host, and let go of on the device."""
         if self.host is None and self.back is not None:
             self.host = host_buffer(self.back.nbytes(), pin=self.device.type == "cuda")
             self.host.copy_(torch.empty(0, dtype=torch.uint8, device=self.device).set_(self.back))
-            self.original = weakref.ref(self.back)
-            self.back = None
+            self.original = weakref.ref(self.back, self._gone)
+            self.back = None  # (gone now, unless the step holds it for something else)
+            self.noted()
+
+    def _gone(self, _: object) -> None:
+        # A weak reference's callback runs before the meter's own (newest first), while
+        # the meter still counts the storage: the shift waits for the step's next event.
+        self.gone = True
+        self.owner.dying.append(self)
+
+    def noted(self) -> None:
+        """Tell the marks if the storage is gone from the device (and still owed)."""
+        if self.gone and self.back is None and self.due > 0 and not self.away:
+            self.away = True
+            self.owner.shift(self._nbytes())
+
+    def _nbytes(self) -> int:
+        assert self.host is not None
+        return self.host.numel()
 
     def fetch(self) -> None:
         if self.back is None:
@@ -66,6 +90,10 @@ class _OnHost:
             if original is not None:
                 self.back = original
                 return
+            self.noted()
+            if self.away:  # (before the copy: the two never count at once)
+                self.away = False
+                self.owner.shift(-self._nbytes())
             assert self.host is not None  # a copy on the CPU too, so a meter counts it
             self.back = self.host.to(self.device, copy=True).untyped_storage()
 
@@ -91,10 +119,23 @@ class SavedOnHost:
         self.stored: WeakIdKeyDictionary = WeakIdKeyDictionary()  # device storage -> _OnHost
         self.saved: dict[str, dict[int, _OnHost]] = {}  # per layer, the storages it saved
         self.pending: list[_OnHost] = []  # the running layer's, still on the device
+        self.dying: list[_OnHost] = []  # let go of on the device since the last event
+
+    def shift(self, delta: int) -> None:
+        """``delta`` more bytes the step as it is holds and the device does not, from now."""
+        marks = None if self.timing is None else self.timing.marks
+        if marks is not None:
+            marks.shift(delta)
+
+    def settle(self) -> None:
+        """Note the storages let go of since the last event (pack, unpack, a layer's edge)."""
+        while self.dying:
+            self.dying.pop().noted()
 
     def entering(self, name: str | None) -> None:
         """Layer ``name``'s forward starts (None: the step's forward is over): the
         storages the layer before saved go to the host."""
+        self.settle()
         for entry in self.pending:
             entry.flush()
         self.pending.clear()
@@ -102,11 +143,13 @@ class SavedOnHost:
 
     def bring_back(self, name: str) -> None:
         """Layer ``name``'s backward starts: all of its storages come back (timed apart)."""
+        self.settle()
         group = self.saved.pop(name, None)
         if group:
             _fetch(list(group.values()), self.timing)
 
     def pack(self, tensor: torch.Tensor) -> object:
+        self.settle()
         layer = self.saving
         if (
             layer is None
@@ -118,7 +161,7 @@ class SavedOnHost:
         storage = tensor.untyped_storage()
         entry = self.stored.get(storage)
         if entry is None:
-            entry = self.stored[storage] = _OnHost(storage, tensor.device)
+            entry = self.stored[storage] = _OnHost(storage, tensor.device, self)
             self.pending.append(entry)
         # Each layer's group is what its backward uses, an earlier layer's output included.
         self.saved.setdefault(layer, {})[id(entry)] = entry
@@ -127,6 +170,7 @@ class SavedOnHost:
         return (layer, entry, tensor.dtype, view)
 
     def unpack(self, packed: object) -> torch.Tensor:
+        self.settle()
         if isinstance(packed, torch.Tensor):
             return packed
         layer, entry, dtype, view = cast(tuple[str, _OnHost, torch.dtype, tuple[Any, ...]], packed)
@@ -177,27 +221,3 @@ def _fetch(group: list[_OnHost], timing: BlockTiming | None) -> None:
         torch.cuda.synchronize(device)
     if timing is not None:
         timing.copies.append((started, time.perf_counter() - started))
-
-
-def as_plain(memory: StepMemory, records: Mapping[str, Any], names: list[str]) -> StepMemory:
-    """What the meter would have read in the step run as it is, from its readings of a
-    step run with every layer's saved storages on the host (:func:`every_saved_tensor_on_host`;
-    ``records``: per layer, what it saves, each with its ``bytes``): that step held, at
-    each reading, none of the saved storages of the layers before the one running (in a
-    backward, after it), which the step as it is holds. The turn holds the last layer's (with the head's, which profiles count as the last
-    layer's), as the last layer's backward does."""
-    saved = 0
-    forward, backward = [], []
-    for name, f_peak, b_peak in zip(
-        names, memory.forward_peak_bytes, memory.backward_peak_bytes, strict=True
-    ):
-        before = saved
-        saved += sum(r.bytes for r in records[name])
-        forward.append(f_peak + before)
-        backward.append(b_peak + before)
-    return replace(
-        memory,
-        forward_peak_bytes=tuple(forward),
-        backward_peak_bytes=tuple(backward),
-        turn_peak_bytes=memory.turn_peak_bytes + before,
-    )

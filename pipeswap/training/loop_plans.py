@@ -154,7 +154,7 @@ class LoopPlanner:
         """The run's one budget in bytes, resolved at its first plan and kept by every later
         shape: ``gpu_memory``, the first shape's no-swap peak / ``footprint_ratio``, or the
         GPU's memory. The no-swap peak is the learnt step's readings made those of the step
-        as it is (loop_profile.as_plain; they err high by a few per cent, never low)."""
+        as it is (pipeswap.profiling.on_host)."""
         if self.budget_bytes is None:
             self.budget_bytes = self._resolve_budget(profile)
         return self.budget_bytes
@@ -204,7 +204,6 @@ class LoopPlanner:
             kept=kept,
             rerun=rerun,
             choices=choices,
-            learnt=self.learnt_by,
         )
         return self.settle(profile, call, started, shape=shape, fits=fits, check=check_memory)
 

@@ -10,7 +10,6 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from pipeswap.profiling.block_timing import BlockTiming
-from pipeswap.profiling.on_host import as_plain
 from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.profiling.step import dtype_name, optimizer_state_bytes
 from pipeswap.swap.runtime.recompute import RecomputeSizes
@@ -31,16 +30,13 @@ def loop_profile(
     kept: dict[str, int],
     rerun: dict[str, int],
     choices: Mapping[str, SelectiveChoice] | None = None,
-    learnt: str = "as-is",
 ) -> Profile:
     """The planner's view of one shape: each layer's times, saved tensors and parameters
     (those outside the layers count with the first, as resident memory), what recomputing
     each keeps and saves again (whole, and selectively where ``choices`` says how), and
-    what the meter read during the timed step.
-
-    ``learnt``: how the timed step ran (pipeswap.swap.runtime.learning.LEARNT_BY): the
-    meter's readings of a step learnt on the host are made those of the step run as it is
-    (pipeswap.profiling.on_host.as_plain); its copies back are already out of its times (BlockTiming.copies)."""
+    what the meter read during the timed step (a step learnt with its saved tensors on the
+    host reads as the step as it is, pipeswap.profiling.on_host; its copies back are out
+    of its times, BlockTiming.copies)."""
     names = list(layers)
     seen: set[int] = set()
     params: dict[str, int] = {}
@@ -49,8 +45,6 @@ def loop_profile(
     params[names[0]] += _new_bytes(model.parameters(), seen)
     backward_s = timing.backward_s(names)
     sizes = RecomputeSizes(records, kept, rerun, dict(choices or {}))
-    if memory is not None and learnt != "as-is":
-        memory = as_plain(memory, records, names)
     profiled = tuple(
         LayerProfile(
             name=name,

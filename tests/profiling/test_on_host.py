@@ -2,37 +2,26 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 from torch import nn
 
-from pipeswap.profiling.meter import StorageMeter
-from pipeswap.profiling.on_host import as_plain, every_saved_tensor_on_host
-from pipeswap.profiling.profile import StepMemory
+from pipeswap.profiling.meter import DeviceMeter, MemoryMarks, StorageMeter
+from pipeswap.profiling.on_host import every_saved_tensor_on_host
 
 
-def _memory(forward: list[int], backward: list[int], turn: int) -> StepMemory:
-    return StepMemory(
-        start_bytes=100,
-        forward_peak_bytes=tuple(forward),
-        backward_peak_bytes=tuple(backward),
-        turn_peak_bytes=turn,
-        step_peak_bytes=500,
-    )
-
-
-def test_as_plain_adds_the_saved_bytes_of_the_layers_before_the_one_running() -> None:
-    records = {
-        "a": [SimpleNamespace(bytes=10), SimpleNamespace(bytes=5)],
-        "b": [SimpleNamespace(bytes=20)],
-        "c": [SimpleNamespace(bytes=40)],
-    }
-    plain = as_plain(_memory([1, 2, 3], [4, 5, 6], 7), records, ["a", "b", "c"])
-    assert plain.forward_peak_bytes == (1, 2 + 15, 3 + 35)
-    assert plain.backward_peak_bytes == (4, 5 + 15, 6 + 35)
-    assert plain.turn_peak_bytes == 7 + 35  # the last layer's (and the head's) are there
-    assert (plain.start_bytes, plain.step_peak_bytes) == (100, 500)
+def test_marks_read_the_step_as_it_is_at_every_moment_of_an_interval() -> None:
+    with DeviceMeter(torch.device("cpu")) as meter:
+        marks = MemoryMarks(meter)
+        a = torch.empty(1000, dtype=torch.uint8)
+        marks.shift(500)  # 500 bytes away from now: 1000 + 500
+        del a  # 0 + 500
+        marks.close("one")
+        b = torch.empty(300, dtype=torch.uint8)  # 300 + 500
+        marks.shift(-500)  # (before a copy back of the 500)
+        c = torch.empty(500, dtype=torch.uint8)  # 800
+        marks.close("two")
+        del b, c
+    assert marks.peaks == {"one": 1500, "two": 800}
 
 
 def test_bring_back_before_a_timed_backward_leaves_the_backward_nothing_to_copy() -> None:

@@ -34,7 +34,7 @@ def test_a_run_that_swaps_profiles_its_model_with_the_saved_tensors_on_the_host(
     assert [layer.saved for layer in profile.layers] == [layer.saved for layer in plain.layers]
     no_swap = plain.memory.turn_peak_bytes  # the step's peak: the turn, for this model
     assert no_swap > max(*plain.memory.forward_peak_bytes, *plain.memory.backward_peak_bytes)
-    assert abs(profile.memory.turn_peak_bytes - no_swap) <= 0.005 * no_swap
+    assert profile.memory == plain.memory  # what the step as it is holds, to the byte
     # Profiling held what a plan that swaps everything holds, not the no-swap peak (the
     # meter counts the model too: it is built inside it).
     assert meter.peak <= 0.6 * no_swap

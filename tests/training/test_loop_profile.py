@@ -49,9 +49,9 @@ def test_parameters_outside_the_layers_count_with_the_first_and_the_batch_is_the
     assert (profile.layers[0].kept_bytes, profile.layers[1].kept_bytes) == (16, None)
 
 
-def test_a_learnt_step_s_readings_are_made_those_of_the_step_as_it_is() -> None:
+def test_a_learnt_step_reads_what_the_step_as_it_is_holds() -> None:
     """A 4-layer HF Llama at 40 tokens: the profile from a step learnt with every saved
-    storage on the host plans for what the step as it is holds, within half a per cent."""
+    storage on the host plans for what the step as it is holds."""
     pytest.importorskip("transformers")
     from tests.training.test_loop_shapes import _llama, padded_batches
 
@@ -61,14 +61,16 @@ def test_a_learnt_step_s_readings_are_made_those_of_the_step_as_it_is() -> None:
     sizes = planner.name_tensors((), batch)
     peaks = {}
     for how in LEARNT_BY:
+        timing = BlockTiming()  # the learnt step tells its marks what the host holds
         with planner.quiet():
-            timing, _ = metered_step(
+            metered_step(
                 model,
                 lambda: model(**batch),
                 planner.layers,
                 planner.device,
                 holding=(*planner.holding, batch),
-                around=lambda: learning_step(how, model, planner.layers),  # noqa: B023
+                around=lambda: learning_step(how, model, planner.layers, timing),  # noqa: B023
+                timing=timing,
             )
         profile = loop_profile(
             model,
@@ -80,11 +82,9 @@ def test_a_learnt_step_s_readings_are_made_those_of_the_step_as_it_is() -> None:
             memory=timing.step_memory(planner.layer_names),
             kept=sizes.kept,
             rerun=sizes.rerun,
-            learnt=how,
         )
         workload = workload_from_profile(profile)
         peaks[how] = (workload.no_swap_peak_bytes(), workload.min_budget_bytes())
-    # On the host every reading is the step's as it is but a few bytes per token (its
-    # last layer's backward and the turn: 0.15% low here).
-    for plain, learnt in zip(peaks["as-is"], peaks["on-host"], strict=True):
-        assert plain * 0.995 <= learnt <= plain * 1.005, peaks
+    # On the host every reading is the step's as it is, to the byte (the marks are told
+    # of each saved storage the device lets go of and takes back).
+    assert peaks["on-host"] == peaks["as-is"]

@@ -4,8 +4,8 @@ A plan needs a profile of the call it serves, and the profile needs a step of th
 run as it is, that step would hold the no-swap peak that the budget exists to avoid. So
 under every policy but ``none`` the step that is learnt runs with every saved tensor on
 the host (pipeswap.profiling.on_host), keeping only what a plan that swaps every layer's
-saved tensors would keep; its readings are made those of the step as it is by
-``on_host.as_plain``. Policy ``none`` keeps everything, so its step runs as it is.
+saved tensors would keep, while a meter reads what the step as it is holds. Policy
+``none`` keeps everything, so its step runs as it is.
 """
 
 from __future__ import annotations
