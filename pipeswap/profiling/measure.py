@@ -16,7 +16,7 @@ from pipeswap.config_fields import ConfigError
 from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
-from pipeswap.optim import PROFILE_OPTIMIZER, OptimizerConfig
+from pipeswap.optim import PROFILE_OPTIMIZER
 from pipeswap.profiling.estimate import estimate, meta_copy, moved_copy, on_device
 from pipeswap.profiling.metered_step import layered_step_memory
 from pipeswap.profiling.on_host import SavedOnHost, every_saved_tensor_on_host
@@ -33,6 +33,7 @@ from pipeswap.profiling.step import (
     run_step,
     step_profile,
 )
+from pipeswap.profiling.update_step import update_seconds
 from pipeswap.units import format_bytes
 
 __all__ = ["measure", "requested_bytes", "transient_bytes"]
@@ -50,16 +51,17 @@ _SAVED_NOTE = (
 )
 _OPTIMIZER_NOTE = "sgd is SGD with momentum (1 buffer per parameter); adam and adamw keep 2"
 _UPDATE_NOTE = (
-    "median wall time of optimizer.step() over stand-ins of the trainable parameters (same "
-    "shapes, device and dtype; the optimizer every mode builds: OptimizerConfig.build), after "
-    "one step that creates its state; null when the stand-ins did not fit in memory"
+    "median wall time of optimizer.step() over the trainable parameters, with gradients of "
+    "1e-3 (the optimizer every mode builds: OptimizerConfig.build), after one step that "
+    "creates its state; their values and gradients put back afterwards from host memory; "
+    "null when the step did not fit in memory"
 )
 _MEMORY_NOTE = (
     "memory: the device's own meter (CUDA's allocator; elsewhere the live storages, as "
     "torch's MemTracker counts them) read at every layer's edges during one whole-model "
     "forward and backward; the optimizer state (not made here) is added to every reading, "
     "and the step's peak is the state, the gradients and one optimizer step's temporaries "
-    "over stand-ins"
+    "(over the parameters, put back afterwards)"
 )
 
 
@@ -260,36 +262,6 @@ def requested_bytes(message: str) -> str | None:
     return None if match is None else match.group(1)
 
 
-def _optimizer_step_s(
-    model: nn.Module, optimizer: str, device: torch.device, warmup: int, repeats: int
-) -> float | None:
-    """One optimizer step's time over the model's trainable parameters (_UPDATE_NOTE).
-
-    Stand-ins are stepped so that the model's own values stay untouched (measure() must
-    leave them as it found them).
-    """
-    try:
-        stand_ins = [
-            nn.Parameter(torch.zeros_like(p)) for p in model.parameters() if p.requires_grad
-        ]
-        for param in stand_ins:
-            param.grad = torch.full_like(param, 1e-3)
-        step = OptimizerConfig(optimizer=optimizer).build(stand_ins)
-        seconds = []
-        for repeat in range(1 + warmup + repeats):
-            _sync(device)
-            started = time.perf_counter()
-            step.step()
-            _sync(device)
-            if repeat > warmup:
-                seconds.append(time.perf_counter() - started)
-        return statistics.median(seconds)
-    except (RuntimeError, MemoryError) as exc:
-        if not is_allocation_error(exc):
-            raise
-        return None
-
-
 def _autocast_dtype(device: torch.device) -> str | None:
     """The dtype torch.autocast runs ``device``'s ops in around this call, or None."""
     if not torch.is_autocast_enabled(device.type):
@@ -309,7 +281,12 @@ def _measure(step: _Step, warmup: int, repeats: int, saved_on_host: bool) -> Pro
             param.grad = None
 
     def timed_step() -> _Timer:
-        on_host = every_saved_tensor_on_host(model, blocks) if saved_on_host else nullcontext()
+        on_host = (
+            # autocast's cache as the step as it is keeps it: its readings are profiled
+            every_saved_tensor_on_host(model, blocks, uncached=False)
+            if saved_on_host
+            else nullcontext()
+        )
         with on_host as held:
             timer = _Timer(device, held)
             run_step(model, inputs, targets, timer)
@@ -327,7 +304,8 @@ def _measure(step: _Step, warmup: int, repeats: int, saved_on_host: bool) -> Pro
         timed_step()
     timings = [timed_step() for _ in range(repeats)]
 
-    update_s = _optimizer_step_s(model, optimizer, device, warmup, repeats)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    update_s = update_seconds(trainable, optimizer, device, warmup, repeats)
     params = param_bytes_by_layer(model)
     memory = layered_step_memory(
         model, inputs, targets, device, optimizer, saved_on_host=saved_on_host

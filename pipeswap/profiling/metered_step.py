@@ -14,13 +14,13 @@ from torch.utils._pytree import tree_flatten
 
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
-from pipeswap.optim import OptimizerConfig
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
 from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
 from pipeswap.profiling.on_host import every_saved_tensor_on_host
 from pipeswap.profiling.profile import StepMemory
 from pipeswap.profiling.saved import meta_attention_like_cpu
-from pipeswap.profiling.step import is_allocation_error, optimizer_state_bytes
+from pipeswap.profiling.step import optimizer_state_bytes
+from pipeswap.profiling.update_step import update_temporaries
 
 __all__ = ["layered_step_memory", "metered_step", "module_step_memory"]
 
@@ -117,8 +117,9 @@ def layered_step_memory(
     meta included: storages there have sizes too), as :func:`module_step_memory` reads it.
 
     ``saved_on_host``: the step runs with every saved tensor on the host
-    (pipeswap.profiling.on_host), within the memory of a plan that swaps them all; the
-    meter still reads what the step as it is would hold."""
+    (pipeswap.profiling.on_host; autocast's cache kept, as the step as it is keeps it),
+    within the memory of a plan that swaps them all; the meter still reads what the step
+    as it is would hold."""
     children = dict(model.named_children())
     layers = {name: children[name] for name in model.layer_names}
     timing = BlockTiming()  # (its marks count what the host holds for the step)
@@ -127,7 +128,7 @@ def layered_step_memory(
     def around() -> Iterator[None]:
         with meta_attention_like_cpu():
             if saved_on_host:
-                with every_saved_tensor_on_host(model, layers, timing):
+                with every_saved_tensor_on_host(model, layers, timing, uncached=False):
                     yield
             else:
                 yield
@@ -158,7 +159,8 @@ def module_step_memory(
     """One step of ``forward`` (and a backward from its output) run aside under the meter:
     its timing, and what the meter read with the optimizer state its steps would hold added
     to every reading, and the optimizer step's peak: the state, the gradients and one
-    step's temporaries over stand-ins (0 where a step cannot run)."""
+    step's temporaries over the parameters, put back afterwards (0 where a step cannot
+    run)."""
     timing, _ = metered_step(
         model, forward, layers, device, holding=holding, around=around, timing=timing
     )
@@ -171,24 +173,5 @@ def module_step_memory(
     state = optimizer_state_bytes(optimizer, grads)
     with_state = timing.step_memory(names, memory.start_bytes + state)
     assert with_state is not None
-    step = with_state.start_bytes + grads + _optimizer_temporaries(trainable, optimizer, device)
+    step = with_state.start_bytes + grads + update_temporaries(trainable, optimizer, device)
     return timing, replace(with_state, step_peak_bytes=step)
-
-
-def _optimizer_temporaries(params: list[nn.Parameter], optimizer: str, device: torch.device) -> int:
-    """What one optimizer step holds beyond parameters, gradients and state, over stand-ins
-    (0 when they do not fit)."""
-    try:
-        stand_ins = [nn.Parameter(torch.zeros_like(p)) for p in params]
-        for param in stand_ins:
-            param.grad = torch.full_like(param, 1e-3)
-        step = OptimizerConfig(optimizer=optimizer).build(stand_ins)
-        step.step()  # makes the state
-        with DeviceMeter(device, holding=(stand_ins, step)) as meter:
-            before = meter.current
-            step.step()
-        return max(0, meter.peak - before)
-    except (RuntimeError, MemoryError, NotImplementedError) as exc:
-        if device.type != "meta" and not is_allocation_error(exc):
-            raise
-        return 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from itertools import chain
 from typing import Any, cast
 
@@ -180,7 +180,11 @@ class SavedOnHost:
 
 @contextmanager
 def every_saved_tensor_on_host(
-    model: nn.Module, layers: Mapping[str, nn.Module], timing: BlockTiming | None = None
+    model: nn.Module,
+    layers: Mapping[str, nn.Module],
+    timing: BlockTiming | None = None,
+    *,
+    uncached: bool = True,
 ) -> Iterator[SavedOnHost]:
     """Every storage a layer of ``layers`` saves a tensor on for the backward, but
     ``model``'s parameters and buffers, is copied whole to host memory no meter counts
@@ -189,7 +193,12 @@ def every_saved_tensor_on_host(
     when all of that layer's come back at once (their copies noted in ``timing``) and each
     is let go of once its last tensor is used, as the step as it is holds them then. What
     the model saves before the first layer (its embeddings' input) stays where it is; what
-    it saves after the last (its head, its loss) goes with the last layer's."""
+    it saves after the last (its head, its loss) goes with the last layer's.
+
+    ``uncached``: autocast's weight cache is off inside, as a swapping step runs (a cast
+    then lives as long as autograd keeps it, and goes to the host with its layer's); off,
+    the cache holds every cast on the device as in a plain step under autocast, whose
+    readings the step then gives (what ``measure`` profiles)."""
     on_host = SavedOnHost(model, timing)
     # First of the hooks: a meter read at the layers' edges reads them flushed. What runs
     # after the last layer (the head, the loss) is the last layer's, as profiles count it.
@@ -199,7 +208,7 @@ def every_saved_tensor_on_host(
     ]
     try:
         with (
-            uncached_casts(),
+            uncached_casts() if uncached else nullcontext(),
             torch.autograd.graph.saved_tensors_hooks(on_host.pack, on_host.unpack),
         ):
             yield on_host

@@ -1,5 +1,7 @@
 """Tests of measured profiles (pipeswap.profiling.measure) and the block-by-block step."""
 
+from dataclasses import astuple
+
 import pytest
 import torch
 from torch import nn
@@ -392,3 +394,18 @@ def test_measure_with_saved_tensors_on_host_holds_less_and_profiles_the_same(nam
     # ... while the device (the meter, every step measure ran) held far less than that peak
     # (the timed steps keep every block's output, as the block-by-block step needs them).
     assert meter.peak <= 0.8 * _no_swap_peak(plain)
+
+
+def test_measure_on_host_under_autocast_profiles_what_the_step_as_it_is_holds() -> None:
+    """Autocast's weight cache is kept as the step as it is keeps it: the same readings."""
+    model = build_model("gpt2-micro")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = measure(model, 8, seq_len=32, optimizer="adamw", warmup=0, repeats=1)
+        on_host = measure(
+            model, 8, seq_len=32, optimizer="adamw", warmup=0, repeats=1, saved_on_host=True
+        )
+    assert on_host.notes["autocast"] == "bfloat16"
+    assert [layer.saved for layer in on_host.layers] == [layer.saved for layer in plain.layers]
+    # (a backward reads 64 bytes less here, of 0.9 MiB: one bias's cast, let go of sooner)
+    for mine, theirs in zip(astuple(on_host.memory), astuple(plain.memory), strict=True):
+        assert mine == pytest.approx(theirs, rel=1e-4)
