@@ -53,8 +53,8 @@ _OPTIMIZER_NOTE = "sgd is SGD with momentum (1 buffer per parameter); adam and a
 _UPDATE_NOTE = (
     "median wall time of optimizer.step() over the trainable parameters, with gradients of "
     "1e-3 (the optimizer every mode builds: OptimizerConfig.build), after one step that "
-    "creates its state; their values and gradients put back afterwards from host memory; "
-    "null when the step did not fit in memory"
+    "creates its state, stepped on aliases of their storage and their values put back "
+    "afterwards from host memory (profiling.update_step); null when it did not fit in memory"
 )
 _MEMORY_NOTE = (
     "memory: the device's own meter (CUDA's allocator; elsewhere the live storages, as "
@@ -180,8 +180,8 @@ def measure(
 
     ``saved_on_host``: every step runs within the memory of a plan that swaps every saved
     tensor (pipeswap.profiling.on_host), not at the no-swap peak, for a run whose budget is
-    below it; the profile is the same (its memory readings made those of the step as it
-    is), but for the copies' effect on the timings.
+    below it; the profile is the same (the meter reads what the step as it is holds), but
+    for the copies' effect on the timings.
     """
     if not isinstance(model, str):
         model = ensure_layered(model, "measure")

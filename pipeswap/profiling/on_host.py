@@ -9,9 +9,8 @@ tensor is used; parameters and buffers stay. A meter's marks in the step's timin
 told, as it happens, of every saved storage the device no longer holds and the step as it
 is would (``MemoryMarks.shift``: when its last holder on the device lets it go, and
 before its copy back), so each interval's peak is the step's as it is, exactly; and no
-layer is run twice. The copies back are timed apart
-(``BlockTiming.copies``), or made before a layer's backward is timed
-(:meth:`SavedOnHost.bring_back`). Results are the step's as it is, bit for bit: a copy to
+layer is run twice. The copies back are timed apart (``BlockTiming.copies``), or made
+before a layer's backward is timed (:meth:`SavedOnHost.bring_back`). Results are the step's as it is, bit for bit: a copy to
 host and back changes no value.
 """
 
@@ -41,7 +40,8 @@ class _OnHost:
     device while it is due, and how many of the tensors saved on it are still to be used.
 
     ``away`` while the device holds it nowhere and the step as it is would (its original
-    let go of, no copy back yet): ``shift`` tells a meter's marks of each change."""
+    let go of, no copy back yet): its owner's ``shift`` tells a meter's marks of each
+    change."""
 
     __slots__ = ("away", "back", "device", "due", "gone", "host", "original", "owner")
 

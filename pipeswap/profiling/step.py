@@ -133,14 +133,14 @@ def run_step(
     loss: torch.Tensor | None = None
     x: Boundary = inputs
     for position, (name, block) in enumerate(blocks):
+        last = position == len(blocks) - 1
         fed, held = (x, (None,)) if position == 0 else _cut(x)
         with around(name, "forward"):
             out = _checked(block(fed), name, model)
-            if position == len(blocks) - 1:
+            if last:
                 loss = model.loss(out, targets)  # type: ignore[arg-type]
         leaves.append(held)
         output_bytes[name] = sum(t.numel() * t.element_size() for t in _tensors(out))
-        last = position == len(blocks) - 1
         # The last block's backward starts from the loss: its output (a language model's
         # logits) is let go of once the loss is made, as in a whole-model step.
         outputs.append(None if last else out)
