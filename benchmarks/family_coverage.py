@@ -33,6 +33,7 @@ from _common import RESULTS_DIR, header
 from torch import nn
 
 from pipeswap.dist.launch import spawn
+from pipeswap.dist.peers import lost_peers
 from pipeswap.jsonio import write_atomic
 from pipeswap.training.offload import offload
 from pipeswap.training.pipe import Pipeline
@@ -263,9 +264,9 @@ def check_pipeline(
 ) -> tuple[str, str]:
     """(verdict, detail) of a 2-stage pipeline of the family against its plain loop."""
     launched = spawn(_pipeline_rank, 2, task, model_type, auto_name, timeout_s=60)
-    failed = next((r for r in launched.results if isinstance(r, str)), None)
-    if failed is not None:  # the rank that raised says why (its peer then fails too)
-        return "fails", failed
+    failed = [r for r in launched.results if isinstance(r, str)]
+    if failed:  # the rank that raised says why (its peer then fails as a lost peer)
+        return "fails", next((r for r in failed if not lost_peers(RuntimeError(r))), failed[0])
     if not launched.ok:
         message = next((m for m in launched.messages if m), "a rank failed")
         return "fails", message.splitlines()[0][:160].replace("|", "/")

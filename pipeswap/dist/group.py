@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +25,7 @@ __all__ = [
     "broadcast_from_rank0",
     "destroy_groups",
     "direction_groups",
+    "failing_together",
     "gather_to_rank0",
     "init_process_group",
     "join_as_stages",
@@ -142,6 +143,28 @@ def rendezvous_error(exc: RuntimeError, env: RankEnv, timeout_s: float) -> Excep
             f"MASTER_ADDR and MASTER_PORT, or {_UNSET}"
         )
     return exc
+
+
+@contextmanager
+def failing_together(close: Callable[[], None]) -> Iterator[None]:
+    """Run a part of a job whose peers wait for this rank's messages. If it fails, this
+    rank's process groups are closed (``close``: the job's own ones, then the default),
+    so that the peers' transfers fail at once (a lost peer, which names no cause of its
+    own) instead of waiting out their timeout: also where a script catches the error."""
+    try:
+        yield
+    except BaseException as exc:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            rank = dist.get_rank()
+            with suppress(Exception):
+                close()
+            with suppress(Exception):
+                leave_process_group()
+            exc.add_note(
+                f"pipeswap: rank {rank} closed its process group so that the other "
+                "ranks stop at once (they report a lost peer)"
+            )
+        raise
 
 
 def leave_process_group() -> None:

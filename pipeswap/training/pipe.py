@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -15,6 +15,7 @@ from pipeswap.config_fields import require
 from pipeswap.data_config import DataConfig
 from pipeswap.dist.env import local_rank_of
 from pipeswap.dist.group import (
+    failing_together,
     gather_to_rank0,
     join_as_stages,
     leave_process_group,
@@ -36,18 +37,17 @@ from pipeswap.pipeline.shapes import BatchShapes
 from pipeswap.pipeline.shared import find_shared
 from pipeswap.pipeline.stage import layer_infos
 from pipeswap.pipeline.step_end import step_loss
-from pipeswap.pipeline.weights import describe_optimizer
 from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipe_checkpoint import Checkpoint, newest_checkpoint, save_stages
+from pipeswap.training.pipe_optimizer import OptimizerFactory, pipe_optimizer
 from pipeswap.training.pipe_target import ScoredAgainst, score_batch
 
 __all__ = ["OptimizerFactory", "Pipeline"]
 
-OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 # How long a rank of a group the pipeline joins itself waits for a silent peer.
 _TIMEOUT_S = 600.0
 
@@ -108,22 +108,7 @@ class Pipeline:
             weights=weights,
             micro_batches=micro_batches,
         )
-        self.factory: OptimizerFactory | None = None
-        if optimizer is None or isinstance(optimizer, OptimizerConfig):
-            self.optim = optimizer or OptimizerConfig()
-        else:
-            # Its settings, as far as pipeswap knows them, are checked as a config's are.
-            probe = optimizer([nn.Parameter(torch.zeros(1))])
-            # One pipeswap does not build keeps its own rate: a named optimizer's is constant.
-            described = describe_optimizer(probe) or OptimizerConfig(optimizer="sgd")
-            self.factory, self.optim = optimizer, described
-        if clip_grad_norm is not None:
-            self.optim = replace(self.optim, clip_grad_norm=clip_grad_norm)
-        require(
-            self.optim.accumulate == 1,
-            f"accumulate is {self.optim.accumulate}: hand pipe.step the {self.optim.accumulate} "
-            "batches at once with that many times the micro_batches (the same updates)",
-        )
+        self.factory, self.optim = pipe_optimizer(optimizer, clip_grad_norm)
         self.steps, self.precision, self.seed = steps, precision, seed
         self.loss_fn = loss_fn
         self.rank, self.world, self._joined = join_as_stages(stages, _TIMEOUT_S)
@@ -267,9 +252,7 @@ class Pipeline:
         ``steps``, the pipeline first finishes the mini-batches in flight (every rank calls
         it, unless a step failed)."""
         self._drain("pipe.close")
-        if self._wires is not None:
-            self._wires.close()
-            self._wires = None
+        self._close_wires()
         if self._joined:
             leave_process_group()
             self._joined = False
@@ -321,8 +304,18 @@ class Pipeline:
             raise PipeswapError(f"pipe.{what} comes after the first pipe.step")
         return self._executor
 
-    def _threads(self) -> AbstractContextManager[None]:
-        return single_threaded() if self.device.type == "cpu" else nullcontext()
+    @contextmanager
+    def _threads(self) -> Iterator[None]:
+        """Where the stage's actions run: on one thread on a CPU; a failure closes the
+        process groups, so the other stages stop at once (pipeswap.dist.group)."""
+        threads = single_threaded() if self.device.type == "cpu" else nullcontext()
+        with threads, failing_together(self._close_wires):
+            yield
+
+    def _close_wires(self) -> None:
+        if self._wires is not None:
+            self._wires.close()
+            self._wires = None
 
     def _built(
         self, inputs: torch.Tensor, target: torch.Tensor, first_unit: int, eval: bool = False

@@ -12,6 +12,7 @@ from support import pipeline_run
 from pipeswap.config_fields import ConfigError, replace_fields
 from pipeswap.dist.digest import params_sha256
 from pipeswap.dist.launch import spawn
+from pipeswap.dist.peers import lost_peers
 from pipeswap.errors import PipeswapError
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.emulator import Emulator
@@ -271,3 +272,39 @@ def test_labels_score_with_the_model_s_own_loss(family: str) -> None:
         assert loss == pytest.approx(expected, rel=1e-6)
     with pytest.raises(ConfigError, match="keep to it"):
         pipe.eval(ids[0], target=ids[0])
+
+
+def _catching(rank: int, world: int, config: TrainConfig) -> tuple[str, list[str]] | None:
+    """A loop that catches its step's error, as a script that logs and goes on does: the
+    second step's target names a class the last stage cannot score (its loss fails), so
+    only the last stage fails; the first waits for that stage's gradients."""
+    pipe = _pipe(config)
+    data = BatchSource(config, build_full_model(config))
+    x, y = data.batch(0)
+    pipe.step(x, y)
+    bad = y.clone()
+    bad[0, 0] = 10**6
+    try:
+        pipe.step(x, bad)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}", getattr(exc, "__notes__", [])
+    finally:
+        pipe.close()
+    return None
+
+
+@pytest.mark.dist
+def test_a_step_that_fails_on_one_stage_stops_the_others_at_once() -> None:
+    """The failing stage closes its process group (pipeswap.dist.group.failing_together):
+    the stage waiting for its gradients fails at once as a lost peer, even though both
+    scripts catch the error, instead of waiting out the group's timeout (120 s here)."""
+    launched = spawn(_catching, 2, replace_fields(BASE, steps=2), timeout_s=120)
+    assert launched.ok, launched.exit_codes
+    assert launched.elapsed_s < 40, launched.elapsed_s
+    (first, first_notes), (last, last_notes) = launched.results
+    assert "out of bounds" in last, last
+    assert last_notes == [
+        "pipeswap: rank 1 closed its process group so that the other ranks stop at once (they report a lost peer)"
+    ]
+    assert lost_peers(RuntimeError(first)), first
+    assert first_notes and "rank 0 closed" in first_notes[0]

@@ -1,0 +1,40 @@
+"""What a Pipeline's stages train with: an OptimizerConfig, or the user's own optimizer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from pipeswap.config_fields import require
+from pipeswap.optim import OptimizerConfig
+from pipeswap.pipeline.weights import describe_optimizer
+
+__all__ = ["OptimizerFactory", "pipe_optimizer"]
+
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+
+def pipe_optimizer(
+    optimizer: OptimizerConfig | OptimizerFactory | None, clip_grad_norm: float | None
+) -> tuple[OptimizerFactory | None, OptimizerConfig]:
+    """(the user's factory or None, the settings pipeswap knows of the update): the
+    default OptimizerConfig when none is given."""
+    factory: OptimizerFactory | None = None
+    if optimizer is None or isinstance(optimizer, OptimizerConfig):
+        optim = optimizer or OptimizerConfig()
+    else:
+        # Its settings, as far as pipeswap knows them, are checked as a config's are.
+        probe = optimizer([nn.Parameter(torch.zeros(1))])
+        # One pipeswap does not build keeps its own rate: a named optimizer's is constant.
+        factory, optim = optimizer, describe_optimizer(probe) or OptimizerConfig(optimizer="sgd")
+    if clip_grad_norm is not None:
+        optim = replace(optim, clip_grad_norm=clip_grad_norm)
+    require(
+        optim.accumulate == 1,
+        f"accumulate is {optim.accumulate}: hand pipe.step the {optim.accumulate} "
+        "batches at once with that many times the micro_batches (the same updates)",
+    )
+    return factory, optim
