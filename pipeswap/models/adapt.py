@@ -176,18 +176,21 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
             "own loop; pipelines and `pipeswap profile` cut decoder-only and encoder-only models"
         )
     entry = task_kind(task)
-    image = (
-        entry.has_image_size
-        and hasattr(config, "num_channels")
-        and not hasattr(config, "vocab_size")
-    )
-    tokens = entry.takes_tokens or not image
+    # A classifier reads what its class reads (BEiT's config has a vocabulary, for its
+    # masked image modelling, and reads pixels); an image one's sizes are its vision
+    # config's where it has one (CLIP, SigLIP).
+    tokens = entry.takes_tokens or tokens
     info: dict[str, Any] = {"task": task, "masked": masked}
     info["takes_tokens"] = tokens
     if tokens:
         # Any vocabulary trains on the user's tokens; the built-in byte-level data checks
         # its own need (pipeswap.data.dataset_for).
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if not isinstance(getattr(text, "vocab_size", None), int):
+            raise PipeswapError(
+                f"{name}: {cls_name}'s config has no vocab_size, and pipeswap needs the "
+                "number of token ids the model takes: set config.vocab_size"
+            )
         vocab = int(text.vocab_size)
         info["vocab_size"] = vocab
         info["max_positions"] = _max_positions(text)
@@ -209,8 +212,9 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
                 "labels (cross-entropy): set num_labels in its config"
             )
         info["num_classes"] = labels
-        info["in_channels"] = int(getattr(config, "num_channels", 3))
-        size = getattr(config, "image_size", None)
+        vision = config if tokens else getattr(config, "vision_config", None) or config
+        info["in_channels"] = int(getattr(vision, "num_channels", 3))
+        size = getattr(vision, "image_size", None)
         info["image_size"] = int(size) if isinstance(size, int) else None
     return info
 

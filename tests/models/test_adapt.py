@@ -88,3 +88,39 @@ def test_a_pipeline_adapts_the_model_on_its_first_batch() -> None:
     assert first is not None and pipe.step(ids[:, :-1], target=ids[:, 1:]) < first
     assert pipe.balance == (4,) and pipe.layered.layer_names[0] == "embed"
     pipe.close()
+
+
+def _classifier(kind: str) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+    small |= {"intermediate_size": 64, "image_size": 16, "patch_size": 8, "num_labels": 3}
+    torch.manual_seed(0)
+    if kind == "beit":  # its config has a vocabulary (masked image modelling), 1 channel
+        config = transformers.BeitConfig(**small, num_channels=1, drop_path_rate=0.0)
+        return transformers.BeitForImageClassification(config)
+    # CLIP: a text and a vision config; the classifier reads the vision one's images.
+    vision = {**small, "num_channels": 1}
+    config = transformers.CLIPConfig(text_config=small, vision_config=vision, num_labels=3)
+    return transformers.CLIPForImageClassification(config)
+
+
+@pytest.mark.parametrize("kind", ["beit", "clip"])
+def test_an_image_classifier_reads_images_whatever_else_its_config_has(kind: str) -> None:
+    model = _classifier(kind)
+    layered = adapt(model)
+    assert not layered.takes_tokens
+    images = torch.randn(2, 1, 16, 16)  # the vision config's channels and side
+    model.eval()
+    layered.eval()
+    with torch.no_grad():
+        assert torch.equal(layered(images), model(pixel_values=images).logits)
+
+
+def test_a_tokens_model_without_a_vocabulary_size_is_refused_saying_what_to_set() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.CanineConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    model = transformers.CanineForSequenceClassification(config)
+    with pytest.raises(PipeswapError, match="set config.vocab_size"):
+        adapt(model)
