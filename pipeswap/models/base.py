@@ -13,6 +13,7 @@ from torch.nn.modules.module import _IncompatibleKeys
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.models.tasks import TASKS, Task, task_kind
+from pipeswap.models.written import written_back
 
 __all__ = ["IGNORE_INDEX", "LayeredModel", "evaluating", "init_convs_"]
 
@@ -23,11 +24,12 @@ IGNORE_INDEX = -100
 @contextlib.contextmanager
 def evaluating(module: nn.Module) -> Iterator[None]:
     """``module`` scoring held-out data: eval mode (no dropout, BatchNorm on its running
-    statistics) and no gradients; every submodule's own mode comes back afterwards."""
+    statistics) and no gradients; every submodule's own mode comes back afterwards, and
+    what an eval forward writes into the model (pipeswap.models.written)."""
     modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), written_back(module):
             yield
     finally:
         for m, mode in modes:

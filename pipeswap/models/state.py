@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError
+from pipeswap.models.written import public_scalars, written_back
 
 __all__ = ["ModuleSnapshot", "inspecting", "untouched"]
 
@@ -48,12 +49,7 @@ class ModuleSnapshot:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.training = [(module, module.training) for module in model.modules()]
-        self.scalars = [
-            (module, name, value)
-            for module in model.modules()
-            for name, value in vars(module).items()
-            if type(value) in (int, float, bool) and not name.startswith("_") and name != "training"
-        ]
+        self.scalars = public_scalars(model)
         self.params: list[_ParamState] = []
         self.buffers: list[_BufferState] = []
         for prefix, module in model.named_modules():
@@ -130,7 +126,8 @@ def untouched(
 
 @contextmanager
 def inspecting(model: nn.Module) -> Iterator[None]:
-    """Eval mode, no gradients: inspecting the model leaves it and the RNG as they were."""
-    with untouched(model, check=False), torch.no_grad():
+    """Eval mode, no gradients: inspecting the model leaves it and the RNG as they were
+    (parameters it writes in eval mode too: pipeswap.models.written)."""
+    with untouched(model, check=False), torch.no_grad(), written_back(model):
         model.eval()
         yield

@@ -308,3 +308,53 @@ def test_a_step_that_fails_on_one_stage_stops_the_others_at_once() -> None:
     ]
     assert lost_peers(RuntimeError(first)), first
     assert first_notes and "rank 0 closed" in first_notes[0]
+
+
+def _rwkv() -> Any:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.RwkvConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        attention_hidden_size=32,
+        intermediate_size=64,
+        context_length=32,
+    )
+    torch.manual_seed(0)
+    return transformers.RwkvForCausalLM(config)
+
+
+_RWKV_BATCHES = torch.randint(0, 64, (2, 4, 12), generator=torch.Generator().manual_seed(1))
+
+
+def _train_rwkv(rank: int, world: int) -> list[float | None]:
+    pipe = Pipeline(
+        _rwkv(),
+        stages=2,
+        steps=2,
+        schedule="gpipe",
+        micro_batches=2,
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+    )
+    losses = [pipe.step(ids, labels=ids) for ids in _RWKV_BATCHES]
+    pipe.close()
+    return losses
+
+
+@pytest.mark.dist
+def test_a_model_that_rescales_its_weights_in_eval_mode_trains_as_its_plain_loop() -> None:
+    """Hugging Face's RWKV writes its weights in place when its mode changes: the shape
+    probe's eval forward must leave them (and its flag) as they were, or the last stage's
+    next training forward writes them after its blocks saved them (pipeswap.models.written)."""
+    model = _rwkv()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    plain = []
+    for ids in _RWKV_BATCHES:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        plain.append(loss.item())
+    launched = spawn(_train_rwkv, 2, timeout_s=120)
+    assert launched.ok, launched.exit_codes
+    assert launched.results[1] == pytest.approx(plain, rel=1e-5)
