@@ -81,6 +81,17 @@ def hf_config(family: str, *, dropout: float = 0.0, **overrides: Any) -> Any:
             architectures=["ResNetForImageClassification"],
         )
         return transformers.ResNetConfig(**{**kwargs, **overrides})
+    if family == "rwkv":  # not in FAMILIES: a model that writes its weights in eval mode
+        kwargs = dict(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=2,
+            attention_hidden_size=32,
+            intermediate_size=64,
+            context_length=32,
+            architectures=["RwkvForCausalLM"],
+        )
+        return transformers.RwkvConfig(**{**kwargs, **overrides})
     raise ValueError(family)
 
 

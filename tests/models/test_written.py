@@ -10,6 +10,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.models.base import evaluating
 from pipeswap.models.state import inspecting
 from pipeswap.models.written import written_back
+from tests.models.hf_configs import hf_config
 
 
 class RescalesInEval(nn.Module):
@@ -64,15 +65,7 @@ def test_hugging_face_rwkv_keeps_its_weights_through_adapt() -> None:
     transformers = pytest.importorskip("transformers")
     from pipeswap.models.adapt import adapt
 
-    config = transformers.RwkvConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=4,
-        attention_hidden_size=32,
-        intermediate_size=64,
-        context_length=32,
-        rescale_every=2,
-    )
+    config = hf_config("rwkv", num_hidden_layers=4, rescale_every=2)
     torch.manual_seed(0)
     model = transformers.RwkvForCausalLM(config)
     before = {name: t.clone() for name, t in model.state_dict().items()}

@@ -312,14 +312,9 @@ def test_a_step_that_fails_on_one_stage_stops_the_others_at_once() -> None:
 
 def _rwkv() -> Any:
     transformers = pytest.importorskip("transformers")
-    config = transformers.RwkvConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        attention_hidden_size=32,
-        intermediate_size=64,
-        context_length=32,
-    )
+    from tests.models.hf_configs import hf_config
+
+    config = hf_config("rwkv")
     torch.manual_seed(0)
     return transformers.RwkvForCausalLM(config)
 
