@@ -220,9 +220,10 @@ def _hf_info(model: nn.Module, name: str) -> dict[str, Any]:
 
 
 def _max_positions(config: Any) -> int | None:
+    """The longest sequence the config allows; None where it sets none (XLNet's -1)."""
     for key in ("max_position_embeddings", "n_positions", "n_ctx"):
         value = getattr(config, key, None)
-        if isinstance(value, int):
+        if isinstance(value, int) and value > 0:
             return value
     return None
 

@@ -124,3 +124,18 @@ def test_a_tokens_model_without_a_vocabulary_size_is_refused_saying_what_to_set(
     model = transformers.CanineForSequenceClassification(config)
     with pytest.raises(PipeswapError, match="set config.vocab_size"):
         adapt(model)
+
+
+def test_a_config_without_a_longest_sequence_adapts() -> None:
+    """XLNet's max_position_embeddings is -1 (relative positions): no limit, not a length."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.XLNetConfig(vocab_size=64, d_model=32, n_layer=2, n_head=2, d_inner=64)
+    torch.manual_seed(0)
+    model = transformers.XLNetLMHeadModel(config)
+    layered = adapt(model)
+    assert layered.max_positions is None
+    ids = torch.randint(0, 64, (2, 12))
+    model.eval()
+    layered.eval()
+    with torch.no_grad():
+        assert torch.equal(layered(ids), model(input_ids=ids).logits)
