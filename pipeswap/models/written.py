@@ -46,16 +46,25 @@ def _runs_with(model: nn.Module) -> list[nn.Module]:
     return list(found.values())
 
 
+def _storage_key(tensor: torch.Tensor) -> int | None:
+    """The tensor's storage, None for a subclass without one (a quantized or sharded
+    weight: not one pipeswap can copy back)."""
+    try:
+        return int(tensor.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
 class _CopyOnWrite(TorchDispatchMode):
     """Keeps a copy of a parameter before an operation first writes into its storage."""
 
     def __init__(self, models: list[nn.Module]) -> None:
         super().__init__()
         self.params = {
-            p.untyped_storage()._cdata: p
+            key: p
             for model in models
             for p in model.parameters()
-            if p.device.type != "meta"
+            if p.device.type != "meta" and (key := _storage_key(p)) is not None
         }
         self.kept: dict[int, tuple[nn.Parameter, torch.Tensor]] = {}
 
@@ -72,10 +81,11 @@ class _CopyOnWrite(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def _keep(self, tensor: torch.Tensor) -> None:
-        key = tensor.untyped_storage()._cdata
-        param = self.params.get(key)
-        if param is not None and key not in self.kept:
-            self.kept[key] = (param, param.detach().clone())
+        key = _storage_key(tensor)
+        if key is None or key in self.kept or key not in self.params:
+            return
+        param = self.params[key]
+        self.kept[key] = (param, param.detach().clone())
 
     def put_back(self) -> None:
         with torch.no_grad():
