@@ -29,6 +29,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from pipeswap.precision import uncached_casts
 from pipeswap.profiling.block_timing import BlockTiming
+from pipeswap.profiling.cast_twins import CastTwins
 from pipeswap.profiling.meter import host_buffer
 from pipeswap.profiling.saved import storage_key
 
@@ -120,6 +121,7 @@ class SavedOnHost:
         self.saved: dict[str, dict[int, _OnHost]] = {}  # per layer, the storages it saved
         self.pending: list[_OnHost] = []  # the running layer's, still on the device
         self.dying: list[_OnHost] = []  # let go of on the device since the last event
+        self.twins = CastTwins()  # a repeated cast is kept once, as the swap runtime keeps it
 
     def shift(self, delta: int) -> None:
         """``delta`` more bytes the step as it is holds and the device does not, from now."""
@@ -136,6 +138,7 @@ class SavedOnHost:
         """Layer ``name``'s forward starts (None: the step's forward is over): the
         storages the layer before saved go to the host."""
         self.settle()
+        self.twins.reset()
         for entry in self.pending:
             entry.flush()
         self.pending.clear()
@@ -158,6 +161,7 @@ class SavedOnHost:
             or storage_key(tensor) in self.resident
         ):
             return tensor
+        tensor = self.twins.share(tensor)
         storage = tensor.untyped_storage()
         entry = self.stored.get(storage)
         if entry is None:

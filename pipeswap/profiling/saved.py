@@ -33,6 +33,7 @@ from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
 from pipeswap.models.base import LayeredModel
+from pipeswap.profiling.cast_twins import CastTwins
 
 __all__ = [
     "CapturedSavedTensor",
@@ -118,15 +119,19 @@ class SavedTensorCapture:
         self._handles: list[Any] = []
         self._hooks: Any = None
         self._final: dict[str, list[CapturedSavedTensor]] | None = None
+        self.twins = CastTwins()  # as the swap runtime keeps them: once
 
     # ---- hooks --------------------------------------------------------------------
     def _enter_layer(self, name: str) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
             self.layer = name
+            self.twins.reset()
 
         return hook
 
     def _pack(self, tensor: torch.Tensor) -> Any:
+        if self.layer is not None:
+            tensor = self.twins.share(tensor)
         key = storage_key(tensor)
         if self.layer is None or key in self._resident:
             if self.layer is not None:
@@ -190,6 +195,7 @@ class SavedTensorCapture:
 
     def __exit__(self, *exc: object) -> None:
         self._hooks.__exit__(*exc)
+        self.twins.reset()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -21,7 +21,6 @@ from pipeswap.profiling.profile import Profile, StepMemory
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import PlanResult, make_plan
 from pipeswap.swap.plan.workload import workload_from_profile
-from pipeswap.swap.runtime.checks import rank_plan
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.learning import learning_step, learnt_by
 from pipeswap.swap.runtime.recompute import RecomputeSizes, measure_recomputation
@@ -42,7 +41,8 @@ UNBOUNDED = 2**62
 
 @dataclass
 class ShapePlan:
-    """A shape's plan, and its executor (None when the plan moves nothing: no overhead).
+    """A shape's plan, and its executor (one runs even where the plan moves nothing: it
+    keeps a repeated cast once, pipeswap.profiling.cast_twins, as the plan's sizes assume).
 
     ``budget_bytes`` is the budget the user asked for, ``margin_bytes`` what the plans
     were made tighter by after measured steps held more; ``measured_peak_bytes`` the
@@ -332,21 +332,18 @@ class LoopPlanner:
                 raise payload
         plan_json, result = payload
         plan = SwapPlan.from_json(plan_json)
-        mine = rank_plan(plan, rank)
-        executor = None
-        if mine.swaps or mine.recompute or mine.offset_s > 0:
-            executor = SwapExecutor(
-                self.model,
-                plan,
-                rank=rank,
-                layers=self.layer_names,
-                profile=profile,
-                device=self.device,
-                account=False,
-                strict=False,  # a forward that varies (routing) swaps less, never wrongly
-            )
-            with self.quiet():
-                executor.prepare(lambda: self.model(*args, **kwargs))
+        executor = SwapExecutor(
+            self.model,
+            plan,
+            rank=rank,
+            layers=self.layer_names,
+            profile=profile,
+            device=self.device,
+            account=False,
+            strict=False,  # a forward that varies (routing) swaps less, never wrongly
+        )
+        with self.quiet():
+            executor.prepare(lambda: self.model(*args, **kwargs))
         return result, executor
 
     def measured(self, planned: ShapePlan, peak: int) -> None:

@@ -75,8 +75,15 @@ def _case(spec: Model, precision: str, optimizer: str, policy: str, ratio: float
         return
     _holds(run)
     assert _identical(plain, run)
+    _predicts_plain(run, plain)
+
+
+def _predicts_plain(run: Run, plain: Run) -> None:
+    """The no-swap peak is plain's measured one, less the repeated casts pipeswap keeps
+    once (pipeswap.profiling.cast_twins), within 5%."""
     no_swap, measured = run.stats["no_swap_peak_bytes"], max(plain.peaks[2:])
-    assert measured * 0.95 <= no_swap <= measured * 1.05, (no_swap, measured)
+    shared = run.stats["shared_bytes"]
+    assert (measured - shared) * 0.95 <= no_swap <= measured * 1.05, (no_swap, measured, shared)
 
 
 @pytest.mark.parametrize(("spec", "precision", "optimizer", "policy", "ratio"), FAST, ids=str)
@@ -104,9 +111,7 @@ def test_the_smallest_budget_is_at_most_checkpointing_s_and_holds(spec: Model) -
         spec, CPU, steps=4, precision="bf16-mixed", optimizer="adamw", checkpointing=True
     )
     probe = _run(spec, "bf16-mixed", "adamw", policy="hybrid", gpu_memory=2**50)
-    assert abs(probe.stats["no_swap_peak_bytes"] - max(plain.peaks[2:])) <= 0.05 * max(
-        plain.peaks[2:]
-    )
+    _predicts_plain(probe, plain)
     smallest = probe.stats["smallest_budget_bytes"]
     assert smallest <= max(checkpointed.peaks[2:])
     with pytest.raises(Exception, match=f"the smallest budget that works is {smallest} bytes"):
@@ -141,8 +146,15 @@ def test_on_cuda_a_plan_holds_its_budget_as_the_allocator_counts(policy: str) ->
     )
     budget = run.stats["budget_bytes"]
     assert max(run.peaks[:1] + run.peaks[3:]) <= budget * TOLERANCE, (run.peaks, run.stats)
+    _predicts_plain(run, plain)
+
+
+def _predicts_plain(run: Run, plain: Run) -> None:
+    """The no-swap peak is plain's measured one, less the repeated casts pipeswap keeps
+    once (pipeswap.profiling.cast_twins), within 5%."""
     no_swap, measured = run.stats["no_swap_peak_bytes"], max(plain.peaks[2:])
-    assert measured * 0.95 <= no_swap <= measured * 1.05, (no_swap, measured)
+    shared = run.stats["shared_bytes"]
+    assert (measured - shared) * 0.95 <= no_swap <= measured * 1.05, (no_swap, measured, shared)
     assert max(abs(a - b) for a, b in zip(plain.losses, run.losses)) < 1e-2
 
 

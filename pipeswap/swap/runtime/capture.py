@@ -125,6 +125,8 @@ class _TaggingCapture(SavedTensorCapture):
 
     def _pack(self, tensor: torch.Tensor) -> object:
         layer = self._inner.layer
+        if self.layer is not None:
+            tensor = self.twins.share(tensor)
         key = storage_key(tensor)
         if key not in self._resident_keys:
             if self.layer is not None:

@@ -11,12 +11,11 @@ A step runs as::
 Saved tensors are named (layer, index) exactly as the profiler names them: ``prepare``
 runs one forward under :class:`pipeswap.profiling.saved.SavedTensorCapture` and keeps, per
 layer, which named tensor each pack call saves; every later step's pack calls are matched
-to that list by position. Parameters and buffers are never swapped (the capture excludes
-them). A swapped storage is copied whole into its region of a :class:`HostPool`; prefetches
+to that list by position (a repeated cast is kept once, :mod:`pipeswap.profiling.cast_twins`,
+in the naming pass as in the steps). Parameters and buffers are never swapped. A swapped storage is copied whole into its region of a :class:`HostPool`; prefetches
 start from hooks on gradients (a layer's backward is done, or the turn's); a tensor
-unpacked before its prefetch was issued is fetched then, a late fetch. This module decides
-when to move what; :mod:`pipeswap.swap.runtime.transfer` moves the bytes (streams, events;
-on the CPU a fetch copies too, so a meter counts what a GPU would hold).
+unpacked before its prefetch was issued is fetched then, a late fetch.
+:mod:`pipeswap.swap.runtime.transfer` moves the bytes (on the CPU a fetch copies too).
 
 Layers the plan recomputes run their forward under non-reentrant
 ``torch.utils.checkpoint`` (:mod:`pipeswap.swap.runtime.recompute`); the wrapper's copy
@@ -380,6 +379,7 @@ class SwapExecutor:
             recomputed_layers=recomputed_layers,
             recomputed_bytes=recomputed_bytes,
             selective_layers=len(self.gpu_plan.selective),
+            shared_bytes=self._tensors.twins.shared_bytes,
         )
 
     def train_step(

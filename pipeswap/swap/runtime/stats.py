@@ -20,6 +20,8 @@ class StepStats:
     recomputed_layers: int = 0  # layers whose forward was run again in the backward
     recomputed_bytes: int = 0  # bytes those re-runs saved (as measured by prepare)
     selective_layers: int = 0  # of those, the layers recomputed selectively
+    # bytes not held because the same cast of a tensor was saved before (cast_twins)
+    shared_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -31,4 +33,5 @@ class StepStats:
             "recomputed_layers": self.recomputed_layers,
             "recomputed_bytes": self.recomputed_bytes,
             "selective_layers": self.selective_layers,
+            "shared_bytes": self.shared_bytes,
         }

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from pipeswap.errors import PipeswapError
+from pipeswap.profiling.cast_twins import CastTwins
 from pipeswap.swap.plan import SwapDecision
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.transfer import (
@@ -61,22 +62,36 @@ class StepTensors:
         self.ledger = ledger
         self.pack_calls: dict[str, list[SavedKey | None]] = {}
         self.sizes: dict[SavedKey, int] = {}
-        self.layer: str | None = None  # the layer whose forward is running
+        # A repeated cast is kept once (as prepare's naming pass kept it): matched per layer.
+        self.twins = CastTwins()
+        self._layer: str | None = None
         self._calls: dict[str, int] = {}
         self._entries: dict[SavedKey, SavedTensorState] = {}
         self.swapped = self.prefetched = self.late = 0
         self.late_total = self.swapped_total = 0
 
+    @property
+    def layer(self) -> str | None:
+        """The layer whose forward is running."""
+        return self._layer
+
+    @layer.setter
+    def layer(self, name: str | None) -> None:
+        self._layer = name
+        self.twins.reset()
+
     def start_step(self, layer_names: list[str]) -> None:
         self._entries = {}
         self._calls = dict.fromkeys(layer_names, 0)
         self.layer = None
+        self.twins.shared_bytes = 0  # this step's
         self.swapped = self.prefetched = self.late = 0
 
     def pack(self, tensor: torch.Tensor) -> Any:
         layer = self.layer
         if layer is None:
             return tensor
+        tensor = self.twins.share(tensor)
         call = self._calls[layer]
         self._calls[layer] = call + 1
         try:
