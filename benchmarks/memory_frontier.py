@@ -433,6 +433,7 @@ def _record(way: Entry) -> dict[str, Any]:
             f"layers recomputed: {stats.get('recomputed_layers', 0)} "
             f"({stats.get('selective_layers', 0)} selectively)",
             f"{stats.get('swapped_bytes', 0) / MiB:.1f} MiB swapped",
+            f"{stats.get('shared_bytes', 0) / MiB:.1f} MiB of repeated casts kept once",
         ]
         if way.spec.origin:
             notes.insert(0, f"budget: {way.spec.origin}")
@@ -663,7 +664,9 @@ def render(
             f"{args.steps} {'' if args.isolate else 'interleaved '}steps after "
             f"{WARMUP} warm-up steps; the peak is the most any of {args.metered} metered "
             "steps held (forward, backward and optimizer step, with the weights, gradients, "
-            "AdamW state and batch). pipeswap's budgets are its no-swap peak / "
+            "AdamW state and batch). pipeswap's no-swap peak is what its own step holds "
+            "when it moves nothing: below plain's by the repeated casts it keeps once "
+            "(docs/concepts.md, Mixed precision). Its budgets are that peak / "
             f"{', '.join(f'{r:g}' for r in args.ratios)} and the peak of the peer that held "
             "least; 'losses vs plain' compares every timed step's loss. The whole run took "
             f"{elapsed:.0f} s.\n",
