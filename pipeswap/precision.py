@@ -17,7 +17,7 @@ __all__ = [
     "autocast",
     "autocast_dtype",
     "check_precision",
-    "uncached_casts",
+    "drop_cached_casts",
 ]
 
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
@@ -56,22 +56,20 @@ def autocast(precision: str, device: torch.device | str) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def uncached_casts() -> Iterator[None]:
-    """Autocast without its weight-cast cache inside (restored after).
+def drop_cached_casts() -> None:
+    """A layer's edge in a step that swaps or recomputes: autocast's cached weight casts
+    are let go of.
 
     Autocast caches each weight's cast until the outermost autocast region ends, whoever
-    else holds it: a cast that a swap plan moves to the host, or that a recomputed layer
-    no longer saves, would stay on the device all the same. Uncached, a cast lives as long
-    as autograd keeps it, like any saved tensor; the values are the same casts, so results
-    do not change (a weight used twice in one forward is cast twice).
+    else holds it: a cast that a plan moves to the host at its layer's end, or that a
+    recomputed layer does not save, would stay on the device all the same. Dropped at
+    each layer's edge, a cast lives as long as its layer's forward or autograd keeps it.
+    The cache stays as the user set it, so within a layer a weight used twice is cast once,
+    as in the user's own loop: two casts would sum its two gradients in float32 where the
+    one cast sums them in the low precision first, and the weights would differ in their
+    last bits (Dory, ProphetNet). A weight used in two layers' forwards is cast in each.
     """
-    cached = torch.is_autocast_cache_enabled()
-    torch.set_autocast_cache_enabled(False)
-    try:
-        yield
-    finally:
-        torch.set_autocast_cache_enabled(cached)
+    torch.clear_autocast_cache()
 
 
 class LossScaler:

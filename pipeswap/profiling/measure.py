@@ -283,7 +283,7 @@ def _measure(step: _Step, warmup: int, repeats: int, saved_on_host: bool) -> Pro
     def timed_step() -> _Timer:
         on_host = (
             # autocast's cache as the step as it is keeps it: its readings are profiled
-            every_saved_tensor_on_host(model, blocks, uncached=False)
+            every_saved_tensor_on_host(model, blocks, drop_casts=False)
             if saved_on_host
             else nullcontext()
         )

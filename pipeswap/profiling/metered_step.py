@@ -128,7 +128,7 @@ def layered_step_memory(
     def around() -> Iterator[None]:
         with meta_attention_like_cpu():
             if saved_on_host:
-                with every_saved_tensor_on_host(model, layers, timing, uncached=False):
+                with every_saved_tensor_on_host(model, layers, timing, drop_casts=False):
                     yield
             else:
                 yield

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from itertools import chain
 from typing import Any, cast
 
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from pipeswap.precision import uncached_casts
+from pipeswap.precision import drop_cached_casts
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.cast_twins import CastTwins
 from pipeswap.profiling.meter import host_buffer
@@ -122,6 +122,7 @@ class SavedOnHost:
         self.pending: list[_OnHost] = []  # the running layer's, still on the device
         self.dying: list[_OnHost] = []  # let go of on the device since the last event
         self.twins = CastTwins()  # a repeated cast is kept once, as the swap runtime keeps it
+        self.drop_casts = True  # autocast's cached casts let go of at each layer's edge
 
     def shift(self, delta: int) -> None:
         """``delta`` more bytes the step as it is holds and the device does not, from now."""
@@ -137,6 +138,8 @@ class SavedOnHost:
     def entering(self, name: str | None) -> None:
         """Layer ``name``'s forward starts (None: the step's forward is over): the
         storages the layer before saved go to the host."""
+        if self.drop_casts:  # first: a flushed storage the cache held would stay
+            drop_cached_casts()
         self.settle()
         self.twins.reset()
         for entry in self.pending:
@@ -188,7 +191,7 @@ def every_saved_tensor_on_host(
     layers: Mapping[str, nn.Module],
     timing: BlockTiming | None = None,
     *,
-    uncached: bool = True,
+    drop_casts: bool = True,
 ) -> Iterator[SavedOnHost]:
     """Every storage a layer of ``layers`` saves a tensor on for the backward, but
     ``model``'s parameters and buffers, is copied whole to host memory no meter counts
@@ -199,11 +202,13 @@ def every_saved_tensor_on_host(
     the model saves before the first layer (its embeddings' input) stays where it is; what
     it saves after the last (its head, its loss) goes with the last layer's.
 
-    ``uncached``: autocast's weight cache is off inside, as a swapping step runs (a cast
-    then lives as long as autograd keeps it, and goes to the host with its layer's); off,
-    the cache holds every cast on the device as in a plain step under autocast, whose
-    readings the step then gives (what ``measure`` profiles)."""
+    ``drop_casts``: autocast's cached weight casts are let go of at each layer's edge, as
+    a swapping step lets go of them (a cast then lives as long as its layer's forward or
+    autograd keeps it, and goes to the host with its layer's); off, the cache holds every
+    cast on the device as in a plain step under autocast, whose readings the step then
+    gives (what ``measure`` profiles)."""
     on_host = SavedOnHost(model, timing)
+    on_host.drop_casts = drop_casts
     # First of the hooks: a meter read at the layers' edges reads them flushed. What runs
     # after the last layer (the head, the loss) is the last layer's, as profiles count it.
     handles = [
@@ -211,10 +216,7 @@ def every_saved_tensor_on_host(
         for name, layer in layers.items()
     ]
     try:
-        with (
-            uncached_casts() if uncached else nullcontext(),
-            torch.autograd.graph.saved_tensors_hooks(on_host.pack, on_host.unpack),
-        ):
+        with torch.autograd.graph.saved_tensors_hooks(on_host.pack, on_host.unpack):
             yield on_host
     finally:
         on_host.entering(None)

@@ -33,6 +33,7 @@ from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
 from pipeswap.models.base import LayeredModel
+from pipeswap.precision import drop_cached_casts
 from pipeswap.profiling.cast_twins import CastTwins
 
 __all__ = [
@@ -101,12 +102,16 @@ class SavedTensorCapture:
     With ``release`` no backward may follow: autograd is handed a placeholder, not the
     tensor, so each saved tensor is freed as soon as the forward lets go of it, and the
     pass holds no more than a forward without gradients (a naming pass before a step
-    that must keep a budget).
+    that must keep a budget). With ``drop_casts`` autocast's cached casts are let go of at
+    each layer's edge, as a swapping step lets go of them (pipeswap.precision).
     """
 
-    def __init__(self, model: LayeredModel, *, release: bool = False) -> None:
+    def __init__(
+        self, model: LayeredModel, *, release: bool = False, drop_casts: bool = False
+    ) -> None:
         self.model = model
         self.release = release
+        self.drop_casts = drop_casts  # at each layer's edge, as a swapping step does
         self.layer: str | None = None
         self._resident = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
         self._seen: dict[int, _StorageSeen] = {}
@@ -126,6 +131,8 @@ class SavedTensorCapture:
         def hook(module: nn.Module, args: Any) -> None:
             self.layer = name
             self.twins.reset()
+            if self.drop_casts:
+                drop_cached_casts()
 
         return hook
 

@@ -27,7 +27,6 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from pipeswap.precision import uncached_casts
 from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.swap.runtime.capture import capture_records
 from pipeswap.training.loop_calls import Signature, describe
@@ -187,8 +186,7 @@ def name_call(model: nn.Module, layers: dict[str, nn.Module], args: Any, kwargs:
     handles = [layer.register_forward_hook(note(name)) for name, layer in layers.items()]
     handles += [m.register_forward_pre_hook(after) for m in model.modules() if id(m) not in inside]
     try:
-        with uncached_casts():
-            records, _ = capture_records(model, lambda: model(*args, **kwargs), list(layers))
+        records, _ = capture_records(model, lambda: model(*args, **kwargs), list(layers))
     finally:
         for handle in handles:
             handle.remove()

@@ -55,7 +55,7 @@ def test_three_casts_of_one_input_are_saved_once_and_the_gradients_are_the_same(
     twins = CastTwins()
     shared, grads = _saved_storages(model, x, twins)
     # Of the three bf16 copies of the norm's output, two are not held: and under
-    # uncached autocast each weight's cast is a saved storage of its own, none shared.
+    # autocast without its cache each weight's cast is a saved storage of its own, none shared.
     assert len(plain) - len(shared) == 2
     assert twins.shared_bytes == 2 * 4 * 8 * 16 * 2
     for name, grad in grads.items():

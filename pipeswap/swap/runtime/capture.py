@@ -119,7 +119,7 @@ class _TaggingCapture(SavedTensorCapture):
     """SavedTensorCapture that also fills an :class:`InnerSaves`."""
 
     def __init__(self, view: _LayerView, inner: InnerSaves, resident: set[int]) -> None:
-        super().__init__(view, release=True)  # type: ignore[arg-type]
+        super().__init__(view, release=True, drop_casts=True)  # type: ignore[arg-type]
         self._inner = inner
         self._resident_keys = resident
 
@@ -159,7 +159,7 @@ def _capture(
     # a call holds no more than a planned step of it would (a new shape is named before
     # its first step, within the budget).
     if inner is None:
-        capture = SavedTensorCapture(view, release=True)  # type: ignore[arg-type]
+        capture = SavedTensorCapture(view, release=True, drop_casts=True)  # type: ignore[arg-type]
     else:
         resident = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
         capture = _TaggingCapture(view, inner, resident)

@@ -35,7 +35,6 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from pipeswap.errors import PipeswapError
-from pipeswap.precision import uncached_casts
 from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.plan import SwapPlan
@@ -344,10 +343,7 @@ class SwapExecutor:
         self._recomputation.active = True
         try:
             tensors = self._tensors
-            with (
-                uncached_casts(),
-                torch.autograd.graph.saved_tensors_hooks(tensors.pack, tensors.unpack),
-            ):
+            with torch.autograd.graph.saved_tensors_hooks(tensors.pack, tensors.unpack):
                 yield
         finally:
             self._active = False

@@ -27,7 +27,6 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import checkpoint
 
-from pipeswap.precision import uncached_casts
 from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.capture import InnerSaves, capture_inner, capture_records, step_names
@@ -130,10 +129,9 @@ class Recomputation:
     ) -> tuple[Capture, dict[SavedKey, int]]:
         """What a step saves, named as the plan names it, and every name's bytes: with
         recomputed layers :meth:`capture`'s two passes, else one plain pass."""
-        with uncached_casts():  # as the steps run (SwapExecutor.forward)
-            if self.names:
-                return self.capture(model, forward_loss, layer_names)
-            records, pack_calls = capture_records(model, forward_loss, layer_names)
+        if self.names:
+            return self.capture(model, forward_loss, layer_names)
+        records, pack_calls = capture_records(model, forward_loss, layer_names)
         sizes = {(layer, r.index): r.bytes for layer, recs in records.items() for r in recs}
         return (records, pack_calls), sizes
 
@@ -264,15 +262,15 @@ def measure_recomputation(
     selective: bool = True,
 ) -> RecomputeSizes:
     """:class:`RecomputeSizes` from one plain forward and one with every layer wrapped for
-    recomputation, as the runtime runs them (autocast uncached); with ``selective``, each
+    recomputation, as the runtime runs them (autocast's casts let go of at each layer's
+    edge); with ``selective``, each
     layer's selective choice too (its operations noted: a slower plain forward)."""
     recomputation = Recomputation(layers, names, DeviceLedger(), account=False)
     if selective:
         recomputation.choosing = frozenset(names)
     recomputation.install()
     try:
-        with uncached_casts():
-            (records, _), _ = recomputation.capture(model, forward_loss, names)
+        (records, _), _ = recomputation.capture(model, forward_loss, names)
     finally:
         recomputation.remove()
     return RecomputeSizes(

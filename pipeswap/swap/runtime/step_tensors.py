@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from pipeswap.errors import PipeswapError
+from pipeswap.precision import drop_cached_casts
 from pipeswap.profiling.cast_twins import CastTwins
 from pipeswap.swap.plan import SwapDecision
 from pipeswap.swap.plan.tensors import SavedKey
@@ -77,8 +78,10 @@ class StepTensors:
 
     @layer.setter
     def layer(self, name: str | None) -> None:
+        """A layer's edge (None: the forward's end)."""
         self._layer = name
         self.twins.reset()
+        drop_cached_casts()
 
     def start_step(self, layer_names: list[str]) -> None:
         self._entries = {}

@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError
-from pipeswap.precision import uncached_casts
 from pipeswap.swap.plan import SwapDecision
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.capture import resolve_layers
@@ -223,10 +222,7 @@ class UnitSwapper:
         self._current = tensors
         self._recomputation.active = True
         try:
-            with (
-                uncached_casts(),  # a cached cast would stay on the device (SwapExecutor)
-                torch.autograd.graph.saved_tensors_hooks(tensors.pack, tensors.unpack),
-            ):
+            with torch.autograd.graph.saved_tensors_hooks(tensors.pack, tensors.unpack):
                 yield
         finally:
             self._current = None

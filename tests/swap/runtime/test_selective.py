@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeswap.precision import uncached_casts
 from pipeswap.swap.runtime.recompute import Recomputation, measure_recomputation
 from pipeswap.swap.runtime.selective import OpCall, choose
 from pipeswap.swap.runtime.transfer import DeviceLedger
@@ -126,7 +125,7 @@ def test_an_hf_llama_recomputed_selectively_in_bf16_computes_the_same_bits() -> 
 
     def step() -> list[torch.Tensor]:
         model.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16), uncached_casts():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         loss.backward()
         return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
@@ -137,7 +136,7 @@ def test_an_hf_llama_recomputed_selectively_in_bf16_computes_the_same_bits() -> 
     recomputation = Recomputation(layers, names, DeviceLedger(), account=False, selective=names)
     recomputation.install()
     try:
-        with torch.autocast("cpu", dtype=torch.bfloat16), uncached_casts():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
             recomputation.capture(
                 model, lambda: model(input_ids=ids, labels=ids, use_cache=False).loss, names
             )
