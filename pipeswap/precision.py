@@ -67,7 +67,8 @@ def drop_cached_casts() -> None:
     The cache stays as the user set it, so within a layer a weight used twice is cast once,
     as in the user's own loop: two casts would sum its two gradients in float32 where the
     one cast sums them in the low precision first, and the weights would differ in their
-    last bits (Dory, ProphetNet). A weight used in two layers' forwards is cast in each.
+    last bits (ProphetNet). A weight used in two layers' forwards, or by a layer called
+    twice a forward (Dory, HRM), is cast at each.
     """
     torch.clear_autocast_cache()
 

@@ -18,6 +18,7 @@ layer's operations and makes that choice for it (``choices``), so a plan can wei
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection
 from contextlib import nullcontext
 from typing import Any, NamedTuple
@@ -36,6 +37,7 @@ from pipeswap.swap.runtime.selective import (
     choose,
     context_fn,
     dispatch_seconds,
+    mode_seconds_per_op,
 )
 from pipeswap.swap.runtime.transfer import DeviceLedger
 
@@ -67,6 +69,9 @@ class Recomputation:
         self.selective = frozenset(selective) & set(names)
         self.choices: dict[str, SelectiveChoice] = {}  # per layer of ``choosing``, from capture
         self.choosing = self.selective  # the layers whose selective choice capture makes
+        # What selective checkpointing's dispatch adds per operation, measured on the first
+        # layer chosen for (its kind repeats down a model's depth): None until then.
+        self.mode_s: float | None = None
         self.layers = {name: layers[name] for name in names}
         self._ledger = ledger
         self._account = account
@@ -175,9 +180,16 @@ class Recomputation:
                 if not isinstance(recorder, OpRecorder):
                     return out
                 # On a GPU the kernels hide selective checkpointing's dispatch; not on a CPU.
-                dispatch_s = 0.0 if recorder.on_cuda else dispatch_seconds()
-                saved = inner.saved.get(name, {})
                 calls = recorder.calls()
+                dispatch_s = 0.0
+                if not recorder.on_cuda:
+                    if self.mode_s is None:
+                        again = functools.partial(forward, *args, **kwargs)
+                        self.mode_s = max(
+                            dispatch_seconds(), mode_seconds_per_op(again, len(calls))
+                        )
+                    dispatch_s = self.mode_s
+                saved = inner.saved.get(name, {})
                 self.choices[name] = choose(calls, saved, inner.inputs[name], dispatch_s=dispatch_s)
                 return out
             if not (self.active and torch.is_grad_enabled()):

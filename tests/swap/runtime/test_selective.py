@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeswap.swap.runtime import recompute
 from pipeswap.swap.runtime.recompute import Recomputation, measure_recomputation
-from pipeswap.swap.runtime.selective import OpCall, choose
+from pipeswap.swap.runtime.selective import OpCall, choose, mode_seconds_per_op
 from pipeswap.swap.runtime.transfer import DeviceLedger
 
 B, D, H = 8, 16, 64  # rows, width, hidden width (float32: 4 bytes an element)
@@ -52,6 +53,30 @@ def test_a_block_keeps_its_matmuls_outputs_and_recomputes_the_rest() -> None:
     assert choice.rerun_fraction > 0.0
     # Whole-block recomputation saves all of that again, and the two saved projections too.
     assert sizes.rerun["1"] == choice.rerun_bytes + 2 * B * H * 4
+
+
+def test_the_dispatch_cost_is_measured_once_on_the_first_layer_chosen_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = _model()
+    x = torch.randn(B, D, requires_grad=True)
+    layers = dict(model.named_children())
+    measured: list[int] = []
+
+    def per_op(forward: object, ops: int) -> float:
+        measured.append(ops)
+        return 1e-3  # a millisecond an operation: far more than these tiny operations take
+
+    monkeypatch.setattr(recompute, "mode_seconds_per_op", per_op)
+    sizes = measure_recomputation(model, layers, list(layers), lambda: model(x).sum())
+    assert len(measured) == 1 and measured[0] > 0  # the first layer's operations, once
+    # With a millisecond an operation the re-run costs more than the forward's own time.
+    assert all(choice.rerun_fraction > 1.0 for choice in sizes.choices.values())
+
+
+def test_the_dispatch_cost_on_a_layer_is_a_few_microseconds_an_operation() -> None:
+    block, x = _Block(), torch.randn(B, D)
+    assert 0.0 <= mode_seconds_per_op(lambda: block(x), 12) < 1e-3
 
 
 def _call(name: tuple[str, int], outputs: dict[int, int], inputs: set[int], dear: bool) -> OpCall:
