@@ -16,7 +16,13 @@ from pipeswap.config_fields import ConfigError
 from pipeswap.data_config import DataConfig
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.stage import inspect_layers
-from pipeswap.precision import PRECISIONS, LossScaler, autocast, autocast_dtype
+from pipeswap.precision import (
+    PRECISIONS,
+    LossScaler,
+    autocast,
+    autocast_dtype,
+    drop_cached_casts,
+)
 from pipeswap.profiling.measure import measure
 from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.swap.swap_config import SwapConfig
@@ -39,6 +45,33 @@ def test_each_precision_autocasts_a_matrix_product_to_its_dtype() -> None:
         "fp16-mixed": torch.float16,
     }
     assert autocast_dtype("fp32") is None
+
+
+def _weight_cast(output: torch.Tensor, weight: torch.Tensor) -> object:
+    """The autograd node of the cast of ``weight`` that ``output`` was computed from."""
+    nodes = [output.grad_fn]
+    while nodes:
+        node = nodes.pop()
+        if type(node).__name__ == "ToCopyBackward0":
+            source = node.next_functions[0][0]
+            if getattr(source, "variable", None) is weight:
+                return node
+        nodes.extend(n for n, _ in node.next_functions if n is not None)
+    raise AssertionError("no cast of the weight")
+
+
+def test_a_layer_s_edge_lets_go_of_the_cached_casts_and_keeps_the_cache_on() -> None:
+    layer = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first, again = layer(x), layer(x)
+        # Cached: both products read one cast of the weight (one autograd node).
+        assert _weight_cast(first, layer.weight) is _weight_cast(again, layer.weight)
+        drop_cached_casts()
+        assert torch.is_autocast_cache_enabled()  # as the user set it
+        after = layer(x)
+        assert _weight_cast(after, layer.weight) is not _weight_cast(first, layer.weight)
+        assert torch.equal(after, first)  # a new cast of the same values
 
 
 def test_an_unknown_precision_names_the_choices() -> None:
