@@ -257,9 +257,9 @@ class SwapExecutor:
         def hook(module: nn.Module, args: Any) -> None:
             if not self._active:
                 return
+            self._tensors.layer = name  # first: what it held for the layer before goes
             if previous is not None and previous not in self._ended:
                 self._end_forward(previous)
-            self._tensors.layer = name
             self._transfer.poll()
             if room is not None:
                 self._transfer.make_room(room)
