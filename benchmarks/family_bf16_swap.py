@@ -19,29 +19,27 @@ once (pipeswap.profiling.cast_twins) and the tensors whose names did not fit the
 
 from __future__ import annotations
 
-import argparse
 import re
-import signal
-import time
 from contextlib import AbstractContextManager, ExitStack
-from pathlib import Path
 from typing import Any
 
 import torch
 from _common import RESULTS_DIR, header
 from family_coverage import (
-    MAPPINGS,
     TIME_LIMIT_S,
-    model_types,
     reason,
-    tiny_config,
-    too_large,
-    too_long,
 )
-from family_padded_recompute import LENGTHS, TASKS, loop, padded_batches
+from family_padded_recompute import (
+    LENGTHS,
+    TASKS,
+    build,
+    family_main,
+    loop,
+    run,
+    task_counts,
+)
 
 from pipeswap.config_fields import ConfigError
-from pipeswap.jsonio import write_atomic
 from pipeswap.training.loop_calls import takes_use_cache
 from pipeswap.training.offload import offload
 
@@ -63,16 +61,10 @@ def bf16(inner: Any = None) -> AbstractContextManager[Any]:
 def check(task: str, model_type: str, auto: Any) -> dict[str, Any]:
     """One family's row."""
     row: dict[str, Any] = {"task": task, "model_type": model_type}
-    try:
-        config = tiny_config(model_type, use_cache=None)
-        large = too_large(auto, config)
-        if large is not None:
-            return {**row, "verdict": "not run", "detail": large}
-        batches = padded_batches(task, config)
-        torch.manual_seed(0)
-        model = auto.from_config(config)
-    except Exception as exc:
-        return {**row, "verdict": "not built", "detail": reason(exc)}
+    family = build(task, model_type, auto)
+    if family.model is None:
+        return {**row, "verdict": family.verdict, "detail": family.detail}
+    config, batches, model = family.config, family.batches, family.model
     extra = {"use_cache": False} if takes_use_cache(model.forward, model) else {}
     try:
         plain = loop(model, batches, bf16, extra)
@@ -113,38 +105,12 @@ def check(task: str, model_type: str, auto: Any) -> dict[str, Any]:
     return {**row, "verdict": verdict, "detail": detail}
 
 
-def run(quick: bool) -> list[dict[str, Any]]:
-    import transformers
-
-    rows = []
-    for task in TASKS:
-        mapping, auto_name = MAPPINGS[task]
-        auto = getattr(transformers, auto_name)
-        for model_type in [n for n in model_types(mapping) if not quick or n in QUICK]:
-            started = time.perf_counter()
-            signal.alarm(TIME_LIMIT_S)
-            try:
-                row = check(task, model_type, auto)
-            except TimeoutError:
-                row = {"task": task, "model_type": model_type, "verdict": "not run"}
-                row["detail"] = f"took more than {TIME_LIMIT_S} s"
-            finally:
-                signal.alarm(0)
-            row["wall_s"] = time.perf_counter() - started
-            rows.append(row)
-            print(row, flush=True)
-    return rows
-
-
 def render(rows: list[dict[str, Any]], elapsed_s: float, argv: list[str] | None) -> str:
     import transformers
 
     summary = []
     for task in TASKS:
-        mine = [r for r in rows if r["task"] == task]
-        ran = [r for r in mine if r["verdict"] not in ("not built", "not run")]
-        at_ratio = sum(r["verdict"] == "covered" for r in mine)
-        at_own = sum(r["verdict"].startswith("covered at") for r in mine)
+        mine, ran, at_ratio, at_own = task_counts(rows, task)
         differ = sum(r["verdict"] == "differs" for r in mine)
         covered = at_ratio + at_own
         if mine:
@@ -200,21 +166,12 @@ def render(rows: list[dict[str, Any]], elapsed_s: float, argv: list[str] | None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    import transformers
+    assert __doc__ is not None
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help=f"{', '.join(QUICK)} only (tests)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the tables")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
-    signal.signal(signal.SIGALRM, too_long)
-    started = time.perf_counter()
-    rows = run(args.quick)
-    text = render(rows, time.perf_counter() - started, argv)
-    write_atomic(args.out, text)
-    print(text)
-    return 0
+    def rows(quick: bool) -> list[dict[str, Any]]:
+        return run(quick, check, QUICK, blank={})
+
+    return family_main(argv, __doc__, QUICK, RESULTS, rows, render)
 
 
 if __name__ == "__main__":

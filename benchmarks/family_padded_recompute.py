@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from _common import RESULTS_DIR, header
@@ -135,21 +135,43 @@ def loop(
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
+class Family(NamedTuple):
+    """A family's tiny model (its own default use_cache) and padded batches, or why not:
+    ``verdict`` 'not built' or 'not run' and its ``detail``."""
+
+    config: Any = None
+    batches: list[dict[str, torch.Tensor]] = []
+    model: nn.Module | None = None
+    verdict: str = ""
+    detail: str = ""
+
+
+def build(task: str, model_type: str, auto: Any) -> Family:
+    try:
+        config = tiny_config(model_type, use_cache=None)  # the family's own default
+    except Exception as exc:
+        return Family(verdict="not built", detail=reason(exc))
+    try:
+        large = too_large(auto, config)
+        if large is not None:
+            return Family(config, verdict="not run", detail=large)
+        batches = padded_batches(task, config)
+        torch.manual_seed(0)
+        return Family(config, batches, auto.from_config(config))
+    except Exception as exc:
+        return Family(config, verdict="not built", detail=reason(exc))
+
+
 def check(task: str, model_type: str, auto: Any) -> dict[str, Any]:
     """One family's row: verdict, detail, default cache, refusal (the verdict says whether
     the plain loop ran)."""
     row: dict[str, Any] = {"task": task, "model_type": model_type, "cache": "-", "refusal": "-"}
-    try:
-        config = tiny_config(model_type, use_cache=None)  # the family's own default
-        row["cache"] = default_cache(config)
-        large = too_large(auto, config)
-        if large is not None:
-            return {**row, "verdict": "not run", "detail": large}
-        batches = padded_batches(task, config)
-        torch.manual_seed(0)
-        model = auto.from_config(config)
-    except Exception as exc:
-        return {**row, "verdict": "not built", "detail": reason(exc)}
+    family = build(task, model_type, auto)
+    if family.config is not None:
+        row["cache"] = default_cache(family.config)
+    if family.model is None:
+        return {**row, "verdict": family.verdict, "detail": family.detail}
+    config, batches, model = family.config, family.batches, family.model
     takes = takes_use_cache(model.forward, model)  # as offload decides
     try:
         plain = loop(model, batches, nullcontext, {"use_cache": False} if takes else {})
@@ -269,21 +291,29 @@ def _parameters(forward: Any) -> set[str]:
         return set()
 
 
-def run(quick: bool) -> list[dict[str, Any]]:
+def run(
+    quick: bool,
+    check_one: Callable[[str, str, Any], dict[str, Any]] = check,
+    quick_names: tuple[str, ...] = QUICK,
+    blank: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """``check_one`` for every family of every task (``quick``: ``quick_names`` only), each
+    within the time limit; ``blank``: a timed-out row's other cells."""
     import transformers
 
+    blank = {"cache": "-", "refusal": "-"} if blank is None else blank
     rows = []
     for task in TASKS:
         mapping, auto_name = MAPPINGS[task]
         auto = getattr(transformers, auto_name)
-        names = [n for n in model_types(mapping) if not quick or n in QUICK]
+        names = [n for n in model_types(mapping) if not quick or n in quick_names]
         for model_type in names:
             started = time.perf_counter()
             signal.alarm(TIME_LIMIT_S)
             try:
-                row = check(task, model_type, auto)
+                row = check_one(task, model_type, auto)
             except TimeoutError:
-                row = {"task": task, "model_type": model_type, "cache": "-", "refusal": "-"}
+                row = {"task": task, "model_type": model_type, **blank}
                 row |= {"verdict": "not run", "detail": f"took more than {TIME_LIMIT_S} s"}
             finally:
                 signal.alarm(0)
@@ -293,15 +323,32 @@ def run(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+class TaskCounts(NamedTuple):
+    """A task's rows: all, those whose tiny model ran, and how many were covered at the
+    ratio and at their smallest budget."""
+
+    mine: list[dict[str, Any]]
+    ran: list[dict[str, Any]]
+    at_ratio: int
+    at_own: int
+
+
+def task_counts(rows: list[dict[str, Any]], task: str) -> TaskCounts:
+    mine = [r for r in rows if r["task"] == task]
+    return TaskCounts(
+        mine,
+        [r for r in mine if r["verdict"] not in ("not built", "not run")],
+        sum(r["verdict"] == "covered" for r in mine),
+        sum(r["verdict"].startswith("covered at") for r in mine),
+    )
+
+
 def render(rows: list[dict[str, Any]], elapsed_s: float, argv: list[str] | None) -> str:
     import transformers
 
     summary = []
     for task in TASKS:
-        mine = [r for r in rows if r["task"] == task]
-        ran = [r for r in mine if r["verdict"] not in ("not built", "not run")]
-        at_ratio = sum(r["verdict"] == "covered" for r in mine)
-        at_own = sum(r["verdict"].startswith("covered at") for r in mine)
+        mine, ran, at_ratio, at_own = task_counts(rows, task)
         covered = at_ratio + at_own
         asked = [r for r in ran if r["refusal"] != "-"]
         refused = sum(r["refusal"].startswith("refused:") for r in asked)
@@ -390,22 +437,38 @@ def render(rows: list[dict[str, Any]], elapsed_s: float, argv: list[str] | None)
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def family_main(
+    argv: list[str] | None,
+    doc: str,
+    quick_names: tuple[str, ...],
+    results: Path,
+    run_rows: Callable[[bool], list[dict[str, Any]]],
+    render_rows: Callable[[list[dict[str, Any]], float, list[str] | None], str],
+) -> int:
+    """A family benchmark's command line: ``--quick`` and ``--out``, one thread, the rows
+    of ``run_rows`` rendered and written."""
     import transformers
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help=f"{', '.join(QUICK)} only (tests)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the tables")
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{', '.join(quick_names)} only (tests)"
+    )
+    parser.add_argument("--out", type=Path, default=results, help="where to write the tables")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     signal.signal(signal.SIGALRM, too_long)
     started = time.perf_counter()
-    rows = run(args.quick)
-    text = render(rows, time.perf_counter() - started, argv)
+    rows = run_rows(args.quick)
+    text = render_rows(rows, time.perf_counter() - started, argv)
     write_atomic(args.out, text)
     print(text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    assert __doc__ is not None
+    return family_main(argv, __doc__, QUICK, RESULTS, run, render)
 
 
 if __name__ == "__main__":
