@@ -5,6 +5,7 @@ Covers: pipeswap/training/offload.py.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -449,7 +450,34 @@ def test_a_weight_used_twice_in_a_layer_trains_as_the_loop_under_autocast(policy
     # plans every block at the budget its refusal of a ratio names.)
     budget = {"footprint_ratio": 1.25} if policy == "disjoint" else {"gpu_memory": 2**23}
     off = offload(model, policy=policy, **budget)
-    assert _equal(plain, train_loop(model, lambda: off, data, cast=bf16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # each layer runs once a forward: nothing to warn of
+        assert _equal(plain, train_loop(model, lambda: off, data, cast=bf16))
     stats = off.stats()
     assert stats["swapped_bytes"] > 0 if policy == "disjoint" else stats["recomputed_layers"] > 0
+    off.close()
+
+
+class _Repeated(_TwiceApplied):
+    """Each block called twice a forward (a recurrent depth, Dory's or HRM's)."""
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, **_: Any) -> Any:
+        h = self.embed(input_ids)
+        for _ in range(2):
+            for layer in self.layers:
+                h = layer(h)
+        logits = self.head(h).float()
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        return type("Output", (), {"loss": loss})()
+
+
+def test_a_layer_called_twice_a_forward_under_autocast_is_warned_of() -> None:
+    torch.manual_seed(1)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, VOCAB, (3, 4, 512))]
+    model = _Repeated()
+    off = offload(model, policy="disjoint", footprint_ratio=1.25)
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    with pytest.warns(UserWarning, match="runs more than once in a forward: under autocast"):
+        train_loop(model, lambda: off, data, cast=bf16)
+    assert off.stats()["unmatched_tensors"] > 0  # the second calls' tensors stay put
     off.close()

@@ -16,6 +16,7 @@ stays on the device, a planned swap of a tensor the step did not save is skipped
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Container
 from typing import Any
 
@@ -66,6 +67,8 @@ class StepTensors:
         # A repeated cast is kept once (as prepare's naming pass kept it): matched per layer.
         self.twins = CastTwins()
         self._layer: str | None = None
+        self._entered: set[str] = set()  # this step's layers so far
+        self._warned = False
         self._calls: dict[str, int] = {}
         self._entries: dict[SavedKey, SavedTensorState] = {}
         self.swapped = self.prefetched = self.late = 0
@@ -82,11 +85,23 @@ class StepTensors:
         self._layer = name
         self.twins.reset()
         drop_cached_casts()
+        if name is not None:
+            if name in self._entered and not self._warned and _autocast_caching():
+                self._warned = True
+                warnings.warn(
+                    f"layer {name!r} runs more than once in a forward: under autocast each "
+                    "call casts its weights anew (autocast's cache is let go of at every "
+                    "layer's edge), so its weights' gradients may differ in their last bits "
+                    "from a loop without pipeswap",
+                    stacklevel=2,
+                )
+            self._entered.add(name)
 
     def start_step(self, layer_names: list[str]) -> None:
         self._entries = {}
         self._calls = dict.fromkeys(layer_names, 0)
         self.layer = None
+        self._entered = set()
         self.twins.shared_bytes = 0  # this step's
         self.swapped = self.prefetched = self.late = 0
 
@@ -204,6 +219,13 @@ def _holds(entry: SavedTensorState, tensor: torch.Tensor) -> bool:
         entry.state == ON_DEVICE
         and entry.device is not None
         and entry.device.data_ptr() == tensor.untyped_storage().data_ptr()
+    )
+
+
+def _autocast_caching() -> bool:
+    """Whether autocast, with its weight-cast cache, is on for a CPU or a CUDA forward."""
+    return torch.is_autocast_cache_enabled() and any(
+        torch.is_autocast_enabled(device) for device in ("cpu", "cuda")
     )
 
 
