@@ -34,8 +34,9 @@ class CastTwins:
     __slots__ = ("_first", "shared_bytes")
 
     def __init__(self) -> None:
-        # key -> (the first saved view, the source's node: keeps its id from being reused)
-        self._first: dict[tuple[Any, ...], tuple[torch.Tensor, Any]] = {}
+        # key (its source's autograd node first, held so its id is not reused) -> the
+        # first saved view
+        self._first: dict[tuple[Any, ...], torch.Tensor] = {}
         self.shared_bytes = 0  # bytes of storages not held because a twin was
 
     def reset(self) -> None:
@@ -47,11 +48,9 @@ class CastTwins:
         key = _cast_key(tensor)
         if key is None:
             return tensor
-        first = self._first.get(key)
-        if first is None:
-            self._first[key] = (tensor, key[0])
+        twin = self._first.setdefault(key, tensor)
+        if twin is tensor:
             return tensor
-        twin = first[0]
         # (The storage's own address, exact on meta too, as pipeswap.profiling.saved keys it.)
         if twin.untyped_storage()._cdata != tensor.untyped_storage()._cdata:
             self.shared_bytes += tensor.untyped_storage().nbytes()

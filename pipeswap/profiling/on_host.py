@@ -113,7 +113,9 @@ class SavedOnHost:
     """The step's saved storages while :func:`every_saved_tensor_on_host` runs: which
     layer is saving, what each layer saved, and what is still on the device."""
 
-    def __init__(self, model: nn.Module, timing: BlockTiming | None) -> None:
+    def __init__(
+        self, model: nn.Module, timing: BlockTiming | None, *, drop_casts: bool = True
+    ) -> None:
         self.timing = timing
         self.resident = {storage_key(t) for t in chain(model.parameters(), model.buffers())}
         self.saving: str | None = None  # the layer whose forward runs
@@ -122,7 +124,7 @@ class SavedOnHost:
         self.pending: list[_OnHost] = []  # the running layer's, still on the device
         self.dying: list[_OnHost] = []  # let go of on the device since the last event
         self.twins = CastTwins()  # a repeated cast is kept once, as the swap runtime keeps it
-        self.drop_casts = True  # autocast's cached casts let go of at each layer's edge
+        self.drop_casts = drop_casts  # autocast's cached casts let go of at layers' edges
 
     def shift(self, delta: int) -> None:
         """``delta`` more bytes the step as it is holds and the device does not, from now."""
@@ -207,8 +209,7 @@ def every_saved_tensor_on_host(
     autograd keeps it, and goes to the host with its layer's); off, the cache holds every
     cast on the device as in a plain step under autocast, whose readings the step then
     gives (what ``measure`` profiles)."""
-    on_host = SavedOnHost(model, timing)
-    on_host.drop_casts = drop_casts
+    on_host = SavedOnHost(model, timing, drop_casts=drop_casts)
     # First of the hooks: a meter read at the layers' edges reads them flushed. What runs
     # after the last layer (the head, the loss) is the last layer's, as profiles count it.
     handles = [
