@@ -604,6 +604,43 @@ def finer_than_blocks(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _ms_per_mib_freed(record: dict[str, Any] | None, plain: dict[str, Any]) -> float | None:
+    """Step time a way adds to plain's per MiB of peak it frees below plain's (None when it
+    frees nothing or adds no time)."""
+    if record is None:
+        return None
+    freed = (_peak(plain) - _peak(record)) / MiB
+    added = (_median(record) - _median(plain)) * 1e3
+    return added / freed if freed > 0 and added > 0 else None
+
+
+def per_mib_freed(records: list[dict[str, Any]]) -> str:
+    """Time per MiB freed: pipeswap's finer plans against its whole-block ones, and torch's
+    op-level SAC against HF's full AC in the same run (does finer pay on this device?)."""
+    ran = {r["spec"]["name"]: r for r in records if r["status"] == "ran"}
+    plain = next((r for r in ran.values() if r["spec"]["kind"] == "plain"), None)
+    if plain is None:
+        return ""
+    pairs = [
+        (f"{FINER} finer, {name.split(', ')[-1]}", name, "pipeswap finer / whole blocks")
+        for name in ran
+        if name.startswith(f"{FINER} whole blocks, ")
+    ]
+    pairs.append(("selective AC (op SAC)", "full AC (HF, per layer)", "op SAC / full AC"))
+    parts = []
+    for fine, whole, label in pairs:
+        a, b = _ms_per_mib_freed(ran.get(fine), plain), _ms_per_mib_freed(ran.get(whole), plain)
+        if a is not None and b is not None:
+            budget = f" at {whole.split(', ')[-1]}" if whole.startswith(FINER) else ""
+            parts.append(f"{label}{budget}: {a:.2f} / {b:.2f} ms per MiB = {a / b:.2f}")
+    if not parts:
+        return ""
+    return (
+        "Step time added to plain's per MiB of peak freed below plain's (the cost of a "
+        "byte, whatever the budget): " + "; ".join(parts) + ". Below 1, finer pays."
+    )
+
+
 def summary(records: list[dict[str, Any]]) -> str:
     plain = next(
         (r for r in records if r["spec"]["kind"] == "plain" and r["status"] == "ran"), None
@@ -685,6 +722,8 @@ def render(
             "Both rows are in the table above, interleaved in one run; the ratio compares "
             "the time each adds to plain's median step.\n",
             *finer_than_blocks(records),
+            "",
+            per_mib_freed(records),
             "",
             f"![peak memory against step time]({_png_name(device)})",
             "",

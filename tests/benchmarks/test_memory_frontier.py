@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from bench_support import rows, run_quick
+from bench_support import ROOT, rows, run_quick
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from memory_frontier import FINER, MiB, per_mib_freed  # noqa: E402
 
 
 def test_quick_memory_frontier(tmp_path: Path) -> None:
@@ -37,3 +41,30 @@ def test_quick_memory_frontier(tmp_path: Path) -> None:
         if whole != "-":  # a ratio, or a dash where noise put plain's median above
             assert added.startswith("-") or float(added) >= 0, budget
             assert float(step) > 0, budget
+
+
+def _ran(name: str, kind: str, peak_mib: float, step_ms: float) -> dict[str, object]:
+    return {
+        "spec": {"name": name, "kind": kind},
+        "status": "ran",
+        "peaks": [int(peak_mib * MiB)],
+        "times": [step_ms / 1e3],
+    }
+
+
+def test_time_per_mib_freed_is_a_ratio_of_costs_per_byte() -> None:
+    # plain 200 MiB at 100 ms; whole blocks free 100 MiB for 50 ms (0.5 ms/MiB), finer 60 MiB
+    # for 24 ms (0.4); full AC 120 MiB for 60 ms (0.5), op SAC 50 MiB for 40 ms (0.8).
+    records = [
+        _ran("plain", "plain", 200, 100),
+        _ran(f"{FINER} whole blocks, no-swap/2", "pipeswap", 100, 150),
+        _ran(f"{FINER} finer, no-swap/2", "pipeswap", 140, 124),
+        _ran("full AC (HF, per layer)", "peer", 80, 160),
+        _ran("selective AC (op SAC)", "peer", 150, 140),
+    ]
+    line = per_mib_freed(records)
+    assert "pipeswap finer / whole blocks at no-swap/2: 0.40 / 0.50 ms per MiB = 0.80" in line
+    assert "op SAC / full AC: 0.80 / 0.50 ms per MiB = 1.60" in line
+    # A way that frees nothing, or adds no time, has no cost per byte: no ratio for it.
+    frees_nothing = _ran("selective AC (op SAC)", "peer", 200, 140)
+    assert "op SAC" not in per_mib_freed([*records[:4], frees_nothing])
