@@ -34,9 +34,13 @@ class BlockTiming:
     # there (a learnt step fetching its saved tensors back): not the layers' time.
     copies: list[tuple[float, float]] = field(default_factory=list)
 
+    # Layers whose output needed no gradient (a frozen first block): they have no backward.
+    no_backward: set[str] = field(default_factory=set)
+
     def complete(self, names: list[str]) -> bool:
         return self.ended is not None and all(
-            n in self.forward_s and n in self.backward_started for n in names
+            n in self.forward_s and (n in self.backward_started or n in self.no_backward)
+            for n in names
         )
 
     def step_memory(self, names: list[str], start_bytes: int | None = None) -> StepMemory | None:
@@ -48,7 +52,14 @@ class BlockTiming:
         marks = self.marks
         if marks is None:
             return None
-        peaks = marks.peaks
+        peaks = dict(marks.peaks)
+        # A layer with no backward (a frozen prefix) comes last in the backward: the end of
+        # the backward is read as the first layer's that has one.
+        for n in names:
+            if n in self.no_backward and f"b:{n}" not in peaks:
+                later = next((m for m in names if m not in self.no_backward), None)
+                if later is not None and f"b:{later}" in peaks:
+                    peaks[f"b:{n}"] = peaks[f"b:{later}"]
         wanted = [f"f:{n}" for n in names] + [f"b:{n}" for n in names] + ["turn"]
         if any(key not in peaks for key in wanted):
             return None
@@ -63,14 +74,20 @@ class BlockTiming:
         )
 
     def backward_s(self, names: list[str]) -> dict[str, float]:
-        """Each layer's backward, less the ``copies`` made inside it."""
+        """Each layer's backward, less the ``copies`` made inside it (0 for a layer with
+        none: it runs to the start of the previous layer's that has one, or to the end)."""
         assert self.ended is not None
-        ends = [self.backward_started[n] for n in names[:-1]]
         out = {}
-        for n, end in zip(names, [self.ended, *ends], strict=True):
+        end = self.ended
+        for n in names:
+            if n not in self.backward_started:
+                out[n] = 0.0
+                continue
             start = self.backward_started[n]
+            # Layers run backward last to first: n's ends where the one before it starts.
             copied = sum(s for when, s in self.copies if start <= when < end)
             out[n] = max(0.0, end - start - copied)
+            end = start
         return out
 
 
@@ -99,7 +116,8 @@ def time_blocks(
             timing.marks.close(interval)
 
     def ended() -> None:
-        close(f"b:{names[0]}")
+        first = next((n for n in names if n in timing.backward_started), names[0])
+        close(f"b:{first}")
         timing.ended = now()
 
     for name, layer in layers.items():
@@ -130,6 +148,8 @@ def time_blocks(
             wanted = next((t for t in leaves if t.requires_grad), None)
             if wanted is not None:
                 handles.append(wanted.register_hook(mark))
+            elif torch.is_grad_enabled():
+                timing.no_backward.add(n)
 
         handles.extend(
             (

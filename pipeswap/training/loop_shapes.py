@@ -17,7 +17,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch import nn
 
+from pipeswap.errors import PipeswapError
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.profile import StepMemory
 from pipeswap.training.loop_calls import Signature, describe, on_device
@@ -80,6 +82,7 @@ class ShapePlans:
         self.plans: dict[Signature, ShapePlan] = {}
         self.declared: Signature | None = None  # the largest call, as plan_for gave it
         self.check_memory = check_memory  # a derived plan is checked by a step run aside
+        self._trainable: tuple[bool, ...] | None = None  # requires_grad, parameter by parameter
 
     def serving(
         self, signature: Signature, args: Any, kwargs: Any, device: torch.device
@@ -125,11 +128,21 @@ class ShapePlans:
         call: tuple[Any, Any],
         timing: BlockTiming,
         memory: StepMemory | None,
+        *,
+        aside: bool = False,
         **settings: Any,
     ) -> None:
         """Plan a timed call (``settings``: LoopPlanner.plan_shape's); a step cut short
-        leaves its timing incomplete, and the call is learnt again."""
-        if not timing.complete(self.planner.layer_names):
+        leaves its timing incomplete, and the call is learnt again (``aside``, a call
+        offload.plan_for ran for the user: PipeswapError)."""
+        names = self.planner.layer_names
+        if not timing.complete(names):
+            if aside:
+                raise PipeswapError(
+                    "offload.plan_for ran the call aside, but its backward did not reach "
+                    f"every layer of {', '.join(names)}: give it a call whose loss depends "
+                    "on every layer's output, as the loop's does"
+                )
             return
         fits = None
         if self.plans:
@@ -138,6 +151,17 @@ class ShapePlans:
         self.plans[signature] = self.planner.plan_shape(
             timing, call, memory, shape=describe(signature), fits=fits, **settings
         )
+
+    def trainable_changed(self, model: nn.Module) -> bool:
+        """Whether ``model``'s parameters that need gradients differ from the last call's (a
+        block unfrozen saves tensors no plan knows of): if so every plan is let go of, and
+        the next call is learnt and planned again, within the same budget."""
+        trainable = tuple(p.requires_grad for p in model.parameters())
+        changed = self._trainable is not None and trainable != self._trainable
+        self._trainable = trainable
+        if changed:
+            self.close()
+        return changed
 
     def close(self) -> None:
         for planned in self.plans.values():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -12,12 +13,10 @@ from torch import nn
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.dist.ddp import unwrap
-from pipeswap.dist.group import rank_and_world
 from pipeswap.errors import PipeswapError
 from pipeswap.models.blocks import find_blocks
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
 from pipeswap.profiling.step import optimizer_state_bytes
-from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.learning import SAID, learning_step
@@ -28,6 +27,7 @@ from pipeswap.training.loop_calls import signature as call_signature
 from pipeswap.training.loop_meter import LoopMeter
 from pipeswap.training.loop_plans import LoopPlanner, ShapePlan, offload_names
 from pipeswap.training.loop_shapes import ShapePlans, describe
+from pipeswap.training.loop_stats import plan_stats
 from pipeswap.units import parse_bytes
 
 __all__ = ["Offload", "offload"]
@@ -116,6 +116,8 @@ SEARCH_STEPS = 2.0
 SEARCH_AT_MOST_S = 1.0
 # What offload does with a shape no plan fits within the run's budget.
 INFEASIBLE = ("error", "recompute-all")
+# The Offload whose context is open on a model: two on one model would swap each other's.
+_ENTERED: weakref.WeakKeyDictionary[nn.Module, Offload] = weakref.WeakKeyDictionary()
 
 
 class Offload:
@@ -200,8 +202,9 @@ class Offload:
 
     # ---- the context ----------------------------------------------------------------
     def __enter__(self) -> Offload:
-        if self._root_hooks:
+        if self._root_hooks or _ENTERED.get(self.model, self) is not self:
             raise RuntimeError("offload contexts do not nest; leave the first one before")
+        _ENTERED[self.model] = self
         self._root_hooks = [
             self.model.register_forward_pre_hook(self._before, with_kwargs=True),
             self.model.register_forward_hook(self._after, with_kwargs=True),
@@ -212,6 +215,7 @@ class Offload:
         for handle in self._root_hooks:
             handle.remove()
         self._root_hooks = []
+        _ENTERED.pop(self.model, None)
         if self._step is not None:  # the forward raised: leave its swapping context
             step, self._step = self._step, None
             step.__exit__(*exc)
@@ -236,6 +240,8 @@ class Offload:
         self._remove_timing()
         held_bytes = self.meter.stop()
         started = time.perf_counter()
+        if self.shapes.trainable_changed(self.model):  # its plans are gone: learn again
+            self._timed = None
         if self._timed is not None:  # the previous step learnt a shape: plan it now
             (timed, call, timing), self._timed = self._timed, None
             memory = timing.step_memory(self.layer_names, held_bytes)
@@ -322,11 +328,14 @@ class Offload:
         if self._takes_use_cache:
             kwargs = without_cache(kwargs, args)
         self._end_pending()
+        self.shapes.trainable_changed(self.model)
         self.meter.end_count()  # the step run aside is not the user's
         started = time.perf_counter()
         signature = call_signature(args, kwargs, self._device())
         timing, memory = self.planner.aside(args, kwargs, state_bytes=self._unseen_state())
-        self.shapes.plan(signature, (args, kwargs), timing, memory, **self._plan_settings())
+        self.shapes.plan(
+            signature, (args, kwargs), timing, memory, aside=True, **self._plan_settings()
+        )
         self.shapes.declared = signature
         # The step run aside is part of planning here (in the loop, the timed step is the
         # user's own).
@@ -379,22 +388,6 @@ class Offload:
         out["unmatched_tensors"] = sum(
             p.executor.unmatched for p in self.shapes.plans.values() if p.executor is not None
         )
-        planned = self._last_plan
-        if planned is not None:
-            result = planned.result
-            rank, _ = rank_and_world()
-            out["policy"] = result.policy
-            out["predicted_step_s"] = result.iteration_s
-            out["predicted_stall_s"] = max(0.0, result.iteration_s - result.compute_s)
-            out["recomputes_all"] = planned.recomputes_all
-            out["planned_for_bytes"] = result.budget_bytes
-            out["predicted_peak_bytes"] = result.gpus[rank].peak_bytes
-            out["measured_peak_bytes"] = self.meter.peak_so_far(planned)
-            workload = workload_from_profile(planned.profile)
-            out["no_swap_peak_bytes"] = workload.no_swap_peak_bytes()
-            out["smallest_budget_bytes"] = workload.min_budget_bytes()
-            out["memory_meter"] = getattr(planned.profile.memory, "meter", None)
-            out["planning_s"] = planned.planning_s
-            out["replans"] = planned.replans
-            out["derived_from"] = planned.derived_from
+        if self._last_plan is not None:
+            out.update(plan_stats(self._last_plan, self.meter.peak_so_far(self._last_plan)))
         return out

@@ -14,12 +14,16 @@ trivially):
   before its prefetch was issued is copied synchronously on the compute stream (late).
 - A host region is written again only after the copy that last read it: the next step's
   swap-out into a region waits on the event of the prefetch that read the region.
+- A host region is never written over while its bytes are still to be read: a swap-out
+  into a region whose last tensor a backward has yet to fetch (a second forward before the
+  first one's backward) brings that tensor back to the device first, and warns once.
 - Bytes whose copy may still be in flight are never released without synchronizing on
   that copy's event first.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Callable, Hashable
 
@@ -158,10 +162,17 @@ class SwapTransfer:
         # Per region, the event of the prefetch that last read it, until a swap-out into that
         # region has been ordered after it.
         self._region_readers: dict[Hashable, AnyEvent] = {}
+        # Per region, the entry whose bytes it holds (or is receiving).
+        self._region_owners: dict[Hashable, SavedTensorState] = {}
+        self.rescued = 0  # tensors brought back because a later swap-out needed their region
 
     def swap_out(self, entry: SavedTensorState) -> None:
         """Start copying ``entry`` (on the device) into its host region."""
         assert entry.state == ON_DEVICE and entry.device is not None
+        owner = self._region_owners.get(entry.key)
+        if owner is not None and owner is not entry and owner.state in (COPYING_OUT, ON_HOST):
+            self._rescue(owner)
+        self._region_owners[entry.key] = entry
         out = self.out_stream
         if not is_cuda(out):  # the CPU: the copy is done when the call returns
             _copy(self.pool.region(entry.key, entry.bytes), entry.device, non_blocking=False)
@@ -178,6 +189,24 @@ class SwapTransfer:
         entry.event = record_event(out)
         entry.state = COPYING_OUT
         self._pending_out.append(entry)
+
+    def _rescue(self, owner: SavedTensorState) -> None:
+        """Keep on the device the bytes of ``owner``, whose region another swap-out is about
+        to write: autograd still holds it, and its backward has not read it yet."""
+        if self.rescued == 0:
+            warnings.warn(
+                "a forward swapped a tensor into host memory that an earlier forward's "
+                "backward has yet to read (two forwards before one backward, e.g. a loss over "
+                "two views): the earlier tensors were brought back to the device first, so "
+                "this step holds more than its plan's budget; run one forward over the "
+                "concatenated inputs, or call backward before the next forward, to keep it",
+                stacklevel=4,
+            )
+        self.rescued += 1
+        if owner.state == COPYING_OUT:
+            owner.state = BACK  # the copy has not finished: the device bytes never left
+        else:
+            self._fetch(owner, late=True)
 
     def poll(self) -> None:
         """Release the device bytes of every swap-out whose copy has completed."""

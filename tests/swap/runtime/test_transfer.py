@@ -9,6 +9,7 @@ ordering rules a GPU relies on, which CPU no-op streams can never break, are ass
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Any
 
 import pytest
@@ -172,8 +173,34 @@ def test_the_next_swap_out_into_a_slot_waits_for_the_prefetch_that_read_it(fake:
     assert [item[0] for item in fake.log] == ["wait_stream", "copy", "record"]
     fake.log.clear()
     third = _entry("a", tensors["a"], ledger)
-    moved.swap_out(third)  # step 2 has not read region a: no stale wait
+    with pytest.warns(UserWarning, match="two forwards before one backward"):
+        moved.swap_out(third)  # step 2 has not read region a: no stale wait ...
     assert [item[0] for item in fake.log] == ["wait_stream", "copy", "record"]
+    # ... but step 2's tensor, whose copy into region a is still running, keeps its bytes.
+    assert again["a"].state == BACK and again["a"].device is not None
+
+
+def test_a_region_a_backward_has_yet_to_read_is_not_written_over(fake: FakeCuda) -> None:
+    """Two forwards before one backward: the second one's swap-out into a region brings the
+    first one's tensor back to the device first (a blocking copy), never loses its bytes."""
+    moved, ledger, entries, tensors = _setup(fake, {"a": 64})
+    first = entries["a"]
+    moved.swap_out(first)
+    _events(fake, moved.out_stream)[0].done = True
+    moved.poll()
+    assert first.state == ON_HOST and ledger.live_bytes == 0
+    fake.log.clear()
+    second = _entry("a", tensors["a"] * 2, ledger)
+    with pytest.warns(UserWarning, match="holds more than its plan's budget"):
+        moved.swap_out(second)
+    assert fake.log[0] == ("copy", fake.compute, "h2d", False)  # the first one, back first
+    assert first.state == BACK and ledger.live_bytes == 128  # both on the device now
+    assert torch.equal(first.device.view(torch.float32), tensors["a"])  # type: ignore[union-attr]
+    assert moved.ready(first) is False and moved.rescued == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per transfer
+        moved.swap_out(_entry("a", tensors["a"] * 3, ledger))
+    assert second.state == BACK and moved.rescued == 2
 
 
 def test_forgetting_bytes_a_copy_still_uses_synchronizes_first(fake: FakeCuda) -> None:

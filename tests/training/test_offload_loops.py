@@ -1,0 +1,172 @@
+"""pipeswap.offload in loops that change what a forward saves: two forwards before one
+backward, blocks unfrozen mid-run, a frozen first block, and two offloads of one model.
+
+Covers: pipeswap/training/offload.py, pipeswap/training/loop_shapes.py (trainable_changed),
+pipeswap/profiling/block_timing.py (layers with no backward) and
+pipeswap/swap/runtime/transfer.py (a region a backward has yet to read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pipeswap.profiling.meter import DeviceMeter
+from pipeswap.training.offload import offload
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+Result = tuple[list[float], list[torch.Tensor]]
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 256), nn.Linear(256, 64)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.fc2(nn.functional.gelu(self.fc1(h)))
+
+
+class _Net(nn.Module):
+    def __init__(self, frozen: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(_Block() for _ in range(4))
+        self.head = nn.Linear(64, 1)
+        for block in self.blocks[:frozen]:
+            block.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).pow(2).mean()
+
+
+def _equal(a: Result, b: Result) -> bool:
+    return a[0] == b[0] and all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
+
+
+def _two_views(model: nn.Module, wrap: Callable[[], AbstractContextManager[Any]]) -> Result:
+    """A loss over two views of each batch: both forwards run before the one backward."""
+    generator = torch.Generator().manual_seed(1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(5):
+        x1, x2 = torch.randn(2, 16, 128, 64, generator=generator)
+        with wrap():
+            a = model(x1)
+            b = model(x2)
+        loss = (a - b) ** 2
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("policy", ["save-on-cpu", "bidirectional"])
+def test_two_forwards_before_one_backward_train_as_the_loop_and_say_what_it_costs(
+    policy: str,
+) -> None:
+    """The second forward's swaps would write over host regions whose tensors the first
+    forward's backward has yet to read: those come back to the device first."""
+    plain = _two_views(_Net(), nullcontext)
+    model = _Net()
+    off = offload(model, footprint_ratio=1.5, policy=policy)
+    with pytest.warns(UserWarning, match="two forwards before one backward"):
+        assert _equal(_two_views(model, lambda: off), plain)
+    assert off.stats()["swapped_bytes"] > 0
+    off.close()
+
+
+def _unfreezing(
+    model: nn.Module, off: Any, optimizer: torch.optim.Optimizer, unfreeze_at: int
+) -> tuple[Result, list[int]]:
+    generator = torch.Generator().manual_seed(1)
+    losses, peaks = [], []
+    for step in range(7):
+        if step == unfreeze_at:
+            model.blocks[:2].requires_grad_(True)
+        x = torch.randn(16, 128, 64, generator=generator)
+        holding = (model, optimizer, x)
+        pools = off.host_pools() if off is not None else []
+        with DeviceMeter("cpu", holding=holding, exclude=pools) as meter:
+            with off if off is not None else nullcontext():
+                loss = model(x)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        peaks.append(meter.peak)
+    return (losses, [p.detach().clone() for p in model.parameters()]), peaks
+
+
+def test_blocks_unfrozen_mid_run_are_planned_again_within_the_budget() -> None:
+    """Unfrozen blocks save tensors the plan made while they were frozen never named: the
+    shape is learnt and planned again, within the run's budget, as a fresh offload is."""
+    plain_model = _Net(frozen=2)
+    plain, _ = _unfreezing(
+        plain_model, None, torch.optim.AdamW(plain_model.parameters(), lr=1e-3), unfreeze_at=3
+    )
+    model = _Net(frozen=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    budget = 14 * 2**20
+    off = offload(model, gpu_memory=budget, optimizer=optimizer)
+    ours, peaks = _unfreezing(model, off, optimizer, unfreeze_at=3)
+    assert _equal(ours, plain)
+    stats = off.stats()
+    assert stats["learning_steps"] == 2 and stats["unmatched_tensors"] == 0
+    # Steps 0 and 3 are learnt, 1 and 4 plan; the plans' later steps hold the budget.
+    for step in (2, 5, 6):
+        assert peaks[step] <= budget * 1.02, (step, peaks, budget)
+    off.close()
+
+
+def _frozen_loop(model: nn.Module, wrap: Callable[[], AbstractContextManager[Any]]) -> Result:
+    generator = torch.Generator().manual_seed(1)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(4):
+        with wrap():
+            loss = model(torch.randn(16, 128, 64, generator=generator))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("frozen", [1, 2])
+def test_frozen_first_blocks_have_no_backward_and_are_planned(frozen: int) -> None:
+    plain = _frozen_loop(_Net(frozen), nullcontext)
+    model = _Net(frozen)
+    off = offload(model, footprint_ratio=1.5, policy="save-on-cpu")
+    assert _equal(_frozen_loop(model, lambda: off), plain)
+    stats = off.stats()
+    assert (stats["learning_steps"], stats["plans"], stats["steps"]) == (1, 1, 3)
+    assert stats["swapped_bytes"] > 0
+    off.close()
+    # offload.plan_for plans such a model before the loop too.
+    model = _Net(frozen)
+    off = offload(model, footprint_ratio=1.5, policy="save-on-cpu")
+    off.plan_for(torch.randn(16, 128, 64))
+    assert _equal(_frozen_loop(model, lambda: off), plain)
+    assert off.stats()["learning_steps"] == 0
+    off.close()
+
+
+def test_two_offloads_of_one_model_do_not_nest() -> None:
+    model = _Net()
+    first, second = offload(model, footprint_ratio=1.5), offload(model, footprint_ratio=1.5)
+    with first, pytest.raises(RuntimeError, match="do not nest"):
+        with second:
+            pass
+    with second:  # one at a time is fine
+        loss = model(torch.randn(2, 8, 64))
+    loss.backward()
