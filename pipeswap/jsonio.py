@@ -156,8 +156,9 @@ def check_writable(
     outputs: Iterable[PathArg | None] = (),
 ) -> None:
     """Refuse, before any work starts, an output ``path`` that write_atomic would fail on
-    or that would overwrite one of the command's ``inputs`` or its other ``outputs``
-    (``None`` entries, i.e. options not given, are skipped). Creates nothing."""
+    or that would overwrite one of the command's ``inputs`` (or land inside an input
+    folder: a model directory, a folder of data) or its other ``outputs`` (``None``
+    entries, i.e. options not given, are skipped). Creates nothing."""
     target = Path(os.path.realpath(path))
     if target.is_dir():
         raise PipeswapError(f"{path} is a directory; give a file name")
@@ -177,6 +178,15 @@ def check_writable(
     for other in inputs:
         if other is not None and _same_file(path, other):
             raise PipeswapError(f"output {path} is also an input; write to another file")
+        if (
+            other is not None
+            and os.path.isdir(other)
+            and target.is_relative_to(os.path.realpath(other))
+        ):
+            raise PipeswapError(
+                f"output {path} is inside {other}, a folder this run reads; write it to "
+                "another folder"
+            )
     for other in outputs:
         if other is not None and _same_file(path, other):
             raise PipeswapError(f"{path} is given as two outputs ({other}); give each its own file")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 from pipeswap.config_fields import ConfigError, option, require
@@ -30,7 +32,10 @@ class LogConfig:
         help="print a line every N steps on stderr, to a terminal or a log file (0: never)",
     )
     metrics: str | None = option(
-        None, metavar="PATH", help="write each step's loss, learning rate and time as JSON lines"
+        None,
+        metavar="PATH",
+        help="write each step's loss, learning rate and time as JSON lines (to PATH.partial, "
+        "renamed to PATH at the end; a resumed run keeps the earlier steps' lines)",
     )
     tensorboard: str | None = option(
         None,
@@ -109,19 +114,25 @@ class StepLog:
     ) -> None:
         self.config, self.steps = config, steps
         self._file: IO[str] | None = None
+        self._partial: Path | None = None
+        self._started = False
         self._board: Any = None
         # A line every log_every steps, to a log file too: a run sent to one is followed.
         self._lines = enabled and live and config.log_every > 0
         if not enabled:
             return
         if config.metrics is not None:
-            self._file = open(config.metrics, "w", encoding="utf-8")  # noqa: SIM115
+            # Written beside the file and renamed over it at the end: a run that stops
+            # leaves the user's file as it was, never half-written.
+            self._partial = Path(f"{config.metrics}.partial")
+            self._file = open(self._partial, "w", encoding="utf-8")  # noqa: SIM115
         if config.tensorboard is not None:
             self._board = _summary_writer()(config.tensorboard)
 
     def step(self, step: int, loss: float, lr: float, step_s: float | None = None) -> None:
         """Record optimizer step ``step`` (0-based)."""
         if self._file is not None:
+            self._resumed_from(step)
             entry = {"step": step + 1, "loss": loss, "lr": lr, "step_s": step_s}
             self._file.write(json.dumps(entry) + "\n")
             self._file.flush()
@@ -136,12 +147,31 @@ class StepLog:
         """Record the held-out score after optimizer step ``step`` (0-based) of a run that
         scores every ``eval_every`` steps (the score at the end goes to :meth:`close`)."""
         if self._file is not None:
+            self._resumed_from(step)
             self._file.write(json.dumps({"step": step + 1, "eval": score}) + "\n")
             self._file.flush()
         self._board_eval(score, step + 1)
         if self._lines and "loss" in score:
             extra = f"  accuracy {score['accuracy']:.4f}" if "accuracy" in score else ""
             self._write(f"step {step + 1}/{self.steps}  held-out loss {score['loss']:.4f}{extra}")
+
+    def _resumed_from(self, step: int) -> None:
+        """Before the first line: a run resumed at ``step`` (0-based) keeps the lines of
+        the steps before it from the file the run it resumes wrote."""
+        if self._started:
+            return
+        self._started = True
+        target = Path(str(self.config.metrics))
+        if step == 0 or not target.is_file() or self._file is None:
+            return
+        with open(target, encoding="utf-8") as earlier:
+            for line in earlier:
+                try:
+                    done = json.loads(line).get("step", 0) <= step
+                except (ValueError, AttributeError):
+                    continue  # not a line of ours
+                if done:
+                    self._file.write(line if line.endswith("\n") else line + "\n")
 
     def _board_eval(self, score: dict[str, float | int], step: int) -> None:
         if self._board is not None:
@@ -164,6 +194,8 @@ class StepLog:
                 self._file.write(json.dumps({"step": self.steps, "eval": held_out}) + "\n")
             self._file.close()
             self._file = None
+            assert self._partial is not None
+            os.replace(self._partial, str(self.config.metrics))
         if self._board is not None:
             self._board_eval(held_out or {}, self.steps)
             self._board.close()

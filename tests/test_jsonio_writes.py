@@ -250,3 +250,20 @@ def test_an_output_that_is_no_regular_file_is_refused_and_kept(tmp_path: Path, k
         assert stat.S_ISFIFO(os.stat(node).st_mode)
     else:
         assert stat.S_ISCHR(os.stat(node).st_mode)
+
+
+def test_check_writable_refuses_an_input_and_a_file_inside_an_input_folder(
+    tmp_path: Path,
+) -> None:
+    """--report naming the run's --data, --metrics inside its model directory: refused."""
+    corpus, model = tmp_path / "corpus.txt", tmp_path / "model"
+    corpus.write_text("text")
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(PipeswapError, match="is also an input"):
+        check_writable(corpus, inputs=[corpus, model])
+    with pytest.raises(PipeswapError, match="inside .*model, a folder this run reads"):
+        check_writable(model / "config.json", inputs=[corpus, model])
+    with pytest.raises(PipeswapError, match="a folder this run reads"):
+        check_writable(model / "new" / "report.json", inputs=[model])
+    check_writable(tmp_path / "report.json", inputs=[corpus, model])  # beside them: fine

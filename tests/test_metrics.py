@@ -28,6 +28,27 @@ def test_json_lines_hold_every_step_and_the_held_out_score_last(tmp_path: Path) 
     ]
 
 
+def test_the_file_is_written_whole_at_the_end_and_a_resumed_run_keeps_the_steps_before(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text("the user's notes\n")
+    log = StepLog(LogConfig(metrics=str(path)), 4)
+    log.step(0, 5.0, 0.1)
+    log.step(1, 4.0, 0.1)
+    assert path.read_text() == "the user's notes\n"  # a run cut short leaves it as it was
+    log.close()
+    assert not (tmp_path / "m.jsonl.partial").exists()
+    first = path.read_text().splitlines()
+    assert [json.loads(line)["step"] for line in first] == [1, 2]
+    # The run resumed from its checkpoint after step 1 (a step 2 it logs again).
+    with StepLog(LogConfig(metrics=str(path)), 4) as log:
+        log.step(1, 3.0, 0.1)
+        log.step(2, 2.0, 0.1)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(line["step"], line["loss"]) for line in lines] == [(1, 5.0), (2, 3.0), (3, 2.0)]
+
+
 @pytest.mark.parametrize("terminal", [True, False])
 def test_a_line_every_n_steps_on_a_terminal_or_in_a_log_file(
     terminal: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from typing import Any
@@ -142,7 +143,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    _check_outputs(args)
+    _check_outputs(args, config)
     try:
         outcome = train(config)
     except TrainingStopped as stopped:  # after a step: report what ran
@@ -178,13 +179,18 @@ def stopped_line(report: TrainReport, config: TrainConfig) -> str:
     return f"{line}; its checkpoint is in {target}: continue with --resume {target}"
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse an unwritable --report, --trace or --metrics before training, not after it."""
+def _check_outputs(args: argparse.Namespace, config: TrainConfig) -> None:
+    """Refuse an unwritable --report, --trace or --metrics before training, not after it,
+    and one that would write over what the run reads (its data, its model directory)."""
     outputs = (args.report, args.trace, args.metrics)
+    data = config.dataset
+    inputs = (args.profile_path, data.data, data.eval_data, config.model)
     for index, path in enumerate(outputs):
         if path is not None:
             others = outputs[:index] + outputs[index + 1 :]
-            check_writable(path, inputs=(args.profile_path,), outputs=others)
+            check_writable(
+                path, inputs=[p for p in inputs if p and os.path.exists(p)], outputs=others
+            )
 
 
 def _held_out(score: dict[str, float | int]) -> str:

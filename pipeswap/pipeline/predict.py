@@ -134,7 +134,8 @@ def delay_lr_scale(schedule: Schedule, stage: int, power: float) -> float:
     stable only for a rate that shrinks with the delay (``lr * h < 2 sin(pi / (4 tau + 2))``,
     about 1 / (1 + 2 tau) of the undelayed bound), and SGD with momentum tolerates much
     less: the stages whose gradients are most stale step least (Zhang et al., IJCAI 2016,
-    divide by tau: ``power`` 1; PipelineConfig.DELAY_LR_POWER is what pipeswap measured).
+    divide by tau: ``power`` 1; each recommended mode's ``WeightMode.delay_lr_power`` is what
+    pipeswap measured).
     """
     if power == 0:
         return 1.0

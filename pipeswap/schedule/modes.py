@@ -22,11 +22,20 @@ if TYPE_CHECKING:
 __all__ = [
     "ADAM_FAMILY",
     "ANY_OPTIMIZER",
+    "NESTEROV_DELAY_LR_POWER",
+    "PREDICTION_DELAY_LR_POWER",
     "SGD_MOMENTUM",
     "WEIGHT_MODES",
     "WeightMode",
     "weight_mode",
 ]
+
+# P of the delay-scaled rate the recommended modes keep by default, measured in
+# docs/results/pipeline_robustness.md: the predicting modes, and NAdam with weight stashing,
+# which tolerates a milder rule (P = 1.25 lifted it from 36-73% to 83-122% of the staleness
+# penalty on the language models at K = 4 with AdamW; P = 2 held its delayed stages too still).
+PREDICTION_DELAY_LR_POWER = 2.0
+NESTEROV_DELAY_LR_POWER = 1.25
 
 # What a mode needs of the optimizer: nothing, SGD with momentum, or the Adam family.
 ANY_OPTIMIZER = "any"
@@ -47,10 +56,10 @@ class WeightMode:
     is not that, naming settings as ``{field}`` (a :class:`pipeswap.config_fields.ConfigError`)
     and the config's values as ``$optimizer`` and ``$momentum``. ``nadam``: the stage
     updates with NAdam instead of the configured optimizer (:meth:`OptimizerConfig.build`).
-    ``delay_lr``: the delay-scaled learning rate (``PipelineConfig.delay_lr_power``) is on
-    by default, as for the modes pipeswap recommends: a stage whose gradients arrive
-    ``tau`` updates late steps at ``lr / (1 + tau) ** P``
-    (:func:`pipeswap.pipeline.predict.delay_lr_scale`).
+    ``delay_lr_power``: P of the delay-scaled learning rate by default, nonzero for the
+    modes pipeswap recommends (``PipelineConfig.delay_lr_power`` overrides it): a stage
+    whose gradients arrive ``tau`` updates late steps at ``lr / (1 + tau) ** P``
+    (:func:`pipeswap.pipeline.predict.delay_lr_scale`); 0, off.
     """
 
     name: str
@@ -59,7 +68,12 @@ class WeightMode:
     optimizer: str = ANY_OPTIMIZER
     nadam: bool = False
     refusal: str = ""
-    delay_lr: bool = False
+    delay_lr_power: float = 0.0
+
+    @property
+    def recommended(self) -> bool:
+        """A mode pipeswap recommends for asynchronous schedules: its stability rule is on."""
+        return self.delay_lr_power > 0
 
     @property
     def live(self) -> bool:
@@ -135,7 +149,7 @@ WEIGHT_MODES: dict[str, WeightMode] = {
             "spectrain",
             predicts=True,
             optimizer=SGD_MOMENTUM,
-            delay_lr=True,
+            delay_lr_power=PREDICTION_DELAY_LR_POWER,
             refusal="{weights} spectrain predicts with the SGD momentum buffer, but {optimizer} "
             "$optimizer {momentum} $momentum has none: use {optimizer} sgd {momentum} 0.9, or "
             "{weights} predict-adam with {optimizer} adam or adamw",
@@ -144,16 +158,18 @@ WEIGHT_MODES: dict[str, WeightMode] = {
             "predict-adam",
             predicts=True,
             optimizer=ADAM_FAMILY,
-            delay_lr=True,
+            delay_lr_power=PREDICTION_DELAY_LR_POWER,
             refusal="{weights} predict-adam predicts with Adam's step direction: use "
             "{optimizer} adam or adamw, or {weights} spectrain for SGD with momentum",
         ),
-        # Ajanthan et al. (arXiv 2505.01099) as released: pipeswap.pipeline.weights.
+        # Ajanthan et al. (arXiv 2505.01099) as released (pipeswap.pipeline.weights), with
+        # the stability rule on by default.
         WeightMode(
             "nesterov",
             stashes=True,
             optimizer=ADAM_FAMILY,
             nadam=True,
+            delay_lr_power=NESTEROV_DELAY_LR_POWER,
             refusal="{weights} nesterov is the method of Ajanthan et al. (arXiv 2505.01099) as "
             "its authors released it: NAdam with weight stashing. Only that Adam-family "
             "variant is defined (their code has no SGD variant), so {optimizer} $optimizer "

@@ -7,15 +7,17 @@ from dataclasses import dataclass
 
 from pipeswap.config_fields import ConfigError, option, require
 from pipeswap.schedule.kinds import SCHEDULE_NAMES, ScheduleKind, schedule_kind
-from pipeswap.schedule.modes import WEIGHT_MODES, weight_mode
+from pipeswap.schedule.modes import (
+    NESTEROV_DELAY_LR_POWER,
+    PREDICTION_DELAY_LR_POWER,
+    WEIGHT_MODES,
+    weight_mode,
+)
 from pipeswap.units import parse_bytes
 
-__all__ = ["DELAY_LR_POWER", "DISTANCE_RULES", "PipelineConfig", "read_balance"]
+__all__ = ["DISTANCE_RULES", "PipelineConfig", "read_balance"]
 
 DISTANCE_RULES = ("schedule", "official")
-# P of the delay-scaled learning rate lr / (1 + tau) ** P where a weight mode turns it on by
-# default (WeightMode.delay_lr): measured in docs/results/pipeline_robustness.md.
-DELAY_LR_POWER = 2.0
 
 
 def read_balance(text: str) -> tuple[int, ...]:
@@ -83,9 +85,10 @@ class PipelineConfig:
         "tau updates late (tau walked from the schedule: N-1-k on stage k of async-1f1b, 1 "
         "on 2bw) steps at lr / (1 + tau)^P, and a stage's gradient whose norm is above the "
         "mean + 2.5 std of its recent ones is scaled down to that bound "
-        f"(default: P = {DELAY_LR_POWER:g} for spectrain "
-        "and predict-adam, the modes pipeswap recommends, which do not diverge where 1f1b "
-        "converges with it; 0, both off, for the others; synchronous schedules have tau = 0)",
+        f"(default: P = {PREDICTION_DELAY_LR_POWER:g} for spectrain and predict-adam, "
+        f"{NESTEROV_DELAY_LR_POWER:g} for nesterov, the modes pipeswap recommends, which do "
+        "not diverge where 1f1b converges with it; 0, both off, for the others; synchronous "
+        "schedules have tau = 0)",
     )
     emulate: bool = option(False, help="run every stage in this process (bit-identical on CPU)")
 
@@ -140,10 +143,10 @@ class PipelineConfig:
     @property
     def delay_power(self) -> float:
         """P of the delay-scaled learning rate: ``delay_lr_power``, or the weight mode's
-        default (:data:`DELAY_LR_POWER` where its entry's ``delay_lr`` is set, else 0)."""
+        default (its entry's ``delay_lr_power``: 0 unless pipeswap recommends the mode)."""
         if self.delay_lr_power is not None:
             return self.delay_lr_power
-        return DELAY_LR_POWER if weight_mode(self.weights).delay_lr else 0.0
+        return weight_mode(self.weights).delay_lr_power
 
     @property
     def stability_rule(self) -> bool:

@@ -48,5 +48,5 @@ def test_the_recommended_rows_are_the_modes_the_rule_is_on_for(optimizer: str) -
     from pipeswap.schedule.modes import weight_mode
 
     for row in robust.rows_of("lm", optimizer):
-        default_on = weight_mode(row.weights).delay_lr and row.power is None
+        default_on = weight_mode(row.weights).recommended and row.power is None
         assert row.recommended == default_on, row

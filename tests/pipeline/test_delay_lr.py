@@ -2,7 +2,7 @@
 
 Covers: pipeswap/pipeline/predict.py (delay_lr_scale), pipeswap/pipeline/weights.py
 (StageWeights.lr_scale), pipeswap/schedule/pipeline_config.py (delay_lr_power, delay_power),
-pipeswap/schedule/modes.py (WeightMode.delay_lr). The runtime == emulator equality with the
+pipeswap/schedule/modes.py (WeightMode.delay_lr_power). The runtime == emulator equality with the
 rule on is in test_runtime.py.
 """
 
@@ -21,8 +21,8 @@ from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.predict import delay_lr_scale
 from pipeswap.pipeline.weights import StageWeights
 from pipeswap.schedule.kinds import SCHEDULES
-from pipeswap.schedule.modes import WEIGHT_MODES
-from pipeswap.schedule.pipeline_config import DELAY_LR_POWER, PipelineConfig
+from pipeswap.schedule.modes import NESTEROV_DELAY_LR_POWER, PREDICTION_DELAY_LR_POWER, WEIGHT_MODES
+from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.schedule.timetable import build_schedule
 
 GPT = pipeline_run("gpt2-micro", (1, 1, 1, 1), batch=8, seq_len=16, steps=4, lr=0.05)
@@ -49,11 +49,15 @@ def test_synchronous_schedules_keep_their_rate(name: str) -> None:
 
 
 def test_on_by_default_for_the_recommended_modes_only() -> None:
-    on = {name for name, mode in WEIGHT_MODES.items() if mode.delay_lr}
-    assert on == {"spectrain", "predict-adam"}
+    on = {name: mode.delay_lr_power for name, mode in WEIGHT_MODES.items() if mode.recommended}
+    assert on == {
+        "spectrain": PREDICTION_DELAY_LR_POWER,
+        "predict-adam": PREDICTION_DELAY_LR_POWER,
+        "nesterov": NESTEROV_DELAY_LR_POWER,
+    }
     for name in WEIGHT_MODES:
         config = PipelineConfig(stages=4, schedule="async-1f1b", weights=name)
-        assert config.delay_power == (DELAY_LR_POWER if name in on else 0.0)
+        assert config.delay_power == on.get(name, 0.0)
         # What the user gives wins, either way.
         assert replace_fields(config, delay_lr_power=0.0).delay_power == 0.0
         assert replace_fields(config, delay_lr_power=1.5).delay_power == 1.5
@@ -122,6 +126,6 @@ def test_the_rule_changes_asynchronous_runs_only() -> None:
     assert _losses(replace_fields(sync, delay_lr_power=2.0)) == _losses(sync)
     spectrain = replace_fields(GPT, schedule="async-1f1b", weights="spectrain")
     default, off = _losses(spectrain), _losses(replace_fields(spectrain, delay_lr_power=0.0))
-    assert default == _losses(replace_fields(spectrain, delay_lr_power=DELAY_LR_POWER))
+    assert default == _losses(replace_fields(spectrain, delay_lr_power=PREDICTION_DELAY_LR_POWER))
     # The first mini-batch sees untrained weights either way; later ones differ.
     assert default[0] == off[0] and default[1:] != off[1:]

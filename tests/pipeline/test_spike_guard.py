@@ -104,7 +104,7 @@ def test_a_guarded_stage_applies_a_spike_at_the_bound_and_an_unguarded_one_in_fu
 def test_the_rule_is_on_where_the_delay_scaled_rate_is() -> None:
     for name, mode in WEIGHT_MODES.items():
         config = PipelineConfig(stages=4, schedule="async-1f1b", weights=name)
-        assert config.stability_rule == mode.delay_lr
+        assert config.stability_rule == mode.recommended
         off = PipelineConfig(stages=4, schedule="async-1f1b", weights=name, delay_lr_power=0.0)
         on = PipelineConfig(stages=4, schedule="async-1f1b", weights=name, delay_lr_power=1.0)
         assert not off.stability_rule and on.stability_rule
