@@ -346,12 +346,8 @@ def dataset_for(
         seq_len = seq_len if seq_len is not None else _default(name, "default_seq_len")
         text = LMDataset(seq_len, split=split, seed=seed)
         return text if mask_token_id is None else MaskedLMDataset(text, mask_token_id)
-    if not isinstance(model, str) and model.takes_tokens:
-        raise ConfigError(
-            f"{name} classifies token sequences; pipeswap has no labelled text data to train "
-            "it on: train it in your own loop with pipeswap.offload or pipeswap.Pipeline"
-        )
-    entry.check_sizes(name, seq_len, image_size)
+    reads_tokens = model.takes_tokens if not isinstance(model, str) else False
+    entry.check_sizes(name, seq_len, image_size, tokens=reads_tokens)
     image_size = image_size if image_size is not None else _default(name, "default_image_size")
     if data is not None:
         path, _, part = data

@@ -183,7 +183,9 @@ class TrainConfig:
         from pipeswap.models.registry import model_spec, shape_defaults
 
         spec = model_spec(self.model)
-        spec.task_entry.check_sizes(self.model, self.seq_len, self.image_size)
+        spec.task_entry.check_sizes(
+            self.model, self.seq_len, self.image_size, tokens=bool(spec.reads_tokens)
+        )
         self._check_data_for(spec.encoder_decoder)
         require(
             self.device != "cuda" or torch.cuda.is_available(),

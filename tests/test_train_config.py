@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,19 @@ def test_a_config_written_with_sync_every_reads_as_accumulate() -> None:
     obj = TrainConfig("gpt2-micro", swap=SwapConfig()).to_json()
     obj["swap"]["sync_every"] = 3
     assert TrainConfig.from_json(obj).optim.accumulate == 3
+
+
+@pytest.mark.parametrize("sizes", [{"seq_len": 32}, {}])
+def test_a_classifier_of_token_sequences_is_refused_as_one_not_as_an_image_model(
+    tmp_path: Path, sizes: dict[str, int]
+) -> None:
+    """A BertForSequenceClassification directory: neither 'is an image model' nor a crash
+    in its embeddings fed images, whatever size is given."""
+    pytest.importorskip("transformers")
+    from tests.models.hf_configs import hf_config
+
+    config = hf_config("bert")
+    config.architectures = ["BertForSequenceClassification"]
+    config.save_pretrained(tmp_path / "bert")
+    with pytest.raises(ConfigError, match="classifies token sequences"):
+        TrainConfig(str(tmp_path / "bert"), batch=2, steps=1, **sizes).resolved()

@@ -64,6 +64,9 @@ class ModelSpec:
     description: str
     max_seq_len: int | None = None
     encoder_decoder: bool = False
+    # Whether the model reads token ids, where its task's entry does not say it (a user's
+    # BertForSequenceClassification: a classifier whose task's models read images).
+    reads_tokens: bool | None = None
 
     @property
     def task_entry(self) -> Task:
@@ -230,6 +233,7 @@ def _user_spec(name: str) -> ModelSpec:
         published_params=None,
         description=f"your model ({len(model)} layers: {', '.join(model.layer_names[:3])}...)",
         max_seq_len=context,
+        reads_tokens=model.takes_tokens,
     )
 
 

@@ -76,9 +76,18 @@ class Task:
     def has_image_size(self) -> bool:
         return self.size == IMAGE_SIZE
 
-    def check_sizes(self, model: str, seq_len: int | None, image_size: int | None) -> None:
+    def check_sizes(
+        self, model: str, seq_len: int | None, image_size: int | None, *, tokens: bool = False
+    ) -> None:
         """Refuse the input size that does not apply to ``model`` (a ConfigError naming
-        the one to pass)."""
+        the one to pass); ``tokens``: the model reads token ids, which a classifier of
+        this table's has no data for (a BertForSequenceClassification)."""
+        if tokens and not self.takes_tokens:
+            raise ConfigError(
+                f"{model} classifies token sequences; pipeswap has no labelled text data to "
+                "train it on: train it in your own loop with pipeswap.offload or "
+                "pipeswap.Pipeline"
+            )
         other, given = (IMAGE_SIZE, image_size) if self.has_seq_len else (SEQ_LEN, seq_len)
         if given is not None:
             raise ConfigError(f"{model} is {self.noun}: pass {{{self.size}}}, not {{{other}}}")
