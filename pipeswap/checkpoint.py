@@ -148,15 +148,15 @@ class CheckpointPlan:
 
 
 class RunStopped(PipeswapError):
-    """SIGTERM stopped the run after a checkpoint; the message says how to resume."""
+    """A signal (SIGTERM, or Ctrl-C's SIGINT) stopped the run after a checkpoint; the
+    message says how to resume, the exit status is the shell's for that signal."""
 
-    exit_status = 128 + signal.SIGTERM
-
-    def __init__(self, directory: str, done: int) -> None:
+    def __init__(self, directory: str, done: int, signal_name: str = "SIGTERM") -> None:
         super().__init__(
-            f"stopped by SIGTERM after step {done}; its checkpoint is in {directory}: "
+            f"stopped by {signal_name} after step {done}; its checkpoint is in {directory}: "
             f"continue with --resume {directory}"
         )
+        self.exit_status = 128 + int(signal.Signals[signal_name])
 
 
 class StopOnSigterm:

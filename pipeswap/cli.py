@@ -82,8 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         signum = int(getattr(exc, "signum", signal.SIGINT))
         said = getattr(exc, "message", None) or f"stopped by {signal.Signals(signum).name}"
         if args.command == "train" and getattr(exc, "message", None) is None:
-            # A run that ended a step names it (and its checkpoint); this one had none.
-            said += " before any step ended: no report or checkpoint was written"
+            # A run stopped after a step names it (and its checkpoint); this one could not:
+            # before its first step, or a pipeline without --checkpoint-dir, or Ctrl-C twice.
+            said += ": no report or checkpoint was written"
         print(f"pipeswap {args.command}: {said}", file=sys.stderr)
         return 128 + signum
 

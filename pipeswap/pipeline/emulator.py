@@ -123,6 +123,7 @@ class Emulator:
         # Each stage's device meter (pipeswap.pipeline.stage_meter), by worker.
         self.meters: list[StageMeter] = []
         self._bar: Any = None
+        self._request: StopRequest | None = None  # a signal's stop, with checkpoints on
 
     def run(self, progress: bool = False) -> PipelineResult:
         config = self.config
@@ -138,6 +139,7 @@ class Emulator:
             request = None
             if self.checkpoint is not None:
                 request = StopRequest(self.checkpoint.directory, n, config.steps, decider=True)
+            self._request = request
             self.executors = []
             meters: list[list[StageMeter]] = [[] for _ in range(replicas)]
             for replica in range(replicas):
@@ -286,8 +288,10 @@ class Emulator:
     def _cut(self, worker: int, cut: StageAtCut) -> None:
         self._at_cut.add(worker)
         if len(self._at_cut) == len(self.executors):
-            assert self.checkpoint is not None
-            raise RunStopped(self.checkpoint.directory, cut.args[0]) from None
+            assert self.checkpoint is not None and self._request is not None
+            raise RunStopped(
+                self.checkpoint.directory, cut.args[0], self._request.signal_name
+            ) from None
 
     def _after_step(self, worker: int, step: int) -> None:
         fault = self._faults[worker]

@@ -314,7 +314,8 @@ def run_stage_rank(
             # The checkpoint holds the messages that cross the cut; the rest must arrive.
             transport.finish(abandon=executor.cuts.crossing)
             exchange.finish(abandon=executor.tied.crossing if executor.tied is not None else ())
-            raise RunStopped(checkpoint.directory, cut.args[0]) from None  # type: ignore[union-attr]
+            assert checkpoint is not None and request is not None  # a cut needs both
+            raise RunStopped(checkpoint.directory, cut.args[0], request.signal_name) from None
         finally:
             meter.off()
             if request is not None:

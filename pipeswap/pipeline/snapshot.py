@@ -14,6 +14,7 @@ consistent, which :func:`crossing_messages` checks.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 from pipeswap.checkpoint import StopOnSigterm
@@ -79,7 +80,8 @@ class StageAtCut(Exception):  # noqa: N818 - a control-flow signal, not an error
 
 
 class StopRequest:
-    """SIGTERM to a pipeline becomes a checkpoint at a step every stage agrees on.
+    """SIGTERM (or Ctrl-C) to a pipeline becomes a checkpoint at a step every stage agrees on
+    (Ctrl-C twice stops at once).
 
     Stage 0 decides: at its first UPDATE after the signal, step ``t``, it picks the cut
     after ``t + N + 2`` steps. No stage is more than N - 1 updates ahead of stage 0 (its
@@ -97,7 +99,12 @@ class StopRequest:
         self._file = Path(directory) / "stop-request.json"
         if decider:  # a request left by an earlier run must not stop this one
             self._file.unlink(missing_ok=True)
-        self._signal = StopOnSigterm()
+        self._signal = StopOnSigterm((signal.SIGTERM, signal.SIGINT))
+
+    @property
+    def signal_name(self) -> str:
+        """The signal that asked for the stop (stage 0's; the others were sent SIGTERM)."""
+        return self._signal.caught or "SIGTERM"
 
     def cut_after(self, worker: int, done: int) -> int | None:
         """After this stage's ``done``-th update: the steps after which all stages stop."""

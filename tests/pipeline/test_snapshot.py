@@ -123,16 +123,18 @@ def test_runtime_killed_mid_run_resumes_bit_identically_in_runtime_and_emulator(
     assert (emulated.losses, emulated.params_sha256) == (alone.losses, alone.params_sha256)
 
 
-def test_sigterm_to_the_emulator_checkpoints_at_a_cut_all_stages_agree_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("name,status", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_to_the_emulator_checkpoints_at_a_cut_all_stages_agree_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, status: int
 ) -> None:
+    """SIGTERM (a job scheduler) and Ctrl-C alike: a checkpoint every stage agrees on."""
     config = replace_fields(BASE, steps=14)
     alone = Emulator(config).run()
-    monkeypatch.setenv(FAULT_ENV, "0:3:SIGTERM")  # stage 0 gets SIGTERM after its 4th step
+    monkeypatch.setenv(FAULT_ENV, f"0:3:{name}")  # stage 0 gets it after its 4th step
     # Stage 0 sees it at its next update (5 steps done) and picks the cut after 5 + N + 2.
-    with pytest.raises(RunStopped, match="after step 11") as info:
+    with pytest.raises(RunStopped, match=f"stopped by {name} after step 11") as info:
         Emulator(config, checkpoint=_plan(tmp_path, 4, every=0)).run()
-    assert info.value.exit_status == 143
+    assert info.value.exit_status == status
     monkeypatch.delenv(FAULT_ENV)
     assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == ["step-00000011"]
     resumed = Emulator(config, resume=(str(tmp_path), 11)).run()
