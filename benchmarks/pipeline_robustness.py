@@ -18,10 +18,12 @@ there or ends near chance (the unigram entropy of bytes is about 3.2 nats, ln 10
 prediction without the stability rule (``spectrain`` / ``predict-adam`` with
 ``delay_lr_power`` 0) and with it (the default: each stage steps at lr / (1 + tau)^2, tau
 its gradient delay, and clips a gradient whose norm is a spike against its recent ones),
-``2bw`` with ``stash`` and with the prediction (rule on), and ``nesterov`` (arXiv 2505.01099
-as released; AdamW only). Rows marked * are the modes pipeswap recommends (the rule is on by
-default for them). "Recovers" is (stale - mode) / (stale - 1F1B) in held-out loss; a
-diverged mode counts 0%, and where stale diverged every converging mode counts 100%. One
+``2bw`` with ``stash`` and with the prediction (rule on), and ``nesterov`` (arXiv 2505.01099:
+NAdam with weight stashing; AdamW only) as released (beta1 0.99, no rule) and as pipeswap
+recommends it (the rule on at P = 1.25, beta1 the default 0.9). Rows marked * are the modes
+pipeswap recommends (the rule is on by default for them). "Recovers" is (stale - mode) /
+(stale - 1F1B) in held-out loss; a diverged mode counts 0%, and where stale diverged every
+converging mode counts 100%. One
 seed (0): single-run numbers. The rule's power swept on async-1f1b's prediction, rows not
 recommended: P = 3, and on the language models P = 50, a control in which only the last
 stage trains (every delayed stage steps at 2^-50 of the rate or less). The language models
@@ -79,7 +81,8 @@ ROWS = {
         Row("predict-adam", "async-1f1b", "predict-adam", None, True),
         Row("2bw stash", "2bw", "stash"),
         Row("2bw predict-adam", "2bw", "predict-adam", None, True),
-        Row("nesterov", "async-1f1b", "nesterov", momentum=NESTEROV_MOMENTUM),
+        Row("nesterov, as released", "async-1f1b", "nesterov", 0.0, momentum=NESTEROV_MOMENTUM),
+        Row("nesterov", "async-1f1b", "nesterov", None, True),
     ),
 }
 

@@ -44,12 +44,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _flags_of_command(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
+    """The flags the subcommand ``command`` takes (none without one)."""
+    for action in parser._subparsers._actions if parser._subparsers else ():
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return [flag for flag in action.choices[command]._option_string_actions]
+    return []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         # A removed flag says what to write instead; anything else, as argparse says it.
-        hints = removed_flags(getattr(args, "command", None), unknown)
+        command = getattr(args, "command", None)
+        hints = removed_flags(command, unknown, _flags_of_command(parser, command))
         if hints:
             parser.exit(2, f"pipeswap {args.command}: error: {'; '.join(hints)}\n")
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeswap.config_fields import ConfigError, field_types, value_type
@@ -64,10 +65,27 @@ REMOVED: dict[tuple[str, str], str] = {
 FIELD_OF = "pipeswap_field"
 
 
-def removed_flags(command: str | None, unknown: list[str]) -> list[str]:
-    """What to write instead of each removed flag among ``unknown`` (``--dtype=x`` too)."""
-    said = [REMOVED.get((command or "", arg.split("=", 1)[0])) for arg in unknown]
-    return [hint for hint in said if hint is not None]
+# Flags a user brings from another command or tool, and what this command takes instead.
+ELSEWHERE: dict[tuple[str, str], str] = {
+    ("train", "--stages"): "--stages is --pipeline K in train (cut the model into K stages)",
+    ("train", "--json"): "train prints no JSON: --report FILE writes its report as JSON",
+}
+
+
+def removed_flags(command: str | None, unknown: list[str], known: Sequence[str] = ()) -> list[str]:
+    """What to write instead of each flag among ``unknown`` (``--dtype=x`` too) that was
+    removed, belongs elsewhere, or is a near miss of one of the command's ``known`` flags."""
+    hints = []
+    for arg in unknown:
+        flag = arg.split("=", 1)[0]
+        said = REMOVED.get((command or "", flag)) or ELSEWHERE.get((command or "", flag))
+        if said is None and flag.startswith("--"):
+            close = difflib.get_close_matches(flag, known, n=2, cutoff=0.75)
+            if close:
+                said = f"{flag} is no option of {command}; did you mean {' or '.join(close)}?"
+        if said is not None:
+            hints.append(said)
+    return hints
 
 
 def flags_of(name: str) -> tuple[str, ...]:

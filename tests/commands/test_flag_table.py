@@ -92,6 +92,24 @@ def test_a_removed_flag_names_the_one_to_write(
     assert REMOVED[("profile", "--dtype")] in err
 
 
+@pytest.mark.parametrize(
+    "flag,hint",
+    [
+        (["--stages", "2"], "--stages is --pipeline K in train"),
+        (["--json"], "train prints no JSON: --report FILE"),
+        (["--footprint-ration", "1.5"], "did you mean --footprint-ratio?"),
+    ],
+)
+def test_a_flag_of_another_command_or_a_near_miss_names_the_one_to_write(
+    flag: list[str], hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--model", "gpt2-micro", *flag])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipeswap train: error: ") and hint in err
+
+
 def test_an_unknown_flag_is_still_refused_as_argparse_does(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
