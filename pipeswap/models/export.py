@@ -121,6 +121,13 @@ def _unwritable(target: Path) -> str | None:
     if not folder.is_dir():
         return f"{folder} is a file, not a folder"
     if os.access(folder, os.W_OK | os.X_OK):
+        # os.access says yes to root everywhere: try it (/proc, a full or odd file system).
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".pipeswap-probe-")
+        except OSError as exc:
+            return f"cannot create files in {folder} ({exc.strerror or exc})"
+        os.close(fd)
+        os.unlink(probe)
         return None
     try:
         if os.statvfs(folder).f_flag & os.ST_RDONLY:

@@ -287,6 +287,28 @@ def test_an_unwritable_save_target_is_refused_before_training(
     assert not (tmp_path / "ck").exists() and list(folder.iterdir()) == []
 
 
+def test_a_folder_that_says_writable_but_takes_no_file_is_refused_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """os.access says yes to root anywhere (/proc): creating a file there is the test."""
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    make = tempfile.mkstemp
+
+    def refuse(*args: Any, dir: Any = None, **kwargs: Any) -> Any:  # noqa: A002
+        if dir is not None and Path(dir) == folder:
+            raise OSError(errno.ENOENT, "No such file or directory")
+        return make(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    save = folder / "model"
+    argv = ["train", "--model", "gpt2-micro", "--steps", "100000", "--save", str(save)]
+    assert main([*argv, "--checkpoint-dir", str(tmp_path / "ck")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot save the model to {save}: cannot create files in {folder}" in err
+    assert not (tmp_path / "ck").exists()
+
+
 def test_a_save_that_fails_after_training_says_where_the_model_went(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
