@@ -29,6 +29,7 @@ epoch (another order brings them in the next).
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -186,6 +187,9 @@ def load_table(path: str, suffix: str) -> Any:
             f"reading {path} needs the datasets package: pip install 'pipeswap[hf]'"
         ) from None
     datasets.disable_progress_bars()
+    verbosity = datasets.logging.get_verbosity()
+    # Its own account of a bad file (an ERROR log line) would reach stderr: ours names the line.
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         if os.path.isdir(path):
             table = datasets.load_from_disk(path)
@@ -194,8 +198,32 @@ def load_table(path: str, suffix: str) -> Any:
         else:
             table = datasets.load_dataset(_TABLES[suffix], data_files=path, split="train")
     except Exception as exc:  # noqa: BLE001 - the user's file: say whose failure it is
-        raise PipeswapError(f"cannot read {path} ({first_line(exc)})") from None
+        bad = _bad_json_line(path) if suffix == ".jsonl" else None
+        raise PipeswapError(bad or f"cannot read {path} ({first_line(exc)})") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
     return table
+
+
+def _bad_json_line(path: str) -> str | None:
+    """Where a JSON-lines file first breaks its format, and what a line must be."""
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                why = f"not JSON ({exc.msg} at column {exc.colno})"
+            else:
+                if isinstance(row, dict):
+                    continue
+                why = f"a JSON {type(row).__name__}, not an object"
+            return (
+                f"{path}, line {number}: {why}; each line of a .jsonl file is one JSON object, "
+                'such as {"text": "..."}'
+            )
+    return None
 
 
 def _read(tokens: np.ndarray, start: int, count: int) -> np.ndarray:

@@ -114,6 +114,25 @@ def test_bad_data_is_refused_naming_what_to_do(tmp_path: Path) -> None:
         dataset_for("resnet-micro", data=UserData(str(paths["bin"]), "text", "train"))
 
 
+@pytest.mark.parametrize(
+    "second,why",
+    [
+        ("{broken", "line 2: not JSON (Expecting property name"),
+        ('["a list"]', "line 2: a JSON list"),
+    ],
+)
+def test_a_broken_json_lines_file_names_its_line_and_the_library_says_nothing(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], second: str, why: str
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n' + second + "\n")
+    with pytest.raises(PipeswapError, match="each line of a .jsonl file is one JSON object") as e:
+        read_tokens(str(bad), "text", None)
+    assert f"{bad}, {why}" in str(e.value)
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == ""  # datasets' own log line stays quiet
+
+
 def test_a_masked_model_gets_masked_batches_of_the_user_s_text(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from tests.models.hf_configs import save_config
