@@ -19,6 +19,7 @@ from pipeswap.errors import PipeswapError
 from pipeswap.jsonio import dump_json, reason_of
 from pipeswap.models.load import library_bars
 from pipeswap.models.replay import Replay
+from pipeswap.models.saved_dtype import cast_state, source_dtype, stamp_dtype
 
 __all__ = [
     "MARKER",
@@ -281,8 +282,13 @@ def _write(root: nn.Module, folder: Path, source: str) -> None:
     if callable(save_pretrained):
         import transformers  # the model is one of its classes, so it is installed
 
+        # Weights that came in a half precision go back in it (trained in float32).
+        dtype = source_dtype(source)
+        cast = {} if dtype is None else {"state_dict": cast_state(root, dtype)}
         with library_bars(transformers):
-            save_pretrained(folder, safe_serialization=True)
+            save_pretrained(folder, safe_serialization=True, **cast)
+        if dtype is not None:
+            stamp_dtype(folder / "config.json", dtype)
         for name in _TOKENIZER_FILES:
             if os.path.isdir(source) and (Path(source) / name).is_file():
                 shutil.copy2(Path(source) / name, folder / name)
