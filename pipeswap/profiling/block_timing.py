@@ -55,11 +55,10 @@ class BlockTiming:
         peaks = dict(marks.peaks)
         # A layer with no backward (a frozen prefix) comes last in the backward: the end of
         # the backward is read as the first layer's that has one.
-        for n in names:
-            if n in self.no_backward and f"b:{n}" not in peaks:
-                later = next((m for m in names if m not in self.no_backward), None)
-                if later is not None and f"b:{later}" in peaks:
-                    peaks[f"b:{n}"] = peaks[f"b:{later}"]
+        later = next((m for m in names if m not in self.no_backward), None)
+        if later is not None and f"b:{later}" in peaks:
+            for n in self.no_backward.intersection(names):
+                peaks.setdefault(f"b:{n}", peaks[f"b:{later}"])
         wanted = [f"f:{n}" for n in names] + [f"b:{n}" for n in names] + ["turn"]
         if any(key not in peaks for key in wanted):
             return None
