@@ -31,6 +31,7 @@ def test_simulated_throughput_table(tmp_path: Path) -> None:
     assert "8.91x" in text and "15.77x" in text
 
 
+@pytest.mark.slow  # seconds of the fast suite's budget: it runs in `make test-slow`
 @pytest.mark.dist
 def test_cpu_throughput_table(tmp_path: Path) -> None:
     text = _run("pipeline_throughput_cpu.py", tmp_path / "cpu.md", timeout=300)
@@ -221,6 +222,7 @@ def test_modes_quick_table_has_every_mode_its_memory_and_a_verdict(tmp_path: Pat
     assert (tmp_path / "modes_lm_k4.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # seconds of the fast suite's budget: it runs in `make test-slow`
 def test_token_file_memory_quick(tmp_path: Path) -> None:
     text = _run("token_file_memory.py", tmp_path / "memory.md", timeout=240)
     rows = _rows(text, "file")

@@ -154,7 +154,7 @@ MODES = [("stash", "sgd"), ("stale", "sgd"), ("spectrain", "sgd")]
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("stages", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_2bw_runtime_bitwise_equal_to_emulator(stages: int) -> None:
     base = pipeline_run(
         "gpt2-micro",

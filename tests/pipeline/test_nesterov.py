@@ -154,7 +154,7 @@ def test_nesterov_trains_gpt2_micro_at_four_stages() -> None:
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("balance", [(2, 2), (1, 1, 1, 1)])
+@pytest.mark.parametrize("balance", [(2, 2), pytest.param((1, 1, 1, 1), marks=pytest.mark.slow)])
 def test_runtime_bitwise_equal_to_emulator(balance: tuple[int, ...]) -> None:
     configs = [_config(balance=balance, steps=5, optimizer=o) for o in ("adamw", "adam")]
     assert_runtime_matches_emulator(configs, len(balance))

@@ -67,6 +67,7 @@ def test_two_stages_bitwise_equal_to_emulator() -> None:
     _check([*_configs(gpt), tuple_model], 2)
 
 
+@pytest.mark.slow  # make test-slow; make test keeps a smaller case of it
 def test_four_stages_bitwise_equal_to_emulator() -> None:
     gpt = pipeline_run("gpt2-micro", (1, 1, 1, 1), batch=8, seq_len=16, steps=5)
     _check(_configs(gpt), 4)

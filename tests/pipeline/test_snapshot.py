@@ -141,6 +141,7 @@ def test_a_signal_to_the_emulator_checkpoints_at_a_cut_all_stages_agree_on(
     assert (resumed.losses, resumed.params_sha256) == (alone.losses, alone.params_sha256)
 
 
+@pytest.mark.slow  # make test-slow; make test keeps a smaller case of it
 @pytest.mark.dist
 def test_sigterm_to_a_runtime_rank_checkpoints_every_stage_then_resumes_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -394,6 +394,7 @@ def _failing_rank(rank: int, nproc: int, job: Any, plan: SwapPlan, profile: Prof
     train_rank(job, plan, SETTINGS, rank=rank, world_size=nproc, profile=profile)
 
 
+@pytest.mark.slow  # make test-slow; make test keeps a smaller case of it
 @pytest.mark.dist
 def test_two_ranks_every_policy_every_model_match_no_swapping() -> None:
     cases = []
@@ -542,6 +543,7 @@ def test_held_out_batches_are_scored_in_eval_mode_after_training_and_change_noth
     assert 0.0 <= image.data_parallel.eval["accuracy"] <= 1.0
 
 
+@pytest.mark.slow  # make test-slow; make test keeps a smaller case of it
 def test_scores_every_n_steps_change_nothing_and_equal_a_shorter_runs_end() -> None:
     def run(**fields: Any) -> Any:
         config = TrainConfig(

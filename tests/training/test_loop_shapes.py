@@ -116,7 +116,9 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def test_a_padded_loop_runs_every_step_planned_within_one_budget() -> None:
-    data = padded_batches(80, 8, 96)
+    # 120 steps: planning is a few steps' time, a fixed cost a real loop spreads over many
+    # more; at 80 the 5% held with 0.5% to spare on CI's machine, and failed once.
+    data = padded_batches(120, 8, 96)
     assert len({batch["input_ids"].shape[1] for batch in data}) >= 30
     plain = metered_loop(_llama(), nullcontext, data)
     model = _llama()
@@ -132,6 +134,7 @@ def test_a_padded_loop_runs_every_step_planned_within_one_budget() -> None:
     assert max(swapped[2]) <= budget * 1.02, (max(swapped[2]), budget)
     assert max(plain[2]) > budget * 1.3  # the budget is a real cut
     assert stats["total_planning_s"] >= planning * 0.9
+    print(f"planning {planning:.3f} s of a loop of {swapped[3] + planning:.3f} s")
     assert planning <= 0.05 * (swapped[3] + planning), (planning, swapped[3])
 
 

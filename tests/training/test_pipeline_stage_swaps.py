@@ -231,6 +231,7 @@ def test_two_stages_that_swap_in_processes_hold_the_budget_as_the_device_counts_
     assert all(m["swapped_bytes"] > 0 for m in swap["measured"])
 
 
+@pytest.mark.slow  # make test-slow; make test keeps a smaller case of it
 @pytest.mark.dist
 def test_stages_that_swap_in_processes_equal_the_pipeline_without_swapping() -> None:
     plain = _pipeline(4, schedule="1f1b")

@@ -46,6 +46,18 @@ __all__ = ["Capture", "Recomputation", "RecomputeSizes", "measure_recomputation"
 Capture = tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]
 
 
+class _Wrapper:
+    """A layer's forward as one Recomputation wrapped it: ``shadowed`` is the forward
+    attribute it covers (None: the class's), ``inner`` the forward it calls once removed."""
+
+    def __init__(self, recomputed: Callable[..., Any], inner: Callable[..., Any], shadowed: Any):
+        self.recomputed, self.inner, self.shadowed = recomputed, inner, shadowed
+        self.removed = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return (self.inner if self.removed else self.recomputed)(*args, **kwargs)
+
+
 class Recomputation:
     """The layers a plan recomputes, on one model.
 
@@ -83,21 +95,27 @@ class Recomputation:
         self._live: dict[str, int] = {}  # re-run bytes held until the layer's backward ends
         self._cached: dict[str, int] = {}  # selective layers' kept outputs, until their backward
         self._done: set[str] = set()
-        self._forwards: dict[str, Any] = {}  # the layers' own forward attributes
+        self._wrappers: dict[str, _Wrapper] = {}  # each layer's, while installed
 
     def install(self) -> None:
         for name, module in self.layers.items():
-            self._forwards[name] = module.__dict__.get("forward")
-            module.forward = self._wrapped(name, module.forward)
+            shadowed = module.__dict__.get("forward")
+            wrapper = _Wrapper(self._wrapped(name, module.forward), module.forward, shadowed)
+            self._wrappers[name] = module.forward = wrapper
 
     def remove(self) -> None:
-        for name, previous in self._forwards.items():
+        """Give each layer its forward back; where another Recomputation wrapped it since
+        (several shapes' plans on one model, closed in any order), this one's wrapper
+        passes calls through until that one is removed too."""
+        for name, wrapper in self._wrappers.items():
             module = self.layers[name]
-            if previous is None:
-                del module.forward
-            else:
-                module.forward = previous
-        self._forwards.clear()
+            wrapper.removed = True
+            while isinstance(top := module.__dict__.get("forward"), _Wrapper) and top.removed:
+                if top.shadowed is None:
+                    del module.forward
+                else:
+                    module.forward = top.shadowed
+        self._wrappers.clear()
 
     def capture(
         self, model: nn.Module, forward_loss: Callable[[], torch.Tensor], layer_names: list[str]

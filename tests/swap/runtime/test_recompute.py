@@ -32,3 +32,28 @@ def test_a_recomputed_layer_reruns_in_the_backward_with_the_same_result() -> Non
     assert ledger.live_bytes == 0  # its bytes were let go of with the step
     recomputation.remove()
     assert "forward" not in vars(layers["b"])
+
+
+def test_recomputations_removed_in_any_order_leave_the_others_installed() -> None:
+    """Plans of several shapes wrap one model at once; the first made is often the first
+    closed (a shape planned again): the later one keeps recomputing, and once every one is
+    removed the layer has its own forward back."""
+    layers = {"b": _Scale()}
+    first, second = (Recomputation(layers, ["b"], DeviceLedger(), account=True) for _ in "12")
+    first.install()
+    second.install()
+    first.remove()
+    x = torch.randn(4, requires_grad=True)
+    second.rerun_bytes = {"b": 16}
+    second.start_step()
+    second.active = True
+    torch.autograd.grad(layers["b"](x).sum(), x)
+    second.active = False
+    assert second.finish_step() == (1, 16)  # still wrapped: b ran again in the backward
+    second.remove()
+    assert "forward" not in vars(layers["b"])
+    first.install()
+    second.install()
+    second.remove()
+    first.remove()
+    assert "forward" not in vars(layers["b"])
