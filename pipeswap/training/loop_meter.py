@@ -9,7 +9,7 @@ import torch
 
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
-from pipeswap.training.loop_plans import ShapePlan
+from pipeswap.training.shape_plan import ShapePlan
 
 __all__ = ["LoopMeter"]
 

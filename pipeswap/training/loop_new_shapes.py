@@ -24,7 +24,8 @@ from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.training.loop_calls import Signature, describe
 from pipeswap.training.loop_calls import signature as call_signature
 from pipeswap.training.loop_derive import derived_profile
-from pipeswap.training.loop_plans import LoopPlanner, ShapePlan
+from pipeswap.training.loop_plans import LoopPlanner
+from pipeswap.training.shape_plan import ShapePlan
 
 __all__ = ["DERIVED_POLICIES", "SEARCHES", "derive_plan", "longest_rows", "with_rows"]
 

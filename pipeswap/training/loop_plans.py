@@ -28,43 +28,15 @@ from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.training.loop_calls import offload_names, on_host
 from pipeswap.training.loop_profile import loop_profile
+from pipeswap.training.shape_plan import REPLANS, ShapePlan, TriedPlan
 from pipeswap.units import format_bytes
 
-__all__ = ["UNBOUNDED", "LoopPlanner", "ShapePlan", "offload_names"]
+__all__ = ["UNBOUNDED", "LoopPlanner", "offload_names"]
 
-REPLANS = 2  # a plan is made again (for less) at most this often when its step held more
 # The least time a search is given (a smaller one finds nothing beyond its first guess).
 MIN_SEARCH_S = 0.02
 # A budget no step reaches: what a plan run beyond the run's budget is checked against.
 UNBOUNDED = 2**62
-
-
-@dataclass
-class ShapePlan:
-    """A shape's plan, and its executor (one runs even where the plan moves nothing: it
-    keeps a repeated cast once, pipeswap.profiling.cast_twins, as the plan's sizes assume).
-
-    ``budget_bytes`` is the budget the user asked for, ``margin_bytes`` what the plans
-    were made tighter by after measured steps held more; ``measured_peak_bytes`` the
-    meter's reading of the first step that ran the current plan (None: not yet)."""
-
-    executor: SwapExecutor | None
-    result: PlanResult
-    profile: Profile
-    budget_bytes: int
-    planning_s: float
-    margin_bytes: int = 0
-    replans: int = 0
-    measured_peak_bytes: int | None = None
-    replan_due: bool = False
-    # The call it was made for, kept on the host: a plan made again must name the
-    # tensors of that call, whichever smaller call it served when measured.
-    call: tuple[Any, Any] | None = None
-    recomputes_all: bool = False  # on_infeasible="recompute-all" made it, over the budget
-    # The measured shapes its profile was derived from, before its first step (None: its
-    # own step was measured), and the policy it is made again with (None: the run's).
-    derived_from: str | None = None
-    heuristic: str | None = None
 
 
 @dataclass
@@ -352,6 +324,15 @@ class LoopPlanner:
         if world > 1:  # every rank plans again, or none: the most any rank held
             peak = max(all_gather(peak, world))
         planned.measured_peak_bytes = peak
+        kept = planned.keep_better()
+        if kept is not None:
+            warnings.warn(
+                f"pipeswap.offload: the plan made again held {format_bytes(peak)}, no less "
+                f"than the one before it ({format_bytes(kept)}); keeping that one",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+            peak = kept
         excess = peak - planned.budget_bytes
         self.overshoot = max(self.overshoot, excess / planned.budget_bytes)
         if excess > 0 and planned.replans < REPLANS:
@@ -384,12 +365,17 @@ class LoopPlanner:
             RuntimeWarning,
             stacklevel=5,
         )
-        if planned.executor is not None:
-            planned.executor.close()
+        tried = None
+        if planned.measured_peak_bytes is None:  # never read: nothing to go back to
+            if planned.executor is not None:
+                planned.executor.close()
+        else:
+            tried = TriedPlan(planned.executor, planned.result, planned.measured_peak_bytes)
         return replace(
             planned,
             executor=executor,
             result=result,
+            tried=tried,
             replans=planned.replans + 1,
             measured_peak_bytes=None,
             planning_s=planned.planning_s + time.perf_counter() - started,

@@ -25,7 +25,8 @@ from pipeswap.profiling.profile import StepMemory
 from pipeswap.training.loop_calls import Signature, describe, on_device
 from pipeswap.training.loop_derive import same_structure
 from pipeswap.training.loop_new_shapes import derive_plan
-from pipeswap.training.loop_plans import LoopPlanner, ShapePlan
+from pipeswap.training.loop_plans import LoopPlanner
+from pipeswap.training.shape_plan import ShapePlan
 
 __all__ = ["ShapePlans", "covers", "describe", "largest_covered", "smallest_covering"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from pipeswap.dist.group import rank_and_world
 from pipeswap.swap.plan.workload import workload_from_profile
-from pipeswap.training.loop_plans import ShapePlan
+from pipeswap.training.shape_plan import ShapePlan
 
 __all__ = ["plan_stats"]
 

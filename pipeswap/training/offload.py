@@ -25,9 +25,10 @@ from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.training.loop_calls import Signature, optimizer_name, takes_use_cache, without_cache
 from pipeswap.training.loop_calls import signature as call_signature
 from pipeswap.training.loop_meter import LoopMeter
-from pipeswap.training.loop_plans import LoopPlanner, ShapePlan, offload_names
+from pipeswap.training.loop_plans import LoopPlanner, offload_names
 from pipeswap.training.loop_shapes import ShapePlans, describe
 from pipeswap.training.loop_stats import plan_stats
+from pipeswap.training.shape_plan import ShapePlan
 from pipeswap.units import parse_bytes
 
 __all__ = ["Offload", "offload"]

@@ -9,7 +9,7 @@ from torch import nn
 
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.training.loop_meter import LoopMeter
-from pipeswap.training.loop_plans import ShapePlan
+from pipeswap.training.shape_plan import ShapePlan
 
 CPU = torch.device("cpu")
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from pipeswap.config_fields import ConfigError
-from pipeswap.training.loop_plans import REPLANS, LoopPlanner, ShapePlan
+from pipeswap.training.loop_plans import LoopPlanner
+from pipeswap.training.shape_plan import REPLANS, ShapePlan
 
 
 def _planned(budget: int) -> ShapePlan:
@@ -58,3 +60,31 @@ def test_later_plans_start_tighter_by_what_measured_steps_held_over() -> None:
     least = 950
     planned = settle(planner, placeholder, ((), {}), 0.0, shape="4x8", fits="4x8", check=False)
     assert asked == [900, 1000] and planned.margin_bytes == 0
+
+
+def test_a_plan_made_again_that_held_more_than_the_one_before_is_dropped_for_it() -> None:
+    """The meter, not the memory model, decides: a plan made again for less whose step held
+    more than the step of the plan before it is dropped, that one kept, with a warning."""
+    planner: Any = LoopPlanner.__new__(LoopPlanner)
+    planner.overshoot, planner.config = 0.0, None
+
+    class Executor:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    first, second = Executor(), Executor()
+    planner.make = lambda *args, **kwargs: ("second plan", second)
+    placeholder: Any = None
+    planned = ShapePlan(first, placeholder, placeholder, 1000, 0.0)  # type: ignore[arg-type]
+    LoopPlanner.measured(planner, planned, 1100)
+    with pytest.warns(RuntimeWarning, match="planned again"):
+        planned = LoopPlanner.replan(planner, planned, (), {})
+    assert planned.executor is second and not first.closed  # kept until second is read
+    with pytest.warns(
+        RuntimeWarning, match=r"held 1.22 KiB, no less than the one before it \(1.07 KiB\)"
+    ):
+        LoopPlanner.measured(planner, planned, 1250)
+    assert planned.executor is first and second.closed
+    assert (planned.measured_peak_bytes, planned.replan_due) == (1100, False)  # no third try
