@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -73,9 +74,17 @@ class MailboxTransport:
 def pipeline_schedule(config: TrainConfig) -> Schedule:
     """The validated schedule of a resolved pipeline run."""
     pipeline = config.require_pipeline()
-    schedule = build_schedule(
+    return _validated(
         pipeline.schedule, pipeline.num_stages, config.steps, pipeline.micro_batch_count
     )
+
+
+# A run asks for its schedule from several places (plans, stage swaps, the emulator or
+# runtime, the horizon); built and checked once, as it takes seconds at 10^4 steps. It is
+# frozen data, so one copy serves them all.
+@functools.lru_cache(maxsize=2)
+def _validated(name: str, num_stages: int, num_steps: int, micro_batches: int) -> Schedule:
+    schedule = build_schedule(name, num_stages, num_steps, micro_batches)
     validate(schedule)
     return schedule
 
