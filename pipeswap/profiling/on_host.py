@@ -165,7 +165,7 @@ class SavedOnHost:
             or tensor.layout != torch.strided
             or storage_key(tensor) in self.resident
         ):
-            return tensor
+            return tensor.detach()  # not a saved output with its grad_fn: a cycle
         tensor = self.twins.share(tensor)
         storage = tensor.untyped_storage()
         entry = self.stored.get(storage)

@@ -143,7 +143,7 @@ class SavedTensorCapture:
         if self.layer is None or key in self._resident:
             if self.layer is not None:
                 self._packs[self.layer].append(None)
-            return tensor
+            return tensor.detach()  # a saved output as it is: the cycle below
         seen = self._seen.get(key)
         if seen is None:
             storage = tensor.untyped_storage()

@@ -148,3 +148,21 @@ def test_a_named_forward_without_a_backward_frees_what_it_saved() -> None:
     gc.collect()
     assert capture.records()["block0"]  # it did save tensors
     assert outputs[0]() is None
+
+
+def test_what_a_forward_saves_before_the_first_layer_is_freed_without_a_backward() -> None:
+    """A naming pass runs forwards that no backward follows: an output saved before the
+    first layer (tanh saves its output) must not be kept alive by its own grad_fn."""
+    import gc
+    import weakref
+
+    model = _relu_linear()
+    for release in (True, False):
+        x = torch.randn(2, 4, requires_grad=True)
+        with SavedTensorCapture(model, release=release):
+            stem = torch.tanh(x)
+            out = model(stem)
+        alive = weakref.ref(stem)
+        del stem, out
+        gc.collect()
+        assert alive() is None, release

@@ -108,7 +108,9 @@ class StepTensors:
     def pack(self, tensor: torch.Tensor) -> Any:
         layer = self.layer
         if layer is None:
-            return tensor
+            # Detached, as everything this hook keeps as it is: a saved output kept with
+            # its grad_fn is a cycle through C++ that a forward with no backward never frees.
+            return tensor.detach()
         tensor = self.twins.share(tensor)
         call = self._calls[layer]
         self._calls[layer] = call + 1
@@ -122,7 +124,7 @@ class StepTensors:
                 "run the same forward and shapes as the one prepare() was given"
             ) from None
         if key is None:  # a parameter or buffer: always resident, never swapped
-            return tensor
+            return tensor.detach()
         entry = self._entries.get(key)
         if entry is None:
             entry = self._new_entry(key, tensor)
@@ -136,7 +138,7 @@ class StepTensors:
 
     def _unmatched(self, tensor: torch.Tensor) -> torch.Tensor:
         self.unmatched += 1
-        return tensor
+        return tensor.detach()
 
     def _new_entry(self, key: SavedKey, tensor: torch.Tensor) -> SavedTensorState | None:
         if key in self.decisions:
