@@ -13,7 +13,9 @@ calls measured (pipeswap.training.loop_derive).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -84,6 +86,8 @@ class ShapePlans:
         self.declared: Signature | None = None  # the largest call, as plan_for gave it
         self.check_memory = check_memory  # a derived plan is checked by a step run aside
         self._trainable: tuple[bool, ...] | None = None  # requires_grad, parameter by parameter
+        # The gradient bytes held into a forward that the plans count (grads_held).
+        self.grad_bytes = 0
 
     def serving(
         self, signature: Signature, args: Any, kwargs: Any, device: torch.device
@@ -164,8 +168,57 @@ class ShapePlans:
             self.close()
         return changed
 
+    def grads_held(self, model: nn.Module, device: torch.device) -> None:
+        """Gradients held into a forward (accumulated over micro-batches, or zeroed and kept
+        by ``zero_grad(set_to_none=False)``) stay through it, beyond what a step that starts
+        without them holds. The first time a forward holds more of them than the plans
+        count, each plan is made again with every reading that much higher (steps that
+        start without them then keep the budget by that much more)."""
+        held = sum(
+            p.grad.untyped_storage().nbytes()
+            for p in model.parameters()
+            if p.grad is not None and p.grad.device == device
+        )
+        extra = held - self.grad_bytes
+        if extra <= 0:
+            return
+        self.grad_bytes = held
+        for signature, planned in list(self.plans.items()):
+            if planned.profile.memory is None or planned.recomputes_all:
+                continue
+            assert planned.call is not None
+            call = on_device(planned.call, device)
+            self.plans[signature] = _holding_more(
+                self.planner, planned, extra, call, shape=describe(signature)
+            )
+
     def close(self) -> None:
         for planned in self.plans.values():
             if planned.executor is not None:
                 planned.executor.close()
         self.plans.clear()
+
+
+def _holding_more(
+    planner: LoopPlanner, planned: ShapePlan, nbytes: int, call: tuple[Any, Any], *, shape: str
+) -> ShapePlan:
+    """``planned`` made again for steps that hold ``nbytes`` more throughout (gradients
+    kept into the forward), within the same budget."""
+    assert planned.profile.memory is not None
+    profile = replace(planned.profile, memory=planned.profile.memory.moved(nbytes))
+    policy = planned.heuristic
+    again = planner.settle(
+        profile,
+        call,
+        time.perf_counter(),
+        shape=shape,
+        fits=f"{shape} without the gradients held",
+        check=False,
+        configs=(None if policy is None else replace(planner.config, policy=policy),),
+        derived_from=planned.derived_from,
+        heuristic=policy,
+    )
+    if planned.executor is not None:
+        planned.executor.close()
+    again.planning_s += planned.planning_s
+    return again

@@ -243,6 +243,7 @@ class Offload:
         started = time.perf_counter()
         if self.shapes.trainable_changed(self.model):  # its plans are gone: learn again
             self._timed = None
+        self.shapes.grads_held(self.model, self._device())  # before planning: counted once
         if self._timed is not None:  # the previous step learnt a shape: plan it now
             (timed, call, timing), self._timed = self._timed, None
             memory = timing.step_memory(self.layer_names, held_bytes)
@@ -347,7 +348,8 @@ class Offload:
         return {
             "optimizer": self.optimizer,
             "step_peak_bytes": self.meter.step_peak_bytes,
-            "state_bytes": self._unseen_state(),
+            # A step run aside starts without the loop's gradients (profiling.metered_step).
+            "state_bytes": self._unseen_state() + self.shapes.grad_bytes,
             "check_memory": self.check_memory,
         }
 

@@ -170,3 +170,55 @@ def test_two_offloads_of_one_model_do_not_nest() -> None:
     with second:  # one at a time is fine
         loss = model(torch.randn(2, 8, 64))
     loss.backward()
+
+
+def _accumulating(
+    model: nn.Module,
+    wrap: Callable[[], AbstractContextManager[Any]],
+    *,
+    accumulate: int,
+    set_to_none: bool,
+    pools: Callable[[], Any] = list,
+) -> tuple[Result, list[int]]:
+    """Gradients held into the forward: accumulated over micro-batches, or zeroed and kept;
+    each micro-batch's whole step under the meter."""
+    generator = torch.Generator().manual_seed(1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, peaks = [], []
+    for i in range(8):
+        x = torch.randn(16, 128, 64, generator=generator)
+        with DeviceMeter("cpu", holding=(model, optimizer, x), exclude=pools()) as meter:
+            with wrap():
+                loss = model(x) / accumulate
+            loss.backward()
+            if (i + 1) % accumulate == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=set_to_none)
+        losses.append(loss.item())
+        peaks.append(meter.peak)
+    return (losses, [p.detach().clone() for p in model.parameters()]), peaks
+
+
+@pytest.mark.parametrize(
+    ("accumulate", "set_to_none", "planned_first"),
+    [(4, True, False), (1, False, False), (4, True, True)],
+    ids=["accumulating", "zeroed-and-kept", "plan_for-then-accumulating"],
+)
+def test_gradients_held_into_the_forward_are_within_the_budget(
+    accumulate: int, set_to_none: bool, planned_first: bool
+) -> None:
+    """Plans made without them (the first step; plan_for's call) are made again, before the
+    first forward that holds them, for every reading that much higher: 1.13x the budget
+    before, on the meter."""
+    plain, _ = _accumulating(_Net(), nullcontext, accumulate=accumulate, set_to_none=set_to_none)
+    model = _Net()
+    off = offload(model, footprint_ratio=1.2, optimizer="adamw")
+    if planned_first:
+        off.plan_for(torch.randn(16, 128, 64))
+    swapped, peaks = _accumulating(
+        model, lambda: off, accumulate=accumulate, set_to_none=set_to_none, pools=off.host_pools
+    )
+    assert _equal(plain, swapped)
+    budget = off.stats()["budget_bytes"]
+    assert max(peaks[1:]) <= budget * 1.02, [round(p / budget, 3) for p in peaks]
+    assert off.shapes.grad_bytes == sum(p.nbytes for p in model.parameters())
