@@ -1,9 +1,11 @@
 """pipeswap.offload in loops that change what a forward saves: two forwards before one
-backward, blocks unfrozen mid-run, a frozen first block, and two offloads of one model.
+backward, blocks unfrozen mid-run, a frozen first block, two offloads of one model,
+gradients held into the forward, and copies of a model with a plan attached.
 
-Covers: pipeswap/training/offload.py, pipeswap/training/loop_shapes.py (trainable_changed),
-pipeswap/profiling/block_timing.py (layers with no backward) and
-pipeswap/swap/runtime/transfer.py (a region a backward has yet to read).
+Covers: pipeswap/training/offload.py, pipeswap/training/loop_shapes.py (trainable_changed,
+grads_held), pipeswap/profiling/block_timing.py (layers with no backward),
+pipeswap/swap/runtime/transfer.py (a region a backward has yet to read) and
+pipeswap/swap/runtime/attached.py (copies).
 """
 
 from __future__ import annotations
@@ -222,3 +224,37 @@ def test_gradients_held_into_the_forward_are_within_the_budget(
     budget = off.stats()["budget_bytes"]
     assert max(peaks[1:]) <= budget * 1.02, [round(p / budget, 3) for p in peaks]
     assert off.shapes.grad_bytes == sum(p.nbytes for p in model.parameters())
+
+
+@pytest.mark.parametrize("policy", ["recompute", "save-on-cpu"])
+def test_a_copy_of_a_model_with_a_plan_attached_is_the_model_without_it(policy: str) -> None:
+    """An EMA or teacher copy (copy.deepcopy) runs its own weights, not the original's
+    layers (a recomputing plan's wrappers were copied bound to them); torch.save(model)
+    while attached pickles."""
+    import copy
+    import io
+
+    model = _Net()
+    off = offload(model, footprint_ratio=1.3, policy=policy)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x = torch.randn(16, 128, 64, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        with off:
+            loss = model(x)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert off.stats()["recomputed_layers"] == (4 if policy == "recompute" else 0)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.blocks.parameters():
+            p.mul_(0.5)
+    fresh = _Net()
+    fresh.load_state_dict(twin.state_dict())
+    with off:
+        got = twin(x)
+    assert torch.equal(got, fresh(x)) and not torch.equal(got, model(x))
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer, weights_only=False)(x), model(x))

@@ -39,6 +39,7 @@ from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.measured import measured_memory
+from pipeswap.swap.runtime.attached import AttachedHook
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.checks import (
     check_plan_identity,
@@ -194,13 +195,15 @@ class SwapExecutor:
 
     def _install_hooks(self) -> None:
         for name, module in self.layers.items():
-            self._handles.append(module.register_forward_pre_hook(self._forward_pre_hook(name)))
+            pre = AttachedHook(self._forward_pre_hook(name))
+            self._handles.append(module.register_forward_pre_hook(pre))
             if name in self._prefetch_after or name in self.recompute:
-                watch = self._backward_hook(name)
+                watch = AttachedHook(self._backward_hook(name))
                 self._handles.append(module.register_forward_hook(watch, with_kwargs=True))
         if self._prefetch_at_turn:
             last = self.layers[self.layer_names[-1]]
-            self._handles.append(last.register_forward_hook(self._turn_hook, with_kwargs=True))
+            turn = AttachedHook(self._turn_hook)
+            self._handles.append(last.register_forward_hook(turn, with_kwargs=True))
         self._recomputation.install()
 
     def close(self) -> None:

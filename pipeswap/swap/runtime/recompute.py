@@ -18,6 +18,7 @@ layer's operations and makes that choice for it (``choices``), so a plan can wei
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Collection
 from contextlib import nullcontext
@@ -30,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.plan.tensors import SavedKey
+from pipeswap.swap.runtime.attached import own_forward
 from pipeswap.swap.runtime.capture import InnerSaves, capture_inner, capture_records, step_names
 from pipeswap.swap.runtime.selective import (
     OpRecorder,
@@ -50,12 +52,38 @@ class _Wrapper:
     """A layer's forward as one Recomputation wrapped it: ``shadowed`` is the forward
     attribute it covers (None: the class's), ``inner`` the forward it calls once removed."""
 
-    def __init__(self, recomputed: Callable[..., Any], inner: Callable[..., Any], shadowed: Any):
-        self.recomputed, self.inner, self.shadowed = recomputed, inner, shadowed
+    def __init__(
+        self,
+        module: nn.Module,
+        recomputed: Callable[..., Any],
+        inner: Callable[..., Any],
+        shadowed: Any,
+    ) -> None:
+        self.module, self.recomputed, self.inner, self.shadowed = (
+            module,
+            recomputed,
+            inner,
+            shadowed,
+        )
         self.removed = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return (self.inner if self.removed else self.recomputed)(*args, **kwargs)
+
+    # A copy of the layer (deepcopy, torch.save) gets the forward it had before the wrapper.
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        if self.shadowed is not None:
+            return copy.deepcopy(self.shadowed, memo)
+        return own_forward(memo.get(id(self.module), self.module))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.shadowed is not None:
+            return (_given, (self.shadowed,))
+        return (own_forward, (self.module,))
+
+
+def _given(forward: Any) -> Any:
+    return forward
 
 
 class Recomputation:
@@ -100,7 +128,8 @@ class Recomputation:
     def install(self) -> None:
         for name, module in self.layers.items():
             shadowed = module.__dict__.get("forward")
-            wrapper = _Wrapper(self._wrapped(name, module.forward), module.forward, shadowed)
+            forward = module.forward
+            wrapper = _Wrapper(module, self._wrapped(name, forward), forward, shadowed)
             self._wrappers[name] = module.forward = wrapper
 
     def remove(self) -> None:
