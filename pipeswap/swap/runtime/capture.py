@@ -99,6 +99,10 @@ class InnerSaves:
         self.inputs: dict[str, set[int]] = {}  # per layer: storage keys of its inputs
         self.saved: dict[str, dict[int, int]] = {}  # per layer: storage key -> bytes
         self.owner: dict[int, str] = {}  # storage key -> the last layer that saved it
+        # While a layer's operations are noted (pipeswap.swap.runtime.selective.OpRecorder):
+        # its storages' ids, and what the layer saves by those ids -> bytes.
+        self.identify: Callable[[torch.Tensor], int] | None = None
+        self.saved_ids: dict[str, dict[int, int]] = {}
 
     def rerun_bytes(self, layer: str, *, own: bool = False) -> int:
         """Bytes a re-run of ``layer`` saves anew: everything its forward saves except its
@@ -132,7 +136,11 @@ class _TaggingCapture(SavedTensorCapture):
             if self.layer is not None:
                 self._inner.owner[key] = self.layer  # forward order: the last one wins
             if layer is not None:
-                self._inner.saved.setdefault(layer, {})[key] = tensor.untyped_storage().nbytes()
+                nbytes = tensor.untyped_storage().nbytes()
+                self._inner.saved.setdefault(layer, {})[key] = nbytes
+                if self._inner.identify is not None:
+                    by_id = self._inner.saved_ids.setdefault(layer, {})
+                    by_id[self._inner.identify(tensor)] = nbytes
         return super()._pack(tensor)
 
 

@@ -219,11 +219,18 @@ class Recomputation:
                     if isinstance(t, torch.Tensor)
                 }
                 recorder = OpRecorder() if name in self.choosing else nullcontext()
+                if isinstance(recorder, OpRecorder):  # saves named as its operations name them
+                    inner.identify = recorder.id_of
+                    given = {
+                        recorder.id_of(t)
+                        for t in tree_flatten((args, kwargs))[0]
+                        if isinstance(t, torch.Tensor) and t.layout == torch.strided
+                    }
                 try:
                     with recorder:
                         out = forward(*args, **kwargs)
                 finally:
-                    inner.layer = None
+                    inner.layer, inner.identify = None, None
                 if not isinstance(recorder, OpRecorder):
                     return out
                 # On a GPU the kernels hide selective checkpointing's dispatch; not on a CPU.
@@ -236,8 +243,8 @@ class Recomputation:
                             dispatch_seconds(), mode_seconds_per_op(again, len(calls))
                         )
                     dispatch_s = self.mode_s
-                saved = inner.saved.get(name, {})
-                self.choices[name] = choose(calls, saved, inner.inputs[name], dispatch_s=dispatch_s)
+                saved = inner.saved_ids.pop(name, {})
+                self.choices[name] = choose(calls, saved, given, dispatch_s=dispatch_s)
                 return out
             if not (self.active and torch.is_grad_enabled()):
                 return forward(*args, **kwargs)  # outside steps (evaluation): a plain forward

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import (
@@ -39,8 +40,6 @@ from torch.utils.checkpoint import (
     CheckpointPolicy,
     create_selective_checkpoint_contexts,
 )
-
-from pipeswap.profiling.saved import storage_key
 
 __all__ = [
     "DEAR_OPS",
@@ -111,34 +110,47 @@ class SelectiveChoice:
     rerun_fraction: float
 
 
-def _storages(tree: Any) -> dict[int, int]:
-    found: dict[int, int] = {}
-    for leaf in tree_flatten(tree)[0]:
-        if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
-            try:
-                found[storage_key(leaf)] = leaf.untyped_storage().nbytes()
-            except (RuntimeError, NotImplementedError):  # a subclass without one storage
-                continue
-    return found
-
-
 class OpRecorder(TorchDispatchMode):
     """Notes each operation a forward runs, counted as torch's selective checkpointing
-    counts them (the ops it ignores are ignored here too)."""
+    counts them (the ops it ignores are ignored here too).
+
+    Storages are named by :meth:`id_of`, one id per storage's lifetime: a storage freed
+    and its key taken by a later one gets another id, so no output is held to keep two
+    operations' tensors apart (the forward holds what a plain one does)."""
 
     def __init__(self) -> None:
         super().__init__()
         self._counts: dict[Any, int] = defaultdict(int)
         self._pending: list[tuple[OpName, dict[int, int], frozenset[int], Any, Any, bool]] = []
-        # Every output is held until the forward ends: a storage freed early could give
-        # its key to a later one, and two operations' tensors would read as one.
-        self._held: list[Any] = []
+        self._lives: dict[int, tuple[StorageWeakRef, int]] = {}  # key -> (storage, its id)
+        self._next_id = 0
+
+    def id_of(self, tensor: torch.Tensor) -> int:
+        """The id of the storage behind ``tensor`` (its lifetime's)."""
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        known = self._lives.get(key)
+        if known is None or known[0].expired():
+            self._next_id += 1
+            known = self._lives[key] = (StorageWeakRef(storage), self._next_id)
+        return known[1]
+
+    def ids(self, tree: Any) -> dict[int, int]:
+        """Every strided tensor's storage in ``tree``: id -> bytes."""
+        found: dict[int, int] = {}
+        for leaf in tree_flatten(tree)[0]:
+            if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
+                try:
+                    found[self.id_of(leaf)] = leaf.untyped_storage().nbytes()
+                except (RuntimeError, NotImplementedError):  # a subclass without one storage
+                    continue
+        return found
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func in SAC_IGNORED_OPS:
             return func(*args, **kwargs)
-        inputs = frozenset(_storages((args, kwargs)))
+        inputs = frozenset(self.ids((args, kwargs)))
         cuda = any(
             isinstance(t, torch.Tensor) and t.is_cuda for t in tree_flatten((args, kwargs))[0]
         )
@@ -154,8 +166,7 @@ class OpRecorder(TorchDispatchMode):
             end = time.perf_counter()
         name = (func, self._counts[func])
         self._counts[func] += 1
-        self._pending.append((name, _storages(out), inputs, start, end, cuda))
-        self._held.append(out)
+        self._pending.append((name, self.ids(out), inputs, start, end, cuda))
         return out
 
     @property
@@ -163,8 +174,7 @@ class OpRecorder(TorchDispatchMode):
         return any(cuda for *_, cuda in self._pending)
 
     def calls(self) -> list[OpCall]:
-        """The operations noted; lets go of the tensors they made."""
-        self._held.clear()
+        """The operations noted."""
         if self.on_cuda:
             torch.cuda.synchronize()
         return [
