@@ -258,3 +258,41 @@ def test_a_copy_of_a_model_with_a_plan_attached_is_the_model_without_it(policy: 
     torch.save(model, buffer)
     buffer.seek(0)
     assert torch.equal(torch.load(buffer, weights_only=False)(x), model(x))
+
+
+class _CheckpointingNet(_Net):
+    """A model that already checkpoints every other block itself (torch's non-reentrant)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        for i, block in enumerate(self.blocks):
+            x = checkpoint(block, x, use_reentrant=False) if i % 2 == 0 else block(x)
+        return self.head(x).pow(2).mean()
+
+
+def _plain_steps(model: nn.Module, wrap: Callable[[], AbstractContextManager[Any]]) -> Result:
+    generator = torch.Generator().manual_seed(1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(4):
+        with wrap():
+            loss = model(torch.randn(8, 128, 64, generator=generator))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("policy", ["recompute", "finer"])
+def test_blocks_the_user_checkpoints_themselves_are_recomputed_as_in_their_forward(
+    policy: str,
+) -> None:
+    """The user's checkpoint runs a planned block again in the backward: it runs as in the
+    forward (torch refused the re-run with a CheckpointError before), bit-identical."""
+    plain = _plain_steps(_CheckpointingNet(), nullcontext)
+    model = _CheckpointingNet()
+    off = offload(model, footprint_ratio=1.2, policy=policy)
+    assert _equal(plain, _plain_steps(model, lambda: off))
+    assert off.stats()["recomputed_layers"] > 0

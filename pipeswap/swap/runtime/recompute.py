@@ -119,6 +119,7 @@ class Recomputation:
         self.rerun_bytes: dict[str, int] = {}
         self.own_rerun_bytes: dict[str, int] = {}
         self.active = False
+        self.stepping = False  # from a step's start to its finish_step, its backward too
         self._inner: InnerSaves | None = None  # set while capture tags their saves
         self._live: dict[str, int] = {}  # re-run bytes held until the layer's backward ends
         self._cached: dict[str, int] = {}  # selective layers' kept outputs, until their backward
@@ -189,6 +190,7 @@ class Recomputation:
 
     def start_step(self) -> None:
         self._done = set()
+        self.stepping = True
 
     def backward_done(self, name: str) -> None:
         """The layer's backward is done: what its re-run saved is let go of by now."""
@@ -198,6 +200,7 @@ class Recomputation:
         """(layers re-run this step, bytes their re-runs saved). A layer whose input needs
         no gradient may have had its backward hook fire before its re-run: its re-run's
         bytes are let go of with the backward's end."""
+        self.stepping = False
         for nbytes in (*self._live.values(), *self._cached.values()):
             self._ledger.shrink(nbytes)
         self._live.clear()
@@ -246,7 +249,11 @@ class Recomputation:
                 saved = inner.saved_ids.pop(name, {})
                 self.choices[name] = choose(calls, saved, given, dispatch_s=dispatch_s)
                 return out
-            if not (self.active and torch.is_grad_enabled()):
+            # In a step's backward, a layer runs again inside the user's own checkpoint
+            # (torch.utils.checkpoint, HF's gradient checkpointing): as in its forward, or
+            # the saved tensors differ from the forward's and torch refuses the re-run.
+            in_backward = self.stepping and torch._C._current_graph_task_id() != -1
+            if not ((self.active or in_backward) and torch.is_grad_enabled()):
                 return forward(*args, **kwargs)  # outside steps (evaluation): a plain forward
             runs = 0
 
