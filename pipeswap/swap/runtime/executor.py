@@ -25,6 +25,7 @@ resident unless the plan swaps that storage under the name it has without recomp
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -197,9 +198,8 @@ class SwapExecutor:
         for name, module in self.layers.items():
             pre = AttachedHook(self._forward_pre_hook(name))
             self._handles.append(module.register_forward_pre_hook(pre))
-            if name in self._prefetch_after or name in self.recompute:
-                watch = AttachedHook(self._backward_hook(name))
-                self._handles.append(module.register_forward_hook(watch, with_kwargs=True))
+            watch = AttachedHook(self._backward_hook(name))  # every layer: put_back
+            self._handles.append(module.register_forward_hook(watch, with_kwargs=True))
         if self._prefetch_at_turn:
             last = self.layers[self.layer_names[-1]]
             turn = AttachedHook(self._turn_hook)
@@ -288,30 +288,30 @@ class SwapExecutor:
 
     def _backward_hook(self, name: str) -> Callable[..., None]:
         """A forward hook that watches for the end of the layer's backward: a hook on the
-        gradient of its first input that needs one (its output's, when none does).
-
-        That gradient is complete once the layer's backward is done, including the ops run
-        after it that the profiler counts as its own (they come first in backward). A tensor
-        hook leaves the graph as it is: a module's full backward hook would wrap its inputs
-        in the graph, which regroups a sum of gradients (an encoder output every decoder
-        block reads) and can move the last bits of a result.
-        """
+        gradient of its first input that needs one (its output's, when none does, which
+        marks its start). That gradient is complete once the layer's backward is done,
+        including the ops run after it that the profiler counts as its own (they come first
+        in backward). A tensor hook leaves the graph as it is: a module's full backward hook
+        would wrap its inputs in the graph, which regroups a sum of gradients (an encoder
+        output every decoder block reads) and can move the last bits of a result."""
         prefetches = self._prefetch_after.get(name, [])
 
-        def done(grad: torch.Tensor) -> None:
+        def done(grad: torch.Tensor, ended: bool) -> None:
             # The layer's backward is done: what its re-run saved is let go of by now.
             self._recomputation.backward_done(name)
+            if ended:  # what a retained graph holds for it goes back to the host
+                self._tensors.put_back(name)
             for key in prefetches:
                 self._tensors.prefetch(key)
 
         def watch(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if not self._active:
                 return
-            wanted = _needs_grad((args, kwargs))
-            if wanted is None:
-                wanted = _needs_grad(output)
-            if wanted is not None:
-                wanted.register_hook(done)
+            wanted, ended = _needs_grad((args, kwargs)), True
+            if wanted is None:  # an output's gradient: its backward starts, not ends
+                wanted, ended = _needs_grad(output), False
+            if wanted is not None:  # (no tensor in the hook: it would keep itself alive)
+                wanted.register_hook(functools.partial(done, ended=ended))
 
         return watch
 

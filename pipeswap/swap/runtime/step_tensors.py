@@ -61,6 +61,7 @@ class StepTensors:
         self.strict = strict
         self.unmatched = 0  # tensors kept or swaps skipped because their names did not fit
         self.transfer = transfer
+        self.retained_warned = False  # put_back's warning, given once
         self.ledger = ledger
         self.pack_calls: dict[str, list[SavedKey | None]] = {}
         self.sizes: dict[SavedKey, int] = {}
@@ -68,6 +69,7 @@ class StepTensors:
         self.twins = CastTwins()
         self._layer: str | None = None
         self._entered: set[str] = set()  # this step's layers so far
+        self._backward_done: set[str] = set()  # this step's layers whose backward is done
         self._warned = False
         self._calls: dict[str, int] = {}
         self._entries: dict[SavedKey, SavedTensorState] = {}
@@ -102,6 +104,7 @@ class StepTensors:
         self._calls = dict.fromkeys(layer_names, 0)
         self.layer = None
         self._entered = set()
+        self._backward_done = set()
         self.twins.shared_bytes = 0  # this step's
         self.swapped = self.prefetched = self.late = 0
 
@@ -133,8 +136,8 @@ class StepTensors:
         elif not self.strict and not _holds(entry, tensor):
             return self._unmatched(tensor)
         if entry.swapped:
-            return SwappedHandle(self.transfer, entry, tensor)
-        return HeldTensor(self.transfer, entry, tensor)
+            return SwappedHandle(self.transfer, entry, tensor, layer)
+        return HeldTensor(self.transfer, entry, tensor, layer)
 
     def _unmatched(self, tensor: torch.Tensor) -> torch.Tensor:
         self.unmatched += 1
@@ -178,6 +181,29 @@ class StepTensors:
         return rebuilt.set_(
             entry.device.untyped_storage(), start + handle.offset, handle.size, handle.stride
         )
+
+    def put_back(self, layer: str) -> None:
+        """Layer ``layer``'s backward is done: swapped tensors that autograd still holds
+        for layers whose backward is done (a retained graph) go back to the host."""
+        done = self._backward_done
+        done.add(layer)
+        retained = False
+        for entry in self._entries.values():
+            if entry.refs > 0 and done.issuperset(entry.holders):
+                retained = True
+                if entry.swapped:
+                    self.transfer.put_back(entry)
+        if retained and not self.retained_warned:
+            self.retained_warned = True
+            warnings.warn(
+                "a backward kept its graph (backward(retain_graph=True)): autograd holds every "
+                "tensor the step saved until the graph is freed, and those the plan keeps on "
+                "the device stay there, so such steps hold more than the plan's budget (the "
+                "swapped ones go back to the host); a smaller budget, or one backward of the "
+                "summed losses, keeps them within it",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def swap_out(self, key: SavedKey) -> None:
         entry = self._entries.get(key)

@@ -58,7 +58,7 @@ ON_DEVICE, COPYING_OUT, ON_HOST, FETCHING, BACK, GONE = range(6)
 class SavedTensorState:
     """Where one saved tensor (its whole storage) is during one step, and who still holds it."""
 
-    __slots__ = ("key", "bytes", "swapped", "state", "device", "event", "refs")
+    __slots__ = ("key", "bytes", "swapped", "state", "device", "event", "refs", "holders")
 
     def __init__(
         self, key: Hashable, bytes: int, swapped: bool, device: torch.Tensor | None
@@ -70,6 +70,7 @@ class SavedTensorState:
         self.device: torch.Tensor | None = device  # [bytes] uint8 over the whole storage
         self.event: AnyEvent | None = None  # the copy that last read or wrote ``device``
         self.refs = 0
+        self.holders: dict[str, int] = {}  # the layers whose saved tensors hold it: how many
 
 
 class DeviceLedger:
@@ -97,46 +98,58 @@ class HeldTensor:
     """What autograd keeps for a tensor that stays on the device: the tensor itself, plus
     a finalizer that tells the transfer when autograd lets go of it."""
 
-    __slots__ = ("transfer", "entry", "tensor")
+    __slots__ = ("transfer", "entry", "tensor", "layer")
 
     def __init__(
-        self, transfer: SwapTransfer, entry: SavedTensorState, tensor: torch.Tensor
+        self, transfer: SwapTransfer, entry: SavedTensorState, tensor: torch.Tensor, layer: str
     ) -> None:
         self.transfer = transfer
         self.entry = entry
         # Detached: a saved output's grad_fn would keep this holder alive through C++, a
         # cycle Python's collector cannot see, and a forward with no backward would leak.
         self.tensor = tensor.detach()
-        entry.refs += 1
+        self.layer = layer
+        _hold(entry, layer)
 
     def __del__(self) -> None:
-        entry = self.entry
-        entry.refs -= 1
-        if entry.refs == 0:
-            self.transfer.forget(entry)
+        _let_go(self.transfer, self.entry, self.layer)
 
 
 class SwappedHandle:
     """What autograd keeps for a view of a swapped storage: how to rebuild it from bytes."""
 
-    __slots__ = ("transfer", "entry", "dtype", "offset", "size", "stride")
+    __slots__ = ("transfer", "entry", "dtype", "offset", "size", "stride", "layer")
 
     def __init__(
-        self, transfer: SwapTransfer, entry: SavedTensorState, tensor: torch.Tensor
+        self, transfer: SwapTransfer, entry: SavedTensorState, tensor: torch.Tensor, layer: str
     ) -> None:
         self.transfer = transfer
         self.entry = entry
-        entry.refs += 1
+        self.layer = layer
+        _hold(entry, layer)
         self.dtype = tensor.dtype
         self.offset = tensor.storage_offset()
         self.size = tensor.size()
         self.stride = tensor.stride()
 
     def __del__(self) -> None:
-        entry = self.entry
-        entry.refs -= 1
-        if entry.refs == 0:
-            self.transfer.forget(entry)
+        _let_go(self.transfer, self.entry, self.layer)
+
+
+def _hold(entry: SavedTensorState, layer: str) -> None:
+    entry.refs += 1
+    entry.holders[layer] = entry.holders.get(layer, 0) + 1
+
+
+def _let_go(transfer: SwapTransfer, entry: SavedTensorState, layer: str) -> None:
+    entry.refs -= 1
+    left = entry.holders[layer] - 1
+    if left:
+        entry.holders[layer] = left
+    else:
+        del entry.holders[layer]
+    if entry.refs == 0:
+        transfer.forget(entry)
 
 
 def bytes_of_storage(tensor: torch.Tensor) -> torch.Tensor:
@@ -288,6 +301,17 @@ class SwapTransfer:
             self._region_readers[entry.key] = entry.event
             entry.state = FETCHING
         entry.device = device
+
+    def put_back(self, entry: SavedTensorState) -> None:
+        """``entry`` was fetched for a backward that is done, and autograd still holds it (a
+        graph kept by ``backward(retain_graph=True)``): its device bytes go, its host region
+        still has them, and a later backward fetches it again."""
+        if entry.state != BACK or self._region_owners.get(entry.key) is not entry:
+            return
+        entry.device = None
+        entry.event = None
+        entry.state = ON_HOST
+        self.ledger.shrink(entry.bytes)
 
     def forget(self, entry: SavedTensorState) -> None:
         """Autograd let go of the storage's last view: its device bytes can go."""
