@@ -139,11 +139,13 @@ def test_2bw_with_delay_disabled_equals_synchronous_gradient_accumulation(
         return real_build(name, *args, **({"delay": 0} if name == "2bw" else {}), **kwargs)
 
     monkeypatch.setattr(emulator_module, "build_schedule", delay_zero)
+    emulator_module._validated.cache_clear()  # a run's schedule is built once per process
     for weights in ("stale", "stash"):
         free = _emulate(replace_fields(base, schedule="2bw", weights=weights))
         assert free["losses"] == reference["losses"], weights
         assert free["params_sha256"] == reference["params_sha256"], weights
     monkeypatch.undo()
+    emulator_module._validated.cache_clear()
     # With the delay (the default) training differs: the comparison is not vacuous.
     delayed = _emulate(replace_fields(base, schedule="2bw", weights="stash"))
     assert delayed["losses"][0] == reference["losses"][0]
