@@ -47,6 +47,7 @@ def test_cpu_throughput_table(tmp_path: Path) -> None:
     assert _number(reference[3]) == 1.0
 
 
+@pytest.mark.slow  # seconds of the fast suite's budget: it runs in `make test-slow`
 @pytest.mark.dist
 def test_user_loop_table_runs_a_user_s_script_under_torchrun(tmp_path: Path) -> None:
     text = _run("pipeline_user_loop.py", tmp_path / "loop.md", timeout=300)

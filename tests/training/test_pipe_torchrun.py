@@ -80,7 +80,7 @@ def _batches(tokens: Path) -> list[torch.Tensor]:
     return list(loader)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", [pytest.param("gpipe", marks=pytest.mark.slow), "1f1b"])
 def test_a_synchronous_pipeline_trains_as_the_plain_loop(
     user_files: tuple[str, Path], tmp_path: Path, schedule: str
 ) -> None:

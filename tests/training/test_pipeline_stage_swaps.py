@@ -242,6 +242,7 @@ def test_stages_that_swap_in_processes_equal_the_pipeline_without_swapping() -> 
     assert len(swap["measured"]) == 4
 
 
+@pytest.mark.slow  # two stages that swap in processes hold the budget in make test
 @pytest.mark.dist
 @pytest.mark.xfail(
     strict=True,
