@@ -9,6 +9,7 @@ import pytest
 from bench_support import rows, run_quick
 
 
+@pytest.mark.slow  # seconds of the fast suite's budget: it runs in `make test-slow`
 def test_quick_bf16_swap(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     text = run_quick("family_bf16_swap.py", tmp_path / "bf16.md", timeout=180)

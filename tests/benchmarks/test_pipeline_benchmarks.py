@@ -231,6 +231,7 @@ def test_token_file_memory_quick(tmp_path: Path) -> None:
     assert all(float(r[2].split()[0]) > 0 for r in rows)
 
 
+@pytest.mark.slow  # seconds of the fast suite's budget: it runs in `make test-slow`
 def test_offload_cost_quick(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     text = _run("offload_cost.py", tmp_path / "offload.md", timeout=240)

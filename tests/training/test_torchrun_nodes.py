@@ -23,6 +23,7 @@ ARGS += ["--pipeline", "2", "--micro-batches", "2", "--device", "cpu"]
 ARGS += ["--swap-policy", "save-on-cpu"]
 
 
+@pytest.mark.slow  # seconds of the fast suite's budget: it runs in `make test-slow`
 @pytest.mark.dist
 def test_two_torchrun_nodes_train_a_replicated_pipeline_as_its_emulation(tmp_path: Path) -> None:
     port = free_port()
