@@ -86,17 +86,24 @@ def init_process_group(env: RankEnv, *, backend: str = "gloo", timeout_s: float)
         return
     if backend == "nccl":
         bind_nccl_device(env)
+    global _JOINS, _PATIENT
+    _JOINS += 1
+    timeout = timedelta(seconds=timeout_s)
     try:
+        url = f"tcp://{env.master_addr}:{env.master_port}"
+        store, _, _ = next(dist.rendezvous(url, env.rank, env.world_size, timeout=timeout))
+        # Each join of this process has keys of its own: torchrun's agent keeps one store
+        # for the whole script, where a second pipeline would read the first one's
+        # (closed) addresses and fail to connect.
         dist.init_process_group(
             backend,
-            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            store=dist.PrefixStore(f"pipeswap/join{_JOINS}", store),
             rank=env.rank,
             world_size=env.world_size,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=timeout,
         )
     except RuntimeError as exc:  # torch's DistError family, raised by the TCP rendezvous
         raise rendezvous_error(exc, env, timeout_s) from None
-    global _PATIENT
     if dist.is_initialized():  # collective, in the same order on every rank: made here, once
         _PATIENT = dist.new_group(timeout=timedelta(seconds=max(timeout_s, PATIENT_TIMEOUT_S)))
 
@@ -107,6 +114,7 @@ def init_process_group(env: RankEnv, *, backend: str = "gloo", timeout_s: float)
 # waited for this long; every other collective keeps the run's own timeout.
 PATIENT_TIMEOUT_S = 6 * 3600.0
 _PATIENT: Any = None  # the process group of those waits (None: the script made the group)
+_JOINS = 0  # the process groups this process joined (each under store keys of its own)
 
 
 _UNSET = "unset RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT to launch with {nproc}"

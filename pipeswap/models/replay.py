@@ -40,6 +40,7 @@ from pipeswap.models.replay_check import (
     hidden_of,
     same_tensor,
 )
+from pipeswap.models.root_state import RootTensorHolder, adopt_root_tensors, follow_root_mode
 from pipeswap.models.state import inspecting
 
 __all__ = ["Replay", "split_at_blocks"]
@@ -179,8 +180,9 @@ class Replay:
         return hidden_of(*received[0]), received
 
 
-class _AroundBlocks(nn.Module):
-    """The embed or head layer: it runs the model's own code outside the blocks."""
+class _AroundBlocks(RootTensorHolder):
+    """The embed or head layer: it runs the model's own code outside the blocks (and holds
+    the root's own tensors it reads: pipeswap.models.root_state)."""
 
     def __init__(self, replay: Replay, owned: dict[str, nn.Module]) -> None:
         super().__init__()
@@ -305,22 +307,23 @@ def split_at_blocks(
         )
         expected = expected_calls(replay, example)
         _learn_calls(replay, example, expected)
-    replay.embed_owned = list(embed_owned.values())
-    layers: list[tuple[str, nn.Module]] = [("embed", _Embed(replay, embed_owned))]
-    layers += [
-        (path, _Block(replay, i, b)) for i, (path, b) in enumerate(zip(paths, replay.blocks))
-    ]
-    layers.append(("head", _Head(replay, head_owned)))
-    layered = LayeredModel(
-        name,
-        layers,
-        task,
-        vocab_size=vocab_size,
-        num_classes=num_classes,
-        in_channels=in_channels,
-    )
-    with inspecting(model):
+        replay.embed_owned = list(embed_owned.values())
+        layers: list[tuple[str, nn.Module]] = [("embed", _Embed(replay, embed_owned))]
+        layers += [
+            (path, _Block(replay, i, b)) for i, (path, b) in enumerate(zip(paths, replay.blocks))
+        ]
+        layers.append(("head", _Head(replay, head_owned)))
+        layered = LayeredModel(
+            name,
+            layers,
+            task,
+            vocab_size=vocab_size,
+            num_classes=num_classes,
+            in_channels=in_channels,
+        )
+        adopt_root_tensors(model, layered, example)
         check_reproduces(replay, layered, example)
+    follow_root_mode(layered, model)
     return layered
 
 

@@ -139,6 +139,7 @@ class StageExecutor:
             record=record,
             keep_gradients=keep_gradients,
             shared=copies,
+            originals={n: p for n, p in model.named_parameters() if n in copies},
             optimizer_factory=optimizer_factory,
             lr_scale=delay_lr_scale(schedule, stage, pipeline.delay_power),
             guard_spikes=pipeline.stability_rule,
@@ -342,9 +343,8 @@ class StageExecutor:
         self.transport.finish()
         self.result.wall_s = time.perf_counter() - self._t0
         self.result.losses = dict(self.runner.losses)
-        self.result.prediction_error = (
-            self.weights.prediction_error() if self.weights.record else None
-        )
+        record = self.weights.record
+        self.result.prediction_error = self.weights.prediction_error() if record else None
 
     # ---- evaluation ---------------------------------------------------------------
     def _eval_inputs(self, step: int, micro: int, unit: int) -> tuple[Any, torch.Tensor | None]:

@@ -77,7 +77,14 @@ def load_stage_tensors(model: LayeredModel, states: Sequence[dict[str, torch.Ten
     for name, tensor in full.items():
         if name not in merged and id(tensor) in given:
             merged[name] = merged[given[id(tensor)]]
-    model.load_state_dict(merged)  # strict: every tensor of the model came from a stage
+    missing = [name for name in model.state_dict() if name not in merged]
+    if missing:  # strict: every tensor of the model came from a stage
+        raise RuntimeError(f"no stage gave {', '.join(missing[:5])} of {model.name}")
+    # Through .data: a stage's own tensors may be held by graphs in flight (a pipeline's
+    # weights taken mid-run), whose version check an in-place load would fail.
+    with torch.no_grad():
+        for name, tensor in merged.items():
+            full[name].data.copy_(tensor)
 
 
 def build_meta_model(config: TrainConfig) -> LayeredModel:

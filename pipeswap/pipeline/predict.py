@@ -39,6 +39,7 @@ under either rule, and ``2bw`` (whose table is its walk) keeps the walked distan
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import torch
 
@@ -52,6 +53,7 @@ __all__ = [
     "Distances",
     "delay_free_schedule",
     "delay_lr_scale",
+    "group_of",
     "official_distances",
     "steady_distances",
     "step_direction",
@@ -162,7 +164,7 @@ def step_direction(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> tor
     state = optimizer.state.get(param)
     if not state:
         return None
-    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+    group = group_of(optimizer, param)
     if isinstance(optimizer, torch.optim.SGD):
         return state.get("momentum_buffer")
     if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
@@ -175,3 +177,8 @@ def step_direction(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> tor
             direction = direction + group["weight_decay"] * param
         return direction
     raise TypeError(f"no step direction for {type(optimizer).__name__}")
+
+
+def group_of(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, Any]:
+    """The parameter group of ``optimizer`` that holds ``param`` (its rate, its decay)."""
+    return next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))

@@ -19,7 +19,8 @@ def resolve_pipeline(config: TrainConfig) -> TrainConfig:
     """``config`` resolved (:meth:`TrainConfig.resolved`) with its micro-batch count and its
     balance known: the given one checked against the model, else the partitioner's.
     Gradient accumulation over N batches becomes a mini-batch N times larger in N times
-    the micro-batches (``accumulate`` 1 from there on: what runs is what the config says).
+    the micro-batches (``accumulate`` 1 from there on: what runs is what the config says;
+    the data source draws it as one batch of that size).
 
     Idempotent: every rank and the emulator call it on the same config and get the same
     balance (FLOP counts, or the profile at ``profile_path``; never timings of this run).
@@ -52,8 +53,9 @@ def resolve_pipeline(config: TrainConfig) -> TrainConfig:
     accumulate = config.optim.accumulate
     if accumulate > 1:
         assert config.batch is not None
-        # N batches between updates: one mini-batch of N batches in N times the micro-batches
-        # (the same micro-batches, the same updates).
+        # N batches between updates: one mini-batch N times larger in N times the
+        # micro-batches (as many samples per update; drawn as one batch, so other samples
+        # than a data-parallel run's N batches of the same seed).
         return replace(
             config,
             batch=config.batch * accumulate,

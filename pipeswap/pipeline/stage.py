@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import evaluating
 from pipeswap.pipeline.job import build_full_model, build_meta_model
+from pipeswap.pipeline.loss_share import LossShares
 from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.profiling.profile import LayerProfile, Profile
 from pipeswap.schedule.partition import check_stage_count
@@ -238,6 +239,9 @@ class StageRunner:
         # On the last stage: a context its forward runs in, given the unit's target (the
         # model's own loss from labels, pipeswap.models.replay.Replay.labelled).
         self.labelled: Callable[[torch.Tensor], AbstractContextManager[None]] | None = None
+        # On the last stage: each unit's share of its mini-batch's scored items, where they
+        # differ (pipeswap.pipeline.loss_share); None: every unit weighs 1/micro_batches.
+        self.shares: LossShares | None = None
 
     def _labels(self, target: torch.Tensor | None) -> AbstractContextManager[None]:
         if self.labelled is None or target is None or not self.is_last:
@@ -283,9 +287,11 @@ class StageRunner:
         output, loss = self._run(value, target)
         if self.is_last:
             assert loss is not None
+            share = self.shares.of_unit(unit) if self.shares is not None else None
             if loss.device.type != "meta":  # a rehearsal's shapes (pipeline.stage_rehearsal)
-                self.losses[unit] = loss.item()
-            self._pending[unit] = (leaves, (loss / self.micro_batches,))
+                self.losses[unit] = 0.0 if share is not None and not share.items else loss.item()
+            scaled = loss / self.micro_batches if share is None else share.scaled(loss, output)
+            self._pending[unit] = (leaves, (scaled,))
             return None
         packed = pack(output, f"stage {self.index}")
         self._pending[unit] = (leaves, packed)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from pipeswap.checkpoint import set_rng_state
+from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.rng import TRAIN
 from pipeswap.schedule.actions import ActionKind
@@ -24,6 +25,7 @@ def restore_stage(executor: StageExecutor, state: dict[str, Any]) -> int:
     Re-runs each in-flight forward with the weights and inputs it had (rebuilding the
     graph its backward needs) and sends again the messages that crossed the cut.
     """
+    _check_shapes(executor.weights.params, state["weights"]["params"])
     executor.weights.load_state(state["weights"])
     executor.runner.losses = dict(state["losses"])
     executor.result.evals = [tuple(e) for e in state.get("evals", [])]
@@ -50,3 +52,21 @@ def restore_stage(executor: StageExecutor, state: dict[str, Any]) -> int:
     executor.index = state["index"]
     executor.cuts.keep_crossing(state["done"])
     return executor.index
+
+
+def _check_shapes(params: list[torch.nn.Parameter], saved: list[torch.Tensor]) -> None:
+    """Refuse a checkpoint of another model (another width, other layers) by name of shape."""
+    shapes = [tuple(p.shape) for p in params]
+    found = [tuple(t.shape) for t in saved]
+    if shapes != found:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(shapes, found)) if a != b),
+            min(len(shapes), len(found)),
+        )
+        mine = shapes[first] if first < len(shapes) else "none"
+        theirs = found[first] if first < len(found) else "none"
+        raise PipeswapError(
+            f"the checkpoint holds other weights than this stage's model: {len(found)} "
+            f"parameters where it has {len(shapes)}, and parameter {first} of shape {theirs} "
+            f"where it has {mine}; load a checkpoint saved by the same model and balance"
+        )

@@ -32,13 +32,13 @@ from torch import nn
 
 from pipeswap.config_fields import require
 from pipeswap.optim import OptimizerConfig
-from pipeswap.pipeline.predict import DIRECTED, Distances, step_direction
+from pipeswap.pipeline.predict import DIRECTED, Distances, group_of, step_direction
 from pipeswap.pipeline.spike_guard import SpikeGuard
 from pipeswap.profiling.meter import unmetered
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.modes import WeightMode, weight_mode
 
-__all__ = ["PredictionError", "StageWeights", "describe_optimizer", "squared_norm"]
+__all__ = ["PredictionError", "StageWeights", "squared_norm"]
 
 
 @dataclass
@@ -103,6 +103,8 @@ class StageWeights:
     errors: dict[str, PredictionError] = field(default_factory=dict)
     last_gradients: list[torch.Tensor] | None = None
     shared: dict[str, nn.Parameter] = field(default_factory=dict)
+    # The model's own parameter of each tied copy, by name (what optimizer functions see).
+    originals: dict[str, nn.Parameter] = field(default_factory=dict)
     clip_scales: dict[int, float] = field(default_factory=dict)
     # Builds each optimizer instead of ``optimizer_config`` (pipeswap.Pipeline's optimizer=).
     optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None
@@ -120,7 +122,10 @@ class StageWeights:
         tied = set(self.shared_at.values())
         # A stage may own no parameters at all (e.g. a lone Flatten): nothing to update.
         self.optimizer: torch.optim.Optimizer | None = None
-        own = [m for i, m in enumerate(self.masters) if i not in tied]
+        # What an optimizer function is shown: the model's parameters (a tied copy's original).
+        original = {id(p): self.originals.get(name, p) for name, p in self.shared.items()}
+        self.shown = [original.get(id(p), p) for p in self.params]
+        own = [i for i in range(len(self.masters)) if i not in tied]
         if own:
             self.optimizer = self._make_optimizer(own)
             for group in self.optimizer.param_groups:
@@ -128,7 +133,7 @@ class StageWeights:
         if self.optimizer_factory is not None:
             self._check_factory()
         self.shared_optimizers = {
-            name: self._make_optimizer([self.masters[i]]) for name, i in self.shared_at.items()
+            name: self._make_optimizer([i]) for name, i in self.shared_at.items()
         }
         self.shared_applied = {name: 0 for name in self.shared_at}
         self.errors = {ActionKind.F.value: PredictionError(), ActionKind.B.value: PredictionError()}
@@ -156,10 +161,27 @@ class StageWeights:
             "one of those, or another weights mode",
         )
 
-    def _make_optimizer(self, masters: list[nn.Parameter]) -> torch.optim.Optimizer:
-        if self.optimizer_factory is not None:
-            return self.optimizer_factory(masters)
-        return self.optimizer_config.build(masters, nadam=self.entry.nadam)
+    def _make_optimizer(self, positions: list[int]) -> torch.optim.Optimizer:
+        masters = [self.masters[i] for i in positions]
+        if self.optimizer_factory is None:
+            return self.optimizer_config.build(masters, nadam=self.entry.nadam)
+        # The user's function sees the model's own parameters (their groups are often
+        # chosen by identity: no weight decay on norms), then steps the masters instead.
+        shown = [self.shown[i] for i in positions]
+        optimizer = self.optimizer_factory(shown)
+        master_of = {id(p): m for p, m in zip(shown, masters)}
+        for group in optimizer.param_groups:
+            params = group["params"]
+            strange = [p for p in params if id(p) not in master_of]
+            require(
+                not strange,
+                f"the optimizer function returned an optimizer over {len(strange)} "
+                "parameter(s) it was not given: build it over the list it receives (each "
+                "stage passes its own parameters)",
+            )
+            params[:] = [master_of[id(p)] for p in params]  # in place: a list it kept
+        optimizer.state.clear()  # keyed by parameter: nothing has stepped yet
+        return optimizer
 
     # ---- passes -------------------------------------------------------------------
     @torch.no_grad()
@@ -224,7 +246,7 @@ class StageWeights:
                 # The next updates are those of mini-batches done .. done + ahead - 1.
                 distance = scale * sum(self.optimizer_config.lr_at(done + j) for j in range(ahead))
             else:
-                distance = ahead * optimizer.param_groups[0]["lr"]
+                distance = ahead * group_of(optimizer, m)["lr"]
             moves.append((p, d, distance))
         if not moves:
             return
@@ -244,9 +266,11 @@ class StageWeights:
             scale *= self.spike_guard.factor(scale * math.sqrt(self.own_squared_norm()))
         for i, (p, m) in enumerate(zip(self.params, self.masters)):
             # A tied copy's gradient has left with shared_gradient: apply_shared steps it.
+            # One without a gradient (frozen, or unused by this mini-batch) is skipped by
+            # the optimizer, as in a plain loop: no weight decay, no momentum step.
             if i not in tied:
-                m.grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                if scale != 1.0:
+                m.grad = p.grad
+                if scale != 1.0 and m.grad is not None:
                     m.grad.mul_(scale)
         if self.optimizer is not None:
             if self.optimizer_config.lr_varies:
@@ -371,17 +395,3 @@ def squared_norm(tensor: torch.Tensor) -> float:
 
 def _finite(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else value
-
-
-def describe_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerConfig | None:
-    """The OptimizerConfig that builds the same update as ``optimizer`` (its first group's
-    settings), or None for one pipeswap does not build (SGD, Adam and AdamW it does)."""
-    if not isinstance(optimizer, DIRECTED):
-        return None
-    group = optimizer.param_groups[0]
-    return OptimizerConfig(
-        optimizer=type(optimizer).__name__.lower(),
-        lr=float(group["lr"]),
-        momentum=float(group.get("momentum", OptimizerConfig.momentum)),
-        weight_decay=float(group["weight_decay"]),
-    )

@@ -31,12 +31,12 @@ from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.feed import FedBatches
 from pipeswap.pipeline.horizon import ScheduleHorizon
 from pipeswap.pipeline.job import load_stage_tensors
+from pipeswap.pipeline.loss_share import weighted_loss
 from pipeswap.pipeline.resolve import choose_balance
 from pipeswap.pipeline.runtime import StageWires, run_actions
 from pipeswap.pipeline.shapes import BatchShapes
 from pipeswap.pipeline.shared import find_shared
 from pipeswap.pipeline.stage import layer_infos
-from pipeswap.pipeline.step_end import step_loss
 from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds
@@ -64,8 +64,8 @@ class Pipeline:
         weights = pipe.state_dict()          # the whole model's, on rank 0
         pipe.close()
 
-    Every rank builds ``model`` the same way (seeded, or ``from_pretrained``) and calls
-    :meth:`step` with the same batches, of any length the model takes. ``steps``
+    Every rank builds ``model`` the same way (seeded, or ``from_pretrained``; it trains in
+    its mode: ``model.train()``) and calls :meth:`step` with the same batches. ``steps``
     (optional) is how many: an unset optimizer then gets the task's warm-up and decay.
     Without it, what an asynchronous schedule has in flight is finished at
     :meth:`state_dict` or :meth:`close`, where training ends, and an unset optimizer's
@@ -161,7 +161,7 @@ class Pipeline:
             f"steps={self.steps}: build it with the number of steps you train, or without steps",
         )
         require(self._ended is None, f"pipe.step after {self._ended}")
-        target = self._scored_by(inputs).choose(target, labels)
+        target = self._scored_by(inputs).choose(inputs, target, labels)
         micro = self.pipeline.micro_batch_count
         executor = self._built(inputs, target, self.done * micro)
         assert self._horizon is not None
@@ -183,10 +183,9 @@ class Pipeline:
         executor.result.timeline.clear()
         if not executor.runner.is_last:
             return None
-        loss = step_loss(executor.runner.losses, t, executor.micro_batches)
-        for unit in range(t * executor.micro_batches, (t + 1) * executor.micro_batches):
-            del executor.runner.losses[unit]
-        return loss
+        runner, units = executor.runner, range(t * micro, (t + 1) * micro)
+        shares = runner.shares.of_step(t) if runner.shares is not None else None
+        return weighted_loss([runner.losses.pop(unit) for unit in units], shares)
 
     @torch.no_grad()
     def eval(
@@ -202,11 +201,13 @@ class Pipeline:
         Between steps of a synchronous schedule these are the weights after the last step;
         on an asynchronous one each stage's own newest (a stage may be a step behind).
         """
-        target = self._scored_by(inputs).choose(target, labels)
+        target = self._scored_by(inputs).choose(inputs, target, labels)
         micro = self.pipeline.micro_batch_count
         executor = self._built(inputs, target, self._evals * micro, eval=True)
         with self._threads():
-            loss = score_batch(executor, inputs, target, self._evals, self.device)
+            assert self._scored is not None
+            count = self._scored.item_count()
+            loss = score_batch(executor, inputs, target, self._evals, self.device, count)
         self._evals += 1
         return loss
 
@@ -278,6 +279,11 @@ class Pipeline:
         """What the last stage scores against, once the model is adapted: on the first
         batch, which the model runs on to learn how its forward calls its blocks (so a
         model that takes only its own sequence length works as it is)."""
+        require(
+            inputs.dim() >= 2,
+            f"inputs of shape {tuple(inputs.shape)} are no batch: pass [batch, seq_len] token "
+            "ids or [batch, channels, height, width] images (one sample: inputs[None])",
+        )
         if self._scored is None:
             self._layered = adapt(self.model, blocks=self.blocks, example=inputs[:1])
             # The defaults of `pipeswap train`: an optimizer left unset is the model's task's.

@@ -10,7 +10,7 @@ from torch import nn
 
 from pipeswap.config_fields import require
 from pipeswap.optim import OptimizerConfig
-from pipeswap.pipeline.weights import describe_optimizer
+from pipeswap.pipeline.predict import DIRECTED
 
 __all__ = ["OptimizerFactory", "pipe_optimizer"]
 
@@ -26,6 +26,12 @@ def pipe_optimizer(
     if optimizer is None or isinstance(optimizer, OptimizerConfig):
         optim = optimizer or OptimizerConfig()
     else:
+        require(
+            callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer),
+            f"optimizer= takes a function from a stage's parameters to its optimizer (each "
+            f"stage builds its own), not {type(optimizer).__name__!r}: write "
+            "optimizer=lambda params: torch.optim.AdamW(params, lr=...)",
+        )
         # Its settings, as far as pipeswap knows them, are checked as a config's are.
         probe = optimizer([nn.Parameter(torch.zeros(1))])
         # One pipeswap does not build keeps its own rate: a named optimizer's is constant.
@@ -38,3 +44,17 @@ def pipe_optimizer(
         "batches at once with that many times the micro_batches (the same updates)",
     )
     return factory, optim
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerConfig | None:
+    """The OptimizerConfig that builds the same update as ``optimizer`` (its first group's
+    settings), or None for one pipeswap does not build (SGD, Adam and AdamW it does)."""
+    if not isinstance(optimizer, DIRECTED):
+        return None
+    group = optimizer.param_groups[0]
+    return OptimizerConfig(
+        optimizer=type(optimizer).__name__.lower(),
+        lr=float(group["lr"]),
+        momentum=float(group.get("momentum", OptimizerConfig.momentum)),
+        weight_decay=float(group["weight_decay"]),
+    )

@@ -10,8 +10,10 @@ import torch
 from pipeswap.config_fields import require
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import LayeredModel
-from pipeswap.models.export import replay_of
+from pipeswap.models.export import replay_of, source_module
+from pipeswap.models.scored import own_loss_count, scored_targets
 from pipeswap.pipeline.executor import StageExecutor
+from pipeswap.pipeline.loss_share import ItemCount, LossShares, shares_of, weighted_loss
 from pipeswap.pipeline.rng import EVAL
 from pipeswap.schedule.actions import ActionKind
 
@@ -29,9 +31,11 @@ class ScoredAgainst:
         self.model, self.loss_fn = model, loss_fn
         self.own_loss: bool | None = None  # labels= (the model's own loss) or target=
 
-    def choose(self, target: torch.Tensor | None, labels: torch.Tensor | None) -> torch.Tensor:
-        """The call's target or labels, refused when it gives both, neither, or the other
-        one than the first call."""
+    def choose(
+        self, inputs: torch.Tensor, target: torch.Tensor | None, labels: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The call's target or labels, refused when it gives both, neither, the other one
+        than the first call, or not one row per input row."""
         if (target is None) == (labels is None):
             raise PipeswapError("pass the batch's target or its labels (one of them)")
         own = labels is not None
@@ -55,6 +59,12 @@ class ScoredAgainst:
         )
         chosen = labels if labels is not None else target
         assert chosen is not None
+        given = "labels" if own else "target"
+        require(
+            chosen.dim() >= 1 and len(chosen) == len(inputs),
+            f"{given} has {len(chosen) if chosen.dim() else 0} rows for {len(inputs)} rows of "
+            f"inputs: pass one {given} row per input row",
+        )
         return chosen
 
     def wire(self, executor: StageExecutor) -> None:
@@ -62,9 +72,24 @@ class ScoredAgainst:
         its own copy of the model's head (a stage holding a tied weight has a copy of its
         layers) computes it from the labels."""
         replay = replay_of(executor.module)
-        if self.own_loss and replay is not None and executor.runner.is_last:
-            executor.runner.labelled = replay.labelled
-            executor.runner.loss_fn = lambda _logits, _labels: replay.own_loss()
+        runner = executor.runner
+        if not runner.is_last:
+            return
+        if self.own_loss and replay is not None:
+            runner.labelled = replay.labelled
+            runner.loss_fn = lambda _logits, _labels: replay.own_loss()
+        fed = executor.train_data
+        runner.shares = LossShares(
+            self.item_count(), lambda step: fed.batches[step][1], executor.micro_batches
+        )
+
+    def item_count(self) -> ItemCount | None:
+        """How the loss counts what it averages over: the model's own loss as its family
+        counts, pipeswap's cross-entropy its targets that are not IGNORE_INDEX; a user's
+        ``loss_fn`` is not known (pipeswap.pipeline.loss_share)."""
+        if self.own_loss:
+            return own_loss_count(source_module(self.model))
+        return scored_targets if self.loss_fn is None else None
 
 
 def score_batch(
@@ -73,6 +98,7 @@ def score_batch(
     target: torch.Tensor,
     scoring: int,
     device: torch.device,
+    count: ItemCount | None = None,
 ) -> float | None:
     """The loss of a held-out batch through every stage, this stage's side of it: the
     mean of its micro-batches' losses on the last stage, None elsewhere. ``scoring``
@@ -81,7 +107,8 @@ def score_batch(
     runner, transport = executor.runner, executor.eval_transport
     micro = executor.micro_batches
     size = len(inputs) // micro
-    total = 0.0
+    losses: list[float] = []
+    shares = shares_of(target.chunk(micro), count) if runner.is_last else None
     for m in range(micro):
         unit = scoring * micro + m
         part = slice(m * size, (m + 1) * size)
@@ -91,8 +118,8 @@ def score_batch(
         with executor.stream(EVAL, scoring, m):
             out = runner.evaluate(value, target[part].to(device))
         if runner.is_last:
-            total += float(out[0])
+            losses.append(float(out[0]) if shares is None or shares[m].items else 0.0)
         else:
             transport.send(ActionKind.F, unit, out)  # type: ignore[arg-type]
     transport.finish()
-    return total / micro if runner.is_last else None
+    return weighted_loss(losses, shares) if runner.is_last else None

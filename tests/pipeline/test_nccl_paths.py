@@ -34,6 +34,11 @@ def _fake_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> list[tuple[str, A
     monkeypatch.setattr(
         group.dist, "init_process_group", lambda backend, **kw: log.append(("init", backend))
     )
+    # No rendezvous either: the store it would hand over is only passed on.
+    monkeypatch.setattr(
+        group.dist, "rendezvous", lambda url, rank, world, **kw: iter([(None,) * 3])
+    )
+    monkeypatch.setattr(group.dist, "PrefixStore", lambda prefix, store: store)
     return log
 
 

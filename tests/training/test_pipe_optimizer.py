@@ -34,3 +34,11 @@ def test_the_user_s_optimizer_is_kept_and_described() -> None:
 def test_accumulation_is_refused_saying_what_to_do() -> None:
     with pytest.raises(ConfigError, match="hand pipe.step the 2 batches at once"):
         pipe_optimizer(OptimizerConfig(accumulate=2), None)
+
+
+def test_an_optimizer_object_is_refused_saying_to_pass_a_function() -> None:
+    """Each stage builds its own optimizer over its own parameters: an optimizer built
+    over the whole model cannot be split, and a bare 'not callable' would not say why."""
+    built = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    with pytest.raises(ConfigError, match="optimizer=lambda params: torch.optim.AdamW"):
+        pipe_optimizer(built, None)  # type: ignore[arg-type]

@@ -18,16 +18,16 @@ from tests.models.tiny_lm import TinyLM
 
 def test_the_first_call_chooses_target_or_labels_and_later_ones_keep_to_it() -> None:
     scored = ScoredAgainst(adapt(TinyLM()), loss_fn=None)
-    y = torch.zeros(2, 8, dtype=torch.long)
+    x = y = torch.zeros(2, 8, dtype=torch.long)
     with pytest.raises(PipeswapError, match="one of them"):
-        scored.choose(None, None)
+        scored.choose(x, None, None)
     with pytest.raises(PipeswapError, match="one of them"):
-        scored.choose(y, y)
+        scored.choose(x, y, y)
     with pytest.raises(ConfigError, match="computes none: pass target="):
-        scored.choose(None, y)  # a plain module has no loss of its own
-    assert scored.choose(y, None) is y and scored.own_loss is False
+        scored.choose(x, None, y)  # a plain module has no loss of its own
+    assert scored.choose(x, y, None) is y and scored.own_loss is False
     with pytest.raises(ConfigError, match="first called with target=; keep to it"):
-        scored.choose(None, y)
+        scored.choose(x, None, y)
 
 
 def test_labels_and_a_loss_function_of_the_user_s_are_refused_together() -> None:
@@ -38,6 +38,16 @@ def test_labels_and_a_loss_function_of_the_user_s_are_refused_together() -> None
     labels = torch.zeros(2, 8, dtype=torch.long)
     loss: nn.Module = nn.CrossEntropyLoss()
     with pytest.raises(ConfigError, match="labels= scores with the model's own loss"):
-        ScoredAgainst(adapt(model), loss_fn=lambda out, y: loss(out, y)).choose(None, labels)
+        ScoredAgainst(adapt(model), loss_fn=lambda out, y: loss(out, y)).choose(
+            labels, None, labels
+        )
     chosen = ScoredAgainst(adapt(model), loss_fn=None)
-    assert chosen.choose(None, labels) is labels and chosen.own_loss is True
+    assert chosen.choose(labels, None, labels) is labels and chosen.own_loss is True
+
+
+def test_a_target_with_other_rows_than_the_inputs_is_refused() -> None:
+    """A loader whose labels run longer than its inputs would be cut silently."""
+    scored = ScoredAgainst(adapt(TinyLM()), loss_fn=None)
+    x = torch.zeros(4, 8, dtype=torch.long)
+    with pytest.raises(ConfigError, match="target has 6 rows for 4 rows of inputs"):
+        scored.choose(x, torch.zeros(6, 8, dtype=torch.long), None)
