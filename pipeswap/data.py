@@ -19,10 +19,10 @@ import torch
 from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import IGNORE_INDEX, LayeredModel
-from pipeswap.models.load import is_user_model
+from pipeswap.models.load import names_user_model
 from pipeswap.models.registry import build_model, model_names, model_spec
 from pipeswap.models.tasks import task_kind
-from pipeswap.user_data import TextDataset, load_tokenizer, read_tokens
+from pipeswap.user_data import TextDataset, load_tokenizer, read_tokens, tokenizer_mask_id
 from pipeswap.user_images import ImageFolderDataset
 
 __all__ = [
@@ -300,7 +300,7 @@ def dataset_for(
     or text (pipeswap.user_data), an image model on a folder of class folders
     (pipeswap.user_images); it says which part of the data ``split`` reads.
     """
-    if isinstance(model, str) and is_user_model(model) and model not in model_names():
+    if isinstance(model, str) and names_user_model(model, model_names()):
         # A user's model: its task, vocabulary and mask token are read off the model.
         model = build_model(model, device="meta")
     mask_token_id = None
@@ -336,7 +336,10 @@ def dataset_for(
             path, text_field, part = data
             tokens = _user_tokens(path, text_field, name)
             own = TextDataset(tokens, seq_len, vocab_size=vocab, split=part, seed=seed, where=path)
-            return own if mask_token_id is None else MaskedLMDataset(own, mask_token_id)
+            if mask_token_id is None:
+                return own
+            # Text the directory's tokenizer tokenized is masked with its mask token.
+            return MaskedLMDataset(own, _tokenizer_mask(name) or mask_token_id)
         if vocab < LMDataset.vocab_size:
             raise ConfigError(
                 f"{name} has a vocabulary of {vocab} tokens, but the built-in byte-level data "
@@ -368,6 +371,11 @@ def dataset_for(
 def _user_tokens(path: str, text_field: str, model: str) -> Any:
     """The user's tokens, read once per run (training and held-out splits share them)."""
     return read_tokens(path, text_field, load_tokenizer(model))
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_mask(model: str) -> int | None:
+    return tokenizer_mask_id(model)
 
 
 def _default(name: str, field: str) -> int:

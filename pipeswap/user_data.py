@@ -63,6 +63,7 @@ __all__ = [
     "load_table",
     "load_tokenizer",
     "read_tokens",
+    "tokenizer_mask_id",
 ]
 
 HELD_OUT_FRACTION = 0.05
@@ -98,6 +99,24 @@ def load_tokenizer(model: str) -> tuple[Encode, int] | None:
     if eos is None:
         raise PipeswapError(f"the tokenizer in {model} has no end-of-text token to join documents")
     return (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]), int(eos)
+
+
+def tokenizer_mask_id(model: str) -> int | None:
+    """The mask token id of the model directory's own tokenizer, which tokenizes the
+    user's text (None where it has no tokenizer: text is then bytes, masked with pipeswap's
+    id); refused when that tokenizer has no mask token for a masked LM to fill."""
+    if load_tokenizer(model) is None:
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    if tokenizer.mask_token_id is None:
+        raise PipeswapError(
+            f"the tokenizer in {model} has no mask token, which a masked language model "
+            "replaces the chosen tokens with: set its mask_token (tokenizer.add_special_tokens"
+            "({'mask_token': '[MASK]'}) and save_pretrained)"
+        )
+    return int(tokenizer.mask_token_id)
 
 
 def read_tokens(path: str, text_field: str, tokenizer: tuple[Encode, int] | None) -> np.ndarray:

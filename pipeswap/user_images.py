@@ -76,7 +76,23 @@ def normalization(model_dir: str | None) -> tuple[list[float], list[float]] | No
     found = load_json(config)
     if not found.get("do_normalize", True) or "image_mean" not in found:
         return None
-    return list(found["image_mean"]), list(found["image_std"])
+    return _per_channel(found, "image_mean", config), _per_channel(found, "image_std", config)
+
+
+def _per_channel(found: dict[str, object], key: str, config: Path) -> list[float]:
+    """A value per channel, or one for every channel (a number, as transformers takes it)."""
+    value = found.get(key)
+    values = [value] if isinstance(value, int | float) else value
+    if not isinstance(values, list) or not values:
+        values = None
+    elif not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        values = None
+    if values is None or (key == "image_std" and 0 in values):
+        raise PipeswapError(
+            f"{config}: {key} is {value!r}; give a number, or one per channel "
+            "([0.5, 0.5, 0.5]), with no zero standard deviation"
+        )
+    return [float(v) for v in values]
 
 
 class ImageFolderDataset:

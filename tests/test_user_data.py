@@ -183,3 +183,39 @@ def test_a_held_out_file_of_its_own_is_scored_whole_and_all_of_data_trains() -> 
         DataConfig(eval_data="held.bin")
     with pytest.raises(ConfigError, match="eval_batches is -1"):
         DataConfig(eval_batches=-1)
+
+
+def _bert_with_tokenizer(directory: Path, *, mask: bool) -> str:
+    """A BERT masked-LM config (no mask_token_id, as bert-base-uncased's) and a word-level
+    tokenizer of its own, whose [MASK] is id 4 (or which has no mask token)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from tests.models.hf_configs import save_config
+
+    path = save_config(directory, "bert")
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words = sorted({w for d in DOCS for w in d.split()})
+    vocab = {token: i for i, token in enumerate([*specials, *words])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    named = {"pad_token": "[PAD]", "unk_token": "[UNK]", "sep_token": "[SEP]"}
+    if mask:
+        named["mask_token"] = "[MASK]"
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **named).save_pretrained(path)
+    return path
+
+
+def test_a_masked_model_with_its_own_tokenizer_masks_with_the_tokenizer_s_mask(
+    tmp_path: Path,
+) -> None:
+    """BERT's config carries no mask token; its tokenizer does, and it tokenizes the text:
+    a masked token is [MASK], never an ordinary id past the byte range."""
+    paths = _corpus(tmp_path)
+    bert = _bert_with_tokenizer(tmp_path / "bert", mask=True)
+    data = dataset_for(bert, seq_len=16, data=UserData(str(paths["txt"]), "text", "train"))
+    assert isinstance(data, MaskedLMDataset) and data.mask_token_id == 4
+    inputs, targets = data.batch(4, 0)
+    assert bool((inputs[targets != -100] == 4).all())
+    bare = _bert_with_tokenizer(tmp_path / "bare", mask=False)
+    with pytest.raises(PipeswapError, match="has no mask token"):
+        dataset_for(bare, seq_len=16, data=UserData(str(paths["txt"]), "text", "train"))

@@ -66,6 +66,15 @@ def test_a_model_directory_s_normalization_is_applied(tmp_path: Path) -> None:
     plain = ImageFolderDataset(root, 8, num_classes=3, split="all").batch(4, 0)[0]
     normed = ImageFolderDataset(root, 8, num_classes=3, split="all", model_dir=str(model))
     assert torch.allclose(normed.batch(4, 0)[0], (plain - 0.5) / 0.25)
+    # One number for every channel, as transformers' ViTImageProcessor(image_mean=0.5) saves it.
+    (model / "preprocessor_config.json").write_text(
+        json.dumps({"image_mean": 0.5, "image_std": 0.25})
+    )
+    scalar = ImageFolderDataset(root, 8, num_classes=3, split="all", model_dir=str(model))
+    assert torch.equal(scalar.batch(4, 0)[0], normed.batch(4, 0)[0])
+    (model / "preprocessor_config.json").write_text(json.dumps({"image_mean": "x", "image_std": 1}))
+    with pytest.raises(PipeswapError, match="image_mean is 'x'; give a number, or one per channel"):
+        ImageFolderDataset(root, 8, num_classes=3, split="all", model_dir=str(model))
 
 
 def test_bad_image_folders_are_refused_naming_what_to_do(tmp_path: Path) -> None:

@@ -37,7 +37,8 @@ __all__ = [
 MARKER = "pipeswap-save.json"
 SAVE_FORMAT = "pipeswap.save/1"
 _NO_SAFETENSORS = "saving a model needs the safetensors package: pip install 'pipeswap[hf]'"
-# Files a Hugging Face model directory keeps beside its weights, copied into the save.
+# Files a Hugging Face model directory keeps beside its weights (its tokenizer, its image
+# processor), copied into the save: the saved directory preprocesses as the source did.
 _TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -48,6 +49,11 @@ _TOKENIZER_FILES = (
     "tokenizer.model",
     "added_tokens.json",
     "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",  # an image model's resizing and normalization
+    "processor_config.json",
+    "video_preprocessor_config.json",
 )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ __all__ = [
     "MAX_LABELS",
     "hf_directory_has_weights",
     "is_user_model",
+    "names_user_model",
     "library_bars",
     "load_hf_model",
     "load_user_model",
@@ -48,6 +49,15 @@ _WEIGHT_FILES = (
 def is_user_model(name: str) -> bool:
     """True for names ``load_user_model`` takes: ``module:function`` or an existing directory."""
     return ":" in name or os.path.isdir(name)
+
+
+def names_user_model(name: str, zoo: Collection[str]) -> bool:
+    """Whether ``name`` means the user's model rather than one of ``zoo``: a name
+    :func:`is_user_model` takes, and a zoo name only where it is a directory holding a model
+    (its config.json): the user's own directory ``gpt2-micro`` is theirs, never the zoo's."""
+    if name in zoo:
+        return os.path.isfile(os.path.join(name, "config.json"))
+    return is_user_model(name)
 
 
 def hf_directory_has_weights(directory: str | os.PathLike[str]) -> bool:

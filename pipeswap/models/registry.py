@@ -18,7 +18,7 @@ from pipeswap.jsonio import check_format
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.bert import BertConfig, build_bert
 from pipeswap.models.gpt import GPTConfig, build_gpt
-from pipeswap.models.load import is_user_model, load_user_model
+from pipeswap.models.load import load_user_model, names_user_model
 from pipeswap.models.resnet import ResNetConfig, build_resnet
 from pipeswap.models.seeding import seeded
 from pipeswap.models.seq2seq import is_encoder_decoder, load_seq2seq, max_positions, stack_blocks
@@ -194,6 +194,11 @@ def _entry(name: str) -> tuple[ModelSpec, _Builder]:
             "config.json and weights, as save_pretrained() writes them) or module:function "
             f"(for a Python file, put its folder on PYTHONPATH and write {stem}:FUNCTION)"
         )
+    if "/" in name or os.sep in name or name.startswith((".", "~")):  # meant as a path
+        raise PipeswapError(
+            f"there is no model directory {name} (nothing exists at that path); give the "
+            "directory save_pretrained() wrote (its config.json and weights), or a zoo name"
+        )
     close = difflib.get_close_matches(name.lower(), list(_ZOO), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise PipeswapError(
@@ -209,7 +214,7 @@ def model_spec(name: str) -> ModelSpec:
     count, a default batch of 8, a default sequence length of min(128, its context) for
     a language model that states its context, its image size (ViT) or 32 for images.
     """
-    if name not in _ZOO and is_user_model(name):
+    if names_user_model(name, _ZOO):
         return _user_spec(name)
     return _entry(name)[0]
 
@@ -312,7 +317,7 @@ def build_model(
     device = torch.device(device)
     if not dtype.is_floating_point:
         raise ConfigError(f"{{dtype}} must be a floating-point type such as float32, not {dtype}")
-    if name not in _ZOO and is_user_model(name):
+    if names_user_model(name, _ZOO):
         model = load_user_model(name, device=device, seed=seed)
         if tie_embeddings is False:
             raise PipeswapError(f"{name} is your model: pipeswap does not untie its weights")

@@ -145,7 +145,7 @@ class StageWeights:
 
     def _check_factory(self) -> None:
         """Refuse an optimizer of the user's that this weight mode cannot run with (one
-        pipeswap knows is checked as its config is: :func:`describe_optimizer`)."""
+        pipeswap knows is checked as its config is: the Pipeline describes it as one)."""
         require(
             not self.entry.nadam,
             f"weights={self.mode} updates with its own NAdam: pass an OptimizerConfig, not "

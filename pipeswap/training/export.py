@@ -11,6 +11,7 @@ from pipeswap.checkpoint import CheckpointConfig, latest_complete, load_rank
 from pipeswap.data_config import DataConfig
 from pipeswap.errors import PipeswapError
 from pipeswap.models.export import check_save_target, export_model
+from pipeswap.models.load import names_user_model
 from pipeswap.models.registry import build_model, model_names, model_spec
 from pipeswap.models.seq2seq import load_seq2seq
 from pipeswap.optim import OptimizerConfig
@@ -84,7 +85,7 @@ def _model_to_build(directory: str, recorded: str, given: str | None) -> str:
     """
     zoo = model_names()
     if given is None:
-        if recorded in zoo:
+        if recorded in zoo and not names_user_model(recorded, zoo):  # not a directory here
             return recorded
         kind = "module:function" if ":" in recorded and not os.path.isdir(recorded) else "model"
         raise PipeswapError(

@@ -12,7 +12,7 @@ from pipeswap.config_fields import require
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.predict import DIRECTED
 
-__all__ = ["OptimizerFactory", "pipe_optimizer"]
+__all__ = ["OptimizerFactory", "describe_optimizer", "pipe_optimizer"]
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 

@@ -45,7 +45,11 @@ def test_a_hugging_face_model_comes_back_as_a_directory_with_the_trained_weights
     from tests.models.hf_configs import save_model
 
     source = save_model(tmp_path / "gpt", "gpt2")
-    (Path(source) / "tokenizer_config.json").write_text("{}")  # copied beside the weights
+    # Copied beside the weights: the tokenizer's, and what preprocesses (an image
+    # processor's normalization, a chat template) as the source directory did.
+    beside = ("tokenizer_config.json", "preprocessor_config.json", "chat_template.jinja")
+    for name in beside:
+        (Path(source) / name).write_text("{}")
     out, report = tmp_path / "trained", tmp_path / "r.json"
     argv = ["train", "--model", source, "--seq-len", "16", "--steps", "3", *MODES[mode]]
     assert main([*argv, "--save", str(out), "--report", str(report)]) == 0
@@ -58,7 +62,7 @@ def test_a_hugging_face_model_comes_back_as_a_directory_with_the_trained_weights
     assert not torch.equal(
         plain.transformer.h[0].mlp.c_fc.weight, start.transformer.h[0].mlp.c_fc.weight
     )
-    assert (out / "tokenizer_config.json").is_file() and (out / MARKER).is_file()
+    assert all((out / name).is_file() for name in beside) and (out / MARKER).is_file()
 
 
 def test_other_modules_come_back_as_safetensors_of_their_own_keys(tmp_path: Path) -> None:

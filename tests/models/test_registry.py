@@ -4,6 +4,7 @@ Covers: pipeswap/models/registry.py.
 """
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from pipeswap.models import (
     model_spec,
     shape_defaults,
 )
+from pipeswap.models.export import source_module
 
 SMALL = [n for n in model_names() if n.endswith(("-micro", "-tiny")) and n != "vit-tiny"]
 
@@ -235,3 +237,22 @@ def test_shape_defaults_fill_in_the_zoo_defaults() -> None:
     assert shape_defaults("vit-micro", None, 48) == (None, 48)
     with pytest.raises(PipeswapError, match="unknown model"):
         shape_defaults("gpt3", None, None)
+
+
+def test_a_directory_of_the_user_s_named_like_a_zoo_model_is_theirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--model gpt2-micro`` where ./gpt2-micro holds the user's saved model trains theirs,
+    not the built-in one; a missing path says it is missing, not an unknown zoo name."""
+    pytest.importorskip("transformers")
+    from tests.models.hf_configs import save_model
+
+    zoo_micro, zoo_tiny = model_spec("gpt2-micro"), model_spec("gpt2-tiny")
+    monkeypatch.chdir(tmp_path)
+    save_model(tmp_path / "gpt2-micro", "llama")
+    assert model_spec("gpt2-micro") != zoo_micro
+    assert "LlamaForCausalLM" in repr(source_module(build_model("gpt2-micro", device="meta")))
+    (tmp_path / "gpt2-tiny").mkdir()  # a folder of the user's, no model in it: the zoo's
+    assert model_spec("gpt2-tiny") == zoo_tiny
+    with pytest.raises(PipeswapError, match="there is no model directory models/nope"):
+        model_spec("models/nope")

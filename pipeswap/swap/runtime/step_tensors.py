@@ -29,6 +29,7 @@ from pipeswap.swap.plan import SwapDecision
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.transfer import (
     COPYING_OUT,
+    GONE,
     ON_DEVICE,
     DeviceLedger,
     HeldTensor,
@@ -207,6 +208,11 @@ class StepTensors:
 
     def swap_out(self, key: SavedKey) -> None:
         entry = self._entries.get(key)
+        if entry is not None and entry.state == GONE:
+            # Saved, then let go before its swap-out: an op whose result the forward dropped
+            # (a model's head re-running its embeddings, whose output its blocks' stubs
+            # drop). Nothing is left to move.
+            return
         if entry is None or entry.state != ON_DEVICE:
             if not self.strict:
                 self.unmatched += 1

@@ -20,6 +20,7 @@ from user_models import DROPOUT_LAYERS, USER_LAYERS, DropoutNet, UserNet
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.models import build_model
+from pipeswap.models.adapt import adapt
 from pipeswap.profiling.measure import measure
 from pipeswap.swap.plan import GpuPlan, SwapDecision, SwapPlan
 from pipeswap.swap.plan.planner import make_plan
@@ -57,6 +58,15 @@ def _setup(name: str) -> tuple[nn.Module, list[str] | None, Callable[[int], Any]
             for _ in range(STEPS)
         ]
         return model, DROPOUT_LAYERS, lambda step: data[step]
+    if name == "hf-gpt2":
+        transformers = pytest.importorskip("transformers")
+        from tests.models.hf_configs import hf_config
+
+        hf = adapt(
+            transformers.GPT2LMHeadModel(hf_config("gpt2")), example=torch.zeros(1, 8).long()
+        )
+        ids = torch.randint(0, 256, (STEPS, 4, 16), generator=torch.Generator().manual_seed(1))
+        return hf, None, lambda step: (ids[step], ids[step].roll(-1, 1))
     if name.startswith("resnet"):
         zoo = build_model(name, image_size=32)
         batch = 2 if name == "resnet18" else 4
@@ -339,6 +349,24 @@ def test_a_recompute_plan_keeps_the_tightest_budget_it_is_checked_against(name: 
         assert max(s.peak_saved_bytes for s in stats) <= executor.saved_budget_bytes, kind
         executor.close()
     assert needs["recompute"] < needs["none"] and needs["mixed"] < needs["none"], needs
+
+
+def test_a_tensor_autograd_let_go_in_the_forward_is_not_swapped_and_no_error() -> None:
+    """A Hugging Face GPT-2's head re-runs the model's forward with its blocks stubbed: the
+    position embedding it computes again saves its position ids in a branch whose result
+    the stubs drop, so autograd lets go of them before the plan's swap-out at the turn.
+    Every tensor swapped (save-on-cpu): the step trains as plain PyTorch does."""
+    expected = _reference("hf-gpt2")
+    model, layers, batches = _setup("hf-gpt2")
+    names = list(model.layer_names)  # type: ignore[attr-defined]
+    plan = _recompute_plan(model, names, _records(model, layers, batches(0)), "save-on-cpu")
+    executor = SwapExecutor(model, plan, layers=layers)
+    losses, sha, stats = _train(model, batches, executor)
+    assert (losses, sha) == expected
+    assert all(
+        0 < s.swapped_bytes == s.prefetched_bytes < plan.gpus[0].swapped_bytes for s in stats
+    )
+    executor.close()
 
 
 def test_recompute_refusals_name_the_fix() -> None:
