@@ -23,8 +23,8 @@ class LogConfig:
     every step as a JSON line (``step``, ``loss``, ``lr``, ``step_s``), each held-out
     score (``eval``, every ``eval_every`` steps and at the end, last); ``tensorboard``
     writes the same scalars as TensorBoard event files. A step is logged as it ends by
-    the process that knows its loss: in data parallelism rank 0 (its share of the
-    mini-batch), in a pipeline the last stage (the mini-batch's loss)."""
+    the process that knows its loss: in data parallelism rank 0 (the mean over the
+    ranks', gathered each step: the summary's), in a pipeline the last stage."""
 
     log_every: int = option(
         10,

@@ -56,10 +56,8 @@ class StageExecutor:
     At an UPDATE the stages may meet (pipeswap.pipeline.step_end): ``gather_norms`` gives
     every stage's squared gradient norm (the emulator presets ``norm_parts``), held-out
     batches go through ``eval_transport``; the last stage logs each step to ``log``.
-    ``data`` (training and held-out sources with ``micro(step, m)``), ``loss_fn`` and
-    ``optimizer_factory`` replace the config's batches, the model's loss and the config's
-    optimizer (pipeswap.Pipeline brings its own).
-
+    ``data`` (sources with ``micro(step, m)``), ``loss_fn`` and ``optimizer_factory``
+    replace the config's batches, the model's loss and optimizer (pipeswap.Pipeline's).
     Replica ``replica`` of a replicated pipeline (``PipelineConfig.replicas``) reads its own
     batches and averages each mini-batch's gradients over the replicas with ``average``
     (pipeswap.pipeline.replica_average.Averaging) around the backward that completes them.
@@ -155,9 +153,8 @@ class StageExecutor:
                 BatchSource(config, model, "train", replica),  # type: ignore[arg-type]
                 BatchSource(config, model, "val"),  # type: ignore[arg-type]
             )
-        self.train_data: Any
-        self.eval_data: Any
-        self.train_data, self.eval_data = data or (None, None)
+        self.train_data: Any = (data or (None, None))[0]
+        self.eval_data: Any = (data or (None, None))[1]
         self.result = StageResult(
             stage, distances=steady_distances(schedule, stage, pipeline.distances)
         )

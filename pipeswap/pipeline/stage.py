@@ -12,9 +12,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeswap.errors import PipeswapError
+from pipeswap.loss_share import LossShares
 from pipeswap.models.base import evaluating
 from pipeswap.pipeline.job import build_full_model, build_meta_model
-from pipeswap.pipeline.loss_share import LossShares
 from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.profiling.profile import LayerProfile, Profile
 from pipeswap.schedule.partition import check_stage_count
@@ -240,7 +240,7 @@ class StageRunner:
         # model's own loss from labels, pipeswap.models.replay.Replay.labelled).
         self.labelled: Callable[[torch.Tensor], AbstractContextManager[None]] | None = None
         # On the last stage: each unit's share of its mini-batch's scored items, where they
-        # differ (pipeswap.pipeline.loss_share); None: every unit weighs 1/micro_batches.
+        # differ (pipeswap.loss_share); None: every unit weighs 1/micro_batches.
         self.shares: LossShares | None = None
 
     def _labels(self, target: torch.Tensor | None) -> AbstractContextManager[None]:

@@ -289,9 +289,11 @@ def train_data_parallel(config: TrainConfig) -> TrainReport | None:
 
 # What the data-parallel keys mean, written into every report.
 _NOTES = {
-    "losses": "per step: the mean over ranks of each rank's mean micro-batch loss",
+    "losses": "per step: the mean over ranks of each rank's mean micro-batch loss (each "
+    "micro-batch weighted by its share of the labels every rank scores, where counts differ: "
+    "the loss over the whole batch)",
     "losses_per_rank": "losses_per_rank[rank][step]: mean of the step's micro-batch "
-    "losses on that rank",
+    "losses on that rank (weighted as in losses)",
     "peak_resident_bytes": "per rank, what the device's own meter read (compare with "
     "budget_bytes): CUDA: torch.cuda.max_memory_allocated from the first training step on; "
     "CPU: the live storages (as torch's MemTracker counts them, the host pool left out) "

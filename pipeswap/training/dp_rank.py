@@ -34,6 +34,7 @@ from pipeswap.dist.faults import fault_hook
 from pipeswap.dist.group import agree, all_gather, rank_and_world, rank_device
 from pipeswap.dist.threads import rank_threads
 from pipeswap.errors import PipeswapError
+from pipeswap.loss_share import Share, shares_from, weighted_loss
 from pipeswap.metrics import HeldOutSums, StepLog
 from pipeswap.models.base import evaluating
 from pipeswap.models.export import export_trained
@@ -167,8 +168,10 @@ class _Rank:
         record = self.record
         record.swapped = record.recomputed_layers = record.recomputed_bytes = 0
         losses = []
+        shares = self._shares(step)
         for m in range(self.micro):
             inputs, targets = self.batch(step, m)
+            share = shares[m] if shares is not None else None
             # Dropout draws from a stream of (seed, step, micro-batch, rank): a run repeats
             # bit for bit, and swapping or recomputing cannot change a mask (a recomputed
             # layer's re-run, inside the backward below, restarts from the generator
@@ -179,13 +182,14 @@ class _Rank:
             with accumulating(self.network, sync=m == self.micro - 1), stream:
                 with self.executor.forward():
                     loss = self.loss(self.network, inputs, targets)
-                self.scaler.scale(loss / self.micro).backward()
+                scaled = loss / self.micro if share is None else share.scaled(loss)
+                self.scaler.scale(scaled).backward()
                 stats = self.executor.finish_step()
             record.late += stats.late_fetches
             record.swapped += stats.swapped_bytes
             record.recomputed_layers += stats.recomputed_layers
             record.recomputed_bytes += stats.recomputed_bytes
-            losses.append(loss.item())
+            losses.append(loss.item() if share is None or share.items else 0.0)
             self.config.optim.check_loss(losses[-1], step, model=self.model, inputs=inputs)
         if self.config.optim.lr_varies:
             for group in self.optimizer.param_groups:
@@ -200,8 +204,20 @@ class _Rank:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         record.step_s.append(time.perf_counter() - started)
-        record.losses.append(sum(losses) / self.micro)
+        record.losses.append(weighted_loss(losses, shares))
         record.done = step + 1
+
+    def _shares(self, step: int) -> list[Share] | None:
+        """Each micro-batch's share of the items the step scores on every rank, where they
+        differ (a user's pairs, -100 on their prompts and padding): the gradient is then the
+        whole batch's token mean, as one loss over it gives (pipeswap.loss_share)."""
+        count = getattr(self.job, "scored_items", None)
+        if count is None:
+            return None
+        first = step * self.micro * self.world_size + self.rank
+        mine = [count(self.job.batch(first + m * self.world_size)[1]) for m in range(self.micro)]
+        total = sum(all_gather(sum(mine), self.world_size))
+        return shares_from(mine, total, self.world_size)
 
     def save(self, checkpoint: CheckpointPlan) -> None:
         """Write this rank's state after the step just done (rank 0 names the set first)."""
@@ -224,6 +240,11 @@ class _Rank:
                 "rng": rng_state(),
             },
         )
+
+    def mean_loss(self) -> float:
+        """The last step's loss, the mean over the ranks' (every rank calls it)."""
+        losses = all_gather(self.record.losses[-1], self.world_size)
+        return float(sum(losses) / len(losses))
 
     def at_boundary(
         self, step: int, caught: str | None, checkpoint: CheckpointPlan | None
@@ -338,11 +359,11 @@ def train_rank(
                 bar.update(trainer.record.done)
             for step in range(trainer.record.done, config.steps):
                 trainer.step(step)
+                loss = trainer.mean_loss()  # every rank's, as the summary states it
                 if log is not None:
-                    record = trainer.record
-                    log.step(step, record.losses[-1], config.optim.lr_at(step), record.step_s[-1])
+                    log.step(step, loss, config.optim.lr_at(step), trainer.record.step_s[-1])
                 if bar is not None:
-                    bar.set_postfix(loss=f"{trainer.record.losses[-1]:.4f}")
+                    bar.set_postfix(loss=f"{loss:.4f}")
                     bar.update(1)
                 if config.dataset.eval_due(step, config.steps):
                     score = trainer.score_every_rank(step)

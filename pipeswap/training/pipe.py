@@ -22,6 +22,7 @@ from pipeswap.dist.group import (
     single_threaded,
 )
 from pipeswap.errors import PipeswapError
+from pipeswap.loss_share import weighted_loss
 from pipeswap.models.adapt import adapt
 from pipeswap.models.base import LayeredModel, evaluating
 from pipeswap.models.export import source_module
@@ -31,7 +32,6 @@ from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.feed import FedBatches
 from pipeswap.pipeline.horizon import ScheduleHorizon
 from pipeswap.pipeline.job import load_stage_tensors
-from pipeswap.pipeline.loss_share import weighted_loss
 from pipeswap.pipeline.resolve import choose_balance
 from pipeswap.pipeline.runtime import StageWires, run_actions
 from pipeswap.pipeline.shapes import BatchShapes

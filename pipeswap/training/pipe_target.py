@@ -9,11 +9,11 @@ import torch
 
 from pipeswap.config_fields import require
 from pipeswap.errors import PipeswapError
+from pipeswap.loss_share import ItemCount, LossShares, shares_of, weighted_loss
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.export import replay_of, source_module
 from pipeswap.models.scored import own_loss_count, scored_targets
 from pipeswap.pipeline.executor import StageExecutor
-from pipeswap.pipeline.loss_share import ItemCount, LossShares, shares_of, weighted_loss
 from pipeswap.pipeline.rng import EVAL
 from pipeswap.schedule.actions import ActionKind
 
@@ -86,7 +86,7 @@ class ScoredAgainst:
     def item_count(self) -> ItemCount | None:
         """How the loss counts what it averages over: the model's own loss as its family
         counts, pipeswap's cross-entropy its targets that are not IGNORE_INDEX; a user's
-        ``loss_fn`` is not known (pipeswap.pipeline.loss_share)."""
+        ``loss_fn`` is not known (pipeswap.loss_share)."""
         if self.own_loss:
             return own_loss_count(source_module(self.model))
         return scored_targets if self.loss_fn is None else None

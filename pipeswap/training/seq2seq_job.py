@@ -17,6 +17,7 @@ import torch
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.data_config import DataConfig
+from pipeswap.models.scored import scored_targets
 from pipeswap.models.seq2seq import Seq2SeqModel, load_seq2seq
 from pipeswap.models.state import untouched
 from pipeswap.profiling.metered_step import module_step_memory
@@ -67,6 +68,12 @@ class Seq2SeqJob:
     ) -> torch.Tensor:
         del model, targets  # the model's own loss is its output
         return output
+
+    def scored_items(self, targets: torch.Tensor) -> int:
+        """What the model's own loss averages over: its labels that are not IGNORE_INDEX
+        (an encoder-decoder scores them in place), so micro-batches and ranks of pairs of
+        every length weigh their share of them (pipeswap.training.dp_rank)."""
+        return scored_targets(targets)
 
     def batch(self, index: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
         """Batch ``index`` of the ``split`` (train, or val: the held-out pairs)."""

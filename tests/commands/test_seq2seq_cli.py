@@ -160,3 +160,57 @@ def test_a_resumed_run_ends_as_one_left_alone_and_its_checkpoint_exports(
     assert main(["export", ckpt, "--model", made["t5"], "--out", str(out)]) == 0
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out, local_files_only=True)
     assert type(model).__name__ == "T5ForConditionalGeneration"
+
+
+def _uneven_pairs(tmp_path: Path) -> tuple[str, str, list[float], float]:
+    """A T5 without dropout, pairs whose answers run 1 to 4 times as long, and a plain
+    loop's losses over 2 steps of 8 pairs (one loss over the whole batch, SGD at 0.5), with
+    the plain mean of the first step's two halves' losses beside them."""
+    t5 = save_seq2seq(tmp_path / "t5", "t5", dropout=0.0)
+    rows = pair_rows(120)
+    for i, row in enumerate(rows):
+        row["answer"] = " ".join([row["answer"]] * (1 + i % 4))
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    job = Seq2SeqJob(t5, 4, 8, data=DataConfig(data=pairs, **_fields()))
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(t5, local_files_only=True).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    plain, alike = [], 0.0
+    for step in range(2):
+        parts = [job.batch(2 * step + m) for m in range(2)]
+        packed, labels = (torch.cat(t) for t in zip(*parts))
+        assert len({int((y != -100).sum()) for _, y in parts}) == 2  # uneven counts
+        loss = model(input_ids=packed[:, 0], attention_mask=packed[:, 1], labels=labels).loss
+        if step == 0:
+            with torch.no_grad():
+                halves = [
+                    model(input_ids=p[:, 0], attention_mask=p[:, 1], labels=y) for p, y in parts
+                ]
+                alike = sum(float(h.loss) for h in halves) / 2
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        plain.append(loss.item())
+    return t5, pairs, plain, alike
+
+
+_UNEVEN = ["--eval-batches", "0", "--steps", "2", "--swap-policy", "none"]
+_UNEVEN += ["--optimizer", "sgd", "--lr", "0.5", "--momentum", "0", *_FIELDS]
+
+
+def test_accumulated_pairs_weigh_each_micro_batch_by_its_scored_labels(tmp_path: Path) -> None:
+    """Labels padded with -100 score different counts per micro-batch, and one loss over
+    the whole batch (a plain loop's, and Hugging Face's Trainer's across accumulation) is
+    their count-weighted mean: so are the run's losses and its update (``--accumulate 2``)."""
+    t5, pairs, plain, alike = _uneven_pairs(tmp_path)
+    run = _train(tmp_path, "run", t5, "--data", pairs, *_UNEVEN, "--accumulate", "2")
+    assert run["losses"] == pytest.approx(plain, rel=2e-6)
+    assert run["losses"][0] != pytest.approx(alike, rel=1e-4)  # not the halves' plain mean
+
+
+@pytest.mark.dist
+def test_two_ranks_weigh_their_pairs_by_the_labels_every_rank_scores(tmp_path: Path) -> None:
+    """Rank r of 2 reads the half that micro-batch r of one rank accumulating 2 reads: the
+    ranks' counts meet (one number each per step), and the run is the plain loop's."""
+    t5, pairs, plain, _ = _uneven_pairs(tmp_path)
+    run = _train(tmp_path, "run", t5, "--data", pairs, *_UNEVEN, "--nproc", "2")
+    assert run["losses"] == pytest.approx(plain, rel=2e-6)

@@ -1,4 +1,4 @@
-"""pipeswap/pipeline/loss_share.py: a micro-batch's loss weighs its share of the scored items."""
+"""pipeswap/loss_share.py: a micro-batch's loss weighs its share of the scored items."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from pipeswap.errors import PipeswapError
+from pipeswap.loss_share import LossShares, Share, shares_from, shares_of, weighted_loss
 from pipeswap.models.scored import scored_targets
-from pipeswap.pipeline.loss_share import LossShares, Share, shares_of, weighted_loss
 
 
 def _targets(rows: list[int], width: int = 6) -> torch.Tensor:
@@ -79,3 +79,15 @@ def test_shares_follow_the_fed_step_once_per_step() -> None:
     assert shares.of_unit(0) == Share(3, 10, 2) and shares.of_unit(1) == Share(7, 10, 2)
     assert shares.of_unit(2) is None and shares.of_unit(3) is None
     assert read == [0, 1]
+
+
+def test_a_rank_s_shares_count_every_rank_s_items() -> None:
+    """Data parallelism averages the ranks' gradients: a micro-batch of one of 2 ranks
+    scoring 3 of the 10 items every rank scores weighs 2 * 3 / 10 of its mean gradient."""
+    shares = shares_from([3, 1], total=10, world=2)
+    assert shares == [Share(6, 10, 2), Share(2, 10, 2)]
+    loss = torch.tensor(1.0)
+    assert shares[0].scaled(loss).item() == pytest.approx(0.6)
+    assert shares_from([2, 2], total=8, world=2) is None  # even: the plain 1/accumulate
+    nan = torch.tensor(float("nan"), requires_grad=True)
+    assert Share(0, 10, 2).scaled(nan * 1.0).item() == 0.0

@@ -27,8 +27,12 @@ from torch.utils import _pytree as pytree
 from pipeswap.errors import PipeswapError
 from pipeswap.models.base import IGNORE_INDEX
 
-__all__ = ["ItemCount", "LossShares", "Share", "shares_of", "weighted_loss"]
+__all__ = ["ItemCount", "LossShares", "Share", "shares_from", "shares_of", "weighted_loss"]
 
+_NOTHING_SCORED = (
+    "every label of this batch is IGNORE_INDEX (-100): its loss scores nothing (0/0); "
+    "leave such batches out of the loop"
+)
 # Counts the items a loss scores in one micro-batch's target.
 ItemCount = Callable[[torch.Tensor], int]
 
@@ -45,13 +49,17 @@ class Share:
     def even(self) -> bool:
         return self.items * self.count == self.total
 
-    def scaled(self, loss: torch.Tensor, output: Any) -> torch.Tensor:
+    def scaled(self, loss: torch.Tensor, output: Any = None) -> torch.Tensor:
         """The micro-batch's part of the mini-batch loss, what its backward starts from."""
         if self.even:
             return loss / self.count
         if self.items == 0:
             # Its own mean is 0/0: a zero that still reaches every weight the forward used,
-            # so the backward runs (the schedule's transfers) and adds nothing.
+            # so the backward runs (the schedule's transfers, DDP's all-reduce) and adds
+            # nothing: through the output where given, else through the NaN made 0 (whose
+            # gradient torch takes as 0 where the value was not finite).
+            if output is None:
+                return torch.nan_to_num(loss) * 0.0
             leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
             zero = torch.zeros((), device=loss.device)
             return sum((t.float().sum() * 0.0 for t in leaves if t.requires_grad), zero)
@@ -64,13 +72,16 @@ def shares_of(targets: Sequence[torch.Tensor], count: ItemCount | None) -> list[
         _warn_if_uneven(targets)
         return None
     items = [count(t) for t in targets]
-    total = sum(items)
+    return shares_from(items, sum(items))
+
+
+def shares_from(items: Sequence[int], total: int, world: int = 1) -> list[Share] | None:
+    """The shares of one rank's micro-batches scoring ``items`` of the ``total`` every rank
+    scores; data parallelism averages the ranks' gradients, so each weighs ``world`` times
+    its share (None where every micro-batch of every rank scores as many)."""
     if total == 0:
-        raise PipeswapError(
-            "every label of this batch is IGNORE_INDEX (-100): its loss scores nothing "
-            "(0/0); leave such batches out of the loop"
-        )
-    shares = [Share(n, total, len(items)) for n in items]
+        raise PipeswapError(_NOTHING_SCORED)
+    shares = [Share(n * world, total, len(items)) for n in items]
     return None if all(s.even for s in shares) else shares
 
 
