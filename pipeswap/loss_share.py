@@ -126,9 +126,9 @@ def _warn_if_uneven(targets: Sequence[torch.Tensor]) -> None:
     if len(set(ignored)) > 1:
         warnings.warn(
             "the labels hold IGNORE_INDEX (-100) unevenly across micro-batches, and the "
-            "pipeline cannot tell how your loss_fn counts what it scores: each "
-            "micro-batch's loss weighs alike, which differs from one loss over the whole "
-            "batch; pass target= without loss_fn (cross-entropy over the scored tokens), "
-            "or micro_batches=1",
+            "pipeline cannot tell how the loss counts what it scores (your loss_fn, or a "
+            "model's own loss of a kind pipeswap does not know): each micro-batch's loss "
+            "weighs alike, which differs from one loss over the whole batch; pass target= "
+            "without loss_fn (cross-entropy over the scored tokens), or micro_batches=1",
             stacklevel=3,
         )

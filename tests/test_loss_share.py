@@ -60,7 +60,7 @@ def test_a_batch_that_scores_nothing_is_refused() -> None:
 
 
 def test_an_unknown_loss_weighs_alike_and_says_so_where_padding_is_uneven() -> None:
-    with pytest.warns(UserWarning, match="cannot tell how your loss_fn counts"):
+    with pytest.warns(UserWarning, match="cannot tell how the loss counts"):
         assert shares_of(_targets([1, 6]).chunk(2), None) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")

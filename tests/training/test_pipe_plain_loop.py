@@ -119,7 +119,7 @@ def test_a_loss_function_of_the_user_s_with_uneven_padding_is_warned_about() -> 
         optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
     )
     labels[0, :2] = 7  # every micro-batch scores some tokens: its own mean is finite
-    with pytest.warns(UserWarning, match="cannot tell how your loss_fn counts"):
+    with pytest.warns(UserWarning, match="cannot tell how the loss counts"):
         pipe.step(ids[0], target=labels[0])
 
 
