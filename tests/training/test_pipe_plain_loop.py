@@ -180,7 +180,9 @@ class _PositionTable(nn.Module):
         self.out = nn.Linear(16, 64)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.out(self.blocks(self.embed(ids) + self.pos[: ids.shape[1]])) / self.temperature
+        h = self.blocks(self.embed(ids) + self.pos[: ids.shape[1]])
+        # The embedding's weight read again after the blocks: an output tied by hand.
+        return (self.out(h) + h @ self.embed.weight.T) / self.temperature
 
 
 _ROOT_BATCHES = torch.randint(0, 64, (3, 4, 12), generator=torch.Generator().manual_seed(2))
@@ -213,7 +215,8 @@ def _train_root(rank: int, world: int) -> dict[str, Any]:
 @pytest.mark.dist
 def test_parameters_the_root_holds_train_on_the_stages_that_use_them() -> None:
     """The position table is read before the blocks (stage 0), the temperature after them
-    (stage 1): each trains there, as in the plain loop."""
+    (stage 1), and the embedding's weight on both sides (tied across the stages): each
+    trains as in the plain loop."""
     plain = _root_model()
     batches = [(x, x.roll(-1, 1)) for x in _ROOT_BATCHES]
     expected = _plain(plain, batches, lambda ps: torch.optim.SGD(ps, lr=0.3), _root_loss)
