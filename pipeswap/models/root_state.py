@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from pipeswap.errors import PipeswapError
+
 __all__ = ["RootTensorHolder", "adopt_root_tensors", "follow_root_mode"]
 
 
@@ -87,7 +89,7 @@ def adopt_root_tensors(root: nn.Module, layered: nn.Module, example: torch.Tenso
                 handed = packed
                 for block in blocks:
                     handed = block(handed)
-            after = _reached(head(tuple(t.detach() for t in handed)))
+            after = _reached(_run_head(head, tuple(t.detach() for t in handed)))
     finally:
         for p in frozen:
             p.requires_grad_(False)
@@ -105,6 +107,20 @@ def adopt_root_tensors(root: nn.Module, layered: nn.Module, example: torch.Tenso
     in_embed = [n for n in params if id(outside[n]) in before or id(outside[n]) not in after]
     embed.adopt(root, in_embed, buffers, read[embed])
     head.adopt(root, in_head, buffers, read[head])
+
+
+def _run_head(head: nn.Module, handed: tuple[torch.Tensor, ...]) -> Any:
+    try:
+        return head(handed)
+    except PipeswapError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's own code, whatever it raises
+        raise PipeswapError(
+            f"the model's code after its blocks fails with them stubbed ({type(exc).__name__}: "
+            f"{exc}); it reads more of their outputs than the hidden state, which a pipeline "
+            "cannot hand on (a mixture of experts' router logits: set output_router_logits="
+            "False in its config; its auxiliary loss is then not added)"
+        ) from exc
 
 
 def follow_root_mode(layered: nn.Module, root: nn.Module) -> None:

@@ -84,9 +84,9 @@ class StageWeights:
     copy's summed one too) before its update: clipping by the global norm, which the
     stages find together (pipeswap.pipeline.step_end).
 
-    ``lr_scale`` multiplies the learning rate of every update of the stage's own parameters
-    and so of its predictions (the delay-scaled rule: pipeswap.pipeline.predict.
-    delay_lr_scale); tied copies keep the config's rate, so every holder steps them alike.
+    ``lr_scale`` multiplies the rate of each update of the stage's own parameters, for that
+    step (a scheduler of the user's sets the rate it scales), and of its predictions (the
+    delay-scaled rule: pipeswap.pipeline.predict.delay_lr_scale); tied copies keep theirs.
     ``guard_spikes`` turns on the stability rule's other half: a SpikeGuard scales down a
     gradient of the stage's own parameters whose norm is a spike against its recent ones
     (pipeswap.pipeline.spike_guard; after ``clip_scales``).
@@ -128,8 +128,6 @@ class StageWeights:
         own = [i for i in range(len(self.masters)) if i not in tied]
         if own:
             self.optimizer = self._make_optimizer(own)
-            for group in self.optimizer.param_groups:
-                group["lr"] *= self.lr_scale
         if self.optimizer_factory is not None:
             self._check_factory()
         self.shared_optimizers = {
@@ -246,7 +244,7 @@ class StageWeights:
                 # The next updates are those of mini-batches done .. done + ahead - 1.
                 distance = scale * sum(self.optimizer_config.lr_at(done + j) for j in range(ahead))
             else:
-                distance = ahead * group_of(optimizer, m)["lr"]
+                distance = ahead * (group_of(optimizer, m)["lr"] * scale)
             moves.append((p, d, distance))
         if not moves:
             return
@@ -273,10 +271,16 @@ class StageWeights:
                 if scale != 1.0 and m.grad is not None:
                     m.grad.mul_(scale)
         if self.optimizer is not None:
+            groups = self.optimizer.param_groups
             if self.optimizer_config.lr_varies:
-                for group in self.optimizer.param_groups:
-                    group["lr"] = self.optimizer_config.lr_at(step) * self.lr_scale
+                for group in groups:
+                    group["lr"] = self.optimizer_config.lr_at(step)
+            rates = [group["lr"] for group in groups]
+            for group, lr in zip(groups, rates):
+                group["lr"] = lr * self.lr_scale
             self.optimizer.step()
+            for group, lr in zip(groups, rates):
+                group["lr"] = lr
         if self.keep_gradients:
             # What this stage computed: a tied copy's own gradient, before the holders' sum.
             kept: list[torch.Tensor] = []
@@ -294,8 +298,7 @@ class StageWeights:
 
     @torch.no_grad()
     def own_squared_norm(self) -> float:
-        """The squared L2 norm of the gradient this stage applies at its next update (tied
-        copies left out: their summed gradient counts once, pipeswap.pipeline.shared)."""
+        """The squared norm of the gradient of this stage's next update (tied copies out)."""
         tied = set(self.shared_at.values())
         return sum(
             squared_norm(p.grad)

@@ -44,7 +44,7 @@ from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipe_checkpoint import Checkpoint, newest_checkpoint, save_stages
 from pipeswap.training.pipe_optimizer import OptimizerFactory, pipe_optimizer
-from pipeswap.training.pipe_target import ScoredAgainst, score_batch
+from pipeswap.training.pipe_target import ScoredAgainst, check_open_batch, score_batch
 
 __all__ = ["OptimizerFactory", "Pipeline"]
 
@@ -128,6 +128,7 @@ class Pipeline:
         self._shapes: BatchShapes | None = None
         self._wires: StageWires | None = None
         self._scored: ScoredAgainst | None = None
+        self._closed = False  # by pipe.close: nothing may follow
 
     # ---- training -------------------------------------------------------------------
     @property
@@ -248,15 +249,15 @@ class Pipeline:
         return self.done
 
     def close(self) -> None:
-        """Free the process groups this pipeline made (the default one too when it joined
-        it from torchrun's variables; one your script made stays yours). Built without
-        ``steps``, the pipeline first finishes the mini-batches in flight (every rank calls
-        it, unless a step failed)."""
+        """Free the process groups this pipeline made (the default one too when it joined it
+        from torchrun's variables; one your script made stays yours), having finished the
+        mini-batches in flight without ``steps`` (every rank calls it, unless a step failed)."""
         self._drain("pipe.close")
         self._close_wires()
         if self._joined:
             leave_process_group()
             self._joined = False
+        self._closed = True
 
     # ---- inside -----------------------------------------------------------------------
     def _drain(self, what: str) -> None:
@@ -279,11 +280,7 @@ class Pipeline:
         """What the last stage scores against, once the model is adapted: on the first
         batch, which the model runs on to learn how its forward calls its blocks (so a
         model that takes only its own sequence length works as it is)."""
-        require(
-            inputs.dim() >= 2,
-            f"inputs of shape {tuple(inputs.shape)} are no batch: pass [batch, seq_len] token "
-            "ids or [batch, channels, height, width] images (one sample: inputs[None])",
-        )
+        check_open_batch(inputs, self._closed)
         if self._scored is None:
             self._layered = adapt(self.model, blocks=self.blocks, example=inputs[:1])
             # The defaults of `pipeswap train`: an optimizer left unset is the model's task's.
@@ -306,6 +303,7 @@ class Pipeline:
         return self._require_built("balance").pipeline.stage_balance
 
     def _require_built(self, what: str) -> StageExecutor:
+        check_open_batch(None, self._closed, what)
         if self._executor is None:
             raise PipeswapError(f"pipe.{what} comes after the first pipe.step")
         return self._executor

@@ -17,7 +17,7 @@ from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.rng import EVAL
 from pipeswap.schedule.actions import ActionKind
 
-__all__ = ["ScoredAgainst", "score_batch"]
+__all__ = ["ScoredAgainst", "check_open_batch", "score_batch"]
 
 
 class ScoredAgainst:
@@ -90,6 +90,23 @@ class ScoredAgainst:
         if self.own_loss:
             return own_loss_count(source_module(self.model))
         return scored_targets if self.loss_fn is None else None
+
+
+def check_open_batch(
+    inputs: torch.Tensor | None, closed: bool, what: str = "step (or pipe.eval)"
+) -> None:
+    """Refuse a call on a closed pipeline, and inputs that are no batch."""
+    require(
+        not closed,
+        f"pipe.{what} after pipe.close(), which freed its process groups: call it before "
+        "closing (pipe.state_dict, then pipe.close)",
+    )
+    require(
+        inputs is None or inputs.dim() >= 2,
+        f"inputs of shape {tuple(inputs.shape) if inputs is not None else ()} are no batch: "
+        "pass [batch, seq_len] token ids or [batch, channels, height, width] images (one "
+        "sample: inputs[None])",
+    )
 
 
 def score_batch(

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from pipeswap.errors import PipeswapError
 from pipeswap.models.adapt import adapt
 from pipeswap.models.base import evaluating
 
@@ -110,3 +111,37 @@ def test_the_split_trains_in_the_mode_the_model_came_in(training: bool) -> None:
         assert not model.drop.training
     modes = {m.training for m in [layered, *layered.modules(), *model.modules()]}
     assert modes == {training}
+
+
+class _Routed(_Block):
+    def __init__(self, routed: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.routed = routed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.routed.append(x.mean(-1))  # its router's logits, kept for the auxiliary loss
+        return super().forward(x)
+
+
+class _RouterLogits(nn.Module):
+    """Blocks that leave a side output the code after them reads (as a mixture of experts
+    collects its router logits for an auxiliary loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.routed: list[torch.Tensor] = []
+        self.embed = nn.Embedding(32, 8)
+        self.blocks = nn.ModuleList(_Routed(self.routed) for _ in range(2))
+        self.out = nn.Linear(8, 32)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.routed.clear()
+        h = self.embed(ids)
+        for block in self.blocks:
+            h = block(h)
+        return self.out(h) + torch.stack(self.routed).mean()
+
+
+def test_code_after_the_blocks_that_reads_their_side_outputs_is_refused_saying_why() -> None:
+    with pytest.raises(PipeswapError, match="output_router_logits=False"):
+        adapt(_RouterLogits(), example=torch.randint(0, 32, (1, 6)))

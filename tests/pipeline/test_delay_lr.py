@@ -84,9 +84,9 @@ def test_a_scaled_stage_updates_and_predicts_at_the_scaled_rate() -> None:
         lr_scale=c,
     )
     w = weights.params[0]
-    step = c * lr  # the rate the optimizer holds: 0.0125, exact in binary
+    step = c * lr  # the rate each update steps at: 0.0125, exact in binary
     assert weights.optimizer is not None
-    assert weights.optimizer.param_groups[0]["lr"] == step
+    assert weights.optimizer.param_groups[0]["lr"] == lr  # scaled for each update only
     live, buffer = 0.5, 0.0
     for unit, grad in enumerate((0.25, -0.5, 1.0)):
         weights.before("F", unit)  # type: ignore[arg-type]
@@ -112,9 +112,41 @@ def test_a_warmed_up_rate_is_scaled_at_every_update() -> None:
         w.grad = torch.ones_like(w)
         weights.update(step)
         assert weights.optimizer is not None
-        assert weights.optimizer.param_groups[0]["lr"] == optim.lr_at(step) * 0.5
+        assert weights.optimizer.param_groups[0]["lr"] == optim.lr_at(step)  # as set
         live -= optim.lr_at(step) * 0.5
         assert w.item() == pytest.approx(live, rel=1e-15)
+
+
+def test_a_scheduler_of_the_user_s_sets_the_rate_the_rule_scales() -> None:
+    """An optimizer function's own scheduler writes its rate into the optimizer after each
+    update: the rule scales whatever rate is there at the next one, so a constant
+    schedule changes nothing and a halving one halves the scaled step."""
+    made: list[torch.optim.lr_scheduler.LRScheduler] = []
+
+    def factory(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        optimizer = torch.optim.SGD(params, lr=0.5)
+        made.append(torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5))
+        return optimizer
+
+    module = nn.Linear(1, 1, bias=False).double()
+    with torch.no_grad():
+        module.weight.fill_(1.0)
+    args = ("stale", {}, {u: u for u in range(3)})
+    described = OptimizerConfig(optimizer="sgd", lr=0.5, momentum=0.0)  # what Pipeline reads
+    weights = StageWeights(
+        module,
+        *args,
+        described,
+        optimizer_factory=factory,
+        lr_scale=0.25,  # type: ignore[arg-type]
+    )
+    w, live = weights.params[0], 1.0
+    for step in range(3):
+        w.grad = torch.ones_like(w)
+        weights.update(step)
+        made[-1].step()
+        live -= 0.5 * 0.5**step * 0.25
+        assert w.item() == live
 
 
 def _losses(config: object) -> list[float]:

@@ -284,3 +284,7 @@ def test_misuse_is_refused_saying_what_to_do(tmp_path: Path) -> None:
     other.load(tmp_path)
     with pytest.raises(PipeswapError, match="checkpoint holds other weights"):
         other.step(ids, target=ids)
+    pipe.close()  # its process groups are gone: nothing may follow, each call says so
+    for call in (pipe.state_dict, lambda: pipe.eval(ids, target=ids)):
+        with pytest.raises(ConfigError, match="after pipe.close\\(\\), which freed"):
+            call()
