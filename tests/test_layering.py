@@ -24,7 +24,7 @@ LAYERS = """
 base: pipeswap.errors, pipeswap.units, pipeswap.jsonio, pipeswap.json_fields, pipeswap.config_fields, pipeswap.version, pipeswap.streams, pipeswap.progress, pipeswap.precision, pipeswap.metrics, pipeswap.step_memory, pipeswap.checkpoint -> base
 models: pipeswap.models -> base
 configs: pipeswap.optim, pipeswap.data_config, pipeswap.swap.swap_config, pipeswap.schedule.actions, pipeswap.schedule.orders, pipeswap.schedule.kinds, pipeswap.schedule.modes, pipeswap.schedule.pipeline_config, pipeswap.train_config -> base, configs, models
-data: pipeswap.data, pipeswap.user_data, pipeswap.user_files, pipeswap.user_images, pipeswap.user_pairs -> base, models
+data: pipeswap.data, pipeswap.loss_share, pipeswap.user_data, pipeswap.user_files, pipeswap.user_images, pipeswap.user_pairs -> base, models
 profile: pipeswap.profiling -> base, models, configs, profile, hardware
 hardware: pipeswap.hardware -> base
 sim: pipeswap.sim -> base, hardware
