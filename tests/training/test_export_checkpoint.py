@@ -49,6 +49,22 @@ def test_export_never_imports_what_a_manifest_names(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_zoo_name_in_a_manifest_never_reads_a_directory_of_that_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--model gpt2-micro`` means the user's directory ./gpt2-micro where it holds a model;
+    a checkpoint recording the zoo's gpt2-micro, exported from a folder where such a
+    directory was planted, must not read it unless the user names it."""
+    ckpt = _checkpoint(tmp_path)
+    planted = ckpt / "gpt2-micro"
+    planted.mkdir()
+    (planted / "config.json").write_text('{"architectures": ["Planted"], "model_type": "x"}')
+    monkeypatch.chdir(ckpt)
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "out")]) == 2
+    assert "pass --model gpt2-micro" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_refuses_a_model_other_than_the_one_the_checkpoint_records(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
