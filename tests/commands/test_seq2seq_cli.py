@@ -208,6 +208,7 @@ def test_accumulated_pairs_weigh_each_micro_batch_by_its_scored_labels(tmp_path:
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # the rule's arithmetic across ranks: tests/test_loss_share.py
 def test_two_ranks_weigh_their_pairs_by_the_labels_every_rank_scores(tmp_path: Path) -> None:
     """Rank r of 2 reads the half that micro-batch r of one rank accumulating 2 reads: the
     ranks' counts meet (one number each per step), and the run is the plain loop's."""
