@@ -9,7 +9,7 @@ from torch import nn
 
 from pipeswap.models.base import IGNORE_INDEX
 
-__all__ = ["own_loss_count", "scored_targets"]
+__all__ = ["own_loss_count", "scored_targets", "shifts_labels"]
 
 # Hugging Face's losses (transformers.loss.loss_utils) that average cross-entropy over the
 # labels that are not IGNORE_INDEX: a causal LM's after shifting them one to the left.
@@ -39,3 +39,9 @@ def own_loss_count(model: nn.Module) -> Callable[[torch.Tensor], int] | None:
     if name in _IN_PLACE:
         return scored_targets
     return None
+
+
+def shifts_labels(model: nn.Module) -> bool:
+    """Whether ``model`` is a Hugging Face causal language model: its loss scores position
+    ``i`` against label ``i + 1``, and each position attends to the ones before it only."""
+    return own_loss_count(model) is _shifted_labels

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from pipeswap.config_fields import require
-from pipeswap.data_config import DataConfig
 from pipeswap.dist.env import local_rank_of
 from pipeswap.dist.group import (
     failing_together,
@@ -41,9 +40,10 @@ from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.schedule.pipeline_config import PipelineConfig
-from pipeswap.train_config import TrainConfig
 from pipeswap.training.pipe_checkpoint import Checkpoint, newest_checkpoint, save_stages
+from pipeswap.training.pipe_config import pipe_train_config
 from pipeswap.training.pipe_optimizer import OptimizerFactory, pipe_optimizer
+from pipeswap.training.pipe_padding import given_inputs
 from pipeswap.training.pipe_target import ScoredAgainst, check_open_batch, score_batch
 
 __all__ = ["OptimizerFactory", "Pipeline"]
@@ -145,13 +145,19 @@ class Pipeline:
 
     def step(
         self,
-        inputs: torch.Tensor,
+        inputs: torch.Tensor | None = None,
         target: torch.Tensor | None = None,
         *,
         labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        pixel_values: torch.Tensor | None = None,
     ) -> float | None:
-        """Train one mini-batch: ``inputs`` (token ids, images) and ``target`` (the next
-        tokens, labels), or ``labels`` as a Hugging Face model takes them (shifted here).
+        """Train one mini-batch: ``inputs`` (token ids, images; or as ``input_ids`` /
+        ``pixel_values``, so ``pipe.step(**batch)`` takes a collator's batch) and ``target``
+        (the next tokens, labels), or ``labels`` as a Hugging Face model takes them (shifted
+        here). An ``attention_mask`` is honoured where the pipeline, which runs without one,
+        scores the same: right padding of a causal LM, unscored (pipeswap.training.pipe_padding).
 
         Runs this rank's actions until its first of the next mini-batch, the optimizer's
         update included. Returns the mini-batch's loss on the last stage, None elsewhere.
@@ -162,7 +168,8 @@ class Pipeline:
             f"steps={self.steps}: build it with the number of steps you train, or without steps",
         )
         require(self._ended is None, f"pipe.step after {self._ended}")
-        target = self._scored_by(inputs).choose(inputs, target, labels)
+        inputs = given_inputs(inputs, input_ids, pixel_values)
+        target = self._scored_by(inputs).choose(inputs, target, labels, attention_mask)
         micro = self.pipeline.micro_batch_count
         executor = self._built(inputs, target, self.done * micro)
         assert self._horizon is not None
@@ -191,10 +198,13 @@ class Pipeline:
     @torch.no_grad()
     def eval(
         self,
-        inputs: torch.Tensor,
+        inputs: torch.Tensor | None = None,
         target: torch.Tensor | None = None,
         *,
         labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        pixel_values: torch.Tensor | None = None,
     ) -> float | None:
         """The loss of a held-out batch on the stages' current weights, without gradients
         and in eval mode (the mean of its micro-batches'); on the last stage, None elsewhere.
@@ -202,7 +212,8 @@ class Pipeline:
         Between steps of a synchronous schedule these are the weights after the last step;
         on an asynchronous one each stage's own newest (a stage may be a step behind).
         """
-        target = self._scored_by(inputs).choose(inputs, target, labels)
+        inputs = given_inputs(inputs, input_ids, pixel_values)
+        target = self._scored_by(inputs).choose(inputs, target, labels, attention_mask)
         micro = self.pipeline.micro_batch_count
         executor = self._built(inputs, target, self._evals * micro, eval=True)
         with self._threads():
@@ -343,21 +354,7 @@ class Pipeline:
         model, rank = self.layered, self.rank
         micro = self.pipeline.micro_batch_count
         batch = int(inputs.shape[0])
-        lm = model.task_entry.has_seq_len
-        config = TrainConfig(
-            model.name,
-            batch=batch,
-            seq_len=int(inputs.shape[1]) if lm else None,
-            image_size=None if lm else int(inputs.shape[-1]),
-            steps=self.steps or 1,  # the schedule's horizon decides (ScheduleHorizon)
-            seed=self.seed,
-            device=self.device.type,
-            precision=self.precision,
-            optim=self.optim,
-            pipeline=replace(self.pipeline, micro_batches=micro),
-            dataset=DataConfig(eval_batches=0),
-            progress=False,
-        )
+        config = pipe_train_config(model, inputs, self)
         where = next((p.device for p in model.parameters()), self.device)
         sample = inputs[: batch // micro].to(where)
         with self._threads(), torch.no_grad(), evaluating(model), autocast(self.precision, where):

@@ -16,6 +16,7 @@ from pipeswap.models.scored import own_loss_count, scored_targets
 from pipeswap.pipeline.executor import StageExecutor
 from pipeswap.pipeline.rng import EVAL
 from pipeswap.schedule.actions import ActionKind
+from pipeswap.training.pipe_padding import check_padding
 
 __all__ = ["ScoredAgainst", "check_open_batch", "score_batch"]
 
@@ -32,10 +33,15 @@ class ScoredAgainst:
         self.own_loss: bool | None = None  # labels= (the model's own loss) or target=
 
     def choose(
-        self, inputs: torch.Tensor, target: torch.Tensor | None, labels: torch.Tensor | None
+        self,
+        inputs: torch.Tensor,
+        target: torch.Tensor | None,
+        labels: torch.Tensor | None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The call's target or labels, refused when it gives both, neither, the other one
-        than the first call, or not one row per input row."""
+        than the first call, or not one row per input row; and an ``attention_mask`` whose
+        padding would change a scored position (pipeswap.training.pipe_padding)."""
         if (target is None) == (labels is None):
             raise PipeswapError("pass the batch's target or its labels (one of them)")
         own = labels is not None
@@ -65,6 +71,7 @@ class ScoredAgainst:
             f"{given} has {len(chosen) if chosen.dim() else 0} rows for {len(inputs)} rows of "
             f"inputs: pass one {given} row per input row",
         )
+        check_padding(source_module(self.model), inputs, attention_mask, chosen, own)
         return chosen
 
     def wire(self, executor: StageExecutor) -> None:
