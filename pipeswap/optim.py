@@ -74,7 +74,8 @@ class OptimizerConfig:
         "for sgd, 1e-3 for adam and adamw)",
     )
     momentum: float = option(
-        0.9, help="SGD momentum (the nesterov weight mode's beta1: the smoothing of NAdam)"
+        0.9,
+        help="SGD momentum (with adam/adamw, the nesterov weight mode's beta1: NAdam's smoothing)",
     )
     weight_decay: float = option(0.0, help="weight decay (decoupled for adamw)")
     lr_warmup: int | None = option(
@@ -135,7 +136,7 @@ class OptimizerConfig:
         require(
             math.isfinite(self.momentum) and 0 <= self.momentum < 1,
             f"{{momentum}} is {self.momentum}; use a number in [0, 1) (SGD's momentum, the "
-            "nesterov weight mode's beta1)",
+            "nesterov weight mode's beta1 with adam and adamw)",
         )
         require(
             math.isfinite(self.weight_decay) and self.weight_decay >= 0,
@@ -283,17 +284,27 @@ class OptimizerConfig:
         )
 
     def build(
-        self, params: Iterable[nn.Parameter], *, nadam: bool = False
+        self, params: Iterable[nn.Parameter], *, nesterov: bool = False
     ) -> torch.optim.Optimizer:
         """This optimizer over ``params`` with the single-tensor (foreach=False) kernels.
 
         Every mode builds its optimizer here, so a data-parallel run and a pipeline stage
-        apply the same arithmetic to the same parameter. ``nadam`` gives NAdam with
-        ``momentum`` as beta1 (:func:`make_nadam`; AdamW-style decay unless ``optimizer``
-        is adam), what the nesterov weight mode updates with.
+        apply the same arithmetic to the same parameter. ``nesterov`` gives its Nesterov
+        form, what the nesterov weight mode updates with: SGD with Nesterov momentum, or
+        NAdam with ``momentum`` as beta1 for the Adam family (:func:`make_nadam`;
+        AdamW-style decay unless ``optimizer`` is adam).
         """
         lr, decay = self.base_lr, self.weight_decay
-        if nadam:
+        if nesterov and self.name == "sgd":
+            return torch.optim.SGD(
+                params,
+                lr=lr,
+                momentum=self.momentum,
+                weight_decay=decay,
+                nesterov=True,
+                foreach=False,
+            )
+        if nesterov:
             return make_nadam(
                 params,
                 lr=lr,

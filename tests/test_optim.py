@@ -74,7 +74,7 @@ def test_build_makes_the_named_optimizer_with_single_tensor_kernels() -> None:
     assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.5
     assert sgd.defaults["foreach"] is False and sgd.defaults["lr"] == DEFAULT_LR["sgd"]
     assert isinstance(OptimizerConfig(optimizer="adamw").build(params), torch.optim.AdamW)
-    nadam = OptimizerConfig(optimizer="adamw", momentum=0.99).build(params, nadam=True)
+    nadam = OptimizerConfig(optimizer="adamw", momentum=0.99).build(params, nesterov=True)
     assert isinstance(nadam, torch.optim.NAdam)
     assert nadam.defaults["betas"][0] == 0.99 and nadam.defaults["decoupled_weight_decay"]
 

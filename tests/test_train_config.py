@@ -48,7 +48,7 @@ def test_run_fields_are_checked_when_built(changes: dict[str, object], message: 
         (OptimizerConfig(optimizer="sgd", momentum=0.0), "spectrain", "SGD momentum buffer"),
         (OptimizerConfig(optimizer="adam"), "spectrain", "predict-adam"),
         (OptimizerConfig(optimizer="sgd"), "predict-adam", "Adam's step direction"),
-        (OptimizerConfig(optimizer="sgd"), "nesterov", "no SGD variant"),
+        (OptimizerConfig(optimizer="sgd", momentum=0.0), "nesterov", "Nesterov momentum"),
     ],
 )
 def test_a_weight_mode_needs_its_optimizer(

@@ -145,7 +145,7 @@ def train_with_delays(config: TrainConfig, delays: Sequence[float]) -> DelayedRe
         # A tied parameter is one parameter here: the optimizer steps it once.
         params = list({id(p): p for group in layers for p in group}.values())
         stages = [model.stage(a, b) for a, b in stage_bounds(pipeline.stage_balance)]
-        optimizer = config.optim.build(params, nadam=weight_mode(pipeline.weights).nadam)
+        optimizer = config.optim.build(params, nesterov=weight_mode(pipeline.weights).nesterov)
         depth = math.ceil(max(delays, default=0.0))
         history: list[list[list[torch.Tensor]]] = []  # [version][layer][param], newest last
         data = BatchSource(config, model)

@@ -139,7 +139,7 @@ class StageExecutor:
             shared=copies,
             originals={n: p for n, p in model.named_parameters() if n in copies},
             optimizer_factory=optimizer_factory,
-            lr_scale=delay_lr_scale(schedule, stage, pipeline.delay_power),
+            lr_scale=delay_lr_scale(schedule, stage, pipeline.delay_power(config.optim.name)),
             guard_spikes=pipeline.stability_rule,
         )
         self.tied: TiedParameters | None = None

@@ -97,7 +97,7 @@ def rehearse_stages(config: TrainConfig) -> tuple[StageReading, ...]:
     value: Any = x
     n = pipeline.num_stages
     precision = config.precision if cpu else "fp32"  # the meta device does not autocast
-    nadam = weight_mode(pipeline.weights).nadam
+    nesterov = weight_mode(pipeline.weights).nesterov
     threads = single_threaded() if cpu else nullcontext()
     with threads, meta_attention_like_cpu(), torch.random.fork_rng(devices=[]):
         for k, (first, end) in enumerate(stage_bounds(pipeline.stage_balance)):
@@ -114,7 +114,7 @@ def rehearse_stages(config: TrainConfig) -> tuple[StageReading, ...]:
                 device=device,
             )
             inputs = pack(value, f"stage {k}'s input")
-            reading = _rehearse(runner, inputs, y, config.optim.build, nadam)
+            reading = _rehearse(runner, inputs, y, config.optim.build, nesterov)
             tied = sum(len(s.holders) * _nbytes(copies[s.name]) for s in shared if s.name in copies)
             batch = pipeline.micro_batch_count * (_nbytes(x) + _nbytes(y))
             readings.append(
@@ -134,13 +134,13 @@ def _rehearse(
     inputs: tuple[torch.Tensor, ...],
     target: torch.Tensor,
     build: Callable[..., torch.optim.Optimizer],
-    nadam: bool,
+    nesterov: bool,
 ) -> StageReading:
     module = runner.module
     params = [p for p in module.parameters() if p.requires_grad]
     # Every holder of a tied parameter steps its copy with an optimizer of its own: the
     # same state as one optimizer over all.
-    optimizer = build(params, nadam=nadam)
+    optimizer = build(params, nesterov=nesterov)
     saved_grads = [p.grad for p in params]
     for p in params:
         p.grad = None

@@ -14,10 +14,10 @@ forward used (PipeDream weight stashing, as ``stash``), so stage k's gradient of
 t is taken at version ``t - s_F`` (``s_F`` the forward's version distance, N - k - 1 in
 steady state); the update applies that gradient to the live weights with NAdam (torch's
 NAdam, decoupled weight decay for ``adamw``) whose momentum coefficient beta1 is the
-config's ``momentum`` (:func:`pipeswap.optim.make_nadam` gives the formulas). With no delay
-(``s = 0``, every synchronous schedule) the mode is plain NAdam(W) training. The paper's
-own equations (its modified NAG look-ahead) were not available to check this against; the
-released code is the definition used here.
+config's ``momentum`` (:func:`pipeswap.optim.make_nadam`); with SGD, SGD with Nesterov
+momentum (its SGD form, pipeswap's). With no delay (``s = 0``) it is plain NAdam(W) or SGD
+training. The paper's own equations (its modified NAG look-ahead) were not available to
+check this against; the released code is the definition used here.
 """
 
 from __future__ import annotations
@@ -145,8 +145,8 @@ class StageWeights:
         """Refuse an optimizer of the user's that this weight mode cannot run with (one
         pipeswap knows is checked as its config is: the Pipeline describes it as one)."""
         require(
-            not self.entry.nadam,
-            f"weights={self.mode} updates with its own NAdam: pass an OptimizerConfig, not "
+            not self.entry.nesterov,
+            f"weights={self.mode} updates with its own Nesterov form: pass an OptimizerConfig, not "
             "an optimizer function",
         )
         optimizer = self.optimizer
@@ -162,7 +162,7 @@ class StageWeights:
     def _make_optimizer(self, positions: list[int]) -> torch.optim.Optimizer:
         masters = [self.masters[i] for i in positions]
         if self.optimizer_factory is None:
-            return self.optimizer_config.build(masters, nadam=self.entry.nadam)
+            return self.optimizer_config.build(masters, nesterov=self.entry.nesterov)
         # The user's function sees the model's own parameters (their groups are often
         # chosen by identity: no weight decay on norms), then steps the masters instead.
         shown = [self.shown[i] for i in positions]

@@ -9,6 +9,7 @@ from pipeswap.config_fields import ConfigError, option, require
 from pipeswap.schedule.kinds import SCHEDULE_NAMES, ScheduleKind, schedule_kind
 from pipeswap.schedule.modes import (
     NESTEROV_DELAY_LR_POWER,
+    NESTEROV_SGD_DELAY_LR_POWER,
     PREDICTION_DELAY_LR_POWER,
     WEIGHT_MODES,
     weight_mode,
@@ -41,7 +42,7 @@ class PipelineConfig:
     parallel, D x K ranks): replica d trains on batch ``step * D + d`` of the data, and each
     stage averages its gradients over the replicas after the backward that completes them.
     ``weights="nesterov"`` is the Nesterov method of Ajanthan et al. (arXiv 2505.01099) as
-    released (pipeswap.pipeline.weights).
+    released, or its SGD form with an SGD optimizer (pipeswap.pipeline.weights).
     """
 
     stages: int | None = option(None, metavar="K", help="cut the model into K stages")
@@ -86,7 +87,7 @@ class PipelineConfig:
         "on 2bw) steps at lr / (1 + tau)^P, and a stage's gradient whose norm is above the "
         "mean + 2.5 std of its recent ones is scaled down to that bound "
         f"(default: P = {PREDICTION_DELAY_LR_POWER:g} for spectrain and predict-adam, "
-        f"{NESTEROV_DELAY_LR_POWER:g} for nesterov, the modes pipeswap recommends, which do "
+        f"{NESTEROV_DELAY_LR_POWER:g} for nesterov ({NESTEROV_SGD_DELAY_LR_POWER:g} with sgd), the modes pipeswap recommends, which do "
         "not diverge where 1f1b converges with it; 0, both off, for the others; synchronous "
         "schedules have tau = 0)",
     )
@@ -140,20 +141,20 @@ class PipelineConfig:
             "drop {weights}",
         )
 
-    @property
-    def delay_power(self) -> float:
+    def delay_power(self, optimizer: str | None = None) -> float:
         """P of the delay-scaled learning rate: ``delay_lr_power``, or the weight mode's
-        default (its entry's ``delay_lr_power``: 0 unless pipeswap recommends the mode)."""
+        default with the optimizer named ``optimizer`` (its entry's: 0 unless pipeswap
+        recommends the mode)."""
         if self.delay_lr_power is not None:
             return self.delay_lr_power
-        return weight_mode(self.weights).delay_lr_power
+        return weight_mode(self.weights).default_delay_lr_power(optimizer)
 
     @property
     def stability_rule(self) -> bool:
         """Whether the stages of this run keep the stability rule: an asynchronous schedule
         with the delay-scaled rate on (P > 0), and with it each stage's spike guard
         (pipeswap.pipeline.spike_guard)."""
-        return self.asynchronous and self.delay_power > 0
+        return self.asynchronous and self.delay_power() > 0
 
     @property
     def num_stages(self) -> int:

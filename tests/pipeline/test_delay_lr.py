@@ -21,7 +21,12 @@ from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.predict import delay_lr_scale
 from pipeswap.pipeline.weights import StageWeights
 from pipeswap.schedule.kinds import SCHEDULES
-from pipeswap.schedule.modes import NESTEROV_DELAY_LR_POWER, PREDICTION_DELAY_LR_POWER, WEIGHT_MODES
+from pipeswap.schedule.modes import (
+    NESTEROV_DELAY_LR_POWER,
+    NESTEROV_SGD_DELAY_LR_POWER,
+    PREDICTION_DELAY_LR_POWER,
+    WEIGHT_MODES,
+)
 from pipeswap.schedule.pipeline_config import PipelineConfig
 from pipeswap.schedule.timetable import build_schedule
 
@@ -57,10 +62,12 @@ def test_on_by_default_for_the_recommended_modes_only() -> None:
     }
     for name in WEIGHT_MODES:
         config = PipelineConfig(stages=4, schedule="async-1f1b", weights=name)
-        assert config.delay_power == on.get(name, 0.0)
+        assert config.delay_power("adamw") == on.get(name, 0.0)
+        sgd = NESTEROV_SGD_DELAY_LR_POWER if name == "nesterov" else on.get(name, 0.0)
+        assert config.delay_power("sgd") == sgd
         # What the user gives wins, either way.
-        assert replace_fields(config, delay_lr_power=0.0).delay_power == 0.0
-        assert replace_fields(config, delay_lr_power=1.5).delay_power == 1.5
+        assert replace_fields(config, delay_lr_power=0.0).delay_power("sgd") == 0.0
+        assert replace_fields(config, delay_lr_power=1.5).delay_power("sgd") == 1.5
     for bad in (-1.0, math.nan, math.inf):
         with pytest.raises(ConfigError, match="delay_lr_power"):
             PipelineConfig(stages=4, schedule="async-1f1b", delay_lr_power=bad)

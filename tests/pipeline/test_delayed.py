@@ -161,6 +161,7 @@ def test_weight_modes_on_synchronous_schedules_are_refused(weights: str) -> None
     "schedule,weights,optimizer,micro,delays",
     [
         ("async-1f1b", "nesterov", "adamw", 1, (3, 2, 1, 0)),
+        ("async-1f1b", "nesterov", "sgd", 1, (3, 2, 1, 0)),  # its SGD form
         ("2bw", "stash", "sgd", 2, (1, 1, 1, 1)),
     ],
 )

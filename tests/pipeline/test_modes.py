@@ -28,6 +28,7 @@ from pipeswap.schedule.kinds import SCHEDULES
 from pipeswap.schedule.modes import (
     ADAM_FAMILY,
     ANY_OPTIMIZER,
+    MOMENTUM,
     SGD_MOMENTUM,
     WEIGHT_MODES,
     WeightMode,
@@ -49,10 +50,12 @@ FITS = {
     ANY_OPTIMIZER: OptimizerConfig(optimizer="sgd", lr=0.05),
     SGD_MOMENTUM: OptimizerConfig(optimizer="sgd", lr=0.05, momentum=0.9),
     ADAM_FAMILY: OptimizerConfig(optimizer="adamw", lr=3e-3),
+    MOMENTUM: OptimizerConfig(optimizer="sgd", lr=0.05, momentum=0.9),
 }
 MISFITS = {
     SGD_MOMENTUM: OptimizerConfig(optimizer="sgd", momentum=0.0),
     ADAM_FAMILY: OptimizerConfig(optimizer="sgd"),
+    MOMENTUM: OptimizerConfig(optimizer="sgd", momentum=0.0),
 }
 
 
@@ -161,7 +164,12 @@ def test_the_twin_leaves_with_its_fixture() -> None:
 @pytest.mark.parametrize("name", list(WEIGHT_MODES))
 def test_every_entry_runs_through_every_place(name: str) -> None:
     mode = weight_mode(name)
-    assert mode.name == name and mode.optimizer in (ANY_OPTIMIZER, SGD_MOMENTUM, ADAM_FAMILY)
+    assert mode.name == name and mode.optimizer in (
+        ANY_OPTIMIZER,
+        SGD_MOMENTUM,
+        ADAM_FAMILY,
+        MOMENTUM,
+    )
     optimizer = FITS[mode.optimizer]
     # The config, and its check against the optimizer.
     pipe = PipelineConfig(stages=2, schedule="async-1f1b", weights=name)
@@ -218,6 +226,7 @@ def test_refusals_name_the_optimizers_values() -> None:
         "{weights} spectrain predicts with the SGD momentum buffer, but {optimizer} sgd "
         "{momentum} 0.0 has none"
     )
-    with pytest.raises(ConfigError, match="so optimizer sgd cannot run it"):
-        weight_mode("nesterov").check_optimizer(OptimizerConfig(optimizer="sgd"))
+    weight_mode("nesterov").check_optimizer(OptimizerConfig(optimizer="sgd"))
+    with pytest.raises(ConfigError, match="Nesterov momentum .* sgd momentum 0.0 has none"):
+        weight_mode("nesterov").check_optimizer(OptimizerConfig(optimizer="sgd", momentum=0.0))
     weight_mode("stale").check_optimizer(OptimizerConfig(optimizer="adam"))

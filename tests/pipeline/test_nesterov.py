@@ -1,4 +1,4 @@
-"""``--weights nesterov`` (Ajanthan et al., arXiv 2505.01099, as released).
+"""``--weights nesterov`` (Ajanthan et al., arXiv 2505.01099, as released; its SGD form).
 
 Covers: pipeswap/pipeline/weights.py (the nesterov mode), pipeswap/optim.py (make_nadam),
 pipeswap/schedule/pipeline_config.py (what is refused).
@@ -59,24 +59,33 @@ def _one_weight(mode: str, distances: dict[tuple[str, int], int], **kw: object) 
     return StageWeights(module, mode, distances, {u: u for u in units}, **kw)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
-def test_without_delay_nesterov_is_plain_nadam(optimizer: str) -> None:
-    grads = [0.3, -1.2, 0.7, 0.05, 2.0]
-    lr, beta1, wd = 0.01, 0.99, 0.1
-    distances = {(k, u): 0 for u in range(len(grads)) for k in ("F", "B")}
-    config = OptimizerConfig(optimizer=optimizer, lr=lr, momentum=beta1, weight_decay=wd)
+GRADS = [0.3, -1.2, 0.7, 0.05, 2.0]
+
+
+def _undelayed(config: OptimizerConfig) -> list[float]:
+    """The weight after each update of a nesterov stage with no delay, fed GRADS."""
+    distances = {(k, u): 0 for u in range(len(GRADS)) for k in ("F", "B")}
     weights = _one_weight("nesterov", distances, optimizer_config=config)
-    expected = _nadam_by_hand(0.5, grads, lr, beta1, wd, decoupled=optimizer == "adamw")
-    for t, g in enumerate(grads):
+    seen = []
+    for t, g in enumerate(GRADS):
         weights.before("F", t)
         weights.after("F", t)
         weights.before("B", t)
         weights.params[0].grad = torch.full((1, 1), g, dtype=torch.float64)
         weights.after("B", t)
         weights.update(t)
-        # torch keeps the step count (hence mu_t) in float32: agreement to ~1e-10, while a
-        # wrong index or bias correction in the formula would differ by ~1e-3.
-        assert weights.params[0].item() == pytest.approx(expected[t], rel=1e-9, abs=1e-12)
+        seen.append(weights.params[0].item())
+    return seen
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_without_delay_nesterov_is_plain_nadam(optimizer: str) -> None:
+    lr, beta1, wd = 0.01, 0.99, 0.1
+    config = OptimizerConfig(optimizer=optimizer, lr=lr, momentum=beta1, weight_decay=wd)
+    expected = _nadam_by_hand(0.5, GRADS, lr, beta1, wd, decoupled=optimizer == "adamw")
+    # torch keeps the step count (hence mu_t) in float32: agreement to ~1e-10, while a
+    # wrong index or bias correction in the formula would differ by ~1e-3.
+    assert _undelayed(config) == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
 def test_with_delay_the_backward_sees_its_forwards_version_and_the_update_the_live_one() -> None:
@@ -124,11 +133,29 @@ def _config(**kw: object) -> TrainConfig:
     return replace_fields(base, **kw)  # type: ignore[arg-type]
 
 
-def test_config_refuses_what_the_paper_does_not_define() -> None:
+def test_without_delay_nesterov_with_sgd_is_sgd_with_nesterov_momentum() -> None:
+    config = OptimizerConfig(optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.01)
+    ends = {}
+    for nesterov in (True, False):  # and not heavy-ball momentum, which ends elsewhere
+        reference = nn.Parameter(torch.full((1, 1), 0.5, dtype=torch.float64))
+        sgd = torch.optim.SGD(
+            [reference], lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=nesterov
+        )
+        ends[nesterov] = []
+        for g in GRADS:
+            reference.grad = torch.full((1, 1), g, dtype=torch.float64)
+            sgd.step()
+            ends[nesterov].append(reference.item())
+    assert _undelayed(config) == ends[True]
+    assert abs(ends[True][-1] - ends[False][-1]) > 1e-3
+
+
+def test_config_refuses_an_optimizer_without_momentum() -> None:
     assert "nesterov" in WEIGHT_MODES
     _config()
-    with pytest.raises(PipeswapError, match="no SGD variant.*optimizer adamw"):
-        _config(optimizer="sgd")
+    _config(optimizer="sgd", momentum=0.9)  # SGD with Nesterov momentum
+    with pytest.raises(PipeswapError, match="Nesterov momentum.*sgd momentum 0.0 has none"):
+        _config(optimizer="sgd", momentum=0.0)
     with pytest.raises(PipeswapError, match="beta1"):
         _config(momentum=1.0)
 
@@ -156,5 +183,5 @@ def test_nesterov_trains_gpt2_micro_at_four_stages() -> None:
 @pytest.mark.dist
 @pytest.mark.parametrize("balance", [(2, 2), pytest.param((1, 1, 1, 1), marks=pytest.mark.slow)])
 def test_runtime_bitwise_equal_to_emulator(balance: tuple[int, ...]) -> None:
-    configs = [_config(balance=balance, steps=5, optimizer=o) for o in ("adamw", "adam")]
+    configs = [_config(balance=balance, steps=5, optimizer=o) for o in ("adamw", "adam", "sgd")]
     assert_runtime_matches_emulator(configs, len(balance))

@@ -44,6 +44,7 @@ MODES = [
     ("1f1b", "stale", "adamw", 2),
     ("2bw", "stash", "sgd", 2),
     ("async-1f1b", "nesterov", "adamw", 1),
+    ("async-1f1b", "nesterov", "sgd", 1),
 ]
 
 
