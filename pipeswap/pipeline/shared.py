@@ -263,6 +263,8 @@ class TiedParameters:
         # Every holder's gradients of (group, t), taken early for the global norm.
         self._taken: dict[tuple[int, int], list[list[torch.Tensor]]] = {}
         self.crossing: set[tuple[int, int, int]] = set()
+        # Mini-batches before it are applied by every holder (apply_through).
+        self.settled = 0
 
     def replan(self, schedule: Schedule) -> None:
         """Plan every group over ``schedule``, a longer or shorter form of the one so far
@@ -302,12 +304,34 @@ class TiedParameters:
         return total
 
     def before_pass(self, index: int) -> None:
-        """Before action ``index``: apply the updates the plan puts there (mini-batch order)."""
+        """Before action ``index``: apply the updates the plan puts there (mini-batch order)
+        that :meth:`apply_through` has not applied already."""
         for g, (names, plan) in enumerate(self.groups):
             for t in plan.before(self.stage, index):
-                parts = self._parts(g, t)
-                for k, name in enumerate(names):
-                    self.weights.apply_shared(name, combine([part[k] for part in parts]), t)
+                if t >= self.weights.shared_applied[names[0]]:
+                    self._apply(g, names, t)
+
+    def apply_through(self, done: int) -> None:
+        """Apply every update of mini-batches before ``done`` not applied yet, waiting for
+        the other holders' gradients where they have not come.
+
+        For a synchronous schedule between steps (pipeswap.Pipeline): every holder sends
+        its gradients of a mini-batch within that mini-batch's step, so no wait is for a
+        holder that waits in turn. The copies then hold the weights after the last step,
+        where the plan would apply an update only before the next step's first pass: a
+        held-out batch, the weights taken and the rate a user's scheduler sets between
+        steps find them as a plain loop has them. Each holder does so at each step's end,
+        so a checkpoint after ``done`` steps needs none of their gradients (:meth:`state`).
+        """
+        self.settled = max(self.settled, done)
+        for g, (names, _) in enumerate(self.groups):
+            for t in range(self.weights.shared_applied[names[0]], done):
+                self._apply(g, names, t)
+
+    def _apply(self, g: int, names: list[str], t: int) -> None:
+        parts = self._parts(g, t)
+        for k, name in enumerate(names):
+            self.weights.apply_shared(name, combine([part[k] for part in parts]), t)
 
     def release(self, done: int) -> None:
         """Forget own gradients no holder needs any more (not even after a checkpoint)."""
@@ -321,16 +345,19 @@ class TiedParameters:
         self.crossing = set()
         for g, (_, plan) in enumerate(self.groups):
             for t, late in plan.pending(self.stage, done).items():
+                if t < self.settled:
+                    continue  # every holder applied it already
                 saved[(g, t)] = self._own[(g, t)]
                 self.crossing |= {(g, t, h) for h in late if h != self.stage}
         return saved
 
     def load_state(self, saved: dict[tuple[int, int], list[torch.Tensor]], done: int) -> None:
-        """Continue after a checkpoint: keep the saved gradients, send them again where due."""
+        """Continue after a checkpoint: keep the saved gradients, send them again where due
+        (one not saved was applied by every holder before its cut: :meth:`apply_through`)."""
         self._own = dict(saved)
         for g, (_, plan) in enumerate(self.groups):
             pending = plan.pending(self.stage, done)
             for t in sorted(pending):
                 for h in pending[t]:
-                    if h != self.stage:
+                    if h != self.stage and (g, t) in self._own:
                         self.exchange.send(g, t, h, self._own[(g, t)])

@@ -152,6 +152,7 @@ class Pipeline:
         attention_mask: torch.Tensor | None = None,
         input_ids: torch.Tensor | None = None,
         pixel_values: torch.Tensor | None = None,
+        **other: Any,
     ) -> float | None:
         """Train one mini-batch: ``inputs`` (token ids, images; or as ``input_ids`` /
         ``pixel_values``, so ``pipe.step(**batch)`` takes a collator's batch) and ``target``
@@ -168,7 +169,7 @@ class Pipeline:
             f"steps={self.steps}: build it with the number of steps you train, or without steps",
         )
         require(self._ended is None, f"pipe.step after {self._ended}")
-        inputs = given_inputs(inputs, input_ids, pixel_values)
+        inputs = given_inputs(inputs, input_ids, pixel_values, other)
         target = self._scored_by(inputs).choose(inputs, target, labels, attention_mask)
         micro = self.pipeline.micro_batch_count
         executor = self._built(inputs, target, self.done * micro)
@@ -182,6 +183,8 @@ class Pipeline:
             end = self._horizon.stop_after(t, executor)
             actions = executor.schedule.actions[self.rank][executor.index : end]
             run_actions(executor, executor.transport, actions, None, None)
+            if executor.tied is not None and not self.pipeline.asynchronous:
+                executor.tied.apply_through(t + 1)  # tied copies hold this step's update too
             last = t + 1 == self.steps
             if last:
                 executor.finish_training()
@@ -205,6 +208,7 @@ class Pipeline:
         attention_mask: torch.Tensor | None = None,
         input_ids: torch.Tensor | None = None,
         pixel_values: torch.Tensor | None = None,
+        **other: Any,
     ) -> float | None:
         """The loss of a held-out batch on the stages' current weights, without gradients
         and in eval mode (the mean of its micro-batches'); on the last stage, None elsewhere.
@@ -212,7 +216,7 @@ class Pipeline:
         Between steps of a synchronous schedule these are the weights after the last step;
         on an asynchronous one each stage's own newest (a stage may be a step behind).
         """
-        inputs = given_inputs(inputs, input_ids, pixel_values)
+        inputs = given_inputs(inputs, input_ids, pixel_values, other)
         target = self._scored_by(inputs).choose(inputs, target, labels, attention_mask)
         micro = self.pipeline.micro_batch_count
         executor = self._built(inputs, target, self._evals * micro, eval=True)
@@ -226,7 +230,8 @@ class Pipeline:
     # ---- weights and checkpoints ----------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor] | None:
         """The whole model's weights by its own names, on rank 0 (None elsewhere); every
-        rank calls it. Rank 0's ``model`` then holds them too (save_pretrained works).
+        rank calls it. Rank 0's ``model`` then holds them, and they are its own tensors, as
+        ``model.state_dict()``'s are (save or copy them before training on).
 
         Built without ``steps``, the pipeline first finishes the mini-batches in flight, and
         its training ends: take the weights after the loop."""

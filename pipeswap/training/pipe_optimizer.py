@@ -34,6 +34,10 @@ def pipe_optimizer(
         )
         # Its settings, as far as pipeswap knows them, are checked as a config's are.
         probe = optimizer([nn.Parameter(torch.zeros(1))])
+        if isinstance(probe, DIRECTED):
+            # No gradient: nothing moves, but a scheduler the function built (and the
+            # script steps) sees an optimizer that stepped, as torch expects.
+            probe.step()
         # One pipeswap does not build keeps its own rate: a named optimizer's is constant.
         factory, optim = optimizer, describe_optimizer(probe) or OptimizerConfig(optimizer="sgd")
     if clip_grad_norm is not None:
@@ -48,13 +52,15 @@ def pipe_optimizer(
 
 def describe_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerConfig | None:
     """The OptimizerConfig that builds the same update as ``optimizer`` (its first group's
-    settings), or None for one pipeswap does not build (SGD, Adam and AdamW it does)."""
+    settings), or None for one pipeswap does not build (SGD, Adam and AdamW it does). The
+    rate is the one it was built with: a scheduler built with it (a warm-up) may have set
+    ``lr`` to another, which torch keeps the first as ``initial_lr``."""
     if not isinstance(optimizer, DIRECTED):
         return None
     group = optimizer.param_groups[0]
     return OptimizerConfig(
         optimizer=type(optimizer).__name__.lower(),
-        lr=float(group["lr"]),
+        lr=float(group.get("initial_lr", group["lr"])),
         momentum=float(group.get("momentum", OptimizerConfig.momentum)),
         weight_decay=float(group["weight_decay"]),
     )

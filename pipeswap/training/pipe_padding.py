@@ -4,30 +4,50 @@ A pipeline's stages pass one tensor between them, so the model runs without the 
 gives the loss of the user's ``model(input_ids, attention_mask=mask, labels=labels)`` exactly
 where no scored position sees the padding: a causal language model (each position attends
 to the ones before it) whose rows are padded on the right and whose padded positions are
-not scored. Anything else — padding on the left, a model that attends both ways (BERT), a
-model whose forward takes no mask, padding scored — would train on another loss, so it is
-refused, saying what to pass instead.
+not scored. Anything else — padding on the left, a model that attends both ways (BERT) or
+pools the sequence (a classifier), a model whose forward takes no mask, padding scored —
+would train on another loss, so it is refused, saying what to pass instead.
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 from torch import nn
 
-from pipeswap.config_fields import require
+from pipeswap.config_fields import ConfigError, require
 from pipeswap.models.base import IGNORE_INDEX
 from pipeswap.models.scored import shifts_labels
 
-__all__ = ["check_padding", "given_inputs"]
+__all__ = ["attends_causally", "check_padding", "given_inputs"]
+
+# What a collator's batch may hold besides what pipe.step takes, and why it cannot go in.
+_WHY_NOT = {
+    "token_type_ids": "changes the embeddings of a model that reads it (GPT-2 adds a type "
+    "embedding even for zeros; BERT's default is zeros)",
+    "position_ids": "sets positions the model otherwise counts from 0 (what right padding keeps)",
+}
 
 
 def given_inputs(
-    inputs: torch.Tensor | None, input_ids: torch.Tensor | None, pixel_values: torch.Tensor | None
+    inputs: torch.Tensor | None,
+    input_ids: torch.Tensor | None,
+    pixel_values: torch.Tensor | None,
+    other: dict[str, Any],
 ) -> torch.Tensor:
     """The batch's inputs, given positionally or by a Hugging Face name (``pipe.step(**batch)``
-    with a collator's or an image processor's batch)."""
+    with a collator's or an image processor's batch); ``other`` keys of the batch are
+    refused, saying why: the stages carry the inputs alone."""
+    if other:
+        why = "; ".join(f"{key} {_WHY_NOT[key]}" for key in other if key in _WHY_NOT)
+        raise ConfigError(
+            f"pipe.step takes input_ids (or pixel_values), attention_mask and labels (or "
+            f"target), not {', '.join(sorted(other))}: a pipeline's stages carry the inputs "
+            "alone. Drop them from the batch (batch.pop(...)) where your plain loop runs the "
+            "same without them" + (f". Mind: {why}" if why else "")
+        )
     given = [t for t in (inputs, input_ids, pixel_values) if t is not None]
     require(
         len(given) == 1,
@@ -67,10 +87,10 @@ def check_padding(
         "your own loop cannot pass one either; drop it (pipe.step(ids, ...))",
     )
     require(
-        shifts_labels(model),
-        f"attention_mask pads some tokens, and {name} attends both ways, so the padding "
-        "would change every position's output: pipelines run without a mask; pass batches "
-        "without padding (pack sequences, or group them by length)",
+        shifts_labels(model) and attends_causally(model),
+        f"attention_mask pads some tokens, and what {name} scores depends on the padding "
+        "(it attends both ways, or pools the sequence): pipelines run without a mask; pass "
+        "batches without padding (pack sequences, or group them by length)",
     )
     left = pads[:, :-1] & ~pads[:, 1:]  # a pad followed by a token
     rows = left.any(dim=1).nonzero().flatten().tolist()
@@ -94,3 +114,12 @@ def check_padding(
         f"runs without the mask: set the {given} of padding to {IGNORE_INDEX} (as "
         "DataCollatorForLanguageModeling does)",
     )
+
+
+def attends_causally(model: nn.Module) -> bool:
+    """Whether each position of ``model`` attends to the ones before it only, as its
+    attention modules say (Hugging Face's ``is_causal``); False where none says so. A
+    causal LM's loss alone is no proof: BERT's LM head without ``is_decoder`` attends both
+    ways."""
+    said = [m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)]
+    return bool(said) and all(said)

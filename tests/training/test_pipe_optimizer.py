@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -42,3 +44,21 @@ def test_an_optimizer_object_is_refused_saying_to_pass_a_function() -> None:
     built = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
     with pytest.raises(ConfigError, match="optimizer=lambda params: torch.optim.AdamW"):
         pipe_optimizer(built, None)  # type: ignore[arg-type]
+
+
+def test_a_warm_up_the_function_builds_is_read_at_its_rate() -> None:
+    """A scheduler built with the optimizer (a warm-up from 0) has set ``lr`` already:
+    the rate it was built with is the one described, and the throwaway optimizer has
+    stepped, so the script's stepping of its scheduler finds torch's order kept."""
+    schedulers: list[torch.optim.lr_scheduler.LRScheduler] = []
+
+    def factory(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        optimizer = torch.optim.AdamW(params, lr=0.01)
+        schedulers.append(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: t / 4))
+        return optimizer
+
+    _, described = pipe_optimizer(factory, None)
+    assert described.lr == 0.01 and schedulers[0].optimizer.param_groups[0]["lr"] == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        schedulers[0].step()

@@ -11,6 +11,7 @@ from torch import nn
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.training.pipe import Pipeline
+from pipeswap.training.pipe_padding import attends_causally
 from tests.models.tiny_lm import TinyLM
 
 transformers = pytest.importorskip("transformers")
@@ -71,6 +72,9 @@ def test_padding_that_would_change_a_scored_position_is_refused() -> None:
     scored["labels"] = scored["input_ids"]  # the padding is scored too
     with pytest.raises(ConfigError, match="row 1's labels score padded positions.*-100"):
         pipe.step(**scored)
+    typed = _batches()[0] | {"token_type_ids": torch.zeros(4, 12, dtype=torch.long)}
+    with pytest.raises(ConfigError, match="not token_type_ids: .*Mind: token_type_ids changes"):
+        pipe.step(**typed)
     short = _batches()[0]
     short["attention_mask"] = short["attention_mask"][:, :5]
     with pytest.raises(ConfigError, match="attention_mask has shape \\(4, 5\\)"):
@@ -82,7 +86,9 @@ def test_padding_that_would_change_a_scored_position_is_refused() -> None:
 def test_a_model_that_attends_both_ways_takes_padding_only_of_none() -> None:
     batch = _batches()[0]
     pipe = Pipeline(_model("bert"), stages=1, steps=1, micro_batches=2)
-    with pytest.raises(ConfigError, match="BertForMaskedLM attends both ways.*pack"):
+    with pytest.raises(
+        ConfigError, match="what BertForMaskedLM scores depends on the padding.*pack"
+    ):
         pipe.step(**batch)
     ones = torch.ones_like(batch["attention_mask"])
     assert pipe.step(batch["input_ids"], labels=batch["labels"], attention_mask=ones) is not None
@@ -95,3 +101,17 @@ def test_a_model_without_a_mask_argument_refuses_one_that_pads() -> None:
         pipe.step(
             batch["input_ids"], target=batch["labels"], attention_mask=batch["attention_mask"]
         )
+
+
+def test_causal_attention_is_what_the_attention_modules_say_not_the_loss() -> None:
+    from tests.models.hf_configs import hf_config
+
+    assert attends_causally(_model("llama")) and not attends_causally(_model("bert"))
+    assert not attends_causally(TinyLM())  # nothing says so: padding is refused
+    # BERT's LM head scores as a causal LM does, but without is_decoder attends both ways.
+    both_ways = transformers.BertLMHeadModel(hf_config("bert"))
+    assert not attends_causally(both_ways)
+    pipe = Pipeline(both_ways, stages=1, steps=1, micro_batches=2)
+    with pytest.raises(ConfigError, match="what BertLMHeadModel scores depends on the padding"):
+        pipe.step(**_batches()[0])
+    assert attends_causally(transformers.BertLMHeadModel(hf_config("bert", is_decoder=True)))

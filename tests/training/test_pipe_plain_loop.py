@@ -197,33 +197,67 @@ def _root_loss(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(net(x).reshape(-1, 64), y.reshape(-1))
 
 
+_RATES = (1.0, 0.1, 0.01)  # a user's scheduler, stepped after each step
+
+
+def _scheduled(schedulers: list[Any]) -> Factory:
+    def factory(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        optimizer = torch.optim.SGD(params, lr=0.3)
+        schedulers.append(
+            torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: _RATES[min(t, len(_RATES) - 1)])
+        )
+        return optimizer
+
+    return factory
+
+
 def _train_root(rank: int, world: int) -> dict[str, Any]:
+    schedulers: list[Any] = []
     pipe = Pipeline(
-        _root_model(),
-        stages=world,
-        steps=3,
-        schedule="1f1b",
-        micro_batches=2,
-        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.3),
-    )
-    losses = [pipe.step(x, target=x.roll(-1, 1)) for x in _ROOT_BATCHES]
+        _root_model(), stages=world, steps=3, schedule="1f1b", micro_batches=2,
+        optimizer=_scheduled(schedulers),
+    )  # fmt: skip
+    losses, held_out, mid_run = [], None, None
+    for t, x in enumerate(_ROOT_BATCHES):
+        losses.append(pipe.step(x, target=x.roll(-1, 1)))
+        for scheduler in schedulers:
+            scheduler.step()
+        if t == 0:  # between steps: the weights after the first, the tied one's too
+            held_out = pipe.eval(x, target=x.roll(-1, 1))
+            taken = pipe.state_dict()  # the model's own tensors, as model.state_dict()'s
+            mid_run = None if taken is None else {k: v.clone() for k, v in taken.items()}
     state = pipe.state_dict()
     pipe.close()
-    return {"losses": losses, "state": state}
+    return {"losses": losses, "state": state, "held_out": held_out, "mid_run": mid_run}
 
 
 @pytest.mark.dist
 def test_parameters_the_root_holds_train_on_the_stages_that_use_them() -> None:
     """The position table is read before the blocks (stage 0), the temperature after them
     (stage 1), and the embedding's weight on both sides (tied across the stages): each
-    trains as in the plain loop."""
+    trains as in the plain loop, at the rate the user's scheduler sets for each step, and
+    between steps a held-out batch and the weights taken see every update made."""
     plain = _root_model()
-    batches = [(x, x.roll(-1, 1)) for x in _ROOT_BATCHES]
-    expected = _plain(plain, batches, lambda ps: torch.optim.SGD(ps, lr=0.3), _root_loss)
+    schedulers: list[Any] = []
+    optimizer = _scheduled(schedulers)(list(plain.parameters()))
+    expected, held_out, mid_run = [], 0.0, {}
+    for t, x in enumerate(_ROOT_BATCHES):
+        loss = _root_loss(plain, x, x.roll(-1, 1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        schedulers[0].step()
+        expected.append(loss.item())
+        if t == 0:
+            with torch.no_grad():
+                held_out = _root_loss(plain, x, x.roll(-1, 1)).item()
+            mid_run = copy.deepcopy(plain)
     launched = spawn(_train_root, 2, timeout_s=120)
     assert launched.ok, launched.exit_codes
     first, last = launched.results
     assert last["losses"] == pytest.approx(expected, rel=1e-5)
+    assert last["held_out"] == pytest.approx(held_out, rel=1e-6)
+    _same_weights(first["mid_run"], mid_run)
     _same_weights(first["state"], plain)
     assert not torch.equal(first["state"]["pos"], _root_model().pos.detach())
 
