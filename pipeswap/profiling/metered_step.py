@@ -3,6 +3,7 @@ layer's edges, for a device whose meter cannot watch the user's own step (the CP
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
@@ -99,9 +100,14 @@ def _roots(output: Any) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
 
 
 def _tensors(tree: Any) -> Iterator[torch.Tensor]:
+    """The tensors of an output: in containers, and in a dataclass's fields (which the
+    pytree takes for one leaf)."""
     for leaf in tree_flatten(tree)[0]:
         if isinstance(leaf, torch.Tensor):
             yield leaf
+        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            for field in dataclasses.fields(leaf):
+                yield from _tensors(getattr(leaf, field.name))
 
 
 def layered_step_memory(

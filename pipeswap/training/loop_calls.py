@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from pipeswap.config_fields import ConfigError
@@ -17,11 +18,14 @@ from pipeswap.errors import PipeswapError
 __all__ = [
     "CACHE_ARGUMENTS",
     "Signature",
+    "cut_from_caller",
     "describe",
+    "modes_of",
     "offload_names",
     "on_device",
     "on_host",
     "optimizer_name",
+    "refuse_transforms",
     "signature",
     "takes_use_cache",
     "without_cache",
@@ -29,11 +33,15 @@ __all__ = [
 
 # What a forward call looks like to a plan: every tensor's shape, dtype, device and
 # whether it needs gradients (an integer matrix's: whether all its values are equal), every
-# other argument's value, and the autocast dtype it runs under.
+# other argument's value, and the autocast dtype and module modes it runs under.
 Signature = tuple[Any, ...]
 
 
-def signature(args: Any, kwargs: Any, device: torch.device) -> Signature:
+def signature(
+    args: Any, kwargs: Any, device: torch.device, modes: tuple[bool, ...] = ()
+) -> Signature:
+    """The call's signature; ``modes``: its model's modules' ``training`` flags (a module
+    in train mode may save more: dropout's masks), so a call in eval mode has its own plan."""
     leaves, spec = tree_flatten((args, kwargs))
     uniform = _uniform([x for x in leaves if isinstance(x, torch.Tensor)])
     shape = tuple(
@@ -43,7 +51,12 @@ def signature(args: Any, kwargs: Any, device: torch.device) -> Signature:
         for x in leaves
     )
     cast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
-    return (str(spec), shape, cast)
+    return (str(spec), shape, (cast, modes))
+
+
+def modes_of(model: nn.Module) -> tuple[bool, ...]:
+    """The ``training`` flag of each of ``model``'s modules, in order (a call's signature)."""
+    return tuple(m.training for m in model.modules())
 
 
 def _uniform(tensors: list[torch.Tensor]) -> dict[int, bool]:
@@ -147,6 +160,31 @@ def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
 def on_host(call: tuple[Any, Any]) -> tuple[Any, Any]:
     """The call's tensors copied to the host (a plan made again moves them back)."""
     return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, call)
+
+
+def refuse_transforms() -> None:
+    """Refuse a forward inside a torch.func transform (grad, vmap, jacrev): its saved
+    tensors are the transform's wrappers, which have no storage to move or count."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        raise PipeswapError(
+            "offload: this forward runs inside a torch.func transform (grad, vmap, jacrev), "
+            "whose saved tensors cannot be moved to the host: run the transform without "
+            "offload, or take gradients with loss.backward() or torch.autograd.grad"
+        )
+
+
+def cut_from_caller(call: tuple[Any, Any]) -> tuple[Any, Any]:
+    """The call as a step run aside takes it: each tensor that needs gradients becomes a
+    leaf of its own (the same storage), so the aside backward stops at the model's inputs
+    and never runs on into the caller's graph (an encoder's, a learnt prompt's: freed, or
+    filled with a second gradient) nor into its ``.grad``."""
+
+    def cut(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            return x.detach().requires_grad_()
+        return x
+
+    return tree_map(cut, call)
 
 
 def on_device(call: tuple[Any, Any], device: torch.device) -> tuple[Any, Any]:

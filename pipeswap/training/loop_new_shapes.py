@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from pipeswap.config_fields import ConfigError
 from pipeswap.profiling.profile import Profile
 from pipeswap.swap.plan.workload import workload_from_profile
-from pipeswap.training.loop_calls import Signature, describe
+from pipeswap.training.loop_calls import Signature, describe, modes_of
 from pipeswap.training.loop_calls import signature as call_signature
 from pipeswap.training.loop_derive import derived_profile
 from pipeswap.training.loop_plans import LoopPlanner
@@ -86,7 +86,7 @@ def _least(
     planner: LoopPlanner, call: tuple[Any, Any], bases: Sequence[tuple[Signature, Profile]]
 ) -> int:
     """The least budget of ``call`` with every layer recomputed, by its derived profile."""
-    signature = call_signature(*call, planner.device)
+    signature = call_signature(*call, planner.device, modes_of(planner.model))
     profile, _ = derived_profile(planner, signature, call, bases)
     return workload_from_profile(profile).min_budget_bytes(recomputing=True)
 

@@ -26,7 +26,7 @@ from pipeswap.swap.runtime.learning import learning_step, learnt_by
 from pipeswap.swap.runtime.recompute import RecomputeSizes, measure_recomputation
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.training.data_parallel import swap_topology
-from pipeswap.training.loop_calls import offload_names, on_host
+from pipeswap.training.loop_calls import cut_from_caller, offload_names, on_host
 from pipeswap.training.loop_profile import loop_profile
 from pipeswap.training.shape_plan import REPLANS, ShapePlan, TriedPlan
 from pipeswap.units import format_bytes
@@ -75,6 +75,7 @@ class LoopPlanner:
         """What each layer saves (one forward as the plan names it), and what recomputing
         each layer would keep and save again, whole or selectively (one forward with every
         layer wrapped for recomputation, as the runtime runs it)."""
+        args, kwargs = cut_from_caller((args, kwargs))
         with self.quiet():
             return measure_recomputation(
                 self.model, self.layers, self.layer_names, lambda: self.model(*args, **kwargs)
@@ -85,6 +86,7 @@ class LoopPlanner:
     ) -> tuple[BlockTiming, int]:
         """One forward and backward of this call run aside under the storage count, with
         ``executor``'s plan (None: as a shape is learnt, pipeswap.swap.runtime.learning)."""
+        args, kwargs = cut_from_caller((args, kwargs))
         timing = BlockTiming()  # a learnt step notes its copies back in it
         learning = learning_step(self.learnt_by, self.model, self.layers, timing)
         with self.quiet():

@@ -22,8 +22,8 @@ from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.learning import SAID, learning_step
 from pipeswap.swap.runtime.stats import StepStats
 from pipeswap.swap.swap_config import SwapConfig
-from pipeswap.training.loop_calls import Signature, optimizer_name, takes_use_cache, without_cache
-from pipeswap.training.loop_calls import signature as call_signature
+from pipeswap.training import loop_calls
+from pipeswap.training.loop_calls import Signature
 from pipeswap.training.loop_meter import LoopMeter
 from pipeswap.training.loop_plans import LoopPlanner, offload_names
 from pipeswap.training.loop_shapes import ShapePlans, describe
@@ -151,7 +151,7 @@ class Offload:
         # A Hugging Face model builds a key/value cache in training forwards unless told
         # not to (its default): the cache holds every layer's keys and values beyond the
         # backward's use of them, so swapping or recomputing them would free nothing.
-        self._takes_use_cache = takes_use_cache(self.model.forward, self.model)
+        self._takes_use_cache = loop_calls.takes_use_cache(self.model.forward, self.model)
         self.layers = resolve_layers(self.model, self.layer_names)
         self.optimizer_state: torch.optim.Optimizer | None = None
         self._optimizer_hooks: list[Any] = []
@@ -161,7 +161,7 @@ class Offload:
                 optimizer.register_step_pre_hook(lambda *_: self.meter.optimizer_step(True)),
                 optimizer.register_step_post_hook(lambda *_: self.meter.optimizer_step(False)),
             ]
-            optimizer = optimizer_name(optimizer)
+            optimizer = loop_calls.optimizer_name(optimizer)
         self.optimizer = optimizer
         device = self._device()
         self.check_memory = device.type == "cuda" if check_memory is None else check_memory
@@ -235,8 +235,9 @@ class Offload:
     def _before(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
         if self._inside or not torch.is_grad_enabled():
             return None
+        loop_calls.refuse_transforms()
         if self._takes_use_cache:
-            kwargs = without_cache(kwargs, args)
+            kwargs = loop_calls.without_cache(kwargs, args)
         self._end_pending()
         self._remove_timing()
         held_bytes = self.meter.stop()
@@ -248,7 +249,9 @@ class Offload:
             (timed, call, timing), self._timed = self._timed, None
             memory = timing.step_memory(self.layer_names, held_bytes)
             self.shapes.plan(timed, call, timing, memory, **self._plan_settings())
-        signature = call_signature(args, kwargs, self._device())
+        signature = loop_calls.signature(
+            args, kwargs, self._device(), loop_calls.modes_of(self.model)
+        )
         covering, planned = self.shapes.serving(signature, args, kwargs, self._device())
         self._last_call = {
             "shape": describe(signature),
@@ -328,19 +331,20 @@ class Offload:
         one forward and backward aside, timed and metered; gradients, buffers and random
         streams are left as they were."""
         if self._takes_use_cache:
-            kwargs = without_cache(kwargs, args)
+            kwargs = loop_calls.without_cache(kwargs, args)
         self._end_pending()
         self.shapes.trainable_changed(self.model)
         self.meter.end_count()  # the step run aside is not the user's
         started = time.perf_counter()
-        signature = call_signature(args, kwargs, self._device())
+        signature = loop_calls.signature(
+            args, kwargs, self._device(), loop_calls.modes_of(self.model)
+        )
         timing, memory = self.planner.aside(args, kwargs, state_bytes=self._unseen_state())
         self.shapes.plan(
             signature, (args, kwargs), timing, memory, aside=True, **self._plan_settings()
         )
         self.shapes.declared = signature
-        # The step run aside is part of planning here (in the loop, the timed step is the
-        # user's own).
+        # The step run aside is part of planning here (in the loop, the user's is timed).
         self.shapes.plans[signature].planning_s = time.perf_counter() - started
 
     def _plan_settings(self) -> dict[str, Any]:

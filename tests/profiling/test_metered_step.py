@@ -3,6 +3,8 @@ the model, its gradients and the random generators as they were."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from pipeswap.models.registry import build_model
@@ -44,3 +46,26 @@ def test_the_meta_device_reads_what_the_cpu_does() -> None:
     assert cpu is not None and meta is not None
     assert meta.forward_peak_bytes == cpu.forward_peak_bytes
     assert meta.turn_peak_bytes == cpu.turn_peak_bytes
+
+
+@dataclasses.dataclass
+class _Out:
+    hidden: torch.Tensor
+    note: str = "a field that is no tensor"
+
+
+def test_an_output_dataclass_is_backed_through_as_a_dict_is() -> None:
+    """The pytree takes a dataclass for one leaf: its tensors are found by their fields,
+    so the step aside runs its backward (and reads its peak) as for a dict."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+    x = torch.randn(16, 8)
+    layers = {"0": net[0], "2": net[2]}
+    cpu = torch.device("cpu")
+    peaks = [
+        metered_step(net, lambda wrap=wrap: wrap(net(x)), layers, cpu, holding=(net, x))[1]
+        for wrap in (lambda h: {"hidden": h}, _Out)
+    ]
+    assert peaks[0] == peaks[1]
+    forward_only = metered_step(net, lambda: net(x).detach(), layers, cpu, holding=(net, x))[1]
+    assert peaks[1] > forward_only  # its backward ran: gradients were held

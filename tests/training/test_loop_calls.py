@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from pipeswap.errors import PipeswapError
-from pipeswap.training.loop_calls import optimizer_name, signature, takes_use_cache, without_cache
+from pipeswap.training.loop_calls import (
+    modes_of,
+    optimizer_name,
+    refuse_transforms,
+    signature,
+    takes_use_cache,
+    without_cache,
+)
 
 CPU = torch.device("cpu")
 
@@ -19,6 +26,11 @@ def test_a_signature_is_the_shapes_the_other_values_and_the_autocast() -> None:
     assert signature((x,), {"flag": False}, CPU) != same
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert signature((x,), {"flag": True}, CPU) != same
+    # A model in eval mode saves less (no dropout masks): its calls are others.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout(0.1))
+    training = signature((x,), {"flag": True}, CPU, modes_of(model))
+    assert training != signature((x,), {"flag": True}, CPU, modes_of(model.eval()))
+    assert training == signature((x,), {"flag": True}, CPU, modes_of(model.train()))
 
 
 def test_a_mask_without_padding_is_another_call() -> None:
@@ -95,3 +107,14 @@ def test_an_optimizer_is_named_as_the_state_model_knows_it() -> None:
     assert optimizer_name(torch.optim.SGD(params, lr=0.1)) == "sgd"
     assert optimizer_name(torch.optim.Adam(params)) == "adam"
     assert optimizer_name(torch.optim.RMSprop(params)) == "adamw"  # two buffers: the safe side
+
+
+def test_a_forward_inside_a_torch_func_transform_is_refused_saying_what_to_do() -> None:
+    refuse_transforms()  # outside any transform: nothing to say
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        refuse_transforms()
+        return (x * x).sum()
+
+    with pytest.raises(PipeswapError, match="inside a torch.func transform .* loss.backward"):
+        torch.func.grad(loss)(torch.ones(3))

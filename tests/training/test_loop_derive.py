@@ -19,7 +19,7 @@ from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.saved import SavedTensorCapture
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.capture import _LayerView, capture_records, resolve_layers
-from pipeswap.training.loop_calls import Signature, signature, without_cache
+from pipeswap.training.loop_calls import Signature, modes_of, signature, without_cache
 from pipeswap.training.loop_derive import (
     Scaling,
     derive_profile,
@@ -116,7 +116,7 @@ def _measured(off: Offload, length: int) -> tuple[Signature, Profile, dict[str, 
     """A shape measured (plan_for's step run aside): its signature, profile and call."""
     batch = without_cache(padded_batches(1, length, length)[0])
     off.plan_for(**batch)
-    key = signature((), batch, CPU)
+    key = signature((), batch, CPU, modes_of(off.model))
     return key, off.shapes.plans[key].profile, batch
 
 

@@ -331,3 +331,35 @@ def test_a_graph_kept_for_a_second_backward_sends_its_swapped_tensors_back_and_s
     assert _equal(plain, swapped)
     budget = off.stats()["budget_bytes"]
     assert max(peaks[2:]) <= budget * 1.05 < max(plain_peaks), max(peaks[2:]) / budget
+
+
+def _upstream(model: nn.Module, wrap: Callable[[], AbstractContextManager[Any]]) -> Result:
+    """An encoder of the user's, not offloaded, feeds the model: one backward through both."""
+    torch.manual_seed(2)
+    encoder = nn.Linear(64, 64)
+    optimizer = torch.optim.SGD([*encoder.parameters(), *model.parameters()], lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(4):
+        h = encoder(torch.randn(8, 128, 64, generator=generator))
+        with wrap():
+            loss = model(h)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    weights = [p.detach().clone() for p in [*encoder.parameters(), *model.parameters()]]
+    return losses, weights
+
+
+@pytest.mark.parametrize("policy", ["auto", "recompute"])
+def test_an_input_from_the_user_s_own_graph_is_not_backed_through_by_planning(
+    policy: str,
+) -> None:
+    """The steps planning runs aside stop at the model's inputs: the encoder's graph is
+    neither run a second time (freed: an error) nor given a second gradient."""
+    plain = _upstream(_Net(), nullcontext)
+    model = _Net()
+    off = offload(model, footprint_ratio=1.5, policy=policy)
+    assert _equal(plain, _upstream(model, lambda: off))
+    assert off.stats()["planned_shape"] is not None
