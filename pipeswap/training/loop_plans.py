@@ -198,6 +198,7 @@ class LoopPlanner:
         policies to try in turn, None the run's), checked (``check``) by a step run aside
         on the CPU; a call no plan fits is refused or recomputes every layer (plan_shape)."""
         args, kwargs = call
+        first = self.budget_bytes is None  # (a refusal then names the smallest budget)
         budget = self.budget(profile)
         recomputes_all, margin = False, int(self.overshoot * budget)
         for config in configs:
@@ -211,10 +212,9 @@ class LoopPlanner:
                 result, executor = self.make(profile, budget, args, kwargs, config=config)
                 break
             except ConfigError:
-                if config is configs[-1] and fits is None:  # the first shape: the
-                    raise  # refusal names the smallest budget
+                if config is configs[-1] and first:
+                    raise
         else:
-            assert fits is not None
             result, executor = self._beyond_budget(profile, budget, call, shape, fits)
             recomputes_all = True
         planned = ShapePlan(
@@ -245,16 +245,24 @@ class LoopPlanner:
         budget: int,
         call: tuple[Any, Any],
         shape: str,
-        fits: str,
+        fits: str | None,
     ) -> tuple[PlanResult, SwapExecutor | None]:
         """A call no plan fits within the run's budget: refused (``on_infeasible="error"``),
-        or run recomputing every layer it can (``"recompute-all"``), said in a warning."""
+        or run recomputing every layer it can (``"recompute-all"``), said in a warning.
+        ``fits``: the largest shape planned within it (None: none since the model's
+        trainable parameters changed, which lets every plan go)."""
         workload = workload_from_profile(profile)
         least = workload.min_budget_bytes(recomputing=True)
         over = (
             f"a batch of shape {shape} needs at least {format_bytes(least)} "
             f"({least} bytes) with every layer recomputed, more than the run's budget of "
-            f"{format_bytes(budget)}; the largest shape planned within it is {fits}"
+            f"{format_bytes(budget)}"
+            + (
+                f"; the largest shape planned within it is {fits}"
+                if fits is not None
+                else ", resolved at its first plan (the model's trainable parameters have "
+                "changed since: gradients and optimizer state grew)"
+            )
         )
         if self.on_infeasible != "recompute-all":
             raise ConfigError(

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from pipeswap.config_fields import ConfigError
 from pipeswap.profiling.meter import DeviceMeter
 from pipeswap.training.offload import offload
 
@@ -363,3 +364,28 @@ def test_an_input_from_the_user_s_own_graph_is_not_backed_through_by_planning(
     off = offload(model, footprint_ratio=1.5, policy=policy)
     assert _equal(plain, _upstream(model, lambda: off))
     assert off.stats()["planned_shape"] is not None
+
+
+@pytest.mark.parametrize("on_infeasible", ["error", "recompute-all"])
+def test_blocks_unfrozen_beyond_the_run_s_budget_say_so_or_recompute_as_chosen(
+    on_infeasible: str,
+) -> None:
+    """The budget was resolved while two blocks were frozen (1/1.5 of that run's peak);
+    unfrozen, their gradients and optimizer state need more than it even with every layer
+    recomputed: the refusal says so (not a footprint ratio the user already gave), or
+    every layer is recomputed beyond the budget with a warning, as chosen."""
+    model = _Net(frozen=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    off = offload(model, footprint_ratio=1.5, optimizer=optimizer, on_infeasible=on_infeasible)
+    said = "with every layer recomputed, more than the run's budget .* trainable parameters"
+    if on_infeasible == "error":
+        with pytest.raises(ConfigError, match=said):
+            _unfreezing(model, off, optimizer, unfreeze_at=3)
+        return
+    plain_model = _Net(frozen=2)
+    plain, _ = _unfreezing(
+        plain_model, None, torch.optim.AdamW(plain_model.parameters(), lr=1e-3), unfreeze_at=3
+    )
+    with pytest.warns(RuntimeWarning, match=said):
+        ours, _ = _unfreezing(model, off, optimizer, unfreeze_at=3)
+    assert _equal(ours, plain)
