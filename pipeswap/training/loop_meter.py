@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -10,8 +11,13 @@ import torch
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
 from pipeswap.training.shape_plan import ShapePlan
+from pipeswap.units import format_bytes
 
-__all__ = ["LoopMeter"]
+__all__ = ["LoopMeter", "say_over"]
+
+# What a read step may hold over its plan's budget before it is said: the meter's own
+# spread between equal steps, and the runtime's buffers the plans round.
+_OVER = 0.02
 
 
 class LoopMeter:
@@ -45,6 +51,7 @@ class LoopMeter:
         self.step_peak_bytes = 0  # CPU: the optimizer step's peak, when read
         self.counting_step = False  # CPU: the storage count of watch_step is on
         self.unseen_bytes = 0  # CPU: what the step holds that the count cannot see
+        self.serving: ShapePlan | None = None  # the plan of the step watch_step reads
 
     def time(self, timing: BlockTiming, *, optimizer_hooked: bool) -> None:
         """Read a timed step: at its layers' edges (CUDA), or its optimizer step (CPU)."""
@@ -61,13 +68,20 @@ class LoopMeter:
         self.meter.reset_peak()
         self.measuring = planned
 
-    def watch_step(self, holding: tuple[Any, ...] = (), unseen_bytes: int = 0) -> None:
+    def watch_step(
+        self,
+        holding: tuple[Any, ...] = (),
+        unseen_bytes: int = 0,
+        planned: ShapePlan | None = None,
+    ) -> None:
         """Read the device over this step too, for stats(): CUDA's allocator to the next
         forward; on the CPU the storage count over its forward and backward, with what
         ``holding`` holds (the call) counted from the start and ``unseen_bytes`` (optimizer
-        state the count cannot see) added."""
+        state the count cannot see) added. A step that runs ``planned`` and holds more than
+        its budget is said in a warning, once a plan (:meth:`stop`)."""
         if self.meter is not None:
             return
+        self.serving = planned
         if self.device.type == "cuda":
             self.meter = DeviceMeter(self.device)
             self.meter.reset_peak()
@@ -112,7 +126,11 @@ class LoopMeter:
         a timed step's last interval, or a plan's first step, checked against its budget.
         Returns what the device holds now (None without a meter)."""
         self.end_count()
+        watched = self.step_peak_so_far()
         meter, self.meter = self.meter, None
+        serving, self.serving = self.serving, None
+        if watched is not None and serving is not None:
+            say_over(serving, watched)
         if meter is None:
             return None
         if self.counting_step:  # nothing else reads the CPU between forwards
@@ -133,3 +151,22 @@ class LoopMeter:
         if measured is None and self.measuring is planned and self.meter is not None:
             measured = self.meter.peak
         return measured
+
+
+def say_over(planned: ShapePlan, peak: int) -> None:
+    """Warn, once a plan, of a step of the user's that held more than ``planned``'s budget:
+    what the plan's profile did not see (it names each layer's saved tensors and working
+    sets in one forward and backward)."""
+    budget = planned.budget_bytes
+    if planned.said_over or planned.recomputes_all or peak <= budget * (1 + _OVER):
+        return
+    planned.said_over = True
+    warnings.warn(
+        f"pipeswap.offload: a step held {format_bytes(peak)}, {peak / budget - 1:.0%} over "
+        f"the run's budget of {format_bytes(budget)}: it holds what its plan did not see, "
+        "as a second backward through the graph (a gradient penalty, create_graph=True) "
+        "or a wrapper's own buffers do; give a smaller budget to keep such steps within "
+        "the device",
+        RuntimeWarning,
+        stacklevel=4,
+    )

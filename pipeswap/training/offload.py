@@ -261,7 +261,7 @@ class Offload:
         if planned is not None and self.check_memory and planned.measured_peak_bytes is None:
             self.meter.watch(planned)
         elif self.every_step:  # (CUDA's timed step is read at its edges instead)
-            self.meter.watch_step((args, kwargs), self._unseen_state())
+            self.meter.watch_step((args, kwargs), self._unseen_state(), planned)
         if planned is None:  # the first call of its structure: learnt, timed
             how = self.planner.learnt_by  # within a plan's memory, not the no-swap peak
             self._last_call["learning"] = f"the first call of its structure {SAID[how]}"

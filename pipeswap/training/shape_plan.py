@@ -51,6 +51,7 @@ class ShapePlan:
     derived_from: str | None = None
     heuristic: str | None = None
     tried: TriedPlan | None = None  # the plan this one replaced, until this one is measured
+    said_over: bool = False  # a read step of the user's held more than the budget: said once
 
     def keep_better(self) -> int | None:
         """Once the current plan's step is measured, the plan it replaced goes: closed where

@@ -389,3 +389,24 @@ def test_blocks_unfrozen_beyond_the_run_s_budget_say_so_or_recompute_as_chosen(
     with pytest.warns(RuntimeWarning, match=said):
         ours, _ = _unfreezing(model, off, optimizer, unfreeze_at=3)
     assert _equal(ours, plain)
+
+
+def test_a_step_holding_what_its_plan_did_not_see_is_said() -> None:
+    """A gradient penalty runs a second backward through the graph, which no plan's
+    profile sees: a step read by check_memory=True that held more than the budget is
+    said, once, naming what such steps hold."""
+    model = _Net()
+    off = offload(model, footprint_ratio=1.5, policy="recompute", check_memory=True)
+    generator = torch.Generator().manual_seed(1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with pytest.warns(RuntimeWarning, match="over the run's budget .*gradient penalty"):
+        for _ in range(4):
+            x = torch.randn(8, 128, 64, generator=generator, requires_grad=True)
+            with off:
+                loss = model(x)
+            (grad,) = torch.autograd.grad(loss, x, create_graph=True)
+            (loss + grad.pow(2).sum()).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    stats = off.stats()
+    assert stats["step_peak_bytes"] > 1.02 * stats["budget_bytes"]
