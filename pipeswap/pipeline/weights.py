@@ -33,32 +33,13 @@ from torch import nn
 from pipeswap.config_fields import require
 from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.predict import DIRECTED, Distances, group_of, step_direction
+from pipeswap.pipeline.prediction_error import PassRecord, PredictionError, finite
 from pipeswap.pipeline.spike_guard import SpikeGuard
 from pipeswap.profiling.meter import unmetered
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.modes import WeightMode, weight_mode
 
-__all__ = ["PredictionError", "StageWeights", "squared_norm"]
-
-
-@dataclass
-class PredictionError:
-    """Sums over passes of ||W_used - W_future|| and ||W_now - W_future|| (one pass kind)."""
-
-    used: float = 0.0
-    stale: float = 0.0
-    passes: int = 0
-
-    @property
-    def ratio(self) -> float | None:
-        """||W_hat - W_future|| / ||W_now - W_future||; None when nothing was stale."""
-        return self.used / self.stale if self.stale > 0 else None
-
-
-@dataclass
-class _Record:
-    now: torch.Tensor
-    used: torch.Tensor
+__all__ = ["StageWeights", "squared_norm"]
 
 
 @dataclass
@@ -134,12 +115,14 @@ class StageWeights:
             name: self._make_optimizer([i]) for name, i in self.shared_at.items()
         }
         self.shared_applied = {name: 0 for name in self.shared_at}
+        # Each tied copy's rates at its update's own UPDATE, which it applies later.
+        self._shared_rates: dict[tuple[str, int], list[float]] = {}
         self.errors = {ActionKind.F.value: PredictionError(), ActionKind.B.value: PredictionError()}
         self._stash: dict[int, list[torch.Tensor]] = {}
         self._latest_stash: tuple[int, list[torch.Tensor] | None] = (-1, None)
         self._backup: list[torch.Tensor] | None = None
         # Keys are plain strings ("F", unit): a checkpoint holds plain data only.
-        self._records: dict[tuple[str, int], _Record] = {}
+        self._records: dict[tuple[str, int], PassRecord] = {}
 
     def _check_factory(self) -> None:
         """Refuse an optimizer of the user's that this weight mode cannot run with (one
@@ -193,7 +176,7 @@ class StageWeights:
             self._predict(s)
         if now is not None:
             used = self._flat() if self._backup is not None else now
-            self._records[(ActionKind(kind).value, unit)] = _Record(now, used)
+            self._records[(ActionKind(kind).value, unit)] = PassRecord(now, used)
 
     @torch.no_grad()
     def after(self, kind: ActionKind, unit: int) -> None:
@@ -281,6 +264,11 @@ class StageWeights:
             self.optimizer.step()
             for group, lr in zip(groups, rates):
                 group["lr"] = lr
+        for name, copy_optimizer in self.shared_optimizers.items():
+            # A scheduler of the user's may move the rate before the copy steps (on an
+            # asynchronous schedule): the copy's update takes this step's.
+            if not self.optimizer_config.lr_varies:
+                self._shared_rates[(name, step)] = [g["lr"] for g in copy_optimizer.param_groups]
         if self.keep_gradients:
             # What this stage computed: a tied copy's own gradient, before the holders' sum.
             kept: list[torch.Tensor] = []
@@ -321,10 +309,18 @@ class StageWeights:
         master.grad = grad
         if self.clip_scales.get(step, 1.0) != 1.0:
             grad.mul_(self.clip_scales[step])
+        groups = optimizer.param_groups
         if self.optimizer_config.lr_varies:
-            for group in optimizer.param_groups:
+            for group in groups:
                 group["lr"] = self.optimizer_config.lr_at(step)
-        optimizer.step()
+            optimizer.step()
+        else:  # at the rates of its own UPDATE, put back after
+            now = [group["lr"] for group in groups]
+            for group, lr in zip(groups, self._shared_rates.pop((name, step), now)):
+                group["lr"] = lr
+            optimizer.step()
+            for group, lr in zip(groups, now):
+                group["lr"] = lr
         master.grad = None
         self.shared_applied[name] += 1
 
@@ -375,7 +371,7 @@ class StageWeights:
         self.updates = state["updates"]
         self.errors = {k: PredictionError(*v) for k, v in state["errors"].items()}
         self._stash = state["stash"]
-        self._records = {key: _Record(*pair) for key, pair in state["records"].items()}
+        self._records = {key: PassRecord(*pair) for key, pair in state["records"].items()}
         for name, (applied, saved) in state.get("shared", {}).items():
             self.shared_applied[name] = applied
             self.shared_optimizers[name].load_state_dict(saved)
@@ -386,15 +382,11 @@ class StageWeights:
     def prediction_error(self) -> dict[str, float | None]:
         """Per pass kind: ||W_hat - W_future|| / ||W_now - W_future|| summed over passes."""
         return {
-            "forward": _finite(self.errors[ActionKind.F.value].ratio),
-            "backward": _finite(self.errors[ActionKind.B.value].ratio),
+            "forward": finite(self.errors[ActionKind.F.value].ratio),
+            "backward": finite(self.errors[ActionKind.B.value].ratio),
         }
 
 
 def squared_norm(tensor: torch.Tensor) -> float:
     """``tensor``'s squared L2 norm, summed in float64 (the same on every rank)."""
     return float(torch.linalg.vector_norm(tensor.detach(), dtype=torch.float64)) ** 2
-
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else value
