@@ -6,6 +6,7 @@ Covers: pipeswap/pipeline/snapshot.py, pipeswap/checkpoint.py (the pipeline side
 from __future__ import annotations
 
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,18 @@ def test_a_signal_to_the_emulator_checkpoints_at_a_cut_all_stages_agree_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, status: int
 ) -> None:
     """SIGTERM (a job scheduler) and Ctrl-C alike: a checkpoint every stage agrees on."""
+    # As in the foreground: a background job's shell ignores Ctrl-C, and so does a run
+    # started there (pipeswap.checkpoint keeps an ignored signal ignored).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _stopped_by_a_signal_and_resumed(tmp_path, monkeypatch, name, status)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stopped_by_a_signal_and_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, status: int
+) -> None:
     config = replace_fields(BASE, steps=14)
     alone = Emulator(config).run()
     monkeypatch.setenv(FAULT_ENV, f"0:3:{name}")  # stage 0 gets it after its 4th step
