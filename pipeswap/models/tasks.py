@@ -35,7 +35,7 @@ class Recipe:
         return int(steps * self.warmup_fraction)
 
     def describe(self) -> str:
-        """The recipe as the CLI's help states it (argparse reads ``%%`` as a percent sign)."""
+        """The recipe as the CLI's help states it (its help formatter reads ``%%`` as a percent sign)."""
         text = f"{self.optimizer} at {self.lr:g}"
         if self.warmup_fraction:
             text += f", warmed up over the first {self.warmup_fraction * 100:.0f}%% of the steps"
