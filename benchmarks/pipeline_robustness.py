@@ -30,8 +30,9 @@ converging mode counts 100%. One
 seed (0): single-run numbers. The rule's power swept on async-1f1b's prediction, rows not
 recommended: P = 3, and on the language models P = 50, a control in which only the last
 stage trains (every delayed stage steps at 2^-50 of the rate or less). The language models
-run 400 steps, the images 150. The language models' cells at K = 4 run again at seeds 1 and
-2 with 1F1B, stale and the recommended modes: is a recovery the mode's or seed 0's?"""
+run 400 steps, the images 150. The language models' cells at K = 4 and the image cells (whose
+penalties are the smallest, so one seed's noise is the largest share of them) run again at
+seeds 1 and 2 with 1F1B, stale and the recommended modes: is a recovery the mode's or seed 0's?"""
 
 from __future__ import annotations
 
@@ -287,8 +288,9 @@ def summary(
     return lines, cells, diverged_count
 
 
-def criteria(cells: list[Cell], diverged: int) -> list[str]:
-    """The issue's targets, each checked against the cells."""
+def criteria(cells: list[Cell], diverged: int, image_means: list[float]) -> list[str]:
+    """The issue's targets, each checked against the cells (``image_means``: per image cell,
+    the best recommended mode's recovery of the seed means)."""
     lm = [c for c in cells if c[0] != "image"]
     lm_k4_adamw = [c for c in lm if c[1] == "adamw" and c[2] == 4]
     below = [c for c in lm if not c[4] >= 0.5]
@@ -308,7 +310,28 @@ def criteria(cells: list[Cell], diverged: int) -> list[str]:
         + f" of {len(lm)}.",
         "- Images, best recommended mode per cell (target: 77-96% as before): "
         + (f"{min(images):.0%} to {max(images):.0%}" if images else "-")
+        + (
+            f"; of the means over seeds 0-{MORE_SEEDS[-1]}: "
+            f"{min(image_means):.0%} to {max(image_means):.0%}"
+            if image_means
+            else ""
+        )
         + ".",
+    ]
+
+
+def best_of_means(seeded: dict[tuple[Any, ...], Any], task: str) -> list[float]:
+    """Per cell of ``task`` run at more seeds: its best recommended mode's recovery of the
+    seed means."""
+    cells = sorted({k[:4] for k in seeded if k[0] == task and k[5] in MORE_SEEDS})
+    return [
+        max(
+            recovery_of_means(seed_means(seeded, cell, row.label))
+            for row in rows_of(task, cell[2])
+            if row.recommended
+        )
+        for cell in cells
+        if (*cell, "stale", MORE_SEEDS[0]) in seeded
     ]
 
 
@@ -347,24 +370,47 @@ def async_work(
     return out
 
 
-# The language-model cells at K = 4 (AdamW's are the headline; SGD's the weakest) again at
-# more seeds: is a recovery a property of the mode or of seed 0? The recommended rows, with
-# 1F1B and stale beside them.
+# The language-model cells at K = 4 (AdamW's are the headline; SGD's the weakest) and every
+# image cell (the smallest penalties, so the noisiest shares) again at more seeds: is a
+# recovery a property of the mode or of seed 0? The recommended rows, with 1F1B and stale
+# beside them (1F1B once per rate: it trains the same at any K).
 MORE_SEEDS = (1, 2)
+
+
+def seeded_depths(task: str) -> tuple[int, ...]:
+    return STAGES if task == "image" else (4,)
 
 
 def seed_work(task_map: dict[str, Task], done: set[Any]) -> list[Job]:
     return [
-        (task, 4, optimizer, lr, row, seed)
+        (task, k, optimizer, lr, row, seed)
         for seed in MORE_SEEDS
         for optimizer in ROWS
         for task in task_map.values()
-        if task.name != "image"
         for lr in LRS[(task.name, optimizer)][:ASYNC_RATES]
+        for k in seeded_depths(task.name)
         for row in (SYNC, *rows_of(task.name, optimizer))
-        if row.recommended or row.label in ("stale", SYNC.label)
-        if (task.name, 4, optimizer, lr, row.label, seed) not in done
+        if row.recommended or row.label == "stale" or (row is SYNC and k == STAGES[0])
+        if (task.name, k, optimizer, lr, row.label, seed) not in done
     ]
+
+
+def seed_means(seeded: dict[tuple[Any, ...], Any], cell: tuple[Any, ...], label: str) -> Any:
+    """Per seed, the cell's (1F1B, stale, mode) losses; 1F1B's run is the one at K = 4."""
+    seeds = (0, *MORE_SEEDS)
+    sync_cell = (cell[0], STAGES[0], *cell[2:])
+    return [
+        [seeded.get((*where, name, s), math.nan) for s in seeds]
+        for where, name in ((sync_cell, SYNC.label), (cell, "stale"), (cell, label))
+    ]
+
+
+def recovery_of_means(runs: list[list[Any]]) -> float:
+    """(stale - mode) / (stale - 1F1B) of the mean losses (a diverged run counts 0%)."""
+    means = [
+        None if any(v is None for v in values) else sum(values) / len(values) for values in runs
+    ]
+    return math.nan if means[0] is None else recovery(means[1], means[0], means[2])
 
 
 def seed_section(seeded: dict[tuple[Any, ...], Any]) -> list[str]:
@@ -374,35 +420,46 @@ def seed_section(seeded: dict[tuple[Any, ...], Any]) -> list[str]:
         return []
     seeds = (0, *MORE_SEEDS)
     lines = [
-        f"## Language models, K = 4, seeds {', '.join(map(str, seeds))}",
+        f"## Language models at K = 4 and images, seeds {', '.join(map(str, seeds))}",
         "",
-        "Recovery per seed, and of the mean losses over the seeds (a diverged run counts 0%).",
+        "Recovery per seed, and of the mean losses over the seeds (a diverged run counts 0%; "
+        "nan: stale ended no worse than 1F1B at that seed, no penalty to recover). Below it, "
+        "the penalty itself per seed: how far apart 1F1B and stale end is as much the seed's "
+        "as the schedule's.",
         "",
-        "| task | optimizer | lr | mode | "
+        "| task | optimizer | K | lr | mode | "
         + " | ".join(f"seed {s}" for s in seeds)
         + " | of the means |",
-        "|---|---|---:|---|" + "---:|" * (len(seeds) + 1),
+        "|---|---|---:|---:|---|" + "---:|" * (len(seeds) + 1),
     ]
     for cell in cells:
-        task, optimizer, lr = cell[0], cell[2], cell[3]
+        task, k, optimizer, lr = cell
         for row in rows_of(task, optimizer):
             if not row.recommended:
                 continue
-            runs = [
-                [seeded.get((*cell, label, s), math.nan) for s in seeds]
-                for label in (SYNC.label, "stale", row.label)
-            ]
+            runs = seed_means(seeded, cell, row.label)
             shares = [recovery(stale, sync, mode) for sync, stale, mode in zip(*runs)]
-            means = [
-                None if any(v is None for v in values) else sum(values) / len(values)
-                for values in runs
-            ]
-            of_means = math.nan if means[0] is None else recovery(means[1], means[0], means[2])
+            of_means = recovery_of_means(runs)
             lines.append(
-                f"| {task} | {optimizer} | {lr:g} | {row.label} | "
+                f"| {task} | {optimizer} | {k} | {lr:g} | {row.label} | "
                 + " | ".join(f"{v:.0%}" for v in shares)
                 + f" | {of_means:.0%} |"
             )
+    lines += [
+        "",
+        "| task | optimizer | K | lr | "
+        + " | ".join(f"1F1B, stale: seed {s}" for s in seeds)
+        + " |",
+        "|---|---|---:|---:|" + "---|" * len(seeds),
+    ]
+    for cell in cells:
+        task, k, optimizer, lr = cell
+        sync, stale, _ = seed_means(seeded, cell, SYNC.label)
+        lines.append(
+            f"| {task} | {optimizer} | {k} | {lr:g} | "
+            + " | ".join(f"{_fmt(a)}, {_fmt(b)}" for a, b in zip(sync, stale))
+            + " |"
+        )
     return [*lines, ""]
 
 
@@ -424,7 +481,7 @@ def render(argv: list[str], cache: RecordCache, task_names: list[str]) -> str:
         "",
         "## The targets",
         "",
-        *criteria(cells, diverged),
+        *criteria(cells, diverged, best_of_means(seeded, "image")),
         "",
         "## Best recommended mode per cell where 1F1B converges",
         "",

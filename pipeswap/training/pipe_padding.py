@@ -92,12 +92,14 @@ def check_padding(
         "(it attends both ways, or pools the sequence): pipelines run without a mask; pass "
         "batches without padding (pack sequences, or group them by length)",
     )
-    left = pads[:, :-1] & ~pads[:, 1:]  # a pad followed by a token
-    rows = left.any(dim=1).nonzero().flatten().tolist()
+    before = pads[:, :-1] & ~pads[:, 1:]  # a pad followed by a token
+    rows = before.any(dim=1).nonzero().flatten().tolist()
+    row = rows[0] if rows else 0
+    where = "on the left" if bool(pads[row, 0]) else "between its tokens"
     require(
         not rows,
-        f"attention_mask pads row {rows[:1][0] if rows else 0} on the left: a pipeline runs "
-        "without a mask, so its tokens would attend to the padding; pad on the right "
+        f"attention_mask pads row {row} {where}: a pipeline runs without a mask, so the "
+        "tokens after the padding would attend to it; pad on the right only "
         "(tokenizer.padding_side = 'right') with labels -100 there",
     )
     # Position i's output differs from the masked run's only where i is padding.

@@ -38,9 +38,31 @@ def test_summary_counts_recommended_divergence_only_where_1f1b_converged() -> No
     assert cells == [("lm", "sgd", 4, lr_ok, 0.25)]
     assert diverged == 1
     assert "2bw spectrain" in lines[-1]
-    targets = robust.criteria(cells, diverged)
+    targets = robust.criteria(cells, diverged, [])
     assert targets[0].endswith(": 1.")
     assert f"lm sgd K=4 lr {lr_ok:g} (25%)" in targets[2]  # below 50%
+
+
+def test_seed_means_take_1f1b_from_k4_and_the_best_recommended_mode_per_image_cell() -> None:
+    lr = robust.LRS[("image", "sgd")][0]
+    seeds = (0, *robust.MORE_SEEDS)
+    rows = [r.label for r in robust.rows_of("image", "sgd") if r.recommended]
+    seeded: dict[tuple[object, ...], float | None] = {}
+    for s in seeds:
+        seeded[("image", 4, "sgd", lr, "sync 1f1b", s)] = 1.0  # one 1F1B run serves K = 8
+        seeded[("image", 8, "sgd", lr, "stale", s)] = 2.0
+        for n, label in enumerate(rows):
+            # the first mode: 1.5 at every seed; the second: diverges at seed 2
+            seeded[("image", 8, "sgd", lr, label, s)] = 1.5 if n == 0 else (1.2, 1.2, None)[s]
+    runs = robust.seed_means(seeded, ("image", 8, "sgd", lr), rows[0])
+    assert runs == [[1.0] * 3, [2.0] * 3, [1.5] * 3]
+    assert robust.recovery_of_means(runs) == 0.5
+    assert (
+        robust.recovery_of_means(robust.seed_means(seeded, ("image", 8, "sgd", lr), rows[1])) == 0.0
+    )
+    assert robust.best_of_means(seeded, "image") == [0.5]
+    text = robust.criteria([("image", "sgd", 8, lr, 0.4)], 0, [0.5])[3]
+    assert text.endswith("40% to 40%; of the means over seeds 0-2: 50% to 50%.")
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])

@@ -68,6 +68,10 @@ def test_padding_that_would_change_a_scored_position_is_refused() -> None:
     left = _batches(left=True)[0]
     with pytest.raises(ConfigError, match="pads row 1 on the left.*padding_side = 'right'"):
         pipe.step(**left)
+    holed = _batches()[0]
+    holed["attention_mask"][2, 3] = 0  # a hole: tokens on both sides
+    with pytest.raises(ConfigError, match="pads row 2 between its tokens.*on the right only"):
+        pipe.step(**holed)
     scored = _batches()[0]
     scored["labels"] = scored["input_ids"]  # the padding is scored too
     with pytest.raises(ConfigError, match="row 1's labels score padded positions.*-100"):
