@@ -20,6 +20,7 @@ __all__ = [
     "Signature",
     "cut_from_caller",
     "describe",
+    "in_signed_modes",
     "modes_of",
     "offload_names",
     "on_device",
@@ -57,6 +58,26 @@ def signature(
 def modes_of(model: nn.Module) -> tuple[bool, ...]:
     """The ``training`` flag of each of ``model``'s modules, in order (a call's signature)."""
     return tuple(m.training for m in model.modules())
+
+
+@contextmanager
+def in_signed_modes(model: nn.Module, signed: Signature, device: torch.device) -> Iterator[None]:
+    """Run a step aside for the call ``signed`` was made of in that call's module modes and
+    autocast, whatever the forward it is planned in runs under (an evaluation with
+    gradients on, in eval mode or without autocast, after a training step): the plan is
+    the training step's, measured as it ran. The modes are put back after."""
+    cast, modes = signed[2]
+    modules = list(model.modules())
+    now = [m.training for m in modules]
+    if modes and len(modes) == len(modules):
+        for module, mode in zip(modules, modes, strict=True):
+            module.training = mode
+    try:
+        with torch.autocast(device.type, dtype=cast, enabled=cast is not None):
+            yield
+    finally:
+        for module, mode in zip(modules, now, strict=True):
+            module.training = mode
 
 
 def _uniform(tensors: list[torch.Tensor]) -> dict[int, bool]:

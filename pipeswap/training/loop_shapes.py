@@ -24,7 +24,7 @@ from torch import nn
 from pipeswap.errors import PipeswapError
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.profile import StepMemory
-from pipeswap.training.loop_calls import Signature, describe, on_device
+from pipeswap.training.loop_calls import Signature, describe, in_signed_modes, on_device
 from pipeswap.training.loop_derive import same_structure
 from pipeswap.training.loop_new_shapes import derive_plan
 from pipeswap.training.loop_plans import LoopPlanner
@@ -103,7 +103,8 @@ class ShapePlans:
             if planned.replan_due:
                 assert planned.call is not None
                 call = on_device(planned.call, device)
-                planned = self.plans[covering] = self.planner.replan(planned, *call)
+                with in_signed_modes(self.planner.model, covering, device):
+                    planned = self.plans[covering] = self.planner.replan(planned, *call)
             return covering, planned
         bases = [
             (sig, p.profile)
@@ -153,9 +154,10 @@ class ShapePlans:
         if self.plans:
             largest = largest_covered(signature, self.plans)
             fits = "none of this structure" if largest is None else describe(largest)
-        self.plans[signature] = self.planner.plan_shape(
-            timing, call, memory, shape=describe(signature), fits=fits, **settings
-        )
+        with in_signed_modes(self.planner.model, signature, self.planner.device):
+            self.plans[signature] = self.planner.plan_shape(
+                timing, call, memory, shape=describe(signature), fits=fits, **settings
+            )
 
     def trainable_changed(self, model: nn.Module) -> bool:
         """Whether ``model``'s parameters that need gradients differ from the last call's (a

@@ -7,6 +7,7 @@ import torch
 
 from pipeswap.errors import PipeswapError
 from pipeswap.training.loop_calls import (
+    in_signed_modes,
     modes_of,
     optimizer_name,
     refuse_transforms,
@@ -118,3 +119,25 @@ def test_a_forward_inside_a_torch_func_transform_is_refused_saying_what_to_do() 
 
     with pytest.raises(PipeswapError, match="inside a torch.func transform .* loss.backward"):
         torch.func.grad(loss)(torch.ones(3))
+
+
+def test_a_step_aside_runs_in_the_modes_and_autocast_of_the_call_signed() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout(0.1))
+    x = torch.zeros(2, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        signed = signature((x,), {}, CPU, modes_of(model))
+    model.eval()
+    with in_signed_modes(model, signed, CPU):
+        assert modes_of(model) == (True, True, True)
+        assert torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert modes_of(model) == (False, False, False)
+    assert not torch.is_autocast_enabled("cpu")
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        in_signed_modes(model, signature((x,), {}, CPU, modes_of(model)), CPU),
+    ):
+        assert torch.is_autocast_enabled("cpu")  # signed under autocast: kept
+    plain = signature((x,), {}, CPU)
+    with torch.autocast("cpu", dtype=torch.bfloat16), in_signed_modes(model, plain, CPU):
+        assert not torch.is_autocast_enabled("cpu")  # signed without it: off for the step

@@ -410,3 +410,58 @@ def test_a_step_holding_what_its_plan_did_not_see_is_said() -> None:
             optimizer.zero_grad()
     stats = off.stats()
     assert stats["step_peak_bytes"] > 1.02 * stats["budget_bytes"]
+
+
+class _DropoutNet(_Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = self.drop(block(x))
+        return self.head(x).pow(2).mean()
+
+
+def _evaluating_after_the_first_step(
+    model: nn.Module, wrap: Callable[[], AbstractContextManager[Any]], *, evaluate: bool
+) -> Result:
+    """A validation loss in eval mode with gradients left on (no torch.no_grad) after the
+    first step: the forward in which offload plans the first step's training shape."""
+    torch.manual_seed(3)
+    generator = torch.Generator().manual_seed(1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(4):
+        with wrap():
+            loss = model(torch.randn(8, 128, 64, generator=generator))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        if step == 0 and evaluate:
+            model.eval()
+            with wrap():
+                losses.append(model(torch.randn(8, 128, 64, generator=generator)).item())
+            model.train()
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_training_shape_planned_in_an_eval_forward_is_measured_in_train_mode() -> None:
+    """The step run aside to plan a shape runs in the modes (and autocast) of the call
+    that shape was learnt in, not of the forward it is planned in: dropout's masks are
+    named, the budget is the training step's, and each step holds it."""
+    budgets, unmatched = [], []
+    for evaluate in (False, True):
+        model = _DropoutNet()
+        off = offload(model, footprint_ratio=1.5, check_memory=True)
+        got = _evaluating_after_the_first_step(model, lambda off=off: off, evaluate=evaluate)
+        stats = off.stats()
+        off.close()
+        plain = _evaluating_after_the_first_step(_DropoutNet(), nullcontext, evaluate=evaluate)
+        assert _equal(got, plain)
+        budgets.append(stats["budget_bytes"])
+        unmatched.append(stats["unmatched_tensors"])
+        assert stats["step_peak_bytes"] <= 1.02 * stats["budget_bytes"]
+    assert budgets[0] == budgets[1]
+    assert unmatched == [0, 0]
