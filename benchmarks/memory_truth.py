@@ -177,8 +177,11 @@ def user_loop(
     settings: dict[str, Any] | None = None,
     checkpointing: bool = False,
     torch_save_on_cpu: bool = False,
+    keep_outputs: bool = False,
 ) -> Run:
-    """The user's own loop, each step under the device's meter; ``settings`` for offload."""
+    """The user's own loop, each step under the device's meter; ``settings`` for offload.
+    ``keep_outputs``: the loop holds the model's outputs through the backward
+    (``outputs = model(...); loss = outputs.loss``), not only the loss."""
     model = spec.build(device)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -208,7 +211,10 @@ def user_loop(
             with torch.autocast(device.type, dtype=cast or torch.float32, enabled=cast is not None):
                 with wrap():
                     kwargs = {} if off is not None or spec.family == "vit" else {"use_cache": False}
-                    loss = model(**batch, **kwargs).loss
+                    outputs = model(**batch, **kwargs)
+                    loss = outputs.loss
+                    if not keep_outputs:
+                        del outputs
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

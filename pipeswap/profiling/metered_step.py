@@ -23,7 +23,13 @@ from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.profiling.step import optimizer_state_bytes
 from pipeswap.profiling.update_step import update_temporaries
 
-__all__ = ["layered_step_memory", "metered_step", "module_step_memory"]
+__all__ = [
+    "layered_step_memory",
+    "metered_step",
+    "module_step_memory",
+    "output_loss",
+    "output_tensors",
+]
 
 
 def metered_step(
@@ -37,6 +43,7 @@ def metered_step(
     around: Callable[[], AbstractContextManager[Any]] = nullcontext,
     finish: Callable[[], Any] | None = None,
     timing: BlockTiming | None = None,
+    keep_output: bool = False,
 ) -> tuple[BlockTiming, int]:
     """Run ``forward`` and a backward from its output under a :class:`DeviceMeter`, with
     the meter read at ``layers``' edges (``BlockTiming.marks``); returns the timing and the
@@ -49,7 +56,9 @@ def metered_step(
     ``.grad`` are put back as they were, and so are buffers and the random generators
     (``untouched``). ``around`` wraps the forward and ``finish`` runs after the backward (a
     swap executor's step and its end, to measure a plan). ``timing``: the one to fill (a
-    fresh one by default).
+    fresh one by default). ``keep_output``: the output is held through the backward, as a
+    loop that writes ``outputs = model(...); outputs.loss.backward()`` holds its logits
+    (by default only the loss is, as ``loss = model(...).loss`` holds it).
     """
     timing = BlockTiming() if timing is None else timing
     params = [p for p in model.parameters() if p.requires_grad]
@@ -70,12 +79,14 @@ def metered_step(
             # autocast cached; this one runs inside the caller's region: drop them here.
             torch.clear_autocast_cache()
             roots = _roots(output)
-            del output  # as `loss = model(...).loss` keeps only the loss through the backward
+            if not keep_output:
+                del output
             if roots:
                 torch.autograd.backward(
                     [root for root, _ in roots], grad_tensors=[ones for _, ones in roots]
                 )
             del roots
+            output = None
             if finish is not None:
                 finish()
         finally:
@@ -87,19 +98,25 @@ def metered_step(
     return timing, max(peak, *timing.marks.peaks.values(), 0)
 
 
+def output_loss(output: Any) -> torch.Tensor | None:
+    """The loss a model computed (a Hugging Face model given labels), else None."""
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.requires_grad else None
+
+
 def _roots(output: Any) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """Where the backward starts: the loss the model computed, else its outputs."""
-    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+    loss = output_loss(output)
+    if loss is not None:
         return [(loss, None if loss.dim() == 0 else torch.ones_like(loss))]
     return [
         (t, torch.ones_like(t))
-        for t in _tensors(output)
+        for t in output_tensors(output)
         if t.requires_grad and t.is_floating_point()
     ]
 
 
-def _tensors(tree: Any) -> Iterator[torch.Tensor]:
+def output_tensors(tree: Any) -> Iterator[torch.Tensor]:
     """The tensors of an output: in containers, and in a dataclass's fields (which the
     pytree takes for one leaf)."""
     for leaf in tree_flatten(tree)[0]:
@@ -107,7 +124,7 @@ def _tensors(tree: Any) -> Iterator[torch.Tensor]:
             yield leaf
         elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
             for field in dataclasses.fields(leaf):
-                yield from _tensors(getattr(leaf, field.name))
+                yield from output_tensors(getattr(leaf, field.name))
 
 
 def layered_step_memory(

@@ -10,13 +10,17 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_map
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
+from pipeswap.profiling.metered_step import output_loss, output_tensors
+from pipeswap.profiling.step import optimizer_state_bytes
 
 __all__ = [
     "CACHE_ARGUMENTS",
+    "HeldOutputs",
     "Signature",
     "cut_from_caller",
     "describe",
@@ -29,6 +33,7 @@ __all__ = [
     "refuse_transforms",
     "signature",
     "takes_use_cache",
+    "unseen_state_bytes",
     "without_cache",
 ]
 
@@ -58,6 +63,35 @@ def signature(
 def modes_of(model: nn.Module) -> tuple[bool, ...]:
     """The ``training`` flag of each of ``model``'s modules, in order (a call's signature)."""
     return tuple(m.training for m in model.modules())
+
+
+class HeldOutputs:
+    """Whether the loop holds its model's outputs beyond the loss (``outputs = model(...);
+    outputs.loss.backward()`` holds the logits through the backward): a forward's outputs
+    still alive at the next forward. A step run aside for a plan then holds them through
+    its backward too (pipeswap.profiling.metered_step's ``keep_output``)."""
+
+    def __init__(self) -> None:
+        self._watched: list[StorageWeakRef] = []
+
+    def watch(self, output: Any) -> None:
+        """Watch a forward's output: its tensors other than the loss, where it has one (a
+        step run aside starts its backward from the outputs themselves otherwise)."""
+        loss = output_loss(output)
+        self._watched = [
+            StorageWeakRef(t.untyped_storage())
+            for t in (output_tensors(output) if loss is not None else ())
+            if t is not loss and t.requires_grad
+        ]
+
+    def held(self) -> bool | None:
+        """Whether the last output watched is still held (None: none was since the last
+        call)."""
+        if not self._watched:
+            return None
+        held = any(not ref.expired() for ref in self._watched)
+        self._watched = []
+        return held
 
 
 @contextmanager
@@ -172,6 +206,17 @@ def _is_cache(value: Any) -> bool:
     )
 
 
+def unseen_state_bytes(
+    model: nn.Module, optimizer: str, given: torch.optim.Optimizer | None
+) -> int:
+    """Optimizer state the storage count cannot see: all of it when the optimizer was
+    named (not ``given``), or when it has made none yet (no step has run)."""
+    if given is not None and given.state:
+        return 0
+    trainable = (p for p in model.parameters() if p.requires_grad)
+    return optimizer_state_bytes(optimizer, sum(p.numel() * p.element_size() for p in trainable))
+
+
 def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
     """The optimizer's name as the state model knows it (adam, adamw or sgd)."""
     name = type(optimizer).__name__.lower()
@@ -230,6 +275,13 @@ def offload_names() -> Iterator[None]:
     try:
         yield
     except ConfigError as exc:
-        spelled = ConfigError(exc.message)
-        spelled.args = (exc.render(lambda name: _ARGUMENT.get(name, name)),)
-        raise spelled from None
+        # Raised without a name in this frame: a local would hold the exception, whose
+        # traceback holds this frame (a cycle that keeps the forward's frames, and its
+        # output and batch, alive until the garbage collector runs).
+        raise _spelled(exc) from None
+
+
+def _spelled(refused: ConfigError) -> ConfigError:
+    spelled = ConfigError(refused.message)
+    spelled.args = (refused.render(lambda name: _ARGUMENT.get(name, name)),)
+    return spelled

@@ -59,6 +59,9 @@ class LoopPlanner:
     # A search (auto, mip) takes at most this many of the profile's steps (None: the
     # config's time limit alone), and never less than MIN_SEARCH_S.
     search_steps: float | None = None
+    # Steps run aside hold the model's outputs through their backward (HeldOutputs): until
+    # the loop is seen to drop them, as the loop may hold them.
+    keep_outputs: bool = True
     # The most a measured step held over its plan's budget, as a fraction of the budget:
     # what the profiles miss; every later plan is made that much tighter from the start.
     overshoot: float = 0.0
@@ -100,6 +103,7 @@ class LoopPlanner:
                 around=(lambda: learning) if executor is None else executor.forward,
                 finish=None if executor is None else executor.finish_step,
                 timing=timing,
+                keep_output=self.keep_outputs,
             )
 
     def aside(
@@ -310,8 +314,11 @@ class LoopPlanner:
                 payload = exc
         payload = broadcast_from_rank0(payload, world, patient=True)  # rank 0 plans
         if isinstance(payload, PipeswapError):
-            with offload_names():
-                raise payload
+            try:
+                with offload_names():
+                    raise payload
+            finally:  # a local holding the exception, whose traceback holds this frame,
+                del payload  # would keep the forward's output alive until a collection
         plan_json, result = payload
         plan = SwapPlan.from_json(plan_json)
         executor = SwapExecutor(

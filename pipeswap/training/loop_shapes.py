@@ -88,6 +88,7 @@ class ShapePlans:
         self._trainable: tuple[bool, ...] | None = None  # requires_grad, parameter by parameter
         # The gradient bytes held into a forward that the plans count (grads_held).
         self.grad_bytes = 0
+        self.outputs_seen_held = False  # (outputs_held)
 
     def serving(
         self, signature: Signature, args: Any, kwargs: Any, device: torch.device
@@ -169,6 +170,18 @@ class ShapePlans:
         if changed:
             self.close()
         return changed
+
+    def outputs_held(self, held: bool | None) -> None:
+        """Whether the loop was seen holding its model's outputs into the next forward
+        (loop_calls.HeldOutputs; None: not seen). Plans measured with steps that dropped
+        them are let go of once it is seen holding them: the next call is learnt and
+        planned again, within the same budget. Once seen holding them, every later plan
+        holds them (a loop may hold them at some steps only)."""
+        if held is None or held == self.planner.keep_outputs or self.outputs_seen_held:
+            return
+        if held and self.plans:
+            self.close()
+        self.planner.keep_outputs = self.outputs_seen_held = held
 
     def grads_held(self, model: nn.Module, device: torch.device) -> None:
         """Gradients held into a forward (accumulated over micro-batches, or zeroed and kept

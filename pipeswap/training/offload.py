@@ -16,7 +16,6 @@ from pipeswap.dist.ddp import unwrap
 from pipeswap.errors import PipeswapError
 from pipeswap.models.blocks import find_blocks
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
-from pipeswap.profiling.step import optimizer_state_bytes
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.learning import SAID, learning_step
@@ -53,10 +52,11 @@ def offload(
     ``with off:`` around the forward (``off = offload(model, footprint_ratio=1.5)``); the backward
     and the optimizer step stay yours. The first call is learnt within a plan's memory (each
     layer's saved tensors on the host once it has run) while timed; the next forward plans it
-    (``policy``, within the run's budget, on ``topology`` or this machine's) and every call
-    it covers runs the plan; ``off.plan_for(**largest_batch)``
-    does so before the loop. Losses and weights stay bit-identical to the loop without it
-    (run with ``use_cache=False``, as offload passes it). Under your own DDP, rank 0 plans for
+    (``policy``, within the run's budget, on ``topology`` or this machine's) and every call it
+    covers runs the plan; ``off.plan_for(**largest_batch)`` does so before the loop. Losses
+    and weights stay bit-identical to the loop without it (run with ``use_cache=False``, as
+    offload passes it). A loop that holds the model's outputs (``outputs = model(...)``)
+    through its backward is planned with them held. Under your own DDP, rank 0 plans for
     every rank (swaps coordinate them): every rank must see the same input shapes at the same
     steps, as a DistributedSampler gives. ``layers`` are the submodules plans cut at
     (default: the model's repeated block list); ``optimizer`` says which state the budget counts
@@ -176,6 +176,7 @@ class Offload:
         self._pending: SwapExecutor | None = None  # whose step ends at the next forward
         self._last: StepStats | None = None
         self._last_plan: ShapePlan | None = None
+        self._outputs = loop_calls.HeldOutputs()  # does the loop hold them into the next?
         self.steps = 0
         self.learning_steps = 0
         self.planner = LoopPlanner(
@@ -244,6 +245,7 @@ class Offload:
         started = time.perf_counter()
         if self.shapes.trainable_changed(self.model):  # its plans are gone: learn again
             self._timed = None
+        self.shapes.outputs_held(self._outputs.held())
         self.shapes.grads_held(self.model, self._device())  # before planning: counted once
         if self._timed is not None:  # the previous step learnt a shape: plan it now
             (timed, call, timing), self._timed = self._timed, None
@@ -290,6 +292,7 @@ class Offload:
     def _after(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if self._inside:
             return
+        self._outputs.watch(output)
         if self._step is not None:
             step, self._step = self._step, None
             step.__exit__(None, None, None)
@@ -358,14 +361,7 @@ class Offload:
         }
 
     def _unseen_state(self) -> int:
-        """Optimizer state the storage count cannot see: all of it when the optimizer was
-        named (not given), or when it has made none yet (no step has run)."""
-        if self.optimizer_state is not None and self.optimizer_state.state:
-            return 0
-        trainable = (p for p in self.model.parameters() if p.requires_grad)
-        return optimizer_state_bytes(
-            self.optimizer, sum(p.numel() * p.element_size() for p in trainable)
-        )
+        return loop_calls.unseen_state_bytes(self.model, self.optimizer, self.optimizer_state)
 
     # ---- what it did ----------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

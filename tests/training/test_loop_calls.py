@@ -7,6 +7,7 @@ import torch
 
 from pipeswap.errors import PipeswapError
 from pipeswap.training.loop_calls import (
+    HeldOutputs,
     in_signed_modes,
     modes_of,
     optimizer_name,
@@ -141,3 +142,23 @@ def test_a_step_aside_runs_in_the_modes_and_autocast_of_the_call_signed() -> Non
     plain = signature((x,), {}, CPU)
     with torch.autocast("cpu", dtype=torch.bfloat16), in_signed_modes(model, plain, CPU):
         assert not torch.is_autocast_enabled("cpu")  # signed without it: off for the step
+
+
+def test_held_outputs_are_a_forward_s_tensors_beyond_its_loss_alive_at_the_next() -> None:
+    weight = torch.ones(3, 3, requires_grad=True)
+
+    def forward() -> dict[str, torch.Tensor]:
+        logits = torch.zeros(2, 3) @ weight
+        return {"loss": logits.sum(), "logits": logits}
+
+    watch = HeldOutputs()
+    assert watch.held() is None  # nothing watched yet
+    outputs = forward()
+    watch.watch(outputs)
+    assert watch.held() is True  # `outputs` still holds the logits
+    assert watch.held() is None  # each watch is read once
+    watch.watch(forward())
+    assert watch.held() is False  # only the loss was kept
+    watch.watch(torch.zeros(2, 3) @ weight)  # no loss: the step aside holds the output anyway
+    assert watch.held() is None
+    del outputs

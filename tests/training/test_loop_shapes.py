@@ -6,8 +6,10 @@ on_infeasible, stats of the step that ran).
 
 from __future__ import annotations
 
+import gc
 import re
 import time
+import weakref
 from contextlib import nullcontext
 from typing import Any
 
@@ -157,7 +159,7 @@ def test_a_batch_longer_than_plan_for_s_is_planned_within_the_same_budget() -> N
 def test_a_batch_beyond_plan_for_s_that_no_plan_fits_is_refused_before_its_forward() -> None:
     model = _llama(layers=3)
     before = [p.detach().clone() for p in model.parameters()]
-    off = offload(model, gpu_memory=2_600_000)
+    off = offload(model, gpu_memory=2_650_000)
     off.plan_for(**padded_batches(1, 32, 32)[0])
     calls: list[int] = []
     model.model.layers[0].register_forward_pre_hook(
@@ -176,7 +178,7 @@ def test_on_infeasible_recompute_all_runs_it_recomputing_every_layer() -> None:
     longer = padded_batches(1, 256, 256)
     plain = metered_loop(_llama(layers=3), nullcontext, data + longer)
     model = _llama(layers=3)
-    off = offload(model, gpu_memory=2_600_000, on_infeasible="recompute-all")
+    off = offload(model, gpu_memory=2_650_000, on_infeasible="recompute-all")
     off.plan_for(**data[0])
     with pytest.warns(RuntimeWarning, match="recomputing every layer"):
         swapped = metered_loop(model, lambda: off, data + longer, off.host_pools)
@@ -244,6 +246,27 @@ def test_on_infeasible_recompute_all_without_plan_for() -> None:
     with pytest.warns(RuntimeWarning, match="needs at least"):
         assert _same(plain, _loop(model, lambda: off, data))
     assert off.stats()["recomputes_all"] and off.stats()["learning_steps"] == 1
+
+
+def test_a_refused_plan_keeps_no_step_s_output_alive_for_the_garbage_collector() -> None:
+    """A refusal caught inside the forward's hook (here: run recomputing every layer) held
+    in a local would make a cycle through its traceback and the forward's frames: the
+    step's output and batch stay alive until a collection. Without the collector, every
+    step's logits are freed when the loop drops them."""
+    data = padded_batches(2, 32, 32) + padded_batches(2, 256, 256)
+    model = _llama(layers=3)
+    off = offload(model, gpu_memory=2_600_000, on_infeasible="recompute-all")
+    outputs: list[Any] = []
+    model.register_forward_hook(lambda _m, _a, out: outputs.append(weakref.ref(out.logits)))
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.warns(RuntimeWarning, match="needs at least"):
+            _loop(model, lambda: off, data)
+        assert [ref() is None for ref in outputs] == [True] * len(outputs)
+    finally:
+        gc.enable()
+    assert off.stats()["learning_steps"] == 1  # not learnt again: no output seen held
 
 
 def _family(name: str, *, dropout: float = 0.0) -> nn.Module:

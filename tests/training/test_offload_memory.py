@@ -32,9 +32,17 @@ VIT = Model("vit", "vit", 64, 4, 0, 8, 32)
 CPU = torch.device("cpu")
 
 
-def _run(spec: Model, precision: str, optimizer: str, **settings: Any) -> Run:
+def _run(
+    spec: Model, precision: str, optimizer: str, *, keep_outputs: bool = False, **settings: Any
+) -> Run:
     return user_loop(
-        spec, CPU, steps=4, precision=precision, optimizer=optimizer, settings=settings or None
+        spec,
+        CPU,
+        steps=4,
+        precision=precision,
+        optimizer=optimizer,
+        settings=settings or None,
+        keep_outputs=keep_outputs,
     )
 
 
@@ -171,3 +179,16 @@ def test_recomputation_finer_than_a_block_keeps_the_budget_and_the_bits() -> Non
         assert _identical(plain, run)
         assert run.stats["recomputed_layers"] > 0 and run.stats["swapped_bytes"] == 0
     assert whole.stats["selective_layers"] == 0
+
+
+@pytest.mark.parametrize("keep_outputs", [True, False])
+def test_a_loop_holding_the_model_s_outputs_is_planned_with_them_held(keep_outputs: bool) -> None:
+    """`outputs = model(...); loss = outputs.loss` holds the logits (4096 columns here)
+    through the backward: its plans are measured holding them and hold the budget (without
+    them, 1.19x); a loop that holds only the loss is planned without them."""
+    spec = Model("llama-v4096", "llama", 128, 4, 4096, 8, 128)
+    run = _run(
+        spec, "fp32", "sgd", keep_outputs=keep_outputs, policy="hybrid", footprint_ratio=1.25
+    )
+    _holds(run)
+    assert _identical(_run(spec, "fp32", "sgd", keep_outputs=keep_outputs), run)
