@@ -14,6 +14,7 @@ calls measured (pipeswap.training.loop_derive).
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -89,6 +90,10 @@ class ShapePlans:
         # The gradient bytes held into a forward that the plans count (grads_held).
         self.grad_bytes = 0
         self.outputs_seen_held = False  # (outputs_held)
+        # A call a larger call's plan covered saved tensors it does not name (a forward
+        # that branches on a length): every call is planned on its own (step_ended).
+        self.exact_only = False
+        self._covered: tuple[Signature, ShapePlan, int] | None = None
 
     def serving(
         self, signature: Signature, args: Any, kwargs: Any, device: torch.device
@@ -99,6 +104,9 @@ class ShapePlans:
         calls of its structure (pipeswap.training.loop_derive), and refused if no plan
         fits it (or run recomputing every layer), a call larger than plan_for's too."""
         covering = smallest_covering(signature, self.plans)
+        self._covered = None
+        if covering not in (None, signature) and self.exact_only:
+            covering = None
         if covering is not None:
             planned = self.plans[covering]
             if planned.replan_due:
@@ -106,6 +114,8 @@ class ShapePlans:
                 call = on_device(planned.call, device)
                 with in_signed_modes(self.planner.model, covering, device):
                     planned = self.plans[covering] = self.planner.replan(planned, *call)
+            if covering != signature and planned.executor is not None:
+                self._covered = (signature, planned, planned.executor.unmatched)
             return covering, planned
         bases = [
             (sig, p.profile)
@@ -128,6 +138,27 @@ class ShapePlans:
             self.planner, signature, (args, kwargs), bases, fits=fits, check=self.check_memory
         )
         return signature, planned
+
+    def step_ended(self) -> None:
+        """A step a larger call's plan served has ended: if it saved tensors that plan does
+        not name (kept on the device, beyond what the plan holds), the model's forward
+        saves other tensors at other shapes, and every later call is planned on its own
+        (derived, its tensors named: a forward more at each new shape); a warning says so."""
+        covered, self._covered = self._covered, None
+        if covered is None:
+            return
+        signature, planned, unmatched = covered
+        assert planned.executor is not None
+        if planned.executor.unmatched > unmatched and not self.exact_only:
+            self.exact_only = True
+            warnings.warn(
+                f"pipeswap.offload: a batch of shape {describe(signature)} saved tensors that "
+                "the plan of a larger shape serving it does not name (does the forward "
+                "branch on a length?); they stayed on the device, beyond the budget; from "
+                "the next step each shape is planned on its own",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def plan(
         self,

@@ -302,6 +302,7 @@ class Offload:
             self._last = self._pending.finish_step()
             self._pending = None
             self.steps += 1
+            self.shapes.step_ended()
 
     # ---- learning a shape -------------------------------------------------------------
     def _device(self) -> torch.device:

@@ -377,3 +377,37 @@ def test_a_call_handing_the_model_a_cache_is_refused_before_its_forward(name: st
     with pytest.raises(Exception, match=f"^{name} in a training forward under offload"):
         _loop(model, lambda: off, [{**data[0], name: cache}])
     assert not calls and cache.get_seq_length() == 0
+
+
+class _Branching(nn.Module):
+    """A forward that saves other tensors at other lengths: a shorter sequence takes a
+    second activation (a branch on the length, as some users' models have)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            h = block(x)
+            x = x + (torch.tanh(torch.relu(h)) if x.shape[1] < 64 else torch.relu(h))
+        return x.pow(2).mean()
+
+
+def test_a_covered_call_that_saves_what_its_plan_does_not_name_is_planned_on_its_own() -> None:
+    model = _Branching()
+    off = offload(model, footprint_ratio=1.3, policy="hybrid")
+    generator = torch.Generator().manual_seed(0)
+    lengths = [128, 128, 48, 48, 40, 48]
+    seen = []
+    with pytest.warns(RuntimeWarning, match="4x48x32 saved tensors that the plan of a larger"):
+        for length in lengths:
+            with off:
+                loss = model(torch.randn(4, length, 32, generator=generator))
+            loss.backward()
+            stats = off.stats()
+            seen.append((stats["planned_shape"], stats["unmatched_tensors"]))
+    assert seen[2] == ("4x128x32", 4)  # served by the larger plan: 4 tensors it did not name
+    assert [s[0] for s in seen[3:]] == ["4x48x32", "4x40x32", "4x48x32"]
+    assert {s[1] for s in seen[3:]} == {4}  # each planned on its own: nothing more unnamed
