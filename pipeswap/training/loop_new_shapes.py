@@ -72,7 +72,10 @@ def derive_plan(
     except ConfigError as refused:
         budget = planner.budget_bytes
         assert budget is not None
-        found = longest_rows(call, lambda cut: _least(planner, cut, bases) <= budget)
+        try:
+            found = longest_rows(call, lambda cut: _least(planner, cut, bases) <= budget)
+        except Exception:  # noqa: BLE001 - a model that cannot run cut rows: no hint
+            found = None
         if found is None:
             raise
         rows, length = found
@@ -95,8 +98,10 @@ def longest_rows(
     call: tuple[Any, Any], fits: Callable[[tuple[Any, Any]], bool]
 ) -> tuple[int, int] | None:
     """(rows, length) of the longest rows of ``call``'s batch that ``fits`` (a binary
-    search; None: the call has no rows to shorten, or one position does not fit)."""
-    first = next((t for t in _tensors(call) if t.dim() >= 2), None)
+    search; None: the call has no rows to shorten, or one position does not fit). Rows
+    are those of its first integer matrix (token ids): a batch of floats alone (images,
+    whose second dimension is their channels) has none."""
+    first = next((t for t in _tensors(call) if t.dim() >= 2 and not t.is_floating_point()), None)
     if first is None:
         return None
     rows, length = int(first.shape[0]), int(first.shape[1])

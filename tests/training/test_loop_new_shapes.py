@@ -38,3 +38,6 @@ def test_the_longest_rows_that_fit_by_a_binary_search() -> None:
     assert len(asked) <= 8  # log2(256) forwards, not one per length
     assert longest_rows(_call(4, 256), lambda call: False) is None
     assert longest_rows(((torch.zeros(5),), {}), fits) is None  # no rows to shorten
+    # Images: a batch of floats alone has no rows (its second dimension is the channels).
+    images = ((torch.zeros(8, 3, 64, 64),), {"labels": torch.zeros(8, dtype=torch.long)})
+    assert longest_rows(images, lambda call: True) is None
