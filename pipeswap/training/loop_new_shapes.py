@@ -45,12 +45,16 @@ def derive_plan(
     *,
     fits: str,
     check: bool,
+    settings: Callable[[], dict[str, Any]] | None = None,
 ) -> ShapePlan:
     """The plan of a call no plan covers, made before its forward from ``bases`` (the
     measured shapes of its structure): named, derived, planned by the heuristics within
-    the run's budget. No plan fits: refused naming ``fits``, the largest shape planned
-    within it, and the longest rows that fit; or every layer recomputed (LoopPlanner's
-    on_infeasible)."""
+    the run's budget. Where its derived profile fits no plan, it is measured first (a step
+    run aside, as offload.plan_for runs one, with ``settings``: LoopPlanner.plan_shape's):
+    derived from much shorter calls, what a layer holds whatever the length scales with
+    it, and a call that fits would be refused. No plan fits: refused naming ``fits``, the
+    largest shape planned within it, and the longest rows that fit; or every layer
+    recomputed (LoopPlanner's on_infeasible)."""
     started = time.perf_counter()
     profile, shapes = derived_profile(planner, signature, call, bases)
     config = planner.config
@@ -58,6 +62,11 @@ def derive_plan(
     if config.policy in SEARCHES:
         configs = [replace(config, policy=policy) for policy in DERIVED_POLICIES]
     try:
+        if settings is not None and _least_of(profile) > (planner.budget_bytes or 0):
+            try:
+                return _measured(planner, call, settings(), shape=describe(signature), fits=fits)
+            except torch.OutOfMemoryError:  # too large to run aside: refused as derived
+                pass
         return planner.settle(
             profile,
             call,
@@ -85,13 +94,28 @@ def derive_plan(
         ) from None
 
 
+def _measured(
+    planner: LoopPlanner, call: tuple[Any, Any], settings: dict[str, Any], *, shape: str, fits: str
+) -> ShapePlan:
+    """``call``'s plan from a step of it run aside, timed and metered (a shape measured,
+    as offload.plan_for measures one: later shapes are derived from it too)."""
+    args, kwargs = call
+    timing, memory = planner.aside(
+        args, kwargs, settings["step_peak_bytes"], state_bytes=settings["state_bytes"]
+    )
+    return planner.plan_shape(timing, call, memory, shape=shape, fits=fits, **settings)
+
+
+def _least_of(profile: Profile) -> int:
+    return workload_from_profile(profile).min_budget_bytes(recomputing=True)
+
+
 def _least(
     planner: LoopPlanner, call: tuple[Any, Any], bases: Sequence[tuple[Signature, Profile]]
 ) -> int:
     """The least budget of ``call`` with every layer recomputed, by its derived profile."""
     signature = call_signature(*call, planner.device, modes_of(planner.model))
-    profile, _ = derived_profile(planner, signature, call, bases)
-    return workload_from_profile(profile).min_budget_bytes(recomputing=True)
+    return _least_of(derived_profile(planner, signature, call, bases)[0])
 
 
 def longest_rows(

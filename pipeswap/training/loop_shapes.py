@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -93,6 +93,8 @@ class ShapePlans:
         # A call a larger call's plan covered saved tensors it does not name (a forward
         # that branches on a length): every call is planned on its own (step_ended).
         self.exact_only = False
+        # LoopPlanner.plan_shape's settings, for a shape measured before it is refused.
+        self.settings: Callable[[], dict[str, Any]] | None = None
         self._covered: tuple[Signature, ShapePlan, int] | None = None
 
     def serving(
@@ -135,7 +137,13 @@ class ShapePlans:
             # same budget, and refused only where no plan fits it.
             fits += f" (offload.plan_for was given {describe(declared)})"
         planned = self.plans[signature] = derive_plan(
-            self.planner, signature, (args, kwargs), bases, fits=fits, check=self.check_memory
+            self.planner,
+            signature,
+            (args, kwargs),
+            bases,
+            fits=fits,
+            check=self.check_memory,
+            settings=self.settings,
         )
         return signature, planned
 

@@ -191,6 +191,7 @@ class Offload:
             on_infeasible,
         )
         self.shapes = ShapePlans(self.planner, check_memory=self.check_memory)
+        self.shapes.settings = self._plan_settings
         self.meter = LoopMeter(device, (self.model, self.optimizer_state), self.planner.measured)
 
     @contextmanager

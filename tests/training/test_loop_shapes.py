@@ -411,3 +411,21 @@ def test_a_covered_call_that_saves_what_its_plan_does_not_name_is_planned_on_its
     assert seen[2] == ("4x128x32", 4)  # served by the larger plan: 4 tensors it did not name
     assert [s[0] for s in seen[3:]] == ["4x48x32", "4x40x32", "4x48x32"]
     assert {s[1] for s in seen[3:]} == {4}  # each planned on its own: nothing more unnamed
+
+
+def test_a_shape_derived_beyond_the_budget_from_much_shorter_rows_is_measured_first() -> None:
+    """Derived from a first batch of rows 4 long, a batch 16 times longer scales what each
+    layer holds whatever the length too, and no plan fitted the budget a batch that long
+    runs within: it is measured (a step run aside) before it is refused, and runs."""
+    long = padded_batches(3, 64, 64)
+    first = offload(_llama(layers=3), footprint_ratio=1.3)
+    metered_loop(first.model, lambda: first, long[:2], first.host_pools)
+    budget = first.stats()["budget_bytes"]
+    model = _llama(layers=3)
+    off = offload(model, gpu_memory=budget)
+    data = padded_batches(1, 4, 4) + long
+    losses, weights, peaks, _ = metered_loop(model, lambda: off, data, off.host_pools)
+    assert max(peaks[2:]) <= budget * 1.02
+    stats = off.stats()
+    assert stats["planned_shape"].startswith("4x64") and stats["derived_from"] is None
+    assert _same(metered_loop(_llama(layers=3), nullcontext, data)[:2], (losses, weights))
