@@ -11,8 +11,9 @@ dotted module paths the user names (pipeswap.models.blocks). The LayeredModel th
 - one layer per block, named by its module path (``transformer.h.0``), calling the block
   with its hidden state and the context, exactly as the model's forward called it;
 - ``head``: runs the model's own forward again with every block replaced by a
-  pass-through that returns the last block's output (the embed layer's modules in eval
-  mode: their statistics update once), so the code after the blocks is the model's own.
+  pass-through that returns the last block's output (the code before the blocks leaves no
+  trace of running twice: pipeswap.models.replay_rerun), so the code after the blocks is
+  the model's own.
 
 The forward runs unchanged, its blocks stubbed. Checked when the layers are built: the
 blocks feed each other directly, and what they receive besides the hidden state does not
@@ -40,6 +41,7 @@ from pipeswap.models.replay_check import (
     hidden_of,
     same_tensor,
 )
+from pipeswap.models.replay_rerun import rerun_quietly
 from pipeswap.models.root_state import RootTensorHolder, adopt_root_tensors, follow_root_mode
 from pipeswap.models.state import inspecting
 
@@ -242,22 +244,20 @@ class _Head(_AroundBlocks):
         hidden, inputs = packed[0], packed[-1]
         last = len(replay.blocks) - 1
 
-        def returns(index: int, passed: Any) -> Any:
-            return replay.shaped_like_output(index, hidden if index == last else passed)
-
-        # The re-run passes the embed layer's modules again (their output is dropped at the
-        # stubs): in eval mode, their statistics (BatchNorm's) update once per step.
+        # The re-run passes the embed layer's modules again, as they ran there, and leaves
+        # no trace of it (pipeswap.models.replay_rerun).
         mine = set(self.modules())
-        again = [m for o in replay.embed_owned for m in o.modules() if m.training and m not in mine]
-        for module in again:
-            module.training = False
-        try:
+        again = [m for o in replay.embed_owned for m in o.modules() if m not in mine]
+        with rerun_quietly([replay.root, *again], inputs.device) as at_first_block:
+
+            def returns(index: int, passed: Any) -> Any:
+                if index == 0:
+                    at_first_block()
+                return replay.shaped_like_output(index, hidden if index == last else passed)
+
             with replay.stubbed(returns):
                 replay.own_output = replay.run_root(inputs)
                 return replay.output_fn(replay.own_output)
-        finally:
-            for module in again:
-                module.training = True
 
 
 def split_at_blocks(

@@ -77,3 +77,64 @@ def test_modes_and_batchnorm_statistics_follow_the_model_as_its_own_forward_has_
     ours = dict(source_module(layered).named_buffers())
     for name, buffer in plain.named_buffers():
         assert torch.equal(ours[name], buffer), name
+
+
+class _ConvBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + torch.relu(self.conv(h))
+
+
+class _StemSkipCNN(nn.Module):
+    """A stem (conv, BatchNorm) whose output skips past every block into the head, a
+    dropout before the blocks and one after, and a step counter its forward keeps before
+    the first block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem, self.bn0, self.drop = (
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.Dropout(0.2),
+        )
+        self.blocks = nn.ModuleList(_ConvBlock() for _ in range(3))
+        self.fc = nn.Linear(8, 5)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        h0 = torch.relu(self.bn0(self.stem(x)))
+        x = self.drop(x)  # a draw before the blocks, its output dropped
+        h = h0
+        for block in self.blocks:
+            h = block(h)
+        return self.fc(self.drop((h + h0).mean((2, 3))))
+
+
+def test_the_head_s_rerun_of_the_code_before_the_blocks_leaves_no_trace() -> None:
+    """In training: the head re-runs the stem in its own mode (the long skip reads the
+    batch-normalised stem, not its running statistics), the buffers it updates count the
+    batch once, and the random draws after the blocks are the model's own: forward for
+    forward, the adapted model computes what the model does, and ends in the same state."""
+    import copy
+
+    model = _StemSkipCNN().train()
+    plain = copy.deepcopy(model)
+    layered = split_at_blocks(
+        model, example=torch.zeros(2, 3, 8, 8), task="classify", name="cnn", num_classes=5
+    ).train()
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        images = torch.randn(4, 3, 8, 8, generator=generator)
+        torch.manual_seed(7)
+        ours, our_state = layered(images), torch.get_rng_state()
+        torch.manual_seed(7)
+        theirs, their_state = plain(images), torch.get_rng_state()
+        assert torch.equal(ours, theirs)
+        assert torch.equal(our_state, their_state)
+    for name, buffer in plain.named_buffers():
+        assert torch.equal(dict(model.named_buffers())[name], buffer), name
