@@ -23,7 +23,8 @@ def restore_stage(executor: StageExecutor, state: dict[str, Any]) -> int:
     """Continue from a checkpoint of this stage; returns the index of the next action.
 
     Re-runs each in-flight forward with the weights and inputs it had (rebuilding the
-    graph its backward needs) and sends again the messages that crossed the cut.
+    graph its backward needs), puts the buffers back as saved, and sends again the
+    messages that crossed the cut.
     """
     _check_shapes(executor.weights.params, state["weights"]["params"])
     executor.weights.load_state(state["weights"])
@@ -44,6 +45,13 @@ def restore_stage(executor: StageExecutor, state: dict[str, Any]) -> int:
         executor.cuts.forward_weights[unit] = used
     for p, saved in zip(executor.weights.params, live, strict=True):
         p.data.copy_(saved)
+    # The buffers as saved (BatchNorm's statistics): after the forwards run again, which
+    # counted their batches a second time; through .data, as the forwards' graphs hold
+    # them (BatchNorm's backward reads its statistics) and BatchNorm updates them so too.
+    buffers = dict(executor.module.named_buffers())
+    for name, saved in state.get("buffers", {}).items():
+        if name in buffers:
+            buffers[name].data.copy_(saved)
     for (direction, unit), message in sorted(state["sent"].items()):
         executor.transport.send(ActionKind(direction), unit, message)
     if executor.tied is not None:
