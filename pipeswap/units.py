@@ -7,7 +7,7 @@ import re
 
 from pipeswap.errors import PipeswapError
 
-__all__ = ["MAX_BYTES", "format_bytes", "parse_bytes"]
+__all__ = ["MAX_BYTES", "format_bytes", "format_ratio_at_most", "parse_bytes"]
 
 # Decimal units are powers of 1000 (as disk and link vendors use them), binary ones of 1024.
 _UNITS: dict[str, int] = {
@@ -110,3 +110,9 @@ def format_bytes(count: int | float, *, binary: bool = True) -> str:
         if abs(value) < base or position == len(names) - 1:
             return f"{value:.2f} {unit}"
     raise AssertionError("unreachable")
+
+
+def format_ratio_at_most(peak: int, smallest: int) -> str:
+    """The largest footprint ratio ``peak / budget`` whose budget is at least ``smallest``,
+    to three decimals, rounded down: the ratio a refusal names must itself be accepted."""
+    return f"{math.floor(peak / smallest * 1000) / 1000:.3f}"

@@ -3,7 +3,7 @@
 import pytest
 
 from pipeswap.errors import PipeswapError
-from pipeswap.units import MAX_BYTES, format_bytes, parse_bytes
+from pipeswap.units import MAX_BYTES, format_bytes, format_ratio_at_most, parse_bytes
 
 
 @pytest.mark.parametrize(
@@ -88,3 +88,10 @@ def test_format_bytes() -> None:
     assert format_bytes(5 * 10**9, binary=False) == "5.00 GB"
     assert format_bytes(3 * 2**50) == "3072.00 TiB"
     assert parse_bytes(format_bytes(512 * 2**20).replace(" ", "")) == 512 * 2**20
+
+
+def test_a_ratio_at_most_is_rounded_down_so_that_it_is_accepted() -> None:
+    peak, smallest = 1702011, 1548128  # 1.09940...: 1.100 would give a budget below smallest
+    assert format_ratio_at_most(peak, smallest) == "1.099"
+    assert int(peak / float(format_ratio_at_most(peak, smallest))) >= smallest
+    assert format_ratio_at_most(3000, 1000) == "3.000"

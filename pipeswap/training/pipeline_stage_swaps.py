@@ -66,7 +66,7 @@ from pipeswap.swap.runtime.unit_swapper import UnitSwapper
 from pipeswap.swap.swap_config import POLICY_KINDS, policy_kind
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.data_parallel import swap_topology
-from pipeswap.units import format_bytes
+from pipeswap.units import format_bytes, format_ratio_at_most
 
 __all__ = [
     "DEFAULT_GPU",
@@ -308,7 +308,7 @@ def plan_stage_swaps(config: TrainConfig, profile: Profile | None = None) -> Sta
                 f"no {swap.policy} plan keeps every stage within {format_bytes(budget)} per "
                 f"GPU: the smallest budget that works is {smallest} bytes "
                 f"({format_bytes(smallest)}), a footprint ratio of at most "
-                f"{max(alone) / smallest:.3f}: pass {{gpu_memory_bytes}} {smallest} or more"
+                f"{format_ratio_at_most(max(alone), smallest)}: pass {{gpu_memory_bytes}} {smallest} or more"
                 + ("" if all(allowed) or not may else _NO_RECOMPUTE)
                 + (_SWAPS_FREE_NOTHING if smallest >= max(alone) else ""),
             )

@@ -23,7 +23,7 @@ from pipeswap.swap.plan.policy_table import Policy, policy_entry
 from pipeswap.swap.plan.scoring import Scored
 from pipeswap.swap.plan.workload import Workload, workload_from_profile
 from pipeswap.swap.swap_config import SwapConfig
-from pipeswap.units import format_bytes
+from pipeswap.units import format_bytes, format_ratio_at_most
 
 __all__ = ["GpuSummary", "PlanResult", "make_case", "make_plan", "plan_case", "swap_config"]
 
@@ -167,7 +167,7 @@ def _resolve_budget(
         f"(parameters, gradients, optimizer state, the working sets, the least one layer "
         f"holds); the smallest budget that works is {smallest} "
         f"bytes ({format_bytes(smallest)}), a footprint ratio of at most "
-        f"{peak / smallest:.3f}: pass {{gpu_memory_bytes}} {smallest} or more",
+        f"{format_ratio_at_most(peak, smallest)}: pass {{gpu_memory_bytes}} {smallest} or more",
     )
     return budget
 
