@@ -48,9 +48,6 @@ from pipeswap.training.pipe_target import ScoredAgainst, check_open_batch, score
 
 __all__ = ["OptimizerFactory", "Pipeline"]
 
-# How long a rank of a group the pipeline joins itself waits for a silent peer.
-_TIMEOUT_S = 600.0
-
 
 class Pipeline:
     """Your model cut into ``stages`` stages, one per process of your torchrun script.
@@ -76,7 +73,8 @@ class Pipeline:
     list of parameters to a torch optimizer). Training is the code ``pipeswap train
     --pipeline`` runs, bit for bit (CPU stages run one intra-op thread each, as there).
     Between steps, do nothing that waits for another rank (a collective of your own): on
-    an asynchronous schedule a stage may be a step behind.
+    an asynchronous schedule a stage may be a step behind. ``timeout_s``: how long a rank
+    waits for a silent peer (a stopped one) before the run fails, in a group it joins.
     """
 
     def __init__(
@@ -96,6 +94,7 @@ class Pipeline:
         seed: int = 0,
         device: torch.device | str | None = None,
         blocks: list[str] | None = None,
+        timeout_s: float = 600.0,
     ) -> None:
         require(
             steps is None or steps >= 1,
@@ -111,7 +110,8 @@ class Pipeline:
         self.factory, self.optim = pipe_optimizer(optimizer, clip_grad_norm)
         self.steps, self.precision, self.seed = steps, precision, seed
         self.loss_fn = loss_fn
-        self.rank, self.world, self._joined = join_as_stages(stages, _TIMEOUT_S)
+        require(timeout_s > 0, f"timeout_s is {timeout_s}: give seconds, more than 0")
+        self.rank, self.world, self._joined = join_as_stages(stages, timeout_s)
         # Without device=: torchrun's LOCAL_RANK names this rank's GPU, if there is one.
         gpu = torch.cuda.is_available()
         own = torch.device("cuda", local_rank_of(self.rank)) if gpu else torch.device("cpu")

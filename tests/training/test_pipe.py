@@ -186,6 +186,8 @@ def test_wrong_use_is_refused_saying_what_to_do() -> None:
     x, y = data.batch(0)
     with pytest.raises(ConfigError, match="torchrun --nproc-per-node 2"):
         _pipe(replace_fields(config, balance=(2, 2)))
+    with pytest.raises(ConfigError, match="timeout_s is nan: give seconds"):
+        Pipeline(build_full_model(config), stages=1, timeout_s=float("nan"))
     pipe = _pipe(config)
     with pytest.raises(PipeswapError, match="target or its labels"):
         pipe.step(x)
