@@ -26,7 +26,9 @@ CLIP_EPS = 1e-6
 def clip_scale(squared_norms: list[float], max_norm: float) -> float:
     """The factor every gradient of a step is multiplied by: ``max_norm / (norm + 1e-6)``
     at most 1, with ``norm`` the L2 norm over every stage (``squared_norms`` in stage
-    order, summed in that order), as ``torch.nn.utils.clip_grad_norm_`` computes it."""
+    order, summed in that order): ``torch.nn.utils.clip_grad_norm_``'s formula, in double
+    precision where it reduces float32 norms, so weights clipped by it can differ from a
+    plain loop's in their last bits (about 1e-8)."""
     total = math.sqrt(sum(squared_norms))
     return min(max_norm / (total + CLIP_EPS), 1.0)
 
