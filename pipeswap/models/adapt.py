@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pipeswap.config_fields import ConfigError
-from pipeswap.errors import PipeswapError
+from pipeswap.errors import PipeswapError, first_line
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.replay import split_at_blocks
 from pipeswap.models.state import inspecting
@@ -63,6 +63,12 @@ def adapt(
     if isinstance(model, LayeredModel):
         return model
     label = name or type(model).__name__
+    if example is not None and not isinstance(example, torch.Tensor):
+        raise PipeswapError(
+            f"example is a {type(example).__name__}: pipeswap.adapt runs the model on one "
+            "tensor (token ids or images), as model(example); for a forward that takes more "
+            "(a mask), wrap it in a module whose forward takes that one tensor"
+        )
     if _is_hf(model):
         return _adapt_hf(model, label, _hf_info(model, label), blocks)
     first = next((m for m in model.modules() if isinstance(m, nn.Embedding | nn.Conv2d)), None)
@@ -100,7 +106,8 @@ def adapt(
     raise PipeswapError(
         f"cannot tell what {label} ({type(model).__name__}) computes: pipeswap trains language "
         "models (whose first layer is an nn.Embedding over token ids) and image classifiers "
-        "(whose first layer is an nn.Conv2d); wrap other models in a LayeredModel"
+        "(whose first layer is an nn.Conv2d); another model (an MLP over features) is "
+        "written as a pipeswap.models.base.LayeredModel of its layers"
     )
 
 
@@ -114,9 +121,14 @@ def _probing(
     except PipeswapError:
         raise
     except Exception as error:
-        if given is not None:
-            raise
         shape = tuple(kwargs["example"].shape)
+        if given is not None:
+            raise PipeswapError(
+                f"{label} does not run as model(example) on the example of shape {shape} "
+                f"({type(error).__name__}: {first_line(error)}): pipeswap.adapt calls it with "
+                "that one tensor; a forward that needs more arguments is wrapped in a "
+                "module whose forward takes the one tensor and passes the rest"
+            ) from error
         raise PipeswapError(
             f"{label} does not run on pipeswap's probe input of shape {shape} "
             f"({type(error).__name__}: {error}): pass example= (one batch of your inputs) to "

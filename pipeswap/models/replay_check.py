@@ -61,6 +61,12 @@ def check_reproduces(replay: Replayed, layered: LayeredModel, example: torch.Ten
     a block's output than the hidden state (blocks' attention weights or caches that it
     uses), or calls them in a way the layers do not replay."""
     want = replay.output_fn(replay.run_root(example))
+    if not isinstance(want, torch.Tensor):
+        raise PipeswapError(
+            f"{layered.name} returns a {type(want).__name__}: pipeswap trains a model whose "
+            "forward returns its logits (a tensor); wrap it in a module whose forward "
+            "returns the logits of what it returns (model(x)[0], model(x)['logits'])"
+        )
     try:
         got = layered(example)
     except Exception as exc:  # noqa: BLE001 - the model's own code, whatever it raises

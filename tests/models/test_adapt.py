@@ -139,3 +139,23 @@ def test_a_config_without_a_longest_sequence_adapts() -> None:
     layered.eval()
     with torch.no_grad():
         assert torch.equal(layered(ids), model(input_ids=ids).logits)
+
+
+class _MaskedLM(TinyLM):
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(ids) * mask[..., None]
+
+
+class _DictLM(TinyLM):
+    def forward(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return {"logits": super().forward(ids)}
+
+
+def test_inputs_and_outputs_it_cannot_replay_are_refused_saying_what_to_write() -> None:
+    ids = torch.randint(0, 256, (2, 8))
+    with pytest.raises(PipeswapError, match="example is a tuple: .*one tensor"):
+        adapt(TinyLM(), example=(ids, ids))  # type: ignore[arg-type]
+    with pytest.raises(PipeswapError, match=r"does not run as model\(example\).*TypeError.*wrap"):
+        adapt(_MaskedLM(), example=ids)
+    with pytest.raises(PipeswapError, match=r"returns a dict: .*model\(x\)\['logits'\]"):
+        adapt(_DictLM())
