@@ -71,10 +71,11 @@ class Pipeline:
     stage or the partitioner's), their weight versions (``weights``: the modes of
     ``pipeswap train``) and their ``optimizer`` (an OptimizerConfig, or a function from a
     list of parameters to a torch optimizer). Training is the code ``pipeswap train
-    --pipeline`` runs, bit for bit (CPU stages run one intra-op thread each, as there).
-    Between steps, do nothing that waits for another rank (a collective of your own): on
-    an asynchronous schedule a stage may be a step behind. ``timeout_s``: how long a rank
-    waits for a silent peer (a stopped one) before the run fails, in a group it joins.
+    --pipeline`` runs, bit for bit (CPU stages run one intra-op thread each, as there;
+    dropout draws from pipeswap's own streams, docs/concepts.md's Randomness: not the
+    masks of your loop). Between steps, do nothing that waits for another rank (a
+    collective of your own): on an asynchronous schedule a stage may be a step behind.
+    ``timeout_s``: how long a rank waits for a silent peer before the run fails.
     """
 
     def __init__(

@@ -29,6 +29,7 @@ __all__ = [
     "issue_points",
     "rank_plan",
     "step_budget",
+    "step_refusal",
 ]
 
 # How far this run's own sizes may put a plan over its budget before it is refused.
@@ -359,3 +360,19 @@ def forward_need(
     recomputed = [names.index(layer) for layer in recompute]
     workload = workload_from_profile(profile).selecting(chosen).recomputing(recomputed)
     return workload.saved_bytes[position] + workload.forward_working[position]
+
+
+def step_refusal(*, prepared: bool, closed: bool, active: bool) -> str | None:
+    """Why SwapExecutor.forward() may not start a step now (None: it may)."""
+    if not prepared:
+        return "call SwapExecutor.prepare(forward_loss) before the first step"
+    if closed:
+        return "this SwapExecutor was closed (its with block ended): make another for more steps"
+    if not torch.is_grad_enabled():
+        return (
+            "a step under torch.no_grad() saves nothing to swap: run evaluation outside "
+            "SwapExecutor.forward()"
+        )
+    if active:
+        return "SwapExecutor.forward() does not nest; finish the step first"
+    return None

@@ -17,10 +17,10 @@ start from hooks on gradients (a layer's backward is done, or the turn's); a ten
 unpacked before its prefetch was issued is fetched then, a late fetch.
 :mod:`pipeswap.swap.runtime.transfer` moves the bytes (on the CPU a fetch copies too).
 
-Layers the plan recomputes run their forward under non-reentrant
-``torch.utils.checkpoint`` (:mod:`pipeswap.swap.runtime.recompute`); the wrapper's copy
-of a layer's input is packed by the executor's hooks, as a tensor of the layer (kept
-resident unless the plan swaps that storage under the name it has without recomputation).
+Layers the plan recomputes run their forward under non-reentrant ``torch.utils.checkpoint``
+(:mod:`pipeswap.swap.runtime.recompute`); the wrapper's copy of a layer's input is packed by
+the executor's hooks, as a tensor of the layer (kept resident unless the plan swaps that
+storage under the name it has without recomputation).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from pipeswap.swap.runtime.checks import (
     issue_points,
     rank_plan,
     step_budget,
+    step_refusal,
 )
 from pipeswap.swap.runtime.pool import HostPool
 from pipeswap.swap.runtime.recompute import Recomputation
@@ -131,7 +132,7 @@ class SwapExecutor:
         # tensors, working sets), as prepare checked it against the budget.
         self.needed_bytes: int | None = None
         self._active = False
-        self._prepared = False
+        self._prepared, self._closed = False, False
         self._step_started = time.perf_counter()
         self.steps = 0
         self._handles: list[Any] = []
@@ -212,6 +213,7 @@ class SwapExecutor:
             handle.remove()
         self._handles.clear()
         self._recomputation.remove()
+        self._closed = True
 
     def __enter__(self) -> SwapExecutor:
         return self
@@ -333,10 +335,9 @@ class SwapExecutor:
     @contextmanager
     def forward(self) -> Iterator[None]:
         """Run the forward and loss of one step inside; the turn happens on exit."""
-        if not self._prepared:
-            raise PipeswapError("call SwapExecutor.prepare(forward_loss) before the first step")
-        if self._active:
-            raise PipeswapError("SwapExecutor.forward() does not nest; finish the step first")
+        why = step_refusal(prepared=self._prepared, closed=self._closed, active=self._active)
+        if why is not None:
+            raise PipeswapError(why)
         self._tensors.start_step(self.layer_names)
         self._ended = set()
         self._ledger.start_step()

@@ -306,7 +306,12 @@ def test_recomputed_dropout_is_active_and_evaluation_runs_plain() -> None:
             out = model(x)
         assert out.grad_fn is None and executor.live_bytes == 0
         assert "forward" in vars(model.block0)
+        with pytest.raises(PipeswapError, match="torch.no_grad.*evaluation outside"):
+            with torch.no_grad(), executor.forward():
+                pass
     assert "forward" not in vars(model.block0)  # leaving the block unwraps the layers
+    with pytest.raises(PipeswapError, match="was closed .*make another"), executor.forward():
+        pass
 
 
 @pytest.mark.parametrize("name", ["gpt2-micro", "resnet-micro"])
