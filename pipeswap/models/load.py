@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import stat
+import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -123,14 +124,33 @@ def load_hf_model(
     return _load_hf_directory(directory, torch.device(device), seed)
 
 
+def _import_module(module_name: str) -> Any:
+    """The module, found on sys.path or, as `python -m` finds one, in the working
+    directory (a console script's sys.path does not hold it)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.partition(".")[0]
+        here = os.getcwd()
+        if exc.name != top or here in sys.path:
+            raise
+        if not (
+            os.path.isfile(os.path.join(here, top + ".py"))
+            or os.path.isdir(os.path.join(here, top))
+        ):
+            raise
+        sys.path.insert(0, here)
+        return importlib.import_module(module_name)
+
+
 def _import_function(name: str) -> Callable[[], Any]:
     module_name, _, attr = name.partition(":")
     try:
-        function = getattr(importlib.import_module(module_name), attr)
+        function = getattr(_import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:
         raise PipeswapError(
-            f"cannot import {name!r} ({exc}); write module:function with the module on "
-            "PYTHONPATH, e.g. my_models:build"
+            f"cannot import {name!r} ({exc}); write module:function with the module in the "
+            "working directory or on PYTHONPATH, e.g. my_models:build"
         ) from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed as it ran (or parsed)
         raise PipeswapError(

@@ -297,3 +297,19 @@ def test_a_small_vocabulary_loads_and_only_the_byte_level_data_refuses_it(tmp_pa
     assert model.vocab_size == 100  # trains on the user's own tokens
     with pytest.raises(PipeswapError, match="vocabulary of 100 tokens.*your own data"):
         dataset_for(model, seq_len=16)
+
+
+def test_a_module_in_the_working_directory_loads_as_python_m_finds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A console script's sys.path lacks the working directory: `pipeswap train --model
+    my_models:build` with my_models.py there finds it all the same."""
+    (tmp_path / "my_cwd_models.py").write_text(
+        "from tests.models.tiny_lm import tiny_lm\n\ndef build():\n    return tiny_lm()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_cwd_models", raising=False)
+    assert load_user_model("my_cwd_models:build").layer_names[1] == "blocks.0"
+    with pytest.raises(PipeswapError, match="in the working directory or on PYTHONPATH"):
+        load_user_model("not_a_module_anywhere:build")
