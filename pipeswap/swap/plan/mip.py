@@ -18,9 +18,11 @@ from pipeswap.swap.plan.case import Case, all_tensors
 from pipeswap.swap.plan.channels import channel_groups, group_shape, path_bytes_per_s, shared_links
 from pipeswap.swap.plan.hybrid import hybrid
 from pipeswap.swap.plan.policies import SWAP_ONLY, fits, heuristic, with_prefetch
+from pipeswap.swap.plan.refused import BudgetRefused
 from pipeswap.swap.plan.scoring import Assignment, Scored
 from pipeswap.swap.plan.solver import quiet_highs
 from pipeswap.swap.plan.tensors import SMALLEST_TENSOR_BYTES, SavedTensorAt, SwapDecisionAt
+from pipeswap.units import format_bytes
 
 __all__ = ["GB", "GroupSolution", "MipOutcome", "plan_mip", "solve_group"]
 
@@ -272,8 +274,12 @@ def _plan_mip(case: Case, time_limit_s: float) -> MipOutcome:
         if fits(case, assignment):
             heuristics[name] = case.score(assignment)
     if not heuristics:
-        raise PipeswapError(
-            f"no heuristic plan fits a budget of {case.budget_bytes} bytes to start from"
+        raise BudgetRefused(
+            f"no heuristic plan fits a budget of {case.budget_bytes} bytes "
+            f"({format_bytes(case.budget_bytes)}) for the search to start from",
+            floor=case.budget_bytes,
+            peak=case.workload.no_swap_peak_bytes(),
+            smallest=None,
         )
     warm_name = min(heuristics, key=lambda name: heuristics[name].iteration_s)
     warm = heuristics[warm_name]

@@ -16,14 +16,16 @@ from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.swap.plan import GpuPlan, SwapPlan
 from pipeswap.swap.plan.bounds import LowerBound, TurnBound, lower_bound, turn_bound
+from pipeswap.swap.plan.budget import naming_smallest, resolve_budget
 from pipeswap.swap.plan.case import Case
 from pipeswap.swap.plan.policies import fits as assignment_fits
 from pipeswap.swap.plan.policies import need_bytes
 from pipeswap.swap.plan.policy_table import Policy, policy_entry
+from pipeswap.swap.plan.refused import BudgetRefused
 from pipeswap.swap.plan.scoring import Scored
-from pipeswap.swap.plan.workload import Workload, workload_from_profile
+from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.swap_config import SwapConfig
-from pipeswap.units import format_bytes, format_ratio_at_most
+from pipeswap.units import format_bytes
 
 __all__ = ["GpuSummary", "PlanResult", "make_case", "make_plan", "plan_case", "swap_config"]
 
@@ -140,38 +142,6 @@ class PlanResult:
         }
 
 
-def _resolve_budget(
-    workload: Workload, topology: Topology, gpus: Sequence[str], config: SwapConfig
-) -> int:
-    """The per-GPU budget in bytes; refuses budgets below what can never be swapped."""
-    peak = workload.no_swap_peak_bytes()
-    if config.footprint_ratio is not None:
-        budget = int(peak / config.footprint_ratio)
-    elif config.gpu_memory_bytes is not None:
-        budget = config.gpu_memory_bytes
-    else:
-        budget = min(topology.node(g).memory_bytes for g in gpus)
-        require(
-            budget > 0,
-            f"topology {topology.name!r} gives no GPU memory; pass {{gpu_memory_bytes}} or "
-            "{footprint_ratio}",
-        )
-    policy = policy_entry(config.policy)
-    if not policy.respects_budget:
-        return budget  # a baseline plans by its rule; its peak is checked against the budget
-    smallest = policy.least_budget(workload)
-    require(
-        budget >= smallest,
-        f"a budget of {budget} bytes ({format_bytes(budget)}) per GPU is below what "
-        f"{workload.model} can never swap or recompute with policy {config.policy} "
-        f"(parameters, gradients, optimizer state, the working sets, the least one layer "
-        f"holds); the smallest budget that works is {smallest} "
-        f"bytes ({format_bytes(smallest)}), a footprint ratio of at most "
-        f"{format_ratio_at_most(peak, smallest)}: pass {{gpu_memory_bytes}} {smallest} or more",
-    )
-    return budget
-
-
 def _select_gpus(topology: Topology, gpus: int | Sequence[str] | None) -> tuple[str, ...]:
     """The data-parallel GPUs: all by default, the first N, or the named ones."""
     available = topology.gpus
@@ -219,7 +189,7 @@ def make_case(
     if config.whole_blocks:  # no selective recomputation: its measurements are not offered
         workload = replace(workload, selective_kept=(), selective_rerun=(), selective_s=())
     chosen = _select_gpus(topology, gpus)
-    budget = _resolve_budget(workload, topology, chosen, config)
+    budget = resolve_budget(workload, topology, chosen, config)
     return Case(
         workload=workload,
         topology=topology.with_gpu_memory(budget),
@@ -247,8 +217,25 @@ def make_plan(
     ``footprint_ratio``, or else the topology's GPU memory.
     """
     config = swap_config(config, settings)
-    case = make_case(profile, topology, config, gpus=gpus, sync_every=sync_every)
-    return plan_case(case, profile, config.policy, time_limit_s=config.time_limit_s)
+
+    def plans_at(budget: int) -> bool:
+        at = replace(config, gpu_memory_bytes=budget, footprint_ratio=None)
+        try:
+            plan_case(
+                make_case(profile, topology, at, gpus=gpus, sync_every=sync_every),
+                profile,
+                at.policy,
+                time_limit_s=at.time_limit_s,
+            )
+        except PipeswapError:  # no plan of the policy at that budget
+            return False
+        return True
+
+    try:
+        case = make_case(profile, topology, config, gpus=gpus, sync_every=sync_every)
+        return plan_case(case, profile, config.policy, time_limit_s=config.time_limit_s)
+    except BudgetRefused as refused:  # named: the smallest budget the policy plans
+        raise naming_smallest(refused, plans_at) from None
 
 
 def plan_case(case: Case, profile: Profile, policy: str, *, time_limit_s: float) -> PlanResult:
@@ -262,11 +249,14 @@ def plan_case(case: Case, profile: Profile, policy: str, *, time_limit_s: float)
     except OutOfMemoryError as exc:
         # The smallest budget the planner accepts is a bound no plan can go below; this
         # policy's plans did not reach it.
-        raise ConfigError(
+        recomputes = "" if entry.recomputes else ", or a policy that also recomputes (hybrid)"
+        raise BudgetRefused(
             f"no plan of policy {policy} fits a budget of {case.budget_bytes} bytes "
             f"({format_bytes(case.budget_bytes)}): {first_line(exc)}; give a larger "
-            "{gpu_memory_bytes} (or a smaller {footprint_ratio}), or a policy that also "
-            "recomputes (hybrid)"
+            f"{{gpu_memory_bytes}} (or a smaller {{footprint_ratio}}){recomputes}",
+            floor=case.budget_bytes,
+            peak=case.workload.no_swap_peak_bytes(),
+            smallest=None,
         ) from None
     solve_s = time.perf_counter() - started
     return _summarize(case, profile, policy, scored, solve_s=solve_s, mip_gap=mip_gap, notes=notes)
