@@ -22,10 +22,12 @@ from pipeswap.swap.plan.workload import Workload
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.units import format_bytes
 
-__all__ = ["SEARCH_S", "naming_smallest", "resolve_budget", "smallest_planned"]
+__all__ = ["PROBE_S", "SEARCH_S", "naming_smallest", "resolve_budget", "smallest_planned"]
 
-# The longest a refusal searches for the smallest budget its policy plans.
+# The longest a refusal searches for the smallest budget its policy plans, and the most
+# time a search (mip, auto) gets at each probe.
 SEARCH_S = 5.0
+PROBE_S = 1.0
 
 
 def resolve_budget(

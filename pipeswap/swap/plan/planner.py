@@ -16,7 +16,7 @@ from pipeswap.sim.graph import TaskGraph
 from pipeswap.sim.result import SimResult
 from pipeswap.swap.plan import GpuPlan, SwapPlan
 from pipeswap.swap.plan.bounds import LowerBound, TurnBound, lower_bound, turn_bound
-from pipeswap.swap.plan.budget import naming_smallest, resolve_budget
+from pipeswap.swap.plan.budget import PROBE_S, naming_smallest, resolve_budget
 from pipeswap.swap.plan.case import Case
 from pipeswap.swap.plan.policies import fits as assignment_fits
 from pipeswap.swap.plan.policies import need_bytes
@@ -225,7 +225,7 @@ def make_plan(
                 make_case(profile, topology, at, gpus=gpus, sync_every=sync_every),
                 profile,
                 at.policy,
-                time_limit_s=at.time_limit_s,
+                time_limit_s=min(at.time_limit_s, PROBE_S),
             )
         except PipeswapError:  # no plan of the policy at that budget
             return False
