@@ -11,7 +11,7 @@ from torch.utils.hooks import RemovableHandle
 
 from pipeswap.errors import PipeswapError
 
-__all__ = ["check_block_paths", "find_blocks", "modules_around", "removed_after"]
+__all__ = ["check_block_paths", "every_stack", "find_blocks", "modules_around", "removed_after"]
 
 
 def find_blocks(model: nn.Module) -> list[str]:
@@ -46,6 +46,27 @@ def find_blocks(model: nn.Module) -> list[str]:
         )
     parent = model.get_submodule(best[2])
     return [f"{best[2]}.{name}" if best[2] else name for name, _ in parent.named_children()]
+
+
+def every_stack(model: nn.Module) -> list[str]:
+    """The blocks to swap around in a user's loop: :func:`find_blocks`'s, and for an
+    encoder-decoder model (``config.is_encoder_decoder``: T5, BART, Whisper) its encoder's
+    blocks before its decoder's, in the order its forward runs them (the decoder's list
+    alone would leave every encoder activation on the device)."""
+    config = getattr(model, "config", None)
+    getters = [getattr(model, name, None) for name in ("get_encoder", "get_decoder")]
+    if not getattr(config, "is_encoder_decoder", False) or not all(map(callable, getters)):
+        return find_blocks(model)
+    paths = {id(module): path for path, module in model.named_modules()}
+    found: list[str] = []
+    for get in getters:
+        assert callable(get)
+        stack = get()
+        prefix = paths.get(id(stack))
+        if prefix is None:
+            return find_blocks(model)
+        found += [f"{prefix}.{path}" if prefix else path for path in find_blocks(stack)]
+    return found
 
 
 def check_block_paths(model: nn.Module, paths: list[str]) -> None:

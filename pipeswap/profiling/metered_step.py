@@ -79,13 +79,18 @@ def metered_step(
             # autocast cached; this one runs inside the caller's region: drop them here.
             torch.clear_autocast_cache()
             roots = _roots(output)
+            # Outputs without a loss are scored by the loop's own loss, which saves as much
+            # again for its backward (cross-entropy its log-probabilities, a squared error its
+            # differences): held beside them through the backward, as a stand-in for it.
+            scored = output_loss(output) is None  # (a scalar output is the loss itself)
+            stand_in = [t.detach().clone() for t, _ in roots if scored and t.dim() > 0]
             if not keep_output:
                 del output
             if roots:
                 torch.autograd.backward(
                     [root for root, _ in roots], grad_tensors=[ones for _, ones in roots]
                 )
-            del roots
+            del roots, stand_in
             output = None
             if finish is not None:
                 finish()

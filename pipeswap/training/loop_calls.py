@@ -4,7 +4,8 @@ refusals that name settings as offload's arguments do."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "Signature",
     "cut_from_caller",
     "describe",
+    "given_optimizers",
     "in_signed_modes",
     "modes_of",
     "offload_names",
@@ -206,15 +208,60 @@ def _is_cache(value: Any) -> bool:
     )
 
 
+def given_optimizers(model: nn.Module, optimizer: Any) -> tuple[str, list[torch.optim.Optimizer]]:
+    """offload's ``optimizer``: a name, the optimizer, or the optimizers the loop steps (a
+    list: a body's and a head's); (the name whose state is the largest, the optimizers).
+    A trainable parameter no given optimizer holds is warned of once (its state is counted
+    as AdamW's: the storage count cannot see an optimizer it was not given)."""
+    if isinstance(optimizer, str):
+        optimizer_state_bytes(optimizer, 0)  # an unknown name: refused now, not at a step
+        return optimizer, []
+    given = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else optimizer
+    if not (
+        isinstance(given, list | tuple)
+        and given
+        and all(isinstance(o, torch.optim.Optimizer) for o in given)
+    ):
+        raise ConfigError(
+            f"{{optimizer}} is a {type(optimizer).__name__}: pass the optimizer your loop "
+            "steps, a list of them (optimizer=[body_optimizer, head_optimizer]), or a name "
+            "(adamw, adam, sgd)"
+        )
+    held = {id(p) for o in given for group in o.param_groups for p in group["params"]}
+    free = [p for p in model.parameters() if p.requires_grad and id(p) not in held]
+    if free:
+        warnings.warn(
+            f"pipeswap.offload: {len(free)} trainable parameters of the model are in no "
+            "optimizer given to offload; their state is counted as AdamW's: pass every "
+            "optimizer your loop steps (optimizer=[first, second])",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    names = [optimizer_name(o) for o in given]
+    return max(names, key=lambda name: optimizer_state_bytes(name, 1)), list(given)
+
+
 def unseen_state_bytes(
-    model: nn.Module, optimizer: str, given: torch.optim.Optimizer | None
+    model: nn.Module, optimizer: str, given: Sequence[torch.optim.Optimizer]
 ) -> int:
     """Optimizer state the storage count cannot see: all of it when the optimizer was
-    named (not ``given``), or when it has made none yet (no step has run)."""
-    if given is not None and given.state:
-        return 0
-    trainable = (p for p in model.parameters() if p.requires_grad)
-    return optimizer_state_bytes(optimizer, sum(p.numel() * p.element_size() for p in trainable))
+    named (not ``given``); of each given optimizer that has made none yet (no step has
+    run), its parameters' (by its own kind); of trainable parameters in no given
+    optimizer, AdamW's."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not given:
+        return optimizer_state_bytes(optimizer, _nbytes(trainable))
+    held = {id(p) for o in given for group in o.param_groups for p in group["params"]}
+    unseen = optimizer_state_bytes("adamw", _nbytes(p for p in trainable if id(p) not in held))
+    for o in given:
+        if not o.state:
+            params = (p for group in o.param_groups for p in group["params"] if p.requires_grad)
+            unseen += optimizer_state_bytes(optimizer_name(o), _nbytes(params))
+    return unseen
+
+
+def _nbytes(params: Iterable[torch.Tensor]) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
 
 
 def optimizer_name(optimizer: torch.optim.Optimizer) -> str:

@@ -60,7 +60,7 @@ class LoopMeter:
             timing.marks = MemoryMarks(self.meter)
             self.timing = timing
         else:
-            self.step_peak_due = optimizer_hooked
+            self.step_peak_due, self.step_peak_bytes = optimizer_hooked, 0
 
     def watch(self, planned: ShapePlan) -> None:
         """Read the allocator over the first step that runs ``planned`` (to the next forward)."""
@@ -107,25 +107,26 @@ class LoopMeter:
         return self.meter.peak
 
     def optimizer_step(self, starting: bool) -> None:
-        """The optimizer's step hooks: on the CPU the step after a timed one is read (and
-        a watched step's count stops before it)."""
+        """The optimizer's step hooks: on the CPU the steps after a timed one, to the next
+        forward, are read (every optimizer the loop steps: the most any held), and a
+        watched step's count stops before them."""
         if starting:
             self.end_count()
-        if starting and self.step_peak_due:
-            self.step_peak_due = False
+        if starting and self.step_peak_due and self.step_meter is None:
             meter = DeviceMeter(self.device, holding=self.holding)
             meter.__enter__()
             self.step_meter = meter
         elif not starting and self.step_meter is not None:
             meter, self.step_meter = self.step_meter, None
             meter.__exit__(None, None, None)
-            self.step_peak_bytes = meter.peak
+            self.step_peak_bytes = max(self.step_peak_bytes, meter.peak)
 
     def stop(self) -> int | None:
         """End the step the meter reads (at the next forward, so the optimizer step counts):
         a timed step's last interval, or a plan's first step, checked against its budget.
         Returns what the device holds now (None without a meter)."""
         self.end_count()
+        self.step_peak_due = False  # the optimizer steps after a timed one were read
         watched = self.step_peak_so_far()
         meter, self.meter = self.meter, None
         serving, self.serving = self.serving, None

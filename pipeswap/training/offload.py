@@ -14,7 +14,7 @@ from torch import nn
 from pipeswap.config_fields import ConfigError
 from pipeswap.dist.ddp import unwrap
 from pipeswap.errors import PipeswapError
-from pipeswap.models.blocks import find_blocks
+from pipeswap.models.blocks import every_stack
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.executor import SwapExecutor
@@ -41,7 +41,7 @@ def offload(
     policy: str = SwapConfig.policy,
     topology: str | None = None,
     layers: Sequence[str] | None = None,
-    optimizer: str | torch.optim.Optimizer = "adamw",
+    optimizer: str | torch.optim.Optimizer | Sequence[torch.optim.Optimizer] = "adamw",
     time_limit_s: float | None = None,
     check_memory: bool | None = None,
     on_infeasible: str = "error",
@@ -60,7 +60,8 @@ def offload(
     every rank (swaps coordinate them): every rank must see the same input shapes at the same
     steps, as a DistributedSampler gives. ``layers`` are the submodules plans cut at
     (default: the model's repeated block list); ``optimizer`` says which state the budget counts
-    (pass the optimizer itself to have its state counted as it is); ``whole_blocks`` recomputes
+    (pass the optimizer itself, or a list of every optimizer the loop steps, to have their state
+    counted as it is); ``whole_blocks`` recomputes
     whole blocks only (SwapConfig.whole_blocks). ``time_limit_s`` bounds the search of the policies
     that search (``auto``, ``mip``; a derived plan takes the heuristics), inside the user's step; by
     default about two steps' time, at most 1 s.
@@ -130,7 +131,7 @@ class Offload:
         config: SwapConfig,
         *,
         layers: Sequence[str] | None = None,
-        optimizer: str | torch.optim.Optimizer = "adamw",
+        optimizer: str | torch.optim.Optimizer | Sequence[torch.optim.Optimizer] = "adamw",
         topology: str | None = None,
         check_memory: bool | None = None,
         on_infeasible: str = "error",
@@ -140,7 +141,7 @@ class Offload:
         self.topology = topology
         if layers is None:
             try:
-                layers = find_blocks(self.model)
+                layers = every_stack(self.model)
             except PipeswapError:
                 raise PipeswapError(
                     f"{type(self.model).__name__} has no list of 2 or more layers of one "
@@ -153,16 +154,15 @@ class Offload:
         # backward's use of them, so swapping or recomputing them would free nothing.
         self._takes_use_cache = loop_calls.takes_use_cache(self.model.forward, self.model)
         self.layers = resolve_layers(self.model, self.layer_names)
-        self.optimizer_state: torch.optim.Optimizer | None = None
-        self._optimizer_hooks: list[Any] = []
-        if isinstance(optimizer, torch.optim.Optimizer):
-            self.optimizer_state = optimizer
-            self._optimizer_hooks = [
-                optimizer.register_step_pre_hook(lambda *_: self.meter.optimizer_step(True)),
-                optimizer.register_step_post_hook(lambda *_: self.meter.optimizer_step(False)),
-            ]
-            optimizer = loop_calls.optimizer_name(optimizer)
-        self.optimizer = optimizer
+        self.optimizer, self.optimizers = loop_calls.given_optimizers(self.model, optimizer)
+        self._optimizer_hooks = [
+            hook(lambda *_, starting=starting: self.meter.optimizer_step(starting))
+            for o in self.optimizers
+            for hook, starting in (
+                (o.register_step_pre_hook, True),
+                (o.register_step_post_hook, False),
+            )
+        ]
         device = self._device()
         self.check_memory = device.type == "cuda" if check_memory is None else check_memory
         self.every_step = check_memory is True  # asked for: every step is read (CUDA)
@@ -186,13 +186,13 @@ class Offload:
             topology,
             device,
             self._quiet,
-            (self.model, self.optimizer_state),
+            (self.model, self.optimizers),
             self.host_pools,
             on_infeasible,
         )
         self.shapes = ShapePlans(self.planner, check_memory=self.check_memory)
         self.shapes.settings = self._plan_settings
-        self.meter = LoopMeter(device, (self.model, self.optimizer_state), self.planner.measured)
+        self.meter = LoopMeter(device, (self.model, self.optimizers), self.planner.measured)
 
     @contextmanager
     def _quiet(self) -> Iterator[None]:
@@ -318,7 +318,7 @@ class Offload:
 
     def _start_timing(self) -> BlockTiming:
         timing = BlockTiming()
-        self.meter.time(timing, optimizer_hooked=self.optimizer_state is not None)
+        self.meter.time(timing, optimizer_hooked=bool(self.optimizers))
         self._timing_hooks = time_blocks(self.layers, timing, self._device())
         return timing
 
@@ -363,7 +363,7 @@ class Offload:
         }
 
     def _unseen_state(self) -> int:
-        return loop_calls.unseen_state_bytes(self.model, self.optimizer, self.optimizer_state)
+        return loop_calls.unseen_state_bytes(self.model, self.optimizer, self.optimizers)
 
     # ---- what it did ----------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

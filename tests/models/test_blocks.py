@@ -62,3 +62,23 @@ def test_modules_before_and_after_the_blocks_are_found() -> None:
     skipped = [blocks[0], blocks[2]]
     with pytest.raises(PipeswapError, match="runs blocks.1.mix between its blocks"):
         modules_around(net, skipped, lambda: net(ids))
+
+
+def test_an_encoder_decoder_model_swaps_around_both_stacks_in_forward_order() -> None:
+    transformers = pytest.importorskip("transformers")
+    from pipeswap.models.blocks import every_stack
+
+    config = transformers.T5Config(
+        vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=3, num_heads=2
+    )
+    t5 = transformers.T5ForConditionalGeneration(config)
+    assert find_blocks(t5) == ["decoder.block.0", "decoder.block.1", "decoder.block.2"]
+    assert every_stack(t5) == [
+        "encoder.block.0",
+        "encoder.block.1",
+        "decoder.block.0",
+        "decoder.block.1",
+        "decoder.block.2",
+    ]
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2))
+    assert every_stack(gpt2) == find_blocks(gpt2) == ["transformer.h.0", "transformer.h.1"]

@@ -90,7 +90,7 @@ def test_two_forwards_before_one_backward_train_as_the_loop_and_say_what_it_cost
 
 def _unfreezing(
     model: nn.Module, off: Any, optimizer: torch.optim.Optimizer, unfreeze_at: int
-) -> tuple[Result, list[int]]:
+) -> tuple[Result, list[float]]:
     generator = torch.Generator().manual_seed(1)
     losses, peaks = [], []
     for step in range(7):
@@ -182,7 +182,7 @@ def _accumulating(
     accumulate: int,
     set_to_none: bool,
     pools: Callable[[], Any] = list,
-) -> tuple[Result, list[int]]:
+) -> tuple[Result, list[float]]:
     """Gradients held into the forward: accumulated over micro-batches, or zeroed and kept;
     each micro-batch's whole step under the meter."""
     generator = torch.Generator().manual_seed(1)
@@ -301,7 +301,7 @@ def test_blocks_the_user_checkpoints_themselves_are_recomputed_as_in_their_forwa
 
 def _retaining(
     model: nn.Module, wrap: Callable[[], AbstractContextManager[Any]], pools: Any = list
-) -> tuple[Result, list[int]]:
+) -> tuple[Result, list[float]]:
     """Two losses, two backwards over one graph: the first keeps it (retain_graph=True)."""
     generator = torch.Generator().manual_seed(1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
@@ -465,3 +465,74 @@ def test_a_training_shape_planned_in_an_eval_forward_is_measured_in_train_mode()
         assert stats["step_peak_bytes"] <= 1.02 * stats["budget_bytes"]
     assert budgets[0] == budgets[1]
     assert unmatched == [0, 0]
+
+
+class _LogitsLM(nn.Module):
+    """A user's LM that returns logits; the loop scores them with its own loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(1024, 64)
+        self.blocks = nn.ModuleList(_Block() for _ in range(4))
+        self.head = nn.Linear(64, 1024)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def _two_optimizers(
+    model: nn.Module, wrap: Callable[[], AbstractContextManager[Any]], given: Any
+) -> tuple[Result, list[float]]:
+    """The body trained by AdamW, the head by SGD with momentum, the loss the loop's own;
+    each step's peak as offload's check_memory reads it (``given``: the offload, or None)."""
+    body = [p for name, p in model.named_parameters() if not name.startswith("head")]
+    optimizers = [
+        torch.optim.AdamW(body, lr=1e-3),
+        torch.optim.SGD(model.head.parameters(), lr=1e-2, momentum=0.9),
+    ]
+    off = None if given is None else given(model, optimizers)
+    generator = torch.Generator().manual_seed(1)
+    losses, peaks = [], []
+    for _ in range(5):
+        ids = torch.randint(0, 1024, (4, 64), generator=generator)
+        with wrap() if off is None else off:
+            logits = model(ids)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten())
+        del logits
+        loss.backward()
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(loss.item())
+        stats = {} if off is None else off.stats()
+        if stats.get("budget_bytes"):  # (none before the first plan)
+            peaks.append(stats["step_peak_bytes"] / stats["budget_bytes"])
+    return (losses, [p.detach().clone() for p in model.parameters()]), peaks
+
+
+def test_every_optimizer_the_loop_steps_is_counted_and_its_own_loss_too() -> None:
+    """Two optimizers given as a list: their state, and each one's step, are counted; a
+    model that returns logits is measured with its loss's saved tensors stood in for (as
+    large as the logits): every step after the learnt one holds the budget."""
+    plain, _ = _two_optimizers(_LogitsLM(), nullcontext, None)
+    got, peaks = _two_optimizers(
+        _LogitsLM(),
+        nullcontext,
+        lambda model, opts: offload(model, footprint_ratio=1.15, optimizer=opts, check_memory=True),
+    )
+    assert _equal(plain, got)
+    assert len(peaks) == 4 and max(peaks[1:]) <= 1.02, peaks
+
+
+def test_what_offload_is_given_as_the_optimizer_is_checked_when_it_is_called() -> None:
+    model = _LogitsLM()
+    with pytest.raises(ConfigError, match="unknown optimizer 'lion'"):
+        offload(model, optimizer="lion")
+    with pytest.raises(ConfigError, match=r"optimizer is a dict: .*a list of them"):
+        offload(model, optimizer={"body": torch.optim.SGD(model.parameters())})  # type: ignore[arg-type]
+    with pytest.warns(RuntimeWarning, match="3 trainable parameters .* in no optimizer"):
+        offload(model, optimizer=torch.optim.SGD(model.blocks.parameters()))
