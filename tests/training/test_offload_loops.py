@@ -272,17 +272,24 @@ class _CheckpointingNet(_Net):
         return self.head(x).pow(2).mean()
 
 
-def _plain_steps(model: nn.Module, wrap: Callable[[], AbstractContextManager[Any]]) -> Result:
+def _plain_steps(
+    model: nn.Module,
+    wrap: Callable[[], AbstractContextManager[Any]],
+    each: Callable[[int, list[float]], None] = lambda step, losses: None,
+) -> Result:
+    """Four steps of the loop (dropout drawn from one seed), ``each`` called after each."""
+    torch.manual_seed(3)
     generator = torch.Generator().manual_seed(1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(4):
+    losses: list[float] = []
+    for step in range(4):
         with wrap():
             loss = model(torch.randn(8, 128, 64, generator=generator))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
+        each(step, losses)
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
@@ -428,23 +435,15 @@ def _evaluating_after_the_first_step(
 ) -> Result:
     """A validation loss in eval mode with gradients left on (no torch.no_grad) after the
     first step: the forward in which offload plans the first step's training shape."""
-    torch.manual_seed(3)
-    generator = torch.Generator().manual_seed(1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    losses = []
-    for step in range(4):
-        with wrap():
-            loss = model(torch.randn(8, 128, 64, generator=generator))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+
+    def validate(step: int, losses: list[float]) -> None:
         if step == 0 and evaluate:
             model.eval()
             with wrap():
-                losses.append(model(torch.randn(8, 128, 64, generator=generator)).item())
+                losses.append(model(torch.randn(8, 128, 64)).item())
             model.train()
-    return losses, [p.detach().clone() for p in model.parameters()]
+
+    return _plain_steps(model, wrap, validate)
 
 
 def test_a_training_shape_planned_in_an_eval_forward_is_measured_in_train_mode() -> None:
