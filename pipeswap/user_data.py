@@ -97,7 +97,11 @@ def load_tokenizer(model: str) -> tuple[Encode, int] | None:
         ) from None
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
     if eos is None:
-        raise PipeswapError(f"the tokenizer in {model} has no end-of-text token to join documents")
+        raise PipeswapError(
+            f"the tokenizer in {model} has no end-of-text token to join documents: set "
+            '"eos_token" in its tokenizer_config.json (a token its vocabulary has), or remove '
+            "its tokenizer files (text is then tokenized byte by byte)"
+        )
     return (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]), int(eos)
 
 

@@ -119,6 +119,12 @@ def _profile(config: TrainConfig, job: ModelJob | Seq2SeqJob, device: torch.devi
         )
         check_profile_shape(config.profile_path, profile, job.seq_len, job.image_size)
         _check_profile_precision(config.profile_path, profile, config.precision)
+        require(
+            profile.optimizer == config.optim.name,
+            f"{config.profile_path} profiles optimizer {profile.optimizer}, whose state the "
+            f"plan would count, but this run's is {config.optim.name}: profile with "
+            f"--optimizer {config.optim.name}, or drop {{profile_path}}",
+        )
         return profile
     # The profile sees what autocast saves (half the bytes of float32 in bf16).
     with autocast(config.precision, device):

@@ -19,7 +19,7 @@ from pipeswap.train_config import TrainConfig
 
 def _profile(tmp_path: Path, model: str, batch: int, **shape: int) -> str:
     path = tmp_path / f"{model}-b{batch}-{'-'.join(map(str, shape.values()))}.json"
-    estimate(model, batch, **shape).save(path)
+    estimate(model, batch, optimizer="adamw", **shape).save(path)  # (train's default)
     return str(path)
 
 
@@ -159,3 +159,15 @@ def test_pipeline_partitions_with_a_matching_profile(tmp_path: Path) -> None:
     )
     balance = resolve_pipeline(config).require_pipeline().stage_balance
     assert sum(balance) == 4 and len(balance) == 2
+
+
+def test_data_parallel_refuses_a_profile_of_another_optimizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The profile counts its optimizer's state: a plan from an SGD profile for an AdamW run
+    would hold the AdamW moments beyond its budget (14% on a GPT-2)."""
+    path = tmp_path / "sgd.json"
+    estimate("gpt2-micro", 4, seq_len=64, optimizer="sgd").save(path)
+    err = _refused([*GPT_DP, "--optimizer", "adamw", "--profile", str(path)], capsys)
+    assert "profiles optimizer sgd, whose state the plan would count, but this run's is adamw" in err
+    assert "profile with --optimizer adamw, or drop --profile" in err
