@@ -169,5 +169,7 @@ def test_data_parallel_refuses_a_profile_of_another_optimizer(
     path = tmp_path / "sgd.json"
     estimate("gpt2-micro", 4, seq_len=64, optimizer="sgd").save(path)
     err = _refused([*GPT_DP, "--optimizer", "adamw", "--profile", str(path)], capsys)
-    assert "profiles optimizer sgd, whose state the plan would count, but this run's is adamw" in err
+    assert (
+        "profiles optimizer sgd, whose state the plan would count, but this run's is adamw" in err
+    )
     assert "profile with --optimizer adamw, or drop --profile" in err
