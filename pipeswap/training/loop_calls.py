@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import inspect
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_map
 
 from pipeswap.config_fields import ConfigError
@@ -74,14 +74,15 @@ class HeldOutputs:
     its backward too (pipeswap.profiling.metered_step's ``keep_output``)."""
 
     def __init__(self) -> None:
-        self._watched: list[StorageWeakRef] = []
+        self._watched: list[weakref.ref[torch.Tensor]] = []
 
     def watch(self, output: Any) -> None:
         """Watch a forward's output: its tensors other than the loss, where it has one (a
         step run aside starts its backward from the outputs themselves otherwise)."""
         loss = output_loss(output)
+        # Tensors keep their Python object while anything holds them (autograd included).
         self._watched = [
-            StorageWeakRef(t.untyped_storage())
+            weakref.ref(t)
             for t in (output_tensors(output) if loss is not None else ())
             if t is not loss and t.requires_grad
         ]
@@ -91,7 +92,7 @@ class HeldOutputs:
         call)."""
         if not self._watched:
             return None
-        held = any(not ref.expired() for ref in self._watched)
+        held = any(ref() is not None for ref in self._watched)
         self._watched = []
         return held
 
