@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from pipeswap.commands.options import add_options, given
+from pipeswap.commands.options import add_options, given, message
 from pipeswap.commands.plan_layouts import (
     add_layout_arguments,
     check_layout_arguments,
@@ -15,6 +15,7 @@ from pipeswap.commands.plan_layouts import (
 )
 from pipeswap.commands.settings import Outputs, PlanOptions
 from pipeswap.commands.simulate import write_views
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.detect import named_topology
 from pipeswap.hardware.presets import topology_file
@@ -98,16 +99,22 @@ def run(args: argparse.Namespace) -> int:
     case = make_case(profile, topology, config, gpus=args.gpus, sync_every=accumulate)
     notes = sys.stderr if args.json else sys.stdout
     if args.compare:
-        results = compare(case, profile, time_limit_s=config.time_limit_s)
+        results, refused = compare(case, profile, time_limit_s=config.time_limit_s)
         chosen = best_fitting(results)
+        said = {policy: message(exc) for policy, exc in refused.items()}
         if args.json:
             print(
                 json.dumps(
-                    {"policies": [r.to_json() for r in results], "best": chosen.policy}, indent=1
+                    {
+                        "policies": [r.to_json() for r in results],
+                        "refused": said,
+                        "best": chosen.policy,
+                    },
+                    indent=1,
                 )
             )
         else:
-            print(compare_table(results))
+            print(compare_table(results, said))
     else:
         chosen = plan_case(case, profile, config.policy, time_limit_s=config.time_limit_s)
         if args.json:
@@ -151,14 +158,33 @@ def _profile(args: argparse.Namespace) -> Profile:
     return Profile.load(args.profile_path)
 
 
-def compare(case: Any, profile: Profile, *, time_limit_s: float) -> list[PlanResult]:
-    """Every policy on one case (``auto`` starts from the MIP's answer, solved once)."""
-    results = [plan_case(case, profile, p, time_limit_s=time_limit_s) for p in POLICY_KINDS]
-    return results
+def compare(
+    case: Any, profile: Profile, *, time_limit_s: float
+) -> tuple[list[PlanResult], dict[str, ConfigError]]:
+    """Every policy on one case (``auto`` starts from the MIP's answer, solved once), and
+    the refusals of the policies that cannot plan for its budget (a comparison goes on
+    without them); when every policy refuses, the first refusal is raised."""
+    results: list[PlanResult] = []
+    refused: dict[str, ConfigError] = {}
+    for policy in POLICY_KINDS:
+        try:
+            results.append(plan_case(case, profile, policy, time_limit_s=time_limit_s))
+        except ConfigError as exc:
+            refused[policy] = exc
+    if not results:
+        raise next(iter(refused.values()))
+    return results, refused
 
 
 def best_fitting(results: list[PlanResult]) -> PlanResult:
+    """The fastest plan that fits its budget; a clear error when none does."""
     fitting = [r for r in results if r.fits]
+    if not fitting:
+        budget = format_bytes(results[0].budget_bytes)
+        raise PipeswapError(
+            f"no policy plans a step that fits {budget} per GPU: give a larger --gpu-memory "
+            "(or a smaller --footprint-ratio); --policy NAME names the smallest budget it plans"
+        )
     return min(fitting, key=lambda r: r.iteration_s)
 
 
@@ -232,8 +258,9 @@ def plan_table(result: PlanResult) -> str:
     return "\n".join(lines)
 
 
-def compare_table(results: list[PlanResult]) -> str:
-    """One row per policy, with the speedup over the contention-oblivious baseline."""
+def compare_table(results: list[PlanResult], refused: dict[str, str] | None = None) -> str:
+    """One row per policy, with the speedup over the contention-oblivious baseline; then
+    the policies that refused the budget, each with its reason."""
     baseline = next((r for r in results if r.policy == "oblivious"), None)
     best = best_fitting(results)
     # "vs bound": the gap to the best bound known, max(link bound, turn bound).
@@ -258,6 +285,8 @@ def compare_table(results: list[PlanResult]) -> str:
             f"{max(g.stall_s for g in r.gpus):>8.4f} "
             f"{max(g.recomputed_layers for g in r.gpus):>10}"
         )
+    for policy, reason in (refused or {}).items():
+        lines.append(f"{policy + ' (refused)':<20} {reason}")
     lines.append(
         f"best: {best.policy} ({best.iteration_s:.4f} s); lower bound "
         f"{best.lower_bound_s:.4f} s, turn bound {best.turn_bound_s:.4f} s; budget "

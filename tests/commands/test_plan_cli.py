@@ -267,3 +267,52 @@ def test_plan_help_shows_no_default_policy_since_it_asks_for_one(capsys) -> None
         main(["plan", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "hybrid swaps or recomputes --gpu-memory" in text  # no "(default auto)" between
+
+
+def test_compare_goes_on_past_a_policy_that_refuses_the_budget(
+    profile_path, capsys, monkeypatch
+) -> None:
+    import pipeswap.commands.plan as plan_command
+    from pipeswap.swap.plan.refused import BudgetRefused
+
+    real = plan_command.plan_case
+
+    def finer_refuses(case, profile, policy, **kw):  # type: ignore[no-untyped-def]
+        if policy == "finer":
+            raise BudgetRefused("no plan of policy finer fits", floor=1, peak=2, smallest=None)
+        return real(case, profile, policy, **kw)
+
+    monkeypatch.setattr(plan_command, "plan_case", finer_refuses)
+    args = ["plan", "--profile", profile_path, "--topology", "switch-4", "--gpus", "2"]
+    args += ["--footprint-ratio", "2", "--compare", "--time-limit", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "finer (refused)      no plan of policy finer fits" in out
+    assert "best: " in out
+    assert main([*args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["refused"] == {"finer": "no plan of policy finer fits"}
+    assert "finer" not in [r["policy"] for r in result["policies"]]
+
+    def all_refuse(case, profile, policy, **kw):  # type: ignore[no-untyped-def]
+        raise BudgetRefused(f"no plan of policy {policy} fits", floor=1, peak=2, smallest=None)
+
+    monkeypatch.setattr(plan_command, "plan_case", all_refuse)
+    assert main(args) == 2
+    assert "error: no plan of policy none fits" in capsys.readouterr().err
+
+
+def test_compare_with_no_fitting_plan_says_so(profile_path, capsys, monkeypatch) -> None:
+    import dataclasses
+
+    import pipeswap.commands.plan as plan_command
+
+    real = plan_command.plan_case
+    monkeypatch.setattr(
+        plan_command,
+        "plan_case",
+        lambda *a, **kw: dataclasses.replace(real(*a, **kw), fits=False),
+    )
+    args = ["plan", "--profile", profile_path, "--topology", "switch-4", "--gpus", "2"]
+    assert main([*args, "--footprint-ratio", "2", "--compare", "--time-limit", "1"]) == 2
+    assert "no policy plans a step that fits" in capsys.readouterr().err
