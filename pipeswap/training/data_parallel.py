@@ -188,10 +188,11 @@ def _plan(config: TrainConfig, world_size: int, device: torch.device) -> PlanPay
     if slowdown and world_size > 1:
         # Measured by rank 0 alone; in the run every rank computes at once (calibrated).
         profile = profile.slowed(float(slowdown), f"{slowdown:.2f}x: {world_size} ranks at once")
-    if world_size > 1 and profile.memory is not None:
-        # DDP keeps a flat bucket per gradient for the whole run.
-        buckets = profile.param_bytes
-        profile = replace(profile, memory=profile.memory.moved(buckets))
+    if profile.memory is not None:
+        # Held through every step beyond what the profiled one held: DDP's flat bucket per
+        # gradient, and (accumulating) the gradients of the micro-batches before.
+        held = profile.param_bytes * ((world_size > 1) + (config.optim.accumulate > 1))
+        profile = replace(profile, memory=profile.memory.moved(held))
     result = make_plan(
         profile,
         topology,

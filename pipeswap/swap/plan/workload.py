@@ -266,9 +266,11 @@ class Workload:
     def needs(self, budget_bytes: int) -> list[int]:
         """``needs[i]``: bytes of layers before i that must be off the GPU while layer i runs.
 
-        A plan fits (with prefetches issued as late as possible) if, for every i, its
-        swapped bytes of layers < i, swapped out before forward i, are at least needs[i]
-        (iff when nothing is recomputed: forward and backward points are then equal).
+        The larger of what forward i and backward i need off (they differ on a measured
+        profile: a backward's working set holds the gradients made so far, the last
+        forward the turn). A plan fits (with prefetches issued as late as possible) if, for
+        every i, its swapped bytes of layers < i, swapped out before forward i, are at
+        least needs[i]; the bounds use each point's own excess (bounds.inputs.MicroBatch).
         """
         return [max(0, self.resident_bytes + point - budget_bytes) for point in self._points()]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -17,17 +18,21 @@ from pipeswap.hardware.presets import preset
 from pipeswap.swap.plan.auto import local_search
 from pipeswap.swap.plan.bounds.link import lower_bound
 from pipeswap.swap.plan.bounds.turn import turn_bound
+from pipeswap.swap.plan.case import Case
 from pipeswap.swap.plan.planner import make_case
 from pipeswap.swap.plan.policies import fits
 from pipeswap.swap.plan.policy_table import POLICIES
 from pipeswap.swap.plan.scoring import Assignment
 from pipeswap.swap.plan.tensors import SwapDecisionAt
-from pipeswap.swap.plan.workload import Workload
+from pipeswap.swap.plan.workload import Workload, workload_from_profile
 
 # Every policy that plans by rule (hybrid too), by name.
 RULES = {name: p.assign for name, p in POLICIES.items() if p.assign is not None}
 
 GB = 10**9
+# Seeds of test_no_plan_beats_the_bounds_when_backward_points_differ: the first five beat
+# the bound whose forwards waited for their backwards' bytes too.
+SEEDS = [313, 327, 328, 360, 366, 300, 301, 302]
 
 
 def _random_plan(rng: random.Random, w: Workload, budget: int) -> list[SwapDecisionAt]:
@@ -222,3 +227,71 @@ def test_no_mix_of_recompute_sets_beats_the_bounds(make_profile, sync_every) -> 
             offsets = {g: rng.choice((0.0, rng.uniform(0, 0.2))) for g in case.gpus}
             seconds = case.score(Assignment(swaps, offsets, layers)).iteration_s
             assert seconds >= bound * (1 - 1e-9), (first, second, seconds, bound)
+
+
+# ---- measured memory: forward and backward points differ --------------------------------
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_no_plan_beats_the_bounds_when_backward_points_differ(make_profile, seed) -> None:
+    # A measured profile's backward working sets (gradients made so far) and its turn are
+    # not its forwards' (tests/swap/plan/bounds/test_measured.py has a real one): a
+    # forward may need fewer bytes off the GPU than its backward, or more.
+    rng = random.Random(seed)
+    sizes = [
+        tuple(rng.choice((0.5, 1, 2, 3)) for _ in range(rng.randint(1, 2)))
+        for _ in range(rng.randint(3, 6))
+    ]
+    w = workload_from_profile(
+        make_profile(
+            sizes,
+            rng.uniform(0.02, 0.3),
+            rng.uniform(0.04, 0.6),
+            param_bytes=rng.choice((0, GB // 10)),
+            workspace_bytes=GB // 4,
+            output_gb=rng.choice((0.0, 0.5, 1.0)),
+        )
+    )
+    n = w.num_layers
+    w = replace(
+        w,
+        transient=tuple(rng.choice((0, GB // 4, GB, 2 * GB)) for _ in range(n)),
+        backward_transient=tuple(rng.choice((0, GB // 4, GB, 3 * GB)) for _ in range(n)),
+        turn_bytes=rng.choice((0, GB, 3 * GB)),
+    )
+    least, peak = w.min_budget_bytes(recomputing=False), w.no_swap_peak_bytes()
+    budget = int(rng.uniform(least, peak))
+    topology = preset("switch-4")
+    gpus = tuple(f"gpu{i}" for i in range(rng.choice((1, 2, 4))))
+    sync_every = rng.randint(1, 3)
+    case = Case(w, topology.with_gpu_memory(budget), gpus, budget, sync_every, GB // 8)
+
+    def bound(recompute: bool) -> float:
+        return max(
+            lower_bound(w, topology, gpus, budget, sync_every=sync_every).bound_s,
+            turn_bound(
+                w,
+                topology,
+                gpus,
+                budget,
+                sync_every=sync_every,
+                bucket_bytes=GB // 8,
+                recompute=recompute,
+            ).bound_s,
+        )
+
+    plans = {name: plan(case) for name, plan in RULES.items() if name != "none"}
+    plans = {name: plan for name, plan in plans.items() if fits(case, plan)}
+    for trial in range(4):
+        swaps = {g: tuple(_random_plan(rng, w, budget)) for g in gpus}
+        offsets = {g: rng.choice((0.0, rng.uniform(0, 0.2))) for g in gpus}
+        plans[f"random{trial}"] = Assignment(swaps, offsets)
+    for name in ("bidirectional", "disjoint"):
+        if name in plans:
+            refined, _ = local_search(
+                case, plans[name], deadline=time.perf_counter() + 0.2, seed=seed
+            )
+            plans[f"searched {name}"] = refined or plans[name]
+    for name, plan in plans.items():
+        seconds = case.score(plan).iteration_s
+        assert seconds >= bound(any(plan.recompute.values())) * (1 - 1e-9), (name, seconds)

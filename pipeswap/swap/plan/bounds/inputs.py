@@ -24,8 +24,27 @@ class MicroBatch:
 
     @cached_property
     def needs(self) -> list[int]:
-        """``need[i]`` (docs/concepts.md): bytes of layers before i off the GPU during i."""
+        """``need[i]``: bytes of layers before i off the GPU during forward or backward i
+        (the larger of ``forward_needs[i]`` and ``backward_needs[i]``)."""
         return self.workload.needs(self.budget_bytes)
+
+    @cached_property
+    def _points(self) -> tuple[list[int], list[int]]:
+        return self.workload.memory_points(())
+
+    @cached_property
+    def forward_needs(self) -> list[int]:
+        """``need_F[i]`` (docs/concepts.md): bytes of layers before i that must be off the
+        GPU while forward i runs (its saved tensors and forward working set allocated)."""
+        return [max(0, point - self.budget_bytes) for point in self._points[0]]
+
+    @cached_property
+    def backward_needs(self) -> list[int]:
+        """``need_B[j]`` (docs/concepts.md): bytes of layers before j that must be off the
+        GPU while backward j runs (its backward working set allocated). On a measured
+        profile it differs from ``need_F[j]``: the backward's working set holds the
+        gradients made so far, the forward's the turn."""
+        return [max(0, point - self.budget_bytes) for point in self._points[1]]
 
     @cached_property
     def before(self) -> list[int]:
@@ -38,8 +57,16 @@ class MicroBatch:
         return before
 
     def excess(self, k: int, i: int) -> float:
-        """``need[i] - cum(<k)``, less what recomputation may free among layers k..i."""
-        excess = self.needs[i] - self.before[k]
+        """``need_F[i] - cum(<k)``, less what recomputation may free among layers k..i:
+        bytes of layers k..i-1 whose swap-out ended before forward i starts."""
+        return self._less_relief(self.forward_needs[i] - self.before[k], k, i)
+
+    def backward_excess(self, k: int, j: int) -> float:
+        """``need_B[j] - cum(<k)``, less what recomputation may free among layers k..j:
+        bytes of layers k..j-1 off the GPU from before backward j starts until it ends."""
+        return self._less_relief(self.backward_needs[j] - self.before[k], k, j)
+
+    def _less_relief(self, excess: int, k: int, i: int) -> float:
         if self.relief is None or excess <= 0:
             return excess
         return excess - self.relief.between(k, i)

@@ -32,27 +32,50 @@ def forward_ends(
     return ends
 
 
-def backward_starts(micro: MicroBatch, bytes_per_s: float) -> list[float]:
-    """Earliest start of every backward, counted from the turn (the backward recursion)."""
+def backward_starts(
+    micro: MicroBatch, bytes_per_s: float, forward_end: list[float] | None = None
+) -> list[float]:
+    """Earliest start of every backward, counted from the turn (the backward recursion).
+
+    With ``forward_end`` (the forward recursion's ends), backward j also waits for the
+    swap-outs that must have ended before it starts: the starts are then counted from
+    ``forward_end[-1]``, valid only added to it (not to a later turn)."""
     workload = micro.workload
     n = workload.num_layers
     starts = [0.0] * n
+    if forward_end is not None:
+        starts[n - 1] = _swapped_out_by(micro, bytes_per_s, forward_end, n - 1)
     for k in reversed(range(n - 1)):
         at = starts[k + 1] + workload.backward_s[k + 1]
         for j in range(k + 1, n):
-            excess = micro.excess(k, j)
+            excess = micro.backward_excess(k, j)
             if excess > 0:
-                # need[j] stays off the GPU until backward j ends (it holds its memory).
+                # need_B[j] stays off the GPU until backward j ends (it holds its memory).
                 ends = starts[j] + workload.backward_s[j]
                 at = max(at, ends + excess / bytes_per_s)
+        if forward_end is not None:
+            at = max(at, _swapped_out_by(micro, bytes_per_s, forward_end, k))
         starts[k] = at
     return starts
+
+
+def _swapped_out_by(
+    micro: MicroBatch, bytes_per_s: float, forward_end: list[float], j: int
+) -> float:
+    """The earliest backward j can start, counted from the turn, for the need_B[j] bytes of
+    layers before j to have left: those of layers k..j-1 only after forward k ended."""
+    at = 0.0
+    for k in range(j):
+        excess = micro.backward_excess(k, j)
+        if excess > 0:
+            at = max(at, forward_end[k] + excess / bytes_per_s - forward_end[-1])
+    return at
 
 
 def micro_batch_s(micro: MicroBatch, bytes_per_s: float) -> float:
     """The shortest ``micro`` can run on a path of ``bytes_per_s`` per direction."""
     ends = forward_ends(micro, bytes_per_s)
-    starts = backward_starts(micro, bytes_per_s)
+    starts = backward_starts(micro, bytes_per_s, ends)
     return ends[-1] + starts[0] + micro.workload.backward_s[0]
 
 

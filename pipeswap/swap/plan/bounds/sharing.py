@@ -15,40 +15,51 @@ __all__ = ["channel_terms", "sharing_terms"]
 
 def channel_terms(inputs: BoundInputs) -> dict[str, float]:
     """Per directed link: the shared-channel term."""
-    workload, relief, sync_every = inputs.workload, inputs.relief, inputs.sync_every
-    full = inputs.micro.needs
-    needs = full
-    if relief is not None:
-        needs = [max(0, int(need - relief.between(0, i))) for i, need in enumerate(full)]
-    if not any(needs):
+    micro, relief, sync_every = inputs.micro, inputs.relief, inputs.sync_every
+    workload = micro.workload
+    full = micro.forward_needs
+    if not any(micro.needs):
         return {}
+
+    def relieved(needs: list[int]) -> list[int]:
+        if relief is None:
+            return needs
+        return [max(0, int(need - relief.between(0, i))) for i, need in enumerate(needs)]
+
+    forward_needs, backward_needs = relieved(full), relieved(micro.backward_needs)
     n = workload.num_layers
     forward, backward = workload.forward_s, workload.backward_s
     total_forward, total_backward = sum(forward), sum(backward)
     tail = inputs.tail_s
     # The best layer to cut at, per unit of bytes per second: max over i of
-    # head_i + K * users * need[i] / C + rest_i, evaluated per link below.
+    # head_i + K * users * need[i] / C + rest_i, evaluated per link below. Swap-outs:
+    # need_F[i] leaves between the first forward's end and forward i of the last
+    # micro-batch, need_B[j] before its backward j starts. Prefetches: need_B[j] comes
+    # back after backward j of the first micro-batch ends, need_F[i] after its forward i
+    # ends, both before the last micro-batch's backward 0 starts.
     up_edges = [(forward[0], sum(forward[i:]) + total_backward + tail) for i in range(n)]
-    down_edges = [(total_forward + sum(backward[j + 1 :]), backward[0] + tail) for j in range(n)]
+    up_late = [(forward[0], sum(backward[: j + 1]) + tail) for j in range(n)]
+    down_edges = [(total_forward + sum(backward[j:]), backward[0] + tail) for j in range(n)]
+    down_early = [(sum(forward[: i + 1]), backward[0] + tail) for i in range(n)]
+    ins = [*zip(backward_needs, down_edges), *zip(forward_needs, down_early)]
+    outs = list(zip(backward_needs, up_late))
+    if relief is None:
+        outs += zip(forward_needs, up_edges)
     terms: dict[str, float] = {}
     for link, members in inputs.users.items():
         count = len(members)
         edge = inputs.topology.links[link]
         rate = edge.bytes_per_s / (sync_every * count)
-        terms[f"{edge.a}<->{edge.b} prefetches"] = max(
-            head + need / rate + rest for need, (head, rest) in zip(needs, down_edges) if need
-        )
+        terms[f"{edge.a}<->{edge.b} prefetches"] = _cut(ins, rate)
         if relief is None:
-            terms[f"{edge.a}<->{edge.b} swap-outs"] = max(
-                head + need / rate + rest for need, (head, rest) in zip(needs, up_edges) if need
-            )
+            terms[f"{edge.a}<->{edge.b} swap-outs"] = _cut(outs, rate)
             continue
         # The GPU of the link that recomputes least (s <= T seconds) frees at most
         # through[i] - rate[i] (T - s) bytes up to layer i, and the late GPU still re-runs
         # at least s seconds in its last backward: min over s of the term (linear in s:
         # its minimum is at 0 or T).
         per_gpu = edge.bytes_per_s / sync_every
-        best = 0.0
+        best = _cut(outs, rate)
         for i, (head, rest) in enumerate(up_edges):
             excess = full[i] - relief.between(0, i)
             slope = relief.slope(0, i)
@@ -64,6 +75,11 @@ def channel_terms(inputs: BoundInputs) -> dict[str, float]:
     return terms
 
 
+def _cut(pairs: list[tuple[int, tuple[float, float]]], rate: float) -> float:
+    """max over the pairs (need, (head, rest)) that move bytes of head + need/rate + rest."""
+    return max((head + need / rate + rest for need, (head, rest) in pairs if need), default=0.0)
+
+
 def sharing_terms(inputs: BoundInputs, micro_s: dict[str, float]) -> dict[str, float]:
     """Per shared link: the first- and last-micro-batch terms ("Sharing at the edges of a
     sync"); ``micro_s`` is every GPU's shortest micro-batch."""
@@ -74,9 +90,9 @@ def sharing_terms(inputs: BoundInputs, micro_s: dict[str, float]) -> dict[str, f
         inputs.sync_every,
         inputs.tail_s,
     )
-    needs = micro.needs
-    if not any(needs):
+    if not any(micro.needs):
         return {}
+    forward_needs, backward_needs = micro.forward_needs, micro.backward_needs
     n = workload.num_layers
     backward_through = []  # Bk_{<=k}: what is left of a backward once layer k's may start
     total = 0.0
@@ -96,8 +112,11 @@ def sharing_terms(inputs: BoundInputs, micro_s: dict[str, float]) -> dict[str, f
         if key not in cache:
             share = len(members) / capacity
             forward_end = forward_ends(micro, own)
+            # From a turn the floors below may delay: the recursion alone. From the
+            # recursion's own turn: with the swap-outs backward j waits for.
             backward_start = backward_starts(micro, own)
             backward_s = backward_start[0] + workload.backward_s[0]
+            backward_after = backward_starts(micro, own, forward_end)
             rest = (sync_every - 1) * shortest + tail
             first = 0.0
             last = 0.0
@@ -106,31 +125,41 @@ def sharing_terms(inputs: BoundInputs, micro_s: dict[str, float]) -> dict[str, f
                     inputs, relief, own, capacity, len(members), forward_end, backward_s, shortest
                 )
             for i in range(n):
-                if not needs[i]:
+                if not forward_needs[i]:
                     continue
                 # The later member reaches forward i of its first micro-batch only once every
-                # member's need[i] bytes (those of layers k..i-1 made after E_k) crossed.
+                # member's need_F[i] bytes (those of layers k..i-1 made after E_k) crossed.
                 floors = [
                     forward_end[k] + share * micro.excess(k, i)
                     for k in range(i)
                     if micro.excess(k, i) > 0
                 ]
-                if not floors:
-                    continue
-                if relief is None:
+                if floors and relief is None:
                     delayed = forward_ends(micro, own, floor=(i, max(floors)))
                     first = max(first, delayed[-1] + backward_s + rest)
-                # The earliest member starts backward i of its last micro-batch no sooner
+            for j in range(n):
+                if not backward_needs[j]:
+                    continue
+                if relief is None:
+                    # The later member starts backward j of its first micro-batch only once
+                    # every member's need_B[j] bytes (those of layers k..j-1) crossed; it
+                    # then runs backward j..0, K - 1 more micro-batches and the tail.
+                    for k in range(j):
+                        excess = micro.backward_excess(k, j)
+                        if excess > 0:
+                            at = forward_end[k] + share * excess
+                            first = max(first, at + backward_through[j] + rest)
+                # The earliest member starts backward j of its last micro-batch no sooner
                 # than (K-1) shortest micro-batches and this one's prefix; then every
-                # member's bytes of layers k..i-1 come back before their backward k.
+                # member's bytes of layers k..j-1 come back before their backward k.
                 prefix = (
                     (sync_every - 1) * shortest
                     + forward_end[-1]
-                    + backward_start[i]
-                    + workload.backward_s[i]
+                    + backward_after[j]
+                    + workload.backward_s[j]
                 )
-                for k in range(i):
-                    excess = micro.excess(k, i)
+                for k in range(j):
+                    excess = micro.backward_excess(k, j)
                     if excess > 0:
                         last = max(last, prefix + share * excess + backward_through[k] + tail)
             cache[key] = (first, last)
@@ -164,7 +193,7 @@ def _first_with_recompute(
     quarters, extended (below a convex function outside their span); the term is the
     least over the quarters."""
     micro, workload = inputs.micro, inputs.workload
-    needs, before = micro.needs, micro.before
+    needs, before = micro.forward_needs, micro.before
     sync_every, tail = inputs.sync_every, inputs.tail_s
     n = workload.num_layers
     total_forward, total_backward = sum(workload.forward_s), sum(workload.backward_s)

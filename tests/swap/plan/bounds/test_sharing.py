@@ -28,8 +28,9 @@ def test_turn_bound_shared_uplink_closed_form(four_layers) -> None:
     # 2 x 12 GB leave through sw0's uplink after forward 0 (1/16 s) and before forward 3
     # of the last GPU, which still has 1/16 + 1/2 s to run: 1/16 + 2 + 9/16.
     assert bound.channel_s["sw0<->cpu0 swap-outs"] == pytest.approx(2.625)
-    # Back: after the turn (1/4 s) and before backward 0 (1/8 s): 1/4 + 2 + 1/8.
-    assert bound.channel_s["sw0<->cpu0 prefetches"] == pytest.approx(2.375)
+    # Back: after backward 3 of the first micro-batch ends (1/4 + 1/8 s: it holds its
+    # memory to its end) and before backward 0 (1/8 s): 1/4 + 1/8 + 2 + 1/8.
+    assert bound.channel_s["sw0<->cpu0 prefetches"] == pytest.approx(2.5)
     design = lower_bound(
         w, preset("switch-4"), ["gpu0", "gpu1"], budget, sync_every=1, recompute=False
     )
