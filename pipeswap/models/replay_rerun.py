@@ -8,8 +8,9 @@ must compute what the first computed and change nothing the model's own forward 
 - it runs in the modules' own modes (a BatchNorm in training normalises by the batch, as
   in the first run: in eval mode it would use its running statistics, and a skip into the
   head would read other values than the model's forward does);
-- the buffers it updates (BatchNorm's statistics, a step counter) are put back as they were
-  before it, so they update once per step;
+- the buffers it updates (BatchNorm's statistics, a step counter) are put back, at the
+  first block, as they were before it: the code after the blocks reads them as the model's
+  forward does, and they update once per step;
 - the random generators are rewound, at the first block, to where they stood before it:
   what the code before the blocks draws again is dropped, and the code after the blocks
   draws what the model's forward would have.
@@ -43,11 +44,21 @@ def rerun_quietly(
     device_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     rewound = False
 
+    def put_back() -> None:
+        for buffer, before, version, training in kept:
+            if training or buffer._version != version:
+                # Through .data: autograd may hold the buffer for the first run's backward
+                # (BatchNorm's does), and this write is none of its business.
+                buffer.data.copy_(before)
+
     def at_first_block() -> None:
         nonlocal rewound
         if rewound:
             return
         rewound = True
+        # The code after the blocks reads the buffers as the model's forward left them
+        # (a counter bumped before the blocks, read by the head), and updates them once.
+        put_back()
         torch.set_rng_state(cpu_state)
         if device_state is not None:
             torch.cuda.set_rng_state(device_state, device)
@@ -55,8 +66,5 @@ def rerun_quietly(
     try:
         yield at_first_block
     finally:
-        for buffer, before, version, training in kept:
-            if training or buffer._version != version:
-                # Through .data: autograd may hold the buffer for the first run's backward
-                # (BatchNorm's does), and this write is none of its business.
-                buffer.data.copy_(before)
+        if not rewound:
+            put_back()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -139,7 +140,8 @@ class BatchSource:
 
 
 def _dataset(config: TrainConfig, model: LayeredModel, split: str) -> Any:
-    """The offline dataset for the model, or None (random example batches) if it has none."""
+    """The offline dataset for the model, or None (random example batches, said in a
+    warning) for a module:function model no built-in data fits and no data is given."""
     try:
         return dataset_for(
             model,
@@ -149,7 +151,13 @@ def _dataset(config: TrainConfig, model: LayeredModel, split: str) -> Any:
             seed=config.seed,
             data=config.dataset.source(split),
         )
-    except PipeswapError:
+    except PipeswapError as exc:
         if ":" in config.model and config.dataset.data is None:
+            # Said, never silent: data parallel refuses such a model outright.
+            warnings.warn(
+                f"{exc}; no data given, so the pipeline trains on random example batches "
+                "of the model (train on your own with --data PATH, DataConfig(data=...))",
+                stacklevel=2,
+            )
             return None
         raise

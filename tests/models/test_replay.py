@@ -138,3 +138,34 @@ def test_the_head_s_rerun_of_the_code_before_the_blocks_leaves_no_trace() -> Non
         assert torch.equal(our_state, their_state)
     for name, buffer in plain.named_buffers():
         assert torch.equal(dict(model.named_buffers())[name], buffer), name
+
+
+def test_the_code_after_the_blocks_reads_the_buffers_as_the_model_s_forward_left_them() -> None:
+    import copy
+
+    import pipeswap
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(64, 16)
+            self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+            self.head = nn.Linear(16, 64)
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            if self.training:
+                self.calls += 1  # bumped before the blocks, read after them
+            h = self.emb(ids)
+            for block in self.blocks:
+                h = block(h)
+            return self.head(h) * (1.0 + self.calls)
+
+    torch.manual_seed(0)
+    model = Net().train()
+    own = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (2, 8))
+    layered = pipeswap.adapt(model, example=ids[:1])
+    for _ in range(2):
+        assert torch.equal(layered(ids), own(ids))
+    assert model.calls.item() == own.calls.item() == 2
