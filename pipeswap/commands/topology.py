@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from pipeswap.commands.options import add_options
 from pipeswap.commands.settings import Outputs, TopologyOptions
@@ -93,14 +94,18 @@ def _show(args: argparse.Namespace) -> int:
 def _detect(args: argparse.Namespace) -> int:
     topology = detect_topology()
     if topology is None:
-        print("no NVIDIA GPU was found (neither NVML nor nvidia-smi reports one)")
+        said = "no NVIDIA GPU was found (neither NVML nor nvidia-smi reports one)"
+        if args.json:  # stdout stays JSON: none found
+            print(said, file=sys.stderr)
+            print("null")
+        else:
+            print(said)
         return 0
     _print(topology, as_json=bool(args.json))
     return 0
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    import sys
     from datetime import date
 
     import torch

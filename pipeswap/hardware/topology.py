@@ -175,7 +175,7 @@ class Topology:
             Node(n.id, n.kind, n.copy_engines, memory_bytes, n.spec) if n.kind == "gpu" else n
             for n in self.nodes
         )
-        return Topology(self.name, nodes, self.links)
+        return Topology(self.name, nodes, self.links, self.calibration)
 
     # ---- JSON -----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -227,6 +227,11 @@ def _json_whole(obj: dict[str, Any], key: str, where: str, default: int, what: s
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise PipeswapError(f"{where}: {key} is {shown(value)}; write {what}")
     return value
+
+
+# The range of a link's bandwidth a topology may give (1 KB/s to 1 PB/s per direction).
+_SLOWEST_GB_PER_S = 1e-6
+_FASTEST_GB_PER_S = 1e6
 
 
 def _json_positive(
@@ -321,6 +326,12 @@ def _validate(topology: Topology) -> None:
         if not (math.isfinite(link.gb_per_s) and link.gb_per_s > 0):
             raise PipeswapError(
                 f"topology {name!r}: {where} has bandwidth {link.gb_per_s} GB/s; it must be positive"
+            )
+        if not _SLOWEST_GB_PER_S <= link.gb_per_s <= _FASTEST_GB_PER_S:
+            # Beyond these no link exists, and the simulator's rates would overflow.
+            raise PipeswapError(
+                f"topology {name!r}: {where} has bandwidth {link.gb_per_s} GB/s; write one "
+                f"between {_SLOWEST_GB_PER_S:g} and {_FASTEST_GB_PER_S:g} GB/s"
             )
         if not 0 < link.duplex_efficiency <= 1:
             raise PipeswapError(

@@ -76,6 +76,9 @@ def test_detect_without_gpus_says_so(
     assert capsys.readouterr().out == (
         "no NVIDIA GPU was found (neither NVML nor nvidia-smi reports one)\n"
     )
+    assert main(["topology", "detect", "--json"]) == 0  # stdout stays JSON
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) is None and "no NVIDIA GPU" in captured.err
 
 
 def test_detect_prints_what_it_found(

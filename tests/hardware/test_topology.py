@@ -111,6 +111,13 @@ def test_non_positive_bandwidth_names_the_link(bandwidth: float) -> None:
         Topology("slow", nodes, links)
 
 
+@pytest.mark.parametrize("bandwidth", [1e300, 2e6, 1e-300])
+def test_a_bandwidth_no_link_has_is_refused_before_it_overflows(bandwidth: float) -> None:
+    nodes, links = _two_gpus(gb_per_s=bandwidth)
+    with pytest.raises(PipeswapError, match=r"gpu1-sw0 has bandwidth .* between 1e-06 and 1e"):
+        Topology("absurd", nodes, links)
+
+
 @pytest.mark.parametrize("efficiency", [0.0, -0.5, 1.01, math.nan])
 def test_bad_duplex_efficiency_names_the_link(efficiency: float) -> None:
     nodes, links = _two_gpus(duplex_efficiency=efficiency)
@@ -232,6 +239,11 @@ def test_with_gpu_memory_changes_only_gpus() -> None:
     assert topology.node("gpu1").copy_engines == 1
     assert topology.node("gpu0").spec == "v100-32gb"
     assert topology.links == _dual_socket().links
+    # A calibrated machine stays calibrated: plans are scored as `simulate` scores them.
+    measured = {"allreduce": {"latency_s": 3e-4, "bus_gb_per_s": 2.0}}
+    base = _dual_socket()
+    calibrated = Topology(base.name, base.nodes, base.links, calibration=measured)
+    assert calibrated.with_gpu_memory(8 * GIB).calibration == measured
 
 
 # ---- JSON fields: each refusal names the node or link and what to write ------------------
