@@ -6,8 +6,10 @@ Python counts True as 1, and JSON writers never mean a flag as a count.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from pipeswap.errors import PipeswapError
@@ -17,6 +19,7 @@ __all__ = [
     "count_field",
     "dumps_ok",
     "list_field",
+    "only_known",
     "seconds_field",
     "shown",
     "text_field",
@@ -28,6 +31,17 @@ def as_object(obj: Any, where: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise PipeswapError(f"{where}: expected a JSON object, found {shown(obj)}")
     return obj
+
+
+def only_known(obj: dict[str, Any], known: Iterable[str], where: str) -> None:
+    """Refuse a key ``obj`` should not have: a misspelt one would otherwise be ignored in
+    silence and its field's default used (a task's "duraton_s" running for 0 s)."""
+    names = list(known)
+    for key in obj:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"its keys: {', '.join(names)}"
+            raise PipeswapError(f"{where}: unknown key {key!r}; {hint}")
 
 
 def list_field(

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.unionfind import UnionFind
-from pipeswap.json_fields import as_object, list_field, shown, text_field
+from pipeswap.json_fields import as_object, list_field, only_known, shown, text_field
 from pipeswap.jsonio import check_format, dump_json, load_json
 
 __all__ = ["GB", "NODE_KINDS", "TOPOLOGY_FORMAT", "Hop", "Link", "Node", "Topology"]
@@ -253,6 +253,7 @@ def _node_from_json(n: Any, where: str) -> Node:
     n = as_object(n, where)
     node_id = text_field(n, "id", where)
     where = f"{where} ({node_id!r})"
+    only_known(n, ("id", "kind", "copy_engines", "memory_bytes", "spec"), where)
     spec = n.get("spec")
     if spec is not None and not isinstance(spec, str):
         raise PipeswapError(
@@ -273,6 +274,7 @@ def _link_from_json(link: Any, where: str) -> Link:
     link = as_object(link, where)
     a, b = text_field(link, "a", where), text_field(link, "b", where)
     where = f"{where} ({a}-{b})"
+    only_known(link, ("a", "b", "gb_per_s", "duplex_efficiency", "kind"), where)
     return Link(
         a=a,
         b=b,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeswap.errors import PipeswapError
+from pipeswap.json_fields import only_known
 from pipeswap.jsonio import check_format, dump_json, load_json
 from pipeswap.units import MAX_BYTES
 
@@ -99,6 +100,7 @@ class Task:
             raise PipeswapError(f"{where}: every task needs an 'id' and a 'kind'")
         task_id = obj["id"]
         name = f"{where} {task_id!r}"
+        only_known(obj, _TASK_KEYS, name)
         if not isinstance(task_id, str) or not task_id:
             raise PipeswapError(f"{name}: 'id' must be a non-empty string, found {task_id!r}")
         kind = obj["kind"]
@@ -119,6 +121,22 @@ class Task:
             alloc_bytes=_whole(obj.get("alloc_bytes", 0), "alloc_bytes", name),
             free_bytes=_whole(obj.get("free_bytes", 0), "free_bytes", name),
         )
+
+
+# The keys a task's JSON object may have (Task.to_json writes them).
+_TASK_KEYS = (
+    "id",
+    "kind",
+    "gpu",
+    "gpus",
+    "src",
+    "dst",
+    "duration_s",
+    "bytes",
+    "deps",
+    "alloc_bytes",
+    "free_bytes",
+)
 
 
 @dataclass(frozen=True)

@@ -309,3 +309,12 @@ def test_fuzzed_topologies_load_or_raise_pipeswap_error(
             continue
         topology.to_json()  # what loaded is whole enough to write back
     assert refused > 50  # the mutations do reach the checks
+
+
+def test_a_misspelt_key_of_a_node_or_link_is_refused() -> None:
+    good = _dual_socket().to_json()
+    for part, index, key in (("nodes", 1, "memory_byte"), ("links", 0, "gbps")):
+        obj = json.loads(json.dumps(good))
+        obj[part][index][key] = 1
+        with pytest.raises(PipeswapError, match=f"unknown key {key!r}"):
+            Topology.from_json(obj)

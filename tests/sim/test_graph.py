@@ -159,3 +159,13 @@ def test_damaged_graphs_are_loaded_or_refused_with_a_pipeswap_error(contract_gra
             assert TaskGraph.from_json(graph.to_json()) == graph
             outcomes["loaded"] += 1
     assert outcomes["refused"] > 50 and outcomes["loaded"] > 10, outcomes
+
+
+def test_a_misspelt_key_is_refused_naming_the_one_meant() -> None:
+    import pytest
+
+    from pipeswap.errors import PipeswapError
+
+    task = {"id": "b", "kind": "compute", "gpu": "gpu0", "duraton_s": 5.0}
+    with pytest.raises(PipeswapError, match="task 'b': unknown key 'duraton_s'; did you mean"):
+        Task.from_json(task)
