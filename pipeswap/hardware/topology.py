@@ -205,8 +205,8 @@ class Topology:
             for i, link in enumerate(list_field(obj, "links", bad))
         )
         calibration = obj.get("calibration")
-        if calibration is not None and not isinstance(calibration, dict):
-            raise PipeswapError(f"{bad}: calibration is {shown(calibration)}; write an object")
+        if calibration is not None:
+            _check_calibration(as_object(calibration, f"{bad}: calibration"), f"{bad}: calibration")
         return cls(name=name, nodes=nodes, links=links, calibration=calibration)
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -247,6 +247,34 @@ def _json_positive(
     ):
         raise PipeswapError(f"{where}: {key} is {shown(value)}; write {what}")
     return float(value)
+
+
+def _check_calibration(calibration: dict[str, Any], where: str) -> None:
+    """The measurements the simulator times collectives and compute by: each checked, as a
+    negative latency would silently shorten every step."""
+    for kind, rate in (("allreduce", "bus_gb_per_s"), ("p2p", "gb_per_s")):
+        measured = calibration.get(kind)
+        if measured is None:
+            continue
+        measured = as_object(measured, f"{where} {kind}")
+        latency = measured.get("latency_s")
+        if (
+            isinstance(latency, bool)
+            or not isinstance(latency, int | float)
+            or not (math.isfinite(latency) and latency >= 0)
+        ):
+            raise PipeswapError(
+                f"{where} {kind}: latency_s is {shown(latency)}; write seconds >= 0"
+            )
+        speed = _json_positive(measured, rate, f"{where} {kind}", None, "a bandwidth in GB/s")
+        if not _SLOWEST_GB_PER_S <= speed <= _FASTEST_GB_PER_S:
+            raise PipeswapError(
+                f"{where} {kind}: {rate} is {speed:g}; write one between "
+                f"{_SLOWEST_GB_PER_S:g} and {_FASTEST_GB_PER_S:g} GB/s"
+            )
+    slowdown = calibration.get("compute_slowdown")
+    if slowdown is not None:
+        _json_positive(calibration, "compute_slowdown", where, None, "a factor > 0, e.g. 1.05")
 
 
 def _node_from_json(n: Any, where: str) -> Node:

@@ -123,6 +123,9 @@ class Task:
         )
 
 
+# A task's longest duration (about 30 years): longer ones are typing errors.
+_LONGEST_TASK_S = 1e9
+
 # The keys a task's JSON object may have (Task.to_json writes them).
 _TASK_KEYS = (
     "id",
@@ -261,6 +264,10 @@ def _validate_task(task: Task) -> None:
             )
     if not task.duration_s >= 0 or task.duration_s == float("inf"):
         raise PipeswapError(f"{name} has duration_s {task.duration_s}; use a finite value >= 0")
+    if task.duration_s > _LONGEST_TASK_S:  # sums of such would overflow to inf, then NaN
+        raise PipeswapError(
+            f"{name} has duration_s {task.duration_s:g}; use at most {_LONGEST_TASK_S:g} s"
+        )
     if task.kind in _GPU_KINDS:
         if not task.gpu:
             raise PipeswapError(f"{task.kind} {name} needs a 'gpu'")

@@ -318,3 +318,23 @@ def test_a_misspelt_key_of_a_node_or_link_is_refused() -> None:
         obj[part][index][key] = 1
         with pytest.raises(PipeswapError, match=f"unknown key {key!r}"):
             Topology.from_json(obj)
+
+
+@pytest.mark.parametrize(
+    "calibration, message",
+    [
+        ({"allreduce": {"latency_s": -5, "bus_gb_per_s": 2}}, "latency_s is -5; write seconds"),
+        ({"allreduce": {"latency_s": "x", "bus_gb_per_s": 2}}, 'latency_s is "x"'),
+        ({"allreduce": {"latency_s": 0, "bus_gb_per_s": 0}}, "bus_gb_per_s is 0"),
+        ({"allreduce": [1]}, "calibration allreduce: expected a JSON object"),
+        ({"p2p": {"latency_s": 1e-4, "gb_per_s": 1e300}}, "between 1e-06 and 1e"),
+        ({"compute_slowdown": -1}, "compute_slowdown is -1"),
+    ],
+)
+def test_a_calibration_the_simulator_cannot_time_by_is_refused(
+    calibration: dict, message: str
+) -> None:
+    obj = _dual_socket().to_json()
+    obj["calibration"] = calibration
+    with pytest.raises(PipeswapError, match=message):
+        Topology.from_json(obj)

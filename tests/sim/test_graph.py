@@ -169,3 +169,12 @@ def test_a_misspelt_key_is_refused_naming_the_one_meant() -> None:
     task = {"id": "b", "kind": "compute", "gpu": "gpu0", "duraton_s": 5.0}
     with pytest.raises(PipeswapError, match="task 'b': unknown key 'duraton_s'; did you mean"):
         Task.from_json(task)
+
+
+def test_a_duration_whose_sums_would_overflow_is_refused() -> None:
+    import pytest
+
+    from pipeswap.errors import PipeswapError
+
+    with pytest.raises(PipeswapError, match="duration_s 1e[+]308; use at most 1e[+]09 s"):
+        TaskGraph((Task(id="a", kind="compute", gpu="gpu0", duration_s=1e308),))
