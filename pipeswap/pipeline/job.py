@@ -73,6 +73,26 @@ def load_stage_tensors(model: LayeredModel, states: Sequence[dict[str, torch.Ten
     for state in states:
         # Buffers the model does not persist (rotary frequencies) are no part of its weights.
         merged.update((name, tensor) for name, tensor in state.items() if name in full)
+    # One tensor given under several names (the model's own buffers, held by its first
+    # stage's embed and its last stage's head): the first stage's, in stage order.
+    first: dict[int, str] = {}
+    apart: list[str] = []
+    for name in list(merged):
+        earlier = first.setdefault(id(full[name]), name)
+        if earlier != name:
+            if not torch.equal(merged[earlier], merged[name]):
+                apart.append(name.split(".", 1)[-1])
+            merged[name] = merged[earlier]
+    if apart:
+        # The model's own buffers live on its first stage and on its last: one its forward
+        # updates before the blocks is kept from the first stage, which runs that code.
+        warnings.warn(
+            f"{model.name}'s own {', '.join(sorted(set(apart)))} differ between the first "
+            "stage and the last: its forward updates them, and each of the two stages holds "
+            "a copy (the code after the blocks read the last stage's, never updated there); "
+            "the first stage's are kept. Hold such state in a block, or train on one stage",
+            stacklevel=2,
+        )
     # A tied weight is reported under one of its names: give its aliases the same tensor.
     given = {id(tensor): name for name, tensor in full.items() if name in merged}
     for name, tensor in full.items():

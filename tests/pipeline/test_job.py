@@ -36,3 +36,36 @@ def test_a_user_model_no_built_in_data_fits_trains_on_random_batches_only_saying
         source = BatchSource(config, model)
     inputs, _ = source.batch(0)
     assert int(inputs.max()) < 64
+
+
+def test_the_model_s_own_buffer_comes_from_its_first_stage_saying_the_copies_differ() -> None:
+    import pytest
+    from torch import nn
+
+    import pipeswap
+    from pipeswap.pipeline.job import load_stage_tensors
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(64, 16)
+            self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+            self.head = nn.Linear(16, 64)
+            self.register_buffer("seen", torch.zeros(()))
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            if self.training:
+                self.seen += ids.numel()  # updated before the blocks: by the first stage
+            h = self.emb(ids)
+            for block in self.blocks:
+                h = block(h)
+            return self.head(h)
+
+    layered = pipeswap.adapt(Net(), example=torch.zeros(1, 4, dtype=torch.long))
+    state = {name: t.clone() for name, t in layered.state_dict().items()}
+    first = {n: t for n, t in state.items() if not n.startswith("head")}
+    last = {n: t for n, t in state.items() if n.startswith("head")}
+    first["embed.seen"] = torch.tensor(32.0)  # the last stage's copy stayed 0
+    with pytest.warns(UserWarning, match="own seen differ between the first stage and the last"):
+        load_stage_tensors(layered, [first, last])
+    assert float(layered.state_dict()["embed.seen"]) == 32.0
