@@ -75,25 +75,36 @@ class HeldOutputs:
 
     def __init__(self) -> None:
         self._watched: list[weakref.ref[torch.Tensor]] = []
+        self._held_in_backward = False
 
     def watch(self, output: Any) -> None:
         """Watch a forward's output: its tensors other than the loss, where it has one (a
-        step run aside starts its backward from the outputs themselves otherwise)."""
+        step run aside starts its backward from the outputs themselves otherwise), alive
+        when the loss's backward begins (a step function's own ``outputs``, gone by the
+        next forward) or at the next forward."""
         loss = output_loss(output)
         # Tensors keep their Python object while anything holds them (autograd included).
-        self._watched = [
+        watched = [
             weakref.ref(t)
             for t in (output_tensors(output) if loss is not None else ())
             if t is not loss and t.requires_grad
         ]
+        self._watched, self._held_in_backward = watched, False
+        if watched and loss is not None and loss.grad_fn is not None:
+
+            def at_backward(_: Any) -> None:
+                if any(ref() is not None for ref in watched):
+                    self._held_in_backward = True
+
+            loss.grad_fn.register_prehook(at_backward)
 
     def held(self) -> bool | None:
-        """Whether the last output watched is still held (None: none was since the last
-        call)."""
+        """Whether the last output watched was held through its backward or is still held
+        (None: none was since the last call)."""
         if not self._watched:
             return None
-        held = any(ref() is not None for ref in self._watched)
-        self._watched = []
+        held = self._held_in_backward or any(ref() is not None for ref in self._watched)
+        self._watched, self._held_in_backward = [], False
         return held
 
 

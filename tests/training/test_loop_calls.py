@@ -162,3 +162,25 @@ def test_held_outputs_are_a_forward_s_tensors_beyond_its_loss_alive_at_the_next(
     watch.watch(torch.zeros(2, 3) @ weight)  # no loss: the step aside holds the output anyway
     assert watch.held() is None
     del outputs
+
+
+def test_outputs_held_through_the_backward_of_a_step_function_are_seen() -> None:
+    weight = torch.ones(3, 3, requires_grad=True)
+    watch = HeldOutputs()
+
+    def train_step(keep: bool) -> float:
+        outputs = {"loss": None, "logits": torch.ones(2, 3) @ weight}
+        outputs["loss"] = outputs["logits"].sum()  # saves none of the logits
+        watch.watch(outputs)
+        if keep:  # outputs.loss.backward(): the logits live through the backward
+            outputs["loss"].backward()
+            return float(outputs["loss"].detach())
+        loss = outputs.pop("loss")
+        del outputs  # only the loss reaches the backward
+        loss.backward()
+        return float(loss.detach())
+
+    train_step(keep=True)  # its outputs are gone by the next forward
+    assert watch.held() is True
+    train_step(keep=False)
+    assert watch.held() is False
