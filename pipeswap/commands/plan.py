@@ -146,9 +146,11 @@ def _profile(args: argparse.Namespace) -> Profile:
                 f"--batch is {args.batch}; use a whole number >= 1 (or leave it out for the "
                 "model's default)"
             )
+        spec = model_spec(model)
+        spec.task_entry.check_sizes(model, None, None, tokens=bool(spec.reads_tokens))
         return estimate(
             model,
-            args.batch or model_spec(model).default_batch or 8,
+            args.batch or spec.default_batch or 8,
             gpu=args.gpu or DEFAULT_GPU,
         )
     if args.batch is not None or args.gpu is not None or args.model is not None:

@@ -69,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
     source = ProfileConfig(**given(args, ProfileConfig))
     _check_out(args.out)
     spec = model_spec(args.model)  # unknown names: PipeswapError listing the zoo and the forms
-    spec.task_entry.check_sizes(args.model, args.seq_len, args.image_size)
+    spec.task_entry.check_sizes(
+        args.model, args.seq_len, args.image_size, tokens=bool(spec.reads_tokens)
+    )
     estimating = source.estimate is not None
     if source.estimate not in (None, "", args.model):
         raise PipeswapError(

@@ -294,3 +294,21 @@ def test_bad_sizes_exit_2_with_a_message(
     assert message in err
     assert "Traceback" not in err
     assert not out.exists()
+
+
+def test_a_token_sequence_classifier_is_refused_saying_why_not_fed_images(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.models.hf_configs import save_config
+
+    model = save_config(
+        tmp_path / "bertcls", "bert", architectures=["BertForSequenceClassification"]
+    )
+    out = str(tmp_path / "p.json")
+    for argv in (
+        ["profile", "--model", model, "--seq-len", "16", "--out", out],
+        ["profile", "--model", model, "--out", out],
+        ["plan", "--estimate", model, "--topology", "switch-4", "--policy", "disjoint"],
+    ):
+        assert main(argv) == 2
+        assert "classifies token sequences" in capsys.readouterr().err
