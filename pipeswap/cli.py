@@ -19,6 +19,7 @@ from pipeswap.commands import (
     topology,
     train,
 )
+from pipeswap.commands.json_out import json_stdout
 from pipeswap.commands.options import message, removed_flags
 from pipeswap.dist.peers import LOST_PEERS, lost_peers
 from pipeswap.dist.signals import sigterm_interrupts
@@ -66,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        with sigterm_interrupts():
+        with sigterm_interrupts(), json_stdout(bool(getattr(args, "json", False))):
             return int(args.func(args) or 0)
     except PipeswapError as exc:
         print(f"pipeswap {args.command}: error: {message(exc)}", file=sys.stderr)

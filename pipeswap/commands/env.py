@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 import pipeswap
+from pipeswap.commands.json_out import print_json
 from pipeswap.commands.options import add_options
 from pipeswap.commands.settings import Outputs
 
@@ -110,5 +110,8 @@ def format_environment(info: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     info = environment()
-    print(json.dumps(info, indent=1) if args.json else format_environment(info))
+    if args.json:
+        print_json(info)
+    else:
+        print(format_environment(info))
     return 0

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from pipeswap.commands.json_out import print_json
 from pipeswap.commands.options import add_options, given, message
 from pipeswap.commands.plan_layouts import (
     add_layout_arguments,
@@ -103,22 +103,19 @@ def run(args: argparse.Namespace) -> int:
         chosen = best_fitting(results)
         said = {policy: message(exc) for policy, exc in refused.items()}
         if args.json:
-            print(
-                json.dumps(
-                    {
-                        "policies": [r.to_json() for r in results],
-                        "refused": said,
-                        "best": chosen.policy,
-                    },
-                    indent=1,
-                )
+            print_json(
+                {
+                    "policies": [r.to_json() for r in results],
+                    "refused": said,
+                    "best": chosen.policy,
+                }
             )
         else:
             print(compare_table(results, said))
     else:
         chosen = plan_case(case, profile, config.policy, time_limit_s=config.time_limit_s)
         if args.json:
-            print(json.dumps(chosen.to_json(), indent=1))
+            print_json(chosen.to_json())
         else:
             print(plan_table(chosen))
     _write_outputs(args, chosen, notes)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from pipeswap.commands.json_out import print_json
 from pipeswap.commands.options import add_options
 from pipeswap.commands.settings import Outputs, PlanOptions
 from pipeswap.commands.simulate import write_views
@@ -40,7 +40,7 @@ def run_layouts(
     search = search_layouts(profile, topology, budget_bytes)
     notes = sys.stderr if args.json else sys.stdout
     if args.json:
-        print(json.dumps(layouts_json(search), indent=1))
+        print_json(layouts_json(search))
     else:
         print(layouts_table(search, profile, budget_bytes))
     best = search.best

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from pipeswap.commands.json_out import print_json
 from pipeswap.commands.options import add_options, given
 from pipeswap.commands.settings import Outputs
 from pipeswap.errors import PipeswapError
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     profile.save(args.out)
     if args.json:
-        print(json.dumps(profile.to_json(), indent=1))
+        print_json(profile.to_json())
     else:
         print(format_profile(profile, gpu))
         print(f"wrote {args.out}")

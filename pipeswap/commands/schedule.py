@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from pipeswap.commands.json_out import print_json
 from pipeswap.commands.options import add_options, given
 from pipeswap.commands.settings import GridOptions, Outputs
 from pipeswap.errors import PipeswapError
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     schedule = build_schedule(args.schedule, args.stages, args.steps, micro)
     validate(schedule)
     if args.json:
-        print(json.dumps(schedule.to_json(), indent=1))
+        print_json(schedule.to_json())
     else:
         print(
             render_grid(schedule, forward_cost=args.forward_cost, backward_cost=args.backward_cost)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from pipeswap.commands.json_out import print_json
 from pipeswap.commands.options import add_options, given
 from pipeswap.commands.settings import Outputs, SimulateOptions
 from pipeswap.errors import PipeswapError
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     # With --json, stdout carries the JSON alone; notes about written files go to stderr.
     notes = sys.stderr if args.json else sys.stdout
     if args.json:
-        print(json.dumps(result.to_json(), indent=1))
+        print_json(result.to_json())
     else:
         print(summary(result, topology.name, len(graph)))
     write_views(args, graph, result, topology, notes)

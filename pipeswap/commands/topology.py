@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from pipeswap.commands.json_out import print_json
 from pipeswap.commands.options import add_options
 from pipeswap.commands.settings import Outputs, TopologyOptions
 from pipeswap.hardware.detect import detect_topology
@@ -97,7 +97,7 @@ def _detect(args: argparse.Namespace) -> int:
         said = "no NVIDIA GPU was found (neither NVML nor nvidia-smi reports one)"
         if args.json:  # stdout stays JSON: none found
             print(said, file=sys.stderr)
-            print("null")
+            print_json(None)
         else:
             print(said)
         return 0
@@ -142,7 +142,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     topology = calibration.topology(f"calibrated-{device}-{nproc}", memory)
     topology.save(out)  # makes the folder it goes in
     if args.json:
-        print(json.dumps(calibration.to_json(), indent=1))
+        print_json(calibration.to_json())
         return 0
     shown = calibration.to_json()
     print(f"measured {nproc} ranks on {calibration.device} ({calibration.backend}):")
@@ -178,6 +178,6 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _print(topology: Topology, *, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(topology.to_json(), indent=1))
+        print_json(topology.to_json())
     else:
         print(render_tree(topology), end="")

@@ -176,7 +176,7 @@ def _dataset(config: TrainConfig, model: LayeredModel, split: str) -> Any:
             # Said, never silent: data parallel refuses such a model outright.
             warnings.warn(
                 f"{exc}; no data given, so the pipeline trains on random example batches "
-                "of the model (train on your own with --data PATH, DataConfig(data=...))",
+                "of the model (give your own data to train on it)",
                 stacklevel=2,
             )
             return None
