@@ -36,6 +36,8 @@ _HELPS = {
     "profile_path": "a pipeswap.profile/1 JSON file (`pipeswap profile ... --out`); or {estimate}",
     "model": "the model {estimate} estimates, when {estimate} names none",
     "batch": "samples per GPU for {estimate} (default: the model's)",
+    "seq_len": "tokens per sample for {estimate} (default: the model's)",
+    "image_size": "image side in pixels for {estimate} (default: the model's)",
     "topology": "a preset (switch-4, single-root-8, dual-root-8, ...), a JSON file, or "
     "detect (this machine's GPUs)",
     "out": "write the pipeswap.swapplan/2 plan",
@@ -55,6 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_options(source, TrainConfig, only=("profile_path",), helps=_HELPS)
     add_options(source, ProfileConfig, only=("estimate",))
     add_options(source, TrainConfig, only=("model", "batch"), helps=_HELPS)
+    shape = source.add_mutually_exclusive_group()
+    add_options(shape, TrainConfig, only=("seq_len", "image_size"), helps=_HELPS)
     add_options(source, ProfileConfig, only=("gpu",))
     add_options(parser, TrainConfig, only=("topology",), required=("topology",), helps=_HELPS)
     add_options(parser, PlanOptions, only=("gpus",))
@@ -138,21 +142,34 @@ def _profile(args: argparse.Namespace) -> Profile:
                 f"--estimate {args.estimate} and --model {args.model} name two models; "
                 f"write --estimate {args.estimate} alone"
             )
-        if args.batch is not None and args.batch < 1:
-            raise PipeswapError(
-                f"--batch is {args.batch}; use a whole number >= 1 (or leave it out for the "
-                "model's default)"
-            )
+        for flag, value in (
+            ("--batch", args.batch),
+            ("--seq-len", args.seq_len),
+            ("--image-size", args.image_size),
+        ):
+            if value is not None and value < 1:
+                raise PipeswapError(
+                    f"{flag} is {value}; use a whole number >= 1 (or leave it out for the "
+                    "model's default)"
+                )
         spec = model_spec(model)
-        spec.task_entry.check_sizes(model, None, None, tokens=bool(spec.reads_tokens))
+        spec.task_entry.check_sizes(
+            model, args.seq_len, args.image_size, tokens=bool(spec.reads_tokens)
+        )
         return estimate(
             model,
             args.batch or spec.default_batch or 8,
+            seq_len=args.seq_len,
+            image_size=args.image_size,
             gpu=args.gpu or DEFAULT_GPU,
         )
-    if args.batch is not None or args.gpu is not None or args.model is not None:
+    if any(
+        value is not None
+        for value in (args.batch, args.gpu, args.model, args.seq_len, args.image_size)
+    ):
         raise PipeswapError(
-            "--batch, --gpu and --model apply to --estimate; drop them with --profile"
+            "--batch, --seq-len, --image-size, --gpu and --model apply to --estimate; drop "
+            "them with --profile"
         )
     return Profile.load(args.profile_path)
 

@@ -316,3 +316,18 @@ def test_compare_with_no_fitting_plan_says_so(profile_path, capsys, monkeypatch)
     args = ["plan", "--profile", profile_path, "--topology", "switch-4", "--gpus", "2"]
     assert main([*args, "--footprint-ratio", "2", "--compare", "--time-limit", "1"]) == 2
     assert "no policy plans a step that fits" in capsys.readouterr().err
+
+
+def test_an_estimate_takes_the_sequence_length_and_a_profile_refuses_it(
+    profile_path, capsys
+) -> None:
+    args = ["plan", "--topology", "switch-4", "--policy", "none", "--json"]
+    peaks = []
+    for seq_len in ("16", "32"):
+        assert main([*args, "--estimate", "gpt2-micro", "--seq-len", seq_len]) == 0
+        peaks.append(json.loads(capsys.readouterr().out)["gpus"][0]["peak_bytes"])
+    assert peaks[0] < peaks[1]  # the activations scale with the tokens
+    assert main([*args, "--profile", profile_path, "--seq-len", "16"]) == 2
+    assert "--seq-len, --image-size, --gpu and --model apply to --estimate" in (
+        capsys.readouterr().err
+    )
