@@ -82,6 +82,13 @@ class LayerProfile:
         name = fields.text_field(obj, "name", where)
         where = f"{where} ({name!r})"
         saved = fields.list_field(obj, "saved", where, default=[])
+        indices = [t.get("index") if isinstance(t, dict) else None for t in saved]
+        twice = sorted({i for i in indices if indices.count(i) > 1 and i is not None})
+        if twice:
+            raise PipeswapError(
+                f"{where}: saved index {twice[0]} appears twice; give each saved tensor of a "
+                "layer its own index (0, 1, ...), or profile again (pipeswap profile)"
+            )
         return cls(
             name=name,
             forward_s=fields.seconds_field(obj, "forward_s", where),
@@ -307,7 +314,7 @@ class Profile:
         notes = obj.get("notes", {})
         if not isinstance(notes, dict):
             raise PipeswapError(f"{where}: notes is {fields.shown(notes)}; write a JSON object")
-        return cls(
+        profile = cls(
             model=fields.text_field(obj, "model", where),
             batch=fields.count_field(obj, "batch", where, minimum=1),
             dtype=fields.text_field(obj, "dtype", where, "float32"),
@@ -337,6 +344,15 @@ class Profile:
             if obj.get("memory") is None
             else StepMemory.from_json(obj["memory"], f"{where}: memory", len(layers)),
         )
+        memory = profile.memory
+        if memory is not None and memory.start_bytes < profile.param_bytes:
+            # A step starts holding its parameters at least: a plan would fit what cannot.
+            raise PipeswapError(
+                f"{where}: memory start_bytes {memory.start_bytes} is less than the "
+                f"parameters' {profile.param_bytes} bytes; measure it again (pipeswap "
+                "profile), or drop memory to plan from the saved tensors"
+            )
+        return profile
 
     def save(self, path: str | os.PathLike[str]) -> None:
         dump_json(path, self.to_json())

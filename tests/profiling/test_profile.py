@@ -177,3 +177,22 @@ def test_scaled_profile_grows_compute_and_activations_not_weights() -> None:
     assert profile.scaled(1) == profile
     with pytest.raises(PipeswapError, match="whole factor"):
         profile.scaled(0)
+
+
+def test_a_saved_index_given_twice_is_refused_naming_the_layer() -> None:
+    obj = _profile().to_json()
+    layer = next(la for la in obj["layers"] if len(la["saved"]) >= 1)
+    layer["saved"].append(dict(layer["saved"][0]))
+    with pytest.raises(PipeswapError, match="saved index 0 appears twice"):
+        Profile.from_json(obj)
+
+
+def test_memory_readings_below_the_parameters_are_refused() -> None:
+    from pipeswap.step_memory import StepMemory
+
+    profile = _profile()
+    n = len(profile.layers)
+    zero = StepMemory(0, (0,) * n, 0, (0,) * n, 0, "storages")
+    obj = dataclasses.replace(profile, memory=zero).to_json()
+    with pytest.raises(PipeswapError, match="memory start_bytes 0 is less than the parameters'"):
+        Profile.from_json(obj)
