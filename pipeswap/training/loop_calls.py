@@ -34,6 +34,7 @@ __all__ = [
     "optimizer_name",
     "refuse_transforms",
     "signature",
+    "trainable_bytes",
     "takes_use_cache",
     "unseen_state_bytes",
     "without_cache",
@@ -270,6 +271,11 @@ def unseen_state_bytes(
             params = (p for group in o.param_groups for p in group["params"] if p.requires_grad)
             unseen += optimizer_state_bytes(optimizer_name(o), _nbytes(params))
     return unseen
+
+
+def trainable_bytes(model: nn.Module) -> int:
+    """Bytes of ``model``'s trainable parameters (one gradient of each)."""
+    return _nbytes(p for p in model.parameters() if p.requires_grad)
 
 
 def _nbytes(params: Iterable[torch.Tensor]) -> int:

@@ -65,6 +65,7 @@ class LoopPlanner:
     # The most a measured step held over its plan's budget, as a fraction of the budget:
     # what the profiles miss; every later plan is made that much tighter from the start.
     overshoot: float = 0.0
+    unseen_bytes: int = 0  # held through every step, unseen by the CPU's count (DDP's)
 
     @property
     def layer_names(self) -> list[str]:
@@ -75,9 +76,8 @@ class LoopPlanner:
         return learnt_by(self.config.policy)
 
     def name_tensors(self, args: Any, kwargs: Any) -> RecomputeSizes:
-        """What each layer saves (one forward as the plan names it), and what recomputing
-        each layer would keep and save again, whole or selectively (one forward with every
-        layer wrapped for recomputation, as the runtime runs it)."""
+        """What each layer saves (one forward, as plans name it), and what recomputing it
+        keeps and saves again, whole or selectively (a forward with every layer wrapped)."""
         args, kwargs = cut_from_caller((args, kwargs))
         with self.quiet():
             return measure_recomputation(
@@ -171,6 +171,7 @@ class LoopPlanner:
         records, kept, rerun, choices = self.name_tensors(args, kwargs)
         if memory is None:
             memory = self.aside(args, kwargs, step_peak_bytes, state_bytes=state_bytes)[1]
+        memory = None if memory is None else memory.moved(self.unseen_bytes)
         profile = loop_profile(
             self.model,
             self.layers,

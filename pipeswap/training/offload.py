@@ -190,6 +190,8 @@ class Offload:
             self.host_pools,
             on_infeasible,
         )
+        if device.type == "cpu" and model is not self.model:  # DDP's flat buckets (a step
+            self.planner.unseen_bytes = loop_calls.trainable_bytes(self.model)  # aside: none)
         self.shapes = ShapePlans(self.planner, check_memory=self.check_memory)
         self.shapes.settings = self._plan_settings
         self.meter = LoopMeter(device, (self.model, self.optimizers), self.planner.measured)
