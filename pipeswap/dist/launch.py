@@ -259,11 +259,14 @@ def _stop(
     previous = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    interrupted = False
     try:
         while time.monotonic() < deadline and any(p.is_alive() for p in procs):
             waitables: list[Any] = [p.sentinel for p in procs if p.is_alive()]
             waitables += [pipes[r][0] for r in range(len(pipes)) if r not in replies]
             _receive(pipes, wait(waitables, 0.25), replies)
+    except KeyboardInterrupt:  # Ctrl-C again: stop waiting, and kill what is left first
+        interrupted = True
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous)
@@ -271,6 +274,8 @@ def _stop(
         if proc.is_alive():
             proc.kill()
             proc.join()
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 def _receive(pipes: list[Any], ready: list[Any], replies: dict[int, tuple[str, Any]]) -> None:

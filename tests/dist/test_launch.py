@@ -140,3 +140,36 @@ def test_a_stopped_rank_ends_the_run_one_notice_period_after_the_timeout() -> No
     assert launched.exit_codes[0] not in (0, None) and launched.killed == (1,)
     # Rank 0 times out, then rank 1 gets 15 s (before: the timeout plus 15 s more).
     assert timeout + 15 <= launched.elapsed_s < timeout + 15 + 6
+
+
+def test_ctrl_c_again_while_the_ranks_wind_down_kills_them_before_it_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pipeswap.dist.launch as launch
+
+    class Rank:
+        sentinel = object()
+
+        def __init__(self) -> None:
+            self.alive, self.killed = True, False
+
+        def is_alive(self) -> bool:
+            return self.alive
+
+        def terminate(self) -> None:  # a rank busy in its step does not end on SIGTERM
+            pass
+
+        def kill(self) -> None:
+            self.alive, self.killed = False, True
+
+        def join(self) -> None:
+            pass
+
+    def second_ctrl_c(*_: object) -> list[object]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "wait", second_ctrl_c)
+    ranks = [Rank(), Rank()]
+    with pytest.raises(KeyboardInterrupt):
+        launch._stop(ranks, 30.0, [], {})
+    assert all(rank.killed for rank in ranks)  # none is left to finish its step
