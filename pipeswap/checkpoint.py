@@ -303,11 +303,17 @@ def load_rank(directory: str | os.PathLike[str], done: int, rank: int) -> dict[s
     manifest = _manifest(folder)
     expected = {"run": manifest.get("run"), "rank": rank, "step": done}
     found = {key: stamped.get(key) if isinstance(stamped, dict) else None for key in expected}
-    if found != expected or stamped.get("identity") != manifest.get("identity"):
+    identity, written = stamped.get("identity"), manifest.get("identity")
+    if found != expected or identity != written:
+        mine, theirs = (found, expected) if found != expected else (identity, written)
+        if isinstance(mine, dict) and isinstance(theirs, dict):  # only what differs
+            keys = sorted({*mine, *theirs}, key=str)
+            differ = [k for k in keys if mine.get(k) != theirs.get(k)]
+            mine, theirs = ({k: d.get(k) for k in differ} for d in (mine, theirs))
         raise PipeswapError(
-            f"checkpoint {path} does not belong to the set of {folder} (its run, rank, step "
-            f"or settings differ from the manifest's: {found} vs {expected}); a set mixed "
-            "from two runs cannot resume: resume from a set one run wrote, or start afresh"
+            f"checkpoint {path} does not belong to the set of {folder} (it says {mine}, the "
+            f"manifest {theirs}); a set mixed from two runs, or a manifest edited, cannot be "
+            "read: use a set one run wrote as it wrote it, or start afresh"
         )
     state: dict[str, Any] = stamped["state"]
     return state

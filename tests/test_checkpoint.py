@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from pathlib import Path
@@ -146,3 +147,18 @@ def test_train_on_a_full_disk_exits_2_naming_the_fix(
     assert main([*argv, "--checkpoint-dir", str(tmp_path / "ck")]) == 2
     err = capsys.readouterr().err
     assert "the disk is full; free space or choose another" in err and "Errno" not in err
+
+
+def test_a_manifest_whose_settings_were_edited_is_refused_naming_what_differs(
+    tmp_path: Path,
+) -> None:
+    _set(tmp_path, "a" * 32, {"seed": 0, "model": "gpt2-tiny"})
+    manifest = step_dir(tmp_path, 2) / "manifest.json"
+    edited = json.loads(manifest.read_text())
+    edited["identity"]["model"] = "gpt2-micro"
+    manifest.write_text(json.dumps(edited))
+    with pytest.raises(
+        PipeswapError,
+        match=r"it says \{'model': 'gpt2-tiny'\}, the manifest \{'model': 'gpt2-micro'\}",
+    ):
+        load_rank(tmp_path, 2, 0)
