@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from pipeswap.config_fields import ConfigError
-from pipeswap.dist.group import all_gather, broadcast_from_rank0, rank_and_world
+from pipeswap.dist.group import broadcast_from_rank0, rank_and_world
 from pipeswap.errors import PipeswapError, first_line
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.metered_step import metered_step
@@ -66,6 +66,7 @@ class LoopPlanner:
     # what the profiles miss; every later plan is made that much tighter from the start.
     overshoot: float = 0.0
     unseen_bytes: int = 0  # held through every step, unseen by the CPU's count (DDP's)
+    shared_made: bool = False  # ranks share the first plan; a later shape, each its own
 
     @property
     def layer_names(self) -> list[str]:
@@ -109,10 +110,10 @@ class LoopPlanner:
     def aside(
         self, args: Any, kwargs: Any, step_peak_bytes: int = 0, *, state_bytes: int = 0
     ) -> tuple[BlockTiming, StepMemory | None]:
-        """One step of this call run aside, as a shape is learnt, timed and under the
-        storage count (the CPU: no mode can watch the user's own backward), with the
-        optimizer step as read in the loop (``step_peak_bytes``; 0: its parameters and
-        gradients at least), and ``state_bytes`` of optimizer state added to every reading."""
+        """One step of this call run aside, as a shape is learnt, timed and counted (no mode
+        can watch the loop's own backward on the CPU), with the optimizer step as read in the
+        loop (``step_peak_bytes``; 0: its parameters and gradients at least), and
+        ``state_bytes`` of optimizer state added to every reading."""
         timing, _ = self._metered(args, kwargs)
         memory = timing.step_memory(self.layer_names)
         if memory is None:
@@ -161,11 +162,9 @@ class LoopPlanner:
         shape: str,
         fits: str | None,
     ) -> ShapePlan:
-        """Plan one call from its timed step and one forward that names its saved tensors
-        (``memory``: what the meter read in that step; None: read a step run aside, with
-        ``state_bytes`` of optimizer state the count cannot see added).
-        ``shape`` names the call in messages, ``fits`` the largest call planned within the
-        budget (None: this is the first)."""
+        """Plan one call from its timed step and a forward naming its saved tensors (``memory``:
+        the meter's readings; None: a step run aside's, with ``state_bytes`` added). ``shape``
+        names it in messages, ``fits`` the largest planned within the budget (None: first)."""
         started = time.perf_counter()
         args, kwargs = call
         records, kept, rerun, choices = self.name_tensors(args, kwargs)
@@ -184,7 +183,9 @@ class LoopPlanner:
             rerun=rerun,
             choices=choices,
         )
-        return self.settle(profile, call, started, shape=shape, fits=fits, check=check_memory)
+        planned = self.settle(profile, call, started, shape=shape, fits=fits, check=check_memory)
+        self.shared_made = True
+        return planned
 
     def settle(
         self,
@@ -299,21 +300,23 @@ class LoopPlanner:
         *,
         config: SwapConfig | None = None,
     ) -> tuple[PlanResult, SwapExecutor | None]:
-        """Rank 0's plan for ``budget`` bytes, every rank's executor for its part of it."""
+        """The plan for ``budget`` bytes (rank 0's, the first), this rank's executor."""
         rank, world = rank_and_world()
+        shared = world > 1 and not self.shared_made
         config = replace(config or self.config, gpu_memory_bytes=budget, footprint_ratio=None)
         if self.search_steps is not None:
             step = max(MIN_SEARCH_S, self.search_steps * profile.compute_s)
             config = replace(config, time_limit_s=min(config.time_limit_s, step))
         payload: Any = None
-        if rank == 0:
+        if rank == 0 or not shared:
             try:
                 where = swap_topology(self.topology, self.device.type, world)
                 result = make_plan(profile, where, config, gpus=world).runnable()
                 payload = (result.plan.to_json(), result)
             except PipeswapError as exc:  # every rank stops, none waits for rank 0
                 payload = exc
-        payload = broadcast_from_rank0(payload, world, patient=True)  # rank 0 plans
+        if shared:
+            payload = broadcast_from_rank0(payload, world, patient=True)  # rank 0 plans
         if isinstance(payload, PipeswapError):
             try:
                 with offload_names():
@@ -338,10 +341,7 @@ class LoopPlanner:
 
     def measured(self, planned: ShapePlan, peak: int) -> None:
         """A plan's first step held ``peak`` bytes: over the budget, plan again for less."""
-        _, world = rank_and_world()
-        if world > 1:  # every rank plans again, or none: the most any rank held
-            peak = max(all_gather(peak, world))
-        planned.measured_peak_bytes = peak
+        planned.measured_peak_bytes = peak  # (each rank's own: ranks' shapes may differ)
         kept = planned.keep_better()
         if kept is not None:
             warnings.warn(

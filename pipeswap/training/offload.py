@@ -56,9 +56,8 @@ def offload(
     covers runs the plan; ``off.plan_for(**largest_batch)`` does so before the loop. Losses
     and weights stay bit-identical to the loop without it (run with ``use_cache=False``, as
     offload passes it). A loop that holds the model's outputs (``outputs = model(...)``)
-    through its backward is planned with them held. Under your own DDP, rank 0 plans for
-    every rank (swaps coordinate them): every rank must see the same input shapes at the same
-    steps, as a DistributedSampler gives. ``layers`` are the submodules plans cut at
+    through its backward is planned with them held. Under your own DDP, rank 0 makes the first
+    plan for every rank (swaps coordinate them); a shape one rank meets alone, it plans alone. ``layers`` are the submodules plans cut at
     (default: the model's repeated block list); ``optimizer`` says which state the budget counts
     (pass the optimizer itself, or a list of every optimizer the loop steps, to have their state
     counted as it is); ``whole_blocks`` recomputes

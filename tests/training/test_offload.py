@@ -157,6 +157,34 @@ def test_under_the_users_own_ddp_ranks_share_one_plan_and_stay_bit_identical() -
     assert _equal(results[0], results[1])
 
 
+def _ddp_lengths_rank(rank: int, world: int, use: bool) -> Any:
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    model = DistributedDataParallel(tiny("gpt2"))
+    # A sampler's batches: rank 0 meets a larger shape alone, rank 1's are covered.
+    data = batches((4, 4, 6, 6) if rank == 0 else (4, 4, 2, 2))
+    off = (
+        offload(model, footprint_ratio=1.2, policy="hybrid", on_infeasible="recompute-all")
+        if use
+        else None
+    )
+    return train_loop(model, (lambda: off) if off is not None else nullcontext, data)
+
+
+@pytest.mark.dist
+def test_under_ddp_a_shape_one_rank_meets_alone_is_planned_by_it_alone() -> None:
+    """Each rank plans a later shape for itself: a collective only one rank reached
+    would wait for the others until the process group's timeout."""
+    results = []
+    for use in (False, True):
+        launched = spawn(_ddp_lengths_rank, 2, use, timeout_s=120)
+        assert launched.ok, launched.exit_codes
+        results.append(launched.results)
+    for plain, swapped in zip(*results, strict=True):
+        assert _equal(plain, swapped)
+
+
 def _family(name: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A 3-block model of a family pipeswap's pipelines cannot cut yet, and its batch."""
     t = transformers
