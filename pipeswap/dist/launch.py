@@ -93,7 +93,14 @@ class LaunchResult:
             raise PipeswapError(_named(first, message))
         others = [r for r, code in enumerate(self.exit_codes) if code != 0 and r != first]
         tail = f"; then {', '.join(f'rank {r}' for r in others)} stopped too" if others else ""
-        raise RankFailedError(f"{self.describe(first)}{tail} (its output is above)")
+        code = self.exit_codes[first]
+        where = (
+            "its output is above"
+            if code is None or code >= 0
+            else "a rank killed by a signal says nothing: the system's log says why, as "
+            "dmesg does for the out-of-memory killer"
+        )
+        raise RankFailedError(f"{self.describe(first)}{tail} ({where})")
 
 
 def _named(rank: int, message: str) -> str:

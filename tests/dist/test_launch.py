@@ -57,6 +57,8 @@ def test_dead_rank_makes_the_others_exit_non_zero(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(RankFailedError, match="^rank 2 was killed by SIGKILL") as info:
         launched.raise_failure()
     assert info.value.exit_status == 1
+    # It printed nothing: the message does not send the user to an output above.
+    assert "output is above" not in str(info.value) and "dmesg" in str(info.value)
 
 
 @pytest.mark.dist
