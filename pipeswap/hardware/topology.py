@@ -11,7 +11,14 @@ from typing import Any
 
 from pipeswap.errors import PipeswapError
 from pipeswap.hardware.unionfind import UnionFind
-from pipeswap.json_fields import as_object, list_field, only_known, shown, text_field
+from pipeswap.json_fields import (
+    as_object,
+    list_field,
+    only_known,
+    seconds_field,
+    shown,
+    text_field,
+)
 from pipeswap.jsonio import check_format, dump_json, load_json
 
 __all__ = ["GB", "NODE_KINDS", "TOPOLOGY_FORMAT", "Hop", "Link", "Node", "Topology"]
@@ -257,15 +264,7 @@ def _check_calibration(calibration: dict[str, Any], where: str) -> None:
         if measured is None:
             continue
         measured = as_object(measured, f"{where} {kind}")
-        latency = measured.get("latency_s")
-        if (
-            isinstance(latency, bool)
-            or not isinstance(latency, int | float)
-            or not (math.isfinite(latency) and latency >= 0)
-        ):
-            raise PipeswapError(
-                f"{where} {kind}: latency_s is {shown(latency)}; write seconds >= 0"
-            )
+        seconds_field(measured, "latency_s", f"{where} {kind}")
         speed = _json_positive(measured, rate, f"{where} {kind}", None, "a bandwidth in GB/s")
         if not _SLOWEST_GB_PER_S <= speed <= _FASTEST_GB_PER_S:
             raise PipeswapError(
