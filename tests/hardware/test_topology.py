@@ -323,7 +323,10 @@ def test_a_misspelt_key_of_a_node_or_link_is_refused() -> None:
 @pytest.mark.parametrize(
     "calibration, message",
     [
-        ({"allreduce": {"latency_s": -5, "bus_gb_per_s": 2}}, "latency_s is -5; write a finite number of seconds"),
+        (
+            {"allreduce": {"latency_s": -5, "bus_gb_per_s": 2}},
+            "latency_s is -5; write a finite number of seconds",
+        ),
         ({"allreduce": {"latency_s": "x", "bus_gb_per_s": 2}}, 'latency_s is "x"'),
         ({"allreduce": {"latency_s": 0, "bus_gb_per_s": 0}}, "bus_gb_per_s is 0"),
         ({"allreduce": [1]}, "calibration allreduce: expected a JSON object"),
