@@ -256,6 +256,14 @@ def _json_positive(
     return float(value)
 
 
+def _check_rate(gb_per_s: float, said: str) -> None:
+    """Refuse a bandwidth no link has: beyond the range the simulator's rates overflow."""
+    if not _SLOWEST_GB_PER_S <= gb_per_s <= _FASTEST_GB_PER_S:
+        raise PipeswapError(
+            f"{said}; write one between {_SLOWEST_GB_PER_S:g} and {_FASTEST_GB_PER_S:g} GB/s"
+        )
+
+
 def _check_calibration(calibration: dict[str, Any], where: str) -> None:
     """The measurements the simulator times collectives and compute by: each checked, as a
     negative latency would silently shorten every step."""
@@ -266,11 +274,7 @@ def _check_calibration(calibration: dict[str, Any], where: str) -> None:
         measured = as_object(measured, f"{where} {kind}")
         seconds_field(measured, "latency_s", f"{where} {kind}")
         speed = _json_positive(measured, rate, f"{where} {kind}", None, "a bandwidth in GB/s")
-        if not _SLOWEST_GB_PER_S <= speed <= _FASTEST_GB_PER_S:
-            raise PipeswapError(
-                f"{where} {kind}: {rate} is {speed:g}; write one between "
-                f"{_SLOWEST_GB_PER_S:g} and {_FASTEST_GB_PER_S:g} GB/s"
-            )
+        _check_rate(speed, f"{where} {kind}: {rate} is {speed:g}")
     slowdown = calibration.get("compute_slowdown")
     if slowdown is not None:
         _json_positive(calibration, "compute_slowdown", where, None, "a factor > 0, e.g. 1.05")
@@ -356,12 +360,7 @@ def _validate(topology: Topology) -> None:
             raise PipeswapError(
                 f"topology {name!r}: {where} has bandwidth {link.gb_per_s} GB/s; it must be positive"
             )
-        if not _SLOWEST_GB_PER_S <= link.gb_per_s <= _FASTEST_GB_PER_S:
-            # Beyond these no link exists, and the simulator's rates would overflow.
-            raise PipeswapError(
-                f"topology {name!r}: {where} has bandwidth {link.gb_per_s} GB/s; write one "
-                f"between {_SLOWEST_GB_PER_S:g} and {_FASTEST_GB_PER_S:g} GB/s"
-            )
+        _check_rate(link.gb_per_s, f"topology {name!r}: {where} has bandwidth {link.gb_per_s} GB/s")
         if not 0 < link.duplex_efficiency <= 1:
             raise PipeswapError(
                 f"topology {name!r}: {where} has duplex_efficiency {link.duplex_efficiency}; "

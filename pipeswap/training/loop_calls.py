@@ -34,8 +34,8 @@ __all__ = [
     "optimizer_name",
     "refuse_transforms",
     "signature",
-    "trainable_bytes",
     "takes_use_cache",
+    "trainable_bytes",
     "unseen_state_bytes",
     "without_cache",
 ]

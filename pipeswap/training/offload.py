@@ -57,8 +57,8 @@ def offload(
     and weights stay bit-identical to the loop without it (run with ``use_cache=False``, as
     offload passes it). A loop that holds the model's outputs (``outputs = model(...)``)
     through its backward is planned with them held. Under your own DDP, rank 0 makes the first
-    plan for every rank (swaps coordinate them); a shape one rank meets alone, it plans alone. ``layers`` are the submodules plans cut at
-    (default: the model's repeated block list); ``optimizer`` says which state the budget counts
+    plan for every rank (swaps coordinate them), and a shape one rank meets alone, it plans
+    alone. ``layers`` are the submodules plans cut at (default: the model's repeated blocks); ``optimizer`` says which state the budget counts
     (pass the optimizer itself, or a list of every optimizer the loop steps, to have their state
     counted as it is); ``whole_blocks`` recomputes
     whole blocks only (SwapConfig.whole_blocks). ``time_limit_s`` bounds the search of the policies
@@ -189,8 +189,8 @@ class Offload:
             self.host_pools,
             on_infeasible,
         )
-        if device.type == "cpu" and model is not self.model:  # DDP's flat buckets (a step
-            self.planner.unseen_bytes = loop_calls.trainable_bytes(self.model)  # aside: none)
+        if device.type == "cpu" and model is not self.model:  # DDP: its buckets, unseen
+            self.planner.unseen_bytes = loop_calls.trainable_bytes(self.model)  # (CPU count)
         self.shapes = ShapePlans(self.planner, check_memory=self.check_memory)
         self.shapes.settings = self._plan_settings
         self.meter = LoopMeter(device, (self.model, self.optimizers), self.planner.measured)
