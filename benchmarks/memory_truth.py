@@ -202,7 +202,9 @@ def user_loop(
         def wrap() -> AbstractContextManager[Any]:
             return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
 
-    for batch in spec.batches(steps, device):
+    data = spec.batches(steps, device)
+    while data:  # each batch let go of once the next is taken, as from a DataLoader
+        batch = data.pop(0)
         pools = [] if off is None else off.host_pools()
         meter = DeviceMeter(device, holding=(model, opt, batch), exclude=pools)
         _sync(device)

@@ -24,8 +24,13 @@ def find_blocks(model: nn.Module) -> list[str]:
     ``Sequential`` of several classes is a chain of operations, not of layers)."""
     best: tuple[int, int, str] | None = None
     mixed: tuple[int, int, str] | None = None
+    shared = ""  # a list holding one module more than once (layers that share weights)
     for path, module in model.named_modules():
         if not isinstance(module, nn.ModuleList | nn.Sequential) or len(module) < 2:
+            continue
+        if len({id(child) for child in module}) < len(module):
+            shared = shared or f" ({path!r} holds one module more than once: a cut is a module"
+            shared += " run once a forward, and layers that share their weights are not)"
             continue
         kinds = {type(child) for child in module}
         if any(kind.forward is nn.Module.forward for kind in kinds):
@@ -40,8 +45,8 @@ def find_blocks(model: nn.Module) -> list[str]:
     best = best or mixed
     if best is None:
         raise PipeswapError(
-            f"{type(model).__name__} has no list of 2 or more layers of one class to cut at; "
-            "name its blocks (blocks=['encoder.0', 'encoder.1', ...]; from the command line, "
+            f"{type(model).__name__} has no list of 2 or more layers of one class to cut at"
+            f"{shared}; name its blocks (blocks=['encoder.0', 'encoder.1', ...]; from the command line, "
             "with a module:function that returns pipeswap.adapt(model, blocks=[...]))"
         )
     parent = model.get_submodule(best[2])

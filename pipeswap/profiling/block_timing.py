@@ -4,6 +4,7 @@ the autograd graph as it is."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,11 @@ class BlockTiming:
 
     # Layers whose output needed no gradient (a frozen first block): they have no backward.
     no_backward: set[str] = field(default_factory=set)
+    # Set once the timed forward has returned: a later forward before the backward (an
+    # evaluation of the same model, under no_grad or not) is not the one timed.
+    forward_done: bool = False
+    # Called once the backward has ended (the CPU's storage count stops there).
+    on_backward_end: Callable[[], None] | None = None
 
     def complete(self, names: list[str]) -> bool:
         return self.ended is not None and all(
@@ -118,10 +124,17 @@ def time_blocks(
         first = next((n for n in names if n in timing.backward_started), names[0])
         close(f"b:{first}")
         timing.ended = now()
+        if timing.on_backward_end is not None:
+            timing.on_backward_end()
+
+    def timed() -> bool:  # a forward that saves nothing, or after the timed one, is not
+        return torch.is_grad_enabled() and not timing.forward_done
 
     for name, layer in layers.items():
 
         def forward_pre(m: nn.Module, a: Any, n: str = name) -> None:
+            if not timed():
+                return
             close(f"f:{previous.get(n, n)}")
             timing.started[(n, "forward")] = now()
 
@@ -136,6 +149,8 @@ def time_blocks(
         def forward_post(
             m: nn.Module, a: Any, out: Any, n: str = name, mark: Any = started_backward
         ) -> None:
+            if not timed():
+                return
             timing.forward_s[n] = now() - timing.started[(n, "forward")]
             if n not in following:
                 close(f"f:{n}")

@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
+from pipeswap.profiling.meter import unmetered
 from pipeswap.profiling.metered_step import output_loss, output_tensors
 from pipeswap.profiling.step import optimizer_state_bytes
 
@@ -235,8 +236,9 @@ def given_optimizers(model: nn.Module, optimizer: Any) -> tuple[str, list[torch.
         and given
         and all(isinstance(o, torch.optim.Optimizer) for o in given)
     ):
+        what = "an empty list" if isinstance(given, list | tuple) and not given else None
         raise ConfigError(
-            f"{{optimizer}} is a {type(optimizer).__name__}: pass the optimizer your loop "
+            f"{{optimizer}} is {what or 'a ' + type(optimizer).__name__}: pass the optimizer your loop "
             "steps, a list of them (optimizer=[body_optimizer, head_optimizer]), or a name "
             "(adamw, adam, sgd)"
         )
@@ -289,8 +291,19 @@ def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
 
 
 def on_host(call: tuple[Any, Any]) -> tuple[Any, Any]:
-    """The call's tensors copied to the host (a plan made again moves them back)."""
-    return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, call)
+    """The call's tensors copied to the host (a plan made again moves them back). On the
+    CPU too a copy, which no meter counts: as a GPU's, the loop's own batch is let go of
+    once the loop drops it, and a plan's bookkeeping is not the device's memory."""
+
+    def copy(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        if x.device.type != "cpu":
+            return x.detach().cpu()
+        with unmetered():
+            return x.detach().clone()
+
+    return tree_map(copy, call)
 
 
 def refuse_transforms() -> None:

@@ -27,12 +27,13 @@ class LoopMeter:
     optimizer step included): a timed step is read at the layers' edges, and the first
     step that runs each plan as a whole, each until the next forward, when
     ``measured(plan, peak)`` learns what the plan's step held. On the CPU the storage
-    count is a mode that must begin and end inside what it reads: it reads the optimizer
-    step after a timed one (through the hooks of the optimizer offload was given), and,
-    asked to read every step (``watch_step``), each step's forward and backward: the count
-    starts at the forward and stops at the optimizer's step (its pre-hook), at ``stats()``
-    or at the next forward, whichever comes first (a dispatch mode: one of the user's left
-    while it is on ends it in its place, docs/concepts.md)."""
+    count is a mode that must begin and end inside what it reads: it reads a timed step's
+    forward and backward at the layers' edges and its optimizer step apart (through the
+    hooks of the optimizer offload was given), and, asked to read every step
+    (``watch_step``), each step's forward and backward. The count starts at the forward
+    and stops at the optimizer's step (its pre-hook), at ``stats()`` or at the next
+    forward, whichever comes first (a dispatch mode: one of the user's left while it is
+    on ends it in its place, docs/concepts.md)."""
 
     def __init__(
         self,
@@ -53,14 +54,21 @@ class LoopMeter:
         self.unseen_bytes = 0  # CPU: what the step holds that the count cannot see
         self.serving: ShapePlan | None = None  # the plan of the step watch_step reads
 
-    def time(self, timing: BlockTiming, *, optimizer_hooked: bool) -> None:
-        """Read a timed step: at its layers' edges (CUDA), or its optimizer step (CPU)."""
+    def time(
+        self, timing: BlockTiming, *, optimizer_hooked: bool, holding: tuple[Any, ...] = ()
+    ) -> None:
+        """Read a timed step at its layers' edges; on the CPU its optimizer step apart (the
+        count, which stops there, counts from the start what ``holding``, the call, holds)."""
         if self.device.type == "cuda":
             self.meter = DeviceMeter(self.device)
-            timing.marks = MemoryMarks(self.meter)
-            self.timing = timing
         else:
             self.step_peak_due, self.step_peak_bytes = optimizer_hooked, 0
+            self.meter = DeviceMeter(self.device, holding=(*self.holding, *holding))
+            self.meter.resume()
+            self.counting_step, self.unseen_bytes = True, 0
+            timing.on_backward_end = self.end_count  # (a mode the user's code may follow)
+        timing.marks = MemoryMarks(self.meter)
+        self.timing = timing
 
     def watch(self, planned: ShapePlan) -> None:
         """Read the allocator over the first step that runs ``planned`` (to the next forward)."""
@@ -100,11 +108,11 @@ class LoopMeter:
         the forward and backward; after its optimizer step: all of it, on CUDA). None for a
         step not watched, and for a timed step (its meter is read, and reset, at the
         layers' edges)."""
-        if self.counting_step and self.meter is not None:
-            return self.meter.peak + self.unseen_bytes
-        if self.device.type != "cuda" or self.meter is None or self.timing is not None:
+        if self.meter is None or self.timing is not None:
             return None
-        return self.meter.peak
+        if self.counting_step:
+            return self.meter.peak + self.unseen_bytes
+        return self.meter.peak if self.device.type == "cuda" else None
 
     def optimizer_step(self, starting: bool) -> None:
         """The optimizer's step hooks: on the CPU the steps after a timed one, to the next
@@ -121,10 +129,12 @@ class LoopMeter:
             meter.__exit__(None, None, None)
             self.step_peak_bytes = max(self.step_peak_bytes, meter.peak)
 
-    def stop(self) -> int | None:
+    def stop(self, holding: tuple[Any, ...] = (), unseen_bytes: int = 0) -> int | None:
         """End the step the meter reads (at the next forward, so the optimizer step counts):
         a timed step's last interval, or a plan's first step, checked against its budget.
-        Returns what the device holds now (None without a meter)."""
+        Returns what the device holds now (None without a meter; on the CPU, for a timed
+        step only: what the model and optimizers hold now, with ``holding`` (the next call)
+        and ``unseen_bytes``, optimizer state the count cannot see)."""
         self.end_count()
         self.step_peak_due = False  # the optimizer steps after a timed one were read
         watched = self.step_peak_so_far()
@@ -134,13 +144,18 @@ class LoopMeter:
             say_over(serving, watched)
         if meter is None:
             return None
-        if self.counting_step:  # nothing else reads the CPU between forwards
-            self.counting_step = False
-            return None
         timing, self.timing = self.timing, None
+        counted, self.counting_step = self.counting_step, False
+        if counted and timing is None:  # nothing else reads the CPU between forwards
+            return None
         if timing is not None and timing.marks is not None:
             timing.marks.close("step")
+            if counted:  # the count stopped at the backward's end: the step read apart
+                timing.marks.peaks["step"] = self.step_peak_bytes
         held, peak = meter.current, meter.peak
+        if counted:  # what the next step starts with, counted afresh (CUDA's allocator's)
+            start = DeviceMeter(self.device, holding=(*self.holding, *holding))
+            held = start.current + unseen_bytes
         planned, self.measuring = self.measuring, None
         if planned is not None:
             self.measured(planned, peak)

@@ -90,7 +90,7 @@ def derive_plan(
         rows, length = found
         raise ConfigError(
             f"{refused.message.rstrip('.')}. By this batch's own profile, rows of at most "
-            f"{length} fit the budget: a batch of {rows}x{length}"
+            f"{length} fit the budget: a batch of {rows}x{length}."
         ) from None
 
 

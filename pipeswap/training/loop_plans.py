@@ -110,9 +110,9 @@ class LoopPlanner:
     def aside(
         self, args: Any, kwargs: Any, step_peak_bytes: int = 0, *, state_bytes: int = 0
     ) -> tuple[BlockTiming, StepMemory | None]:
-        """One step of this call run aside, as a shape is learnt, timed and counted (no mode
-        can watch the loop's own backward on the CPU), with the optimizer step as read in the
-        loop (``step_peak_bytes``; 0: its parameters and gradients at least), and
+        """One step of this call run aside, as a shape is learnt, timed and counted (plan_for's,
+        or a loop's step whose readings missed an edge), with the optimizer step as read in
+        the loop (``step_peak_bytes``; 0: its parameters and gradients at least), and
         ``state_bytes`` of optimizer state added to every reading."""
         timing, _ = self._metered(args, kwargs)
         memory = timing.step_memory(self.layer_names)
@@ -262,7 +262,7 @@ class LoopPlanner:
         over = (
             f"a batch of shape {shape} needs at least {format_bytes(least)} "
             f"({least} bytes) with every layer recomputed, more than the run's budget of "
-            f"{format_bytes(budget)}"
+            f"{format_bytes(budget)} ({budget} bytes)"
             + (
                 f"; the largest shape planned within it is {fits}"
                 if fits is not None

@@ -87,6 +87,7 @@ class ShapePlans:
         self.declared: Signature | None = None  # the largest call, as plan_for gave it
         self.check_memory = check_memory  # a derived plan is checked by a step run aside
         self._trainable: tuple[bool, ...] | None = None  # requires_grad, parameter by parameter
+        self._learnt_lost = 0  # learnt steps let go of because the trainable ones changed
         # The gradient bytes held into a forward that the plans count (grads_held).
         self.grad_bytes = 0
         self.outputs_seen_held = False  # (outputs_held)
@@ -199,15 +200,28 @@ class ShapePlans:
                 timing, call, memory, shape=describe(signature), fits=fits, **settings
             )
 
-    def trainable_changed(self, model: nn.Module) -> bool:
+    def trainable_changed(self, model: nn.Module, *, learnt_lost: bool = False) -> bool:
         """Whether ``model``'s parameters that need gradients differ from the last call's (a
         block unfrozen saves tensors no plan knows of): if so every plan is let go of, and
-        the next call is learnt and planned again, within the same budget."""
+        the next call is learnt and planned again, within the same budget. ``learnt_lost``:
+        a step learnt for a plan is let go of too; the second time, a warning says so."""
         trainable = tuple(p.requires_grad for p in model.parameters())
         changed = self._trainable is not None and trainable != self._trainable
         self._trainable = trainable
         if changed:
             self.close()
+            self._learnt_lost += learnt_lost
+            if learnt_lost and self._learnt_lost == 2:
+                warnings.warn(
+                    "pipeswap.offload: the model's trainable parameters changed between two "
+                    "of its calls again (requires_grad toggled, as a GAN freezes its "
+                    "discriminator for the generator's step): each change lets every plan "
+                    "go, so no step runs a plan and every call is learnt again. Make the "
+                    "calls with the parameters frozen outside `with off:` (they save no "
+                    "gradients for those parameters), or keep requires_grad as it is",
+                    RuntimeWarning,
+                    stacklevel=5,
+                )
         return changed
 
     def outputs_held(self, held: bool | None) -> None:

@@ -141,11 +141,10 @@ class Offload:
         if layers is None:
             try:
                 layers = every_stack(self.model)
-            except PipeswapError:
+            except PipeswapError as exc:  # the hint in offload's words
                 raise PipeswapError(
-                    f"{type(self.model).__name__} has no list of 2 or more layers of one "
-                    "class for plans to cut at; name the submodules to cut at, in forward "
-                    "order: offload(model, layers=['encoder.0', 'encoder.1', ...])"
+                    f"{str(exc).split('; name its blocks')[0]}; name the submodules to cut "
+                    "at, in forward order: offload(model, layers=['encoder.0', ...])"
                 ) from None
         self.layer_names = list(layers)
         # A Hugging Face model builds a key/value cache in training forwards unless told
@@ -243,9 +242,9 @@ class Offload:
             kwargs = loop_calls.without_cache(kwargs, args)
         self._end_pending()
         self._remove_timing()
-        held_bytes = self.meter.stop()
+        held_bytes = self.meter.stop((args, kwargs), self._unseen_state())
         started = time.perf_counter()
-        if self.shapes.trainable_changed(self.model):  # its plans are gone: learn again
+        if self.shapes.trainable_changed(self.model, learnt_lost=self._timed is not None):
             self._timed = None
         self.shapes.outputs_held(self._outputs.held())
         self.shapes.grads_held(self.model, self._device())  # before planning: counted once
@@ -264,12 +263,12 @@ class Offload:
         }
         if planned is not None and self.check_memory and planned.measured_peak_bytes is None:
             self.meter.watch(planned)
-        elif self.every_step:  # (CUDA's timed step is read at its edges instead)
+        elif self.every_step and planned is not None:  # (a timed step is read at its edges)
             self.meter.watch_step((args, kwargs), self._unseen_state(), planned)
         if planned is None:  # the first call of its structure: learnt, timed
             how = self.planner.learnt_by  # within a plan's memory, not the no-swap peak
             self._last_call["learning"] = f"the first call of its structure {SAID[how]}"
-            self._timed = (signature, (args, kwargs), self._start_timing())
+            self._timed = (signature, (args, kwargs), self._start_timing((args, kwargs)))
             self.learning_steps += 1
             self._last_plan = self._last = None
             self._step = learning_step(how, self.model, self.layers, self._timed[2])
@@ -295,21 +294,21 @@ class Offload:
         if self._inside:
             return
         self._outputs.watch(output)
+        if self._timed is not None and torch.is_grad_enabled():
+            self._timed[2].forward_done = True  # a forward before the backward is not timed
         if self._step is not None:
             step, self._step = self._step, None
             step.__exit__(None, None, None)
 
     def _end_pending(self) -> None:
         if self._pending is not None:
-            self._last = self._pending.finish_step()
-            self._pending = None
+            self._last, self._pending = self._pending.finish_step(), None
             self.steps += 1
             self.shapes.step_ended()
 
     # ---- learning a shape -------------------------------------------------------------
     def _device(self) -> torch.device:
-        first = next(self.model.parameters(), None)
-        return first.device if first is not None else torch.device("cpu")
+        return next((p.device for p in self.model.parameters()), torch.device("cpu"))
 
     def host_pools(self) -> list[torch.Tensor]:
         """The host memory the plans swap into (never the device's: meters leave it out)."""
@@ -317,9 +316,9 @@ class Offload:
             p.executor.pool.buffer for p in self.shapes.plans.values() if p.executor is not None
         ]
 
-    def _start_timing(self) -> BlockTiming:
+    def _start_timing(self, call: tuple[Any, Any]) -> BlockTiming:
         timing = BlockTiming()
-        self.meter.time(timing, optimizer_hooked=bool(self.optimizers))
+        self.meter.time(timing, optimizer_hooked=bool(self.optimizers), holding=call)
         self._timing_hooks = time_blocks(self.layers, timing, self._device())
         return timing
 

@@ -42,6 +42,19 @@ def test_find_blocks_takes_a_hybrid_s_list_where_no_list_has_one_class() -> None
         find_blocks(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4)))
 
 
+def test_a_list_holding_one_module_several_times_is_no_cut_and_says_why() -> None:
+    """ALBERT-style sharing: ``ModuleList([block] * 4)`` has one child module, which
+    ``named_children`` yields once; cut there it was one layer, and every budget failed
+    with no reason given."""
+    shared = nn.Linear(8, 8)
+    model = nn.Module()
+    model.layers = nn.ModuleList([shared] * 4)
+    with pytest.raises(PipeswapError, match=r"'layers' holds one module more than once"):
+        find_blocks(model)
+    model.other = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))  # a list that can be cut
+    assert find_blocks(model) == ["other.0", "other.1"]
+
+
 def test_block_paths_must_name_disjoint_modules() -> None:
     net = TinyLM()
     check_block_paths(net, ["blocks.0", "blocks.1", "blocks.2"])

@@ -399,20 +399,24 @@ def test_blocks_unfrozen_beyond_the_run_s_budget_say_so_or_recompute_as_chosen(
 
 
 def test_a_step_holding_what_its_plan_did_not_see_is_said() -> None:
-    """A gradient penalty runs a second backward through the graph, which no plan's
-    profile sees: a step read by check_memory=True that held more than the budget is
-    said, once, naming what such steps hold."""
+    """A gradient penalty, added after the first step (which offload learns), runs a
+    second backward through the graph, which no plan's profile sees: a step read by
+    check_memory=True that held more than the budget is said, once, naming what such
+    steps hold."""
     model = _Net()
     off = offload(model, footprint_ratio=1.5, policy="recompute", check_memory=True)
     generator = torch.Generator().manual_seed(1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     with pytest.warns(RuntimeWarning, match="over the run's budget .*gradient penalty"):
-        for _ in range(4):
+        for step in range(4):
             x = torch.randn(8, 128, 64, generator=generator, requires_grad=True)
             with off:
                 loss = model(x)
-            (grad,) = torch.autograd.grad(loss, x, create_graph=True)
-            (loss + grad.pow(2).sum()).backward()
+            if step == 0:
+                loss.backward()
+            else:
+                (grad,) = torch.autograd.grad(loss, x, create_graph=True)
+                (loss + grad.pow(2).sum()).backward()
             optimizer.step()
             optimizer.zero_grad()
     stats = off.stats()
@@ -533,5 +537,60 @@ def test_what_offload_is_given_as_the_optimizer_is_checked_when_it_is_called() -
         offload(model, optimizer="lion")
     with pytest.raises(ConfigError, match=r"optimizer is a dict: .*a list of them"):
         offload(model, optimizer={"body": torch.optim.SGD(model.parameters())})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"optimizer is an empty list: pass the optimizer"):
+        offload(model, optimizer=[])
     with pytest.warns(RuntimeWarning, match="3 trainable parameters .* in no optimizer"):
         offload(model, optimizer=torch.optim.SGD(model.blocks.parameters()))
+
+
+def _with_a_target_forward(
+    model: nn.Module, wrap: Callable[[], AbstractContextManager[Any]]
+) -> Result:
+    """A consistency loss: the training forward, then a no_grad forward of the same model on
+    another view (its target), then the backward."""
+    generator = torch.Generator().manual_seed(1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(4):
+        x, view = torch.randn(2, 8, 128, 64, generator=generator)
+        with wrap():
+            out = model(x)
+        with torch.no_grad():
+            target = model(view)
+        loss = (out - target) ** 2
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_no_grad_forward_between_a_forward_and_its_backward_is_not_the_one_learnt() -> None:
+    """The learnt step's layer hooks are on until the next forward offload runs: a forward
+    under no_grad before the backward (or any after the timed one) is not timed again,
+    which had left no layer with saved tensors to plan ("a footprint ratio of at most 1")."""
+    plain = _with_a_target_forward(_Net(), nullcontext)
+    model = _Net()
+    off = offload(model, footprint_ratio=1.4)
+    assert _equal(_with_a_target_forward(model, lambda: off), plain)
+    stats = off.stats()
+    assert stats["plans"] == 1 and stats["learning_steps"] == 1 and stats["swapped_bytes"] > 0
+
+
+def test_a_model_frozen_for_every_other_call_is_said_to_run_no_plan() -> None:
+    """A GAN's discriminator, frozen (requires_grad_(False)) for the generator's step: each
+    change of the trainable parameters lets every plan go, so no call ever runs a plan;
+    a warning says so, and how to keep the plans."""
+    model = _Net()
+    off = offload(model, footprint_ratio=1.4)
+    generator = torch.Generator().manual_seed(1)
+    with pytest.warns(RuntimeWarning, match="trainable parameters changed between two of its"):
+        for _ in range(3):
+            with off:
+                model(torch.randn(8, 128, 64, generator=generator)).backward()
+            model.requires_grad_(False)
+            x = torch.randn(8, 128, 64, generator=generator, requires_grad=True)
+            with off:
+                model(x).backward()
+            model.requires_grad_(True)
+    assert off.stats()["plans"] == 0
