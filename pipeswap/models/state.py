@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError
+from pipeswap.models.meta_ops import meta_like_real
 from pipeswap.models.written import public_scalars, written_back
 
 __all__ = ["ModuleSnapshot", "inspecting", "untouched"]
@@ -127,7 +128,9 @@ def untouched(
 @contextmanager
 def inspecting(model: nn.Module) -> Iterator[None]:
     """Eval mode, no gradients: inspecting the model leaves it and the RNG as they were
-    (parameters it writes in eval mode too: pipeswap.models.written)."""
-    with untouched(model, check=False), torch.no_grad(), written_back(model):
+    (parameters it writes in eval mode too: pipeswap.models.written). On the meta device
+    its ops take what their real kernels take (pipeswap.models.meta_ops): a model is
+    inspected there to read its spec before it is built."""
+    with untouched(model, check=False), torch.no_grad(), written_back(model), meta_like_real():
         model.eval()
         yield

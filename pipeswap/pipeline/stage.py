@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from pipeswap.errors import PipeswapError
 from pipeswap.loss_share import LossShares
 from pipeswap.models.base import evaluating
+from pipeswap.models.meta_ops import meta_like_real
 from pipeswap.pipeline.job import build_full_model, build_meta_model
 from pipeswap.precision import DEFAULT_PRECISION, autocast
 from pipeswap.profiling.profile import LayerProfile, Profile
@@ -135,11 +136,12 @@ def inspect_layers(config: TrainConfig) -> list[LayerInfo]:
 def layer_infos(model: nn.Module, value: Any, where: str) -> list[LayerInfo]:
     """Each layer of ``model`` run on ``value`` in turn, without gradients: what it hands
     on (its output's specs) and its FLOPs. Meta tensors give shapes at no cost; real ones
-    (under the caller's autocast) also the dtypes a run sends."""
+    (under the caller's autocast) also the dtypes a run sends. Meta ops take what their
+    real kernels take (pipeswap.models.meta_ops), so a model that trains is inspected."""
     infos = []
     for name, layer in model.named_children():
         counter = FlopCounterMode(display=False)
-        with counter, torch.no_grad():
+        with counter, torch.no_grad(), meta_like_real():
             value = layer(value)
         tensors = pack(value, f"layer {name!r} of {where}")
         spec = BoundarySpec(

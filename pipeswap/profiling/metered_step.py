@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from pipeswap.models.base import LayeredModel
+from pipeswap.models.meta_ops import meta_like_real
 from pipeswap.models.state import untouched
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
 from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
@@ -67,7 +68,10 @@ def metered_step(
     kept_grads = [p.grad for p in params]
     stashed = [grad for grad in kept_grads if grad is not None]  # not the step's: left out
     meter = DeviceMeter(device, holding=holding, exclude=(*exclude, *stashed))
-    with untouched(model), meter:
+    # On meta the backward, run outside ``around``, also needs ops that take what their real
+    # kernels take (pipeswap.models.meta_ops); elsewhere no mode slows the step.
+    like_real = meta_like_real() if device.type == "meta" else nullcontext()
+    with untouched(model), meter, like_real:
         timing.marks = MemoryMarks(meter)
         handles = time_blocks(layers, timing, device)
         try:
@@ -189,6 +193,10 @@ def module_step_memory(
     to every reading, and the optimizer step's peak: the state, the gradients and one
     step's temporaries over the parameters, put back afterwards (0 where a step cannot
     run)."""
+    # The step makes its own weight casts, as a loop's step under its own autocast region
+    # does: a cast cached by an earlier step of the caller's region (measure's timed steps)
+    # was made before the meter began, and the storage count would never see it.
+    torch.clear_autocast_cache()
     timing, _ = metered_step(
         model, forward, layers, device, holding=holding, around=around, timing=timing
     )

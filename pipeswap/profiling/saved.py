@@ -33,6 +33,7 @@ from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
 from pipeswap.models.base import LayeredModel
+from pipeswap.models.meta_ops import meta_like_real
 from pipeswap.precision import drop_cached_casts
 from pipeswap.profiling.cast_twins import CastTwins
 
@@ -337,6 +338,8 @@ class _CpuAttentionOnMeta(TorchFunctionMode):
 
 @contextmanager
 def meta_attention_like_cpu() -> Iterator[None]:
-    """Make ``F.scaled_dot_product_attention`` on meta tensors use the CPU's kernel choice."""
-    with _CpuAttentionOnMeta():
+    """Make ``F.scaled_dot_product_attention`` on meta tensors use the CPU's kernel choice,
+    and meta ops take what their real kernels take (pipeswap.models.meta_ops): every run
+    that reads a model's costs on meta enters this, its backward included."""
+    with _CpuAttentionOnMeta(), meta_like_real():
         yield

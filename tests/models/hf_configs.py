@@ -92,6 +92,31 @@ def hf_config(family: str, *, dropout: float = 0.0, **overrides: Any) -> Any:
             architectures=["RwkvForCausalLM"],
         )
         return transformers.RwkvConfig(**{**kwargs, **overrides})
+    # Not in FAMILIES either: mixtures of experts, whose experts transformers runs with
+    # torch's grouped_mm (its meta kernel takes bfloat16 only: pipeswap.models.meta_ops).
+    if family in ("mixtral", "qwen3_moe"):
+        kwargs = dict(
+            vocab_size=256,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            num_experts_per_tok=2,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        if family == "mixtral":
+            kwargs.update(num_local_experts=4, architectures=["MixtralForCausalLM"])
+            return transformers.MixtralConfig(**{**kwargs, **overrides})
+        kwargs.update(
+            num_experts=4,
+            moe_intermediate_size=32,
+            head_dim=8,
+            architectures=["Qwen3MoeForCausalLM"],
+        )
+        return transformers.Qwen3MoeConfig(**{**kwargs, **overrides})
     raise ValueError(family)
 
 

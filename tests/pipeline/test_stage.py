@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from support import pipeline_run
@@ -9,6 +11,7 @@ from support import pipeline_run
 from pipeswap.errors import PipeswapError
 from pipeswap.pipeline.emulator import Emulator
 from pipeswap.pipeline.stage import inspect_layers
+from tests.models.hf_configs import save_model
 
 
 def test_gpt_boundaries_and_flops() -> None:
@@ -43,3 +46,12 @@ def test_fewer_layers_than_stages() -> None:
     config = pipeline_run("gpt2-micro", (1, 1, 1, 1, 1), batch=4, seq_len=16)
     with pytest.raises(PipeswapError, match="4 layers .* fewer than the 5 stages"):
         inspect_layers(config)
+
+
+def test_a_mixture_of_experts_is_inspected_on_meta(tmp_path: Path) -> None:
+    # Its experts run torch's grouped_mm, whose meta kernel takes bfloat16 only
+    # (pipeswap.models.meta_ops): the layers run on meta as on the CPU.
+    path = save_model(tmp_path / "mixtral", "mixtral")
+    infos = inspect_layers(pipeline_run(path, (2, 2), batch=4, seq_len=16))
+    assert [i.name for i in infos] == ["embed", "model.layers.0", "model.layers.1", "head"]
+    assert infos[1].output.tensors[0].shape == (4, 16, 32)

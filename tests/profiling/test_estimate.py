@@ -1,6 +1,7 @@
 """Tests of meta-device estimates (pipeswap.profiling.estimate) against closed forms and CPU runs."""
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from pipeswap.models import model_spec
 from pipeswap.models.base import LayeredModel
 from pipeswap.profiling.estimate import Efficiency, estimate, meta_copy
 from pipeswap.profiling.measure import measure
+from tests.models.hf_configs import save_model
 
 SMALL_MODELS = [
     ("gpt2-micro", {"seq_len": 16}),
@@ -144,3 +146,13 @@ def test_gpt2_xl_estimate_is_fast_and_does_not_fit_a_v100() -> None:
     # Linear backward: 2x forward; attention backward: 2.5x (PyTorch's sdpa formula).
     assert block.backward_flops == 2 * linear + 5 * attention // 2
     assert profile.peak_training_bytes() > gpu_spec("v100-32gb").memory_bytes
+
+
+def test_a_mixture_of_experts_estimate_matches_a_cpu_run(tmp_path: Path) -> None:
+    # Its experts run torch's grouped_mm, whose meta kernel takes bfloat16 only; forward and
+    # backward on meta take float32 as the CPU kernel does (pipeswap.models.meta_ops).
+    path = save_model(tmp_path / "mixtral", "mixtral")
+    estimated = estimate(path, 2, seq_len=16)
+    measured = measure(path, 2, seq_len=16, warmup=0, repeats=1)
+    assert [la.saved for la in estimated.layers] == [la.saved for la in measured.layers]
+    assert estimated.memory == measured.memory  # every reading of the meter, byte for byte

@@ -69,3 +69,20 @@ def test_an_output_dataclass_is_backed_through_as_a_dict_is() -> None:
     assert peaks[0] == peaks[1]
     forward_only = metered_step(net, lambda: net(x).detach(), layers, cpu, holding=(net, x))[1]
     assert peaks[1] > forward_only  # its backward ran: gradients were held
+
+
+def test_weight_casts_cached_by_an_earlier_step_of_the_region_are_read() -> None:
+    """measure runs its timed steps and then the metered one inside the caller's autocast
+    region: the casts the earlier steps cached were made before the meter began, and were
+    left out of every reading (a bf16 Llama's backward read 1.2 MB short). The metered
+    step makes its own casts, as a loop's step under its own region does."""
+    model = build_model("gpt2-micro").train()
+    x, y = torch.randint(0, 256, (4, 16)), torch.randint(0, 256, (4, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fresh = layered_step_memory(model, x, y, torch.device("cpu"), "adamw")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model.loss(model(x), y).backward()  # an earlier step of the same region
+        for p in model.parameters():
+            p.grad = None
+        after = layered_step_memory(model, x, y, torch.device("cpu"), "adamw")
+    assert fresh is not None and after == fresh

@@ -66,10 +66,12 @@ def recomputed_inputs(profile: Profile) -> tuple[tuple[int, ...], tuple[int, ...
     """
     layers = profile.layers
     if all(layer.kept_bytes is not None and layer.rerun_bytes is not None for layer in layers):
-        # Measured as the runtime recomputes: kept, and saved less what the re-run saves.
+        # Measured as the runtime recomputes: kept, and saved less what the re-run saves
+        # (negative where the re-run saves more than a step keeps: the casts a step keeps
+        # once, torch's checkpoint keeps each time; the Workload's re-run is then exact).
         return (
             tuple(layer.kept_bytes or 0 for layer in layers),
-            tuple(max(0, layer.saved_bytes - (layer.rerun_bytes or 0)) for layer in layers),
+            tuple(layer.saved_bytes - (layer.rerun_bytes or 0) for layer in layers),
         )
     itemsize = _DTYPE_BYTES.get(profile.dtype, 4)
     batch_sizes = set()

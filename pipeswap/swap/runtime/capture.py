@@ -103,6 +103,9 @@ class InnerSaves:
         # its storages' ids, and what the layer saves by those ids -> bytes.
         self.identify: Callable[[torch.Tensor], int] | None = None
         self.saved_ids: dict[str, dict[int, int]] = {}
+        # Per layer: bytes of the casts a step keeps once (pipeswap.profiling.cast_twins)
+        # that the layer's forward saved again; its re-run keeps each.
+        self.twin_bytes: dict[str, int] = {}
 
     def rerun_bytes(self, layer: str, *, own: bool = False) -> int:
         """Bytes a re-run of ``layer`` saves anew: everything its forward saves except its
@@ -110,9 +113,13 @@ class InnerSaves:
 
         With ``own``, only the storages the layer owns (as the profiler names them): not
         its output kept by its last op, which a later layer owns.
+
+        A repeated cast (a normalised input cast for a query, a key and a value) counts
+        each time: a step keeps it once, but the re-run runs inside ``torch.utils.checkpoint``,
+        whose own saved-tensor hooks keep what it saves, every copy.
         """
         inputs = self.inputs.get(layer, set())
-        return sum(
+        return self.twin_bytes.get(layer, 0) + sum(
             n
             for key, n in self.saved.get(layer, {}).items()
             if key not in inputs and (not own or self.owner.get(key) == layer)
@@ -130,7 +137,10 @@ class _TaggingCapture(SavedTensorCapture):
     def _pack(self, tensor: torch.Tensor) -> object:
         layer = self._inner.layer
         if self.layer is not None:
-            tensor = self.twins.share(tensor)
+            given, tensor = tensor, self.twins.share(tensor)
+            if layer is not None and storage_key(given) != storage_key(tensor):
+                nbytes = given.untyped_storage().nbytes()
+                self._inner.twin_bytes[layer] = self._inner.twin_bytes.get(layer, 0) + nbytes
         key = storage_key(tensor)
         if key not in self._resident_keys:
             if self.layer is not None:

@@ -5,7 +5,9 @@ Each recomputed layer's forward is wrapped for recomputation (non-reentrant
 
 Inside the wrapper its own saved-tensor hooks are innermost, so what the layer saves
 never reaches the executor's hooks and is never swapped; the wrapper's copy of the
-layer's input is packed by the executor's hooks, as a tensor of the layer. The re-run in
+layer's input is packed by the executor's hooks, as a tensor of the layer, where it is
+a tensor argument (an input nested in a tuple, or given by keyword, the wrapper holds by
+reference: counted in ``kept_bytes`` all the same). The re-run in
 the backward restores the layer's buffers afterwards (BatchNorm statistics are updated
 once per step, as without recomputation), and on the CPU its saved bytes count from the
 re-run to the end of the layer's backward.
@@ -29,7 +31,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import checkpoint
 
-from pipeswap.profiling.saved import CapturedSavedTensor
+from pipeswap.profiling.saved import CapturedSavedTensor, storage_key
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.attached import own_forward
 from pipeswap.swap.runtime.capture import InnerSaves, capture_inner, capture_records, step_names
@@ -121,6 +123,7 @@ class Recomputation:
         self.active = False
         self.stepping = False  # from a step's start to its finish_step, its backward too
         self._inner: InnerSaves | None = None  # set while capture tags their saves
+        self._by_reference: _ByReference | None = None  # set during capture's second pass
         self._live: dict[str, int] = {}  # re-run bytes held until the layer's backward ends
         self._cached: dict[str, int] = {}  # selective layers' kept outputs, until their backward
         self._done: set[str] = set()
@@ -161,13 +164,16 @@ class Recomputation:
         finally:
             self._inner = None
         self.active = True
+        self._by_reference = _ByReference(model)
         try:
             recomputed = capture_records(model, forward_loss, layer_names)
+            held = self._by_reference.bytes
         finally:
             self.active = False
+            self._by_reference = None
             self.finish_step()  # no backward follows: what the pass kept is let go of
         names = step_names(plain, recomputed, self.names)
-        self.kept_bytes = dict(names.kept_bytes)
+        self.kept_bytes = {name: n + held.get(name, 0) for name, n in names.kept_bytes.items()}
         self.rerun_bytes = {name: inner.rerun_bytes(name) for name in self.names}
         self.own_rerun_bytes = {name: inner.rerun_bytes(name, own=True) for name in self.names}
         for name in self.selective:  # it keeps its dear outputs too, and re-runs the rest
@@ -255,6 +261,8 @@ class Recomputation:
             in_backward = self.stepping and torch._C._current_graph_task_id() != -1
             if not ((self.active or in_backward) and torch.is_grad_enabled()):
                 return forward(*args, **kwargs)  # outside steps (evaluation): a plain forward
+            if self._by_reference is not None:
+                self._by_reference.note(name, args, kwargs)
             runs = 0
 
             def run(*args: Any, **kwargs: Any) -> Any:
@@ -299,6 +307,30 @@ class Recomputation:
             with torch.no_grad():
                 for buffer, values in buffers:
                     buffer.copy_(values)
+
+
+class _ByReference:
+    """What each recomputed layer's checkpoint holds without saving it, noted in capture's
+    pass with the layers wrapped: ``torch.utils.checkpoint`` saves a tensor argument through
+    the saved-tensor hooks (which name it), but holds every other tensor it is given (a
+    tensor in a tuple argument, a keyword argument) by reference until the layer's backward.
+    A storage several layers are given (a rotary (cos, sin) pair) counts once, for the
+    first (its backward comes last); parameters and buffers are resident anyway."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.seen = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
+        self.bytes: dict[str, int] = {}
+
+    def note(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        nested = [a for a in args if not isinstance(a, torch.Tensor)]
+        for t in tree_flatten((nested, kwargs))[0]:
+            if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+                continue
+            key = storage_key(t)
+            if key not in self.seen:
+                self.seen.add(key)
+                nbytes = t.untyped_storage().nbytes()
+                self.bytes[name] = self.bytes.get(name, 0) + nbytes
 
 
 class RecomputeSizes(NamedTuple):
