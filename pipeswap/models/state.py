@@ -11,7 +11,7 @@ from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.meta_ops import meta_like_real
-from pipeswap.models.written import public_scalars, written_back
+from pipeswap.models.written import public_containers, public_scalars, put_back, written_back
 
 __all__ = ["ModuleSnapshot", "inspecting", "untouched"]
 
@@ -42,7 +42,9 @@ class ModuleSnapshot:
     object and ``requires_grad``; every buffer object and a copy of its values (BatchNorm
     statistics change in a training forward); each module's public number and flag
     attributes (a forward that counts its calls, a rotary cache's length beside its
-    buffers). Parameter values are not copied (that would double the model's memory): a
+    buffers), and what its public lists, dicts and sets hold (a forward that appends an
+    auxiliary loss to a list the loop sums: a trial forward's would be summed too; the
+    contents are put back in place, the objects are the loop's). Parameter values are not copied (that would double the model's memory): a
     step without an optimizer does not write them, and :meth:`restore` checks their
     version counters to be sure.
     """
@@ -51,6 +53,7 @@ class ModuleSnapshot:
         self.model = model
         self.training = [(module, module.training) for module in model.modules()]
         self.scalars = public_scalars(model)
+        self.containers = public_containers(model)
         self.params: list[_ParamState] = []
         self.buffers: list[_BufferState] = []
         for prefix, module in model.named_modules():
@@ -77,6 +80,8 @@ class ModuleSnapshot:
             module.training = training
         for module, name, value in self.scalars:
             setattr(module, name, value)
+        for container, saved in self.containers:
+            put_back(container, saved)
         with torch.no_grad():
             for b in self.buffers:
                 b.module._buffers[b.name] = b.buffer

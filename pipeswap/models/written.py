@@ -1,5 +1,5 @@
 """Putting back what a forward writes into a model beyond its buffers: parameters written
-in place, and the modules' public numbers and flags.
+in place, the modules' public numbers and flags, and their public lists, dicts and sets.
 
 A model may change itself when it runs in eval mode: Hugging Face's RWKV divides the
 weights of its later blocks in place on its first eval forward (and sets a flag), and
@@ -13,6 +13,7 @@ none costs no copy) and puts values and flags back afterwards.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["public_scalars", "written_back"]
+__all__ = ["public_containers", "public_scalars", "put_back", "written_back"]
 
 
 def public_scalars(model: nn.Module) -> list[tuple[nn.Module, str, Any]]:
@@ -32,6 +33,27 @@ def public_scalars(model: nn.Module) -> list[tuple[nn.Module, str, Any]]:
         for name, value in vars(module).items()
         if type(value) in (int, float, bool) and not name.startswith("_") and name != "training"
     ]
+
+
+def public_containers(model: nn.Module) -> list[tuple[Any, Any]]:
+    """Each module's public list, dict and set attributes (one shared by several modules
+    once) with a shallow copy of each: a forward that appends an auxiliary loss to a list
+    the loop sums, or fills a dict of activations, changes them in place."""
+    found: dict[int, tuple[Any, Any]] = {}
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if type(value) in (list, dict, set) and not name.startswith("_"):
+                found.setdefault(id(value), (value, copy.copy(value)))
+    return list(found.values())
+
+
+def put_back(container: Any, saved: Any) -> None:
+    """Give ``container`` (a list, dict or set) the contents of ``saved`` in place."""
+    if isinstance(container, list):
+        container[:] = saved
+    else:
+        container.clear()
+        container.update(saved)
 
 
 def _runs_with(model: nn.Module) -> list[nn.Module]:

@@ -37,6 +37,7 @@ __all__ = [
     "signature",
     "takes_use_cache",
     "trainable_bytes",
+    "trainable_mask",
     "unseen_state_bytes",
     "without_cache",
 ]
@@ -47,11 +48,10 @@ __all__ = [
 Signature = tuple[Any, ...]
 
 
-def signature(
-    args: Any, kwargs: Any, device: torch.device, modes: tuple[bool, ...] = ()
-) -> Signature:
-    """The call's signature; ``modes``: its model's modules' ``training`` flags (a module
-    in train mode may save more: dropout's masks), so a call in eval mode has its own plan."""
+def signature(args: Any, kwargs: Any, device: torch.device, modes: Any = ()) -> Signature:
+    """The call's signature; ``modes``: its model's :func:`modes_of` (a module in train mode
+    may save more: dropout's masks; a frozen parameter needs no saved input for its
+    gradient), so a call in eval mode, or with other parameters frozen, has its own plan."""
     leaves, spec = tree_flatten((args, kwargs))
     uniform = _uniform([x for x in leaves if isinstance(x, torch.Tensor)])
     shape = tuple(
@@ -64,9 +64,15 @@ def signature(
     return (str(spec), shape, (cast, modes))
 
 
-def modes_of(model: nn.Module) -> tuple[bool, ...]:
-    """The ``training`` flag of each of ``model``'s modules, in order (a call's signature)."""
-    return tuple(m.training for m in model.modules())
+def modes_of(model: nn.Module) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """The ``training`` flag of each of ``model``'s modules and the ``requires_grad`` of each
+    of its parameters, in order (a call's signature)."""
+    return tuple(m.training for m in model.modules()), tuple(trainable_mask(model))
+
+
+def trainable_mask(model: nn.Module) -> tuple[bool, ...]:
+    """Which of ``model``'s parameters need gradients, in order."""
+    return tuple(p.requires_grad for p in model.parameters())
 
 
 class HeldOutputs:
@@ -114,20 +120,26 @@ class HeldOutputs:
 def in_signed_modes(model: nn.Module, signed: Signature, device: torch.device) -> Iterator[None]:
     """Run a step aside for the call ``signed`` was made of in that call's module modes and
     autocast, whatever the forward it is planned in runs under (an evaluation with
-    gradients on, in eval mode or without autocast, after a training step): the plan is
-    the training step's, measured as it ran. The modes are put back after."""
+    gradients on, in eval mode or without autocast, after a training step; a GAN's other
+    step, with the parameters frozen or not): the plan is the training step's, measured as
+    it ran. The modes are put back after."""
     cast, modes = signed[2]
-    modules = list(model.modules())
-    now = [m.training for m in modules]
-    if modes and len(modes) == len(modules):
-        for module, mode in zip(modules, modes, strict=True):
+    training, trainable = modes or ((), ())
+    modules, params = list(model.modules()), list(model.parameters())
+    now, grads_now = [m.training for m in modules], trainable_mask(model)
+    if len(training) == len(modules) and len(trainable) == len(params):
+        for module, mode in zip(modules, training, strict=True):
             module.training = mode
+        for param, needed in zip(params, trainable, strict=True):
+            param.requires_grad_(needed)
     try:
         with torch.autocast(device.type, dtype=cast, enabled=cast is not None):
             yield
     finally:
         for module, mode in zip(modules, now, strict=True):
             module.training = mode
+        for param, needed in zip(params, grads_now, strict=True):
+            param.requires_grad_(needed)
 
 
 def _uniform(tensors: list[torch.Tensor]) -> dict[int, bool]:

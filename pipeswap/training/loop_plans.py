@@ -255,8 +255,8 @@ class LoopPlanner:
     ) -> tuple[PlanResult, SwapExecutor | None]:
         """A call no plan fits within the run's budget: refused (``on_infeasible="error"``),
         or run recomputing every layer it can (``"recompute-all"``), said in a warning.
-        ``fits``: the largest shape planned within it (None: none since the model's
-        trainable parameters changed, which lets every plan go)."""
+        ``fits``: the largest shape planned within it (None: none with the trainable
+        parameters this call has, which is a plan's own set)."""
         workload = workload_from_profile(profile)
         least = workload.min_budget_bytes(recomputing=True)
         over = (
@@ -266,8 +266,8 @@ class LoopPlanner:
             + (
                 f"; the largest shape planned within it is {fits}"
                 if fits is not None
-                else ", resolved at its first plan (the model's trainable parameters have "
-                "changed since: gradients and optimizer state grew)"
+                else ", resolved at its first plan, when the model's trainable parameters "
+                "were others (unfrozen ones add gradients and optimizer state)"
             )
         )
         if self.on_infeasible != "recompute-all":

@@ -25,7 +25,13 @@ from torch import nn
 from pipeswap.errors import PipeswapError
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.profile import StepMemory
-from pipeswap.training.loop_calls import Signature, describe, in_signed_modes, on_device
+from pipeswap.training.loop_calls import (
+    Signature,
+    describe,
+    in_signed_modes,
+    on_device,
+    trainable_mask,
+)
 from pipeswap.training.loop_derive import same_structure
 from pipeswap.training.loop_new_shapes import derive_plan
 from pipeswap.training.loop_plans import LoopPlanner
@@ -87,7 +93,6 @@ class ShapePlans:
         self.declared: Signature | None = None  # the largest call, as plan_for gave it
         self.check_memory = check_memory  # a derived plan is checked by a step run aside
         self._trainable: tuple[bool, ...] | None = None  # requires_grad, parameter by parameter
-        self._learnt_lost = 0  # learnt steps let go of because the trainable ones changed
         # The gradient bytes held into a forward that the plans count (grads_held).
         self.grad_bytes = 0
         self.outputs_seen_held = False  # (outputs_held)
@@ -192,36 +197,32 @@ class ShapePlans:
                 )
             return
         fits = None
-        if self.plans:
-            largest = largest_covered(signature, self.plans)
+        mine = {k: v for k, v in self.plans.items() if _mask_of(k) == _mask_of(signature)}
+        if mine:  # (a plan made with other parameters trainable says nothing of this call)
+            largest = largest_covered(signature, mine)
             fits = "none of this structure" if largest is None else describe(largest)
         with in_signed_modes(self.planner.model, signature, self.planner.device):
             self.plans[signature] = self.planner.plan_shape(
                 timing, call, memory, shape=describe(signature), fits=fits, **settings
             )
 
-    def trainable_changed(self, model: nn.Module, *, learnt_lost: bool = False) -> bool:
-        """Whether ``model``'s parameters that need gradients differ from the last call's (a
-        block unfrozen saves tensors no plan knows of): if so every plan is let go of, and
-        the next call is learnt and planned again, within the same budget. ``learnt_lost``:
-        a step learnt for a plan is let go of too; the second time, a warning says so."""
-        trainable = tuple(p.requires_grad for p in model.parameters())
+    def trainable_changed(self, model: nn.Module) -> bool:
+        """Whether ``model``'s parameters that need gradients differ from the last call's.
+        A call's signature holds them (a block unfrozen saves tensors another set's plan
+        does not name), so each set has plans of its own, within the one budget: a GAN's
+        discriminator, frozen for the generator's step, runs a plan in both. The plans of
+        the set before the last change are kept too; older ones are let go of (gradual
+        unfreezing leaves no plan, nor its host memory, behind)."""
+        trainable = trainable_mask(model)
         changed = self._trainable is not None and trainable != self._trainable
-        self._trainable = trainable
         if changed:
-            self.close()
-            self._learnt_lost += learnt_lost
-            if learnt_lost and self._learnt_lost == 2:
-                warnings.warn(
-                    "pipeswap.offload: the model's trainable parameters changed between two "
-                    "of its calls again (requires_grad toggled, as a GAN freezes its "
-                    "discriminator for the generator's step): each change lets every plan "
-                    "go, so no step runs a plan and every call is learnt again. Make the "
-                    "calls with the parameters frozen outside `with off:` (they save no "
-                    "gradients for those parameters), or keep requires_grad as it is",
-                    RuntimeWarning,
-                    stacklevel=5,
-                )
+            kept = {trainable, self._trainable}
+            for signature, planned in list(self.plans.items()):
+                if _mask_of(signature) not in kept:
+                    if planned.executor is not None:
+                        planned.executor.close()
+                    del self.plans[signature]
+        self._trainable = trainable
         return changed
 
     def outputs_held(self, held: bool | None) -> None:
@@ -256,15 +257,22 @@ class ShapePlans:
                 continue
             assert planned.call is not None
             call = on_device(planned.call, device)
-            self.plans[signature] = _holding_more(
-                self.planner, planned, extra, call, shape=describe(signature)
-            )
+            with in_signed_modes(self.planner.model, signature, device):
+                self.plans[signature] = _holding_more(
+                    self.planner, planned, extra, call, shape=describe(signature)
+                )
 
     def close(self) -> None:
         for planned in self.plans.values():
             if planned.executor is not None:
                 planned.executor.close()
         self.plans.clear()
+
+
+def _mask_of(signature: Signature) -> tuple[bool, ...] | None:
+    """The trainable parameters a call's signature was made with (None: not said)."""
+    modes = signature[2][1]
+    return modes[1] if modes else None
 
 
 def _holding_more(

@@ -244,8 +244,8 @@ class Offload:
         self._remove_timing()
         held_bytes = self.meter.stop((args, kwargs), self._unseen_state())
         started = time.perf_counter()
-        if self.shapes.trainable_changed(self.model, learnt_lost=self._timed is not None):
-            self._timed = None
+        # (a step learnt with other parameters frozen is planned in its own: LoopShapes)
+        self.shapes.trainable_changed(self.model)
         self.shapes.outputs_held(self._outputs.held())
         self.shapes.grads_held(self.model, self._device())  # before planning: counted once
         if self._timed is not None:  # the previous step learnt a shape: plan it now

@@ -69,3 +69,38 @@ def test_a_forward_s_own_counters_are_put_back() -> None:
         net(torch.randn(2, 4))
     assert (net.calls, net.scale) == (0, 1.0)
     assert net._private == 3  # torch's and the module's private attributes are left alone
+
+
+class _Collecting(nn.Module):
+    """Blocks that append an auxiliary loss to a list the loop sums (and clears), and
+    note activations in a dict, both shared with the root module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aux: list[torch.Tensor] = []
+        self.seen: dict[str, torch.Tensor] = {}
+        self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+        for block in self.blocks:
+            block.sink, block.notes = self.aux, self.seen  # type: ignore[assignment]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            x = block(x)
+            block.sink.append(x.pow(2).mean())
+            block.notes[f"block{i}"] = x
+        return x
+
+
+def test_what_a_forward_adds_to_the_model_s_lists_and_dicts_is_taken_back() -> None:
+    """A trial forward's auxiliary losses would be summed into the loop's loss (offload's
+    planning forwards run inside the user's step): the contents are put back in place,
+    and the objects stay the ones the loop holds."""
+    net = _Collecting()
+    aux, seen = net.aux, net.seen
+    net(torch.randn(2, 4))
+    before = (list(aux), dict(seen))
+    with untouched(net):
+        net(torch.randn(2, 4))
+    assert net.aux is aux and net.seen is seen
+    assert len(aux) == 2 and all(a is b for a, b in zip(aux, before[0], strict=True))
+    assert seen.keys() == before[1].keys() and all(seen[k] is before[1][k] for k in seen)

@@ -128,11 +128,12 @@ def test_a_step_aside_runs_in_the_modes_and_autocast_of_the_call_signed() -> Non
     with torch.autocast("cpu", dtype=torch.bfloat16):
         signed = signature((x,), {}, CPU, modes_of(model))
     model.eval()
+    model[0].weight.requires_grad_(False)  # a GAN's other step: frozen since
     with in_signed_modes(model, signed, CPU):
-        assert modes_of(model) == (True, True, True)
+        assert modes_of(model) == ((True, True, True), (True, True))
         assert torch.is_autocast_enabled("cpu")
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16
-    assert modes_of(model) == (False, False, False)
+    assert modes_of(model) == ((False, False, False), (False, True))
     assert not torch.is_autocast_enabled("cpu")
     with (
         torch.autocast("cpu", dtype=torch.bfloat16),
