@@ -21,7 +21,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode_stack,
+    _pop_mode,
+    _push_mode,
+)
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -130,6 +135,9 @@ class StorageMeter(TorchDispatchMode):
         super().__init__()
         self.device_type = device_type
         self._count = _Count()
+        # False: the mode is on but sees nothing new (a count that ends inside a backward,
+        # where the autograd engine would put back a mode taken off there).
+        self.seeing = True
         self._sizes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> _Entry
         self._excluded: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.exclude(*exclude)
@@ -185,7 +193,7 @@ class StorageMeter(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        if _Unmetered.depth:
+        if _Unmetered.depth or not self.seeing:
             return out
         for leaf in tree_flatten(out)[0]:
             if isinstance(leaf, torch.Tensor):
@@ -205,6 +213,24 @@ class _Entry:
 def _release(count: _Count, entry: _Entry) -> None:
     count.release(entry.nbytes)
     entry.nbytes = 0
+
+
+def _leave(mode: TorchDispatchMode) -> None:
+    """Exit ``mode``, also from under plain modes entered after it and still on (another
+    offload's count, a user's meter): those are taken off, then put back as they were."""
+    stack = _get_current_dispatch_mode_stack()
+    if not any(m is mode for m in stack):  # taken off already (a mode exited over it)
+        _push_mode(mode)  # so that its exit takes itself off, and puts its flags back
+        stack = [*stack, mode]
+    above = stack[[id(m) for m in stack].index(id(mode)) + 1 :]
+    plain = all(getattr(m, "_mode_key", None) is None for m in above)
+    if not plain or any(getattr(m, "_dispatch_key", None) is not None for m in above):
+        above = []  # an infrastructure mode (fake tensors, functionalization): as ever
+    for _ in above:
+        _pop_mode()
+    mode.__exit__(None, None, None)
+    for other in above:
+        _push_mode(other)
 
 
 class DeviceMeter:
@@ -270,15 +296,25 @@ class DeviceMeter:
         """Count again (the storage count only sees what runs while it is on; a CUDA
         allocator always counts)."""
         if self._storages is not None and not self._on:
+            self._storages.seeing = True
             self._storages.__enter__()
             self._on = True
+
+    def stop_seeing(self) -> None:
+        """See no new storage from now on, the mode left on until :meth:`pause`: inside a
+        backward, where the autograd engine puts back, as the backward ends, the modes it
+        found (a mode taken off there would stay on for good)."""
+        if self._storages is not None:
+            self._storages.seeing = False
 
     def pause(self) -> None:
         """Stop seeing new storages until :meth:`resume` (those counted stay counted until
         freed). Mode stacks are last-in, first-out: resume and pause within one region of
-        code (a forward, a backward, an optimizer step), never across the caller's code."""
+        code (a forward, a backward, an optimizer step). Where the count spans the caller's
+        code (offload's, from a forward to the end of its backward), a mode the caller
+        entered since and still has on is left on: the count steps out from under it."""
         if self._storages is not None and self._on:
-            self._storages.__exit__(None, None, None)
+            _leave(self._storages)
             self._on = False
 
     def __enter__(self) -> DeviceMeter:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.hooks import RemovableHandle
 
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
@@ -53,6 +56,7 @@ class LoopMeter:
         self.counting_step = False  # CPU: the storage count of watch_step is on
         self.unseen_bytes = 0  # CPU: what the step holds that the count cannot see
         self.serving: ShapePlan | None = None  # the plan of the step watch_step reads
+        self._stops: list[Any] = []  # what takes the CPU's count off (see _count)
 
     def time(
         self, timing: BlockTiming, *, optimizer_hooked: bool, holding: tuple[Any, ...] = ()
@@ -64,9 +68,8 @@ class LoopMeter:
         else:
             self.step_peak_due, self.step_peak_bytes = optimizer_hooked, 0
             self.meter = DeviceMeter(self.device, holding=(*self.holding, *holding))
-            self.meter.resume()
-            self.counting_step, self.unseen_bytes = True, 0
-            timing.on_backward_end = self.end_count  # (a mode the user's code may follow)
+            self._count(0)
+            timing.on_backward_end = self.meter.stop_seeing  # its end: taken off later
         timing.marks = MemoryMarks(self.meter)
         self.timing = timing
 
@@ -95,13 +98,38 @@ class LoopMeter:
             self.meter.reset_peak()
             return
         self.meter = DeviceMeter(self.device, holding=(*self.holding, *holding))
+        self._count(unseen_bytes)
+
+    def _count(self, unseen_bytes: int) -> None:
+        """Start the CPU's storage count, a mode left on into the caller's code: taken off
+        at the next optimizer step of any optimizer (a global hook: the step is outside
+        every backward, where a mode taken off stays off), at stats(), at the next forward,
+        or when this meter is collected (a loop that ends with a learnt step)."""
+        assert self.meter is not None
         self.meter.resume()
         self.counting_step, self.unseen_bytes = True, unseen_bytes
+        this = weakref.ref(self)  # (the global hook must not keep this meter alive)
+
+        def at_optimizer_step(*_: Any) -> None:
+            meter = this()
+            if meter is not None:
+                meter.end_count()
+
+        self._stops = [
+            register_optimizer_step_pre_hook(at_optimizer_step),
+            weakref.finalize(self, self.meter.pause),
+        ]
 
     def end_count(self) -> None:
-        """CPU: the storage count of watch_step stops here (what it read is kept)."""
+        """CPU: the storage count stops here (what it read is kept)."""
         if self.counting_step and self.meter is not None:
             self.meter.pause()
+        for stop in self._stops:
+            if isinstance(stop, RemovableHandle):
+                stop.remove()
+            else:
+                stop.detach()
+        self._stops = []
 
     def step_peak_so_far(self) -> int | None:
         """The most the device held since this step's forward began (after its backward:

@@ -93,6 +93,7 @@ class ShapePlans:
         self.declared: Signature | None = None  # the largest call, as plan_for gave it
         self.check_memory = check_memory  # a derived plan is checked by a step run aside
         self._trainable: tuple[bool, ...] | None = None  # requires_grad, parameter by parameter
+        self._no_backward = 0  # learnt calls in a row that ran no backward
         # The gradient bytes held into a forward that the plans count (grads_held).
         self.grad_bytes = 0
         self.outputs_seen_held = False  # (outputs_held)
@@ -195,7 +196,19 @@ class ShapePlans:
                     f"every layer of {', '.join(names)}: give it a call whose loss depends "
                     "on every layer's output, as the loop's does"
                 )
+            self._no_backward = self._no_backward + 1 if not timing.backward_started else 0
+            if self._no_backward == 2:
+                warnings.warn(
+                    "pipeswap.offload: the model ran no backward between two of its learnt "
+                    "calls (a frozen teacher's forward with gradients on?): a call is "
+                    "planned from its forward and backward, so none is, and each call is "
+                    "learnt again; run a model that only runs forwards under "
+                    "torch.no_grad(), where it saves nothing, and outside `with off:`",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
             return
+        self._no_backward = 0
         fits = None
         mine = {k: v for k, v in self.plans.items() if _mask_of(k) == _mask_of(signature)}
         if mine:  # (a plan made with other parameters trainable says nothing of this call)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from pipeswap.profiling.meter import (
     DeviceMeter,
@@ -99,3 +100,17 @@ def test_marks_file_each_interval_s_peak() -> None:
         del b
     assert marks.peaks == {"first": 1000, "second": 2000}
     assert meter.name == "storages"
+
+
+def test_a_count_paused_under_a_mode_entered_after_it_leaves_that_mode_on() -> None:
+    """offload's count spans the caller's code (a forward to its backward's end): a meter
+    the caller entered since, and still has on, keeps counting once the count stops."""
+    first, second = DeviceMeter("cpu"), DeviceMeter("cpu")
+    first.resume()
+    second.resume()
+    first.pause()
+    kept = torch.ones(256)  # 1 KiB made after the first count stopped
+    assert first.current == 0
+    assert second.current == kept.nbytes
+    second.pause()
+    assert _get_current_dispatch_mode_stack() == []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.training.loop_meter import LoopMeter
@@ -86,3 +88,21 @@ def test_on_the_cpu_a_watched_step_is_counted_from_its_forward_to_its_optimizer_
     torch.randn(4096, 4096)  # 64 MiB made after the count stopped
     assert meter.step_peak_so_far() == before
     assert meter.stop() is None and meter.step_peak_so_far() is None
+
+
+def test_on_the_cpu_a_timed_step_s_count_is_taken_off_by_any_optimizer_step_or_collection() -> None:
+    """The count is a dispatch mode left on into the loop's code: taken off at the next
+    step of any optimizer (one offload was not given too), or when the meter is collected
+    (a loop that ends with a learnt step): a mode left on would slow every later op."""
+    model = nn.Linear(64, 64)
+    meter = LoopMeter(CPU, (model,), lambda *_: None)
+    meter.time(BlockTiming(), optimizer_hooked=False)
+    model(torch.randn(8, 64)).sum().backward()
+    assert len(_get_current_dispatch_mode_stack()) == 1
+    torch.optim.SGD(model.parameters(), lr=0.1).step()  # an optimizer offload was not given
+    assert _get_current_dispatch_mode_stack() == []
+    meter.time(BlockTiming(), optimizer_hooked=False)
+    assert len(_get_current_dispatch_mode_stack()) == 1
+    del meter
+    gc.collect()
+    assert _get_current_dispatch_mode_stack() == []

@@ -613,3 +613,18 @@ def test_a_model_frozen_for_every_other_call_runs_a_plan_in_both() -> None:
     stats = off.stats()
     assert (stats["plans"], stats["learning_steps"], stats["steps"]) == (2, 2, 6)
     assert stats["swapped_bytes"] > 0
+
+
+def test_a_model_that_runs_forwards_only_with_gradients_on_is_said_to_run_no_plan() -> None:
+    """A frozen teacher called with gradients on, its output detached: no backward ever
+    reaches its layers, so no call of it can be planned; a warning says so, and what to
+    do, where each call had silently been learnt again."""
+    teacher = _Net()
+    teacher.requires_grad_(False)
+    off = offload(teacher, footprint_ratio=1.4)
+    x = torch.randn(8, 128, 64, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="ran no backward between two of its learnt calls"):
+        for _ in range(3):
+            with off:
+                teacher(x).detach()
+    assert off.stats()["plans"] == 0
