@@ -21,7 +21,7 @@ The naming is a contract the swap runtime relies on:
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +50,8 @@ __all__ = [
 class CapturedSavedTensor:
     """One saved tensor as a capture sees it: a distinct storage autograd saves for ``layer``'s
     backward, with what the profile's :class:`~pipeswap.profiling.profile.SavedTensor` leaves
-    out (its layer's name, shape, dtype, and the earlier layers that saved it too)."""
+    out (its layer's name, shape, dtype, the earlier layers that saved it too, and whether
+    the forward returned it)."""
 
     layer: str
     index: int
@@ -59,6 +60,10 @@ class CapturedSavedTensor:
     dtype: str
     # Earlier layers whose forward also saved this storage (it is held once, here).
     also_saved_by: tuple[str, ...] = ()
+    # The storage is also one of the forward's outputs (SavedTensorCapture.returning): a
+    # loop that holds its outputs through the backward keeps it on the device whatever a
+    # plan does with the saved tensor.
+    returned: bool = False
 
 
 @dataclass
@@ -125,6 +130,7 @@ class SavedTensorCapture:
         self._handles: list[Any] = []
         self._hooks: Any = None
         self._final: dict[str, list[CapturedSavedTensor]] | None = None
+        self._returned: set[int] = set()  # storage keys of the forward's outputs
         self.twins = CastTwins()  # as the swap runtime keeps them: once
 
     # ---- hooks --------------------------------------------------------------------
@@ -211,6 +217,11 @@ class SavedTensorCapture:
         for seen in self._seen.values():
             seen.storage = None
 
+    def returning(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Note tensors the forward returns (while the capture runs, so that storage keys
+        are still unique): each saved storage among theirs is ``returned`` in its record."""
+        self._returned.update(storage_key(t) for t in tensors)
+
     # ---- results ------------------------------------------------------------------
     def _owner(self, key: int) -> str:
         return self._seen[key].savers[-1]
@@ -227,6 +238,7 @@ class SavedTensorCapture:
                     shape=self._seen[key].shape,
                     dtype=self._seen[key].dtype,
                     also_saved_by=tuple(self._seen[key].savers[:-1]),
+                    returned=key in self._returned,
                 )
                 for index, key in enumerate(owned)
             ]

@@ -31,6 +31,7 @@ from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor, StepM
 from pipeswap.swap.runtime.capture import capture_records
 from pipeswap.training.loop_calls import Signature, describe
 from pipeswap.training.loop_plans import LoopPlanner
+from pipeswap.training.loop_profile import saved_tensors
 
 __all__ = [
     "Named",
@@ -164,9 +165,17 @@ class Named(NamedTuple):
     head: list[nn.Parameter]
 
 
-def name_call(model: nn.Module, layers: dict[str, nn.Module], args: Any, kwargs: Any) -> Named:
+def name_call(
+    model: nn.Module,
+    layers: dict[str, nn.Module],
+    args: Any,
+    kwargs: Any,
+    *,
+    outputs_held: bool = False,
+) -> Named:
     """:class:`Named` of one forward (as the steps run it, autocast's cache off) that lets
-    go of what it saves as it runs."""
+    go of what it saves as it runs; with ``outputs_held``, the saved storages among the
+    outputs a loop holds are left out, as loop_profile leaves them out."""
     outputs: dict[str, int] = {}
     inside = {id(m) for layer in layers.values() for m in layer.modules()}
     last = list(layers)[-1]
@@ -191,7 +200,8 @@ def name_call(model: nn.Module, layers: dict[str, nn.Module], args: Any, kwargs:
         for handle in handles:
             handle.remove()
     saved = {
-        name: [SavedTensor(r.index, r.bytes) for r in records.get(name, [])] for name in layers
+        name: list(saved_tensors(records.get(name, []), outputs_held=outputs_held))
+        for name in layers
     }
     return Named(saved, outputs, list(head.values()))
 
@@ -343,7 +353,8 @@ def derived_profile(
     and the shapes it was carried over from."""
     args, kwargs = call
     with planner.quiet():
-        named = name_call(planner.model, planner.layers, args, kwargs)
+        held = planner.keep_outputs
+        named = name_call(planner.model, planner.layers, args, kwargs, outputs_held=held)
     totals = {name: sum(t.bytes for t in tensors) for name, tensors in named.saved.items()}
     scaling = Scaling(signature, bases, totals)
     used = [bases[scaling.nearest]] if not scaling.fitting else list(bases)

@@ -11,11 +11,12 @@ from torch.utils._pytree import tree_flatten
 
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor, StepMemory
+from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.profiling.step import dtype_name, optimizer_state_bytes
 from pipeswap.swap.runtime.recompute import RecomputeSizes
 from pipeswap.swap.runtime.selective import SelectiveChoice
 
-__all__ = ["loop_profile"]
+__all__ = ["loop_profile", "saved_tensors"]
 
 
 def loop_profile(
@@ -30,13 +31,20 @@ def loop_profile(
     kept: dict[str, int],
     rerun: dict[str, int],
     choices: Mapping[str, SelectiveChoice] | None = None,
+    outputs_held: bool = False,
 ) -> Profile:
     """The planner's view of one shape: each layer's times, saved tensors and parameters
     (those outside the layers count with the first, as resident memory), what recomputing
     each keeps and saves again (whole, and selectively where ``choices`` says how), and
     what the meter read during the timed step (a step learnt with its saved tensors on the
     host reads as the step as it is, pipeswap.profiling.on_host; its copies back are out
-    of its times, BlockTiming.copies)."""
+    of its times, BlockTiming.copies).
+
+    ``outputs_held``: the loop holds the model's outputs through the backward
+    (loop_calls.HeldOutputs), so a saved storage that is one of them (``returned``: the
+    attention maps a model returns and its next matmul saves, a hidden state the next
+    layer saves) stays on the device whatever a plan does: it is no saved tensor to swap
+    or free by recomputing, and counts where the meter read it, in the working sets."""
     names = list(layers)
     seen: set[int] = set()
     params: dict[str, int] = {}
@@ -52,7 +60,7 @@ def loop_profile(
             backward_s=backward_s[name],
             param_bytes=params[name],
             output_bytes=timing.output_bytes.get(name, 0),
-            saved=tuple(SavedTensor(r.index, r.bytes) for r in records[name]),
+            saved=saved_tensors(records[name], outputs_held=outputs_held),
             **sizes.profile_fields(name, timing.forward_s[name]),
         )
         for name in names
@@ -71,6 +79,16 @@ def loop_profile(
         layers=profiled,
         notes={"source": "pipeswap.offload: one step of the user's loop, timed by hooks"},
         memory=memory,
+    )
+
+
+def saved_tensors(
+    records: Iterable[CapturedSavedTensor], *, outputs_held: bool
+) -> tuple[SavedTensor, ...]:
+    """A layer's saved tensors as a profile lists them: those a loop holding its outputs
+    keeps on the device anyway (``returned``, with ``outputs_held``) left out."""
+    return tuple(
+        SavedTensor(r.index, r.bytes) for r in records if not (outputs_held and r.returned)
     )
 
 

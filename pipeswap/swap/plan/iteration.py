@@ -183,11 +183,12 @@ def _microbatch(
                 id=f"{prefix}/in{s.layer}.{s.index}",
             )
             in_ids.setdefault(s.layer, []).append(task_id)
-        transient = workload.transient[j]
+        transient = workload.rerun_working[j]
         again = workload.recompute_bytes[j]
         if j in workload.recompute:
             # The layer's forward again (its recomputation): its saved tensors stay for
-            # the backward, its working set goes when it ends.
+            # the backward, its working set (over the gradients made so far) goes when it
+            # ends.
             previous = builder.compute(
                 gpu,
                 workload.rerun_s[j],

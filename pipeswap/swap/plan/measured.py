@@ -12,6 +12,7 @@ from pipeswap.profiling.profile import Profile
 __all__ = [
     "MeasuredMemory",
     "estimated_optimizer_step_s",
+    "gradients_held",
     "measured_memory",
     "recomputed_inputs",
     "selective_fields",
@@ -50,6 +51,21 @@ def measured_memory(profile: Profile) -> MeasuredMemory:
     )
     turn = max(0, memory.turn_peak_bytes - start - cumulative[-1])
     return MeasuredMemory(start, forward, backward, turn, memory.step_peak_bytes)
+
+
+def gradients_held(profile: Profile) -> tuple[int, ...]:
+    """Per layer: the gradients held when its backward starts, beyond what the meter read
+    at the step's start (a recomputed layer's re-run holds them beside its own working
+    set): those of the layers after it and of the parameters outside the layers, which a
+    profile counts with the first layer (its bytes beyond the smallest other layer's; all
+    of them counted: the embeddings' too, on the safe side). Empty where the meter read
+    nothing, or read the gradients at the start (a loop that keeps them between steps)."""
+    memory, layers = profile.memory, profile.layers
+    if memory is None or memory.start_bytes >= profile.resident_bytes:
+        return ()
+    own = [layer.param_bytes for layer in layers]
+    outside = own[0] - min(own[1:]) if len(own) > 1 else 0
+    return tuple(max(0, outside) + sum(own[i + 1 :]) for i in range(len(own)))
 
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}

@@ -12,6 +12,7 @@ from pipeswap.profiling.profile import Profile
 from pipeswap.swap.plan.measured import (
     MeasuredMemory,
     estimated_optimizer_step_s,
+    gradients_held,
     measured_memory,
     recomputed_inputs,
     selective_fields,
@@ -43,9 +44,11 @@ class Workload:
       runs the forward again; it allocates the saved tensors the re-run creates
       (``recompute_bytes[i]`` = its saved bytes minus the saved tensor that is its input,
       ``input_saved[i]``, which the re-run saves again without a copy) plus its working
-      set, and frees the working set when it ends; the backward then frees them with the
-      kept input. The kept input of layer i is freed by backward i, before layer i-1's
-      re-run starts, so consecutive recomputed layers never hold one tensor twice.
+      set (``rerun_working[i]``: the forward's, over the gradients the backward made
+      before it, ``gradient_bytes[i]``), and frees the working set when it ends; the
+      backward then frees them with the kept input. The kept input of layer i is freed by
+      backward i, before layer i-1's re-run starts, so consecutive recomputed layers never
+      hold one tensor twice.
 
     ``saved_bytes`` are the bytes each layer holds from its forward to its backward (the
     kept input for a recomputed layer); ``all_saved_bytes`` ignore recomputation. A
@@ -92,6 +95,9 @@ class Workload:
     selective_rerun: tuple[int, ...] = ()
     selective_s: tuple[float, ...] = ()
     selective: frozenset[int] = frozenset()  # recomputed layers recomputed selectively
+    # Per layer, the gradients held when its backward starts (the later layers' and the
+    # head's) beyond the resident bytes; empty: none (an estimate counts them resident).
+    gradient_bytes: tuple[int, ...] = ()
 
     @cached_property
     def backward_working(self) -> tuple[int, ...]:
@@ -103,6 +109,15 @@ class Workload:
         if not self.transient:
             return ()
         return (*self.transient[:-1], max(self.transient[-1], self.turn_bytes))
+
+    @cached_property
+    def rerun_working(self) -> tuple[int, ...]:
+        """Per layer: its re-run's working set beyond what the re-run saves: its forward's,
+        over the gradients its backward starts with (no more than its backward's working
+        set, which holds them too: where the readings left no room for them, the saved
+        bytes counted there hold more than the step did)."""
+        grads = self.gradient_bytes or (0,) * self.num_layers
+        return tuple(t + min(g, b) for t, g, b in zip(self.transient, grads, self.backward_working))
 
     @property
     def num_layers(self) -> int:
@@ -222,12 +237,12 @@ class Workload:
     def working_bytes(self) -> tuple[int, ...]:
         """Per layer: the most it holds beyond the saved bytes of the layers up to it, in
         its forward or its backward (a recomputed layer's backward holds its re-run's saved
-        tensors and, while the re-run runs, its forward working set)."""
+        tensors and, while the re-run runs, its working set, ``rerun_working``)."""
         working = []
-        for i, forward in enumerate(self.transient):
+        for i in range(len(self.transient)):
             backward = self.backward_working[i]
             if i in self.recompute:  # the re-run's own forward, not the turn before it
-                backward = max(backward, forward)
+                backward = max(backward, self.rerun_working[i])
             working.append(max(self.forward_working[i], backward + self.recompute_bytes[i]))
         return tuple(working)
 
@@ -302,7 +317,7 @@ class Workload:
             # A recomputed layer's re-run runs its forward working set before the backward's.
             working = self.backward_working[i]
             if i in self.recompute:
-                working = max(working, self.transient[i])
+                working = max(working, self.rerun_working[i])
             backward.append(
                 self.resident_bytes + cumulative - host + working + self.recompute_bytes[i]
             )
@@ -352,5 +367,6 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
         backward_transient=memory.backward_transient,
         floor_bytes=memory.floor_bytes,
         turn_bytes=memory.turn_bytes,
+        gradient_bytes=gradients_held(profile),
         **selective_fields(profile),
     )

@@ -15,6 +15,7 @@ from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.state import untouched
+from pipeswap.profiling.metered_step import output_loss, output_tensors
 from pipeswap.profiling.saved import CapturedSavedTensor, SavedTensorCapture, storage_key
 from pipeswap.swap.plan import close_names
 from pipeswap.swap.plan.tensors import SavedKey
@@ -185,7 +186,11 @@ def _capture(
     # are put back, as the profiler does.
     with untouched(model, check=False), capture:
         loss = forward_loss()
-        del loss
+        # What a loop may hold of the output beyond the backward (the loss aside): the saved
+        # storages among its tensors are marked, as long as they are the output's.
+        given = output_loss(loss)
+        capture.returning(t for t in output_tensors(loss) if t is not given)
+        del loss, given
     return capture
 
 

@@ -11,6 +11,7 @@ from pipeswap.profiling.profile import Profile
 from pipeswap.step_memory import StepMemory
 from pipeswap.swap.plan.measured import (
     estimated_optimizer_step_s,
+    gradients_held,
     measured_memory,
     recomputed_inputs,
     selective_fields,
@@ -40,6 +41,23 @@ def test_each_point_is_the_reading_less_what_the_layers_so_far_saved() -> None:
     assert got.transient == (50, 0)  # 1100 - 1000 - 140 < 0 counts as 0
     assert got.backward_transient == (30, 20)
     assert (got.turn_bytes, got.floor_bytes) == (60, 1500)
+
+
+def test_gradients_held_are_the_later_layers_and_the_outside_parameters() -> None:
+    # Layer 0's 70 B are its own 50 B (as the smallest other layer's) and 20 B outside the
+    # layers (the head's, the embeddings'); layer 1's backward starts with those 20 B.
+    layers = [
+        toy_layer("a", 1.0, 2.0, param_bytes=70, saved=[10]),
+        toy_layer("b", 1.0, 2.0, param_bytes=50, saved=[10]),
+        toy_layer("c", 1.0, 2.0, param_bytes=60, saved=[10]),
+    ]
+    memory = StepMemory(200, (0, 0, 0), 0, (0, 0, 0))  # parameters, no gradients
+    profile = toy_profile_of(layers, memory=memory)
+    assert gradients_held(profile) == (20 + 50 + 60, 20 + 60, 20)
+    # Read at the start (a loop keeping its gradients), or not read: none beyond it.
+    kept = dataclasses.replace(memory, start_bytes=profile.resident_bytes)
+    assert gradients_held(dataclasses.replace(profile, memory=kept)) == ()
+    assert gradients_held(toy_profile_of(layers)) == ()
 
 
 def test_recomputed_inputs_measured_or_by_the_previous_output() -> None:

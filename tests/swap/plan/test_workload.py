@@ -14,7 +14,7 @@ from pipeswap.hardware.presets import preset
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.plan.iteration import build_iteration_graph
 from pipeswap.swap.plan.tensors import SwapDecisionAt
-from pipeswap.swap.plan.workload import workload_from_profile
+from pipeswap.swap.plan.workload import Workload, workload_from_profile
 
 GB = 10**9
 
@@ -85,6 +85,45 @@ def test_recompute_memory_closed_form(make_profile) -> None:
     assert backward == [r + 5 * GB, r + 8 * GB, r + 10 * GB]
     assert view.no_swap_peak_bytes() == r + 10 * GB < w.no_swap_peak_bytes() == r + 11 * GB
     assert view.microbatch_s == w.microbatch_s + 2.0  # two forwards of 1 s again
+
+
+def _measured(**fields: object) -> Workload:
+    """Two layers as a meter read them: 100 B resident; layer 0 saves 50 B (its 10 B
+    input among them), layer 1 40 B; forward working sets 20 and 30 B, backward 60 and 35 B;
+    the gradients held when each backward starts 40 and 25 B."""
+    base: dict[str, object] = dict(
+        model="toy",
+        names=("a", "b"),
+        forward_s=(1.0, 1.0),
+        backward_s=(1.0, 1.0),
+        saved=(((0, 40), (1, 10)), ((0, 40),)),
+        transient=(20, 30),
+        param_bytes=(40, 25),
+        resident_bytes=100,
+        optimizer_step_s=0.0,
+        input_bytes=(10, 10),
+        input_saved=(10, 0),
+        backward_transient=(60, 35),
+        gradient_bytes=(40, 25),
+    )
+    base.update(fields)
+    return Workload(**base)  # type: ignore[arg-type]
+
+
+def test_a_rerun_holds_the_gradients_made_before_it() -> None:
+    # Layer 0's re-run runs its forward's 20 B beside the 40 B of gradients its backward
+    # starts with (BERT: the head's and later layers', 0.6 MB over the budget): 60 B, as
+    # many as its backward's working set; layer 1's 30 + 25 B exceed its backward's 35 B.
+    view = _measured().recomputing({0, 1})
+    assert view.rerun_working == (60, 55)
+    _, backward = view.memory_points([])
+    assert backward == [100 + 10 + 60 + 40, 100 + 20 + 55 + 40]
+    # No more gradients than the backward's working set held (a reading with no room).
+    assert _measured(backward_transient=(60, 0)).rerun_working == (60, 30)
+    assert _measured(gradient_bytes=()).rerun_working == (20, 30)  # an estimate: resident
+    graph = build_iteration_graph(view, ["gpu0"], {"gpu0": []}, recompute={"gpu0": {0, 1}})
+    peak = simulate(graph, preset("switch-4").with_gpu_memory(10**6)).gpus["gpu0"].peak_bytes
+    assert peak == max(backward)
 
 
 def test_recompute_and_swap_together_within_budget(make_profile) -> None:

@@ -87,3 +87,31 @@ def test_a_rerun_saves_everything_but_its_inputs() -> None:
     assert inner.rerun_bytes("b") == 250
     assert inner.rerun_bytes("b", own=True) == 200
     assert inner.rerun_bytes("a") == 0
+
+
+class _Attention(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = torch.softmax(x @ x.transpose(-1, -2), dim=-1)  # saved by the matmul below
+        return probs @ x, probs
+
+
+class _ReturnsItsMaps(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 8)
+        self.attn = _Attention()
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        out, probs = self.attn(self.inp(x))
+        return {"loss": out.pow(2).mean(), "probs": probs}
+
+
+def test_a_saved_storage_the_forward_returns_is_marked_the_loss_aside() -> None:
+    # A loop that holds the output keeps the maps on the device whatever a plan does with
+    # them (pipeswap.training.loop_profile leaves them out of what plans may free).
+    model = _ReturnsItsMaps()
+    x = torch.randn(2, 6, 8)
+    records, _ = capture_records(model, lambda: model(x), ["inp", "attn"])
+    returned = [(r.layer, r.bytes) for recs in records.values() for r in recs if r.returned]
+    assert returned == [("attn", 2 * 6 * 6 * 4)]
+    assert sum(len(recs) for recs in records.values()) > 1
