@@ -10,6 +10,7 @@ import pytest
 from bench_support import rows, run_quick
 
 
+@pytest.mark.slow  # 12 s: make test-slow (make test's time)
 def test_quick_padded_recompute(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     text = run_quick("family_padded_recompute.py", tmp_path / "padded.md", timeout=120)

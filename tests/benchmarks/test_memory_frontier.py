@@ -5,12 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from bench_support import ROOT, rows, run_quick
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from memory_frontier import FINER, MiB, per_mib_freed  # noqa: E402
 
 
+@pytest.mark.slow  # 11 s: make test-slow (make test's time)
 def test_quick_memory_frontier(tmp_path: Path) -> None:
     out = tmp_path / "memory_frontier.md"
     text = run_quick("memory_frontier.py", out)

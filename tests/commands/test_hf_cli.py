@@ -124,7 +124,6 @@ _FAST = {
     ("bert", "async-1f1b"),
     ("llama", "1f1b"),
     ("vit", "gpipe"),
-    ("resnet", "async-1f1b"),
 }
 _MATRIX = [
     pytest.param(

@@ -74,6 +74,7 @@ def test_layout_options_need_layouts_and_exclude_the_swap_planners(heavy_profile
     assert "drop --gpus" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 20 s: make test-slow (make test's time)
 def test_gpt2_xl_on_single_root_8_at_5_gib_fits_only_as_stages_that_swap(capsys) -> None:
     # 5 GiB per GPU: data parallelism needs 19 GiB for gpt2-xl's weights, gradients,
     # momentum and its largest working set; the best pure pipeline (8 stages, 32

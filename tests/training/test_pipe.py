@@ -99,7 +99,12 @@ def _train_without_steps(rank: int, world: int, config: TrainConfig) -> dict[str
 
 @pytest.mark.dist
 @pytest.mark.parametrize(
-    "config", CASES[::2] + CASES[3:], ids=["1f1b", "async-spectrain", "2bw-stash"]
+    "config",
+    [  # the synchronous and 2BW cases take make test-slow (make test's time)
+        pytest.param(CASES[0], id="1f1b", marks=pytest.mark.slow),
+        pytest.param(CASES[2], id="async-spectrain"),
+        pytest.param(CASES[3], id="2bw-stash", marks=pytest.mark.slow),
+    ],
 )
 def test_a_pipeline_without_steps_drains_at_state_dict_as_one_built_for_them(
     config: TrainConfig,
