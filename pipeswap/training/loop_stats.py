@@ -9,7 +9,35 @@ from pipeswap.dist.group import rank_and_world
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.training.shape_plan import ShapePlan
 
-__all__ = ["plan_stats"]
+__all__ = ["NO_CALL", "no_plan_stats", "plan_stats"]
+
+# What stats() says of the step that ran, before any has.
+NO_CALL: dict[str, Any] = {
+    "shape": None,
+    "planned_shape": None,
+    "step_planning_s": 0.0,
+    "learning": None,
+}
+
+
+def no_plan_stats(policy: str) -> dict[str, Any]:
+    """The plan's part of stats() before any plan has run: the same keys, so that a loop
+    logging them needs no case of its own; ``policy`` is the one asked for."""
+    return {
+        "policy": policy,
+        "predicted_step_s": None,
+        "predicted_stall_s": None,
+        "recomputes_all": None,
+        "planned_for_bytes": None,
+        "predicted_peak_bytes": None,
+        "measured_peak_bytes": None,
+        "no_swap_peak_bytes": None,
+        "smallest_budget_bytes": None,
+        "memory_meter": None,
+        "planning_s": None,
+        "replans": None,
+        "derived_from": None,
+    }
 
 
 def plan_stats(planned: ShapePlan, measured_peak_bytes: int | None) -> dict[str, Any]:

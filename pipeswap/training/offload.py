@@ -26,7 +26,7 @@ from pipeswap.training.loop_calls import Signature
 from pipeswap.training.loop_meter import LoopMeter
 from pipeswap.training.loop_plans import LoopPlanner, offload_names
 from pipeswap.training.loop_shapes import ShapePlans, describe
-from pipeswap.training.loop_stats import plan_stats
+from pipeswap.training.loop_stats import NO_CALL, no_plan_stats, plan_stats
 from pipeswap.training.shape_plan import ShapePlan
 from pipeswap.units import parse_bytes
 
@@ -166,7 +166,7 @@ class Offload:
         self.every_step = check_memory is True  # asked for: every step is read (CUDA)
         # The step timed last, to plan at the next forward: its call, signature and timing.
         self._timed: tuple[Signature, tuple[Any, Any], BlockTiming] | None = None
-        self._last_call: dict[str, Any] = {}  # what stats() says of the step that ran
+        self._last_call: dict[str, Any] = dict(NO_CALL)  # stats() of the step that ran
         self._timing_hooks: list[Any] = []
         self._root_hooks: list[Any] = []
         self._inside = False  # a planning forward of our own: the hooks stand aside
@@ -260,6 +260,7 @@ class Offload:
             "shape": describe(signature),
             "planned_shape": None if covering is None else describe(covering),
             "step_planning_s": time.perf_counter() - started,
+            "learning": None,
         }
         if planned is not None and self.check_memory and planned.measured_peak_bytes is None:
             self.meter.watch(planned)
@@ -380,9 +381,6 @@ class Offload:
             "steps": self.steps,
             "learning_steps": self.learning_steps,
             "plans": len(self.shapes.plans),
-            "shape": None,
-            "planned_shape": None,
-            "step_planning_s": 0.0,
             **self._last_call,
             "budget_bytes": self.planner.budget_bytes,
             "total_planning_s": sum(p.planning_s for p in self.shapes.plans.values()),
@@ -393,6 +391,8 @@ class Offload:
         out["unmatched_tensors"] = sum(
             p.executor.unmatched for p in self.shapes.plans.values() if p.executor is not None
         )
-        if self._last_plan is not None:
+        if self._last_plan is None:
+            out.update(no_plan_stats(self.config.policy))
+        else:
             out.update(plan_stats(self._last_plan, self.meter.peak_so_far(self._last_plan)))
         return out

@@ -51,3 +51,20 @@ def test_the_plan_part_states_its_predictions_beside_the_meter_s_reading() -> No
     for key in ("policy", "predicted_peak_bytes", "no_swap_peak_bytes", "replans"):
         assert stats[key] == said[key], key
     off.close()
+
+
+def test_before_any_plan_stats_has_the_same_keys_and_the_policy_asked_for() -> None:
+    model = _Net()
+    off = offload(model, footprint_ratio=1.5, policy="save-on-cpu")
+    with off:
+        loss = model(torch.randn(16, 128, 64))
+    loss.backward()
+    learnt = off.stats()  # the first step learns: no plan has run yet
+    assert learnt["policy"] == "save-on-cpu"
+    assert learnt["predicted_peak_bytes"] is None and learnt["replans"] is None
+    for _ in range(2):
+        with off:
+            loss = model(torch.randn(16, 128, 64))
+        loss.backward()
+    assert set(off.stats()) == set(learnt)
+    off.close()
