@@ -34,6 +34,7 @@ __all__ = [
     "library_bars",
     "load_hf_model",
     "load_user_model",
+    "same_model_directory",
 ]
 
 # transformers expands a config's labels into a dict before any check of ours can run
@@ -59,6 +60,19 @@ def names_user_model(name: str, zoo: Collection[str]) -> bool:
     if name in zoo:
         return os.path.isfile(os.path.join(name, "config.json"))
     return is_user_model(name)
+
+
+def same_model_directory(a: str, b: str, zoo: Collection[str]) -> bool:
+    """Whether the model names ``a`` and ``b`` are one directory of the user's written two
+    ways (``./llama`` and ``/home/me/llama/``, a symlink): a run may be resumed or exported
+    from another working directory."""
+    return (
+        a not in zoo
+        and b not in zoo
+        and os.path.isdir(a)
+        and os.path.isdir(b)
+        and os.path.samefile(a, b)
+    )
 
 
 def hf_directory_has_weights(directory: str | os.PathLike[str]) -> bool:

@@ -11,7 +11,7 @@ from pipeswap.checkpoint import CheckpointConfig, latest_complete, load_rank
 from pipeswap.data_config import DataConfig
 from pipeswap.errors import PipeswapError
 from pipeswap.models.export import check_save_target, export_model
-from pipeswap.models.load import names_user_model
+from pipeswap.models.load import names_user_model, same_model_directory
 from pipeswap.models.registry import build_model, model_names, model_spec
 from pipeswap.models.seq2seq import load_seq2seq
 from pipeswap.optim import OptimizerConfig
@@ -93,13 +93,7 @@ def _model_to_build(directory: str, recorded: str, given: str | None) -> str:
             f"when you name it too (a checkpoint is data, and never makes pipeswap import or "
             f"load what it names): pass --model {recorded}"
         )
-    if given == recorded or (
-        given not in zoo
-        and recorded not in zoo
-        and os.path.isdir(given)
-        and os.path.isdir(recorded)
-        and os.path.samefile(given, recorded)
-    ):
+    if given == recorded or same_model_directory(given, recorded, zoo):
         # The recorded string: a pipeline's checkpoint resumes only under the same name.
         return recorded
     raise PipeswapError(

@@ -8,6 +8,8 @@ from typing import Any
 from pipeswap.checkpoint import CheckpointPlan, check_identity, latest_complete, step_dir
 from pipeswap.config_fields import leaf_fields, require
 from pipeswap.dist.group import broadcast_from_rank0
+from pipeswap.models.load import same_model_directory
+from pipeswap.models.registry import model_names
 from pipeswap.train_config import TrainConfig
 from pipeswap.user_files import fingerprint
 from pipeswap.version import __version__
@@ -53,6 +55,8 @@ def checkpointing(
         recorded = manifest.get("identity", {})
         # Checkpoints written before a key was recorded are compared on the rest.
         compared = {k: v for k, v in identity.items() if k in recorded or k not in _LATER}
+        if same_model_directory(str(recorded.get("model")), config.model, model_names()):
+            compared["model"] = recorded["model"]  # the same directory, named another way
         check_identity(manifest, compared, where, identity_fields(identity))
         resume = (settings.resume, done)
     target = settings.target

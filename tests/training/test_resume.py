@@ -172,6 +172,24 @@ def test_a_hugging_face_model_resumes_as_if_left_alone(
     _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
 
 
+def test_a_model_directory_named_another_way_resumes(tmp_path: Path) -> None:
+    # Before: "--model ... was written with {model} '/tmp/.../gpt', but this run has
+    # '/tmp/.../link/'": the directory was compared as text.
+    pytest.importorskip("transformers")
+    from tests.models.hf_configs import save_model
+
+    model = save_model(tmp_path / "gpt", "gpt2")
+    (tmp_path / "link").symlink_to(model)
+    run = ["--seq-len", "16", "--batch", "4", "--nproc", "1", "--lr-decay-steps", "3"]
+    ckpt = tmp_path / "ckpt"
+    first = ["train", "--model", model, *run, "--steps", "2", "--checkpoint-dir", str(ckpt)]
+    assert main(first) == 0
+    again = ["train", "--model", f"{tmp_path / 'link'}/", *run, "--steps", "3"]
+    assert main([*again, "--resume", str(ckpt), "--report", str(tmp_path / "r.json")]) == 0
+    assert main([*again, "--report", str(tmp_path / "alone.json")]) == 0
+    _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
+
+
 @pytest.mark.parametrize(
     "mode", [["--nproc", "1"], ["--pipeline", "2", "--schedule", "1f1b", "--emulate"]]
 )
