@@ -58,6 +58,7 @@ __all__ = [
     "rng_state",
     "save_rank",
     "set_rng_state",
+    "split_step_dir",
     "step_dir",
     "write_manifest",
 ]
@@ -86,7 +87,10 @@ class CheckpointConfig:
         "0: only after the last step and when stopped by SIGTERM or Ctrl-C)",
     )
     resume: str | None = option(
-        None, metavar="DIR", help="continue from the newest complete checkpoint in DIR"
+        None,
+        metavar="DIR",
+        help="continue from the newest complete checkpoint in DIR (or from the step folder "
+        "DIR names: DIR/step-00000200)",
     )
     save: str | None = option(
         None,
@@ -116,7 +120,7 @@ class CheckpointConfig:
         when ``checkpoint_every`` asks for more."""
         if self.checkpoint_dir is not None:
             return self.checkpoint_dir
-        return self.resume if self.checkpoint_every else None
+        return self._resume_root if self.checkpoint_every else None
 
     @property
     def every(self) -> int:
@@ -127,7 +131,12 @@ class CheckpointConfig:
     def directories(self) -> tuple[str, ...]:
         """The checkpoint directories of the run (the one it writes first): a save keeps
         them when they lie inside its directory, and falls back beside them."""
-        return tuple(dict.fromkeys(d for d in (self.target, self.resume) if d is not None))
+        return tuple(dict.fromkeys(d for d in (self.target, self._resume_root) if d is not None))
+
+    @property
+    def _resume_root(self) -> str | None:
+        """The checkpoint directory ``resume`` names (itself, or a step folder's parent)."""
+        return None if self.resume is None else split_step_dir(self.resume)[0]
 
 
 @dataclass(frozen=True)
@@ -215,8 +224,11 @@ def save_rank(plan: CheckpointPlan, done: int, rank: int, state: dict[str, Any])
     write_atomic(step_dir(plan.directory, done) / f"rank-{rank}.pt", buffer.getvalue())
 
 
-def latest_complete(directory: str | os.PathLike[str]) -> tuple[int, dict[str, Any]] | None:
-    """The newest step whose manifest and rank files all exist, with its manifest."""
+def latest_complete(
+    directory: str | os.PathLike[str], step: int | None = None
+) -> tuple[int, dict[str, Any]] | None:
+    """The newest step whose manifest and rank files all exist, with its manifest (with
+    ``step``: that step, if it is complete)."""
     root = Path(directory)
     require(
         root.is_dir(),
@@ -226,6 +238,8 @@ def latest_complete(directory: str | os.PathLike[str]) -> tuple[int, dict[str, A
         (int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))),
         reverse=True,
     )
+    if step is not None:
+        steps = [done for done in steps if done == step]
     for done in steps:
         folder = step_dir(root, done)
         if not (folder / "manifest.json").is_file():
@@ -234,6 +248,16 @@ def latest_complete(directory: str | os.PathLike[str]) -> tuple[int, dict[str, A
         if all((folder / name).is_file() for name in manifest.get("files", [])):
             return done, manifest
     return None
+
+
+def split_step_dir(path: str | os.PathLike[str]) -> tuple[str, int | None]:
+    """(the checkpoint directory, the step) of a path that names one step's folder
+    (``ckpt/step-00000200``); (path, None) for a checkpoint directory itself."""
+    folder = Path(path)
+    named = _STEP_DIR.match(folder.name)
+    if named is None or not (folder / "manifest.json").is_file():
+        return str(path), None
+    return str(folder.parent), int(named.group(1))
 
 
 def _manifest(folder: Path) -> dict[str, Any]:

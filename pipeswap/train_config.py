@@ -16,7 +16,7 @@ import math
 from dataclasses import KW_ONLY, asdict, dataclass, field, replace
 from typing import Any
 
-from pipeswap.checkpoint import CheckpointConfig, latest_complete
+from pipeswap.checkpoint import CheckpointConfig, latest_complete, split_step_dir
 from pipeswap.config_fields import option, require
 from pipeswap.data_config import DataConfig
 from pipeswap.metrics import LogConfig
@@ -292,7 +292,7 @@ def _resumed_optimizer(optim: OptimizerConfig, resume: str | None) -> OptimizerC
     """
     if resume is None or optim.optimizer is not None:
         return optim
-    found = latest_complete(resume)
+    found = latest_complete(*split_step_dir(resume))
     recorded = {} if found is None else found[1].get("identity", {})
     if recorded.get("optimizer") is None:
         return optim

@@ -7,7 +7,13 @@ from typing import Any
 
 import torch
 
-from pipeswap.checkpoint import CheckpointConfig, latest_complete, load_rank
+from pipeswap.checkpoint import (
+    CheckpointConfig,
+    latest_complete,
+    load_rank,
+    split_step_dir,
+    step_dir,
+)
 from pipeswap.data_config import DataConfig
 from pipeswap.errors import PipeswapError
 from pipeswap.models.export import check_save_target, export_model
@@ -25,7 +31,8 @@ __all__ = ["export_checkpoint"]
 
 
 def export_checkpoint(directory: str, out: str, model: str | None = None) -> tuple[int, str]:
-    """Write the model of the newest complete checkpoint in ``directory`` to ``out`` (as
+    """Write the model of the newest complete checkpoint in ``directory`` (or of the step
+    folder it names, ``ckpt/step-00000200``: an earlier step) to ``out`` (as
     ``--save`` writes it: a Hugging Face model as its directory, any other module as
     ``model.safetensors`` of its own keys); returns (steps done, the model's name).
 
@@ -37,11 +44,14 @@ def export_checkpoint(directory: str, out: str, model: str | None = None) -> tup
             f"{directory}: no such directory; name the checkpoint directory a training run "
             "wrote into"
         )
-    found = latest_complete(directory)
+    named = directory  # a step folder names the step to export
+    directory, step = split_step_dir(directory)
+    found = latest_complete(directory, step)
     if found is None:
         raise PipeswapError(
-            f"{directory}: no complete checkpoint there (a step folder whose manifest and rank "
-            "files all exist); name the checkpoint directory a training run wrote into"
+            f"{named}: no complete checkpoint there (a step folder whose manifest and rank "
+            "files all exist); name the checkpoint directory a training run wrote into, or "
+            "one of its step folders"
         )
     done, manifest = found
     identity: dict[str, Any] = manifest.get("identity", {})
@@ -56,7 +66,8 @@ def export_checkpoint(directory: str, out: str, model: str | None = None) -> tup
     if identity.get("mode") != "data-parallel" and done == steps:
         # Resumed for no step, the stages settle the updates of tied weights still in
         # flight at the cut, and save what a --save run would.
-        train(_finished_pipeline(directory, out, {**identity, "model": name}, steps))
+        folder = str(step_dir(directory, done))  # this step, not the newest
+        train(_finished_pipeline(folder, out, {**identity, "model": name}, steps))
         return done, name
     if model_spec(name).encoder_decoder:  # trained whole, data-parallel only
         with torch.random.fork_rng(devices=[]):
@@ -105,8 +116,8 @@ def _model_to_build(directory: str, recorded: str, given: str | None) -> str:
 def _finished_pipeline(
     directory: str, out: str, identity: dict[str, Any], steps: int
 ) -> TrainConfig:
-    """The emulated run of ``steps`` that resumes a pipeline's checkpoint after its last
-    step and saves."""
+    """The emulated run of ``steps`` that resumes a pipeline's checkpoint (the step folder
+    ``directory``) after its last step and saves."""
     return TrainConfig(
         identity["model"],
         batch=identity["batch"],

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pipeswap.checkpoint import CheckpointPlan, check_identity, latest_complete, step_dir
+from pipeswap.checkpoint import (
+    CheckpointPlan,
+    check_identity,
+    latest_complete,
+    split_step_dir,
+    step_dir,
+)
 from pipeswap.config_fields import leaf_fields, require
 from pipeswap.dist.group import broadcast_from_rank0
 from pipeswap.models.load import same_model_directory
@@ -28,7 +34,8 @@ def checkpointing(
     settings = config.checkpoint
     resume = None
     if settings.resume is not None:
-        found = latest_complete(settings.resume)
+        root, step = split_step_dir(settings.resume)  # a step folder: that step
+        found = latest_complete(root, step)
         require(
             found is not None,
             f"{{resume}} {settings.resume}: no complete checkpoint there (a step folder whose "
@@ -45,7 +52,7 @@ def checkpointing(
             "for a longer run (synchronous schedules and data parallelism continue for more "
             "steps)",
         )
-        where = f"the checkpoint {step_dir(settings.resume, done)}"
+        where = f"the checkpoint {step_dir(root, done)}"
         require(
             done <= config.steps,
             f"{{resume}} {settings.resume} has done {done} steps, more than this run's "
@@ -58,7 +65,7 @@ def checkpointing(
         if same_model_directory(str(recorded.get("model")), config.model, model_names()):
             compared["model"] = recorded["model"]  # the same directory, named another way
         check_identity(manifest, compared, where, identity_fields(identity))
-        resume = (settings.resume, done)
+        resume = (root, done)
     target = settings.target
     plan = None
     if target is not None:

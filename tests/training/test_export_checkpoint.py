@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeswap.cli import main
 from pipeswap.dist.digest import params_sha256
@@ -93,3 +94,24 @@ def test_a_user_model_exports_when_the_user_names_it(
     monkeypatch.chdir(tmp_path)
     assert main(["export", str(ckpt), "--out", str(out), "--model", "gpt"]) == 0
     assert params_sha256(build_model(str(out))) != params_sha256(build_model(source))
+
+
+@pytest.mark.parametrize("mode", [["--nproc", "1"], ["--pipeline", "2", "--emulate"]])
+def test_a_step_folder_exports_that_step(tmp_path: Path, mode: list[str]) -> None:
+    # Before: export read only the newest step ("no complete checkpoint there" for a step
+    # folder), so an earlier (or the last good) step could not be had.
+    from pipeswap.models.export import load_saved
+
+    argv = ["train", "--model", "gpt2-micro", "--seq-len", "8", "--batch", "2", *mode]
+    argv += ["--eval-batches", "0", "--lr-decay-steps", "3"]
+    ckpt, alone = tmp_path / "ck", tmp_path / "alone"
+    assert (
+        main([*argv, "--steps", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]) == 0
+    )
+    assert main([*argv, "--steps", "2", "--save", str(alone)]) == 0
+    out = tmp_path / "out"
+    assert main(["export", str(ckpt / "step-00000002"), "--out", str(out)]) == 0
+    exported, saved = load_saved(str(out)), load_saved(str(alone))
+    assert saved.keys() == exported.keys()
+    assert all(torch.equal(saved[name], exported[name]) for name in saved)
+    assert (ckpt / "step-00000003").is_dir()  # the newest is left as it was

@@ -172,6 +172,22 @@ def test_a_hugging_face_model_resumes_as_if_left_alone(
     _same_run(_report(tmp_path / "r.json"), _report(tmp_path / "alone.json"))
 
 
+def test_a_step_folder_resumes_from_that_step(tmp_path: Path) -> None:
+    # Before: "--resume .../step-00000002: no complete checkpoint there".
+    base = [*DP[:9], "--nproc", "1", "--lr-decay-steps", "4"]
+    ckpt, resumed, alone = tmp_path / "ck", tmp_path / "r.json", tmp_path / "a.json"
+    assert (
+        main([*base, "--steps", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]) == 0
+    )
+    again = ["--resume", str(ckpt / "step-00000002"), "--checkpoint-every", "1"]
+    assert main([*base, "--steps", "4", *again, "--report", str(resumed)]) == 0
+    assert main([*base, "--steps", "4", "--report", str(alone)]) == 0
+    _same_run(_report(resumed), _report(alone))
+    # Its checkpoints go to the run's directory, never into the step folder.
+    assert (ckpt / "step-00000004").is_dir()
+    assert not any(p.name.startswith("step-") for p in (ckpt / "step-00000002").iterdir())
+
+
 def test_a_model_directory_named_another_way_resumes(tmp_path: Path) -> None:
     # Before: "--model ... was written with {model} '/tmp/.../gpt', but this run has
     # '/tmp/.../link/'": the directory was compared as text.
