@@ -43,12 +43,14 @@ _PUBLIC = {
     "SwapConfig": "pipeswap.swap.swap_config",
     "OptimizerConfig": "pipeswap.optim",
     "CheckpointConfig": "pipeswap.checkpoint",
+    "ConfigError": "pipeswap.config_fields",
     "TrainConfig": "pipeswap.train_config",
     "train": "pipeswap.training.run",
 }
 
 __all__ = [
     "CheckpointConfig",
+    "ConfigError",
     "OptimizerConfig",
     "Pipeline",
     "PipelineConfig",
@@ -68,6 +70,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from pipeswap.checkpoint import CheckpointConfig
+    from pipeswap.config_fields import ConfigError
     from pipeswap.hardware.presets import preset
     from pipeswap.models.adapt import adapt
     from pipeswap.models.registry import build_model

@@ -83,8 +83,10 @@ def test_the_quickstart_uses_only_public_names() -> None:
 
 
 def test_every_public_name_resolves_and_is_documented() -> None:
-    # Few: the run's five configs (TrainConfig and its components) and the mechanisms.
-    assert 10 <= len(pipeswap.__all__) <= 16
+    # Few: the run's five configs (TrainConfig and its components), the mechanisms and the
+    # two errors a user catches (ConfigError: a refused setting, as tracebacks name it).
+    assert 10 <= len(pipeswap.__all__) <= 17
+    assert issubclass(pipeswap.ConfigError, pipeswap.PipeswapError)
     for name in pipeswap.__all__:
         if name.startswith("__"):
             continue
