@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten
 from pipeswap.profiling.meter import MemoryMarks
 from pipeswap.profiling.profile import StepMemory
 
-__all__ = ["BlockTiming", "time_blocks"]
+__all__ = ["BlockTiming", "time_blocks", "watch_backward_end"]
 
 
 @dataclass
@@ -42,6 +42,8 @@ class BlockTiming:
     forward_done: bool = False
     # Called once the backward has ended (the CPU's storage count stops there).
     on_backward_end: Callable[[], None] | None = None
+    # time_blocks's note of the backward's first gradient (watch_backward_end).
+    backward_reached: Callable[[torch.Tensor], None] | None = None
 
     def complete(self, names: list[str]) -> bool:
         return self.ended is not None and all(
@@ -61,8 +63,9 @@ class BlockTiming:
         peaks = dict(marks.peaks)
         # A layer with no backward (a frozen prefix) comes last in the backward: the end of
         # the backward is read as the first layer's that has one.
-        later = next((m for m in names if m not in self.no_backward), None)
-        if later is not None and f"b:{later}" in peaks:
+        # (Every layer frozen, only the head trains: the whole backward is the first's.)
+        later = next((m for m in names if m not in self.no_backward), names[0])
+        if f"b:{later}" in peaks:
             for n in self.no_backward.intersection(names):
                 peaks.setdefault(f"b:{n}", peaks[f"b:{later}"])
         wanted = [f"f:{n}" for n in names] + [f"b:{n}" for n in names] + ["turn"]
@@ -130,6 +133,19 @@ def time_blocks(
     def timed() -> bool:  # a forward that saves nothing, or after the timed one, is not
         return torch.is_grad_enabled() and not timing.forward_done
 
+    queued: list[bool] = []
+
+    def note_end() -> None:  # at the backward's first gradient: note when it ends
+        if not queued:
+            queued.append(True)
+            torch.autograd.Variable._execution_engine.queue_callback(ended)
+
+    def reached(grad: torch.Tensor) -> None:  # (watch_backward_end: no layer's backward)
+        if not queued:
+            close("turn")
+            note_end()
+
+    timing.backward_reached = reached
     for name, layer in layers.items():
 
         def forward_pre(m: nn.Module, a: Any, n: str = name) -> None:
@@ -139,9 +155,7 @@ def time_blocks(
             timing.started[(n, "forward")] = now()
 
         def started_backward(grad: torch.Tensor, n: str = name) -> None:
-            if not timing.backward_started:  # the first: note when the backward ends
-                queue = torch.autograd.Variable._execution_engine.queue_callback
-                queue(ended)
+            note_end()
             if n not in timing.backward_started:
                 close("turn" if n not in following else f"b:{following[n]}")
             timing.backward_started.setdefault(n, now())
@@ -172,3 +186,14 @@ def time_blocks(
             )
         )
     return handles
+
+
+def watch_backward_end(timing: BlockTiming, output: Any, names: list[str]) -> list[Any]:
+    """When no layer has a backward (every block frozen, the head alone trains: a linear
+    probe), the backward's start and end are read off the model's ``output`` instead, so
+    the step still ends (its layers save nothing); the handles to remove."""
+    if timing.backward_reached is None or not set(names) <= timing.no_backward:
+        return []
+    leaves = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+    wanted = next((t for t in leaves if t.requires_grad), None)
+    return [] if wanted is None else [wanted.register_hook(timing.backward_reached)]

@@ -64,6 +64,9 @@ class CapturedSavedTensor:
     # loop that holds its outputs through the backward keeps it on the device whatever a
     # plan does with the saved tensor.
     returned: bool = False
+    # The storage is one of the tensors the model was called with (SavedTensorCapture.
+    # giving): the loop that passed it holds it through the step whatever a plan does.
+    given: bool = False
 
 
 @dataclass
@@ -131,6 +134,7 @@ class SavedTensorCapture:
         self._hooks: Any = None
         self._final: dict[str, list[CapturedSavedTensor]] | None = None
         self._returned: set[int] = set()  # storage keys of the forward's outputs
+        self._given: set[int] = set()  # storage keys of the tensors it was called with
         self.twins = CastTwins()  # as the swap runtime keeps them: once
 
     # ---- hooks --------------------------------------------------------------------
@@ -222,6 +226,11 @@ class SavedTensorCapture:
         are still unique): each saved storage among theirs is ``returned`` in its record."""
         self._returned.update(storage_key(t) for t in tensors)
 
+    def giving(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Note the tensors the model is called with (while the capture runs): each saved
+        storage among theirs is ``given`` in its record."""
+        self._given.update(storage_key(t) for t in tensors)
+
     # ---- results ------------------------------------------------------------------
     def _owner(self, key: int) -> str:
         return self._seen[key].savers[-1]
@@ -239,6 +248,7 @@ class SavedTensorCapture:
                     dtype=self._seen[key].dtype,
                     also_saved_by=tuple(self._seen[key].savers[:-1]),
                     returned=key in self._returned,
+                    given=key in self._given,
                 )
                 for index, key in enumerate(owned)
             ]

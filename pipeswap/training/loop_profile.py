@@ -85,10 +85,14 @@ def loop_profile(
 def saved_tensors(
     records: Iterable[CapturedSavedTensor], *, outputs_held: bool
 ) -> tuple[SavedTensor, ...]:
-    """A layer's saved tensors as a profile lists them: those a loop holding its outputs
-    keeps on the device anyway (``returned``, with ``outputs_held``) left out."""
+    """A layer's saved tensors as a profile lists them: those the loop keeps on the device
+    anyway left out: the tensors it called the model with (``given``: its batch, the
+    ``inputs_embeds`` it made), and its outputs where it holds them (``returned``, with
+    ``outputs_held``)."""
     return tuple(
-        SavedTensor(r.index, r.bytes) for r in records if not (outputs_held and r.returned)
+        SavedTensor(r.index, r.bytes)
+        for r in records
+        if not (r.given or (outputs_held and r.returned))
     )
 
 

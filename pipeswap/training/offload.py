@@ -15,7 +15,7 @@ from pipeswap.config_fields import ConfigError
 from pipeswap.dist.ddp import unwrap
 from pipeswap.errors import PipeswapError
 from pipeswap.models.blocks import every_stack
-from pipeswap.profiling.block_timing import BlockTiming, time_blocks
+from pipeswap.profiling.block_timing import BlockTiming, time_blocks, watch_backward_end
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.learning import SAID, learning_step
@@ -248,13 +248,12 @@ class Offload:
         self.shapes.trainable_changed(self.model)
         self.shapes.outputs_held(self._outputs.held())
         self.shapes.grads_held(self.model, self._device())  # before planning: counted once
+        signature = self._signature(args, kwargs)
         if self._timed is not None:  # the previous step learnt a shape: plan it now
             (timed, call, timing), self._timed = self._timed, None
             memory = timing.step_memory(self.layer_names, held_bytes)
+            call = (args, kwargs) if timed == signature else call  # (the last one can go)
             self.shapes.plan(timed, call, timing, memory, **self._plan_settings())
-        signature = loop_calls.signature(
-            args, kwargs, self._device(), loop_calls.modes_of(self.model)
-        )
         covering, planned = self.shapes.serving(signature, args, kwargs, self._device())
         self._last_call = {
             "shape": describe(signature),
@@ -296,7 +295,9 @@ class Offload:
             return
         self._outputs.watch(output)
         if self._timed is not None and torch.is_grad_enabled():
-            self._timed[2].forward_done = True  # a forward before the backward is not timed
+            timing = self._timed[2]
+            self._timing_hooks += watch_backward_end(timing, output, self.layer_names)
+            timing.forward_done = True  # a forward before the backward is not timed
         if self._step is not None:
             step, self._step = self._step, None
             step.__exit__(None, None, None)
@@ -342,9 +343,7 @@ class Offload:
         self.shapes.trainable_changed(self.model)
         self.meter.end_count()  # the step run aside is not the user's
         started = time.perf_counter()
-        signature = loop_calls.signature(
-            args, kwargs, self._device(), loop_calls.modes_of(self.model)
-        )
+        signature = self._signature(args, kwargs)
         timing, memory = self.planner.aside(args, kwargs, state_bytes=self._unseen_state())
         self.shapes.plan(
             signature, (args, kwargs), timing, memory, aside=True, **self._plan_settings()
@@ -362,6 +361,9 @@ class Offload:
             "state_bytes": self._unseen_state() + self.shapes.grad_bytes,
             "check_memory": self.check_memory,
         }
+
+    def _signature(self, args: Any, kwargs: Any) -> Signature:
+        return loop_calls.signature(args, kwargs, self._device(), loop_calls.modes_of(self.model))
 
     def _unseen_state(self) -> int:
         return loop_calls.unseen_state_bytes(self.model, self.optimizer, self.optimizers)

@@ -139,3 +139,41 @@ def test_a_loop_holding_outputs_its_layers_save_keeps_the_budget() -> None:
     assert all(torch.equal(a, b) for a, b in zip(weights, plain_weights, strict=True))
     assert max(peaks[1:]) <= stats["budget_bytes"] * 1.02, (peaks, stats["budget_bytes"])
     assert not [w for w in said if "pipeswap.offload" in str(w.message)]
+
+
+@pytest.mark.parametrize("policy", ["auto", "disjoint"])
+def test_the_tensors_a_loop_calls_its_model_with_are_never_counted_as_freed(policy: str) -> None:
+    """A loop that makes ``inputs_embeds`` itself holds them through the backward, and the
+    first layer saves them: swapping them freed nothing, and every planned step held
+    1.0087x the budget (exactly the embeddings' bytes over the prediction)."""
+    pytest.importorskip("transformers")
+    from tests.training.test_loop_shapes import VOCAB, _llama
+
+    def run(planned: bool) -> tuple[list[float], list[torch.Tensor], Any, list[int]]:
+        model = _llama(hidden=128)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        off = offload(model, footprint_ratio=1.5, optimizer=opt, policy=policy) if planned else None
+        g = torch.Generator().manual_seed(1)
+        losses, peaks = [], []
+        for _ in range(4):
+            ids = torch.randint(0, VOCAB, (4, 128), generator=g)
+            pools = [] if off is None else off.host_pools()
+            with DeviceMeter("cpu", holding=(model, opt, ids), exclude=pools) as meter:
+                embeds = model.get_input_embeddings()(ids)
+                with off or nullcontext():
+                    loss = model(inputs_embeds=embeds, labels=ids).loss
+                loss.backward()  # (``embeds`` held through it)
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.item())
+            peaks.append(meter.peak)
+        return losses, [p.detach() for p in model.parameters()], off, peaks
+
+    plain_losses, plain_weights, _, _ = run(False)
+    losses, weights, off, peaks = run(True)
+    stats = off.stats()
+    assert stats["planned_shape"] is not None and stats["swapped_bytes"] > 0
+    assert losses == plain_losses
+    assert all(torch.equal(a, b) for a, b in zip(weights, plain_weights, strict=True))
+    assert max(peaks[1:]) <= stats["budget_bytes"], (peaks, stats["budget_bytes"])
+    off.close()

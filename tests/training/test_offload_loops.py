@@ -164,6 +164,38 @@ def test_frozen_first_blocks_have_no_backward_and_are_planned(frozen: int) -> No
     off.close()
 
 
+def test_every_block_frozen_the_head_alone_training_is_planned_or_refused() -> None:
+    """A linear probe: no block has a backward; the step still ends at the head's. Before:
+    each call was learnt again, no budget held or refused, and a warning blamed a teacher."""
+    plain = _frozen_loop(_Net(4), nullcontext)
+    model = _Net(4)
+    off = offload(model, footprint_ratio=1.5, policy="auto")
+    with pytest.raises(ConfigError, match="the smallest budget that works is ") as refused:
+        _frozen_loop(model, lambda: off)
+    off.close()
+    smallest = int(str(refused.value).split("the smallest budget that works is ")[1].split()[0])
+    model = _Net(4)
+    off = offload(model, gpu_memory=smallest, policy="auto")
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    losses, peaks = [], []
+    for _ in range(4):
+        x = torch.randn(16, 128, 64, generator=generator)
+        with DeviceMeter("cpu", holding=(model, optimizer, x), exclude=off.host_pools()) as meter:
+            with off:
+                loss = model(x)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        peaks.append(meter.peak)
+    assert _equal((losses, [p.detach().clone() for p in model.parameters()]), plain)
+    stats = off.stats()
+    assert (stats["learning_steps"], stats["plans"], stats["steps"]) == (1, 1, 3)
+    assert max(peaks[1:]) <= smallest
+    off.close()
+
+
 def test_two_offloads_of_one_model_do_not_nest() -> None:
     model = _Net()
     first, second = offload(model, footprint_ratio=1.5), offload(model, footprint_ratio=1.5)

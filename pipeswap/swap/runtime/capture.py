@@ -8,10 +8,11 @@ made from a profile names the same tensors the executor sees.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from pipeswap.errors import PipeswapError
 from pipeswap.models.state import untouched
@@ -182,10 +183,19 @@ def _capture(
     else:
         resident = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
         capture = _TaggingCapture(view, inner, resident)
+
     # The pass leaves no trace: buffers (BatchNorm statistics), modes and random state
     # are put back, as the profiler does.
+    def called_with(module: nn.Module, args: Any, kwargs: Any) -> None:
+        # What the loop called the model with, it holds through the step: never freed.
+        capture.giving(t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor))
+
+    handle = model.register_forward_pre_hook(called_with, with_kwargs=True)
     with untouched(model, check=False), capture:
-        loss = forward_loss()
+        try:
+            loss = forward_loss()
+        finally:
+            handle.remove()
         # What a loop may hold of the output beyond the backward (the loss aside): the saved
         # storages among its tensors are marked, as long as they are the output's.
         given = output_loss(loss)

@@ -139,18 +139,20 @@ def step_budget(
     profile's (none without one); with them, a re-run's copy of its output (saved by its
     last op, owned by the next layer) takes the room its working set has for it, as in the
     planner's model, so only what the layer owns counts (``own_rerun_bytes``). A tensor the
-    forward returns that the profile does not list as saved counts where the profile does."""
+    forward returns (or was called with) that the profile does not list as saved counts
+    where the profile does."""
     transient: Sequence[int] = [0] * len(names)
     backward: Sequence[int] = ()
     resident = 0 if profile is None else profile.resident_bytes
     floor = turn = 0
     rerun = rerun_bytes
     if profile is not None and profile.layer_names == names:
-        # A saved storage the forward returns that the profile leaves out (a loop that
-        # holds its outputs, pipeswap.training.loop_profile) is in its working sets.
+        # A saved storage the forward returns, or the model was called with, that the
+        # profile leaves out (the loop holds it, pipeswap.training.loop_profile) is in its
+        # working sets.
         listed = {(la.name, t.index) for la in profile.layers for t in la.saved}
         records = {
-            name: [r for r in recs if not r.returned or (name, r.index) in listed]
+            name: [r for r in recs if not (r.returned or r.given) or (name, r.index) in listed]
             for name, recs in records.items()
         }
         transient = [la.workspace_bytes + la.output_bytes for la in profile.layers]
