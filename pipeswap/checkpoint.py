@@ -134,8 +134,7 @@ class CheckpointConfig:
         return tuple(dict.fromkeys(d for d in (self.target, self._resume_root) if d is not None))
 
     @property
-    def _resume_root(self) -> str | None:
-        """The checkpoint directory ``resume`` names (itself, or a step folder's parent)."""
+    def _resume_root(self) -> str | None:  # (``resume``, or its step folder's parent)
         return None if self.resume is None else split_step_dir(self.resume)[0]
 
 
@@ -251,8 +250,7 @@ def latest_complete(
 
 
 def split_step_dir(path: str | os.PathLike[str]) -> tuple[str, int | None]:
-    """(the checkpoint directory, the step) of a path that names one step's folder
-    (``ckpt/step-00000200``); (path, None) for a checkpoint directory itself."""
+    """(directory, step) of a step's folder (``ckpt/step-00000200``); else (path, None)."""
     folder = Path(path)
     named = _STEP_DIR.match(folder.name)
     if named is None or not (folder / "manifest.json").is_file():
