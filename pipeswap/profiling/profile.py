@@ -52,6 +52,9 @@ class LayerProfile:
     selective_kept_bytes: int | None = None
     selective_rerun_bytes: int | None = None
     selective_rerun_s: float | None = None
+    # The attributes of its modules its forward leaves holding a tensor that carries the
+    # graph (comma separated; pipeswap.swap.runtime.held_state): never recomputed.
+    held_state: str | None = None
 
     @property
     def saved_bytes(self) -> int:
@@ -114,6 +117,7 @@ class LayerProfile:
                 obj, "selective_rerun_bytes", where, fields.count_field
             ),
             selective_rerun_s=_optional(obj, "selective_rerun_s", where, fields.seconds_field),
+            held_state=_optional(obj, "held_state", where, fields.text_field),
         )
 
 
@@ -124,6 +128,7 @@ _OPTIONAL = (
     "selective_kept_bytes",
     "selective_rerun_bytes",
     "selective_rerun_s",
+    "held_state",
 )
 
 

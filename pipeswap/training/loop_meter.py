@@ -208,9 +208,11 @@ def say_over(planned: ShapePlan, peak: int) -> None:
     warnings.warn(
         f"pipeswap.offload: a step held {format_bytes(peak)}, {peak / budget - 1:.0%} over "
         f"the run's budget of {format_bytes(budget)}: it holds what its plan did not see, "
-        "as a second backward through the graph (a gradient penalty, create_graph=True) "
-        "or a wrapper's own buffers do; give a smaller budget to keep such steps within "
-        "the device",
+        "as a second backward through the graph (a gradient penalty, create_graph=True), "
+        "a wrapper's own buffers, or state a recomputed layer keeps past its forward "
+        "outside its own modules (a tensor carrying the graph, which holds its re-run's "
+        "saved tensors until the next forward) do; give a smaller budget to keep such "
+        "steps within the device",
         RuntimeWarning,
         stacklevel=4,
     )

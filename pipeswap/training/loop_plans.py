@@ -59,8 +59,7 @@ class LoopPlanner:
     # A search (auto, mip) takes at most this many of the profile's steps (None: the
     # config's time limit alone), and never less than MIN_SEARCH_S.
     search_steps: float | None = None
-    # Steps run aside hold the model's outputs through their backward, and profiles count
-    # the saved storages among them as held (HeldOutputs): until the loop drops them.
+    # Steps run aside hold the model's outputs, as profiles count them (HeldOutputs).
     keep_outputs: bool = True
     # The most a measured step held over its plan's budget, as a fraction of the budget:
     # what the profiles miss; every later plan is made that much tighter from the start.
@@ -166,7 +165,7 @@ class LoopPlanner:
         the meter's readings; None: a step run aside's, with ``state_bytes`` added). ``shape``
         names it in messages, ``fits`` the largest planned within the budget (None: first)."""
         started = time.perf_counter()
-        records, kept, rerun, choices = self.name_tensors(*call)
+        records, kept, rerun, choices, held = self.name_tensors(*call)
         if memory is None:
             memory = self.aside(*call, step_peak_bytes, state_bytes=state_bytes)[1]
         memory = None if memory is None else memory.moved(self.unseen_bytes)
@@ -182,6 +181,7 @@ class LoopPlanner:
             rerun=rerun,
             choices=choices,
             outputs_held=self.keep_outputs,
+            held=held,
         )
         planned = self.settle(profile, call, started, shape=shape, fits=fits, check=check_memory)
         self.shared_made = True

@@ -32,6 +32,7 @@ def loop_profile(
     rerun: dict[str, int],
     choices: Mapping[str, SelectiveChoice] | None = None,
     outputs_held: bool = False,
+    held: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Profile:
     """The planner's view of one shape: each layer's times, saved tensors and parameters
     (those outside the layers count with the first, as resident memory), what recomputing
@@ -44,7 +45,8 @@ def loop_profile(
     (loop_calls.HeldOutputs), so a saved storage that is one of them (``returned``: the
     attention maps a model returns and its next matmul saves, a hidden state the next
     layer saves) stays on the device whatever a plan does: it is no saved tensor to swap
-    or free by recomputing, and counts where the meter read it, in the working sets."""
+    or free by recomputing, and counts where the meter read it, in the working sets.
+    ``held``: per layer, the attributes its forward left holding the graph."""
     names = list(layers)
     seen: set[int] = set()
     params: dict[str, int] = {}
@@ -52,7 +54,7 @@ def loop_profile(
         params[name] = _new_bytes(layer.parameters(), seen)
     params[names[0]] += _new_bytes(model.parameters(), seen)
     backward_s = timing.backward_s(names)
-    sizes = RecomputeSizes(records, kept, rerun, dict(choices or {}))
+    sizes = RecomputeSizes(records, kept, rerun, dict(choices or {}), dict(held or {}))
     profiled = tuple(
         LayerProfile(
             name=name,

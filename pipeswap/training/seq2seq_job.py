@@ -112,21 +112,22 @@ class Seq2SeqJob:
             return model(inputs)
 
         with untouched(model):
-            records, kept, rerun, choices = measure_recomputation(model, layers, names, forward)
+            sizes = measure_recomputation(model, layers, names, forward)
         timing, memory = module_step_memory(
             model, forward, layers, device, optimizer, holding=(model, inputs, targets)
         )
         profile = loop_profile(
             model,
             layers,
-            records,
+            sizes.records,
             timing,
             ((inputs,), {}),
             optimizer=optimizer,
             memory=memory,
-            kept=kept,
-            rerun=rerun,
-            choices=choices,
+            kept=sizes.kept,
+            rerun=sizes.rerun,
+            choices=sizes.choices,
+            held=sizes.held,
         )
         return replace(profile, seq_len=self.seq_len, notes={"source": _NOTE})
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pipeswap.config_fields import require
 from pipeswap.hardware.topology import Topology
 from pipeswap.swap.plan.policy_table import policy_entry
-from pipeswap.swap.plan.refused import BudgetRefused
+from pipeswap.swap.plan.refused import BudgetRefused, never_recomputed
 from pipeswap.swap.plan.workload import Workload
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.units import format_bytes
@@ -51,11 +51,12 @@ def resolve_budget(
         return budget  # a baseline plans by its rule; its peak is checked against the budget
     least = policy.least_budget(workload)
     if budget < least:
+        held = never_recomputed(workload) if policy.recomputes else ""
         raise BudgetRefused(
             f"a budget of {budget} bytes ({format_bytes(budget)}) per GPU is below what "
             f"{workload.model} can never swap or recompute with policy {config.policy} "
             "(parameters, gradients, optimizer state, the working sets, the least one layer "
-            "holds)",
+            f"holds{'; ' + held if held else ''})",
             floor=least - 1,
             peak=peak,
             smallest=least,

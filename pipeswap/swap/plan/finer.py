@@ -31,7 +31,7 @@ def plan_finer(case: Case, *, selective: bool = True) -> Assignment | None:
     not fit either."""
     workload = case.workload
     n = workload.num_layers
-    state = dict.fromkeys(range(n), WHOLE)
+    state = {i: WHOLE if i in workload.recomputable else KEPT for i in range(n)}
     if not _fits(workload, state, case.budget_bytes):
         return None
     moves = _moves(workload, selective and workload.can_select)

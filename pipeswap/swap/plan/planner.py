@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -21,7 +22,7 @@ from pipeswap.swap.plan.case import Case
 from pipeswap.swap.plan.policies import fits as assignment_fits
 from pipeswap.swap.plan.policies import need_bytes
 from pipeswap.swap.plan.policy_table import Policy, policy_entry
-from pipeswap.swap.plan.refused import BudgetRefused
+from pipeswap.swap.plan.refused import BudgetRefused, never_recomputed
 from pipeswap.swap.plan.scoring import Scored
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.swap_config import SwapConfig
@@ -233,9 +234,12 @@ def make_plan(
 
     try:
         case = make_case(profile, topology, config, gpus=gpus, sync_every=sync_every)
-        return plan_case(case, profile, config.policy, time_limit_s=config.time_limit_s)
+        result = plan_case(case, profile, config.policy, time_limit_s=config.time_limit_s)
     except BudgetRefused as refused:  # named: the smallest budget the policy plans
         raise naming_smallest(refused, plans_at) from None
+    if config.policy == "recompute" and result.fits and (held := never_recomputed(case.workload)):
+        warnings.warn(f"pipeswap: with policy recompute, {held}", RuntimeWarning, stacklevel=2)
+    return result
 
 
 def plan_case(case: Case, profile: Profile, policy: str, *, time_limit_s: float) -> PlanResult:
@@ -250,6 +254,8 @@ def plan_case(case: Case, profile: Profile, policy: str, *, time_limit_s: float)
         # The smallest budget the planner accepts is a bound no plan can go below; this
         # policy's plans did not reach it.
         recomputes = "" if entry.recomputes else ", or a policy that also recomputes (hybrid)"
+        if entry.recomputes and (held := never_recomputed(case.workload)):
+            recomputes += f"; {held}"
         raise BudgetRefused(
             f"no plan of policy {policy} fits a budget of {case.budget_bytes} bytes "
             f"({format_bytes(case.budget_bytes)}): {first_line(exc)}; give a larger "
@@ -275,7 +281,8 @@ def _score_unchecked(case: Case, profile: Profile, policy: Policy, started: floa
     need = need_bytes(case, assignment)
     notes = {
         "failure": f"does not fit: {policy.peak} {need} bytes ({format_bytes(need)}) exceeds "
-        f"the budget {case.budget_bytes} bytes ({format_bytes(case.budget_bytes)})",
+        f"the budget {case.budget_bytes} bytes ({format_bytes(case.budget_bytes)})"
+        + (f" ({held})" if policy.recomputes and (held := never_recomputed(case.workload)) else ""),
         "least_bytes": need,
     }
     return _summarize(

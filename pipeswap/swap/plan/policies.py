@@ -274,9 +274,10 @@ def with_best_offset(
 def plan_recompute(case: Case) -> Assignment:
     """Recomputation of every block, nothing swapped (the baseline users write with
     ``torch.utils.checkpoint``): each GPU keeps only every layer's input. It may not
-    fit the budget (the planner then says so)."""
+    fit the budget (the planner then says so). A layer that keeps state past its forward
+    (``Workload.held_state``) is kept whole: recomputing it would free nothing."""
     return Assignment(
-        {gpu: () for gpu in case.gpus}, recompute=_everywhere(case, range(case.workload.num_layers))
+        {gpu: () for gpu in case.gpus}, recompute=_everywhere(case, case.workload.recomputable)
     )
 
 

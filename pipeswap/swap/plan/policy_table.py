@@ -100,7 +100,7 @@ def _finer(case: Case) -> Assignment:
 def _all_recomputed(workload: Workload) -> int:
     """What every block recomputed whole holds, nothing swapped: the least a plan of
     recomputation alone reaches."""
-    return workload.recomputing(range(workload.num_layers)).no_swap_peak_bytes()
+    return workload.recomputing(workload.recomputable).no_swap_peak_bytes()
 
 
 def _remembered(name: str) -> Callable[[Case], Assignment]:

@@ -6,9 +6,27 @@ from __future__ import annotations
 from typing import Any
 
 from pipeswap.config_fields import ConfigError
+from pipeswap.swap.plan.workload import Workload
 from pipeswap.units import format_bytes, format_ratio_at_most
 
-__all__ = ["BudgetRefused"]
+__all__ = ["BudgetRefused", "never_recomputed"]
+
+
+def never_recomputed(workload: Workload) -> str:
+    """Why the layers that keep state past their forward are never recomputed, naming
+    each and its attributes ("" where none does): for a refusal or a warning."""
+    held = [f"{workload.names[i]!r} ({workload.held(i)})" for i in range(workload.num_layers)]
+    held = [h for i, h in enumerate(held) if workload.held(i)]
+    if not held:
+        return ""
+    many = len(held) > 1
+    return (
+        f"layer{'s' if many else ''} {', '.join(held)} {'are' if many else 'is'} never "
+        f"recomputed: {'each' if many else 'its'} forward leaves a tensor carrying the "
+        "autograd graph in that attribute of its module (state kept past the forward), "
+        "which would hold the re-run's saved tensors until the next forward; drop or "
+        "detach that state after the forward to let it be recomputed"
+    )
 
 
 class BudgetRefused(ConfigError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeswap.errors import PipeswapError
 from pipeswap.profiling.profile import Profile
@@ -91,7 +91,8 @@ def stage_costs(
             f"{len(profile.layers)}"
         )
     workload = workload_from_profile(profile)
-    everything = workload.recomputing(range(workload.num_layers))
+    # (A stage plan recomputes by its own rule: the state a layer keeps is not weighed.)
+    everything = replace(workload, held_state=()).recomputing(range(workload.num_layers))
     scale = 1.0 / micro_batches
     kind, mode = schedule_kind(schedule), weight_mode(weights)
     n = len(balance)

@@ -50,6 +50,12 @@ class Workload:
       backward i, before layer i-1's re-run starts, so consecutive recomputed layers never
       hold one tensor twice.
 
+    A layer whose forward leaves a tensor carrying its graph on a module (``held_state``:
+    the attributes; pipeswap.swap.runtime.held_state) is never recomputed: its re-run's
+    saved tensors would stay held through that graph until the next forward, piling up
+    through the backward. It frees nothing (``freed_bytes``), no policy chooses it
+    (``recomputable``), and :meth:`recomputing` refuses it.
+
     ``saved_bytes`` are the bytes each layer holds from its forward to its backward (the
     kept input for a recomputed layer); ``all_saved_bytes`` ignore recomputation. A
     recomputed layer has no tensor to swap (``swappable``).
@@ -98,6 +104,17 @@ class Workload:
     # Per layer, the gradients held when its backward starts (the later layers' and the
     # head's) beyond the resident bytes; empty: none (an estimate counts them resident).
     gradient_bytes: tuple[int, ...] = ()
+    # Per layer, the attributes its forward leaves holding the graph ("": none).
+    held_state: tuple[str, ...] = ()
+
+    @cached_property
+    def recomputable(self) -> tuple[int, ...]:
+        """The layers a plan may recompute: all but those that keep state (``held_state``)."""
+        return tuple(i for i in range(self.num_layers) if not self.held(i))
+
+    def held(self, layer: int) -> str:
+        """The attributes ``layer``'s forward leaves holding the graph ("": none)."""
+        return self.held_state[layer] if self.held_state else ""
 
     @cached_property
     def backward_working(self) -> tuple[int, ...]:
@@ -139,8 +156,12 @@ class Workload:
 
     @cached_property
     def freed_bytes(self) -> tuple[int, ...]:
-        """Per layer: forward memory that recomputing it frees (negative: it costs memory)."""
-        return tuple(s - k for s, k in zip(self.all_saved_bytes, self.kept_bytes))
+        """Per layer: forward memory that recomputing it frees (negative: it costs memory;
+        none for a layer that keeps state, which is never recomputed)."""
+        return tuple(
+            0 if self.held(i) else s - k
+            for i, (s, k) in enumerate(zip(self.all_saved_bytes, self.kept_bytes))
+        )
 
     @cached_property
     def saved_bytes(self) -> tuple[int, ...]:
@@ -195,6 +216,11 @@ class Workload:
         key = frozenset(layers)
         if key == self.recompute:
             return self
+        if stateful := sorted(key - set(self.recomputable)):
+            raise PipeswapError(
+                f"layer {self.names[stateful[0]]!r} cannot be recomputed: its forward leaves "
+                f"{self.held(stateful[0])} holding the graph (state kept past the forward)"
+            )
         views = self._views
         if key not in views:
             view = replace(self, recompute=key)
@@ -266,7 +292,7 @@ class Workload:
         ``recomputing`` (a policy that may recompute), recomputing it (its kept input, its
         re-run), with its working set."""
         layers = range(self.num_layers)
-        everything = self.recomputing(layers)
+        everything = self.recomputing(self.recomputable)
         least = max(
             min(
                 self.saved_bytes[i] + self.working_bytes[i],
@@ -368,5 +394,6 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
         floor_bytes=memory.floor_bytes,
         turn_bytes=memory.turn_bytes,
         gradient_bytes=gradients_held(profile),
+        held_state=tuple(layer.held_state or "" for layer in profile.layers),
         **selective_fields(profile),
     )

@@ -108,6 +108,9 @@ class InnerSaves:
         # Per layer: bytes of the casts a step keeps once (pipeswap.profiling.cast_twins)
         # that the layer's forward saved again; its re-run keeps each.
         self.twin_bytes: dict[str, int] = {}
+        # Per layer: its modules' attributes its forward left holding a tensor that carries
+        # the graph (pipeswap.swap.runtime.held_state): recomputing it frees nothing.
+        self.held: dict[str, tuple[str, ...]] = {}
 
     def rerun_bytes(self, layer: str, *, own: bool = False) -> int:
         """Bytes a re-run of ``layer`` saves anew: everything its forward saves except its

@@ -35,6 +35,7 @@ from pipeswap.profiling.saved import CapturedSavedTensor, storage_key
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.attached import own_forward
 from pipeswap.swap.runtime.capture import InnerSaves, capture_inner, capture_records, step_names
+from pipeswap.swap.runtime.held_state import graph_tensors, set_during
 from pipeswap.swap.runtime.selective import (
     OpRecorder,
     SelectiveChoice,
@@ -120,6 +121,7 @@ class Recomputation:
         self.kept_bytes: dict[str, int] = {}
         self.rerun_bytes: dict[str, int] = {}
         self.own_rerun_bytes: dict[str, int] = {}
+        self.held_state: dict[str, tuple[str, ...]] = {}  # pipeswap.swap.runtime.held_state
         self.active = False
         self.stepping = False  # from a step's start to its finish_step, its backward too
         self._inner: InnerSaves | None = None  # set while capture tags their saves
@@ -176,6 +178,7 @@ class Recomputation:
         self.kept_bytes = {name: n + held.get(name, 0) for name, n in names.kept_bytes.items()}
         self.rerun_bytes = {name: inner.rerun_bytes(name) for name in self.names}
         self.own_rerun_bytes = {name: inner.rerun_bytes(name, own=True) for name in self.names}
+        self.held_state = dict(inner.held)
         for name in self.selective:  # it keeps its dear outputs too, and re-runs the rest
             choice = self.choices[name]
             self.kept_bytes[name] += choice.cached_bytes
@@ -235,11 +238,14 @@ class Recomputation:
                         for t in tree_flatten((args, kwargs))[0]
                         if isinstance(t, torch.Tensor) and t.layout == torch.strided
                     }
+                before = graph_tensors(module)
                 try:
                     with recorder:
                         out = forward(*args, **kwargs)
                 finally:
                     inner.layer, inner.identify = None, None
+                if held := set_during(module, before):
+                    inner.held[name] = held
                 if not isinstance(recorder, OpRecorder):
                     return out
                 # On a GPU the kernels hide selective checkpointing's dispatch; not on a CPU.
@@ -335,12 +341,14 @@ class _ByReference:
 
 class RecomputeSizes(NamedTuple):
     """What each layer saves (named as plans name it), and per layer what recomputing it
-    keeps through the step and what its re-run saves again, whole and selectively."""
+    keeps through the step and what its re-run saves again, whole and selectively; ``held``:
+    the attributes its forward left holding the graph (never recomputed)."""
 
     records: dict[str, list[CapturedSavedTensor]]
     kept: dict[str, int]
     rerun: dict[str, int]
     choices: dict[str, SelectiveChoice]
+    held: dict[str, tuple[str, ...]]
 
     def profile_fields(self, name: str, forward_s: float) -> dict[str, Any]:
         """LayerProfile's recomputation fields for layer ``name`` (forward ``forward_s``):
@@ -349,6 +357,7 @@ class RecomputeSizes(NamedTuple):
         fields: dict[str, Any] = {
             "kept_bytes": self.kept.get(name),
             "rerun_bytes": self.rerun.get(name),
+            "held_state": ", ".join(self.held.get(name, ())) or None,
         }
         choice = self.choices.get(name)
         if choice is not None and name in self.kept:
@@ -379,5 +388,9 @@ def measure_recomputation(
     finally:
         recomputation.remove()
     return RecomputeSizes(
-        records, recomputation.kept_bytes, recomputation.rerun_bytes, recomputation.choices
+        records,
+        recomputation.kept_bytes,
+        recomputation.rerun_bytes,
+        recomputation.choices,
+        recomputation.held_state,
     )

@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 
 from pipeswap.config_fields import ConfigError
+from pipeswap.errors import PipeswapError
 from pipeswap.hardware.presets import preset
 from pipeswap.sim.engine import simulate
 from pipeswap.swap.plan.iteration import build_iteration_graph
@@ -148,3 +149,18 @@ def test_a_timed_optimizer_step_is_the_workloads_step(make_profile) -> None:
     assert workload_from_profile(timed, optimizer_step_s=1.0).optimizer_step_s == 1.0
     # Untimed on a GPU spec: estimated from its memory bandwidth, not 0.25.
     assert workload_from_profile(profile).optimizer_step_s != 0.25
+
+
+def test_a_layer_that_keeps_state_is_never_recomputed() -> None:
+    # Layer 0 leaves a tensor carrying its graph on its module: its re-run would keep what it
+    # saves until the next forward, so it frees nothing and no recompute set may hold it.
+    w = _measured(held_state=("state", ""))
+    assert w.recomputable == (1,) and w.held(0) == "state" and w.held(1) == ""
+    assert w.freed_bytes == (0, 30)
+    with pytest.raises(PipeswapError, match="'a' cannot be recomputed: its forward leaves state"):
+        w.recomputing({0, 1})
+    kept = w.saved_bytes[0] + w.working_bytes[0]  # layer 0 can only be kept (or swapped)
+    view = w.recomputing({1})
+    least = min(w.saved_bytes[1] + w.working_bytes[1], view.saved_bytes[1] + view.working_bytes[1])
+    assert w.min_budget_bytes() == w.resident_bytes + max(kept, least)
+    assert _measured().recomputable == (0, 1)
