@@ -11,7 +11,14 @@ from torch.utils.hooks import RemovableHandle
 
 from pipeswap.errors import PipeswapError
 
-__all__ = ["check_block_paths", "every_stack", "find_blocks", "modules_around", "removed_after"]
+__all__ = [
+    "candidate_layers",
+    "check_block_paths",
+    "every_stack",
+    "find_blocks",
+    "modules_around",
+    "removed_after",
+]
 
 
 def find_blocks(model: nn.Module) -> list[str]:
@@ -46,11 +53,37 @@ def find_blocks(model: nn.Module) -> list[str]:
     if best is None:
         raise PipeswapError(
             f"{type(model).__name__} has no list of 2 or more layers of one class to cut at"
-            f"{shared}; name its blocks (blocks=['encoder.0', 'encoder.1', ...]; from the command line, "
-            "with a module:function that returns pipeswap.adapt(model, blocks=[...]))"
+            f"{shared}; name its blocks (blocks={candidate_layers(model)}, its modules that "
+            "run once a forward, in forward order; from the command line, with a "
+            "module:function that returns pipeswap.adapt(model, blocks=[...]))"
         )
     parent = model.get_submodule(best[2])
     return [f"{best[2]}.{name}" if best[2] else name for name, _ in parent.named_children()]
+
+
+def candidate_layers(model: nn.Module, most: int = 4) -> list[str]:
+    """Paths of ``model``'s own modules a hint can name as its layers: its children that
+    hold parameters, in the order they were made, the largest opened into its own while
+    that names at most ``most`` (a model's body into its embeddings, encoder and head)."""
+
+    def holding(path: str, module: nn.Module) -> list[tuple[str, nn.Module]]:
+        return [
+            (f"{path}.{name}" if path else name, child)
+            for name, child in module.named_children()
+            if next(child.parameters(), None) is not None
+        ]
+
+    def size(module: nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    found = holding("", model)
+    while found:
+        largest = max(range(len(found)), key=lambda i: size(found[i][1]))
+        inner = holding(*found[largest])
+        if not inner or len(found) - 1 + len(inner) > most:
+            break
+        found[largest : largest + 1] = inner
+    return [path for path, _ in found]
 
 
 def every_stack(model: nn.Module) -> list[str]:

@@ -254,6 +254,11 @@ class SavedTensorCapture:
             ]
         return records
 
+    @property
+    def saved_keys(self) -> frozenset[int]:
+        """The storage keys of every saved storage seen (unique while the capture runs)."""
+        return frozenset(self._seen)
+
     def records(self) -> dict[str, list[CapturedSavedTensor]]:
         """Saved tensors per layer name (every layer present, in forward order)."""
         if self._final is None:

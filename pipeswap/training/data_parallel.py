@@ -40,7 +40,7 @@ from pipeswap.profiling.step import dtype_name
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import make_plan
 from pipeswap.swap.runtime.learning import learnt_by
-from pipeswap.swap.runtime.recompute import measure_recomputation
+from pipeswap.swap.runtime.recompute_sizes import measure_recomputation
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.dp_rank import train_rank
 from pipeswap.training.dp_result import RankResult, measured_step_s

@@ -23,7 +23,7 @@ from pipeswap.swap.plan.planner import PlanResult, make_plan
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.learning import learning_step, learnt_by
-from pipeswap.swap.runtime.recompute import RecomputeSizes, measure_recomputation
+from pipeswap.swap.runtime.recompute_sizes import RecomputeSizes, measure_recomputation
 from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.training.data_parallel import swap_topology
 from pipeswap.training.loop_calls import cut_from_caller, offload_names, on_host

@@ -13,7 +13,7 @@ from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor, StepMemory
 from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.profiling.step import dtype_name, optimizer_state_bytes
-from pipeswap.swap.runtime.recompute import RecomputeSizes
+from pipeswap.swap.runtime.recompute_sizes import RecomputeSizes
 from pipeswap.swap.runtime.selective import SelectiveChoice
 
 __all__ = ["loop_profile", "saved_tensors"]

@@ -14,7 +14,7 @@ from torch import nn
 from pipeswap.config_fields import ConfigError
 from pipeswap.dist.ddp import unwrap
 from pipeswap.errors import PipeswapError
-from pipeswap.models.blocks import every_stack
+from pipeswap.models.blocks import candidate_layers, every_stack
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks, watch_backward_end
 from pipeswap.swap.runtime.capture import resolve_layers
 from pipeswap.swap.runtime.executor import SwapExecutor
@@ -144,7 +144,7 @@ class Offload:
             except PipeswapError as exc:  # the hint in offload's words
                 raise PipeswapError(
                     f"{str(exc).split('; name its blocks')[0]}; name the submodules to cut "
-                    "at, in forward order: offload(model, layers=['encoder.0', ...])"
+                    f"at, in forward order: offload(model, layers={candidate_layers(self.model)})"
                 ) from None
         self.layer_names = list(layers)
         # A Hugging Face model builds a key/value cache in training forwards unless told

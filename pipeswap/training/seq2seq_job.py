@@ -24,7 +24,7 @@ from pipeswap.profiling.metered_step import module_step_memory
 from pipeswap.profiling.profile import Profile
 from pipeswap.profiling.step import parse_dtype
 from pipeswap.swap.runtime.capture import resolve_layers
-from pipeswap.swap.runtime.recompute import measure_recomputation
+from pipeswap.swap.runtime.recompute_sizes import measure_recomputation
 from pipeswap.train_config import TrainConfig
 from pipeswap.training.loop_profile import loop_profile
 from pipeswap.user_pairs import PairDataset, tokenize_pairs

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from pipeswap.errors import PipeswapError
-from pipeswap.models.blocks import check_block_paths, find_blocks, modules_around
+from pipeswap.models.blocks import candidate_layers, check_block_paths, find_blocks, modules_around
 from tests.models.tiny_lm import TinyLM
 
 
@@ -95,3 +95,17 @@ def test_an_encoder_decoder_model_swaps_around_both_stacks_in_forward_order() ->
     ]
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2))
     assert every_stack(gpt2) == find_blocks(gpt2) == ["transformer.h.0", "transformer.h.1"]
+
+
+def test_a_model_without_a_layer_list_is_hinted_at_its_own_modules() -> None:
+    """ALBERT (one shared layer group) was told to name layers=['encoder.0', ...], a module
+    it does not have: the hint names the model's own, its largest opened up."""
+    net = nn.Module()
+    net.embed = nn.Linear(2, 4)
+    net.body = nn.Module()
+    net.body.mix, net.body.out = nn.Linear(4, 16), nn.Linear(16, 4)
+    net.head = nn.Linear(4, 2)
+    assert candidate_layers(net) == ["embed", "body.mix", "body.out", "head"]
+    assert candidate_layers(net, most=3) == ["embed", "body", "head"]
+    with pytest.raises(PipeswapError, match=r"blocks=\['embed', 'body.mix', 'body.out', 'head'\]"):
+        find_blocks(net)

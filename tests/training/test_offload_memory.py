@@ -10,6 +10,7 @@ The full matrix runs in `make test-slow`; on a GPU the same checks run with the 
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.memory_truth import Model, Run, user_loop  # noqa: E402
+from pipeswap.errors import PipeswapError  # noqa: E402
 
 TOLERANCE = 1.02
 LLAMA_V32000 = Model("llama-v32000", "llama", 128, 4, 32000, 4, 128)
@@ -192,3 +194,112 @@ def test_a_loop_holding_the_model_s_outputs_is_planned_with_them_held(keep_outpu
     )
     _holds(run)
     assert _identical(_run(spec, "fp32", "sgd", keep_outputs=keep_outputs), run)
+
+
+def _own_loop(
+    model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], **settings: Any
+) -> Run:
+    """A user's AdamW loop over ``batches`` (with pipeswap.offload where ``settings``), each
+    step's peak on the meter (host pools excluded)."""
+    from pipeswap.profiling.meter import DeviceMeter
+    from pipeswap.training.offload import offload
+
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=1e-3)
+    off = offload(model, optimizer=opt, **settings) if settings else None
+    peaks, losses = [], []
+    for batch in batches:
+        meter = DeviceMeter(
+            CPU, holding=(model, opt, batch), exclude=off.host_pools() if off else []
+        )
+        with meter:
+            with off if off is not None else torch.enable_grad():
+                loss = model(**batch).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        peaks.append(meter.peak)
+        losses.append(loss.item())
+    stats = off.stats() if off is not None else {}
+    weights = [p.detach().clone() for p in trained]
+    return Run(losses=losses, weights=weights, peaks=peaks, step_s=[], stats=stats)
+
+
+def _named_smallest(exc: pytest.ExceptionInfo[Exception]) -> int:
+    found = re.search(r"the smallest budget that works is (\d+) bytes", str(exc.value))
+    assert found, exc.value
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("policy", ["auto", "hybrid"])
+def test_a_half_frozen_llama_on_padded_batches_keeps_the_smallest_budget_it_names(
+    policy: str,
+) -> None:
+    """Embeddings and the first 2 of 4 blocks frozen, right-padded batches: every block is
+    given the 4D mask and the rotary pair; the named smallest budget (14.47 MiB) was refused
+    by the run given it ("a step needs 172032 bytes more"), the profile having counted what
+    several blocks are given for a frozen block no plan recomputes."""
+    import transformers as hf
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        config = hf.LlamaConfig(
+            vocab_size=512, hidden_size=128, intermediate_size=320, num_hidden_layers=4,
+            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+            attn_implementation="sdpa",
+        )  # fmt: skip
+        llama = hf.LlamaForCausalLM(config).train()
+        llama.model.embed_tokens.requires_grad_(False)
+        for block in llama.model.layers[:2]:
+            block.requires_grad_(False)
+        return llama
+
+    g = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(4):
+        ids = torch.randint(0, 512, (4, 128), generator=g)
+        mask, labels = torch.ones_like(ids), ids.clone()
+        for row in range(4):  # right padding, as a collator pads
+            kept = int(torch.randint(64, 129, (1,), generator=g))
+            mask[row, kept:], labels[row, kept:] = 0, -100
+        batches.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    plain = _own_loop(model(), batches)
+    with pytest.raises(Exception, match="the smallest budget that works is") as refused:
+        _own_loop(model(), batches, policy=policy, footprint_ratio=1.5)
+    smallest = _named_smallest(refused)
+    run = _own_loop(model(), batches, policy=policy, gpu_memory=smallest)
+    assert max(run.peaks[1:]) <= smallest, (run.peaks, smallest)
+    assert _identical(plain, run)
+
+
+def test_a_layer_called_several_times_a_forward_is_not_overstated() -> None:
+    """ALBERT's one shared layer group runs 4 times a forward: recomputing it re-runs one
+    call at a time, before that call's backward. The smallest budget named was 2.4x what
+    the plan given it measured (every call's re-run counted at once)."""
+    import transformers as hf
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        config = hf.AlbertConfig(
+            vocab_size=128, embedding_size=64, hidden_size=64, num_hidden_layers=4,
+            num_attention_heads=4, intermediate_size=128, max_position_embeddings=128,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        )  # fmt: skip
+        return hf.AlbertForMaskedLM(config).train()
+
+    batches = []
+    for i in range(4):
+        ids = torch.randint(3, 128, (4, 64), generator=torch.Generator().manual_seed(i))
+        batches.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+    layers = ["albert.encoder.albert_layer_groups.0"]
+    plain = _own_loop(model(), batches)
+    with pytest.raises(Exception, match="the smallest budget that works is") as refused:
+        _own_loop(model(), batches, policy="hybrid", footprint_ratio=4.0, layers=layers)
+    smallest = _named_smallest(refused)
+    run = _own_loop(model(), batches, policy="hybrid", gpu_memory=smallest, layers=layers)
+    measured = max(run.peaks[1:])
+    assert smallest * 0.9 <= measured <= smallest, (measured, smallest)
+    assert _identical(plain, run)
+    assert max(plain.peaks[1:]) / 1.5 >= smallest  # ratio 1.5 plans (it was refused)
+    with pytest.raises(PipeswapError, match=r"layers=\['albert.embeddings', 'albert.encoder"):
+        _own_loop(model(), batches, footprint_ratio=1.5)  # the hint names its own modules

@@ -113,7 +113,10 @@ def plan_hybrid(case: Case) -> Assignment:
     """
     candidates: dict[str, Assignment] = {}
     for name in (*SWAP_ONLY, "recompute", "save-on-cpu"):
-        assignment = heuristic(case, name)
+        try:
+            assignment = heuristic(case, name)
+        except PipeswapError:  # a layer it must keep holds more than the budget alone
+            continue
         if fits(case, assignment):
             candidates[name] = assignment
     finer = plan_finer(case)  # recomputation finer than a block, where it was measured

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from pipeswap.errors import PipeswapError
+from pipeswap.models.blocks import candidate_layers
 from pipeswap.models.state import untouched
 from pipeswap.profiling.metered_step import output_loss, output_tensors
 from pipeswap.profiling.saved import CapturedSavedTensor, SavedTensorCapture, storage_key
@@ -57,7 +58,7 @@ def resolve_layers(model: nn.Module, layers: Sequence[str] | None) -> dict[str, 
         if names is None:
             raise PipeswapError(
                 f"{type(model).__name__} names no layers of its own: pass its layers as a list of "
-                "submodule names in forward order, e.g. layers=['encoder.0', 'encoder.1', 'head']"
+                f"submodule names in forward order, e.g. layers={candidate_layers(model)}"
             )
         layers = list(names)
     if not layers:
@@ -78,28 +79,35 @@ def capture_records(
     model: nn.Module,
     forward_loss: Callable[[], torch.Tensor],
     layers: Sequence[str] | None = None,
+    *,
+    packed: set[int] | None = None,
 ) -> tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]:
     """Run ``forward_loss`` once (no backward) and name the tensors it saves per layer.
 
     Returns the profiler's records and, per layer, the name each pack call saved (None for
     a parameter or buffer). Buffers (BatchNorm statistics) and the random state are put
-    back afterwards, so the pass leaves no trace on training.
+    back afterwards, so the pass leaves no trace on training. ``packed`` gets the storage
+    keys of every saved storage (SavedTensorCapture.saved_keys).
     """
     capture = _capture(model, forward_loss, layers, None)
+    if packed is not None:
+        packed.update(capture.saved_keys)
     return capture.records(), capture.pack_calls()
 
 
 class InnerSaves:
     """What a recomputed layer's own forward saves, noted during a plain (tagged) pass.
 
-    The executor sets :attr:`layer` while a recomputed layer's forward runs and notes its
-    tensor inputs in :attr:`inputs`; the capture notes every storage saved meanwhile.
+    The executor starts each call of a recomputed layer's forward with :meth:`begin` (its
+    tensor inputs) and sets :attr:`layer` back to None at its end; the capture notes every
+    storage saved meanwhile, per call: a layer a forward calls several times (ALBERT's
+    shared layer) re-runs each call right before that call's backward, one at a time.
     """
 
     def __init__(self) -> None:
         self.layer: str | None = None
-        self.inputs: dict[str, set[int]] = {}  # per layer: storage keys of its inputs
-        self.saved: dict[str, dict[int, int]] = {}  # per layer: storage key -> bytes
+        self.inputs: dict[str, list[set[int]]] = {}  # per layer, per call: its inputs' keys
+        self.saved: dict[str, list[dict[int, int]]] = {}  # per layer, per call: key -> bytes
         self.owner: dict[int, str] = {}  # storage key -> the last layer that saved it
         # While a layer's operations are noted (pipeswap.swap.runtime.selective.OpRecorder):
         # its storages' ids, and what the layer saves by those ids -> bytes.
@@ -107,10 +115,17 @@ class InnerSaves:
         self.saved_ids: dict[str, dict[int, int]] = {}
         # Per layer: bytes of the casts a step keeps once (pipeswap.profiling.cast_twins)
         # that the layer's forward saved again; its re-run keeps each.
-        self.twin_bytes: dict[str, int] = {}
+        self.twin_bytes: dict[str, list[int]] = {}  # per call
         # Per layer: its modules' attributes its forward left holding a tensor that carries
         # the graph (pipeswap.swap.runtime.held_state): recomputing it frees nothing.
         self.held: dict[str, tuple[str, ...]] = {}
+
+    def begin(self, layer: str, inputs: set[int]) -> None:
+        """A call of ``layer``'s forward starts, given the storages ``inputs``."""
+        self.layer = layer
+        self.inputs.setdefault(layer, []).append(inputs)
+        self.saved.setdefault(layer, []).append({})
+        self.twin_bytes.setdefault(layer, []).append(0)
 
     def rerun_bytes(self, layer: str, *, own: bool = False) -> int:
         """Bytes a re-run of ``layer`` saves anew: everything its forward saves except its
@@ -122,12 +137,23 @@ class InnerSaves:
         A repeated cast (a normalised input cast for a query, a key and a value) counts
         each time: a step keeps it once, but the re-run runs inside ``torch.utils.checkpoint``,
         whose own saved-tensor hooks keep what it saves, every copy.
+
+        Of a layer called several times a forward, the most one call's re-run saves.
         """
-        inputs = self.inputs.get(layer, set())
-        return self.twin_bytes.get(layer, 0) + sum(
-            n
-            for key, n in self.saved.get(layer, {}).items()
-            if key not in inputs and (not own or self.owner.get(key) == layer)
+        calls = zip(
+            self.inputs.get(layer, []), self.saved.get(layer, []), self.twin_bytes.get(layer, [])
+        )
+        return max(
+            (
+                twins
+                + sum(
+                    n
+                    for key, n in saved.items()
+                    if key not in inputs and (not own or self.owner.get(key) == layer)
+                )
+                for inputs, saved, twins in calls
+            ),
+            default=0,
         )
 
 
@@ -145,14 +171,14 @@ class _TaggingCapture(SavedTensorCapture):
             given, tensor = tensor, self.twins.share(tensor)
             if layer is not None and storage_key(given) != storage_key(tensor):
                 nbytes = given.untyped_storage().nbytes()
-                self._inner.twin_bytes[layer] = self._inner.twin_bytes.get(layer, 0) + nbytes
+                self._inner.twin_bytes[layer][-1] += nbytes
         key = storage_key(tensor)
         if key not in self._resident_keys:
             if self.layer is not None:
                 self._inner.owner[key] = self.layer  # forward order: the last one wins
             if layer is not None:
                 nbytes = tensor.untyped_storage().nbytes()
-                self._inner.saved.setdefault(layer, {})[key] = nbytes
+                self._inner.saved[layer][-1][key] = nbytes
                 if self._inner.identify is not None:
                     by_id = self._inner.saved_ids.setdefault(layer, {})
                     by_id[self._inner.identify(tensor)] = nbytes

@@ -24,10 +24,11 @@ import copy
 import functools
 from collections.abc import Callable, Collection
 from contextlib import nullcontext
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import checkpoint
 
@@ -46,7 +47,7 @@ from pipeswap.swap.runtime.selective import (
 )
 from pipeswap.swap.runtime.transfer import DeviceLedger
 
-__all__ = ["Capture", "Recomputation", "RecomputeSizes", "measure_recomputation"]
+__all__ = ["Capture", "Recomputation"]
 
 Capture = tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]
 
@@ -62,12 +63,8 @@ class _Wrapper:
         inner: Callable[..., Any],
         shadowed: Any,
     ) -> None:
-        self.module, self.recomputed, self.inner, self.shadowed = (
-            module,
-            recomputed,
-            inner,
-            shadowed,
-        )
+        self.module, self.recomputed, self.inner = module, recomputed, inner
+        self.shadowed = shadowed
         self.removed = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -112,6 +109,9 @@ class Recomputation:
         self.selective = frozenset(selective) & set(names)
         self.choices: dict[str, SelectiveChoice] = {}  # per layer of ``choosing``, from capture
         self.choosing = self.selective  # the layers whose selective choice capture makes
+        # capture's kept_bytes: each layer's as if recomputed alone (a profile's), not
+        # this set's (a storage several recomputed layers are given, held by the first).
+        self.alone = False
         # What selective checkpointing's dispatch adds per operation, measured on the first
         # layer chosen for (its kind repeats down a model's depth): None until then.
         self.mode_s: float | None = None
@@ -166,10 +166,11 @@ class Recomputation:
         finally:
             self._inner = None
         self.active = True
-        self._by_reference = _ByReference(model)
+        self._by_reference = _ByReference(model, alone=self.alone)
+        packed: set[int] = set()
         try:
-            recomputed = capture_records(model, forward_loss, layer_names)
-            held = self._by_reference.bytes
+            recomputed = capture_records(model, forward_loss, layer_names, packed=packed)
+            held = self._by_reference.bytes(packed)
         finally:
             self.active = False
             self._by_reference = None
@@ -222,14 +223,12 @@ class Recomputation:
         def recomputed(*args: Any, **kwargs: Any) -> Any:
             inner = self._inner
             if inner is not None:  # capture's plain pass: note what the forward saves
-                inner.layer = name
                 # Every tensor the layer is given, nested ones too (a rotary (cos, sin)
                 # pair): the re-run saves them again without a copy.
-                inner.inputs[name] = {
-                    t.untyped_storage()._cdata
-                    for t in tree_flatten((args, kwargs))[0]
-                    if isinstance(t, torch.Tensor)
-                }
+                tensors = [
+                    t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+                ]
+                inner.begin(name, {storage_key(t) for t in tensors})
                 recorder = OpRecorder() if name in self.choosing else nullcontext()
                 if isinstance(recorder, OpRecorder):  # saves named as its operations name them
                     inner.identify = recorder.id_of
@@ -320,77 +319,34 @@ class _ByReference:
     pass with the layers wrapped: ``torch.utils.checkpoint`` saves a tensor argument through
     the saved-tensor hooks (which name it), but holds every other tensor it is given (a
     tensor in a tuple argument, a keyword argument) by reference until the layer's backward.
-    A storage several layers are given (a rotary (cos, sin) pair) counts once, for the
-    first (its backward comes last); parameters and buffers are resident anyway."""
+    A storage the pass saves too (a rotary (cos, sin) pair a layer that is not recomputed
+    saves) is counted with that saved tensor, not here; parameters and buffers are resident
+    anyway. A storage several layers are given (an attention mask) counts once, for the
+    first (its backward comes last); with ``alone``, for each (what each holds when it is
+    the one recomputed: a profile's per-layer bytes, the safe side for several)."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.seen = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
-        self.bytes: dict[str, int] = {}
+    def __init__(self, model: nn.Module, *, alone: bool = False) -> None:
+        self.resident = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
+        self.alone = alone
+        self.given: dict[str, dict[int, int]] = {}  # per layer: storage key -> bytes
+        self._refs: list[StorageWeakRef] = []  # keep each key unique until bytes()
 
     def note(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         nested = [a for a in args if not isinstance(a, torch.Tensor)]
+        mine = self.given.setdefault(name, {})
         for t in tree_flatten((nested, kwargs))[0]:
             if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
                 continue
-            key = storage_key(t)
-            if key not in self.seen:
-                self.seen.add(key)
-                nbytes = t.untyped_storage().nbytes()
-                self.bytes[name] = self.bytes.get(name, 0) + nbytes
+            key, others = storage_key(t), (mine,) if self.alone else self.given.values()
+            if key in self.resident or any(key in keys for keys in others):
+                continue
+            storage = t.untyped_storage()
+            self._refs.append(StorageWeakRef(storage))
+            mine[key] = storage.nbytes()
 
-
-class RecomputeSizes(NamedTuple):
-    """What each layer saves (named as plans name it), and per layer what recomputing it
-    keeps through the step and what its re-run saves again, whole and selectively; ``held``:
-    the attributes its forward left holding the graph (never recomputed)."""
-
-    records: dict[str, list[CapturedSavedTensor]]
-    kept: dict[str, int]
-    rerun: dict[str, int]
-    choices: dict[str, SelectiveChoice]
-    held: dict[str, tuple[str, ...]]
-
-    def profile_fields(self, name: str, forward_s: float) -> dict[str, Any]:
-        """LayerProfile's recomputation fields for layer ``name`` (forward ``forward_s``):
-        whole, what it keeps and what its re-run saves; selectively, its input and kept
-        outputs, what its re-run saves and the re-run's share of its forward."""
-        fields: dict[str, Any] = {
-            "kept_bytes": self.kept.get(name),
-            "rerun_bytes": self.rerun.get(name),
-            "held_state": ", ".join(self.held.get(name, ())) or None,
+    def bytes(self, packed: set[int]) -> dict[str, int]:
+        """Per layer, the bytes held by reference that no saved tensor of the pass holds."""
+        return {
+            name: sum(n for key, n in keys.items() if key not in packed)
+            for name, keys in self.given.items()
         }
-        choice = self.choices.get(name)
-        if choice is not None and name in self.kept:
-            fields["selective_kept_bytes"] = self.kept[name] + choice.cached_bytes
-            fields["selective_rerun_bytes"] = choice.rerun_bytes
-            fields["selective_rerun_s"] = forward_s * choice.rerun_fraction
-        return fields
-
-
-def measure_recomputation(
-    model: nn.Module,
-    layers: dict[str, nn.Module],
-    names: list[str],
-    forward_loss: Callable[[], Any],
-    *,
-    selective: bool = True,
-) -> RecomputeSizes:
-    """:class:`RecomputeSizes` from one plain forward and one with every layer wrapped for
-    recomputation, as the runtime runs them (autocast's casts let go of at each layer's
-    edge); with ``selective``, each
-    layer's selective choice too (its operations noted: a slower plain forward)."""
-    recomputation = Recomputation(layers, names, DeviceLedger(), account=False)
-    if selective:
-        recomputation.choosing = frozenset(names)
-    recomputation.install()
-    try:
-        (records, _), _ = recomputation.capture(model, forward_loss, names)
-    finally:
-        recomputation.remove()
-    return RecomputeSizes(
-        records,
-        recomputation.kept_bytes,
-        recomputation.rerun_bytes,
-        recomputation.choices,
-        recomputation.held_state,
-    )

@@ -18,7 +18,7 @@ from torch import nn
 import pipeswap
 from pipeswap.profiling.meter import DeviceMeter
 from pipeswap.swap.runtime.held_state import graph_tensors, set_during
-from pipeswap.swap.runtime.recompute import measure_recomputation
+from pipeswap.swap.runtime.recompute_sizes import measure_recomputation
 
 
 class Block(nn.Module):

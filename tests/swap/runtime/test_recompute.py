@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipeswap.swap.runtime.recompute import Recomputation, measure_recomputation
+from pipeswap.swap.runtime.recompute import Recomputation
+from pipeswap.swap.runtime.recompute_sizes import measure_recomputation
 from pipeswap.swap.runtime.transfer import DeviceLedger
 
 
@@ -108,6 +109,31 @@ def test_recomputing_counts_what_the_checkpoint_holds_and_its_rerun_saves() -> N
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model.a(inputs)
     hidden_bytes, context_bytes = 8 * 16 * 4, 16 * 4
-    assert sizes.kept == {"a": hidden_bytes + context_bytes, "b": hidden_bytes}
+    # Each layer as if recomputed alone (a profile's bytes): b's checkpoint holds the
+    # context too when a is not recomputed.
+    assert sizes.kept == {"a": hidden_bytes + context_bytes, "b": hidden_bytes + context_bytes}
     assert sizes.rerun["a"] == sum(saved.values())
     assert sizes.rerun["a"] > 0 and sizes.rerun["b"] == sizes.rerun["a"]
+
+
+def test_a_layer_recomputed_alone_keeps_what_its_profile_says_counting_shared_inputs_once() -> None:
+    """A half-frozen Llama on padded batches: every block is given the 4D mask and the
+    rotary pair by keyword, and the blocks before the last saved the pair too. The profile
+    counted what several layers are given for the first only (a frozen block no plan
+    recomputes), the runtime counted the pair twice (saved by the block before, and held by
+    the checkpoint): the smallest budget named was refused by the run that took it."""
+    torch.manual_seed(0)
+    model = _Stack().train()
+    x = torch.randn(8, 16, requires_grad=True)
+    layers = {"a": model.a, "b": model.b}
+    names = ["a", "b"]
+    profiled = measure_recomputation(model, layers, names, lambda: model(x), selective=False)
+    run = Recomputation(layers, ["b"], DeviceLedger(), account=False)
+    run.install()
+    try:
+        run.capture(model, lambda: model(x), names)
+    finally:
+        run.remove()
+    hidden_bytes, context_bytes = 8 * 16 * 4, 16 * 4
+    assert run.kept_bytes == {"b": hidden_bytes + context_bytes}  # the context once
+    assert profiled.kept["b"] == run.kept_bytes["b"]

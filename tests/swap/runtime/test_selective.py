@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeswap.swap.runtime import recompute
-from pipeswap.swap.runtime.recompute import Recomputation, measure_recomputation
+from pipeswap.swap.runtime.recompute import Recomputation
+from pipeswap.swap.runtime.recompute_sizes import measure_recomputation
 from pipeswap.swap.runtime.selective import OpCall, choose, mode_seconds_per_op
 from pipeswap.swap.runtime.transfer import DeviceLedger
 
