@@ -177,3 +177,65 @@ def test_the_tensors_a_loop_calls_its_model_with_are_never_counted_as_freed(poli
     assert all(torch.equal(a, b) for a, b in zip(weights, plain_weights, strict=True))
     assert max(peaks[1:]) <= stats["budget_bytes"], (peaks, stats["budget_bytes"])
     off.close()
+
+
+class _LoRA(nn.Module):
+    def __init__(self, base: nn.Linear) -> None:
+        super().__init__()
+        self.base = base
+        self.a = nn.Parameter(torch.randn(8, base.in_features) * 0.01)
+        self.b = nn.Parameter(torch.zeros(base.out_features, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.a.t() @ self.b.t()) * 2.0
+
+
+@pytest.mark.parametrize("policy", ["auto", "disjoint"])
+def test_a_saved_tensor_the_models_code_holds_on_is_never_counted_as_freed(policy: str) -> None:
+    """BERT keeps its embeddings' output in a variable while its encoder runs, and a LoRA
+    on the first block's query saves it: swapped, it freed nothing, and every planned step
+    held 1.0138x the budget (one [4, 128, 128] float32 storage over the prediction at each
+    later block's forward)."""
+    transformers = pytest.importorskip("transformers")
+
+    def run(planned: bool) -> tuple[list[float], list[torch.Tensor], Any, list[int]]:
+        torch.manual_seed(0)
+        config = transformers.BertConfig(
+            vocab_size=512, hidden_size=128, num_hidden_layers=4, num_attention_heads=2,
+            intermediate_size=512, max_position_embeddings=128, num_labels=3,
+            attn_implementation="sdpa",
+        )  # fmt: skip
+        model = transformers.BertForSequenceClassification(config).requires_grad_(False)
+        for layer in model.bert.encoder.layer:
+            layer.attention.self.query = _LoRA(layer.attention.self.query)
+            layer.attention.self.value = _LoRA(layer.attention.self.value)
+        model.classifier.requires_grad_(True)
+        model.train()
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        off = offload(model, footprint_ratio=1.5, optimizer=opt, policy=policy) if planned else None
+        g = torch.Generator().manual_seed(1)
+        torch.manual_seed(123)  # the dropouts' masks
+        losses, peaks = [], []
+        for _ in range(4):
+            batch = {
+                "input_ids": torch.randint(0, 512, (4, 128), generator=g),
+                "labels": torch.randint(0, 3, (4,), generator=g),
+            }
+            pools = [] if off is None else off.host_pools()
+            with DeviceMeter("cpu", holding=(model, opt, batch), exclude=pools) as meter:
+                with off or nullcontext():
+                    loss = model(**batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.item())
+            peaks.append(meter.peak)
+        return losses, [p.detach() for p in model.parameters()], off, peaks
+
+    plain_losses, plain_weights, _, _ = run(False)
+    losses, weights, off, peaks = run(True)
+    stats = off.stats()
+    assert stats["swapped_bytes"] > 0 and losses == plain_losses
+    assert all(torch.equal(a, b) for a, b in zip(weights, plain_weights, strict=True))
+    assert max(peaks[1:]) <= stats["budget_bytes"], (peaks, stats["budget_bytes"])
+    off.close()

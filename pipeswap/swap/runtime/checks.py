@@ -149,11 +149,12 @@ def step_budget(
     if profile is not None and profile.layer_names == names:
         # A saved storage the forward returns, or the model was called with, that the
         # profile leaves out (the loop holds it, pipeswap.training.loop_profile) is in its
-        # working sets.
-        listed = {(la.name, t.index) for la in profile.layers for t in la.saved}
+        # working sets; so, where the meter read them, is any other it leaves out of a
+        # layer it names as this run does (one the step's code held, BlockTiming.held).
+        listed = {la.name: {(t.index, t.bytes) for t in la.saved} for la in profile.layers}
+        read = profile.memory is not None
         records = {
-            name: [r for r in recs if not (r.returned or r.given) or (name, r.index) in listed]
-            for name, recs in records.items()
+            name: _profiled(recs, listed.get(name, set()), read) for name, recs in records.items()
         }
         transient = [la.workspace_bytes + la.output_bytes for la in profile.layers]
         rerun = own_rerun_bytes
@@ -176,6 +177,17 @@ def step_budget(
         floor_bytes=floor,
         turn_bytes=turn,
     )
+
+
+def _profiled(
+    records: list[CapturedSavedTensor], listed: set[tuple[int, int]], read: bool
+) -> list[CapturedSavedTensor]:
+    """A layer's records less those its profile leaves out (``listed``: its (index, bytes))
+    that count in its working sets (see step_budget; ``read``: the meter's readings)."""
+    alike = read and listed <= {(r.index, r.bytes) for r in records}
+    return [
+        r for r in records if (r.index, r.bytes) in listed or not (r.returned or r.given or alike)
+    ]
 
 
 def check_plan_identity(

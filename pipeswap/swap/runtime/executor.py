@@ -12,8 +12,9 @@ Saved tensors are named (layer, index) exactly as the profiler names them: ``pre
 runs one forward under :class:`pipeswap.profiling.saved.SavedTensorCapture` and keeps, per
 layer, which named tensor each pack call saves; every later step's pack calls are matched
 to that list by position (a repeated cast is kept once, :mod:`pipeswap.profiling.cast_twins`,
-in the naming pass as in the steps). Parameters and buffers are never swapped. A swapped storage is copied whole into its region of a :class:`HostPool`; prefetches
-start from hooks on gradients (a layer's backward is done, or the turn's); a tensor
+in the naming pass as in the steps). Parameters and buffers are never swapped. A swapped
+storage is copied whole into its region of a :class:`HostPool`; prefetches start from
+hooks on gradients (:mod:`pipeswap.swap.runtime.prefetch_gate`, or the turn's); a tensor
 unpacked before its prefetch was issued is fetched then, a late fetch.
 :mod:`pipeswap.swap.runtime.transfer` moves the bytes (on the CPU a fetch copies too).
 
@@ -54,6 +55,7 @@ from pipeswap.swap.runtime.checks import (
     step_refusal,
 )
 from pipeswap.swap.runtime.pool import HostPool
+from pipeswap.swap.runtime.prefetch_gate import PrefetchGate
 from pipeswap.swap.runtime.recompute import Recomputation
 from pipeswap.swap.runtime.stats import StepStats
 from pipeswap.swap.runtime.step_tensors import StepTensors, only_swapped
@@ -101,12 +103,9 @@ class SwapExecutor:
             device = first.device if first is not None else torch.device("cpu")
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
-            # Streams, events and fetched bytes must all be on the model's GPU, not on
-            # whichever one happens to be current when a hook runs.
+            # Streams, events and fetches on the model's GPU, not the current one in a hook.
             self.device = torch.device("cuda", torch.cuda.current_device())
-        # Counting every saved tensor costs a finalizer per tensor; CUDA has its allocator's
-        # statistics instead, so by default only the CPU counts.
-        self.account = self.device.type == "cpu" if account is None else account
+        self.account = self.device.type == "cpu" if account is None else account  # (CUDA: stats)
         check_plan_identity(plan, model, self.layer_names, profile)
         self.decisions = checked_decisions(self.gpu_plan, self.layer_names)
         self.recompute = checked_recompute(self.gpu_plan, self.layers)
@@ -125,7 +124,8 @@ class SwapExecutor:
         out = set(self._outs_at_turn)  # out and back at the turn: it never leaves the device
         self._back_at_turn = [key for key in at_turn if key in out]
         self._prefetch_at_turn = [key for key in at_turn if key not in out]
-        self._previous_layer = dict(zip(self.layer_names[1:], self.layer_names))
+        previous = self._previous_layer = dict(zip(self.layer_names[1:], self.layer_names))
+        self._gate = PrefetchGate(self._prefetch_after, previous, self._tensors.prefetch)
         self._ended: set[str] = set()
         self.records: dict[str, list[CapturedSavedTensor]] | None = None
         # The most bytes a step needs by the plan's memory model (resident state, saved
@@ -289,22 +289,20 @@ class SwapExecutor:
             self._tensors.swap_out(key)
 
     def _backward_hook(self, name: str) -> Callable[..., None]:
-        """A forward hook that watches for the end of the layer's backward: a hook on the
-        gradient of its first input that needs one (its output's, when none does, which
-        marks its start). That gradient is complete once the layer's backward is done,
-        including the ops run after it that the profiler counts as its own (they come first
-        in backward). A tensor hook leaves the graph as it is: a module's full backward hook
-        would wrap its inputs in the graph, which regroups a sum of gradients (an encoder
-        output every decoder block reads) and can move the last bits of a result."""
-        prefetches = self._prefetch_after.get(name, [])
+        """A forward hook that watches for the end of the layer's backward (the gradient of
+        its first input that needs one, complete once the ops the profiler counts as the
+        layer's are done; its output's, when none does, which marks its start) and for the
+        start of its own (its output's gradient: the next layer's prefetches wait for it).
+        Tensor hooks leave the graph as it is: a module's full backward hook would regroup
+        a sum of gradients (an encoder output every decoder block reads)."""
+        following = {b: a for a, b in self._previous_layer.items()}.get(name)
 
         def done(grad: torch.Tensor, ended: bool) -> None:
             # The layer's backward is done: what its re-run saved is let go of by now.
             self._recomputation.backward_done(name)
             if ended:  # what a retained graph holds for it goes back to the host
                 self._tensors.put_back(name)
-            for key in prefetches:
-                self._tensors.prefetch(key)
+            self._gate.done(name)
 
         def watch(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if not self._active:
@@ -314,6 +312,7 @@ class SwapExecutor:
                 wanted, ended = _needs_grad(output), False
             if wanted is not None:  # (no tensor in the hook: it would keep itself alive)
                 wanted.register_hook(functools.partial(done, ended=ended))
+            self._gate.watch_previous(following, _needs_grad(output))
 
         return watch
 
@@ -340,6 +339,7 @@ class SwapExecutor:
             raise PipeswapError(why)
         self._tensors.start_step(self.layer_names)
         self._ended = set()
+        self._gate.start_step()
         self._ledger.start_step()
         self._recomputation.start_step()
         self._step_started = time.perf_counter()
