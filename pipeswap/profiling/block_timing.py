@@ -37,9 +37,6 @@ class BlockTiming:
 
     # Layers whose output needed no gradient (a frozen first block): they have no backward.
     no_backward: set[str] = field(default_factory=set)
-    # Saved storages the step's code held past the next layer's forward, (layer, index) ->
-    # bytes (pipeswap.profiling.on_host.SavedOnHost.held): no plan frees them by a swap.
-    held: dict[tuple[str, int], int] = field(default_factory=dict)
     # Set once the timed forward has returned: a later forward before the backward (an
     # evaluation of the same model, under no_grad or not) is not the one timed.
     forward_done: bool = False

@@ -44,7 +44,7 @@ class _OnHost:
     let go of, no copy back yet): its owner's ``shift`` tells a meter's marks of each
     change."""
 
-    __slots__ = ("away", "back", "died", "device", "due", "gone", "host", "original", "owner")
+    __slots__ = ("away", "back", "device", "due", "gone", "host", "original", "owner")
 
     def __init__(
         self, storage: torch.UntypedStorage, device: torch.device, owner: SavedOnHost
@@ -56,7 +56,6 @@ class _OnHost:
         self.original: weakref.ref[torch.UntypedStorage] | None = None
         self.due = 0
         self.away = self.gone = False
-        self.died: int | None = None  # the layer edge its original was let go of after
 
     def flush(self) -> None:
         """Its layer's forward is over: to the host, and let go of on the device."""
@@ -71,7 +70,6 @@ class _OnHost:
         # A weak reference's callback runs before the meter's own (newest first), while
         # the meter still counts the storage: the shift waits for the step's next event.
         self.gone = True
-        self.died = self.owner.edge
         self.owner.dying.append(self)
 
     def noted(self) -> None:
@@ -127,8 +125,6 @@ class SavedOnHost:
         self.dying: list[_OnHost] = []  # let go of on the device since the last event
         self.twins = CastTwins()  # a repeated cast is kept once, as the swap runtime keeps it
         self.drop_casts = drop_casts  # autocast's cached casts let go of at layers' edges
-        self.order: dict[str, int] = {}  # the layers' places, forward order (edges)
-        self.edge = 0  # the place of the layer whose forward runs (past the last: over)
 
     def shift(self, delta: int) -> None:
         """``delta`` more bytes the step as it is holds and the device does not, from now."""
@@ -152,30 +148,6 @@ class SavedOnHost:
             entry.flush()
         self.pending.clear()
         self.saving = name
-        self.edge = len(self.order) if name is None else self.order.get(name, len(self.order))
-
-    def held(self) -> dict[tuple[str, int], int]:
-        """The saved storages the step's own code held on the device for a whole layer's
-        forward after the one that owns them (the last to save them, as profiles file
-        them) had ended: ``(owner, index) -> bytes``, indexed as profiles index them.
-
-        A plan that swaps such a storage out frees nothing: a model's embeddings output
-        that its encoder's caller keeps in a variable (BERT: a LoRA on the first block's
-        query saves it), decoder input ids made between two stacks and kept to the end.
-        Read once the forward is over (a storage let go of later is held up to there)."""
-        owners: dict[int, str] = {}
-        for layer, group in self.saved.items():
-            for key in group:
-                if self.order.get(layer, -1) >= self.order.get(owners.get(key, ""), -1):
-                    owners[key] = layer
-        found: dict[tuple[str, int], int] = {}
-        for layer, group in self.saved.items():
-            owned = [entry for key, entry in group.items() if owners[key] == layer]
-            for index, entry in enumerate(owned):
-                died = len(self.order) if entry.died is None else entry.died  # (the end)
-                if entry.host is not None and died >= self.order[layer] + 2:
-                    found[(layer, index)] = entry._nbytes()
-        return found
 
     def bring_back(self, name: str) -> None:
         """Layer ``name``'s backward starts: all of its storages come back (timed apart)."""
@@ -238,7 +210,6 @@ def every_saved_tensor_on_host(
     cast on the device as in a plain step under autocast, whose readings the step then
     gives (what ``measure`` profiles)."""
     on_host = SavedOnHost(model, timing, drop_casts=drop_casts)
-    on_host.order = {name: i for i, name in enumerate(layers)}
     # First of the hooks: a meter read at the layers' edges reads them flushed. What runs
     # after the last layer (the head, the loss) is the last layer's, as profiles count it.
     handles = [
@@ -250,8 +221,6 @@ def every_saved_tensor_on_host(
             yield on_host
     finally:
         on_host.entering(None)
-        if timing is not None:
-            timing.held = on_host.held()
         for handle in handles:
             handle.remove()
 

@@ -67,6 +67,10 @@ class CapturedSavedTensor:
     # The storage is one of the tensors the model was called with (SavedTensorCapture.
     # giving): the loop that passed it holds it through the step whatever a plan does.
     given: bool = False
+    # The model's own code held the storage past the next layer's forward (a capture with
+    # ``release``): a model's embeddings output its caller keeps in a variable while its
+    # encoder runs. Swapping it out frees nothing.
+    kept_alive: bool = False
 
 
 @dataclass
@@ -135,11 +139,16 @@ class SavedTensorCapture:
         self._final: dict[str, list[CapturedSavedTensor]] | None = None
         self._returned: set[int] = set()  # storage keys of the forward's outputs
         self._given: set[int] = set()  # storage keys of the tensors it was called with
+        # (release) Per storage key, the place of the layer whose forward let go of it.
+        self._places = {name: i for i, name in enumerate(model.layer_names)}
+        self._died: dict[int, int] = {}
         self.twins = CastTwins()  # as the swap runtime keeps them: once
 
     # ---- hooks --------------------------------------------------------------------
     def _enter_layer(self, name: str) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
+            if self.layer is not None:
+                self._note_deaths(self._places[self.layer])
             self.layer = name
             self.twins.reset()
             if self.drop_casts:
@@ -212,6 +221,8 @@ class SavedTensorCapture:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.layer is not None:
+            self._note_deaths(self._places[self.layer])
         self._hooks.__exit__(*exc)
         self.twins.reset()
         for handle in self._handles:
@@ -235,6 +246,20 @@ class SavedTensorCapture:
     def _owner(self, key: int) -> str:
         return self._seen[key].savers[-1]
 
+    def _note_deaths(self, place: int) -> None:
+        """(release) The storages let go of by now, noted as let go of at ``place``."""
+        if not self.release:
+            return
+        for key, seen in self._seen.items():
+            weak = seen.storage
+            if key not in self._died and isinstance(weak, StorageWeakRef) and weak.expired():
+                self._died[key] = place
+
+    def _kept_alive(self, key: int, layer: str) -> bool:
+        """Whether the forward's code held the storage past the layer after ``layer``'s."""
+        died = self._died.get(key, len(self._places))  # alive at the end: past the last
+        return self.release and died >= self._places[layer] + 2
+
     def _build_records(self) -> dict[str, list[CapturedSavedTensor]]:
         records: dict[str, list[CapturedSavedTensor]] = {}
         for layer, keys in self._order.items():
@@ -249,6 +274,7 @@ class SavedTensorCapture:
                     also_saved_by=tuple(self._seen[key].savers[:-1]),
                     returned=key in self._returned,
                     given=key in self._given,
+                    kept_alive=self._kept_alive(key, layer),
                 )
                 for index, key in enumerate(owned)
             ]

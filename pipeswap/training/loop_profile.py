@@ -62,7 +62,7 @@ def loop_profile(
             backward_s=backward_s[name],
             param_bytes=params[name],
             output_bytes=timing.output_bytes.get(name, 0),
-            saved=saved_tensors(records[name], outputs_held=outputs_held, held=timing.held),
+            saved=saved_tensors(records[name], outputs_held=outputs_held),
             **sizes.profile_fields(name, timing.forward_s[name]),
         )
         for name in names
@@ -85,22 +85,18 @@ def loop_profile(
 
 
 def saved_tensors(
-    records: Iterable[CapturedSavedTensor],
-    *,
-    outputs_held: bool,
-    held: Mapping[tuple[str, int], int] | None = None,
+    records: Iterable[CapturedSavedTensor], *, outputs_held: bool
 ) -> tuple[SavedTensor, ...]:
     """A layer's saved tensors as a profile lists them: those the loop keeps on the device
     anyway left out: the tensors it called the model with (``given``: its batch, the
     ``inputs_embeds`` it made), its outputs where it holds them (``returned``, with
     ``outputs_held``), and those the model's own code held past the next layer's forward
-    in the metered step (``held``: (layer, index) -> bytes, BlockTiming.held; a swap of one
-    frees nothing there, and the meter read it in the working sets)."""
-    held = held or {}
+    (``kept_alive``: a swap of one frees nothing, and the meter reads it in the working
+    sets)."""
     return tuple(
         SavedTensor(r.index, r.bytes)
         for r in records
-        if not (r.given or (outputs_held and r.returned) or held.get((r.layer, r.index)) == r.bytes)
+        if not (r.given or r.kept_alive or (outputs_held and r.returned))
     )
 
 

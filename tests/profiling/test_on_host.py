@@ -45,31 +45,3 @@ def test_bring_back_before_a_timed_backward_leaves_the_backward_nothing_to_copy(
             assert on_host.saved == {}  # nothing left for the backward to fetch
             loss.backward()
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), expected))
-
-
-def test_held_names_the_saved_storages_the_models_code_keeps_past_the_next_layer() -> None:
-    """A block's input the model keeps in a variable to its forward's end (BERT's
-    embeddings output) is held; one the next block's output replaces is not."""
-    from pipeswap.profiling.block_timing import BlockTiming
-
-    torch.manual_seed(0)
-    layers = {name: nn.Linear(32, 32) for name in "abc"}
-
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Linear(32, 32)
-            self.blocks = nn.ModuleList(layers.values())
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            kept = h = self.embed(x)  # held here to the end, and saved by block "a"
-            for block in self.blocks:
-                h = torch.tanh(block(h))
-            return (h + kept).square().sum()
-
-    model, timing = Net(), BlockTiming()
-    with every_saved_tensor_on_host(model, layers, timing):
-        loss = model(torch.randn(8, 32))
-    # "a" saves its input (index 0, kept) and its output's tanh result (index 1).
-    assert timing.held == {("a", 0): 8 * 32 * 4}
-    loss.backward()

@@ -147,10 +147,9 @@ def step_budget(
     floor = turn = 0
     rerun = rerun_bytes
     if profile is not None and profile.layer_names == names:
-        # A saved storage the forward returns, or the model was called with, that the
-        # profile leaves out (the loop holds it, pipeswap.training.loop_profile) is in its
-        # working sets; so, where the meter read them, is any other it leaves out of a
-        # layer it names as this run does (one the step's code held, BlockTiming.held).
+        # A saved storage the profile leaves out (the loop or the model's code holds it:
+        # pipeswap.training.loop_profile) is in its working sets; so, where the meter read
+        # them, is any other it leaves out of a layer it names as this run does.
         listed = {la.name: {(t.index, t.bytes) for t in la.saved} for la in profile.layers}
         read = profile.memory is not None
         records = {
@@ -182,12 +181,9 @@ def step_budget(
 def _profiled(
     records: list[CapturedSavedTensor], listed: set[tuple[int, int]], read: bool
 ) -> list[CapturedSavedTensor]:
-    """A layer's records less those its profile leaves out (``listed``: its (index, bytes))
-    that count in its working sets (see step_budget; ``read``: the meter's readings)."""
+    """A layer's records less those its profile leaves out (``listed``): see step_budget."""
     alike = read and listed <= {(r.index, r.bytes) for r in records}
-    return [
-        r for r in records if (r.index, r.bytes) in listed or not (r.returned or r.given or alike)
-    ]
+    return [r for r in records if (r.index, r.bytes) in listed or not (_held(r) or alike)]
 
 
 def check_plan_identity(
@@ -398,3 +394,7 @@ def step_refusal(*, prepared: bool, closed: bool, active: bool) -> str | None:
     if active:
         return "SwapExecutor.forward() does not nest; finish the step first"
     return None
+
+
+def _held(record: CapturedSavedTensor) -> bool:  # (by the loop, or the model's own code)
+    return record.returned or record.given or record.kept_alive

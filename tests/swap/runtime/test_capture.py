@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from user_models import USER_LAYERS, UserNet
 
 from pipeswap.errors import PipeswapError
@@ -127,3 +128,31 @@ def test_a_saved_storage_the_forward_returns_is_marked_the_loss_aside() -> None:
     returned = [(r.layer, r.bytes) for recs in records.values() for r in recs if r.returned]
     assert returned == [("attn", 2 * 6 * 6 * 4)]
     assert sum(len(recs) for recs in records.values()) > 1
+
+
+def test_a_saved_storage_the_model_s_code_holds_past_the_next_layer_is_kept_alive() -> None:
+    """A block's input the model keeps in a variable to its forward's end (BERT's
+    embeddings output, which a LoRA on the first block's query saves) is ``kept_alive``:
+    a swap of it frees nothing. One the next block's output replaces is not."""
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(32, 32)
+            self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            kept = h = self.embed(x)  # held here to the end, and saved by block 0
+            for block in self.blocks:
+                h = torch.tanh(block(h))
+            return (h + kept).square().sum()
+
+    model = Net()
+    x = torch.randn(8, 32)
+    records, _ = capture_records(model, lambda: model(x), ["blocks.0", "blocks.1", "blocks.2"])
+    alive = [
+        (name, r.index, r.bytes) for name, recs in records.items() for r in recs if r.kept_alive
+    ]
+    assert alive == [("blocks.0", 0, 8 * 32 * 4)]
+    assert not any(r.given for recs in records.values() for r in recs)
