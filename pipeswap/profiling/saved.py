@@ -58,19 +58,21 @@ class CapturedSavedTensor:
     bytes: int
     shape: tuple[int, ...]  # shape of the first view autograd saved
     dtype: str
-    # Earlier layers whose forward also saved this storage (it is held once, here).
-    also_saved_by: tuple[str, ...] = ()
+    also_saved_by: tuple[str, ...] = ()  # earlier layers that saved it too (held once, here)
     # The storage is also one of the forward's outputs (SavedTensorCapture.returning): a
     # loop that holds its outputs through the backward keeps it on the device whatever a
     # plan does with the saved tensor.
     returned: bool = False
-    # The storage is one of the tensors the model was called with (SavedTensorCapture.
-    # giving): the loop that passed it holds it through the step whatever a plan does.
+    # One of the tensors the model was called with (SavedTensorCapture.giving).
     given: bool = False
-    # The model's own code held the storage past the next layer's forward (a capture with
-    # ``release``): a model's embeddings output its caller keeps in a variable while its
-    # encoder runs. Swapping it out frees nothing.
+    # Held by the model's own code past the next layer's forward (a capture with
+    # ``release``: BERT's embeddings output, kept while its encoder runs).
     kept_alive: bool = False
+
+    def held_anyway(self, outputs_held: bool = True) -> bool:
+        """Whether the loop or the model's code holds the storage whatever a plan does
+        (its outputs only where ``outputs_held``): a swap of it frees nothing."""
+        return self.given or self.kept_alive or (outputs_held and self.returned)
 
 
 @dataclass

@@ -93,11 +93,7 @@ def saved_tensors(
     ``outputs_held``), and those the model's own code held past the next layer's forward
     (``kept_alive``: a swap of one frees nothing, and the meter reads it in the working
     sets)."""
-    return tuple(
-        SavedTensor(r.index, r.bytes)
-        for r in records
-        if not (r.given or r.kept_alive or (outputs_held and r.returned))
-    )
+    return tuple(SavedTensor(r.index, r.bytes) for r in records if not r.held_anyway(outputs_held))
 
 
 def _new_bytes(params: Iterable[torch.Tensor], seen: set[int]) -> int:

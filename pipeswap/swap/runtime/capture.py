@@ -296,18 +296,19 @@ def step_names(
         layer: [None if c is None else plan_name.get(c, kept_key(*c)) for c in keys]
         for layer, keys in c_calls.items()
     }
+
     # What a recomputed layer holds through the step: the storages its steps still save
     # (its input, kept by the wrapper; tensors of ops between it and the next layer).
     # A storage the loop or the model's own code holds anyway (given, kept_alive) is no
     # more held for the recomputation: the working sets count it where the meter read it.
-    held = {(layer, r.index) for layer, recs in records.items() for r in recs if _held(r)}
-    held |= {kept_key(la, r.index) for la, recs in c_records.items() for r in recs if _held(r)}
+    def held(captured: dict[str, list[CapturedSavedTensor]]) -> set[SavedKey]:
+        return {
+            (la, r.index) for la, recs in captured.items() for r in recs if r.held_anyway(False)
+        }
+
+    anyway = held(records) | {kept_key(*key) for key in held(c_records)}
     kept_bytes = dict.fromkeys(recompute, 0)
     for key in {key for keys in pack_calls.values() for key in keys if key is not None}:
-        if owner[key] in kept_bytes and key not in held:
+        if owner[key] in kept_bytes and key not in anyway:
             kept_bytes[owner[key]] += sizes[key]
     return StepNames(pack_calls, sizes, kept_bytes)
-
-
-def _held(record: CapturedSavedTensor) -> bool:
-    return record.given or record.kept_alive

@@ -183,7 +183,7 @@ def _profiled(
 ) -> list[CapturedSavedTensor]:
     """A layer's records less those its profile leaves out (``listed``): see step_budget."""
     alike = read and listed <= {(r.index, r.bytes) for r in records}
-    return [r for r in records if (r.index, r.bytes) in listed or not (_held(r) or alike)]
+    return [r for r in records if (r.index, r.bytes) in listed or not (r.held_anyway() or alike)]
 
 
 def check_plan_identity(
@@ -394,7 +394,3 @@ def step_refusal(*, prepared: bool, closed: bool, active: bool) -> str | None:
     if active:
         return "SwapExecutor.forward() does not nest; finish the step first"
     return None
-
-
-def _held(record: CapturedSavedTensor) -> bool:  # (by the loop, or the model's own code)
-    return record.returned or record.given or record.kept_alive
