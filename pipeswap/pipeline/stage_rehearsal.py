@@ -30,8 +30,8 @@ from pipeswap.pipeline.stage import (
     layer_infos,
     pack,
 )
+from pipeswap.profiling.meta_attention import meta_attention_like_cpu
 from pipeswap.profiling.meter import DeviceMeter
-from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.partition import stage_bounds
 from pipeswap.train_config import TrainConfig

@@ -35,9 +35,10 @@ from pipeswap.models import build_model, shape_defaults
 from pipeswap.models.base import LayeredModel
 from pipeswap.models.state import untouched
 from pipeswap.optim import PROFILE_OPTIMIZER
+from pipeswap.profiling.meta_attention import meta_attention_like_cpu
 from pipeswap.profiling.metered_step import layered_step_memory
 from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor
-from pipeswap.profiling.saved import SavedTensorCapture, meta_attention_like_cpu
+from pipeswap.profiling.saved import SavedTensorCapture
 from pipeswap.profiling.step import (
     dtype_name,
     ensure_layered,
@@ -91,7 +92,7 @@ def _flash_cpu_backward_flops(
 
 
 # PyTorch's registry has the CUDA attention kernels; add the CPU flash kernel the meta run
-# uses (see pipeswap.profiling.saved.meta_attention_like_cpu). Like PyTorch's formulas these
+# uses (see pipeswap.profiling.meta_attention.meta_attention_like_cpu). Like PyTorch's formulas these
 # count full attention even when it is causal.
 _FLOPS: dict[Any, Any] = {
     **flop_counter.flop_registry,

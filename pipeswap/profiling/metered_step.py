@@ -17,10 +17,10 @@ from pipeswap.models.base import LayeredModel
 from pipeswap.models.meta_ops import meta_like_real
 from pipeswap.models.state import untouched
 from pipeswap.profiling.block_timing import BlockTiming, time_blocks
+from pipeswap.profiling.meta_attention import meta_attention_like_cpu
 from pipeswap.profiling.meter import DeviceMeter, MemoryMarks
 from pipeswap.profiling.on_host import every_saved_tensor_on_host
 from pipeswap.profiling.profile import StepMemory
-from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.profiling.step import optimizer_state_bytes
 from pipeswap.profiling.update_step import update_temporaries
 

@@ -13,6 +13,9 @@ The naming is a contract the swap runtime relies on:
   block belongs to the Linear's layer; a block output saved both by its own final ReLU
   and by the next block's first conv belongs to the next block (backward reaches it there
   first), and the earlier layer lists it in ``also_saved_by`` of the owner's record;
+- what the model's own code saves between two layers' forwards (a bridge between an
+  encoder and a decoder) belongs to the later one: that code's backward runs after the
+  later layer's, before the earlier layer's begins;
 - ``index`` is the order of first appearance among the tensors a layer owns;
 - tensors saved by the loss (after the last block) belong to the last layer, whose
   backward starts right after the loss's.
@@ -21,27 +24,23 @@ The naming is a contract the swap runtime relies on:
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.nn.attention import SDPBackend
-from torch.overrides import TorchFunctionMode
 
 from pipeswap.models.base import LayeredModel
-from pipeswap.models.meta_ops import meta_like_real
 from pipeswap.precision import drop_cached_casts
 from pipeswap.profiling.cast_twins import CastTwins
+from pipeswap.profiling.meta_attention import meta_attention_like_cpu
 
 __all__ = [
     "CapturedSavedTensor",
     "SavedTensorCapture",
     "capture_saved",
-    "meta_attention_like_cpu",
     "storage_key",
 ]
 
@@ -145,6 +144,11 @@ class SavedTensorCapture:
         self._places = {name: i for i, name in enumerate(model.layer_names)}
         self._died: dict[int, int] = {}
         self.twins = CastTwins()  # as the swap runtime keeps them: once
+        # Storages saved since the running layer's forward returned: the next layer's once
+        # its forward starts (the last layer's, the head's and the loss's, if none does).
+        self._running = False
+        self._after_layer: list[int] = []
+        self.after_calls: dict[str, list[int]] = {name: [] for name in model.layer_names}
 
     # ---- hooks --------------------------------------------------------------------
     def _enter_layer(self, name: str) -> Any:
@@ -152,16 +156,25 @@ class SavedTensorCapture:
             if self.layer is not None:
                 self._note_deaths(self._places[self.layer])
             self.layer = name
+            self._running = True
+            for key in self._after_layer:
+                self._saved_by(key, name)
+            self._after_layer.clear()
             self.twins.reset()
             if self.drop_casts:
                 drop_cached_casts()
 
         return hook
 
+    def _leave_layer(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._running = False
+
     def _pack(self, tensor: torch.Tensor) -> Any:
         if self.layer is not None:
             tensor = self.twins.share(tensor)
         key = storage_key(tensor)
+        if self.layer is not None and not self._running:  # (see after_calls)
+            self.after_calls[self.layer].append(len(self._packs[self.layer]))
         if self.layer is None or key in self._resident:
             if self.layer is not None:
                 self._packs[self.layer].append(None)
@@ -177,9 +190,10 @@ class SavedTensorCapture:
                 [],
             )
             self._seen[key] = seen
-        if self.layer not in seen.savers:
-            seen.savers.append(self.layer)
-            self._order[self.layer].append(key)
+        if self._running:
+            self._saved_by(key, self.layer)
+        elif key not in self._after_layer:
+            self._after_layer.append(key)
         self._packs[self.layer].append(key)
         self._count_live(key, seen.bytes)
         if self.release:
@@ -190,6 +204,12 @@ class SavedTensorCapture:
         packed = _Packed(tensor.detach())
         weakref.finalize(packed, self._release_live, key)
         return packed
+
+    def _saved_by(self, key: int, layer: str) -> None:
+        seen = self._seen[key]
+        if layer not in seen.savers:
+            seen.savers.append(layer)
+            self._order[layer].append(key)
 
     @staticmethod
     def _unpack(packed: Any) -> torch.Tensor:
@@ -218,6 +238,7 @@ class SavedTensorCapture:
     def __enter__(self) -> SavedTensorCapture:
         for name, block in self.model.named_children():
             self._handles.append(block.register_forward_pre_hook(self._enter_layer(name)))
+            self._handles.append(block.register_forward_hook(self._leave_layer))
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
@@ -225,6 +246,9 @@ class SavedTensorCapture:
     def __exit__(self, *exc: object) -> None:
         if self.layer is not None:
             self._note_deaths(self._places[self.layer])
+            for key in self._after_layer:  # after the last layer: its own (the loss's)
+                self._saved_by(key, self.layer)
+            self._after_layer.clear()
         self._hooks.__exit__(*exc)
         self.twins.reset()
         for handle in self._handles:
@@ -295,7 +319,10 @@ class SavedTensorCapture:
 
     def pack_calls(self) -> dict[str, list[tuple[str, int] | None]]:
         """For each layer, its pack calls in order: the (owner layer, index) each one saved,
-        or None for a parameter or buffer. The swap runtime uses it to find its tensors."""
+        or None for a parameter or buffer. The swap runtime uses it to find its tensors.
+        A layer's pack calls run from its forward's start to the next layer's: those made
+        after its forward returned (the code between two layers, whose storages the next
+        layer owns) are at the positions ``after_calls[layer]`` lists."""
         records = self.records()
         index_of = {}
         for layer, recs in records.items():
@@ -321,80 +348,3 @@ def capture_saved(
         if targets is not None:
             model.loss(output, targets)
     return capture.records()
-
-
-# ---- meta fidelity: scaled_dot_product_attention ------------------------------------------
-
-
-def _sdpa_arguments(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> tuple[Any, ...]:
-    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
-
-
-def _cpu_twin(tensor: torch.Tensor) -> torch.Tensor:
-    # Uninitialised CPU memory is never touched: only shapes, strides and dtype matter.
-    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype)
-
-
-def _additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """The float mask SDPA hands its kernels: a boolean mask becomes 0 / -inf in the
-    query's dtype (a new tensor, which the CPU flash kernel saves for backward)."""
-    if mask is None or mask.dtype != torch.bool:
-        return mask
-    zero = torch.zeros((), dtype=dtype, device=mask.device)
-    return torch.where(mask, zero, torch.full((), float("-inf"), dtype=dtype, device=mask.device))
-
-
-class _CpuAttentionOnMeta(TorchFunctionMode):
-    """On meta, PyTorch picks the math attention backend (which saves the T x T matrix);
-    the CPU picks its flash kernel when it can. Route meta calls to the kernel the CPU
-    would choose, so saved tensors and FLOPs match a real CPU run and, within a few bytes,
-    a CUDA flash or memory-efficient kernel (q, k, v, output and an O(T) logsumexp).
-
-    Two details of the CPU path matter for bytes: with ``enable_gqa`` the flash kernel
-    reads K and V with fewer heads than Q as they are (the math path would repeat them
-    and keep the attention matrix), and a boolean mask reaches the kernel, which saves
-    it, converted to an additive mask in the query's dtype.
-    """
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is torch._C._nn.scaled_dot_product_attention:
-            q, k, v, mask, dropout_p, is_causal, scale, gqa = _sdpa_arguments(*args, **kwargs)
-            if q.device.type == "meta" and dropout_p == 0.0:
-                twins = [_cpu_twin(t) for t in (q, k, v)]
-                twin_mask = None if mask is None else _cpu_twin(mask)
-                # Private and mistyped in torch's stubs: (q, k, v, mask, dropout_p, is_causal).
-                choose: Any = torch._fused_sdp_choice
-                choice = choose(
-                    *twins, twin_mask, dropout_p, is_causal, scale=scale, enable_gqa=gqa
-                )
-                if choice == SDPBackend.FLASH_ATTENTION.value:
-                    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                        q,
-                        k,
-                        v,
-                        dropout_p,
-                        is_causal,
-                        attn_mask=_additive_mask(mask, q.dtype),
-                        scale=scale,
-                    )
-                    return out
-        return func(*args, **kwargs)
-
-
-@contextmanager
-def meta_attention_like_cpu() -> Iterator[None]:
-    """Make ``F.scaled_dot_product_attention`` on meta tensors use the CPU's kernel choice,
-    and meta ops take what their real kernels take (pipeswap.models.meta_ops): every run
-    that reads a model's costs on meta enters this, its backward included."""
-    with _CpuAttentionOnMeta(), meta_like_real():
-        yield

@@ -273,8 +273,8 @@ def unseen_state_bytes(
 ) -> int:
     """Optimizer state the storage count cannot see: all of it when the optimizer was
     named (not ``given``); of each given optimizer that has made none yet (no step has
-    run), its parameters' (by its own kind); of trainable parameters in no given
-    optimizer, AdamW's."""
+    run), its parameters' (by its own kind; none for plain SGD, which makes none); of
+    trainable parameters in no given optimizer, AdamW's."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not given:
         return optimizer_state_bytes(optimizer, _nbytes(trainable))
@@ -282,9 +282,22 @@ def unseen_state_bytes(
     unseen = optimizer_state_bytes("adamw", _nbytes(p for p in trainable if id(p) not in held))
     for o in given:
         if not o.state:
-            params = (p for group in o.param_groups for p in group["params"] if p.requires_grad)
+            params = (
+                p
+                for group in o.param_groups
+                if not _keeps_no_state(o, group)
+                for p in group["params"]
+                if p.requires_grad
+            )
             unseen += optimizer_state_bytes(optimizer_name(o), _nbytes(params))
     return unseen
+
+
+def _keeps_no_state(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
+    """Whether ``optimizer`` never makes state for ``group``: plain SGD (no momentum) keeps
+    no buffer, so its state stays empty after every step (counted as momentum SGD's, each
+    plan held a buffer per parameter more than the device ever did)."""
+    return isinstance(optimizer, torch.optim.SGD) and not group.get("momentum")
 
 
 def trainable_bytes(model: nn.Module) -> int:

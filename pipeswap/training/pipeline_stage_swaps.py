@@ -40,8 +40,8 @@ from pipeswap.pipeline.stage_rehearsal import StageReading, rehearse_stages
 from pipeswap.precision import autocast
 from pipeswap.profiling.estimate import estimate
 from pipeswap.profiling.measure import measure
+from pipeswap.profiling.meta_attention import meta_attention_like_cpu
 from pipeswap.profiling.profile import Profile
-from pipeswap.profiling.saved import meta_attention_like_cpu
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.modes import weight_mode
 from pipeswap.schedule.orders import peak_in_flight

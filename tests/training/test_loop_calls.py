@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from pipeswap.errors import PipeswapError
 from pipeswap.training.loop_calls import (
@@ -14,6 +15,7 @@ from pipeswap.training.loop_calls import (
     refuse_transforms,
     signature,
     takes_use_cache,
+    unseen_state_bytes,
     without_cache,
 )
 
@@ -185,3 +187,25 @@ def test_outputs_held_through_the_backward_of_a_step_function_are_seen() -> None
     assert watch.held() is True
     train_step(keep=False)
     assert watch.held() is False
+
+
+def test_a_given_optimizer_that_makes_no_state_has_none_counted_before_its_first_step() -> None:
+    """Plain SGD (no momentum) keeps no buffer: its state stays empty after every step, so
+    counted as momentum SGD's before a first step, every plan held one buffer per
+    parameter more than the device ever did (13% of a small two-stack model's budget)."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    first, second = (sum(p.nbytes for p in layer.parameters()) for layer in model)
+    plain = torch.optim.SGD(model.parameters(), lr=0.1)
+    momentum = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    mixed = torch.optim.SGD(
+        [{"params": model[0].parameters(), "momentum": 0.9}, {"params": model[1].parameters()}],
+        lr=0.1,
+    )
+    adam = torch.optim.Adam(model.parameters())
+    assert unseen_state_bytes(model, "sgd", [plain]) == 0
+    assert unseen_state_bytes(model, "sgd", [momentum]) == first + second
+    assert unseen_state_bytes(model, "sgd", [mixed]) == first
+    assert unseen_state_bytes(model, "adam", [adam]) == 2 * (first + second)
+    model(torch.ones(1, 8)).sum().backward()
+    plain.step()
+    assert not plain.state and unseen_state_bytes(model, "sgd", [plain]) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from contextlib import nullcontext
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from pipeswap.config_fields import ConfigError
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.meter import DeviceMeter
 from pipeswap.profiling.metered_step import metered_step
@@ -239,3 +241,70 @@ def test_a_saved_tensor_the_models_code_holds_on_is_never_counted_as_freed(polic
     assert all(torch.equal(a, b) for a, b in zip(weights, plain_weights, strict=True))
     assert max(peaks[1:]) <= stats["budget_bytes"], (peaks, stats["budget_bytes"])
     off.close()
+
+
+class _Bridged(nn.Module):
+    """An encoder, a wide bridge of the model's own code, and a decoder reading the
+    encoder's output too (an encoder-decoder's shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = nn.ModuleList(
+            nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)) for _ in range(3)
+        )
+        self.bridge_up = nn.Linear(64, 512)
+        self.bridge_down = nn.Linear(512, 64)
+        self.decoder = nn.ModuleList(
+            nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)) for _ in range(3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.encoder:
+            x = x + block(x)
+        y = self.bridge_down(torch.tanh(self.bridge_up(x)))
+        for block in self.decoder:
+            y = y + block(y + x)
+        return y.pow(2).mean()
+
+
+def test_what_code_between_two_layers_saves_is_back_for_the_later_layers_backward() -> None:
+    """The bridge's saved tensors were filed under the encoder's last layer, whose backward
+    the plan brought them back for; the bridge's backward needs them earlier, in the
+    decoder's first layer's, beside what that layer holds: 1.22x the budget at ratio 2.
+    Filed under the decoder's first layer, it is planned or refused naming the smallest,
+    which holds (plain SGD's state, none, counted as none: the smallest is the step's)."""
+
+    def run(**budget: Any) -> tuple[list[float], list[int], dict[str, Any]]:
+        model = _Bridged()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        layers = [f"{stack}.{i}" for stack in ("encoder", "decoder") for i in range(3)]
+        off = offload(model, optimizer=opt, policy="disjoint", layers=layers, **budget)
+        g = torch.Generator().manual_seed(1)
+        losses, peaks = [], []
+        for _ in range(3):
+            x = torch.randn(16, 64, 64, generator=g)
+            pools = off.host_pools() if budget else []
+            with DeviceMeter("cpu", holding=(model, opt, x), exclude=pools) as meter:
+                with off if budget else nullcontext():
+                    loss = model(x)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.item())
+            peaks.append(meter.peak)
+        stats = off.stats()
+        off.close()
+        return losses, peaks, stats
+
+    budget: dict[str, Any] = {"footprint_ratio": 2.0}
+    try:
+        losses, peaks, stats = run(**budget)
+    except ConfigError as refused:
+        smallest = int(re.search(r"smallest budget that works is (\d+)", str(refused))[1])
+        budget = {"gpu_memory": smallest}
+        losses, peaks, stats = run(**budget)
+    assert stats["swapped_bytes"] > 0 and losses == run()[0]  # bit-identical to plain
+    assert max(peaks[1:]) <= stats["budget_bytes"], (peaks, stats["budget_bytes"])
+    if "gpu_memory" in budget:  # the smallest named is what the step needs, not more
+        assert max(peaks[1:]) >= 0.98 * stats["budget_bytes"]

@@ -81,17 +81,21 @@ def capture_records(
     layers: Sequence[str] | None = None,
     *,
     packed: set[int] | None = None,
+    after: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]:
     """Run ``forward_loss`` once (no backward) and name the tensors it saves per layer.
 
     Returns the profiler's records and, per layer, the name each pack call saved (None for
     a parameter or buffer). Buffers (BatchNorm statistics) and the random state are put
     back afterwards, so the pass leaves no trace on training. ``packed`` gets the storage
-    keys of every saved storage (SavedTensorCapture.saved_keys).
+    keys of every saved storage (SavedTensorCapture.saved_keys), ``after`` the positions
+    of the pack calls made after each layer's forward returned (after_calls).
     """
     capture = _capture(model, forward_loss, layers, None)
     if packed is not None:
         packed.update(capture.saved_keys)
+    if after is not None:
+        after.update(capture.after_calls)
     return capture.records(), capture.pack_calls()
 
 
@@ -190,9 +194,12 @@ def capture_inner(
     forward_loss: Callable[[], torch.Tensor],
     layers: Sequence[str] | None,
     inner: InnerSaves,
+    after: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]:
     """:func:`capture_records`, also noting in ``inner`` what recomputed layers save."""
     capture = _capture(model, forward_loss, layers, inner)
+    if after is not None:
+        after.update(capture.after_calls)
     return capture.records(), capture.pack_calls()
 
 
@@ -250,6 +257,7 @@ def step_names(
     plain: tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]],
     recomputing: tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]],
     recompute: Sequence[str],
+    after: tuple[dict[str, list[int]], dict[str, list[int]]] = ({}, {}),
 ) -> StepNames:
     """Name the pack calls of a step with recomputed layers as the plan (the profiler)
     names tensors.
@@ -259,7 +267,8 @@ def step_names(
     inputs are saved once more by the wrapper, and a storage may then change owner (a
     block's input saved by the previous block's last op and kept by the wrapper). Every
     other layer packs the same tensors in the same order in both passes, so zipping their
-    pack calls maps each name of the recomputing pass to the plan's name; what only
+    pack calls maps each name of the recomputing pass to the plan's name; so does the code
+    after a recomputed layer's forward (``after``: each pass's after_calls); what only
     recomputed layers save gets a :func:`kept_key` name.
     """
     records, calls = plain
@@ -267,9 +276,10 @@ def step_names(
     skip = set(recompute)
     plan_name: dict[SavedKey, SavedKey] = {}
     for layer, mine in calls.items():
-        if layer in skip:
-            continue
         theirs = c_calls[layer]
+        if layer in skip:  # its own calls vanish; those of the code after it do not
+            mine = [mine[i] for i in after[0].get(layer, [])]
+            theirs = [theirs[i] for i in after[1].get(layer, [])]
         if len(theirs) != len(mine):
             raise PipeswapError(
                 f"layer {layer!r} saved {len(mine)} tensors in a plain forward but "

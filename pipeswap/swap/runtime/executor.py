@@ -15,8 +15,8 @@ to that list by position (a repeated cast is kept once, :mod:`pipeswap.profiling
 in the naming pass as in the steps). Parameters and buffers are never swapped. A swapped
 storage is copied whole into its region of a :class:`HostPool`; prefetches start from
 hooks on gradients (:mod:`pipeswap.swap.runtime.prefetch_gate`, or the turn's); a tensor
-unpacked before its prefetch was issued is fetched then, a late fetch.
-:mod:`pipeswap.swap.runtime.transfer` moves the bytes (on the CPU a fetch copies too).
+unpacked before its prefetch was issued is fetched then, a late fetch (the bytes move by
+:mod:`pipeswap.swap.runtime.transfer`; on the CPU a fetch copies too).
 
 Layers the plan recomputes run their forward under non-reentrant ``torch.utils.checkpoint``
 (:mod:`pipeswap.swap.runtime.recompute`); the wrapper's copy of a layer's input is packed by
@@ -76,8 +76,7 @@ class SwapExecutor:
     tensors than prepare saw (a mixture of experts' routing) by keeping what does not fit
     on the device (:mod:`pipeswap.swap.runtime.step_tensors`; :attr:`unmatched` counts
     them). The executor registers its module hooks (and wraps the forward of each
-    recomputed layer) at construction; call :meth:`close` (or use it as a context manager).
-    """
+    recomputed layer) at construction; call :meth:`close` (or use it as a context manager)."""
 
     def __init__(
         self,
@@ -124,8 +123,8 @@ class SwapExecutor:
         out = set(self._outs_at_turn)  # out and back at the turn: it never leaves the device
         self._back_at_turn = [key for key in at_turn if key in out]
         self._prefetch_at_turn = [key for key in at_turn if key not in out]
-        previous = self._previous_layer = dict(zip(self.layer_names[1:], self.layer_names))
-        self._gate = PrefetchGate(self._prefetch_after, previous, self._tensors.prefetch)
+        self._previous_layer = dict(zip(self.layer_names[1:], self.layer_names))
+        self._gate = PrefetchGate(self._prefetch_after, self._tensors.prefetch)
         self._ended: set[str] = set()
         self.records: dict[str, list[CapturedSavedTensor]] | None = None
         # The most bytes a step needs by the plan's memory model (resident state, saved
@@ -234,7 +233,7 @@ class SwapExecutor:
         if self._tensors.strict:
             check_records(self.decisions, records)
         # Without strict, a forward that saves other tensors from call to call (a branch
-        # taken every other step) keeps what its names do not fit: step_tensors.
+        # taken every other step) keeps what its names do not fit (step_tensors).
         self.records = records
         if not self.account:
             pack_calls = only_swapped(pack_calls, self.decisions)
@@ -256,7 +255,8 @@ class SwapExecutor:
     # ---- hooks ----------------------------------------------------------------------
     def _forward_pre_hook(self, name: str) -> Callable[..., None]:
         # A layer's forward ends where the next one starts: whatever runs in between (an
-        # activation outside any listed submodule) belongs to it, as in the profiler.
+        # activation outside any listed submodule) is named in its pack calls (the storages
+        # are the next layer's, as the profiler names them: pipeswap.profiling.saved).
         previous = self._previous_layer.get(name)
 
         def hook(module: nn.Module, args: Any) -> None:
@@ -317,9 +317,9 @@ class SwapExecutor:
         return watch
 
     def _turn_hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        """The turn's prefetches start once the turn is over, as in the plan's timeline:
-        when the last layer's output has its gradient (the head, the loss and their
-        backward have run). At the forward's end they would add to the turn's working set."""
+        """The turn's prefetches start once the turn is over, as in the plan's timeline: when
+        the last layer's output has its gradient (the head, the loss and their backward ran);
+        at the forward's end they would add to the turn's working set."""
         wanted = _needs_grad(output) if self._active else None
         if wanted is not None:
             wanted.register_hook(lambda grad: self._turn_prefetch())

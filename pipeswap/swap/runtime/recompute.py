@@ -161,21 +161,24 @@ class Recomputation:
         Returns the plain pass's records with the steps' pack calls, and every name's bytes."""
         inner = InnerSaves()
         self._inner = inner
+        after: tuple[dict[str, list[int]], dict[str, list[int]]] = ({}, {})
         try:
-            plain = capture_inner(model, forward_loss, layer_names, inner)
+            plain = capture_inner(model, forward_loss, layer_names, inner, after=after[0])
         finally:
             self._inner = None
         self.active = True
         self._by_reference = _ByReference(model, alone=self.alone)
         packed: set[int] = set()
         try:
-            recomputed = capture_records(model, forward_loss, layer_names, packed=packed)
+            recomputed = capture_records(
+                model, forward_loss, layer_names, packed=packed, after=after[1]
+            )
             held = self._by_reference.bytes(packed)
         finally:
             self.active = False
             self._by_reference = None
             self.finish_step()  # no backward follows: what the pass kept is let go of
-        names = step_names(plain, recomputed, self.names)
+        names = step_names(plain, recomputed, self.names, after)
         self.kept_bytes = {name: n + held.get(name, 0) for name, n in names.kept_bytes.items()}
         self.rerun_bytes = {name: inner.rerun_bytes(name) for name in self.names}
         self.own_rerun_bytes = {name: inner.rerun_bytes(name, own=True) for name in self.names}

@@ -15,7 +15,7 @@ def test_a_layers_prefetches_start_once_its_backward_is_done_and_the_previous_ha
     started: list[tuple[str, int]] = []
     a0, b0, c0 = ("a", 0), ("b", 0), ("c", 0)
     after = {"c": [b0, a0], "d": [c0]}
-    gate = PrefetchGate(after, {"b": "a", "c": "b", "d": "c"}, started.append)
+    gate = PrefetchGate(after, started.append)
     x = torch.ones(2, requires_grad=True)
     y = x * 2  # the output of "b", the layer before "c"
     gate.watch_previous("c", y)
@@ -23,10 +23,10 @@ def test_a_layers_prefetches_start_once_its_backward_is_done_and_the_previous_ha
     gate.watch_previous("b", y)  # nothing to prefetch after "b": no wait
     gate.done("d")
     assert started == [c0]
-    gate.done("c")  # "b"'s own start (what runs between "b" and "c" may use them)
-    assert started == [c0, b0]
-    y.sum().backward()  # "b"'s backward begins: the earlier layers' start
-    assert started[2:] == [b0, a0]
+    gate.done("c")  # what runs between "b" and "c" is inside "c"'s backward: no start yet
+    assert started == [c0]
+    y.sum().backward()  # "b"'s backward begins: "c"'s prefetches start
+    assert started == [c0, b0, a0]
     started.clear()
     gate.start_step()
     gate.watch_previous("c", z := x * 3)
