@@ -373,18 +373,27 @@ _ARGUMENT = {"gpu_memory_bytes": "gpu_memory"}
 
 
 @contextmanager
-def offload_names() -> Iterator[None]:
-    """Refusals inside name the settings as :func:`offload` calls them (``gpu_memory``)."""
+def offload_names(model: nn.Module | None = None) -> Iterator[None]:
+    """Refusals inside name the settings as :func:`offload` calls them (``gpu_memory``), and
+    say where ``model`` recomputes its layers already (Hugging Face gradient checkpointing)."""
     try:
         yield
     except ConfigError as exc:
         # Raised without a name in this frame: a local would hold the exception, whose
         # traceback holds this frame (a cycle that keeps the forward's frames, and its
         # output and batch, alive until the garbage collector runs).
-        raise _spelled(exc) from None
+        raise _spelled(exc, model) from None
 
 
-def _spelled(refused: ConfigError) -> ConfigError:
+def _spelled(refused: ConfigError, model: nn.Module | None) -> ConfigError:
     spelled = ConfigError(refused.message)
-    spelled.args = (refused.render(lambda name: _ARGUMENT.get(name, name)),)
+    message = refused.render(lambda name: _ARGUMENT.get(name, name))
+    if getattr(model, "is_gradient_checkpointing", False) and "smallest budget" in message:
+        message += (
+            f" ({type(model).__name__} recomputes its layers already: gradient checkpointing "
+            "is on, so the step pipeswap measured and plans from is the checkpointed one; call "
+            "model.gradient_checkpointing_disable() before offload to have pipeswap choose what "
+            "to swap or recompute for the budget)"
+        )
+    spelled.args = (message,)
     return spelled

@@ -319,7 +319,7 @@ class LoopPlanner:
             payload = broadcast_from_rank0(payload, world, patient=True)  # rank 0 plans
         if isinstance(payload, PipeswapError):
             try:
-                with offload_names():
+                with offload_names(self.model):
                     raise payload
             finally:  # a local holding the exception, whose traceback holds this frame,
                 del payload  # would keep the forward's output alive until a collection

@@ -6,11 +6,13 @@ import pytest
 import torch
 from torch import nn
 
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.training.loop_calls import (
     HeldOutputs,
     in_signed_modes,
     modes_of,
+    offload_names,
     optimizer_name,
     refuse_transforms,
     signature,
@@ -209,3 +211,20 @@ def test_a_given_optimizer_that_makes_no_state_has_none_counted_before_its_first
     model(torch.ones(1, 8)).sum().backward()
     plain.step()
     assert not plain.state and unseen_state_bytes(model, "sgd", [plain]) == 0
+
+
+def test_a_refusal_says_where_the_model_recomputes_its_layers_already() -> None:
+    """A Hugging Face model with gradient checkpointing on is measured checkpointed: the
+    smallest budget named is its checkpointed step's, which the refusal now says why."""
+
+    class Checkpointed(nn.Linear):
+        is_gradient_checkpointing = True
+
+    refusal = "a budget of 5 bytes is too small; the smallest budget that works is 9 bytes"
+    with pytest.raises(ConfigError, match="recomputes its layers already.*disable"):
+        with offload_names(Checkpointed(2, 2)):
+            raise ConfigError(refusal)
+    with pytest.raises(ConfigError) as plain:
+        with offload_names(nn.Linear(2, 2)):
+            raise ConfigError(refusal)
+    assert str(plain.value) == refusal
