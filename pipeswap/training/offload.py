@@ -21,7 +21,7 @@ from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.learning import SAID, learning_step
 from pipeswap.swap.runtime.stats import StepStats
 from pipeswap.swap.swap_config import SwapConfig
-from pipeswap.training import loop_calls
+from pipeswap.training import loop_calls, loop_optimizers
 from pipeswap.training.loop_calls import Signature
 from pipeswap.training.loop_meter import LoopMeter
 from pipeswap.training.loop_plans import LoopPlanner, offload_names
@@ -58,12 +58,13 @@ def offload(
     offload passes it). A loop that holds the model's outputs (``outputs = model(...)``)
     through its backward is planned with them held. Under your own DDP, rank 0 makes the first
     plan for every rank (swaps coordinate them), and a shape one rank meets alone, it plans
-    alone. ``layers`` are the submodules plans cut at (default: the model's repeated blocks); ``optimizer`` says which state the budget counts
-    (pass the optimizer itself, or a list of every optimizer the loop steps, to have their state
-    counted as it is); ``whole_blocks`` recomputes
-    whole blocks only (SwapConfig.whole_blocks). ``time_limit_s`` bounds the search of the policies
-    that search (``auto``, ``mip``; a derived plan takes the heuristics), inside the user's step; by
-    default about two steps' time, at most 1 s.
+    alone. ``model`` is what the loop calls (or a submodule it calls, whose forward runs the
+    layers). ``layers`` are the submodules plans cut at (default: the model's repeated
+    blocks); ``optimizer`` says which state the budget counts (pass the optimizer itself, or a
+    list of every optimizer the loop steps, to have their state counted as it is);
+    ``whole_blocks`` recomputes whole blocks only (SwapConfig.whole_blocks). ``time_limit_s``
+    bounds the search of the policies that search (``auto``, ``mip``; a derived plan takes the
+    heuristics), inside the user's step: by default about two steps' time, at most 1 s.
 
     The budget is what the device's own meter counts (pipeswap.profiling.meter: CUDA's allocator; on
     the CPU the live storages): a measured shape's step reads the meter at every layer's edges, so
@@ -73,7 +74,7 @@ def offload(
     planned again for that much less, at most twice (a warning says so); ``check_memory=True``
     reads every step too (``stats()["step_peak_bytes"]``: CUDA's peak, reset at each forward;
     on the CPU the storages of its forward and backward, counted by a dispatch mode: slower
-    steps). ``stats()`` states the measured peak beside the budget and the prediction.
+    steps); ``stats()`` states it beside the budget and the prediction.
 
     Batches of every length: the budget is resolved once, at the first plan, and every
     later shape keeps it. A plan made for one call serves every smaller call of the same
@@ -135,7 +136,7 @@ class Offload:
         check_memory: bool | None = None,
         on_infeasible: str = "error",
     ) -> None:
-        self.model = unwrap(model)
+        self.model = loop_calls.called_module(unwrap(model))
         self.config = config
         self.topology = topology
         if layers is None:
@@ -147,12 +148,11 @@ class Offload:
                     f"at, in forward order: offload(model, layers={candidate_layers(self.model)})"
                 ) from None
         self.layer_names = list(layers)
-        # A Hugging Face model builds a key/value cache in training forwards unless told
-        # not to (its default): the cache holds every layer's keys and values beyond the
-        # backward's use of them, so swapping or recomputing them would free nothing.
+        # A Hugging Face model builds a key/value cache in training forwards by default: it
+        # holds every layer's keys and values, so swapping or recomputing them frees nothing.
         self._takes_use_cache = loop_calls.takes_use_cache(self.model.forward, self.model)
         self.layers = resolve_layers(self.model, self.layer_names)
-        self.optimizer, self.optimizers = loop_calls.given_optimizers(self.model, optimizer)
+        self.optimizer, self.optimizers = loop_optimizers.given_optimizers(self.model, optimizer)
         self._optimizer_hooks = [
             hook(lambda *_, starting=starting: self.meter.optimizer_step(starting))
             for o in self.optimizers
@@ -189,7 +189,7 @@ class Offload:
             on_infeasible,
         )
         if device.type == "cpu" and model is not self.model:  # DDP: its buckets, unseen
-            self.planner.unseen_bytes = loop_calls.trainable_bytes(self.model)  # (CPU count)
+            self.planner.unseen_bytes = loop_optimizers.trainable_bytes(self.model)  # (CPU count)
         self.shapes = ShapePlans(self.planner, check_memory=self.check_memory)
         self.shapes.settings = self._plan_settings
         self.meter = LoopMeter(device, (self.model, self.optimizers), self.planner.measured)
@@ -366,7 +366,7 @@ class Offload:
         return loop_calls.signature(args, kwargs, self._device(), loop_calls.modes_of(self.model))
 
     def _unseen_state(self) -> int:
-        return loop_calls.unseen_state_bytes(self.model, self.optimizer, self.optimizers)
+        return loop_optimizers.unseen_state_bytes(self.model, self.optimizer, self.optimizers)
 
     # ---- what it did ----------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

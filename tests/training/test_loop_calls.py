@@ -9,15 +9,14 @@ from torch import nn
 from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.training.loop_calls import (
+    called_module,
     HeldOutputs,
     in_signed_modes,
     modes_of,
     offload_names,
-    optimizer_name,
     refuse_transforms,
     signature,
     takes_use_cache,
-    unseen_state_bytes,
     without_cache,
 )
 
@@ -108,13 +107,6 @@ def test_a_forward_passing_kwargs_on_to_a_submodule_that_names_use_cache_takes_i
     assert not takes_use_cache(plain.forward, plain)
 
 
-def test_an_optimizer_is_named_as_the_state_model_knows_it() -> None:
-    params = [torch.nn.Parameter(torch.zeros(2))]
-    assert optimizer_name(torch.optim.SGD(params, lr=0.1)) == "sgd"
-    assert optimizer_name(torch.optim.Adam(params)) == "adam"
-    assert optimizer_name(torch.optim.RMSprop(params)) == "adamw"  # two buffers: the safe side
-
-
 def test_a_forward_inside_a_torch_func_transform_is_refused_saying_what_to_do() -> None:
     refuse_transforms()  # outside any transform: nothing to say
 
@@ -191,28 +183,6 @@ def test_outputs_held_through_the_backward_of_a_step_function_are_seen() -> None
     assert watch.held() is False
 
 
-def test_a_given_optimizer_that_makes_no_state_has_none_counted_before_its_first_step() -> None:
-    """Plain SGD (no momentum) keeps no buffer: its state stays empty after every step, so
-    counted as momentum SGD's before a first step, every plan held one buffer per
-    parameter more than the device ever did (13% of a small two-stack model's budget)."""
-    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
-    first, second = (sum(p.nbytes for p in layer.parameters()) for layer in model)
-    plain = torch.optim.SGD(model.parameters(), lr=0.1)
-    momentum = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    mixed = torch.optim.SGD(
-        [{"params": model[0].parameters(), "momentum": 0.9}, {"params": model[1].parameters()}],
-        lr=0.1,
-    )
-    adam = torch.optim.Adam(model.parameters())
-    assert unseen_state_bytes(model, "sgd", [plain]) == 0
-    assert unseen_state_bytes(model, "sgd", [momentum]) == first + second
-    assert unseen_state_bytes(model, "sgd", [mixed]) == first
-    assert unseen_state_bytes(model, "adam", [adam]) == 2 * (first + second)
-    model(torch.ones(1, 8)).sum().backward()
-    plain.step()
-    assert not plain.state and unseen_state_bytes(model, "sgd", [plain]) == 0
-
-
 def test_a_refusal_says_where_the_model_recomputes_its_layers_already() -> None:
     """A Hugging Face model with gradient checkpointing on is measured checkpointed: the
     smallest budget named is its checkpointed step's, which the refusal now says why."""
@@ -228,3 +198,15 @@ def test_a_refusal_says_where_the_model_recomputes_its_layers_already() -> None:
         with offload_names(nn.Linear(2, 2)):
             raise ConfigError(refusal)
     assert str(plain.value) == refusal
+
+
+def test_a_container_no_loop_calls_is_refused_naming_what_to_pass() -> None:
+    """offload(model.model.layers) hooked a ModuleList no loop calls: nothing was ever
+    planned or swapped, silently. A module with a forward of its own is kept."""
+    layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(2))
+    with pytest.raises(ConfigError, match="ModuleList has no forward of its own.*offload"):
+        called_module(layers)
+    with pytest.raises(ConfigError, match="ModuleDict has no forward"):
+        called_module(nn.ModuleDict({"a": nn.Linear(2, 2)}))
+    model = nn.Sequential(*layers)
+    assert called_module(model) is model
