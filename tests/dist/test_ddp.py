@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeswap.dist.ddp import accumulating, replicate
+from pipeswap.dist.ddp import accumulating, replicate, unwrap
 from pipeswap.dist.launch import spawn
 
 
@@ -37,3 +37,35 @@ def test_gradients_accumulate_locally_then_average_over_ranks() -> None:
     assert rank0[:2] == [1.0, 1.0] and rank1[:2] == [2.0, 2.0]  # local only
     # Synced: the mean over ranks of (local + this micro-batch's) gradient.
     assert rank0[2:] == rank1[2:] == [3.0, 3.0]
+
+
+def _offload_of_a_sharded_model(rank: int, world: int) -> str:
+    from torch.distributed.fsdp import fully_shard
+
+    from pipeswap.errors import PipeswapError
+    from pipeswap.training.offload import offload
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    fully_shard(model[0])
+    fully_shard(model)
+    try:
+        offload(model, footprint_ratio=1.5, layers=["0", "1"])
+    except PipeswapError as refused:
+        return str(refused)
+    return "accepted"
+
+
+@pytest.mark.dist
+def test_a_model_sharded_by_fsdp_is_refused_saying_what_to_use() -> None:
+    """Under fully_shard, FSDP gathers and frees each layer's parameters itself: plans held
+    1.05-1.16x their budgets on 2 ranks (a Llama, auto and hybrid), silently."""
+    launched = spawn(_offload_of_a_sharded_model, 1, timeout_s=60)
+    assert launched.ok, launched.exit_codes
+    (said,) = launched.results
+    assert "does not support a model sharded by FSDP" in said
+    assert "DistributedDataParallel" in said
+
+
+def test_unwrap_gives_what_ddp_wraps_and_any_other_module_as_it_is() -> None:
+    model = torch.nn.Linear(2, 2)
+    assert unwrap(model) is model

@@ -9,8 +9,8 @@ from torch import nn
 from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.training.loop_calls import (
-    called_module,
     HeldOutputs,
+    called_module,
     in_signed_modes,
     modes_of,
     offload_names,
