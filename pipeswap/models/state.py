@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy
 import torch
 from torch import nn
 
@@ -116,18 +118,26 @@ def untouched(
 ) -> Iterator[None]:
     """Run the body, then leave ``model`` and the random generators as they were before.
 
-    Restores what :class:`ModuleSnapshot` keeps, and the CPU generator and the CUDA
-    generators of the model's GPUs and of ``devices`` (dropout draws from them). With
-    ``check``, a parameter written in place by the body is a PipeswapError.
+    Restores what :class:`ModuleSnapshot` keeps, the CPU generator and the CUDA generators
+    of the model's GPUs and of ``devices`` (dropout draws from them), and NumPy's and
+    Python's global generators (a model's own code may draw from them: wav2vec2's
+    SpecAugment masks come from NumPy's, which a pass run aside had moved on, so the
+    loop's next masks differed from a loop without pipeswap). With ``check``, a parameter
+    written in place by the body is a PipeswapError.
     """
     snapshot = ModuleSnapshot(model)
-    with torch.random.fork_rng(devices=_cuda_indices(model, devices)):
-        try:
-            yield
-        except BaseException:
-            snapshot.restore(check=False)  # the body's own error is the one to report
-            raise
-        snapshot.restore(check)
+    numpy_state, python_state = numpy.random.get_state(), random.getstate()
+    try:
+        with torch.random.fork_rng(devices=_cuda_indices(model, devices)):
+            try:
+                yield
+            except BaseException:
+                snapshot.restore(check=False)  # the body's own error is the one to report
+                raise
+            snapshot.restore(check)
+    finally:
+        numpy.random.set_state(numpy_state)
+        random.setstate(python_state)
 
 
 @contextmanager

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+
+import numpy
 import pytest
 import torch
 from torch import nn
@@ -104,3 +107,18 @@ def test_what_a_forward_adds_to_the_model_s_lists_and_dicts_is_taken_back() -> N
     assert net.aux is aux and net.seen is seen
     assert len(aux) == 2 and all(a is b for a, b in zip(aux, before[0], strict=True))
     assert seen.keys() == before[1].keys() and all(seen[k] is before[1][k] for k in seen)
+
+
+def test_untouched_leaves_numpy_s_and_python_s_generators_as_they_were() -> None:
+    """A model's own code may draw from them (wav2vec2's SpecAugment masks from NumPy's):
+    a pass run aside had moved them on, and the loop's next masks differed."""
+    model = torch.nn.Linear(2, 2)
+    numpy.random.seed(3)
+    random.seed(3)
+    expected = (numpy.random.random(), random.random())
+    numpy.random.seed(3)
+    random.seed(3)
+    with untouched(model):
+        numpy.random.random(5)
+        random.random()
+    assert (numpy.random.random(), random.random()) == expected
