@@ -230,13 +230,28 @@ def _is_cache(value: Any) -> bool:
 
 
 def called_module(model: nn.Module) -> nn.Module:
-    """``model``, refused where no loop can call it: offload starts at its forward, and a
-    container (nn.ModuleList, nn.ModuleDict) has none, so nothing would ever be planned."""
+    """``model``, refused where no plan can serve its calls: offload starts at its forward,
+    and a container (nn.ModuleList, nn.ModuleDict) has none, so nothing would ever be
+    planned; a model that skips layers at random while training (Hugging Face layer drop:
+    wav2vec2's and SpeechT5's default configs) saves nothing for a skipped layer, where a
+    plan names each layer's saved tensors (planning failed when one was skipped)."""
+    name = type(model).__name__
     if type(model).forward is nn.Module.forward:
         raise ConfigError(
-            f"offload wraps the module your loop calls, and {type(model).__name__} has no "
+            f"offload wraps the module your loop calls, and {name} has no "
             "forward of its own (its layers are called by their parent's): pass the model, "
             "or the submodule whose forward runs these layers, e.g. offload(model)"
+        )
+    to_dict = getattr(getattr(model, "config", None), "to_dict", None)
+    settings = to_dict() if callable(to_dict) else {}
+    dropping = {k: v for k, v in settings.items() if "layerdrop" in k and v}
+    if dropping:
+        said = ", ".join(f"{k}={v}" for k, v in dropping.items())
+        raise ConfigError(
+            f"{name} skips layers at random while training ({said}): a plan names each "
+            "layer's saved tensors, and a skipped layer saves none. Build the model without "
+            f"it ({', '.join(f'{k}=0.0' for k in dropping)} in its config or from_pretrained) "
+            "to use offload"
         )
     return model
 

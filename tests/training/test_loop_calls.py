@@ -210,3 +210,19 @@ def test_a_container_no_loop_calls_is_refused_naming_what_to_pass() -> None:
         called_module(nn.ModuleDict({"a": nn.Linear(2, 2)}))
     model = nn.Sequential(*layers)
     assert called_module(model) is model
+
+
+def test_a_model_that_skips_layers_at_random_is_refused_naming_the_setting() -> None:
+    """wav2vec2's default config drops layers (layerdrop=0.1): planning failed whenever a
+    layer was skipped, with a message about the loss not reaching every layer."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=2, vocab_size=16,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"skips layers at random while training \(layerdrop"):
+        called_module(transformers.Wav2Vec2ForCTC(config))
+    config.layerdrop = 0.0
+    model = transformers.Wav2Vec2ForCTC(config)
+    assert called_module(model) is model
