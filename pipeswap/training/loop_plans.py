@@ -138,12 +138,10 @@ class LoopPlanner:
         return self.budget_bytes
 
     def _resolve_budget(self, profile: Profile) -> int:
-        config = self.config
-        if config.gpu_memory_bytes is not None:
+        if (config := self.config).gpu_memory_bytes is not None:
             return config.gpu_memory_bytes
         if config.footprint_ratio is not None:
-            peak = workload_from_profile(profile).no_swap_peak_bytes()
-            return int(peak / config.footprint_ratio)
+            return int(workload_from_profile(profile).no_swap_peak_bytes() / config.footprint_ratio)
         _, world = rank_and_world()
         where = swap_topology(self.topology, self.device.type, world)
         return min(where.node(gpu).memory_bytes for gpu in where.gpus[:world])
@@ -206,7 +204,7 @@ class LoopPlanner:
         args, kwargs = call
         first = self.budget_bytes is None  # (a refusal then names the smallest budget)
         budget = self.budget(profile)
-        recomputes_all, margin = False, int(self.overshoot * budget)
+        recomputes_all, margin, why = False, int(self.overshoot * budget), ""
         for config in configs:
             try:
                 if margin:  # tighter by what steps held over their plans, where that fits
@@ -217,11 +215,12 @@ class LoopPlanner:
                         margin = 0
                 result, executor = self.make(profile, budget, args, kwargs, config=config)
                 break
-            except ConfigError:
+            except ConfigError as refused:
                 if config is configs[-1] and first:
                     raise
+                why = str(refused)
         else:
-            result, executor = self._beyond_budget(profile, budget, call, shape, fits)
+            result, executor = self._beyond_budget(profile, budget, call, shape, fits, why)
             recomputes_all = True
         planned = ShapePlan(
             executor,
@@ -252,28 +251,29 @@ class LoopPlanner:
         call: tuple[Any, Any],
         shape: str,
         fits: str | None,
+        why: str,
     ) -> tuple[PlanResult, SwapExecutor | None]:
         """A call no plan fits within the run's budget: refused (``on_infeasible="error"``),
         or run recomputing every layer it can (``"recompute-all"``), said in a warning.
         ``fits``: the largest shape planned within it (None: none with the trainable
-        parameters this call has, which is a plan's own set)."""
-        workload = workload_from_profile(profile)
-        least = workload.min_budget_bytes(recomputing=True)
+        parameters this call has, which is a plan's own set); ``why``: the last refusal."""
+        least = workload_from_profile(profile).min_budget_bytes(recomputing=True)
+        within = f"the run's budget of {format_bytes(budget)} ({budget} bytes)"
         over = (
-            f"a batch of shape {shape} needs at least {format_bytes(least)} "
-            f"({least} bytes) with every layer recomputed, more than the run's budget of "
-            f"{format_bytes(budget)} ({budget} bytes)"
-            + (
-                f"; the largest shape planned within it is {fits}"
-                if fits is not None
-                else ", resolved at its first plan, when the model's trainable parameters "
-                "were others (unfrozen ones add gradients and optimizer state)"
-            )
+            f"a batch of shape {shape} needs at least {format_bytes(least)} ({least} bytes) "
+            f"with every layer recomputed, more than {within}"
+            if least > budget  # (else the bound is below it, and the plans tried say why)
+            else f"no plan keeps a batch of shape {shape} within {within} ({why})"
+        ) + (
+            f"; the largest shape planned within it is {fits}"
+            if fits is not None
+            else ", resolved at its first plan, when the model's trainable parameters "
+            "were others (unfrozen ones add gradients and optimizer state)"
         )
         if self.on_infeasible != "recompute-all":
             raise ConfigError(
-                f"{over}. Cap the batch's length at what fits, give "
-                "offload(gpu_memory=...) at least that much, or pass "
+                f"{over}. Cap the batch's length at what fits, give offload(gpu_memory=...) "
+                f"{'at least that much' if least > budget else 'more'}, or pass "
                 "offload(on_infeasible='recompute-all') to run such batches recomputing "
                 "every layer beyond the budget"
             ) from None

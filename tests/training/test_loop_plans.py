@@ -10,6 +10,7 @@ import torch
 from pipeswap.config_fields import ConfigError
 from pipeswap.training.loop_plans import LoopPlanner
 from pipeswap.training.shape_plan import REPLANS, ShapePlan
+from tests.support import toy_layer, toy_profile_of
 
 
 def _planned(budget: int) -> ShapePlan:
@@ -88,3 +89,26 @@ def test_a_plan_made_again_that_held_more_than_the_one_before_is_dropped_for_it(
         LoopPlanner.measured(planner, planned, 1250)
     assert planned.executor is first and second.closed
     assert (planned.measured_peak_bytes, planned.replan_due) == (1100, False)  # no third try
+
+
+def test_a_shape_refused_though_its_bound_is_within_the_budget_says_what_the_plans_needed() -> None:
+    """The bound (what can never move) was put as "needs at least X ... more than the
+    budget" even where X was below it (BART's padded batches under policy recompute: the
+    rule's plan needed more): such a refusal now gives the plans' own reason."""
+    planner: Any = LoopPlanner.__new__(LoopPlanner)  # _beyond_budget reads on_infeasible
+    planner.on_infeasible = "error"
+    profile = toy_profile_of(
+        [toy_layer("a", 1e-3, 2e-3, saved=[100]), toy_layer("b", 1e-3, 2e-3, saved=[100])]
+    )
+    why = "policy recompute plans by its rule, and its plan needs 5000 bytes"
+    with pytest.raises(
+        ConfigError,
+        match=r"no plan keeps a batch of shape 4x8 within the run's budget of .* \(1000000 bytes\) \(policy recompute plans by its rule.*give offload\(gpu_memory=\.\.\.\) more",
+    ) as refused:
+        LoopPlanner._beyond_budget(planner, profile, 1_000_000, ((), {}), "4x8", "4x4", why)
+    assert "needs at least" not in str(refused.value)
+    with pytest.raises(
+        ConfigError,
+        match=r"4x8 needs at least 100 B \(100 bytes\) .* more than the run's budget of 50 B",
+    ):
+        LoopPlanner._beyond_budget(planner, profile, 50, ((), {}), "4x8", "4x4", why)
