@@ -311,7 +311,10 @@ def _derived_memory(
         start + c + later[i] + round(scaling.value(i, [w[1][i] for w in working]))
         for i, c in enumerate(cumulative)
     )
-    turn = start + cumulative[-1] + round(scaling.value(None, [w[2] for w in working]))
+    # The turn (the head, its logits and the loss) as the last layer, not the call's largest
+    # tensor: an encoder-decoder's logits grow with its labels, whatever its source does.
+    last = len(saved) - 1
+    turn = start + cumulative[-1] + round(scaling.value(last, [w[2] for w in working]))
     step = like.memory.step_peak_bytes
     return replace(
         like.memory,

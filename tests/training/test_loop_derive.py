@@ -215,3 +215,42 @@ def test_naming_a_call_holds_no_more_than_a_forward_without_gradients() -> None:
         loss = model(**batch).loss
     with pytest.raises(RuntimeError, match="let go of as the forward ran"):
         loss.backward()
+
+
+def test_an_encoder_decoder_shape_with_longer_labels_is_derived_within_the_budget() -> None:
+    """The turn (head, logits, loss) was scaled as the call's largest tensor, the source:
+    labels longer than any measured, with a shorter source, put the derived plan 1.0107x
+    over its budget (Marian; BART 1.0018x). It scales as the last layer, the decoder's."""
+    import transformers
+
+    def batch(g: torch.Generator, rows: int, source: int, target: int) -> dict[str, Any]:
+        ids = torch.randint(3, 128, (rows, source), generator=g)
+        mask = torch.ones_like(ids)
+        ids[1:, source // 2 :], mask[1:, source // 2 :] = 1, 0
+        labels = torch.randint(3, 128, (rows, target), generator=g)
+        labels[1:, target // 2 :] = -100
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    config = transformers.MarianConfig(
+        vocab_size=128, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+        decoder_ffn_dim=128, max_position_embeddings=128, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, decoder_start_token_id=1, forced_eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(config).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    off = offload(model, footprint_ratio=1.3, optimizer=opt, policy="auto")
+    g = torch.Generator().manual_seed(1)
+    for shape in [(4, 48, 28), (4, 32, 20), (4, 32, 36)]:
+        data = batch(g, *shape)
+        with DeviceMeter("cpu", holding=(model, opt, data), exclude=off.host_pools()) as meter:
+            with off:
+                loss = model(**data).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    stats = off.stats()
+    assert stats["derived_from"] == "4x48, 4x48, 4x28" and stats["shape"] == "4x32, 4x32, 4x36"
+    assert meter.peak <= stats["budget_bytes"], (meter.peak, stats["budget_bytes"])
+    off.close()
