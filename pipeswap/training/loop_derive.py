@@ -294,7 +294,7 @@ def _derived_memory(
 ) -> StepMemory:
     """The meter's readings the new shape's step would give: the start moved by the
     batch's bytes, the saved tensors as named, each working set carried over per layer
-    (the turn, the model's head and loss, as the call's tokens), the optimizer step as
+    (the turn, the model's head and loss, as the last layer's), the optimizer step as
     measured, moved with the start. ``later``: per layer, the gradient bytes its backward
     holds whatever the shape (gradient_bytes): only the rest of its working set is scaled
     (scaled whole, a small first shape's gradients would count several times over)."""
