@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeswap.config_fields import ConfigError
 from pipeswap.errors import PipeswapError
 from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.profile import StepMemory
@@ -214,10 +215,21 @@ class ShapePlans:
         if mine:  # (a plan made with other parameters trainable says nothing of this call)
             largest = largest_covered(signature, mine)
             fits = "none of this structure" if largest is None else describe(largest)
-        with in_signed_modes(self.planner.model, signature, self.planner.device):
-            self.plans[signature] = self.planner.plan_shape(
-                timing, call, memory, shape=describe(signature), fits=fits, **settings
-            )
+        first = self.planner.budget_bytes is None
+        try:
+            with in_signed_modes(self.planner.model, signature, self.planner.device):
+                self.plans[signature] = self.planner.plan_shape(
+                    timing, call, memory, shape=describe(signature), fits=fits, **settings
+                )
+        except ConfigError as refused:
+            if not first or aside:
+                raise
+            # The smallest it names is this call's, which a longer one then refuses.
+            raise ConfigError(
+                f"{refused} (for a batch of shape {describe(signature)}, the first the loop "
+                "ran: a larger one needs more; offload.plan_for(**largest_batch) before the "
+                "loop names the smallest for that)"
+            ) from None
 
     def trainable_changed(self, model: nn.Module) -> bool:
         """Whether ``model``'s parameters that need gradients differ from the last call's.

@@ -429,3 +429,16 @@ def test_a_shape_derived_beyond_the_budget_from_much_shorter_rows_is_measured_fi
     stats = off.stats()
     assert stats["planned_shape"].startswith("4x64") and stats["derived_from"] is None
     assert _same(metered_loop(_llama(layers=3), nullcontext, data)[:2], (losses, weights))
+
+
+def test_the_first_refusal_says_which_shape_its_smallest_budget_is_for() -> None:
+    """It names the smallest budget for the call learnt (the loop's first): given back,
+    a longer batch was refused at the same step, with nothing said of why."""
+    model = _llama(layers=3)
+    off = offload(model, footprint_ratio=5.0)
+    with pytest.raises(
+        ConfigError,
+        match=r"smallest budget that works is \d+.*\(for a batch of shape 4x32, 4x32, 4x32, "
+        r"the first the loop ran: a larger one needs more; offload.plan_for",
+    ):
+        _loop(model, lambda: off, padded_batches(1, 32, 32) + padded_batches(1, 48, 48))
