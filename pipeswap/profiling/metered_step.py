@@ -91,9 +91,10 @@ def metered_step(
             if not keep_output:
                 del output
             if roots:
-                torch.autograd.backward(
-                    [root for root, _ in roots], grad_tensors=[ones for _, ones in roots]
-                )
+                with _outside_autocast(device):  # (its backward too, as a loop's runs)
+                    torch.autograd.backward(
+                        [root for root, _ in roots], grad_tensors=[ones for _, ones in roots]
+                    )
             del roots, stand_in
             output = None
             if finish is not None:
@@ -105,6 +106,16 @@ def metered_step(
                 p.grad = grad
         peak = meter.peak
     return timing, max(peak, *timing.marks.peaks.values(), 0)
+
+
+def _outside_autocast(device: torch.device) -> AbstractContextManager[Any]:
+    """Autocast off: a backward called inside an autocast region runs its ops under it (the
+    engine carries the region's state), casting what a loop's backward, run after its
+    region, does not: a wav2vec2 step run aside under bf16 read 0.5 MB less in its backward
+    than the loop's own, and its plan held 1.0196x its budget."""
+    if device.type not in ("cpu", "cuda"):
+        return nullcontext()
+    return torch.autocast(device.type, enabled=False)
 
 
 def output_loss(output: Any) -> torch.Tensor | None:

@@ -86,3 +86,38 @@ def test_weight_casts_cached_by_an_earlier_step_of_the_region_are_read() -> None
             p.grad = None
         after = layered_step_memory(model, x, y, torch.device("cpu"), "adamw")
     assert fresh is not None and after == fresh
+
+
+class _NotesAutocast(torch.autograd.Function):
+    """Identity whose backward notes whether autocast is on while it runs."""
+
+    seen: list[bool] = []
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        _NotesAutocast.seen.append(torch.is_autocast_enabled("cpu"))
+        return grad
+
+
+def test_a_step_aside_runs_its_backward_outside_the_callers_autocast_region() -> None:
+    """A loop's backward runs after its autocast region; called inside one, the engine runs
+    the backward's ops under it, casting what the loop's does not: a wav2vec2 step aside
+    (offload.plan_for under bf16) read 0.5 MB less in its backward, and its plan held
+    1.0196x its budget."""
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    x = torch.randn(4, 8)
+    layers = {"0": net[0], "1": net[1]}
+    _NotesAutocast.seen.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        metered_step(
+            net,
+            lambda: _NotesAutocast.apply(net(x)).float().sum(),
+            layers,
+            torch.device("cpu"),
+            holding=(net, x),
+        )
+    assert _NotesAutocast.seen == [False]
