@@ -94,9 +94,7 @@ def capture_records(
     capture = _capture(model, forward_loss, layers, None)
     if packed is not None:
         packed.update(capture.saved_keys)
-    if after is not None:
-        after.update(capture.after_calls)
-    return capture.records(), capture.pack_calls()
+    return _named(capture, after)
 
 
 class InnerSaves:
@@ -197,7 +195,13 @@ def capture_inner(
     after: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]:
     """:func:`capture_records`, also noting in ``inner`` what recomputed layers save."""
-    capture = _capture(model, forward_loss, layers, inner)
+    return _named(_capture(model, forward_loss, layers, inner), after)
+
+
+def _named(
+    capture: SavedTensorCapture, after: dict[str, list[int]] | None
+) -> tuple[dict[str, list[CapturedSavedTensor]], dict[str, list[SavedKey | None]]]:
+    """A capture's records and pack calls; ``after`` gets its after_calls."""
     if after is not None:
         after.update(capture.after_calls)
     return capture.records(), capture.pack_calls()
