@@ -8,8 +8,9 @@ never reaches the executor's hooks and is never swapped; the wrapper's copy of t
 layer's input is packed by the executor's hooks, as a tensor of the layer, where it is
 a tensor argument (an input nested in a tuple, or given by keyword, the wrapper holds by
 reference: counted in ``kept_bytes`` all the same). The re-run in
-the backward restores the layer's buffers afterwards (BatchNorm statistics are updated
-once per step, as without recomputation), and on the CPU its saved bytes count from the
+the backward starts from the buffers the forward started from (spectral_norm's power
+iteration reads them) and restores them afterwards (BatchNorm statistics are updated once
+per step, as without recomputation: pipeswap.swap.runtime.forward_buffers), and on the CPU its saved bytes count from the
 re-run to the end of the layer's backward.
 
 A layer named ``selective`` is recomputed selectively (pipeswap.swap.runtime.selective):
@@ -36,6 +37,7 @@ from pipeswap.profiling.saved import CapturedSavedTensor, storage_key
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.attached import own_forward
 from pipeswap.swap.runtime.capture import InnerSaves, capture_inner, capture_records, step_names
+from pipeswap.swap.runtime.forward_buffers import ChangedBuffers, ForwardBuffers
 from pipeswap.swap.runtime.held_state import graph_tensors, set_during
 from pipeswap.swap.runtime.selective import (
     OpRecorder,
@@ -129,6 +131,7 @@ class Recomputation:
         self._live: dict[str, int] = {}  # re-run bytes held until the layer's backward ends
         self._cached: dict[str, int] = {}  # selective layers' kept outputs, until their backward
         self._done: set[str] = set()
+        self._changed = ChangedBuffers()  # which buffers each layer's forward updates
         self._wrappers: dict[str, _Wrapper] = {}  # each layer's, while installed
 
     def install(self) -> None:
@@ -272,13 +275,20 @@ class Recomputation:
             if self._by_reference is not None:
                 self._by_reference.note(name, args, kwargs)
             runs = 0
+            found: ForwardBuffers | None = None  # the buffers as the forward found them
 
             def run(*args: Any, **kwargs: Any) -> Any:
-                nonlocal runs
+                nonlocal runs, found
                 runs += 1
                 if runs == 1:
-                    return forward(*args, **kwargs)
-                return self._rerun(name, module, forward, args, kwargs)
+                    found = self._changed.before_forward(name, module)
+                    out = forward(*args, **kwargs)
+                    found.kept()
+                    return out
+                assert found is not None
+                return self._rerun(
+                    name, functools.partial(found.rerun, module, forward), args, kwargs
+                )
 
             if name in self.selective:
                 choice = self.choices[name]
@@ -299,22 +309,15 @@ class Recomputation:
 
         return recomputed
 
-    def _rerun(
-        self, name: str, module: nn.Module, forward: Callable[..., Any], args: Any, kwargs: Any
-    ) -> Any:
-        """The layer's forward again, in the backward; its buffers are left as they were."""
+    def _rerun(self, name: str, forward: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """The layer's forward again, in the backward (``forward`` puts its buffers back as
+        the first forward found them, and afterwards as they were: pipeswap's
+        forward_buffers)."""
         if self._account and name not in self._live:
             self._live[name] = self.rerun_bytes.get(name, 0)
             self._ledger.grow(self._live[name])
         self._done.add(name)
-        # A training-mode BatchNorm would update its running statistics a second time.
-        buffers = [(b, b.detach().clone()) for b in module.buffers()]
-        try:
-            return forward(*args, **kwargs)
-        finally:  # also when torch stops the re-run early (all it needs is saved)
-            with torch.no_grad():
-                for buffer, values in buffers:
-                    buffer.copy_(values)
+        return forward(*args, **kwargs)
 
 
 class _ByReference:

@@ -137,3 +137,28 @@ def test_a_layer_recomputed_alone_keeps_what_its_profile_says_counting_shared_in
     hidden_bytes, context_bytes = 8 * 16 * 4, 16 * 4
     assert run.kept_bytes == {"b": hidden_bytes + context_bytes}  # the context once
     assert profiled.kept["b"] == run.kept_bytes["b"]
+
+
+def test_a_recomputed_spectral_norm_layer_trains_as_without_recomputation() -> None:
+    """spectral_norm runs a step of power iteration in each training forward, on buffers its
+    weight is normalised by: the re-run must start from them as the forward found them."""
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    def trained(recompute: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        layers = {n: spectral_norm(nn.Linear(6, 6)) for n in ("a", "b")}
+        model = nn.Sequential(*layers.values())
+        recomputation = Recomputation(layers, ["a", "b"], DeviceLedger(), account=False)
+        if recompute:
+            recomputation.install()
+            recomputation.start_step()
+            recomputation.active = True
+        x = torch.randn(5, 6)
+        model(x).square().sum().backward()
+        return [t.detach().clone() for t in (*model.parameters(), *model.buffers())] + [
+            p.grad for p in model.parameters() if p.grad is not None
+        ]
+
+    plain, recomputed = trained(False), trained(True)
+    assert len(plain) == len(recomputed) > 8
+    assert all(torch.equal(a, b) for a, b in zip(plain, recomputed, strict=True))
