@@ -10,6 +10,10 @@ keeps the copies of those the forward changed (a tensor's version counter says w
 :meth:`ForwardBuffers.rerun` runs the re-run from them and leaves every buffer as it found it.
 Which buffers a layer changes is remembered per layer, so after its first forward only
 those are copied (the others, a rotary table or a causal mask, may be large).
+
+So with the plain numbers its modules keep as attributes (a step counter a forward moves
+on, ``self.calls += 1``, and reads): the re-run starts from them as the forward found
+them, and leaves them as they were.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from typing import Any
 
 import torch
 from torch import nn
+
+# Plain numbers a forward may move on; a module's own flags are no state of the forward's.
+_NUMBERS = (int, float, bool)
+_MODULE_OWN = frozenset({"training", "_is_full_backward_hook"})
 
 
 class ChangedBuffers:
@@ -36,7 +44,13 @@ class ChangedBuffers:
         buffers = list(module.buffers())
         known = self._changed.get(key)
         copied = frozenset(range(len(buffers))) if known is None else known
-        return ForwardBuffers(lambda changed: self._note(key, changed), buffers, copied)
+        numbers = [
+            (m, k, v)
+            for m in module.modules()
+            for k, v in vars(m).items()
+            if type(v) in _NUMBERS and k not in _MODULE_OWN
+        ]
+        return ForwardBuffers(lambda changed: self._note(key, changed), buffers, copied, numbers)
 
     def _note(self, key: tuple[str, bool], changed: frozenset[int]) -> None:
         self._changed[key] = self._changed.get(key, frozenset()) | changed
@@ -50,10 +64,12 @@ class ForwardBuffers:
         note: Callable[[frozenset[int]], None],
         buffers: list[torch.Tensor],
         copied: frozenset[int],
+        numbers: list[tuple[nn.Module, str, Any]],
     ) -> None:
         self._note = note
         self._versions = [(b, b._version) for b in buffers]
         self._copies = {i: buffers[i].detach().clone() for i in copied if i < len(buffers)}
+        self._numbers = numbers  # (module, attribute, value before the forward)
 
     def kept(self) -> ForwardBuffers:
         """After the forward: keep the copies of the buffers it changed, drop the others.
@@ -62,18 +78,24 @@ class ForwardBuffers:
         changed = frozenset(i for i, (b, v) in enumerate(self._versions) if b._version != v)
         self._copies = {i: c for i, c in self._copies.items() if i in changed}
         self._note(changed)
+        self._numbers = [(m, k, v) for m, k, v in self._numbers if getattr(m, k, v) is not v]
         return self
 
     def rerun(self, module: nn.Module, forward: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """``forward`` again from the buffers as the first forward found them; afterwards
         every buffer of ``module`` is as it was before this call."""
         now = [(b, b.detach().clone()) for b in module.buffers()]
+        numbers = [(m, k, getattr(m, k)) for m, k, _ in self._numbers]
         try:
             with torch.no_grad():
                 for i, values in self._copies.items():
                     self._versions[i][0].copy_(values)
+            for m, k, value in self._numbers:
+                setattr(m, k, value)
             return forward(*args, **kw)
         finally:  # also when torch stops the re-run early (all it needs is saved)
             with torch.no_grad():
                 for buffer, values in now:
                     buffer.copy_(values)
+            for m, k, value in numbers:
+                setattr(m, k, value)

@@ -45,3 +45,26 @@ def test_only_the_buffers_a_layer_changed_are_copied_from_its_next_forward_on() 
     assert list(changed.before_forward("a", module)._copies) == [0]
     module.eval()  # another mode: its own note
     assert len(changed.before_forward("a", module)._copies) == 2
+
+
+class _Calls(nn.Module):
+    """Counts its calls in a plain attribute and reads the count (an annealed scale)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x / self.calls
+
+
+def test_a_rerun_starts_from_the_numbers_the_forward_found_and_leaves_them() -> None:
+    module, changed = nn.Sequential(_Calls()), ChangedBuffers()
+    x = torch.ones(2)
+    found = changed.before_forward("a", module)
+    first = module(x)
+    found.kept()
+    again = found.rerun(module, module.forward, x)
+    assert torch.equal(again, first)  # divided by 1, as the forward was, not by 2
+    assert module[0].calls == 1  # counted once, not twice
