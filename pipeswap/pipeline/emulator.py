@@ -219,7 +219,10 @@ class Emulator:
             for stage, meter in zip(stages, self.meters, strict=True):
                 stage.peak_resident_bytes = meter.peak_bytes
         save_trained(config, [stage.state for stage in stages[:n]])
-        return combine(config, stages, mode="emulate", task=model.task, wall_s=wall)
+        resumed = 0 if self.resume is None else self.resume[1]
+        return combine(
+            config, stages, mode="emulate", task=model.task, wall_s=wall, resumed=resumed
+        )
 
     def _meets(self, step: int) -> bool:
         """Whether the stages meet before UPDATE(``step``) (pipeswap.pipeline.step_end)."""

@@ -50,11 +50,13 @@ class PipelineResult:
     # Per rank in rank order: the most its device held over the first steps, by the
     # device's own meter (pipeswap.pipeline.stage_meter); -1 where none was metered.
     peak_resident_bytes: tuple[int, ...] = ()
+    # The steps a checkpoint it resumed from had done (outside ``wall_s``).
+    resumed_steps: int = 0
 
     @property
     def measured_step_s(self) -> float:
-        """The run's wall time per step (its fill and drain included, as predicted)."""
-        return self.wall_s / self.config.steps
+        """The run's wall time per step it ran (its fill and drain included, as predicted)."""
+        return self.wall_s / max(1, self.config.steps - self.resumed_steps)
 
     @property
     def stage_busy(self) -> tuple[float, ...]:
@@ -137,11 +139,18 @@ def pipeline_summary(config: TrainConfig) -> dict[str, Any]:
 
 
 def combine(
-    config: TrainConfig, stages: Sequence[StageResult], *, mode: str, task: str, wall_s: float
+    config: TrainConfig,
+    stages: Sequence[StageResult],
+    *,
+    mode: str,
+    task: str,
+    wall_s: float,
+    resumed: int = 0,
 ) -> PipelineResult:
     """One result from the per-stage results, in stage order (replica by replica for a
     replicated pipeline: a step's loss is then the replicas' mean, in replica order, and
-    every replica must end with replica 0's weights)."""
+    every replica must end with replica 0's weights). ``wall_s`` is the time of the steps
+    after the ``resumed`` a checkpoint had done."""
     pipeline = config.require_pipeline()
     n, m = pipeline.num_stages, pipeline.micro_batch_count
     replicas = [stages[first : first + n] for first in range(0, len(stages), n)]
@@ -164,7 +173,7 @@ def combine(
     evaluation = last.held_out.score(config.dataset.eval_batches, classify=task_kind(task).accuracy)
     digests = tuple(s.sha256 for s in stages)
     errors = tuple(s.prediction_error for s in stages)
-    samples = config.steps * (config.batch or 0) * len(replicas)
+    samples = (config.steps - resumed) * (config.batch or 0) * len(replicas)
     return PipelineResult(
         config=config,
         mode=mode,
@@ -181,4 +190,5 @@ def combine(
         timeline=tuple(t for s in stages for t in s.timeline),
         stage_memory=memory if any(m is not None for m in memory) else (),
         peak_resident_bytes=peaks,
+        resumed_steps=resumed,
     )

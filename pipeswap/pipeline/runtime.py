@@ -335,7 +335,8 @@ def run_stage_rank(
     assert gathered is not None
     save_trained(config, [result.state for result in gathered[:n]])
     wall = max(r.wall_s for r in gathered)
-    return combine(config, gathered, mode="pipeline", task=model.task, wall_s=wall)
+    resumed = 0 if resume is None else resume[1]
+    return combine(config, gathered, mode="pipeline", task=model.task, wall_s=wall, resumed=resumed)
 
 
 def run_actions(

@@ -35,6 +35,7 @@ from pipeswap.optim import OptimizerConfig
 from pipeswap.pipeline.predict import DIRECTED, Distances, group_of, step_direction
 from pipeswap.pipeline.prediction_error import PassRecord, PredictionError, finite
 from pipeswap.pipeline.spike_guard import SpikeGuard
+from pipeswap.pipeline.tied_rates import built_rates, followed_rates
 from pipeswap.profiling.meter import unmetered
 from pipeswap.schedule.actions import ActionKind
 from pipeswap.schedule.modes import WeightMode, weight_mode
@@ -107,13 +108,17 @@ class StageWeights:
         original = {id(p): self.originals.get(name, p) for name, p in self.shared.items()}
         self.shown = [original.get(id(p), p) for p in self.params]
         own = [i for i in range(len(self.masters)) if i not in tied]
+        # Tied copies' first: the last optimizer built (whose scheduler a script keeps) is
+        # the stage's own, whose rates the copies follow (pipeswap.pipeline.tied_rates).
+        self.shared_optimizers = {
+            name: self._make_optimizer([i]) for name, i in self.shared_at.items()
+        }
         if own:
             self.optimizer = self._make_optimizer(own)
         if self.optimizer_factory is not None:
             self._check_factory()
-        self.shared_optimizers = {
-            name: self._make_optimizer([i]) for name, i in self.shared_at.items()
-        }
+        self._built = {n: built_rates(o) for n, o in self.shared_optimizers.items()}
+        self._own_built = built_rates(self.optimizer)
         self.shared_applied = {name: 0 for name in self.shared_at}
         # Each tied copy's rates at its update's own UPDATE, which it applies later.
         self._shared_rates: dict[tuple[str, int], list[float]] = {}
@@ -268,7 +273,9 @@ class StageWeights:
             # A scheduler of the user's may move the rate before the copy steps (on an
             # asynchronous schedule): the copy's update takes this step's.
             if not self.optimizer_config.lr_varies:
-                self._shared_rates[(name, step)] = [g["lr"] for g in copy_optimizer.param_groups]
+                self._shared_rates[(name, step)] = followed_rates(
+                    copy_optimizer, self._built[name], self.optimizer, self._own_built
+                )
         if self.keep_gradients:
             # What this stage computed: a tied copy's own gradient, before the holders' sum.
             kept: list[torch.Tensor] = []

@@ -22,11 +22,16 @@ from pipeswap.training.resume import run_identity
 __all__ = ["Checkpoint", "identity", "newest_checkpoint", "save_stages"]
 
 
+# pipe.step takes batches of any shape: the first one's is no setting of the run's.
+_ANY_SHAPE = frozenset({"batch", "seq_len", "image_size"})
+
+
 def identity(executor: StageExecutor, world: int) -> dict[str, Any]:
-    """What a checkpoint of this pipeline must agree on to be continued by another."""
+    """What a checkpoint of this pipeline must agree on to be continued by another (not
+    the shape of the first batch: a run goes on with batches of any shape)."""
     config = executor.config
     pipeline = config.require_pipeline()
-    return run_identity(
+    found = run_identity(
         config,
         world,
         api="pipeswap.Pipeline",
@@ -35,6 +40,7 @@ def identity(executor: StageExecutor, world: int) -> dict[str, Any]:
         balance=list(pipeline.stage_balance),
         micro_batches=pipeline.micro_batch_count,
     )
+    return {key: value for key, value in found.items() if key not in _ANY_SHAPE}
 
 
 def save_stages(
@@ -66,7 +72,12 @@ class Checkpoint:
         """Continue ``executor`` (this rank's stage) from its file, refused when the set
         was written by a pipeline of other settings."""
         where = str(step_dir(self.directory, self.done))
-        check_identity(self.manifest, identity(executor, world), where)
+        theirs = self.manifest.get("identity", {})
+        manifest = {
+            **self.manifest,
+            "identity": {key: value for key, value in theirs.items() if key not in _ANY_SHAPE},
+        }
+        check_identity(manifest, identity(executor, world), where)
         rank, _ = rank_and_world()
         restore_stage(executor, load_rank(self.directory, self.done, rank))
 

@@ -215,17 +215,20 @@ def test_wrong_use_is_refused_saying_what_to_do() -> None:
         _pipe(config, optimizer=OptimizerConfig(accumulate=2))
 
 
-def _train_in_two_runs(rank: int, world: int, config: TrainConfig, folder: str) -> dict[str, Any]:
+def _train_in_two_runs(
+    rank: int, world: int, config: TrainConfig, folder: str, ragged: bool = False
+) -> dict[str, Any]:
     """Half the steps, pipe.save; a new pipeline pipe.load-s and trains the rest."""
     data = BatchSource(config, build_full_model(config))
+    batches = _ragged(config) if ragged else [data.batch(t) for t in range(config.steps)]
     half = config.steps // 2
     pipe = _pipe(config)
-    losses = [pipe.step(*data.batch(t)) for t in range(half)]
+    losses = [pipe.step(*batches[t]) for t in range(half)]
     pipe.save(folder)
     pipe.close()
     again = _pipe(config)
     done = again.load(folder)
-    losses += [again.step(*data.batch(t)) for t in range(done, config.steps)]
+    losses += [again.step(*batches[t]) for t in range(done, config.steps)]
     again.state_dict()
     again.close()
     return {"losses": losses, "done": done, "digest": params_sha256(again.layered)}
@@ -245,6 +248,24 @@ def test_a_saved_pipeline_continues_as_if_left_alone(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="asynchronous schedule"):
         async_run = replace_fields(BASE, schedule="async-1f1b", micro_batches=1, balance=(4,))
         _pipe(async_run).load(tmp_path)
+
+
+@pytest.mark.dist
+def test_a_pipeline_of_batches_of_every_length_continues_from_its_checkpoint(
+    tmp_path: Any,
+) -> None:
+    """The first batch's shape is no setting of the run's: a checkpoint goes on with a
+    batch of another length (it was refused: "written with seq_len = 16, but this run has
+    9"), as the run left alone would have."""
+    config = CASES[0]
+    launched = spawn(_train_in_two_runs, 2, config, str(tmp_path), True, timeout_s=120)
+    assert launched.ok, launched.exit_codes
+    first, last = launched.results
+    fed = FedBatches(micro_batches=config.require_pipeline().micro_batch_count)
+    fed.batches = dict(enumerate(_ragged(config)))
+    emulated = Emulator(replace_fields(config, eval_batches=0), data=fed).run()
+    assert tuple(last["losses"]) == emulated.losses
+    assert first["digest"] == emulated.params_sha256
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bert"])

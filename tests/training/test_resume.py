@@ -221,6 +221,11 @@ def test_a_finished_run_continues_for_more_steps_as_a_longer_run_would(
     assert main([*base, "--steps", "5", "--resume", str(ckpt), "--report", str(longer)]) == 0
     assert main([*base, "--steps", "5", "--report", str(whole)]) == 0
     _same_run(_report(longer), _report(whole))
+    resumed = _report(longer)
+    if "--pipeline" in mode:  # its rates are of the 2 steps it ran (they were of all 5)
+        assert resumed["measured_step_s"] == pytest.approx(resumed["wall_s"] / 2)
+        samples = resumed["samples_per_s"] * resumed["wall_s"]
+        assert samples == pytest.approx(2 * resumed["config"]["batch"])
 
 
 def test_an_async_pipeline_continues_only_for_its_own_steps(
