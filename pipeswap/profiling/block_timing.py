@@ -37,6 +37,9 @@ class BlockTiming:
 
     # Layers whose output needed no gradient (a frozen first block): they have no backward.
     no_backward: set[str] = field(default_factory=set)
+    # Layers that ran with gradients off inside the timed forward (reentrant checkpointing,
+    # torch.no_grad() in the model's code): they save nothing a plan could move.
+    gradless: set[str] = field(default_factory=set)
     # Set once the timed forward has returned: a later forward before the backward (an
     # evaluation of the same model, under no_grad or not) is not the one timed.
     forward_done: bool = False
@@ -150,6 +153,8 @@ def time_blocks(
 
         def forward_pre(m: nn.Module, a: Any, n: str = name) -> None:
             if not timed():
+                if not torch.is_grad_enabled() and not timing.forward_done:
+                    timing.gradless.add(n)
                 return
             close(f"f:{previous.get(n, n)}")
             timing.started[(n, "forward")] = now()

@@ -46,6 +46,9 @@ class LayerProfile:
     # wrapper, and what ops after it save), and what its re-run saves anew.
     kept_bytes: int | None = None
     rerun_bytes: int | None = None
+    # What the re-run holds for the layer's output beyond that and the forward's working
+    # set: the output's gradient, which its backward starts with (capture.InnerSaves).
+    rerun_output_bytes: int | None = None
     # Measured selective recomputation (pipeswap.swap.runtime.selective; None: not
     # measured): what the layer keeps (its input and the outputs dear to compute), what
     # its re-run saves anew, and how long the re-run takes.
@@ -112,6 +115,7 @@ class LayerProfile:
             backward_flops=fields.count_field(obj, "backward_flops", where, default=0),
             kept_bytes=_optional(obj, "kept_bytes", where, fields.count_field),
             rerun_bytes=_optional(obj, "rerun_bytes", where, fields.count_field),
+            rerun_output_bytes=_optional(obj, "rerun_output_bytes", where, fields.count_field),
             selective_kept_bytes=_optional(obj, "selective_kept_bytes", where, fields.count_field),
             selective_rerun_bytes=_optional(
                 obj, "selective_rerun_bytes", where, fields.count_field
@@ -125,6 +129,7 @@ class LayerProfile:
 _OPTIONAL = (
     "kept_bytes",
     "rerun_bytes",
+    "rerun_output_bytes",
     "selective_kept_bytes",
     "selective_rerun_bytes",
     "selective_rerun_s",

@@ -244,6 +244,7 @@ def derive_profile(
                 backward_flops=round(scaled(lambda x: x.backward_flops)),
                 kept_bytes=whole(lambda x: x.kept_bytes),
                 rerun_bytes=whole(lambda x: x.rerun_bytes),
+                rerun_output_bytes=whole(lambda x: x.rerun_output_bytes),
                 selective_kept_bytes=whole(lambda x: x.selective_kept_bytes),
                 selective_rerun_bytes=whole(lambda x: x.selective_rerun_bytes),
                 selective_rerun_s=(

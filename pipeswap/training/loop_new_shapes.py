@@ -20,7 +20,6 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from pipeswap.config_fields import ConfigError
 from pipeswap.profiling.profile import Profile
-from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.training.loop_calls import Signature, describe, modes_of
 from pipeswap.training.loop_calls import signature as call_signature
 from pipeswap.training.loop_derive import derived_profile
@@ -62,7 +61,7 @@ def derive_plan(
     if config.policy in SEARCHES:
         configs = [replace(config, policy=policy) for policy in DERIVED_POLICIES]
     try:
-        if settings is not None and _least_of(profile) > (planner.budget_bytes or 0):
+        if settings is not None and planner.least_budget(profile) > (planner.budget_bytes or 0):
             try:
                 return _measured(planner, call, settings(), shape=describe(signature), fits=fits)
             except torch.OutOfMemoryError:  # too large to run aside: refused as derived
@@ -106,16 +105,12 @@ def _measured(
     return planner.plan_shape(timing, call, memory, shape=shape, fits=fits, **settings)
 
 
-def _least_of(profile: Profile) -> int:
-    return workload_from_profile(profile).min_budget_bytes(recomputing=True)
-
-
 def _least(
     planner: LoopPlanner, call: tuple[Any, Any], bases: Sequence[tuple[Signature, Profile]]
 ) -> int:
-    """The least budget of ``call`` with every layer recomputed, by its derived profile."""
+    """The least budget of ``call`` under the run's policy, by its derived profile."""
     signature = call_signature(*call, planner.device, modes_of(planner.model))
-    return _least_of(derived_profile(planner, signature, call, bases)[0])
+    return planner.least_budget(derived_profile(planner, signature, call, bases)[0])
 
 
 def longest_rows(

@@ -20,6 +20,7 @@ from pipeswap.profiling.metered_step import metered_step
 from pipeswap.profiling.profile import Profile, StepMemory
 from pipeswap.swap.plan import SwapPlan
 from pipeswap.swap.plan.planner import PlanResult, make_plan
+from pipeswap.swap.plan.policy_table import policy_entry
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.executor import SwapExecutor
 from pipeswap.swap.runtime.learning import learning_step, learnt_by
@@ -163,23 +164,19 @@ class LoopPlanner:
         the meter's readings; None: a step run aside's, with ``state_bytes`` added). ``shape``
         names it in messages, ``fits`` the largest planned within the budget (None: first)."""
         started = time.perf_counter()
-        records, kept, rerun, choices, held = self.name_tensors(*call)
+        sizes = self.name_tensors(*call)
         if memory is None:
             memory = self.aside(*call, step_peak_bytes, state_bytes=state_bytes)[1]
         memory = None if memory is None else memory.moved(self.unseen_bytes)
         profile = loop_profile(
             self.model,
             self.layers,
-            records,
+            sizes,
             timing,
             call,
             optimizer=optimizer,
             memory=memory,
-            kept=kept,
-            rerun=rerun,
-            choices=choices,
             outputs_held=self.keep_outputs,
-            held=held,
         )
         planned = self.settle(profile, call, started, shape=shape, fits=fits, check=check_memory)
         self.shared_made = True
@@ -244,24 +241,23 @@ class LoopPlanner:
                 planned = self.replan(planned, args, kwargs)
         return planned
 
+    def least_budget(self, profile: Profile) -> int:
+        """The least budget the run's policy can hold a call of ``profile`` within."""
+        return policy_entry(self.config.policy).least_budget(workload_from_profile(profile))
+
     def _beyond_budget(
-        self,
-        profile: Profile,
-        budget: int,
-        call: tuple[Any, Any],
-        shape: str,
-        fits: str | None,
+        self, profile: Profile, budget: int, call: tuple[Any, Any], shape: str, fits: str | None,
         why: str,
-    ) -> tuple[PlanResult, SwapExecutor | None]:
+    ) -> tuple[PlanResult, SwapExecutor | None]:  # fmt: skip
         """A call no plan fits within the run's budget: refused (``on_infeasible="error"``),
         or run recomputing every layer it can (``"recompute-all"``), said in a warning.
         ``fits``: the largest shape planned within it (None: none with the trainable
         parameters this call has, which is a plan's own set); ``why``: the last refusal."""
-        least = workload_from_profile(profile).min_budget_bytes(recomputing=True)
+        least = self.least_budget(profile)
         within = f"the run's budget of {format_bytes(budget)} ({budget} bytes)"
         over = (
             f"a batch of shape {shape} needs at least {format_bytes(least)} ({least} bytes) "
-            f"with every layer recomputed, more than {within}"
+            f"with policy {self.config.policy}, more than {within}"
             if least > budget  # (else the bound is below it, and the plans tried say why)
             else f"no plan keeps a batch of shape {shape} within {within} ({why})"
         ) + (

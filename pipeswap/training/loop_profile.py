@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -14,7 +14,6 @@ from pipeswap.profiling.profile import LayerProfile, Profile, SavedTensor, StepM
 from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.profiling.step import dtype_name, optimizer_state_bytes
 from pipeswap.swap.runtime.recompute_sizes import RecomputeSizes
-from pipeswap.swap.runtime.selective import SelectiveChoice
 
 __all__ = ["loop_profile", "saved_tensors"]
 
@@ -22,21 +21,18 @@ __all__ = ["loop_profile", "saved_tensors"]
 def loop_profile(
     model: nn.Module,
     layers: dict[str, nn.Module],
-    records: dict[str, Any],
+    sizes: RecomputeSizes,
     timing: BlockTiming,
     call: tuple[Any, Any],
     *,
     optimizer: str,
     memory: StepMemory | None,
-    kept: dict[str, int],
-    rerun: dict[str, int],
-    choices: Mapping[str, SelectiveChoice] | None = None,
     outputs_held: bool = False,
-    held: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Profile:
-    """The planner's view of one shape: each layer's times, saved tensors and parameters
-    (those outside the layers count with the first, as resident memory), what recomputing
-    each keeps and saves again (whole, and selectively where ``choices`` says how), and
+    """The planner's view of one shape: each layer's times, saved tensors (``sizes``'s
+    records) and parameters (those outside the layers count with the first, as resident
+    memory), what recomputing each keeps and saves again (``sizes``: whole, and
+    selectively where its choices say how), and
     what the meter read during the timed step (a step learnt with its saved tensors on the
     host reads as the step as it is, pipeswap.profiling.on_host; its copies back are out
     of its times, BlockTiming.copies).
@@ -45,8 +41,7 @@ def loop_profile(
     (loop_calls.HeldOutputs), so a saved storage that is one of them (``returned``: the
     attention maps a model returns and its next matmul saves, a hidden state the next
     layer saves) stays on the device whatever a plan does: it is no saved tensor to swap
-    or free by recomputing, and counts where the meter read it, in the working sets.
-    ``held``: per layer, the attributes its forward left holding the graph."""
+    or free by recomputing, and counts where the meter read it, in the working sets."""
     names = list(layers)
     seen: set[int] = set()
     params: dict[str, int] = {}
@@ -54,7 +49,6 @@ def loop_profile(
         params[name] = _new_bytes(layer.parameters(), seen)
     params[names[0]] += _new_bytes(model.parameters(), seen)
     backward_s = timing.backward_s(names)
-    sizes = RecomputeSizes(records, kept, rerun, dict(choices or {}), dict(held or {}))
     profiled = tuple(
         LayerProfile(
             name=name,
@@ -62,7 +56,7 @@ def loop_profile(
             backward_s=backward_s[name],
             param_bytes=params[name],
             output_bytes=timing.output_bytes.get(name, 0),
-            saved=saved_tensors(records[name], outputs_held=outputs_held),
+            saved=saved_tensors(sizes.records[name], outputs_held=outputs_held),
             **sizes.profile_fields(name, timing.forward_s[name]),
         )
         for name in names

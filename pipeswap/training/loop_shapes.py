@@ -190,6 +190,17 @@ class ShapePlans:
         leaves its timing incomplete, and the call is learnt again (``aside``, a call
         offload.plan_for ran for the user: PipeswapError)."""
         names = self.planner.layer_names
+        if timing.gradless:
+            raise PipeswapError(
+                f"layers {', '.join(sorted(timing.gradless))} ran their forward with gradients "
+                "off inside the model's forward (torch.utils.checkpoint with use_reentrant=True "
+                "runs them so, as does torch.no_grad() in the model's code): offload moves what "
+                "layers save for the backward, and they save nothing it can see. Checkpoint "
+                "with use_reentrant=False (Hugging Face: gradient_checkpointing_enable("
+                "gradient_checkpointing_kwargs={'use_reentrant': False})), or leave the "
+                "recomputing to offload (policy='recompute'), or name in layers= only modules "
+                "that run with gradients"
+            )
         if not timing.complete(names):
             if aside:
                 raise PipeswapError(
@@ -215,6 +226,8 @@ class ShapePlans:
         if mine:  # (a plan made with other parameters trainable says nothing of this call)
             largest = largest_covered(signature, mine)
             fits = "none of this structure" if largest is None else describe(largest)
+        elif not self.plans:  # every call so far refused (a loop that caught the refusal)
+            fits = "none yet"
         first = self.planner.budget_bytes is None
         try:
             with in_signed_modes(self.planner.model, signature, self.planner.device):

@@ -119,15 +119,11 @@ class Seq2SeqJob:
         profile = loop_profile(
             model,
             layers,
-            sizes.records,
+            sizes,
             timing,
             ((inputs,), {}),
             optimizer=optimizer,
             memory=memory,
-            kept=sizes.kept,
-            rerun=sizes.rerun,
-            choices=sizes.choices,
-            held=sizes.held,
         )
         return replace(profile, seq_len=self.seq_len, notes={"source": _NOTE})
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pipeswap.config_fields import ConfigError
+from pipeswap.swap.swap_config import SwapConfig
 from pipeswap.training.loop_plans import LoopPlanner
 from pipeswap.training.shape_plan import REPLANS, ShapePlan
 from tests.support import toy_layer, toy_profile_of
@@ -96,7 +97,7 @@ def test_a_shape_refused_though_its_bound_is_within_the_budget_says_what_the_pla
     budget" even where X was below it (BART's padded batches under policy recompute: the
     rule's plan needed more): such a refusal now gives the plans' own reason."""
     planner: Any = LoopPlanner.__new__(LoopPlanner)  # _beyond_budget reads on_infeasible
-    planner.on_infeasible = "error"
+    planner.on_infeasible, planner.config = "error", SwapConfig()
     profile = toy_profile_of(
         [toy_layer("a", 1e-3, 2e-3, saved=[100]), toy_layer("b", 1e-3, 2e-3, saved=[100])]
     )

@@ -18,6 +18,7 @@ from pipeswap.profiling.metered_step import metered_step
 from pipeswap.profiling.saved import CapturedSavedTensor
 from pipeswap.swap.plan.workload import workload_from_profile
 from pipeswap.swap.runtime.learning import LEARNT_BY, learning_step
+from pipeswap.swap.runtime.recompute_sizes import RecomputeSizes
 from pipeswap.training.loop_calls import without_cache
 from pipeswap.training.loop_profile import loop_profile
 from pipeswap.training.offload import offload
@@ -41,13 +42,11 @@ def test_parameters_outside_the_layers_count_with_the_first_and_the_batch_is_the
     profile = loop_profile(
         model,
         layers,
-        records,
+        RecomputeSizes(records, {"0": 16}, {"0": 48}, {"0": 48}, {}, {}),
         timing,
         ((torch.zeros(5, 4),), {}),
         optimizer="sgd",
         memory=None,
-        kept={"0": 16},
-        rerun={"0": 48},
     )
     per_linear = (16 + 4) * 4
     assert [layer.param_bytes for layer in profile.layers] == [per_linear + 40, per_linear]
@@ -82,13 +81,11 @@ def test_a_learnt_step_reads_what_the_step_as_it_is_holds() -> None:
         profile = loop_profile(
             model,
             planner.layers,
-            sizes.records,
+            sizes,
             timing,
             ((), batch),
             optimizer="adamw",
             memory=timing.step_memory(planner.layer_names),
-            kept=sizes.kept,
-            rerun=sizes.rerun,
         )
         workload = workload_from_profile(profile)
         peaks[how] = (workload.no_swap_peak_bytes(), workload.min_budget_bytes())

@@ -442,3 +442,51 @@ def test_the_first_refusal_says_which_shape_its_smallest_budget_is_for() -> None
         r"the first the loop ran: a larger one needs more; offload.plan_for",
     ):
         _loop(model, lambda: off, padded_batches(1, 32, 32) + padded_batches(1, 48, 48))
+
+
+class _Reentrant(nn.Module):
+    """Blocks under torch.utils.checkpoint with use_reentrant=True: their forward runs with
+    gradients off, and again in the backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=True)
+        return x
+
+
+def test_layers_run_with_gradients_off_in_the_forward_are_refused_naming_the_way_out() -> None:
+    """Reentrant checkpointing ran every step unplanned (1.27x what ratio 1.5 asked), with
+    a warning that the model "ran no backward": it had run one each step."""
+    model = _Reentrant()
+    off = offload(model, footprint_ratio=1.5)
+    x = torch.randn(4, 8, requires_grad=True)
+    with off:
+        model(x).sum().backward()
+    with pytest.raises(Exception, match=r"blocks.0, blocks.1, blocks.2 ran .* use_reentrant=False"):
+        with off:
+            model(x)
+    off.close()
+
+
+def test_a_refusal_after_a_caught_one_says_no_plan_was_made_yet() -> None:
+    """A loop that catches a refusal and goes on: the next refusal blamed "the model's
+    trainable parameters" being others at the first plan, when nothing had changed and no
+    plan had been made."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(3)))
+    off = offload(model, gpu_memory=1024, optimizer="sgd")
+    refusals = []
+    for _ in range(4):
+        try:
+            with off:
+                model(torch.randn(8, 16)).sum().backward()
+        except ConfigError as refused:
+            refusals.append(str(refused))
+    off.close()
+    assert len(refusals) == 2, refusals
+    assert "none yet" in refusals[1] and "trainable parameters" not in refusals[1]

@@ -418,7 +418,7 @@ def test_blocks_unfrozen_beyond_the_run_s_budget_say_so_or_recompute_as_chosen(
     model = _Net(frozen=2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     off = offload(model, footprint_ratio=1.5, optimizer=optimizer, on_infeasible=on_infeasible)
-    said = "with every layer recomputed, more than the run's budget .* trainable parameters"
+    said = "with policy auto, more than the run's budget .* trainable parameters"
     if on_infeasible == "error":
         with pytest.raises(ConfigError, match=said):
             _unfreezing(model, off, optimizer, unfreeze_at=3)

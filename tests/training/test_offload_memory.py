@@ -303,3 +303,94 @@ def test_a_layer_called_several_times_a_forward_is_not_overstated() -> None:
     assert max(plain.peaks[1:]) / 1.5 >= smallest  # ratio 1.5 plans (it was refused)
     with pytest.raises(PipeswapError, match=r"layers=\['albert.embeddings', 'albert.encoder"):
         _own_loop(model(), batches, footprint_ratio=1.5)  # the hint names its own modules
+
+
+class _ResBlock(torch.nn.Module):
+    """conv-BN-ReLU-conv-BN, the skip, then a ReLU: it saves its own output, which the
+    next block's first convolution saves too (the last block's, no later block)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        conv = lambda: torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False)  # noqa: E731
+        self.c1, self.b1 = conv(), torch.nn.BatchNorm2d(channels)
+        self.c2, self.b2 = conv(), torch.nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.relu(self.b1(self.c1(x)))
+        y = self.b2(self.c2(y))
+        return torch.nn.functional.relu(x + y)
+
+
+class _ResNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1, bias=False),
+            torch.nn.BatchNorm2d(16),
+            torch.nn.ReLU(),
+        )
+        self.blocks = torch.nn.ModuleList([_ResBlock(16) for _ in range(4)])
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.stem(images)
+        for block in self.blocks:
+            x = block(x)
+        return self.fc(x.mean((2, 3)))
+
+
+def _image_loop(
+    sizes: tuple[int, ...] = (32,) * 4, **settings: Any
+) -> tuple[list[int], list[float], list[torch.Tensor]]:
+    """A user's loop over images of ``sizes``: the model gives logits, the loss is the
+    loop's; each step metered."""
+    from pipeswap.profiling.meter import DeviceMeter
+    from pipeswap.training.offload import offload
+
+    model = _ResNet().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    off = offload(model, optimizer=opt, **settings) if settings else None
+    g = torch.Generator().manual_seed(5)
+    peaks, losses = [], []
+    for size in sizes:
+        images, labels = torch.randn(8, 3, size, size, generator=g), torch.arange(8) % 10
+        pools = off.host_pools() if off else []
+        with DeviceMeter(CPU, holding=(model, opt, images, labels), exclude=pools) as meter:
+            with off if off is not None else torch.enable_grad():
+                logits = model(images)
+            loss = torch.nn.functional.cross_entropy(logits, labels)
+            del logits
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        peaks.append(meter.peak)
+        losses.append(loss.item())
+    return peaks, losses, [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_recomputed_resnet_holds_the_smallest_budget_it_names() -> None:
+    """The last block's re-run holds its output's gradient beside what it saves again; the
+    working set its forward was read with had no room for it (the block's own ReLU keeps
+    its output, counted with its saved bytes): every step ran 1.083x the named smallest."""
+    plain = _image_loop()
+    with pytest.raises(Exception, match="the smallest budget that works is") as refused:
+        _image_loop(policy="recompute", footprint_ratio=2.0)
+    smallest = _named_smallest(refused)
+    peaks, losses, weights = _image_loop(policy="recompute", gpu_memory=smallest)
+    assert max(peaks[1:]) <= smallest * 1.005, (peaks, smallest)
+    assert losses == plain[1] and all(map(torch.equal, weights, plain[2]))
+
+
+def test_a_larger_batch_refused_names_a_budget_its_policy_holds_it_within() -> None:
+    """Refused before its forward, a larger batch named the least budget of any policy (a
+    bound with every other layer swapped away): given that, policy recompute refused it
+    again, naming 1.31x as much."""
+    sizes = (32, 32, 40, 40)
+    with pytest.raises(Exception, match="with policy recompute, more than") as refused:
+        _image_loop(sizes, policy="recompute", footprint_ratio=1.5)
+    found = re.search(r"needs at least .*?\((\d+) bytes\)", str(refused.value))
+    assert found, refused.value
+    least = int(found.group(1))
+    peaks, _, _ = _image_loop(sizes, policy="recompute", gpu_memory=least)
+    assert max(peaks[1:]) <= least * 1.005, (peaks, least)

@@ -68,6 +68,18 @@ def gradients_held(profile: Profile) -> tuple[int, ...]:
     return tuple(max(0, outside) + sum(own[i + 1 :]) for i in range(len(own)))
 
 
+def output_gradients(profile: Profile) -> tuple[int, ...]:
+    """Per layer: what its re-run holds for its output beyond what it saves and its
+    forward's working set as the meter read it (``rerun_output_bytes``: the output's
+    gradient, pipeswap.swap.runtime.capture.InnerSaves.output_bytes). Empty where the
+    re-run was not measured or the meter read nothing (an estimate's working set is its
+    output and workspace)."""
+    layers = profile.layers
+    if profile.memory is None or any(layer.rerun_output_bytes is None for layer in layers):
+        return ()
+    return tuple(layer.rerun_output_bytes or 0 for layer in layers)
+
+
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 

@@ -64,13 +64,23 @@ class Policy:
 
 
 def _rule(
-    name: str, assign: Callable[[Case], Assignment], peak: str = "", recomputes: bool = False
+    name: str,
+    assign: Callable[[Case], Assignment],
+    peak: str = "",
+    recomputes: bool = False,
+    smallest: Callable[[Workload], int] | None = None,
 ) -> Policy:
     def plan(case: Case, time_limit_s: float) -> Planned:
         return Planned(case.score(assign(case)), {})
 
     return Policy(
-        name, plan, respects_budget=not peak, peak=peak, assign=assign, recomputes=recomputes
+        name,
+        plan,
+        respects_budget=not peak,
+        peak=peak,
+        assign=assign,
+        recomputes=recomputes,
+        smallest=smallest,
     )
 
 
@@ -109,7 +119,13 @@ def _remembered(name: str) -> Callable[[Case], Assignment]:
 
 POLICIES: dict[str, Policy] = {
     **{
-        name: _rule(name, _remembered(name), _PEAKS.get(name, ""), name == "recompute")
+        name: _rule(
+            name,
+            _remembered(name),
+            _PEAKS.get(name, ""),
+            recomputes=name == "recompute",
+            smallest=_all_recomputed if name == "recompute" else None,
+        )
         for name in HEURISTICS
     },
     "finer": Policy(

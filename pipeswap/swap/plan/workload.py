@@ -14,6 +14,7 @@ from pipeswap.swap.plan.measured import (
     estimated_optimizer_step_s,
     gradients_held,
     measured_memory,
+    output_gradients,
     recomputed_inputs,
     selective_fields,
 )
@@ -31,30 +32,25 @@ class Workload:
     ``torch.utils.checkpoint``; the memory model is:
 
     * forward: the layer allocates its working set (``transient``) as any layer, but keeps
-      only its *input* (``input_bytes[i]``: the previous layer's output, or for layer 0
-      the batch when layer 0 saves it, else nothing: the batch is then outside the
-      accounting) instead of its saved tensors. That input is counted once, here: the
-      profiler files a storage that two layers save under the later one (the input of a
-      block saved by the previous block's last ReLU belongs to this block), so it is not
-      in the previous layer's saved bytes; when the previous layer is recomputed too, it
-      keeps its own input, not this one. (A previous layer that saves its output while
-      this layer does not save its input holds the same storage: counted twice, the safe
-      side; the profile does not say which storage is which.)
+      only its *input* (``input_bytes[i]``: the previous layer's output; for layer 0 the
+      batch where layer 0 saves it, else nothing, outside the accounting) instead of its
+      saved tensors. That input is counted once, here: the profiler files a storage two
+      layers save under the later one (the input of a block saved by the previous block's
+      last ReLU belongs to this block). (A previous layer that saves its output while this
+      layer does not save its input holds the same storage: counted twice, the safe side.)
     * backward: right before the layer's backward, a compute task of ``forward_s[i]``
       runs the forward again; it allocates the saved tensors the re-run creates
       (``recompute_bytes[i]`` = its saved bytes minus the saved tensor that is its input,
       ``input_saved[i]``, which the re-run saves again without a copy) plus its working
       set (``rerun_working[i]``: the forward's, over the gradients the backward made
-      before it, ``gradient_bytes[i]``), and frees the working set when it ends; the
-      backward then frees them with the kept input. The kept input of layer i is freed by
-      backward i, before layer i-1's re-run starts, so consecutive recomputed layers never
-      hold one tensor twice.
+      before it, ``gradient_bytes[i]``, and its output's, ``output_gradient_bytes[i]``),
+      and frees the working set when it ends; the backward then frees them with the kept
+      input, before layer i-1's re-run starts.
 
-    A layer whose forward leaves a tensor carrying its graph on a module (``held_state``:
-    the attributes; pipeswap.swap.runtime.held_state) is never recomputed: its re-run's
-    saved tensors would stay held through that graph until the next forward, piling up
-    through the backward. It frees nothing (``freed_bytes``), no policy chooses it
-    (``recomputable``), and :meth:`recomputing` refuses it.
+    A layer whose forward leaves a tensor carrying its graph on a module (``held_state``;
+    pipeswap.swap.runtime.held_state) is never recomputed: its re-run's saved tensors would
+    stay held through that graph until the next forward. It frees nothing (``freed_bytes``),
+    no policy chooses it (``recomputable``), and :meth:`recomputing` refuses it.
 
     ``saved_bytes`` are the bytes each layer holds from its forward to its backward (the
     kept input for a recomputed layer); ``all_saved_bytes`` ignore recomputation. A
@@ -86,8 +82,7 @@ class Workload:
     param_bytes: tuple[int, ...]
     resident_bytes: int  # parameters, gradients, optimizer state
     optimizer_step_s: float
-    # Per layer: what recomputing the layer keeps (its input) and how much of its
-    # saved bytes is that input; empty means zeros (no layer can then keep anything).
+    # Per layer: what recomputing it keeps (its input), how much of its saved bytes that is.
     input_bytes: tuple[int, ...] = ()
     input_saved: tuple[int, ...] = ()
     recompute: frozenset[int] = frozenset()
@@ -104,6 +99,8 @@ class Workload:
     # Per layer, the gradients held when its backward starts (the later layers' and the
     # head's) beyond the resident bytes; empty: none (an estimate counts them resident).
     gradient_bytes: tuple[int, ...] = ()
+    # Per layer, its output's gradient through its re-run (measured.output_gradients).
+    output_gradient_bytes: tuple[int, ...] = ()
     # Per layer, the attributes its forward leaves holding the graph ("": none).
     held_state: tuple[str, ...] = ()
 
@@ -129,12 +126,15 @@ class Workload:
 
     @cached_property
     def rerun_working(self) -> tuple[int, ...]:
-        """Per layer: its re-run's working set beyond what the re-run saves: its forward's,
-        over the gradients its backward starts with (no more than its backward's working
-        set, which holds them too: where the readings left no room for them, the saved
-        bytes counted there hold more than the step did)."""
-        grads = self.gradient_bytes or (0,) * self.num_layers
-        return tuple(t + min(g, b) for t, g, b in zip(self.transient, grads, self.backward_working))
+        """Per layer: its re-run's working set beyond what it saves: its forward's, over the
+        gradients its backward starts with, its parameters' and its output's (no more than
+        its backward's working set, which holds them too: where the readings left no room
+        for them, the saved bytes counted there hold more than the step did)."""
+        none = (0,) * self.num_layers
+        held = zip(self.gradient_bytes or none, self.output_gradient_bytes or none, strict=True)
+        return tuple(
+            t + min(g + o, b) for (g, o), t, b in zip(held, self.transient, self.backward_working)
+        )
 
     @property
     def num_layers(self) -> int:
@@ -394,6 +394,7 @@ def workload_from_profile(profile: Profile, *, optimizer_step_s: float | None = 
         floor_bytes=memory.floor_bytes,
         turn_bytes=memory.turn_bytes,
         gradient_bytes=gradients_held(profile),
+        output_gradient_bytes=output_gradients(profile),
         held_state=tuple(layer.held_state or "" for layer in profile.layers),
         **selective_fields(profile),
     )

@@ -121,6 +121,9 @@ class InnerSaves:
         # Per layer: its modules' attributes its forward left holding a tensor that carries
         # the graph (pipeswap.swap.runtime.held_state): recomputing it frees nothing.
         self.held: dict[str, tuple[str, ...]] = {}
+        # Per layer, per call: its output's storages that carry the graph -> (storage bytes,
+        # gradient bytes).
+        self.outputs: dict[str, list[dict[int, tuple[int, int]]]] = {}
 
     def begin(self, layer: str, inputs: set[int]) -> None:
         """A call of ``layer``'s forward starts, given the storages ``inputs``."""
@@ -128,6 +131,43 @@ class InnerSaves:
         self.inputs.setdefault(layer, []).append(inputs)
         self.saved.setdefault(layer, []).append({})
         self.twin_bytes.setdefault(layer, []).append(0)
+
+    def returned(self, layer: str, output: Any) -> None:
+        """The call of ``layer`` begun last returned ``output``."""
+        tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+        self.outputs.setdefault(layer, []).append(
+            {
+                storage_key(t): (t.untyped_storage().nbytes(), t.numel() * t.element_size())
+                for t in tensors
+                if t.requires_grad
+            }
+        )
+
+    def output_bytes(self, layer: str) -> int:
+        """What a re-run of ``layer`` holds for its output beyond what it saves and its
+        forward's working set (the meter's reading, beyond every saved storage filed up to
+        this layer): the output's gradient, which the backward starts with; plus the
+        output itself where the layer owns it without its re-run saving it (the head's code
+        saves the last layer's output: it counted with the saved bytes, and the re-run
+        makes it anew); less it where a later layer owns it and the re-run saves it (the
+        working set read it alive, and the re-run's saved bytes count it again). Of a layer
+        called several times a forward, the most for one call."""
+        most = 0
+        for inputs, saved, outputs in zip(
+            self.inputs.get(layer, []), self.saved.get(layer, []), self.outputs.get(layer, [])
+        ):
+            held = 0
+            for key, (nbytes, gradient) in outputs.items():
+                held += gradient
+                owner = self.owner.get(key)
+                if key in inputs or owner is None:
+                    continue  # made by no re-run, or read alive by the working set
+                if owner == layer and key not in saved:
+                    held += nbytes
+                elif owner != layer and key in saved:
+                    held -= nbytes
+            most = max(most, held)
+        return most
 
     def rerun_bytes(self, layer: str, *, own: bool = False) -> int:
         """Bytes a re-run of ``layer`` saves anew: everything its forward saves except its

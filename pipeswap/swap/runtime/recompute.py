@@ -123,6 +123,7 @@ class Recomputation:
         self.kept_bytes: dict[str, int] = {}
         self.rerun_bytes: dict[str, int] = {}
         self.own_rerun_bytes: dict[str, int] = {}
+        self.output_bytes: dict[str, int] = {}  # (capture.InnerSaves.output_bytes)
         self.held_state: dict[str, tuple[str, ...]] = {}  # pipeswap.swap.runtime.held_state
         self.active = False
         self.stepping = False  # from a step's start to its finish_step, its backward too
@@ -185,6 +186,7 @@ class Recomputation:
         self.kept_bytes = {name: n + held.get(name, 0) for name, n in names.kept_bytes.items()}
         self.rerun_bytes = {name: inner.rerun_bytes(name) for name in self.names}
         self.own_rerun_bytes = {name: inner.rerun_bytes(name, own=True) for name in self.names}
+        self.output_bytes = {name: inner.output_bytes(name) for name in self.names}
         self.held_state = dict(inner.held)
         for name in self.selective:  # it keeps its dear outputs too, and re-runs the rest
             choice = self.choices[name]
@@ -249,6 +251,7 @@ class Recomputation:
                         out = forward(*args, **kwargs)
                 finally:
                     inner.layer, inner.identify = None, None
+                inner.returned(name, out)
                 if held := set_during(module, before):
                     inner.held[name] = held
                 if not isinstance(recorder, OpRecorder):

@@ -24,6 +24,7 @@ class RecomputeSizes(NamedTuple):
     records: dict[str, list[CapturedSavedTensor]]
     kept: dict[str, int]
     rerun: dict[str, int]
+    output: dict[str, int]  # pipeswap.swap.runtime.capture.InnerSaves.output_bytes
     choices: dict[str, SelectiveChoice]
     held: dict[str, tuple[str, ...]]
 
@@ -34,6 +35,7 @@ class RecomputeSizes(NamedTuple):
         fields: dict[str, Any] = {
             "kept_bytes": self.kept.get(name),
             "rerun_bytes": self.rerun.get(name),
+            "rerun_output_bytes": self.output.get(name),
             "held_state": ", ".join(self.held.get(name, ())) or None,
         }
         choice = self.choices.get(name)
@@ -69,6 +71,7 @@ def measure_recomputation(
         records,
         recomputation.kept_bytes,
         recomputation.rerun_bytes,
+        recomputation.output_bytes,
         recomputation.choices,
         recomputation.held_state,
     )

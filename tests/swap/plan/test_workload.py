@@ -127,6 +127,18 @@ def test_a_rerun_holds_the_gradients_made_before_it() -> None:
     assert peak == max(backward)
 
 
+def test_a_rerun_holds_its_output_s_gradient_where_its_forward_had_no_room_for_it() -> None:
+    # Layer 1's re-run holds the gradient of its output too (12 B, where the working set its
+    # forward was read with did not count that output: it saves it, as a ResNet block's last
+    # ReLU does): 30 + 25 + 12 B; no more than its backward's working set (here 50 B), as
+    # for any gradient.
+    view = _measured(output_gradient_bytes=(0, 12), backward_transient=(60, 50)).recomputing({0, 1})
+    assert view.rerun_working == (60, 67)
+    assert _measured(output_gradient_bytes=(0, 12), backward_transient=(60, 0)).recomputing(
+        {1}
+    ).rerun_working == (60, 30)
+
+
 def test_recompute_and_swap_together_within_budget(make_profile) -> None:
     # Layer 0's 4 GB swapped, layers 1 and 2 recomputed: every point fits resident + 6 GB.
     w = workload_from_profile(_recompute_profile(make_profile))

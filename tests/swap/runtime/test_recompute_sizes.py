@@ -17,10 +17,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_a_layer_s_fields_are_whole_selective_and_the_state_it_keeps() -> None:
     choice = SelectiveChoice(frozenset(), cached_bytes=100, rerun_bytes=40, rerun_fraction=0.25)
-    sizes = RecomputeSizes({}, {"a": 1000}, {"a": 600}, {"a": choice}, {"a": ("x", "y[0]")})
+    sizes = RecomputeSizes(
+        {}, {"a": 1000}, {"a": 600}, {"a": 64}, {"a": choice}, {"a": ("x", "y[0]")}
+    )
     assert sizes.profile_fields("a", 2.0) == {
         "kept_bytes": 1000,
         "rerun_bytes": 600,
+        "rerun_output_bytes": 64,
         "held_state": "x, y[0]",
         "selective_kept_bytes": 1100,
         "selective_rerun_bytes": 40,
@@ -30,6 +33,7 @@ def test_a_layer_s_fields_are_whole_selective_and_the_state_it_keeps() -> None:
     assert sizes.profile_fields("b", 1.0) == {
         "kept_bytes": None,
         "rerun_bytes": None,
+        "rerun_output_bytes": None,
         "held_state": None,
     }
 
