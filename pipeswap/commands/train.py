@@ -216,6 +216,16 @@ def _prediction(report: TrainReport, predicted: float, measured: float) -> str:
     return f"{predicted * 1e3:.1f} ms predicted ({_error(predicted, measured)})"
 
 
+def _measured_peak(peaks: list[int], budget: int) -> str:
+    """The most a rank's device held by its own meter, beside the budget (-1: not read)."""
+    read = [p for p in peaks if p >= 0]
+    if not read:
+        return ""
+    most = max(read)
+    over = f", {format_bytes(most - budget)} over it" if most > budget else ""
+    return f" (measured peak {format_bytes(most)}{over})"
+
+
 def summary_lines(report: TrainReport) -> list[str]:
     """What `pipeswap train` prints about a finished run, from its report."""
     losses = report.losses
@@ -224,7 +234,8 @@ def summary_lines(report: TrainReport) -> list[str]:
         swapped = ", ".join(format_bytes(b) for b in dp.swapped_bytes)
         return [
             f"pipeswap train: {report.model} x{report.nproc} ranks, policy {dp.policy}: budget "
-            f"{format_bytes(dp.budget_bytes)}/GPU, swapped {swapped} per step; step "
+            f"{format_bytes(dp.budget_bytes)}/GPU{_measured_peak(dp.peak_resident_bytes, dp.budget_bytes)}, "
+            f"swapped {swapped} per step; step "
             f"{dp.measured_step_s * 1e3:.1f} ms measured, "
             + _prediction(report, dp.predicted_step_s, dp.measured_step_s),
             f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"

@@ -86,6 +86,10 @@ class LaunchResult:
         if self.interrupted is not None:
             if message and message.startswith(_CONFIG_ERROR):
                 message = str(ConfigError(message.removeprefix(_CONFIG_ERROR)))
+            if message:  # the ranks were stopped by SIGTERM, whatever stopped this process
+                message = message.replace(
+                    "stopped by SIGTERM", f"stopped by {signal.Signals(self.interrupted).name}"
+                )
             raise LauncherInterrupted(self.interrupted, message)
         if message and message.startswith(_CONFIG_ERROR):
             raise ConfigError(_named(first, message.removeprefix(_CONFIG_ERROR)))

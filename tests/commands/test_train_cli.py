@@ -99,6 +99,11 @@ def test_no_prediction_is_printed_without_a_calibration(tmp_path: Path) -> None:
     line = summary_lines(uncalibrated)[0]
     assert "ms measured, uncalibrated, so no prediction" in line and "predicted" not in line
     assert "pipeswap topology calibrate --nproc 1 --device cpu" in line
+    # The device's own meter beside the budget, and by how much a rank went over it.
+    assert "/GPU (measured peak " in line and "over it" not in line
+    peak = max(uncalibrated.data_parallel.peak_resident_bytes)  # type: ignore[union-attr]
+    over = replace(uncalibrated.data_parallel, budget_bytes=peak - 99)  # type: ignore[type-var]
+    assert "99 B over it)" in summary_lines(replace(uncalibrated, data_parallel=over))[0]
     calibrated = summary_lines(replace(uncalibrated, calibrated=True))[0]
     assert "ms predicted (" in calibrated and "% off)" in calibrated
 

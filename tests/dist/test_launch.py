@@ -175,3 +175,21 @@ def test_ctrl_c_again_while_the_ranks_wind_down_kills_them_before_it_stops(
     with pytest.raises(KeyboardInterrupt):
         launch._stop(ranks, 30.0, [], {})
     assert all(rank.killed for rank in ranks)  # none is left to finish its step
+
+
+def test_a_launcher_stopped_by_ctrl_c_names_sigint_where_its_ranks_saw_sigterm() -> None:
+    """The launcher passes Ctrl-C on to its ranks as SIGTERM; their word ("stopped by
+    SIGTERM after step 32") named the signal they got, not the user's."""
+    from pipeswap.dist.launch import LaunchResult
+    from pipeswap.dist.signals import LauncherInterrupted
+
+    launched = LaunchResult(
+        exit_codes=(130, 0),
+        killed=(),
+        elapsed_s=1.0,
+        results=(None, None),
+        messages=("stopped by SIGTERM after step 32; its checkpoint is in ck", None),
+        interrupted=signal.SIGINT,
+    )
+    with pytest.raises(LauncherInterrupted, match="^stopped by SIGINT after step 32; its"):
+        launched.raise_failure()
