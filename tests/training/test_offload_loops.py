@@ -10,6 +10,7 @@ pipeswap/swap/runtime/attached.py (copies).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -662,3 +663,42 @@ def test_a_model_that_runs_forwards_only_with_gradients_on_is_said_to_run_no_pla
             with off:
                 teacher(x).detach()
     assert off.stats()["plans"] == 0
+
+
+class _Looped(_Net):
+    """The stack run twice a forward (a looped, weight-shared depth)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(2):
+            for block in self.blocks:
+                x = block(x)
+        return self.head(x).pow(2).mean()
+
+
+def _looped_steps(model: nn.Module, wrap: Callable[[], AbstractContextManager[Any]]) -> Result:
+    generator = torch.Generator().manual_seed(1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(4):
+        with wrap():
+            loss = model(torch.randn(8, 128, 64, generator=generator))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("policy", ["auto", "disjoint"])
+def test_layers_a_forward_runs_twice_are_not_taken_for_a_retained_graph(policy: str) -> None:
+    """A layer's backward is done at its first run's: the backward of its second run (the
+    first to come) had put its first run's swapped tensors back to the host, and warned of
+    backward(retain_graph=True), which the loop never called."""
+    plain = _looped_steps(_Looped(), nullcontext)
+    model = _Looped()
+    off = offload(model, footprint_ratio=1.3, policy=policy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert _equal(plain, _looped_steps(model, lambda: off))
+    assert off.stats()["swapped_bytes"] > 0
+    off.close()

@@ -71,6 +71,7 @@ class StepTensors:
         self._layer: str | None = None
         self._entered: set[str] = set()  # this step's layers so far
         self._backward_done: set[str] = set()  # this step's layers whose backward is done
+        self._runs: dict[str, int] = {}  # this step's forwards of each layer, less backwards
         self._warned = False
         self._calls: dict[str, int] = {}
         self._entries: dict[SavedKey, SavedTensorState] = {}
@@ -99,6 +100,7 @@ class StepTensors:
                     stacklevel=2,
                 )
             self._entered.add(name)
+            self._runs[name] = self._runs.get(name, 0) + 1
 
     def start_step(self, layer_names: list[str]) -> None:
         self._entries = {}
@@ -106,6 +108,7 @@ class StepTensors:
         self.layer = None
         self._entered = set()
         self._backward_done = set()
+        self._runs = {}
         self.twins.shared_bytes = 0  # this step's
         self.swapped = self.prefetched = self.late = 0
 
@@ -185,7 +188,11 @@ class StepTensors:
 
     def put_back(self, layer: str) -> None:
         """Layer ``layer``'s backward is done: swapped tensors that autograd still holds
-        for layers whose backward is done (a retained graph) go back to the host."""
+        for layers whose backward is done (a retained graph) go back to the host. A layer
+        the forward ran several times is done at the backward of its first run."""
+        self._runs[layer] = self._runs.get(layer, 1) - 1
+        if self._runs[layer] > 0:
+            return
         done = self._backward_done
         done.add(layer)
         retained = False
