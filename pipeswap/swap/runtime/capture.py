@@ -146,26 +146,18 @@ class InnerSaves:
     def output_bytes(self, layer: str) -> int:
         """What a re-run of ``layer`` holds for its output beyond what it saves and its
         forward's working set (the meter's reading, beyond every saved storage filed up to
-        this layer): the output's gradient, which the backward starts with; plus the
-        output itself where the layer owns it without its re-run saving it (the head's code
-        saves the last layer's output: it counted with the saved bytes, and the re-run
-        makes it anew); less it where a later layer owns it and the re-run saves it (the
-        working set read it alive, and the re-run's saved bytes count it again). Of a layer
-        called several times a forward, the most for one call."""
+        this layer): the output's gradient, which the backward starts with, where the layer
+        owns its output (its own last op or the head's code saves it, and no later layer:
+        its saved bytes counted it, and the working set had no room for it). Where a later
+        layer owns it, or none, the working set read it alive, which covers the gradient.
+        Of a layer called several times a forward, the most for one call."""
         most = 0
-        for inputs, saved, outputs in zip(
-            self.inputs.get(layer, []), self.saved.get(layer, []), self.outputs.get(layer, [])
-        ):
-            held = 0
-            for key, (nbytes, gradient) in outputs.items():
-                held += gradient
-                owner = self.owner.get(key)
-                if key in inputs or owner is None:
-                    continue  # made by no re-run, or read alive by the working set
-                if owner == layer and key not in saved:
-                    held += nbytes
-                elif owner != layer and key in saved:
-                    held -= nbytes
+        for inputs, outputs in zip(self.inputs.get(layer, []), self.outputs.get(layer, [])):
+            held = sum(
+                gradient
+                for key, (_, gradient) in outputs.items()
+                if key not in inputs and self.owner.get(key) == layer
+            )
             most = max(most, held)
         return most
 
