@@ -32,6 +32,7 @@ from pipeswap.profiling.block_timing import BlockTiming
 from pipeswap.profiling.cast_twins import CastTwins
 from pipeswap.profiling.meter import host_buffer
 from pipeswap.profiling.saved import storage_key
+from pipeswap.profiling.saved_versions import SavedVersions
 
 __all__ = ["SavedOnHost", "every_saved_tensor_on_host"]
 
@@ -44,7 +45,7 @@ class _OnHost:
     let go of, no copy back yet): its owner's ``shift`` tells a meter's marks of each
     change."""
 
-    __slots__ = ("away", "back", "device", "due", "gone", "host", "original", "owner")
+    __slots__ = ("away", "back", "device", "due", "gone", "host", "original", "owner", "versions")
 
     def __init__(
         self, storage: torch.UntypedStorage, device: torch.device, owner: SavedOnHost
@@ -56,9 +57,11 @@ class _OnHost:
         self.original: weakref.ref[torch.UntypedStorage] | None = None
         self.due = 0
         self.away = self.gone = False
+        self.versions = SavedVersions()  # (pipeswap.profiling.saved_versions)
 
     def flush(self) -> None:
         """Its layer's forward is over: to the host, and let go of on the device."""
+        self.versions.settle()  # a change made before the copy, the backward refuses
         if self.host is None and self.back is not None:
             self.host = host_buffer(self.back.nbytes(), pin=self.device.type == "cuda")
             self.host.copy_(torch.empty(0, dtype=torch.uint8, device=self.device).set_(self.back))
@@ -166,7 +169,7 @@ class SavedOnHost:
             or storage_key(tensor) in self.resident
         ):
             return tensor.detach()  # not a saved output with its grad_fn: a cycle
-        tensor = self.twins.share(tensor)
+        given, tensor = tensor, self.twins.share(tensor)
         storage = tensor.untyped_storage()
         entry = self.stored.get(storage)
         if entry is None:
@@ -175,6 +178,7 @@ class SavedOnHost:
         # Each layer's group is what its backward uses, an earlier layer's output included.
         self.saved.setdefault(layer, {})[id(entry)] = entry
         entry.due += 1
+        entry.versions.note(given)
         view = (tensor.size(), tensor.stride(), tensor.storage_offset())
         return (layer, entry, tensor.dtype, view)
 
@@ -183,6 +187,7 @@ class SavedOnHost:
         if isinstance(packed, torch.Tensor):
             return packed
         layer, entry, dtype, view = cast(tuple[str, _OnHost, torch.dtype, tuple[Any, ...]], packed)
+        entry.versions.check()
         self.bring_back(layer)  # the first of the layer's to be used
         return entry.unpack(dtype, view)
 

@@ -25,6 +25,7 @@ import torch
 from pipeswap.errors import PipeswapError
 from pipeswap.precision import drop_cached_casts
 from pipeswap.profiling.cast_twins import CastTwins
+from pipeswap.profiling.saved_versions import SavedVersions
 from pipeswap.swap.plan import SwapDecision
 from pipeswap.swap.plan.tensors import SavedKey
 from pipeswap.swap.runtime.transfer import (
@@ -72,6 +73,7 @@ class StepTensors:
         self._entered: set[str] = set()  # this step's layers so far
         self._backward_done: set[str] = set()  # this step's layers whose backward is done
         self._runs: dict[str, int] = {}  # this step's forwards of each layer, less backwards
+        self._fresh: list[SavedVersions] = []  # saved since the last layer edge
         self._warned = False
         self._calls: dict[str, int] = {}
         self._entries: dict[SavedKey, SavedTensorState] = {}
@@ -87,6 +89,9 @@ class StepTensors:
     def layer(self, name: str | None) -> None:
         """A layer's edge (None: the forward's end)."""
         self._layer = name
+        for versions in self._fresh:  # a block's output changed in place by the code after it
+            versions.settle(done=False)
+        self._fresh.clear()
         self.twins.reset()
         drop_cached_casts()
         if name is not None:
@@ -118,7 +123,7 @@ class StepTensors:
             # Detached, as everything this hook keeps as it is: a saved output kept with
             # its grad_fn is a cycle through C++ that a forward with no backward never frees.
             return tensor.detach()
-        tensor = self.twins.share(tensor)
+        given, tensor = tensor, self.twins.share(tensor)
         call = self._calls[layer]
         self._calls[layer] = call + 1
         try:
@@ -139,6 +144,8 @@ class StepTensors:
                 return self._unmatched(tensor)
         elif not self.strict and not _holds(entry, tensor):
             return self._unmatched(tensor)
+        entry.versions.note(given)
+        self._fresh.append(entry.versions)
         if entry.swapped:
             return SwappedHandle(self.transfer, entry, tensor, layer)
         return HeldTensor(self.transfer, entry, tensor, layer)
@@ -170,10 +177,12 @@ class StepTensors:
 
     def unpack(self, handle: Any) -> torch.Tensor:
         if type(handle) is HeldTensor:
+            handle.entry.versions.check()
             return handle.tensor
         if type(handle) is not SwappedHandle:
             return handle
         entry = handle.entry
+        entry.versions.check()
         if self.transfer.ready(entry):
             self.late_total += 1
             self.late += 1
@@ -228,6 +237,7 @@ class StepTensors:
                 f"the plan swaps tensor {key} out but this step did not save it; prepare() "
                 "must see the same forward as the steps"
             )
+        entry.versions.settle()  # a change made before the copy, the backward refuses
         self.transfer.swap_out(entry)
         self.swapped_total += entry.bytes
         self.swapped += entry.bytes

@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from pipeswap.profiling.saved_versions import SavedVersions
 from pipeswap.streams import (
     AnyEvent,
     AnyStream,
@@ -58,7 +59,17 @@ ON_DEVICE, COPYING_OUT, ON_HOST, FETCHING, BACK, GONE = range(6)
 class SavedTensorState:
     """Where one saved tensor (its whole storage) is during one step, and who still holds it."""
 
-    __slots__ = ("key", "bytes", "swapped", "state", "device", "event", "refs", "holders")
+    __slots__ = (
+        "key",
+        "bytes",
+        "swapped",
+        "state",
+        "device",
+        "event",
+        "refs",
+        "holders",
+        "versions",
+    )
 
     def __init__(
         self, key: Hashable, bytes: int, swapped: bool, device: torch.Tensor | None
@@ -71,6 +82,7 @@ class SavedTensorState:
         self.event: AnyEvent | None = None  # the copy that last read or wrote ``device``
         self.refs = 0
         self.holders: dict[str, int] = {}  # the layers whose saved tensors hold it: how many
+        self.versions = SavedVersions()  # (pipeswap.profiling.saved_versions)
 
 
 class DeviceLedger:
