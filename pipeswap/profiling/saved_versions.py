@@ -47,7 +47,7 @@ class SavedVersions:
         for saved, version in self._seen:
             tensor = saved()
             if tensor is not None and tensor._version != version and self.changed is None:
-                self.changed = changed(tensor, version)
+                self.changed = _changed(tensor, version)
         if done:
             self._seen.clear()
 
@@ -58,7 +58,7 @@ class SavedVersions:
             refuse_changed(self.changed)
 
 
-def changed(tensor: torch.Tensor, version: int) -> str:
+def _changed(tensor: torch.Tensor, version: int) -> str:
     return (
         f"[{tensor.type()} {list(tensor.shape)}] is at version {tensor._version}; expected "
         f"version {version} instead"

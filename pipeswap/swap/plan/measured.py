@@ -14,6 +14,7 @@ __all__ = [
     "estimated_optimizer_step_s",
     "gradients_held",
     "measured_memory",
+    "output_gradients",
     "recomputed_inputs",
     "selective_fields",
 ]

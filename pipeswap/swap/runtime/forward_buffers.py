@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+__all__ = ["ChangedBuffers", "ForwardBuffers"]
+
 # Plain numbers a forward may move on; a module's own flags are no state of the forward's.
 _NUMBERS = (int, float, bool)
 _MODULE_OWN = frozenset({"training", "_is_full_backward_hook"})
